@@ -1,0 +1,32 @@
+# Two commands from a fresh clone: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.stallscope-installed
+# This machine's pins (pyproject keeps ranges). torch 2.14.1 + torchvision 0.29.1 install from local disk.
+PINS   := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PINS)
+	$(BIN)/python -m pip install -q -e '.[dev]' $(PINS)
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/stallscope run fashion-vgg --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check profiler pipelines scenarios tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf runs .pytest_cache

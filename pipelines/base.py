@@ -1,0 +1,52 @@
+"""The contract between a pipeline and the runner.
+
+A pipeline turns a scenario's dataset into batches on the target device. The runner iterates
+``loader`` inside ``Session.wrap`` (time blocked there is data wait) and calls ``to_device`` inside the
+``h2d`` phase (time blocked there is the copy). A pipeline that copies ahead (prefetch, DALI mixed) makes
+``to_device`` cheap: that is exactly the stall it removes, and the breakdown shows it.
+
+``config`` states the loader knobs that were actually in effect (``workers``, ``pin_memory``,
+``prefetch_factor``, ...): the analysis quotes them in recommendations, so they must be true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderSpec:
+    """What the runner asks of a pipeline."""
+
+    batch_size: int
+    workers: int = 0
+    device: str = "cpu"  # a torch device string: "cpu", "cuda", "cuda:1"
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = True
+
+
+@dataclass(slots=True)
+class BuiltLoader:
+    """A ready loader: iterate ``batches``; move each with ``to_device``."""
+
+    batches: Iterable[Any]
+    to_device: Any  # Callable[[batch], batch-on-device]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Shut workers down if the loader owns any."""
+        closer = getattr(self.batches, "close", None)
+        if callable(closer):
+            closer()
+
+
+class Pipeline(Protocol):
+    """A named way of turning a dataset into device batches."""
+
+    name: str
+
+    def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
+        """Build a loader over ``dataset`` (map-style, items ``(input, target)``)."""

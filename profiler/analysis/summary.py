@@ -1,0 +1,296 @@
+"""Run record -> Summary: the step breakdown, stall and busy fractions, host and NVML figures, sampler health.
+
+Pure: takes a :class:`profiler.store.RunRecord`, returns a :class:`Summary`; reads no clock and no file,
+so ``stallscope report`` on a stored run prints exactly what the run printed. Definitions are those of
+docs/metrics.md; every figure carries the name of the instrument it came from (``sources``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
+from profiler.analysis.verdict import Recommendation, recommend, verdict_for
+from profiler.store import PhaseRow, RunRecord, StepRow
+
+STALE_HEARTBEAT_S = 10.0
+CORE_PHASES = ("h2d", "compute")
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    run_id: str | None
+    scenario: str | None
+    pipeline: str | None
+    device: dict[str, Any]
+    batch_size: int | None
+    workers: int | None
+    steps: int
+    warmup_steps: int
+    throughput_samples_per_s: float
+    step_time_ms: dict[str, float]
+    breakdown_ms_per_step: dict[str, float]
+    stall_fraction: float
+    device_busy_fraction: float
+    verdict: str
+    recommendations: list[Recommendation]
+    sampler: dict[str, Any]
+    status: str
+    error: str | None = None
+    measured_s: float = math.nan
+    samples_measured: int = 0
+    pin_memory: bool | None = None
+    device_ms_per_step: dict[str, float] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)
+    nvml: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary.json object: NaN becomes null (JSON has no NaN)."""
+        return _json_safe(asdict(self))
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float):
+        return finite_or_none(x)
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def run_status(meta: dict[str, Any], now: float | None = None) -> str:
+    """The stored status; a run still marked ``running`` whose writer is gone was interrupted."""
+    status = str(meta.get("status", "interrupted"))
+    if status != "running":
+        return status
+    now = time.time() if now is None else now
+    heartbeat = float(meta.get("heartbeat") or meta.get("started_at") or 0.0)
+    pid = meta.get("pid")
+    if now - heartbeat > STALE_HEARTBEAT_S or not _alive(pid):
+        return "interrupted"
+    return "running"
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def summarize(rec: RunRecord, now: float | None = None) -> Summary:
+    meta = rec.meta
+    measured = [s for s in rec.steps if not s.warmup]
+    notes: list[str] = []
+    if not measured and rec.steps:
+        notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")
+    ids = {s.step for s in measured}
+    phases = [p for p in rec.phases if p.step in ids]
+    device = dict(meta.get("device") or {"kind": "cpu", "name": "unknown"})
+    on_cuda = device.get("kind") == "cuda" and any(p.dev_start is not None for p in phases)
+
+    step_s = [s.t_end - s.t_start for s in measured]
+    wall = math.fsum(step_s)
+    n = len(measured)
+    per_step = _phase_sums(measured, phases)
+    wait = mean([s.data_wait_s for s in measured])
+    breakdown = {"data_wait": wait * 1e3}
+    names = sorted({name for sums in per_step.values() for name in sums}, key=_phase_order)
+    for name in names:
+        breakdown[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in measured) / n * 1e3
+    for name in CORE_PHASES:
+        breakdown.setdefault(name, 0.0 if n else math.nan)
+
+    exposed_copy = _exposed_device_copy(phases) / n if (on_cuda and n) else 0.0
+    if exposed_copy:
+        breakdown["h2d"] += exposed_copy * 1e3
+    accounted = math.fsum(v for v in breakdown.values())
+    breakdown["other"] = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
+
+    step_mean = mean(step_s)
+    stall = (breakdown["data_wait"] + breakdown["h2d"]) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
+    window = (measured[0].t_start, measured[-1].t_end) if measured else (0.0, 0.0)
+    busy, busy_source = _busy_fraction(phases, per_step, measured, wall, window, on_cuda)
+
+    counted = [s.samples for s in measured if s.samples is not None]
+    samples_total = sum(counted)
+    throughput = samples_total / wall if wall > 0 and len(counted) == n else math.nan
+    if n and len(counted) < n:
+        notes.append("batch sizes were not known for every step: throughput is not reported")
+
+    host, nvml = _sample_figures(rec, window if measured else None)
+    sampler = _sampler_health(rec)
+    device["nvml"] = sampler["sources"].get("nvml", "not sampled")
+    status = run_status(meta, now)
+    workers = meta.get("workers")
+    stall_ok = not math.isnan(stall)
+    verdict = verdict_for(stall) if stall_ok else "unknown: no measured steps"
+    device_ms = {}
+    if on_cuda:
+        for name in CORE_PHASES:
+            ivs = [(p.dev_start, p.dev_end) for p in phases if p.name == name and p.dev_start is not None]
+            device_ms[name] = total(ivs) / n * 1e3  # type: ignore[arg-type]
+    summary = Summary(
+        run_id=meta.get("run_id"),
+        scenario=meta.get("scenario"),
+        pipeline=meta.get("pipeline"),
+        device=device,
+        batch_size=meta.get("batch_size"),
+        workers=workers,
+        steps=n,
+        warmup_steps=len(rec.steps) - n,
+        throughput_samples_per_s=throughput,
+        step_time_ms={
+            "mean": step_mean * 1e3,
+            "p50": quantile(step_s, 0.5) * 1e3,
+            "p90": quantile(step_s, 0.9) * 1e3,
+        },
+        breakdown_ms_per_step=breakdown,
+        stall_fraction=stall,
+        device_busy_fraction=busy,
+        verdict=verdict,
+        recommendations=[],
+        sampler=sampler,
+        status=status,
+        error=meta.get("error"),
+        measured_s=wall,
+        samples_measured=samples_total,
+        pin_memory=meta.get("pin_memory"),
+        device_ms_per_step=device_ms,
+        host=host,
+        nvml=nvml,
+        sources=_figure_sources(on_cuda, busy_source, sampler),
+        notes=notes,
+    )
+    if stall_ok:
+        # the list was created empty for this summary alone; recommend() reads the finished figures
+        summary.recommendations.extend(recommend(summary, cpu_count=meta.get("cpu_count")))
+    return summary
+
+
+def _phase_order(name: str) -> tuple[int, str]:
+    return (CORE_PHASES.index(name) if name in CORE_PHASES else len(CORE_PHASES), name)
+
+
+def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[str, float]]:
+    """Per step, host seconds per top-level phase name (nested phases would double count)."""
+    out: dict[int, dict[str, float]] = {s.step: defaultdict(float) for s in steps}
+    for p in phases:
+        if p.depth == 0:
+            out[p.step][p.name] += p.t_end - p.t_start
+    return out
+
+
+def _exposed_device_copy(phases: list[PhaseRow]) -> float:
+    """Device time of h2d copies overlapped neither by the host blocking on them nor by device compute."""
+    copies = union((p.dev_start, p.dev_end) for p in phases if p.name == "h2d" and p.dev_start is not None)  # type: ignore[misc]
+    hidden = union(
+        [(p.dev_start, p.dev_end) for p in phases if p.name == "compute" and p.dev_start is not None]  # type: ignore[misc]
+        + [(p.t_start, p.t_end) for p in phases if p.name == "h2d"]
+    )
+    return total(subtract(copies, hidden))
+
+
+def _busy_fraction(
+    phases: list[PhaseRow],
+    per_step: dict[int, dict[str, float]],
+    steps: list[StepRow],
+    wall: float,
+    window: Interval,
+    on_cuda: bool,
+) -> tuple[float, str]:
+    if wall <= 0:
+        return math.nan, "none"
+    if on_cuda:
+        ivs: list[Interval] = [(p.dev_start, p.dev_end) for p in phases if p.dev_start is not None]  # type: ignore[misc]
+        return total(clip(union(ivs), *window)) / wall, "cuda-events"
+    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in steps)
+    return compute / wall, "host-compute-phase"
+
+
+def _sample_figures(rec: RunRecord, window: Interval | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Means (and maxima for memory) of sampled metrics over the measured window."""
+    series: dict[str, list[float]] = defaultdict(list)
+    for t, source, metric, value in rec.samples:
+        if source == "sampler" or value is None:
+            continue
+        if window is not None and not (window[0] <= t <= window[1]):
+            continue
+        series[metric].append(value)
+    host: dict[str, Any] = {}
+    nvml: dict[str, Any] = {}
+    for metric, vals in sorted(series.items()):
+        target = nvml if metric.startswith("gpu") else host
+        key = metric.replace(".", "_")
+        if metric.endswith(("_mb", "_total_mb")):
+            target[key + "_max"] = max(vals)
+        else:
+            target[key + "_mean"] = mean(vals)
+    return host, nvml
+
+
+def _sampler_health(rec: RunRecord) -> dict[str, Any]:
+    rows = [(t, v) for t, _src, m, v in rec.samples if m == "sampler.lateness_ms"]
+    times = [t for t, _ in rows]
+    lateness = [v for _, v in rows if v is not None]
+    reads = [v for _, _src, m, v in rec.samples if m == "sampler.read_ms" and v is not None]
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    sources: dict[str, str] = {}
+    errors: dict[str, int] = defaultdict(int)
+    last_error: dict[str, str] = {}
+    for _t, kind, src, message in rec.events:
+        if src is None:
+            continue
+        if kind == "source":
+            sources[src] = message
+        elif kind == "source_error":
+            errors[src] += 1
+            last_error[src] = message
+    stored = rec.meta.get("sampler_stats") or {}
+    for name, st in (stored.get("sources") or {}).items():
+        errors[name] = max(errors[name], int(st.get("errors", 0)))
+    hz_req = float(rec.meta.get("sample_hz") or math.nan)
+    return {
+        "hz_requested": hz_req,
+        "hz_achieved": (len(times) - 1) / span if span > 0 else math.nan,
+        "samples": len(times),
+        "lateness_ms": {"mean": mean(lateness), "p95": quantile(lateness, 0.95), "max": max(lateness, default=math.nan)},
+        "read_ms_mean": mean(reads),
+        "missed_deadlines": stored.get("missed_deadlines"),
+        "sources": sources,
+        "errors": dict(errors),
+        "last_error": last_error,
+    }
+
+
+def _figure_sources(on_cuda: bool, busy_source: str, sampler: dict[str, Any]) -> dict[str, str]:
+    timer = "CUDA events in the compute stream" if on_cuda else "host perf_counter"
+    return {
+        "step_time": "host perf_counter, from one next() call on the loader to the next",
+        "data_wait": "host perf_counter around next() on the loader",
+        "h2d": "host perf_counter around the copy"
+        + (" + CUDA-event copy time not overlapped by compute" if on_cuda else ""),
+        "compute": f"host perf_counter around the compute phase; device time: {timer}",
+        "device_busy_fraction": {
+            "cuda-events": "union of CUDA-event intervals of all phases / wall time",
+            "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",
+            "none": "not measured",
+        }[busy_source],
+        "host": "psutil, sampled by the background sampler",
+        "nvml": "NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
+        if sampler["sources"].get("nvml") == "available"
+        else f"not measured ({sampler['sources'].get('nvml', 'not sampled')})",
+    }

@@ -1,0 +1,96 @@
+"""Verdict bands and recommendations: rules over a finished Summary's measured figures.
+
+Every recommendation quotes the measured figure that triggered it, so a reader can check the reasoning
+against the breakdown. Bands are TensorFlow input-pipeline analyzer's: >= 20% highly, >= 5% moderately.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+
+HIGH = 0.20
+MODERATE = 0.05
+OTHER_SHARE = 0.10
+OTHER_MIN_MS = 1.0
+PIN_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    code: str
+    text: str
+
+
+def verdict_for(stall_fraction: float) -> str:
+    if stall_fraction >= HIGH:
+        return "highly input-bound"
+    if stall_fraction >= MODERATE:
+        return "moderately input-bound"
+    return "not input-bound"
+
+
+def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
+    out: list[Recommendation] = []
+    b = s.breakdown_ms_per_step
+    step = s.step_time_ms["mean"]
+    if not step or math.isnan(step):
+        return out
+    wait, h2d, other = b["data_wait"], b["h2d"], b["other"]
+    pct = s.stall_fraction * 100
+    cores = cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
+    input_bound = s.stall_fraction >= MODERATE
+
+    if input_bound and s.workers == 0:
+        top = f"2-{cores}" if cores and cores > 2 else "2"
+        out.append(Recommendation(
+            "RAISE_WORKERS",
+            f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers=0: the "
+            f"training process loads and augments every batch itself. Set num_workers={top}"
+            + (f" (this machine has {cores} cores)" if cores else "") + " so batches are prepared in parallel.",
+        ))
+    elif input_bound and isinstance(s.workers, int) and s.workers > 0:
+        sys_cpu = s.host.get("sys_cpu_pct_mean")
+        busy = f" while system CPU averaged {sys_cpu:.0f}%" if isinstance(sys_cpu, float) else ""
+        advice = (
+            "the cores are saturated: make per-item work cheaper (decode on the GPU with DALI, smaller images, "
+            "cheaper augmentation)"
+            if isinstance(sys_cpu, float) and sys_cpu >= 85
+            else "add workers if cores are idle, or make per-item work cheaper (DALI decode, lighter augmentation)"
+        )
+        out.append(Recommendation(
+            "LOADER_TOO_SLOW",
+            f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
+            f"{busy}: {advice}.",
+        ))
+    if s.device.get("kind") == "cuda" and s.pin_memory is False and h2d >= PIN_SHARE * step:
+        out.append(Recommendation(
+            "PIN_MEMORY",
+            f"Host-to-device copies block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
+            "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
+        ))
+    if other >= OTHER_MIN_MS and other >= OTHER_SHARE * step:
+        out.append(Recommendation(
+            "LOOP_OVERHEAD",
+            f"{other:.1f} ms of a {step:.1f} ms step ({other / step:.0%}) is outside data wait, copy and compute: "
+            "look for synchronisation (loss.item(), .cpu(), printing tensors) or logging in the loop, or wrap it "
+            "in s.phase('name') to see it by name.",
+        ))
+    if not input_bound:
+        out.append(Recommendation(
+            "NOT_INPUT_BOUND",
+            f"Input stalls are {pct:.1f}% of step time (under 5%): the loader keeps up. Speed-ups must come from "
+            "compute (mixed precision, a larger batch, a faster model), not from the input pipeline.",
+        ))
+    hz_req, hz_got = s.sampler.get("hz_requested"), s.sampler.get("hz_achieved")
+    if isinstance(hz_req, float) and isinstance(hz_got, float) and hz_got < 0.9 * hz_req:
+        out.append(Recommendation(
+            "SAMPLER_SLOW",
+            f"The sampler achieved {hz_got:.1f} Hz of the {hz_req:g} Hz asked (a busy host delays it): host and "
+            "NVML time series are coarser than requested; step timings are unaffected.",
+        ))
+    return out

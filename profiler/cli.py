@@ -1,0 +1,223 @@
+"""Command line: argument parsing, exit codes and wiring only.
+
+Exit codes: 0 ok; 2 bad input (one line on stderr naming the value and what is allowed, no traceback);
+1 the training failed (the partial run is kept and reportable); 130/143 stopped by SIGINT/SIGTERM after a
+clean end of the run (report printed). No figure is computed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from profiler.sampler import MAX_HZ
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+MAX_BATCH = 65536
+MAX_WORKERS = 256
+DEFAULT_SCENARIO = "fashion-vgg"
+
+
+class BadInput(Exception):
+    """Bad user input: printed as one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints the whole usage first; one line naming the problem is what a user can act on
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < lo or (hi is not None and value > hi) or value != value:
+            allowed = f"{lo:g}..{hi:g}" if hi is not None else f">= {lo:g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: allowed {allowed}")
+        return value
+
+    return parse
+
+
+def _positive_hz(text: str) -> float:
+    try:
+        hz = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < hz <= MAX_HZ:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: allowed 0 < HZ <= {MAX_HZ:g}")
+    return hz
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="stallscope", description="Is the accelerator waiting for data, and what would fix it?")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="train a scenario under the profiler and print a stall report")
+    r.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO,
+                   help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})")
+    r.add_argument("--pipeline", default="naive", help="how batches reach the device (default naive)")
+    r.add_argument("--batch-size", type=_bounded(int, 1, MAX_BATCH, "an integer"), help="default: the scenario's")
+    r.add_argument("--workers", type=_bounded(int, 0, MAX_WORKERS, "an integer"), default=0,
+                   help="DataLoader worker processes (default 0)")
+    r.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    r.add_argument("--steps", type=_bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)")
+    r.add_argument("--warmup", type=_bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
+    r.add_argument("--sample-hz", type=_positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)")
+    r.add_argument("--seed", type=_bounded(int, 0, 2**32 - 1, "an integer"), default=0)
+    r.add_argument("--out", help="run directory to create (default runs/<scenario>-<pipeline>-<time>)")
+    r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
+    r.add_argument("--no-live", action="store_true", help="no live status while training")
+
+    rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way)")
+    rep.add_argument("run_dir")
+    rep.add_argument("--json", action="store_true", help="print the summary JSON")
+
+    sub.add_parser("scenarios", help="list the built-in scenarios")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    handler = {"run": cmd_run, "report": cmd_report, "scenarios": cmd_scenarios}[args.command]
+    try:
+        return handler(args)
+    except BadInput as exc:
+        print(f"stallscope: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _print_summary(summary: Any, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary.to_dict(), indent=2))
+        return
+    from profiler.render.report import make_console, render_report
+
+    render_report(summary, make_console())
+
+
+def _prepare_out(out: str | None, scenario: str, pipeline: str) -> Path:
+    if out is None:
+        stem = Path(scenario).stem if scenario.endswith(".py") else scenario
+        out = os.path.join("runs", f"{stem}-{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path = Path(out)
+    if (path / "run.sqlite").exists():
+        raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--out '{out}' is a file: allowed a new or empty directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".stallscope-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"--out '{out}' is not writable: {exc.strerror or exc}") from None
+    return path
+
+
+class _SignalStop:
+    """Turns SIGINT/SIGTERM into :class:`Interrupted` in the main thread while a run trains."""
+
+    def __enter__(self) -> _SignalStop:
+        from profiler.session import Interrupted
+
+        self.received: str | None = None
+
+        def handler(signum: int, _frame: Any) -> None:
+            self.received = signal.Signals(signum).name
+            raise Interrupted(self.received)
+
+        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pipelines
+    import scenarios
+    from profiler.devices import DeviceError, resolve_device
+
+    try:
+        scenario = scenarios.get(args.scenario)
+        if args.pipeline not in pipelines.names():
+            pipelines.get(args.pipeline)  # raises PipelineError naming the allowed ones
+        device = resolve_device(args.device)
+    except (scenarios.ScenarioError, pipelines.PipelineError, DeviceError) as exc:
+        raise BadInput(str(exc)) from None
+    out = _prepare_out(args.out, args.scenario, args.pipeline)
+
+    from profiler.runner import RunConfig, TrainingError, run_scenario
+    from profiler.session import Interrupted
+
+    cfg = RunConfig(out=out, device=device, pipeline=args.pipeline, batch_size=args.batch_size,
+                    workers=args.workers, steps=args.steps, warmup=args.warmup,
+                    sample_hz=args.sample_hz, seed=args.seed)
+    monitor = None
+    if not args.no_live:
+        from profiler.render.live import PlainLive
+
+        total = (args.steps or scenario.steps) + (scenario.warmup if args.warmup is None else args.warmup)
+        monitor = lambda s: PlainLive(s, total_steps=total)  # noqa: E731
+    if not args.json:
+        print(f"stallscope: training {scenario.name} ({args.pipeline}, device {device.torch_device}) -> {out}",
+              file=sys.stderr)
+    code = EXIT_OK
+    try:
+        with _SignalStop():
+            run_scenario(scenario, cfg, monitor)
+    except TrainingError as exc:
+        print(f"stallscope: training failed: {exc.where}; the partial run is kept: stallscope report {out}",
+              file=sys.stderr)
+        code = EXIT_FAILED
+    except (Interrupted, KeyboardInterrupt) as exc:
+        name = getattr(exc, "signame", "SIGINT")
+        print(f"stallscope: stopped by {name}; reporting what was measured", file=sys.stderr)
+        code = EXIT_SIGNAL.get(name, 130)
+    except Exception as exc:  # set-up failed before any step: nothing was measured
+        print(f"stallscope: training set-up failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return _report_dir(out, args.json, code)
+
+
+def _report_dir(run_dir: Path | str, as_json: bool, code: int = EXIT_OK) -> int:
+    from profiler.analysis import summarize
+    from profiler.store import StoreError, load_run
+
+    try:
+        summary = summarize(load_run(run_dir))
+    except StoreError as exc:
+        if code != EXIT_OK:
+            return code
+        raise BadInput(str(exc)) from None
+    _print_summary(summary, as_json)
+    return code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    return _report_dir(args.run_dir, args.json)
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    import scenarios
+
+    for name in scenarios.names():
+        sc = scenarios.get(name)
+        print(f"{name:16s} {sc.description}")
+    return EXIT_OK

@@ -1,0 +1,136 @@
+"""Which device a run uses, and how its phases are timed on that device.
+
+Two timers stand behind one interface: on CPU there is no device clock, phases are timed by the host
+``perf_counter`` alone and ``mark()`` returns None; on CUDA ``mark()`` records an event in the current
+stream. Events are resolved later, without a per-step synchronize, by the Session's pending queue
+(see ``Session._resolve``), which only asks ``done``/``wait``/``time_of``.
+
+Device times are put on the host timeline through one reference event recorded and synchronised when the
+timer starts: ``t = t_ref + ref.elapsed_time(ev)``. The alignment error is the host's wake-up latency after
+that one synchronize (tens of microseconds), the same for every event, so device intervals stay exact
+relative to each other.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+class DeviceError(ValueError):
+    """A device string that is malformed or names a device this machine does not have."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    kind: str  # "cpu" | "cuda"
+    torch_device: str  # "cpu", "cuda:0"
+    name: str
+    index: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "torch_device": self.torch_device, "name": self.name, "index": self.index}
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass  # not Linux: fall back to platform below
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
+    """``auto|cpu|cuda|cuda:N`` -> DeviceInfo; DeviceError naming the value and what is allowed."""
+    if not isinstance(spec, str) or not _DEVICE_RE.match(spec):
+        raise DeviceError(f"--device {spec!r} is not valid: allowed auto, cpu, cuda, cuda:N")
+    if spec == "cpu":
+        return DeviceInfo("cpu", "cpu", cpu_name())
+    if torch_mod is None:
+        import torch as torch_mod
+    has_cuda = bool(torch_mod.cuda.is_available())
+    if spec == "auto":
+        if not has_cuda:
+            return DeviceInfo("cpu", "cpu", cpu_name())
+        spec = "cuda:0"
+    if not has_cuda:
+        raise DeviceError(
+            f"--device {spec} asked for CUDA but torch.cuda.is_available() is False on this machine: "
+            "allowed here auto or cpu"
+        )
+    index = int(spec.split(":")[1]) if ":" in spec else 0
+    count = int(torch_mod.cuda.device_count())
+    if index >= count:
+        raise DeviceError(f"--device {spec}: this machine has {count} CUDA device(s): allowed cuda:0..cuda:{count - 1}")
+    return DeviceInfo("cuda", f"cuda:{index}", str(torch_mod.cuda.get_device_name(index)), index)
+
+
+class DeviceTimer(Protocol):
+    """Marks points in the device's work queue and turns them into times on the run's timeline."""
+
+    kind: str
+
+    def mark(self) -> Any: ...
+
+    def done(self, ev: Any) -> bool: ...
+
+    def wait(self, ev: Any) -> None: ...
+
+    def time_of(self, ev: Any) -> float: ...
+
+    def release(self, ev: Any) -> None: ...
+
+
+class CudaEventTimer:
+    """CUDA events on the current stream; pooled so a long run allocates a bounded number of events."""
+
+    kind = "cuda-events"
+
+    def __init__(self, device: DeviceInfo, now: Callable[[], float], torch_mod: Any = None) -> None:
+        if torch_mod is None:
+            import torch as torch_mod
+        self._cuda = torch_mod.cuda
+        self._dev = device.index
+        self._pool: list[Any] = []
+        self._cuda.synchronize(self._dev)
+        self._ref = self._new()
+        self._ref.record()
+        self._ref.synchronize()
+        self._ref_t = now()
+
+    def _new(self) -> Any:
+        return self._cuda.Event(enable_timing=True)
+
+    def mark(self) -> Any:
+        ev = self._pool.pop() if self._pool else self._new()
+        ev.record()
+        return ev
+
+    def done(self, ev: Any) -> bool:
+        return bool(ev.query())
+
+    def wait(self, ev: Any) -> None:
+        ev.synchronize()
+
+    def time_of(self, ev: Any) -> float:
+        return self._ref_t + float(self._ref.elapsed_time(ev)) / 1e3
+
+    def release(self, ev: Any) -> None:
+        if len(self._pool) < 4096:
+            self._pool.append(ev)
+
+
+def make_timer(device: DeviceInfo, now: Callable[[], float]) -> DeviceTimer | None:
+    """The device timer for ``device``: None on CPU (host timing is all there is)."""
+    if device.kind == "cuda":
+        return CudaEventTimer(device, now)
+    return None

@@ -1,0 +1,130 @@
+"""Terminal report of a Summary, with rich. Formats figures; computes none.
+
+Every table cell names the instrument it came from (the Summary's ``sources``), and a figure that was
+not measured is printed as "n/a" with the reason, never as zero.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from profiler.analysis import Summary
+
+_VERDICT_STYLE = {
+    "highly input-bound": "bold red",
+    "moderately input-bound": "bold yellow",
+    "not input-bound": "bold green",
+}
+
+
+def _num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return fmt.format(x) + unit
+
+
+def _pct(x: Any) -> str:
+    return _num(None if x is None else x * 100, "{:.1f}", "%")
+
+
+def header(s: Summary) -> Text:
+    dev = s.device
+    t = Text()
+    t.append(f"{s.scenario or 'run'}", style="bold")
+    t.append(f"  pipeline={s.pipeline or '?'}  batch={s.batch_size or '?'}  workers={_num(s.workers, '{}')}  ")
+    t.append(f"device={dev.get('torch_device', dev.get('kind'))} ({dev.get('name', '?')})  ")
+    t.append(f"status={s.status}", style="bold" if s.status == "complete" else "bold red")
+    if s.run_id:
+        t.append(f"  run={s.run_id}", style="dim")
+    return t
+
+
+def breakdown_table(s: Summary) -> Table:
+    b = s.breakdown_ms_per_step
+    step = s.step_time_ms.get("mean", math.nan)
+    table = Table(title="Per-step breakdown (measured steps, mean)", title_justify="left", expand=False)
+    table.add_column("phase")
+    table.add_column("ms/step", justify="right")
+    table.add_column("share", justify="right")
+    table.add_column("measured by", style="dim")
+    src = s.sources
+    for name, value in b.items():
+        share = value / step if step and not math.isnan(step) and not math.isnan(value) else math.nan
+        how = src.get(name) or ("remainder: step time minus the phases above" if name == "other" else "host perf_counter")
+        table.add_row(name, _num(value, "{:.2f}"), _pct(share), how)
+    table.add_row("step", _num(step, "{:.2f}"), "100%", src.get("step_time", ""), style="bold")
+    return table
+
+
+def figures_table(s: Summary) -> Table:
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("throughput", _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
+              + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, {s.steps} steps after {s.warmup_steps} warm-up)")
+    st = s.step_time_ms
+    t.add_row("step time", f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
+              f"p90 {_num(st.get('p90'), '{:.1f}')} ms")
+    t.add_row("stall fraction", f"{_pct(s.stall_fraction)}  (data wait + blocking h2d) / step time")
+    t.add_row("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}")
+    if s.device_ms_per_step:
+        t.add_row("device time", "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
+                  + "  (CUDA events)")
+    utils = {k: v for k, v in s.nvml.items() if k.endswith("util_pct_mean")}
+    if utils:
+        t.add_row("NVML util", "  ".join(f"{k.split('_')[0]} {_num(v, '{:.0f}')}%" for k, v in utils.items())
+                  + "  (utilization.gpu, driver-averaged: hides sub-second stalls)")
+    else:
+        t.add_row("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})")
+    h = s.host
+    if h:
+        workers = sorted(k for k in h if k.startswith("proc_w") and k.endswith("cpu_pct_mean"))
+        line = f"main {_num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
+        if workers:
+            line += f"  workers {_num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
+        line += f"  system {_num(h.get('sys_cpu_pct_mean'), '{:.0f}')}%  (psutil; 100% = one core)"
+        t.add_row("host CPU", line)
+        t.add_row("host RSS", f"max {_num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)")
+    return t
+
+
+def verdict_block(s: Summary) -> Group:
+    style = _VERDICT_STYLE.get(s.verdict, "bold")
+    parts: list[Any] = [Text.assemble(("Verdict: ", "bold"), (s.verdict, style),
+                                      f"  (stall {_pct(s.stall_fraction)}; bands: >=20% highly, >=5% moderately)")]
+    for i, r in enumerate(s.recommendations, 1):
+        parts.append(Text.assemble(f"{i}. ", (f"[{r.code}] ", "cyan"), r.text))
+    return Group(*parts)
+
+
+def sampler_block(s: Summary) -> Text:
+    sm = s.sampler
+    lat = sm.get("lateness_ms") or {}
+    t = Text()
+    t.append("Sampler: ", style="bold")
+    t.append(f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} asked, "
+             f"{sm.get('samples', 0)} samples, lateness p95 {_num(lat.get('p95'), '{:.2f}')} ms "
+             f"max {_num(lat.get('max'), '{:.2f}')} ms, read cost {_num(sm.get('read_ms_mean'), '{:.2f}')} ms")
+    for name, status in sorted((sm.get("sources") or {}).items()):
+        errors = (sm.get("errors") or {}).get(name, 0)
+        t.append(f"\n  source {name}: {status}" + (f" ({errors} read errors, last: "
+                                                    f"{(sm.get('last_error') or {}).get(name)})" if errors else ""))
+    return t
+
+
+def render_report(s: Summary, console: Console) -> None:
+    body: list[Any] = [header(s), figures_table(s), breakdown_table(s), verdict_block(s), sampler_block(s)]
+    if s.error:
+        body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))
+    body.extend(Text(f"note: {n}", style="yellow") for n in s.notes)
+    console.print(Panel(Group(*body), title="stallscope report", title_align="left"))
+
+
+def make_console(stderr: bool = False, width: int | None = None) -> Console:
+    return Console(stderr=stderr, width=width, highlight=False)

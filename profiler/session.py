@@ -1,0 +1,358 @@
+"""Session: times each training step's phases and owns the sampler and the run store.
+
+A step starts the moment the loop asks the loader for its batch and ends when it asks for the next one.
+``wrap(loader)`` measures the time blocked in ``next()`` (data wait); ``phase(name)`` measures named parts of
+the step (``h2d``, ``compute``, or any user name). Whatever the step spent outside these is "other".
+
+Invariants:
+- The hot path (``next()`` wrapper, phase enter/exit) does a ``perf_counter`` read, a list append and, on
+  CUDA, an event record. Everything else (row building, store writes, analysis) happens at step end or
+  off-thread. Budget: < 20 us per phase on a 2-core CPU (``benchmarks/overhead.py`` measures it).
+- On CUDA, a step's record waits in a FIFO until its events have completed; it is resolved by polling
+  ``Event.query()`` at later step ends, never by a per-step synchronize. Lag is bounded by ``max_lag``
+  steps: past that, the oldest step is waited for. ``close()`` drains the FIFO.
+- Exiting the ``with`` block records a status: ``complete``; ``interrupted`` for KeyboardInterrupt or a
+  signal the CLI turned into :class:`Interrupted`; ``failed`` (with where) for any other exception, which
+  propagates unchanged. Every step recorded so far stays in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from profiler.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.sampler import Sampler
+from profiler.sources.base import Source
+from profiler.store import PhaseRow, RunStore, StepRow
+
+log = logging.getLogger("stallscope")
+
+
+class Interrupted(Exception):  # noqa: N818 - it is a stop request, not an error
+    """Raised into the training loop by the CLI's SIGINT/SIGTERM handler."""
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"stopped by {signame}")
+        self.signame = signame
+
+
+def batch_len(batch: Any) -> int | None:
+    """Items in a batch: leading dim of the first tensor-like found; None when it cannot be told."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return None
+    return None
+
+
+class _Phase:
+    __slots__ = ("_ev0", "_name", "_s", "_t0")
+
+    def __init__(self, session: Session, name: str) -> None:
+        self._s = session
+        self._name = name
+
+    def __enter__(self) -> _Phase:
+        s = self._s
+        s._stack.append(self._name)
+        self._ev0 = s._timer.mark() if s._timer is not None else None
+        self._t0 = s._clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        s = self._s
+        t1 = s._clock()
+        ev1 = s._timer.mark() if s._timer is not None else None
+        stack = s._stack
+        if not stack or stack[-1] != self._name:
+            raise ValueError(f"phase {self._name!r} ended but the innermost open phase is {stack[-1:]}")
+        depth = len(stack) - 1
+        name = "/".join(stack) if depth else self._name
+        stack.pop()
+        s._phases.append((name, depth, self._t0, t1, self._ev0, ev1))
+
+
+class Session:
+    """Profile a training loop. See DESIGN.md "Python API"."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        sample_hz: float = 10.0,
+        device: str | DeviceInfo = "auto",
+        warmup: int = 0,
+        scenario: str | None = None,
+        pipeline: str | None = None,
+        batch_size: int | None = None,
+        workers: int | None = None,
+        pin_memory: bool | None = None,
+        sources: Sequence[Source] | None = None,
+        meta: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        max_lag: int = 32,
+        recent: int = 1024,
+    ) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        self.out_dir = Path(out_dir)
+        self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
+        self.sample_hz = sample_hz
+        self.warmup = warmup
+        self._clock = clock
+        self._max_lag = max_lag
+        self._sources = sources
+        self._meta: dict[str, Any] = {
+            "run_id": uuid.uuid4().hex[:12],
+            "scenario": scenario,
+            "pipeline": pipeline,
+            "batch_size": batch_size,
+            "workers": workers,
+            "pin_memory": pin_memory,
+            "warmup_steps": warmup,
+            "device": self.device.to_dict(),
+            "sample_hz": sample_hz,
+            "host": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            **(meta or {}),
+        }
+        # hot-path state
+        self._stack: list[str] = []
+        self._phases: list[tuple[str, int, float, float, Any, Any]] = []
+        self._step = -1  # index of the open step, -1 when none is open
+        self._step_t0 = 0.0
+        self._step_wait = 0.0
+        self._step_samples: int | None = None
+        self._pending: deque[tuple[StepRow, list[tuple[str, int, float, float, Any, Any]]]] = deque()
+        self._next_index = 0
+        self._unattributed = 0
+        # live view: the newest resolved steps, bounded
+        self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=recent)
+        self._timer: DeviceTimer | None = None
+        self._store: RunStore | None = None
+        self.sampler: Sampler | None = None
+        self._t0 = 0.0
+        self._status: str | None = None
+        self._error: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir
+
+    @property
+    def status(self) -> str | None:
+        """None while running; then "complete", "interrupted" or "failed"."""
+        return self._status
+
+    @property
+    def error(self) -> str | None:
+        """For a failed or interrupted run: what stopped it, and where."""
+        return self._error
+
+    def start(self) -> Session:
+        if self._store is not None:
+            return self
+        self._store = RunStore(self.out_dir)
+        self._t0 = self._clock()
+        self._timer = make_timer(self.device, self._now)
+        self._store.put_meta(
+            **self._meta,
+            status="running",
+            pid=os.getpid(),
+            started_at=time.time(),
+            device_timer=self._timer.kind if self._timer is not None else "host-perf-counter",
+        )
+        if self._sources is None:
+            from profiler.sources.host import HostSource
+            from profiler.sources.nvml import NvmlSource
+
+            self._sources = [HostSource(), NvmlSource()]
+        store = self._store
+        self.sampler = Sampler(
+            self._sources,
+            self.sample_hz,
+            sink=store.put_samples,
+            on_event=lambda t, kind, msg, src: store.put_event(t, kind, msg, src),
+            clock=self._clock,
+            t0=self._t0,
+        )
+        self.sampler.start()
+        return self
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close("complete")
+        elif isinstance(exc, (KeyboardInterrupt, Interrupted)):
+            self.close("interrupted", error=str(exc) or "KeyboardInterrupt")
+        else:
+            self.close("failed", error=_where(exc, tb))
+
+    def annotate(self, **items: Any) -> None:
+        """Record run facts (loader knobs, model name, ...) in the store's meta table."""
+        self._meta.update(items)
+        if self._store is not None:
+            self._store.put_meta(**items)
+
+    def event(self, kind: str, message: str) -> None:
+        """Record a free-form event (warning, skipped sample, ...) at the current time."""
+        if self._store is not None:
+            self._store.put_event(self._now(), kind, message, "session")
+
+    def close(self, status: str = "complete", error: str | None = None) -> None:
+        """End the run: close the open step, drain device events, stop sampling, write summary.json."""
+        if self._store is None or self._status is not None:
+            return
+        self._status, self._error = status, error
+        if self._step >= 0:
+            self._end_step(self._clock())
+        self._resolve(drain=True)
+        store = self._store
+        if self.sampler is not None:
+            self.sampler.stop()
+            st = self.sampler.stats
+            store.put_meta(sampler_stats={
+                "missed_deadlines": st.missed_deadlines,
+                "sources": {k: {"status": h.status, "errors": h.errors, "last_error": h.last_error}
+                            for k, h in st.sources.items()},
+            })
+        if self._unattributed:
+            store.put_event(self._now(), "warning", f"{self._unattributed} phase(s) ran outside any step", "session")
+        store.put_meta(status=status, error=error, ended_at=time.time())
+        store.close()
+        if store.error is not None:
+            log.error("stallscope: the run store stopped writing: %s", store.error)
+        from profiler.analysis import summarize
+        from profiler.store import load_run
+
+        try:
+            summary = summarize(load_run(self.out_dir))
+            (self.out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        except Exception as exc:  # the store is the record; a summary failure must not hide the run's own error
+            log.error("stallscope: could not write summary.json: %s", exc)
+
+    def summary(self) -> Any:
+        """The run's :class:`profiler.analysis.Summary`, computed from the store alone."""
+        from profiler.analysis import summarize
+        from profiler.store import load_run
+
+        return summarize(load_run(self.out_dir))
+
+    # -- hot path ---------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self._clock() - self._t0
+
+    def wrap(self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None) -> Iterator[Any]:
+        """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
+        if self._store is None:
+            raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
+        self._note_loader(iterable)
+        count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
+        it = iter(iterable)
+        clock = self._clock
+        try:
+            while True:
+                t0 = clock()
+                if self._step >= 0:
+                    self._end_step(t0)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                t1 = clock()
+                self._step = self._next_index
+                self._next_index += 1
+                self._step_t0 = t0
+                self._step_wait = t1 - t0
+                self._step_samples = count(batch)
+                yield batch
+        finally:
+            # the loop broke out or raised: the step in flight ends now
+            if self._step >= 0 and self._status is None:
+                self._end_step(clock())
+
+    def phase(self, name: str) -> _Phase:
+        """Context manager timing a named part of the current step."""
+        return _Phase(self, name)
+
+    def _end_step(self, t_end: float) -> None:
+        phases, self._phases = self._phases, []
+        if self._step < 0:
+            self._unattributed += len(phases)
+            return
+        t0 = self._t0
+        row = StepRow(
+            step=self._step,
+            t_start=self._step_t0 - t0,
+            t_end=t_end - t0,
+            data_wait_s=self._step_wait,
+            samples=self._step_samples,
+            warmup=self._step < self.warmup,
+        )
+        self._step = -1
+        self._pending.append((row, phases))
+        self._resolve()
+
+    def _resolve(self, drain: bool = False) -> None:
+        timer, pending, t0 = self._timer, self._pending, self._t0
+        while pending:
+            row, phases = pending[0]
+            if timer is not None and phases:
+                last = phases[-1][5]
+                if not timer.done(last):
+                    if not drain and len(pending) <= self._max_lag:
+                        return
+                    timer.wait(last)
+            pending.popleft()
+            out: list[PhaseRow] = []
+            for name, depth, a, b, ev0, ev1 in phases:
+                if timer is not None and ev0 is not None:
+                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, timer.time_of(ev0), timer.time_of(ev1)))
+                    timer.release(ev0)
+                    timer.release(ev1)
+                else:
+                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0))
+            assert self._store is not None
+            self._store.put_step(row, out)
+            self.recent.append((row, out))
+
+    def _note_loader(self, loader: Any) -> None:
+        """Take workers / pin_memory / batch_size from a DataLoader the user did not describe."""
+        found = {
+            key: getattr(loader, attr)
+            for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
+            if self._meta.get(key) is None and isinstance(getattr(loader, attr, None), (int, bool))
+        }
+        if found:
+            self.annotate(**found)
+
+
+def _where(exc: BaseException, tb: TracebackType | None) -> str:
+    """``ValueError: msg (at file.py:123 in fn)`` for the innermost frame of the traceback."""
+    where = ""
+    while tb is not None:
+        frame, lineno = tb.tb_frame, tb.tb_lineno
+        where = f" (at {os.path.basename(frame.f_code.co_filename)}:{lineno} in {frame.f_code.co_name})"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc}{where}"

@@ -1,0 +1,282 @@
+"""The run store: one SQLite file per run, written off the training thread, readable after any crash.
+
+Invariants:
+- The file is opened in WAL mode with ``synchronous=NORMAL``: a process killed at any instant (SIGKILL
+  included) leaves a database that passes ``PRAGMA integrity_check`` and holds every transaction committed
+  before the kill. Power loss is out of scope.
+- Only the writer thread touches the write connection. Producers (the training thread, the sampler)
+  call ``put_*`` which only appends to a queue: a few hundred nanoseconds, never a disk write.
+- The writer commits whenever it has pending rows and ``flush_s`` (<= 1 s) has passed, so a crash loses
+  at most that much. ``meta.heartbeat`` is refreshed at each commit; a run whose status is still
+  ``running`` but whose heartbeat is stale and whose pid is gone was interrupted.
+- Schema changes are additive; ``meta.schema_version`` says which tables and columns exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+DB_NAME = "run.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+    step INTEGER PRIMARY KEY,
+    t_start REAL NOT NULL,        -- s since run start: the loop asked for this step's batch
+    t_end REAL NOT NULL,          -- s since run start: the loop asked for the next batch
+    data_wait_s REAL NOT NULL,    -- host time blocked in next() on the loader
+    samples INTEGER,              -- items in the batch (NULL: unknown)
+    warmup INTEGER NOT NULL       -- 1 for warm-up steps, excluded from the summary
+);
+CREATE TABLE IF NOT EXISTS phases (
+    step INTEGER NOT NULL,
+    name TEXT NOT NULL,           -- "h2d", "compute", or a user name; nested phases as "outer/inner"
+    depth INTEGER NOT NULL,       -- 0 for top-level phases (only those enter the breakdown)
+    t_start REAL NOT NULL,        -- host perf_counter, s since run start
+    t_end REAL NOT NULL,
+    dev_start REAL,               -- device (CUDA event) time on the same timeline; NULL on CPU
+    dev_end REAL
+);
+CREATE INDEX IF NOT EXISTS phases_step ON phases(step);
+CREATE TABLE IF NOT EXISTS samples (
+    t REAL NOT NULL,              -- s since run start, when the reading was taken
+    source TEXT NOT NULL,         -- "host", "nvml", "sampler"
+    metric TEXT NOT NULL,
+    value REAL                    -- NULL: the metric could not be read at this instant
+);
+CREATE INDEX IF NOT EXISTS samples_metric ON samples(metric, t);
+CREATE TABLE IF NOT EXISTS events (
+    t REAL NOT NULL,
+    kind TEXT NOT NULL,           -- "source", "source_error", "status", "warning", "error"
+    source TEXT,
+    message TEXT NOT NULL
+);
+"""
+
+_STOP = object()
+
+
+class StoreError(Exception):
+    """The run store is missing, unreadable or not a stallscope store."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    step: int
+    t_start: float
+    t_end: float
+    data_wait_s: float
+    samples: int | None
+    warmup: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRow:
+    step: int
+    name: str
+    depth: int
+    t_start: float
+    t_end: float
+    dev_start: float | None = None
+    dev_end: float | None = None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(path, check_same_thread=False, timeout=10.0)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+    return con
+
+
+class RunStore:
+    """Writer side of a run directory's ``run.sqlite``."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, flush_s: float = 0.5) -> None:
+        if not 0 < flush_s <= 1.0:
+            raise ValueError(f"flush_s must be in (0, 1], got {flush_s}")
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / DB_NAME
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._flush_s = flush_s
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._con = _connect(self.path)
+        with self._con:
+            self._con.executescript(_SCHEMA)
+            self._con.execute(
+                "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="stallscope-store", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    # -- producer side (any thread) ------------------------------------------------------------
+    def put_meta(self, **items: Any) -> None:
+        self._q.put(("meta", [(k, json.dumps(v)) for k, v in items.items()]))
+
+    def put_step(self, row: StepRow, phases: Sequence[PhaseRow] = ()) -> None:
+        self._q.put(("step", row, phases))
+
+    def put_samples(self, rows: Iterable[tuple[float, str, str, float | None]]) -> None:
+        self._q.put(("samples", list(rows)))
+
+    def put_event(self, t: float, kind: str, message: str, source: str | None = None) -> None:
+        self._q.put(("event", (t, kind, source, message)))
+
+    @property
+    def error(self) -> BaseException | None:
+        """An exception that stopped the writer (disk full, unwritable), else None."""
+        return self._error
+
+    def close(self) -> None:
+        """Flush everything queued, commit, checkpoint the WAL. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._q.put(_STOP)
+        self._thread.join(timeout=30)
+        try:
+            self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass  # a checkpoint is an optimisation; the WAL is still valid without it
+        self._con.close()
+
+    # -- writer thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        con = self._con
+        last_commit = time.monotonic()
+        pending = 0
+        stop = False
+        while not stop:
+            try:
+                item = self._q.get(timeout=self._flush_s)
+            except queue.Empty:
+                item = None
+            try:
+                while item is not None:
+                    if item is _STOP:
+                        stop = True
+                        break
+                    pending += self._apply(con, item)
+                    try:
+                        item = self._q.get_nowait()
+                    except queue.Empty:
+                        item = None
+                now = time.monotonic()
+                if pending and (stop or now - last_commit >= self._flush_s):
+                    con.execute(
+                        "INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (json.dumps(time.time()),)
+                    )
+                    con.commit()
+                    last_commit, pending = now, 0
+            except sqlite3.Error as exc:  # disk full, file removed: keep the reason, stop writing
+                self._error = exc
+                try:
+                    con.rollback()
+                except sqlite3.Error:
+                    pass  # the connection itself is broken; the error above is what matters
+                # keep draining so producers never block, but write nothing more
+                while not stop:
+                    if self._q.get() is _STOP:
+                        stop = True
+                return
+
+    @staticmethod
+    def _apply(con: sqlite3.Connection, item: tuple[Any, ...]) -> int:
+        kind = item[0]
+        if kind == "step":
+            row, phases = item[1], item[2]
+            con.execute(
+                "INSERT OR REPLACE INTO steps VALUES (?,?,?,?,?,?)",
+                (row.step, row.t_start, row.t_end, row.data_wait_s, row.samples, int(row.warmup)),
+            )
+            if phases:
+                con.executemany(
+                    "INSERT INTO phases VALUES (?,?,?,?,?,?,?)",
+                    [(p.step, p.name, p.depth, p.t_start, p.t_end, p.dev_start, p.dev_end) for p in phases],
+                )
+            return 1
+        if kind == "samples":
+            con.executemany("INSERT INTO samples VALUES (?,?,?,?)", item[1])
+            return len(item[1])
+        if kind == "event":
+            con.execute("INSERT INTO events VALUES (?,?,?,?)", item[1])
+            return 1
+        if kind == "meta":
+            con.executemany("INSERT OR REPLACE INTO meta VALUES (?,?)", item[1])
+            return 1
+        raise AssertionError(f"unknown store item {kind!r}")
+
+
+# -- reader side ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """Everything a run store holds, loaded into memory for the (pure) analysis."""
+
+    meta: dict[str, Any]
+    steps: list[StepRow]
+    phases: list[PhaseRow]
+    samples: list[tuple[float, str, str, float | None]]
+    events: list[tuple[float, str, str | None, str]]
+
+
+def resolve_db(run: str | os.PathLike[str]) -> Path:
+    """``RUN_DIR`` or ``RUN_DIR/run.sqlite`` -> the database path, or StoreError saying what is wrong."""
+    p = Path(run)
+    db = p / DB_NAME if p.is_dir() else p
+    if not db.exists():
+        if p.is_dir():
+            raise StoreError(f"run directory '{p}' holds no {DB_NAME}: pass a directory written by stallscope run")
+        raise StoreError(f"run directory '{p}' does not exist")
+    return db
+
+
+def load_run(run: str | os.PathLike[str]) -> RunRecord:
+    """Read a whole run store (read-only; safe while another process is still writing it)."""
+    db = resolve_db(run)
+    try:
+        # Read-write open (nothing is written): after a SIGKILL it lets SQLite replay the WAL. A
+        # read-only file system falls back to mode=ro, which reads the WAL when its -shm exists.
+        con = sqlite3.connect(db, timeout=10.0) if os.access(db.parent, os.W_OK) else \
+            sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open '{db}': {exc}") from None
+    try:
+        meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
+        if "schema_version" not in meta:
+            raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
+        steps = [
+            StepRow(s, a, b, w, n, bool(wu))
+            for s, a, b, w, n, wu in con.execute("SELECT * FROM steps ORDER BY step")
+        ]
+        phases = [PhaseRow(*r) for r in con.execute("SELECT * FROM phases ORDER BY step, t_start")]
+        samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
+        events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"'{db}' is not a readable stallscope run store: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
+    finally:
+        con.close()
+    return RunRecord(meta, steps, phases, samples, events)
+
+
+def integrity_ok(run: str | os.PathLike[str]) -> bool:
+    """``PRAGMA integrity_check`` on the run store."""
+    con = sqlite3.connect(resolve_db(run))
+    try:
+        return bool(con.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+    finally:
+        con.close()
