@@ -1,0 +1,101 @@
+"""Shared test helpers: loaders of known cost, polling instead of fixed sleeps, GPU skip marker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sleep_loader(n: int, wait_s: float, batch: int = 8) -> Iterator[list[int]]:
+    """A loader whose every next() blocks ``wait_s``: the injected data wait."""
+    for _ in range(n):
+        if wait_s:
+            time.sleep(wait_s)
+        yield [0] * batch
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, every: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return predicate()
+
+
+def stallscope(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would (a fresh interpreter), capturing both streams."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "profiler", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT, env=env,
+    )
+
+
+TINY_SCENARIO = '''
+import time
+import torch
+from torch import nn
+from scenarios import Scenario
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        time.sleep({item_sleep})
+        return torch.full((4,), float(i % 7)), i % 3
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.calls = 0
+    def forward(self, x):
+        self.calls += 1
+        if {fail_at} and self.calls >= {fail_at}:
+            raise RuntimeError("injected failure in forward")
+        time.sleep({forward_sleep})
+        return self.lin(x)
+
+scenario = Scenario(name="tiny", dataset=Items, model=Model, loss=nn.functional.cross_entropy,
+                    batch_size=8, steps={steps}, warmup=2, description="test scenario of known cost")
+'''
+
+
+@pytest.fixture
+def tiny_scenario(tmp_path: Path) -> Callable[..., Path]:
+    """Write a user scenario file with known per-item and per-forward cost; returns its path."""
+
+    def make(item_sleep: float = 0.0, forward_sleep: float = 0.0, fail_at: int = 0, steps: int = 10) -> Path:
+        p = tmp_path / f"tiny_{item_sleep}_{forward_sleep}_{fail_at}_{steps}.py"
+        p.write_text(TINY_SCENARIO.format(item_sleep=item_sleep, forward_sleep=forward_sleep,
+                                          fail_at=fail_at, steps=steps))
+        return p
+
+    return make
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,155 @@
+"""CUDA event timing logic through a fake in-order stream, and a real-GPU check marked ``gpu``.
+
+The fake stream follows CUDA's rule for an event: it completes when the stream has finished the work
+enqueued before it and not before the host recorded it: ``dev_i = max(dev_{i-1} + work_i, host_i)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import sleep_loader
+
+from profiler import Session
+from profiler.devices import CudaEventTimer, DeviceInfo
+from profiler.store import load_run
+
+FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
+
+
+class FakeStream:
+    """Device work enqueued between marks, cycling: [before h2d start, copy, before compute, compute]."""
+
+    kind = "cuda-events"
+
+    def __init__(self, now, work: list[float], complete: bool = True) -> None:
+        self._now = now
+        self._work = work
+        self._i = 0
+        self._cursor = 0.0
+        self.complete = complete
+        self.waited = 0
+
+    def mark(self) -> dict[str, float]:
+        host = self._now()
+        self._cursor = max(self._cursor + self._work[self._i % len(self._work)], host)
+        self._i += 1
+        return {"dev": self._cursor}
+
+    def done(self, ev) -> bool:
+        return self.complete
+
+    def wait(self, ev) -> None:
+        self.waited += 1
+
+    def time_of(self, ev) -> float:
+        return ev["dev"]
+
+    def release(self, ev) -> None:
+        pass
+
+
+def _session(tmp: Path, stream_kwargs: dict, **kw) -> tuple[Session, FakeStream]:
+    holder: dict = {}
+    s = Session(tmp, device=FAKE_GPU, sources=[], **kw)
+    # the fake reads the session's own timeline, as CudaEventTimer does
+    holder["stream"] = FakeStream(lambda: s._now(), **stream_kwargs)
+    s._timer = holder["stream"]
+    s._timer_given = True
+    return s, holder["stream"]
+
+
+def _loop(s: Session, steps: int, wait: float, h2d: float, compute: float) -> None:
+    for _ in s.wrap(sleep_loader(steps, wait)):
+        with s.phase("h2d"):
+            time.sleep(h2d)
+        with s.phase("compute"):
+            time.sleep(compute)
+
+
+def test_exposed_copy_and_busy_fraction_from_events(tmp_path: Path) -> None:
+    # host: wait 5 ms, h2d blocks 2 ms, compute launches for 8 ms; device: copy 3 ms, compute 6 ms
+    s, _ = _session(tmp_path, {"work": [0.0, 0.003, 0.0, 0.006]})
+    with s:
+        _loop(s, 16, 0.005, 0.002, 0.008)
+    summ = s.summary()
+    b = summ.breakdown_ms_per_step
+    # 1 ms of the 3 ms copy is neither under the host's 2 ms block nor under device compute
+    assert b["h2d"] == pytest.approx(3.0, abs=0.3)
+    assert summ.device_ms_per_step["h2d"] == pytest.approx(3.0, abs=0.3)
+    step = summ.step_time_ms["mean"]
+    assert summ.stall_fraction == pytest.approx((b["data_wait"] + b["h2d"]) / step, abs=1e-9)
+    assert summ.stall_fraction == pytest.approx(8 / 15, abs=0.03)
+    # device busy = union of copy and compute intervals (10 ms) over the 15 ms step
+    assert summ.device_busy_fraction == pytest.approx(10 / 15, abs=0.03)
+    assert "CUDA" in summ.sources["device_busy_fraction"] or "cuda" in summ.sources["device_busy_fraction"].lower()
+
+
+def test_events_resolve_without_per_step_sync_and_lag_is_bounded(tmp_path: Path) -> None:
+    s, stream = _session(tmp_path, {"work": [0.0, 0.0, 0.0, 0.0], "complete": False}, max_lag=4)
+    with s:
+        for i, _ in enumerate(s.wrap(sleep_loader(12, 0.0))):
+            with s.phase("compute"):
+                pass
+            assert len(s._pending) <= 4, i  # never more than max_lag steps in flight
+        assert stream.waited == 12 - 4  # waited only for steps beyond the lag bound of 4
+    assert len(load_run(tmp_path).steps) == 12  # close() drained the rest
+
+
+def test_completed_events_are_resolved_at_once(tmp_path: Path) -> None:
+    s, stream = _session(tmp_path, {"work": [0.0, 0.001, 0.0, 0.001]})
+    with s:
+        _loop(s, 5, 0.0, 0.0, 0.001)
+        assert len(s.recent) == 5  # the loader is exhausted: every step ended and resolved, no wait
+    assert stream.waited == 0
+
+
+def test_cuda_event_timer_maps_events_onto_the_session_timeline() -> None:
+    class Ev:
+        def __init__(self, at: float) -> None:
+            self.at = at
+
+        def record(self) -> None:
+            pass
+
+        def synchronize(self) -> None:
+            pass
+
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, other: Ev) -> float:
+            return (other.at - self.at) * 1e3  # torch returns milliseconds
+
+    times: Iterator[float] = iter([10.0, 10.5, 12.0])
+    cuda = SimpleNamespace(synchronize=lambda dev: None, Event=lambda enable_timing: Ev(next(times)))
+    timer = CudaEventTimer(FAKE_GPU, now=lambda: 3.0, torch_mod=SimpleNamespace(cuda=cuda))
+    a, b = timer.mark(), timer.mark()
+    assert timer.time_of(a) == pytest.approx(3.5)
+    assert timer.time_of(b) == pytest.approx(5.0)
+    timer.release(a)
+    assert timer.mark() is a  # pooled, not reallocated
+
+
+@pytest.mark.gpu
+def test_real_cuda_compute_time_matches_a_known_device_sleep(tmp_path: Path) -> None:
+    import torch
+
+    # calibrate torch.cuda._sleep: cycles per ms on this GPU
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    with Session(tmp_path, device="cuda", sources=[]) as s:
+        for _ in s.wrap(sleep_loader(20, 0.002)):
+            with s.phase("compute"):
+                torch.cuda._sleep(int(5 * cycles_per_ms))
+    summ = s.summary()
+    assert summ.device_ms_per_step["compute"] == pytest.approx(5.0, rel=0.05)
+    assert summ.device_busy_fraction > 0.5

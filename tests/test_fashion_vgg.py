@@ -1,0 +1,143 @@
+"""The built-in ``fashion-vgg`` scenario: synthetic data, augmentation, determinism and the model spec."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from scenarios.fashion_vgg import MEAN, NUM_CLASSES, SCENARIO, STD, FashionVGG, SyntheticFashion
+
+
+@pytest.fixture(scope="module")
+def ds() -> SyntheticFashion:
+    return SyntheticFashion(length=640, seed=0)
+
+
+def test_construction_is_cheap_and_length_configurable() -> None:
+    start = time.perf_counter()
+    default = SyntheticFashion()
+    assert time.perf_counter() - start < 1.0
+    assert len(default) == 12800
+    assert len(SyntheticFashion(length=37)) == 37
+    with pytest.raises(ValueError, match="length"):
+        SyntheticFashion(length=0)
+
+
+def test_items_have_the_documented_shape_dtype_and_labels(ds: SyntheticFashion) -> None:
+    for index in (0, 1, 17, len(ds) - 1):
+        x, y = ds[index]
+        assert x.shape == (1, 28, 28) and x.dtype == torch.float32
+        assert y.dtype == torch.int64 and y.ndim == 0
+        assert 0 <= int(y) < NUM_CLASSES
+        assert torch.isfinite(x).all()
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_labels_are_balanced(ds: SyntheticFashion) -> None:
+    labels = [ds.raw(i)[1] for i in range(len(ds))]
+    assert np.bincount(labels, minlength=NUM_CLASSES).tolist() == [64] * NUM_CLASSES
+
+
+def test_items_are_deterministic_for_a_seed_and_independent_of_access_order() -> None:
+    a, b = SyntheticFashion(length=100, seed=3), SyntheticFashion(length=100, seed=3)
+    for index in (42, 7, 99):  # b is read in a different order from a
+        b[index - 1]
+    for index in (7, 42, 99):
+        xa, ya = a[index]
+        xb, yb = b[index]
+        assert torch.equal(xa, xb) and int(ya) == int(yb)
+    other = SyntheticFashion(length=100, seed=4)
+    assert not all(torch.equal(a[i][0], other[i][0]) for i in range(5))
+
+
+def test_epoch_selects_the_augmentation_draw() -> None:
+    data = SyntheticFashion(length=20, seed=1)
+    epoch0 = [data[i][0] for i in range(5)]
+    data.set_epoch(1)
+    epoch1 = [data[i][0] for i in range(5)]
+    assert not any(torch.equal(p, q) for p, q in zip(epoch0, epoch1, strict=True))
+    data.set_epoch(0)
+    assert all(torch.equal(p, data[i][0]) for i, p in enumerate(epoch0))
+
+
+def test_augmentation_changes_pixels_and_off_only_normalises() -> None:
+    on = SyntheticFashion(length=50, seed=2, augment=True)
+    off = SyntheticFashion(length=50, seed=2, augment=False)
+    for index in range(8):
+        raw, label = off.raw(index)
+        expected = (torch.from_numpy(raw).float().unsqueeze(0) / 255 - MEAN) / STD
+        x_off, y_off = off[index]
+        assert torch.allclose(x_off, expected, atol=1e-6)
+        x_on, y_on = on[index]
+        assert int(y_on) == int(y_off) == label
+        # A ±10° / ±10 % / 0.9-1.1 affine moves many pixels, not a few.
+        assert (x_on - x_off).abs().gt(0.1).float().mean() > 0.01
+        params = on.affine_params(index)
+        assert -10 <= params["angle"] <= 10 and 0.9 <= params["scale"] <= 1.1
+        assert all(abs(t) <= 3 for t in params["translate"])
+
+
+def test_data_is_learnable_not_noise() -> None:
+    """A nearest-class-mean classifier on raw pixels must beat chance by far."""
+    data = SyntheticFashion(length=1000, seed=0, augment=False)
+    images, labels = zip(*(data.raw(i) for i in range(len(data))), strict=True)
+    x = np.stack(images).reshape(len(data), -1).astype(np.float32) / 255
+    y = np.array(labels)
+    train, test = slice(0, 800), slice(800, None)
+    means = np.stack([x[train][y[train] == c].mean(0) for c in range(NUM_CLASSES)])
+    predicted = ((x[test][:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (predicted == y[test]).mean() > 0.6
+
+
+def test_model_shape_and_layer_counts() -> None:
+    model = FashionVGG()
+    model.eval()
+    with torch.no_grad():
+        assert model(torch.randn(3, 1, 28, 28)).shape == (3, 10)
+
+    def count(kind: type[nn.Module]) -> int:
+        return sum(isinstance(m, kind) for m in model.modules())
+
+    assert count(nn.Conv2d) == 9
+    assert count(nn.Linear) == 3
+    assert count(nn.BatchNorm2d) == 2 and count(nn.BatchNorm1d) == 2
+    assert count(nn.MaxPool2d) == 2
+    assert [m.p for m in model.modules() if isinstance(m, nn.Dropout)] == [0.25, 0.25, 0.25, 0.5, 0.5]
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [32, 32, 64, 64, 128, 128, 256, 256, 256]
+    assert all(c.kernel_size == (3, 3) and c.padding == (1, 1) for c in convs)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(256 * 7 * 7, 512), (512, 512), (512, 10)]
+
+
+def test_sgd_steps_reduce_the_loss() -> None:
+    torch.manual_seed(0)
+    data = SyntheticFashion(length=16, seed=0, augment=False)
+    x = torch.stack([data[i][0] for i in range(16)])
+    y = torch.stack([data[i][1] for i in range(16)])
+    model = SCENARIO.model()
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=SCENARIO.lr, momentum=0.9)
+    losses = []
+    for _ in range(8):
+        loss = SCENARIO.loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_scenario_fields() -> None:
+    assert SCENARIO.name == "fashion-vgg"
+    assert SCENARIO.batch_size == 64
+    assert SCENARIO.synthetic is True
+    assert SCENARIO.description and "\n" not in SCENARIO.description
+    assert SCENARIO.steps >= 1 and 0 <= SCENARIO.warmup < SCENARIO.steps
+    assert isinstance(SCENARIO.dataset(), SyntheticFashion)
+    assert isinstance(SCENARIO.model(), FashionVGG)

@@ -1,0 +1,83 @@
+"""The ``naive`` pipeline and the pipeline registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipelines
+from pipelines import LoaderSpec, PipelineError
+from pipelines.naive import NaivePipeline, move
+from scenarios.fashion_vgg import SyntheticFashion
+
+
+@pytest.fixture(scope="module")
+def small() -> SyntheticFashion:
+    return SyntheticFashion(length=70, seed=0, augment=False)
+
+
+def test_registry_names_and_lookup() -> None:
+    assert pipelines.names() == sorted(pipelines.PIPELINES)
+    assert "naive" in pipelines.names()
+    pipeline = pipelines.get("naive")
+    assert isinstance(pipeline, NaivePipeline) and pipeline.name == "naive"
+    assert pipelines.__all__ == sorted(pipelines.__all__)
+
+
+def test_unknown_pipeline_names_the_value_and_the_choices() -> None:
+    with pytest.raises(PipelineError) as info:
+        pipelines.get("turbo")
+    message = str(info.value)
+    assert message == f"unknown pipeline 'turbo': choose one of {', '.join(pipelines.names())}"
+    assert "\n" not in message
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_and_config(small: SyntheticFashion, workers: int) -> None:
+    built = pipelines.get("naive").build(small, LoaderSpec(batch_size=16, workers=workers, seed=1))
+    try:
+        batches = [built.to_device(batch) for batch in built.batches]
+    finally:
+        built.close()
+    assert len(batches) == 4  # 70 items, drop_last
+    for x, y in batches:
+        assert x.shape == (16, 1, 28, 28) and x.dtype == torch.float32 and x.device.type == "cpu"
+        assert y.shape == (16,) and y.dtype == torch.int64
+    assert built.config == {
+        "pipeline": "naive",
+        "workers": workers,
+        "pin_memory": False,
+        "prefetch_factor": 2 if workers else None,
+        "persistent_workers": False,
+    }
+
+
+def test_shuffle_order_follows_the_seed(small: SyntheticFashion) -> None:
+    def labels(seed: int, shuffle: bool = True) -> list[int]:
+        spec = LoaderSpec(batch_size=10, seed=seed, shuffle=shuffle, drop_last=False)
+        return [int(v) for _, y in pipelines.get("naive").build(small, spec).batches for v in y]
+
+    assert labels(5) == labels(5)
+    assert labels(5) != labels(6)
+    assert labels(0, shuffle=False) == [small.raw(i)[1] for i in range(len(small))]
+
+
+def test_drop_last_false_keeps_the_remainder(small: SyntheticFashion) -> None:
+    built = NaivePipeline().build(small, LoaderSpec(batch_size=16, drop_last=False))
+    assert [len(y) for _, y in built.batches] == [16, 16, 16, 16, 6]
+
+
+def test_bad_spec_is_rejected(small: SyntheticFashion) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        NaivePipeline().build(small, LoaderSpec(batch_size=16, workers=-1))
+    with pytest.raises(RuntimeError):
+        NaivePipeline().build(small, LoaderSpec(batch_size=16, device="nonsense"))
+
+
+def test_move_handles_nested_batches() -> None:
+    batch = {"x": torch.ones(2), "pair": (torch.zeros(1), [torch.ones(1)]), "meta": "kept"}
+    moved = move(batch, torch.device("cpu"))
+    assert moved["meta"] == "kept"
+    assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
+    assert torch.equal(moved["x"], batch["x"])

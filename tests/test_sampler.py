@@ -1,0 +1,186 @@
+"""Sampler against a fake clock: absolute deadlines, lateness, skipped deadlines, failing and lost sources."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from conftest import wait_until
+
+from profiler.sampler import Sampler
+from profiler.sources.base import SourceLost
+
+
+class FakeClock:
+    """Time moves only when the sampler waits (by the timeout) or a source reads (by its cost)."""
+
+    def __init__(self, stop_after: int) -> None:
+        self.t = 100.0
+        self.waits = 0
+        self.stop_after = stop_after
+        self.done = threading.Event()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def wait(self, timeout: float) -> bool:
+        self.t += timeout
+        self.waits += 1
+        if self.waits >= self.stop_after:
+            self.done.set()
+            return True
+        return False
+
+
+class Scripted:
+    def __init__(self, name: str, clock: FakeClock, costs: list[float], fail: dict[int, Exception] | None = None,
+                 open_reason: str | None = None) -> None:
+        self.name = name
+        self.clock = clock
+        self.costs = costs
+        self.fail = fail or {}
+        self.reads = 0
+        self.open_reason = open_reason
+        self.closed = 0
+
+    def open(self) -> str | None:
+        return self.open_reason
+
+    def read(self) -> dict[str, float]:
+        i = self.reads
+        self.reads += 1
+        self.clock.t += self.costs[i % len(self.costs)]
+        if i in self.fail:
+            raise self.fail[i]
+        return {f"{self.name}.value": float(i), f"{self.name}.missing": math.nan}
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _run(sources, clock: FakeClock, hz: float = 10.0):
+    rows: list = []
+    events: list = []
+    s = Sampler(sources, hz, sink=rows.extend, on_event=lambda *e: events.append(e), clock=clock,
+                t0=clock.t, wait=clock.wait)
+    s.start()
+    assert clock.done.wait(10)
+    s.stop()
+    return s, rows, events
+
+
+def test_absolute_deadlines_give_exact_rate_and_recorded_lateness() -> None:
+    clock = FakeClock(stop_after=50)
+    src = Scripted("a", clock, costs=[0.004])  # every read costs 4 ms of a 100 ms period
+    s, rows, _ = _run([src], clock)
+    assert s.stats.samples == 50
+    assert s.stats.hz_achieved == pytest.approx(10.0, rel=1e-9)  # no drift from the 4 ms reads
+    assert s.stats.missed_deadlines == 0
+    times = sorted({r[0] for r in rows})
+    assert times == pytest.approx([k * 0.1 for k in range(50)])  # on the deadlines, not 0.104 apart
+    reads = [r[3] for r in rows if r[2] == "sampler.read_ms"]
+    assert reads == pytest.approx([4.0] * 50)
+    nan_rows = [r for r in rows if r[2] == "a.missing"]
+    assert nan_rows and all(r[3] is None for r in nan_rows)  # NaN is stored as NULL
+
+
+def test_slow_source_skips_deadlines_instead_of_bursting() -> None:
+    clock = FakeClock(stop_after=10)
+    src = Scripted("slow", clock, costs=[0.25])  # 250 ms per read at 10 Hz
+    s, rows, _ = _run([src], clock)
+    times = sorted({r[0] for r in rows})
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert all(g == pytest.approx(0.3) for g in gaps)  # next free deadline after each 250 ms read
+    assert s.stats.missed_deadlines == 2 * s.stats.samples  # two deadlines pass during each read
+    assert s.stats.hz_achieved == pytest.approx(1 / 0.3)
+
+
+def test_late_wakeup_is_recorded_as_lateness() -> None:
+    clock = FakeClock(stop_after=5)
+    late = 0.007
+
+    def late_wait(timeout: float) -> bool:
+        return clock.wait(timeout + late)  # the OS wakes us 7 ms late every time
+
+    rows: list = []
+    s = Sampler([], 10, sink=rows.extend, clock=clock, t0=clock.t, wait=late_wait)
+    s.start()
+    assert clock.done.wait(10)
+    s.stop()
+    lateness = [r[3] for r in rows if r[2] == "sampler.lateness_ms"]
+    assert lateness[0] == pytest.approx(0.0)
+    assert lateness[1:] == pytest.approx([7.0] * 4)
+    assert s.stats.lateness_max_s == pytest.approx(late)
+
+
+def test_source_exceptions_are_counted_and_never_escape() -> None:
+    clock = FakeClock(stop_after=20)
+    flaky = Scripted("flaky", clock, costs=[0.0], fail={3: OSError("read failed"), 4: OSError("read failed"),
+                                                        9: KeyError("x")})
+    good = Scripted("good", clock, costs=[0.0])
+    s, rows, events = _run([flaky, good], clock)
+    h = s.stats.sources["flaky"]
+    assert h.errors == 3 and h.status == "available"
+    assert h.last_error == "KeyError: 'x'"
+    # the repeated reason is reported once, a new one again
+    errs = [e for e in events if e[1] == "source_error"]
+    assert [e[2] for e in errs] == ["OSError: read failed", "KeyError: 'x'"]
+    assert good.reads == 20 and flaky.reads == 20
+
+
+def test_lost_source_is_retired_and_others_go_on() -> None:
+    clock = FakeClock(stop_after=12)
+    gpu = Scripted("gpu", clock, costs=[0.0], fail={5: SourceLost("GPU is lost")})
+    host = Scripted("host", clock, costs=[0.0])
+    s, rows, events = _run([gpu, host], clock)
+    assert gpu.reads == 6 and host.reads == 12
+    assert s.stats.sources["gpu"].status == "lost: GPU is lost"
+    assert gpu.closed >= 1
+    assert ("source" in [e[1] for e in events]) and any("lost" in e[2] for e in events)
+    assert max(r[0] for r in rows if r[1] == "gpu") < min(r[0] for r in rows if r[1] == "host" and r[3] == 6.0)
+
+
+def test_unavailable_source_is_reported_once_and_never_read() -> None:
+    clock = FakeClock(stop_after=5)
+    nvml = Scripted("nvml", clock, costs=[0.0], open_reason="NVMLError_LibraryNotFound")
+    s, _, events = _run([nvml], clock)
+    assert nvml.reads == 0
+    assert s.stats.sources["nvml"].status == "unavailable: NVMLError_LibraryNotFound"
+    assert [e[1:] for e in events] == [("source", "unavailable: NVMLError_LibraryNotFound", "nvml")]
+
+
+def test_rate_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="allowed 0 < hz <= 100"):
+        Sampler([], 101)
+    with pytest.raises(ValueError):
+        Sampler([], 0)
+
+
+def test_start_stop_idempotent_and_stop_is_prompt_with_real_clock() -> None:
+    s = Sampler([], 1.0)  # a 1 s period: stop must not wait for the deadline
+    s.start()
+    s.start()
+    first = s._thread
+    assert wait_until(lambda: s.stats.samples >= 1, timeout=5)
+    import time
+
+    t = time.perf_counter()
+    s.stop()
+    s.stop()
+    assert time.perf_counter() - t < 0.5
+    assert first is not None and not first.is_alive()
+    s.start()  # a fresh thread per start
+    assert s._thread is not first
+    s.stop()
+
+
+def test_bounded_buffer_keeps_the_newest() -> None:
+    clock = FakeClock(stop_after=40)
+    s = Sampler([Scripted("a", clock, costs=[0.0])], 10, clock=clock, t0=clock.t, wait=clock.wait, buffer_s=1.0)
+    s.start()
+    assert clock.done.wait(10)
+    s.stop()
+    assert len(s.buffer) == 10
+    latest = s.latest()
+    assert latest is not None and latest[1]["a.value"] == 39.0

@@ -1,0 +1,151 @@
+"""Session figures against injected ground truth: loaders and phases made of known sleeps."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import sleep_loader
+
+from profiler import Session
+from profiler.analysis import summarize
+from profiler.store import load_run
+
+
+def _run(tmp: Path, *, wait: float, h2d: float, compute: float, other: float = 0.0, steps: int = 20,
+         warmup: int = 2, workers: int | None = None, sources: list | None = None):
+    with Session(tmp, warmup=warmup, workers=workers, sources=sources) as s:
+        for _batch in s.wrap(sleep_loader(steps + warmup, wait)):
+            if h2d:
+                with s.phase("h2d"):
+                    time.sleep(h2d)
+            with s.phase("compute"):
+                time.sleep(compute)
+            if other:
+                time.sleep(other)
+    return s.summary()
+
+
+def _close(measured_ms: float, truth_s: float, rel: float = 0.05) -> bool:
+    return abs(measured_ms - truth_s * 1e3) <= rel * truth_s * 1e3
+
+
+def test_phase_times_and_stall_fraction_match_injected_sleeps(tmp_path: Path) -> None:
+    wait, h2d, compute = 0.030, 0.010, 0.040
+    s = _run(tmp_path, wait=wait, h2d=h2d, compute=compute)  # default sources: host + nvml (unavailable)
+    b = s.breakdown_ms_per_step
+    assert s.steps == 20 and s.warmup_steps == 2
+    assert _close(b["data_wait"], wait), b
+    assert _close(b["h2d"], h2d), b
+    assert _close(b["compute"], compute), b
+    truth = (wait + h2d) / (wait + h2d + compute)
+    assert abs(s.stall_fraction - truth) <= 0.02, (s.stall_fraction, truth)
+    assert _close(s.step_time_ms["mean"], wait + h2d + compute)
+    assert s.throughput_samples_per_s == pytest.approx(8 / (wait + h2d + compute), rel=0.05)
+    assert s.device_busy_fraction == pytest.approx(compute / (wait + h2d + compute), abs=0.02)
+    assert b["other"] < 1.0  # nothing else ran in the loop
+    assert s.verdict == "highly input-bound"
+    assert s.status == "complete"
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == s.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("wait", "compute", "verdict"),
+    [
+        (0.015, 0.035, "highly input-bound"),  # 30%
+        (0.004, 0.046, "moderately input-bound"),  # 8%
+        (0.0, 0.030, "not input-bound"),  # ~0%
+    ],
+)
+def test_each_verdict_band(tmp_path: Path, wait: float, compute: float, verdict: str) -> None:
+    s = _run(tmp_path, wait=wait, h2d=0.0, compute=compute, steps=15, sources=[])
+    truth = wait / (wait + compute)
+    assert abs(s.stall_fraction - truth) <= 0.02
+    assert s.verdict == verdict
+    codes = [r.code for r in s.recommendations]
+    assert ("NOT_INPUT_BOUND" in codes) == (verdict == "not input-bound")
+
+
+def test_unmeasured_loop_time_is_other_and_recommended(tmp_path: Path) -> None:
+    s = _run(tmp_path, wait=0.0, h2d=0.0, compute=0.020, other=0.015, steps=15, sources=[])
+    assert _close(s.breakdown_ms_per_step["other"], 0.015, rel=0.10)
+    rec = {r.code: r.text for r in s.recommendations}
+    assert "LOOP_OVERHEAD" in rec
+    assert f"{s.breakdown_ms_per_step['other']:.1f} ms" in rec["LOOP_OVERHEAD"]  # cites the measured figure
+
+
+def test_input_bound_with_zero_workers_recommends_workers_citing_the_wait(tmp_path: Path) -> None:
+    s = _run(tmp_path, wait=0.020, h2d=0.0, compute=0.020, steps=12, workers=0, sources=[])
+    rec = {r.code: r.text for r in s.recommendations}
+    assert "RAISE_WORKERS" in rec
+    assert f"{s.breakdown_ms_per_step['data_wait']:.1f} ms" in rec["RAISE_WORKERS"]
+    assert "num_workers=0" in rec["RAISE_WORKERS"]
+
+
+def test_user_phases_and_nesting(tmp_path: Path) -> None:
+    with Session(tmp_path, sources=[]) as s:
+        for _ in s.wrap(sleep_loader(6, 0.0)):
+            with s.phase("compute"):
+                with s.phase("forward"):
+                    time.sleep(0.004)
+                time.sleep(0.002)
+            with s.phase("log"):
+                time.sleep(0.005)
+    summ = s.summary()
+    b = summ.breakdown_ms_per_step
+    assert _close(b["compute"], 0.006, rel=0.15)
+    assert _close(b["log"], 0.005, rel=0.15)
+    assert "compute/forward" not in b  # nested phases are stored, not double counted
+    names = {p.name for p in load_run(tmp_path).phases}
+    assert names == {"compute", "compute/forward", "log"}
+
+
+def test_unmatched_phase_exit_raises(tmp_path: Path) -> None:
+    with Session(tmp_path, sources=[]) as s:
+        outer, inner = s.phase("a"), s.phase("b")
+        outer.__enter__()
+        inner.__enter__()
+        with pytest.raises(ValueError, match="innermost open phase"):
+            outer.__exit__(None, None, None)
+
+
+def test_break_out_of_loop_ends_the_step_and_failure_is_recorded(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"), Session(tmp_path, sources=[]) as s:
+        for i, _ in enumerate(s.wrap(sleep_loader(50, 0.001))):
+            with s.phase("compute"):
+                time.sleep(0.002)
+            if i == 7:
+                raise RuntimeError("boom")
+    rec = load_run(tmp_path)
+    assert len(rec.steps) == 8
+    summ = summarize(rec)
+    assert summ.status == "failed"
+    assert "RuntimeError: boom" in (summ.error or "")
+    assert "test_session_ground_truth.py" in (summ.error or "")
+
+
+def test_batch_size_inferred_from_tensors_and_dataloader_knobs(tmp_path: Path) -> None:
+    import torch
+
+    ds = torch.utils.data.TensorDataset(torch.zeros(40, 3), torch.zeros(40))
+    dl = torch.utils.data.DataLoader(ds, batch_size=10, num_workers=0)
+    with Session(tmp_path, sources=[]) as s:
+        for _ in s.wrap(dl):
+            pass
+    summ = s.summary()
+    assert summ.samples_measured == 40
+    assert summ.workers == 0 and summ.batch_size == 10 and summ.pin_memory is False
+
+
+def test_warmup_only_run_reports_no_figures(tmp_path: Path) -> None:
+    with Session(tmp_path, sources=[], warmup=10) as s:
+        for _ in s.wrap(sleep_loader(3, 0.0)):
+            pass
+    summ = s.summary()
+    assert summ.steps == 0 and summ.warmup_steps == 3
+    assert summ.verdict.startswith("unknown")
+    assert summ.to_dict()["stall_fraction"] is None
+    assert summ.notes
