@@ -95,7 +95,11 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     loss = None
     try:
         with session, (monitor(session) if monitor else contextlib.nullcontext()):
+            epoch = 0
             while done < total:
+                if hasattr(dataset, "set_epoch"):
+                    dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
+                epoch += 1
                 batches = session.wrap(built.batches)
                 progressed = False
                 for batch in batches:

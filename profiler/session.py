@@ -53,7 +53,10 @@ def batch_len(batch: Any) -> int | None:
         if shape is not None and len(shape) > 0:
             return int(shape[0])
         if isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
+            first = batch[0]
+            if not (hasattr(first, "shape") or isinstance(first, (list, tuple, dict))):
+                return len(batch)  # a batch of plain items
+            batch = first
         elif isinstance(batch, dict) and batch:
             batch = next(iter(batch.values()))
         else:
@@ -108,6 +111,7 @@ class Session:
         clock: Callable[[], float] = time.perf_counter,
         max_lag: int = 32,
         recent: int = 1024,
+        timer: DeviceTimer | None = None,
     ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -144,7 +148,8 @@ class Session:
         self._unattributed = 0
         # live view: the newest resolved steps, bounded
         self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=recent)
-        self._timer: DeviceTimer | None = None
+        self._timer: DeviceTimer | None = timer
+        self._timer_given = timer is not None
         self._store: RunStore | None = None
         self.sampler: Sampler | None = None
         self._t0 = 0.0
@@ -171,7 +176,8 @@ class Session:
             return self
         self._store = RunStore(self.out_dir)
         self._t0 = self._clock()
-        self._timer = make_timer(self.device, self._now)
+        if not self._timer_given:
+            self._timer = make_timer(self.device, self._now)
         self._store.put_meta(
             **self._meta,
             status="running",

@@ -1,0 +1,151 @@
+"""The CLI as a user meets it: bad input exits 2 with one line, failures exit 1 keeping the run,
+signals end the run cleanly, and report rebuilds the summary from the store alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope, wait_until
+
+from profiler.store import StoreError, load_run
+
+CONTRACT_KEYS = {
+    "run_id", "scenario", "pipeline", "device", "batch_size", "workers", "steps", "warmup_steps",
+    "throughput_samples_per_s", "step_time_ms", "breakdown_ms_per_step", "stall_fraction",
+    "device_busy_fraction", "verdict", "recommendations", "sampler", "status",
+}
+
+
+def _one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["run", "no-such-scenario"], ["'no-such-scenario'", "fashion-vgg", ".py"]),
+        (["run", "missing_file.py"], ["missing_file.py", "does not exist"]),
+        (["run", "--batch-size", "0"], ["--batch-size", "0 is out of range", "1..65536"]),
+        (["run", "--batch-size", "many"], ["--batch-size", "'many'"]),
+        (["run", "--workers", "-1"], ["--workers", "allowed 0..256"]),
+        (["run", "--sample-hz", "1000"], ["--sample-hz", "1000", "0 < HZ <= 100"]),
+        (["run", "--steps", "0"], ["--steps", "allowed >= 1"]),
+        (["run", "--pipeline", "turbo"], ["'turbo'", "naive"]),
+        (["run", "--device", "gpu"], ["'gpu'", "auto, cpu, cuda, cuda:N"]),
+        (["run", "--device", "cuda"], ["cuda", "torch.cuda.is_available() is False", "auto or cpu"]),
+        (["report", "/no/such/run"], ["/no/such/run", "does not exist"]),
+        (["frobnicate"], ["frobnicate", "run"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
+    if args[:3] == ["run", "--device", "cuda"]:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    _one_line_error(stallscope(*args), *needles)
+
+
+def test_unwritable_out_and_existing_run_are_refused(tmp_path: Path, tiny_scenario) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _one_line_error(stallscope("run", str(tiny_scenario()), "--out", str(blocker / "sub")), "--out", "not writable")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run.sqlite").write_text("")
+    _one_line_error(stallscope("run", str(tiny_scenario()), "--out", str(tmp_path / "old")), "already holds a run")
+
+
+def test_corrupt_or_empty_run_dirs_are_bad_input(tmp_path: Path) -> None:
+    _one_line_error(stallscope("report", str(tmp_path)), "holds no run.sqlite")
+    (tmp_path / "run.sqlite").write_bytes(b"garbage" * 500)
+    _one_line_error(stallscope("report", str(tmp_path)), "not a readable stallscope run store")
+
+
+def test_broken_scenario_file_is_bad_input(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("this is not python(\n")
+    _one_line_error(stallscope("run", str(bad)), "bad.py")
+
+
+def test_run_json_matches_report_and_contract(tmp_path: Path, tiny_scenario) -> None:
+    out = tmp_path / "run"
+    path = tiny_scenario(item_sleep=0.003, forward_sleep=0.004)
+    res = stallscope("run", str(path), "--steps", "12", "--warmup", "2", "--out", str(out), "--json", "--no-live")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)  # stdout holds the JSON alone
+    assert CONTRACT_KEYS <= summary.keys()
+    assert summary["status"] == "complete" and summary["steps"] == 12 and summary["warmup_steps"] == 2
+    assert summary["scenario"] == "tiny" and summary["pipeline"] == "naive" and summary["workers"] == 0
+    assert set(summary["breakdown_ms_per_step"]) >= {"data_wait", "h2d", "compute", "other"}
+    assert summary["sampler"]["sources"]["host"] == "available"
+    # injected: 8 items x 3 ms in the loader, 4 ms in forward -> data wait ~24 ms, input-bound
+    assert summary["breakdown_ms_per_step"]["data_wait"] == pytest.approx(24.0, rel=0.15)
+    assert summary["verdict"] == "highly input-bound"
+    assert "RAISE_WORKERS" in [r["code"] for r in summary["recommendations"]]
+    assert json.loads((out / "summary.json").read_text()) == summary
+    again = stallscope("report", str(out), "--json")
+    assert again.returncode == 0 and json.loads(again.stdout) == summary
+    text = stallscope("report", str(out))
+    assert text.returncode == 0
+    for needle in ("Verdict: highly input-bound", "RAISE_WORKERS", "data_wait", "Sampler:", "source nvml"):
+        assert needle in text.stdout
+
+
+def test_training_failure_exits_1_and_keeps_the_partial_run(tmp_path: Path, tiny_scenario) -> None:
+    out = tmp_path / "run"
+    res = stallscope("run", str(tiny_scenario(fail_at=6)), "--out", str(out), "--no-live")
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert "injected failure in forward" in res.stderr and f"stallscope report {out}" in res.stderr
+    rep = stallscope("report", str(out), "--json")
+    assert rep.returncode == 0
+    summary = json.loads(rep.stdout)
+    assert summary["status"] == "failed"
+    assert "RuntimeError: injected failure in forward" in summary["error"]
+    assert summary["steps"] + summary["warmup_steps"] == 6  # five finished steps and the one that failed
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_ends_the_run_cleanly_with_a_report(tmp_path: Path, tiny_scenario, sig: int, code: int) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profiler", "run", str(tiny_scenario(forward_sleep=0.01, steps=100000)),
+         "--out", str(out), "--no-live", "--json"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def steps() -> int:
+        try:
+            return len(load_run(out).steps)
+        except StoreError:
+            return 0
+
+    try:
+        assert wait_until(lambda: steps() >= 20, timeout=60)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, stderr
+    summary = json.loads(stdout)
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] >= 18
+    assert signal.Signals(sig).name in stderr
+
+
+def test_scenarios_lists_builtins() -> None:
+    res = stallscope("scenarios")
+    assert res.returncode == 0
+    assert res.stdout.startswith("fashion-vgg")

@@ -1,0 +1,106 @@
+"""Run store: schema, batching, and surviving a SIGKILLed writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope, wait_until
+
+from profiler.analysis import run_status
+from profiler.store import SCHEMA_VERSION, PhaseRow, RunStore, StepRow, StoreError, integrity_ok, load_run
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from profiler import Session
+    with Session(sys.argv[1], warmup=2, scenario="killed-child") as s:
+        for _ in s.wrap(iter(lambda: [0] * 4, None)):   # never ends: only SIGKILL stops it
+            with s.phase("compute"):
+                time.sleep(0.005)
+""")
+
+
+def _steps(run_dir: Path) -> int:
+    try:
+        return len(load_run(run_dir).steps)
+    except StoreError:
+        return 0
+
+
+def test_sigkilled_run_leaves_a_sound_reportable_store(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: _steps(run_dir) >= 30, timeout=60)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    assert integrity_ok(run_dir)
+    rec = load_run(run_dir)
+    assert rec.meta["status"] == "running"  # what the killed writer last committed ...
+    assert run_status(rec.meta) == "interrupted"  # ... read as interrupted: its pid is gone
+    res = stallscope("report", str(run_dir), "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "interrupted"
+    assert summary["steps"] >= 28
+    assert summary["breakdown_ms_per_step"]["compute"] == pytest.approx(5.0, rel=0.25)
+    assert summary["sampler"]["samples"] > 0
+
+
+def test_schema_version_and_rows_round_trip(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.put_meta(scenario="x", batch_size=8)
+    store.put_step(StepRow(0, 0.0, 0.1, 0.02, 8, False), [PhaseRow(0, "compute", 0, 0.03, 0.09)])
+    store.put_samples([(0.05, "host", "proc.main.cpu_pct", 50.0), (0.05, "host", "sys.cpu_pct", None)])
+    store.put_event(0.0, "source", "available", "host")
+    store.close()
+    store.close()  # idempotent
+    rec = load_run(tmp_path)
+    assert rec.meta["schema_version"] == SCHEMA_VERSION
+    assert rec.meta["scenario"] == "x" and rec.meta["batch_size"] == 8
+    assert rec.steps == [StepRow(0, 0.0, 0.1, 0.02, 8, False)]
+    assert rec.phases == [PhaseRow(0, "compute", 0, 0.03, 0.09, None, None)]
+    assert rec.samples[1] == (0.05, "host", "sys.cpu_pct", None)
+    assert rec.events == [(0.0, "source", "host", "available")]
+    con = sqlite3.connect(tmp_path / "run.sqlite")
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_rows_are_committed_while_the_run_is_live(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, flush_s=0.2)
+    store.put_step(StepRow(0, 0.0, 0.1, 0.0, 1, False))
+    # another reader sees the row within the flush interval, without close()
+    assert wait_until(lambda: len(load_run(tmp_path).steps) == 1, timeout=5)
+    store.close()
+
+
+def test_unreadable_stores_raise_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        load_run(tmp_path / "nope")
+    with pytest.raises(StoreError, match="holds no run.sqlite"):
+        load_run(tmp_path)
+    (tmp_path / "run.sqlite").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="not a readable stallscope run store"):
+        load_run(tmp_path)
+
+
+def test_flush_interval_is_bounded(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="flush_s"):
+        RunStore(tmp_path, flush_s=5)
+
+
+def test_stale_heartbeat_reads_as_interrupted() -> None:
+    meta = {"status": "running", "pid": os.getpid(), "heartbeat": 1000.0}
+    assert run_status(meta, now=1005.0) == "running"
+    assert run_status(meta, now=1011.0) == "interrupted"
+    assert run_status({"status": "complete"}) == "complete"
