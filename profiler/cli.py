@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -44,7 +45,7 @@ def _bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str)
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
-        if value < lo or (hi is not None and value > hi) or value != value:
+        if value < lo or (hi is not None and value > hi) or math.isnan(value):
             allowed = f"{lo:g}..{hi:g}" if hi is not None else f">= {lo:g}"
             raise argparse.ArgumentTypeError(f"{text} is out of range: allowed {allowed}")
         return value
@@ -67,16 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="train a scenario under the profiler and print a stall report")
-    r.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO,
-                   help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})")
+    r.add_argument(
+        "scenario",
+        nargs="?",
+        default=DEFAULT_SCENARIO,
+        help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})",
+    )
     r.add_argument("--pipeline", default="naive", help="how batches reach the device (default naive)")
     r.add_argument("--batch-size", type=_bounded(int, 1, MAX_BATCH, "an integer"), help="default: the scenario's")
-    r.add_argument("--workers", type=_bounded(int, 0, MAX_WORKERS, "an integer"), default=0,
-                   help="DataLoader worker processes (default 0)")
+    r.add_argument(
+        "--workers",
+        type=_bounded(int, 0, MAX_WORKERS, "an integer"),
+        default=0,
+        help="DataLoader worker processes (default 0)",
+    )
     r.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    r.add_argument("--steps", type=_bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)")
+    r.add_argument(
+        "--steps", type=_bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)"
+    )
     r.add_argument("--warmup", type=_bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
-    r.add_argument("--sample-hz", type=_positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)")
+    r.add_argument(
+        "--sample-hz", type=_positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)"
+    )
     r.add_argument("--seed", type=_bounded(int, 0, 2**32 - 1, "an integer"), default=0)
     r.add_argument("--out", help="run directory to create (default runs/<scenario>-<pipeline>-<time>)")
     r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
@@ -166,9 +179,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from profiler.runner import RunConfig, TrainingError, run_scenario
     from profiler.session import Interrupted
 
-    cfg = RunConfig(out=out, device=device, pipeline=args.pipeline, batch_size=args.batch_size,
-                    workers=args.workers, steps=args.steps, warmup=args.warmup,
-                    sample_hz=args.sample_hz, seed=args.seed)
+    cfg = RunConfig(
+        out=out,
+        device=device,
+        pipeline=args.pipeline,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        steps=args.steps,
+        warmup=args.warmup,
+        sample_hz=args.sample_hz,
+        seed=args.seed,
+    )
     monitor = None
     if not args.no_live:
         from profiler.render.live import PlainLive
@@ -176,15 +197,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         total = (args.steps or scenario.steps) + (scenario.warmup if args.warmup is None else args.warmup)
         monitor = lambda s: PlainLive(s, total_steps=total)  # noqa: E731
     if not args.json:
-        print(f"stallscope: training {scenario.name} ({args.pipeline}, device {device.torch_device}) -> {out}",
-              file=sys.stderr)
+        print(
+            f"stallscope: training {scenario.name} ({args.pipeline}, device {device.torch_device}) -> {out}",
+            file=sys.stderr,
+        )
     code = EXIT_OK
     try:
         with _SignalStop():
             run_scenario(scenario, cfg, monitor)
     except TrainingError as exc:
-        print(f"stallscope: training failed: {exc.where}; the partial run is kept: stallscope report {out}",
-              file=sys.stderr)
+        print(
+            f"stallscope: training failed: {exc.where}; the partial run is kept: stallscope report {out}",
+            file=sys.stderr,
+        )
         code = EXIT_FAILED
     except (Interrupted, KeyboardInterrupt) as exc:
         name = getattr(exc, "signame", "SIGINT")

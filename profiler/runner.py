@@ -9,7 +9,7 @@ or synchronises per step: that would add a stall the user's own loop may not hav
 from __future__ import annotations
 
 import contextlib
-import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,14 +87,14 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()),
-            "argv": list(os.sys.argv),
+            "argv": list(sys.argv),
             **cfg.extra_meta,
         },
     )
     done = 0
     loss = None
     try:
-        with session, (monitor(session) if monitor else contextlib.nullcontext()):
+        with session, monitor(session) if monitor else contextlib.nullcontext():
             epoch = 0
             while done < total:
                 if hasattr(dataset, "set_epoch"):
@@ -117,7 +117,9 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                         break
                 batches.close()  # ends the step in flight now, not at garbage collection
                 if not progressed:
-                    raise RuntimeError(f"the {cfg.pipeline} loader produced no batch (dataset too small for batch {batch_size}?)")
+                    raise RuntimeError(
+                        f"the {cfg.pipeline} loader produced no batch (dataset too small for batch {batch_size}?)"
+                    )
             if loss is not None:
                 session.annotate(final_loss=float(loss.detach()))
     except Exception as exc:
@@ -127,4 +129,3 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     finally:
         built.close()
     return session
-

@@ -25,7 +25,7 @@ import socket
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,7 +38,7 @@ from profiler.store import PhaseRow, RunStore, StepRow
 log = logging.getLogger("stallscope")
 
 
-class Interrupted(Exception):  # noqa: N818 - it is a stop request, not an error
+class Interrupted(Exception):
     """Raised into the training loop by the CLI's SIGINT/SIGTERM handler."""
 
     def __init__(self, signame: str) -> None:
@@ -195,7 +195,7 @@ class Session:
             self._sources,
             self.sample_hz,
             sink=store.put_samples,
-            on_event=lambda t, kind, msg, src: store.put_event(t, kind, msg, src),
+            on_event=store.put_event,
             clock=self._clock,
             t0=self._t0,
         )
@@ -238,11 +238,15 @@ class Session:
         if self.sampler is not None:
             self.sampler.stop()
             st = self.sampler.stats
-            store.put_meta(sampler_stats={
-                "missed_deadlines": st.missed_deadlines,
-                "sources": {k: {"status": h.status, "errors": h.errors, "last_error": h.last_error}
-                            for k, h in st.sources.items()},
-            })
+            store.put_meta(
+                sampler_stats={
+                    "missed_deadlines": st.missed_deadlines,
+                    "sources": {
+                        k: {"status": h.status, "errors": h.errors, "last_error": h.last_error}
+                        for k, h in st.sources.items()
+                    },
+                }
+            )
         if self._unattributed:
             store.put_event(self._now(), "warning", f"{self._unattributed} phase(s) ran outside any step", "session")
         store.put_meta(status=status, error=error, ended_at=time.time())
@@ -269,7 +273,9 @@ class Session:
     def _now(self) -> float:
         return self._clock() - self._t0
 
-    def wrap(self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None) -> Iterator[Any]:
+    def wrap(
+        self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None
+    ) -> Generator[Any, None, None]:
         """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
         if self._store is None:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")

@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -112,9 +113,7 @@ class RunStore:
         self._con = _connect(self.path)
         with self._con:
             self._con.executescript(_SCHEMA)
-            self._con.execute(
-                "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
+            self._con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="stallscope-store", daemon=True)
         self._closed = False
@@ -145,10 +144,9 @@ class RunStore:
         self._closed = True
         self._q.put(_STOP)
         self._thread.join(timeout=30)
-        try:
+        # a checkpoint is an optimisation; the WAL is still valid without it
+        with contextlib.suppress(sqlite3.Error):
             self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error:
-            pass  # a checkpoint is an optimisation; the WAL is still valid without it
         self._con.close()
 
     # -- writer thread ---------------------------------------------------------------------------
@@ -174,17 +172,14 @@ class RunStore:
                         item = None
                 now = time.monotonic()
                 if pending and (stop or now - last_commit >= self._flush_s):
-                    con.execute(
-                        "INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (json.dumps(time.time()),)
-                    )
+                    con.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (json.dumps(time.time()),))
                     con.commit()
                     last_commit, pending = now, 0
             except sqlite3.Error as exc:  # disk full, file removed: keep the reason, stop writing
                 self._error = exc
-                try:
+                # the connection itself may be broken; the error above is what matters
+                with contextlib.suppress(sqlite3.Error):
                     con.rollback()
-                except sqlite3.Error:
-                    pass  # the connection itself is broken; the error above is what matters
                 # keep draining so producers never block, but write nothing more
                 while not stop:
                     if self._q.get() is _STOP:
@@ -249,8 +244,11 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
     try:
         # Read-write open (nothing is written): after a SIGKILL it lets SQLite replay the WAL. A
         # read-only file system falls back to mode=ro, which reads the WAL when its -shm exists.
-        con = sqlite3.connect(db, timeout=10.0) if os.access(db.parent, os.W_OK) else \
-            sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+        con = (
+            sqlite3.connect(db, timeout=10.0)
+            if os.access(db.parent, os.W_OK)
+            else sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
+        )
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open '{db}': {exc}") from None
     try:
@@ -258,8 +256,7 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         if "schema_version" not in meta:
             raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
         steps = [
-            StepRow(s, a, b, w, n, bool(wu))
-            for s, a, b, w, n, wu in con.execute("SELECT * FROM steps ORDER BY step")
+            StepRow(s, a, b, w, n, bool(wu)) for s, a, b, w, n, wu in con.execute("SELECT * FROM steps ORDER BY step")
         ]
         phases = [PhaseRow(*r) for r in con.execute("SELECT * FROM phases ORDER BY step, t_start")]
         samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))

@@ -41,9 +41,7 @@ def get(name_or_path: str) -> Scenario:
         return _load_builtin(name_or_path)
     if name_or_path.endswith(".py"):
         return _load_file(Path(name_or_path), shown=name_or_path)
-    raise ScenarioError(
-        f"unknown scenario {name_or_path!r}: choose one of {', '.join(names())}, or {_USER_HINT}"
-    )
+    raise ScenarioError(f"unknown scenario {name_or_path!r}: choose one of {', '.join(names())}, or {_USER_HINT}")
 
 
 def _load_builtin(name: str) -> Scenario:
@@ -83,8 +81,7 @@ def _load_file(path: Path, *, shown: str) -> Scenario:
             raise
         detail = _one_line(str(exc))
         raise ScenarioError(
-            f"scenario file {shown!r} failed to load: {type(exc).__name__}"
-            + (f": {detail}" if detail else "")
+            f"scenario file {shown!r} failed to load: {type(exc).__name__}" + (f": {detail}" if detail else "")
         ) from exc
     scenario = getattr(module, "scenario", None)
     if scenario is None:

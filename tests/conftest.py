@@ -36,11 +36,16 @@ def stallscope(*args: str, timeout: float = 300, cwd: Path | None = None) -> sub
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "profiler", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT, env=env,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+        env=env,
     )
 
 
-TINY_SCENARIO = '''
+TINY_SCENARIO = """
 import time
 import torch
 from torch import nn
@@ -67,7 +72,7 @@ class Model(nn.Module):
 
 scenario = Scenario(name="tiny", dataset=Items, model=Model, loss=nn.functional.cross_entropy,
                     batch_size=8, steps={steps}, warmup=2, description="test scenario of known cost")
-'''
+"""
 
 
 @pytest.fixture
@@ -76,8 +81,9 @@ def tiny_scenario(tmp_path: Path) -> Callable[..., Path]:
 
     def make(item_sleep: float = 0.0, forward_sleep: float = 0.0, fail_at: int = 0, steps: int = 10) -> Path:
         p = tmp_path / f"tiny_{item_sleep}_{forward_sleep}_{fail_at}_{steps}.py"
-        p.write_text(TINY_SCENARIO.format(item_sleep=item_sleep, forward_sleep=forward_sleep,
-                                          fail_at=fail_at, steps=steps))
+        p.write_text(
+            TINY_SCENARIO.format(item_sleep=item_sleep, forward_sleep=forward_sleep, fail_at=fail_at, steps=steps)
+        )
         return p
 
     return make

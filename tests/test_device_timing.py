@@ -57,7 +57,7 @@ def _session(tmp: Path, stream_kwargs: dict, **kw) -> tuple[Session, FakeStream]
     holder: dict = {}
     s = Session(tmp, device=FAKE_GPU, sources=[], **kw)
     # the fake reads the session's own timeline, as CudaEventTimer does
-    holder["stream"] = FakeStream(lambda: s._now(), **stream_kwargs)
+    holder["stream"] = FakeStream(s._now, **stream_kwargs)
     s._timer = holder["stream"]
     s._timer_given = True
     return s, holder["stream"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 
@@ -34,8 +35,14 @@ class FakeClock:
 
 
 class Scripted:
-    def __init__(self, name: str, clock: FakeClock, costs: list[float], fail: dict[int, Exception] | None = None,
-                 open_reason: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock: FakeClock,
+        costs: list[float],
+        fail: dict[int, Exception] | None = None,
+        open_reason: str | None = None,
+    ) -> None:
         self.name = name
         self.clock = clock
         self.costs = costs
@@ -62,8 +69,9 @@ class Scripted:
 def _run(sources, clock: FakeClock, hz: float = 10.0):
     rows: list = []
     events: list = []
-    s = Sampler(sources, hz, sink=rows.extend, on_event=lambda *e: events.append(e), clock=clock,
-                t0=clock.t, wait=clock.wait)
+    s = Sampler(
+        sources, hz, sink=rows.extend, on_event=lambda *e: events.append(e), clock=clock, t0=clock.t, wait=clock.wait
+    )
     s.start()
     assert clock.done.wait(10)
     s.stop()
@@ -90,7 +98,7 @@ def test_slow_source_skips_deadlines_instead_of_bursting() -> None:
     src = Scripted("slow", clock, costs=[0.25])  # 250 ms per read at 10 Hz
     s, rows, _ = _run([src], clock)
     times = sorted({r[0] for r in rows})
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert all(g == pytest.approx(0.3) for g in gaps)  # next free deadline after each 250 ms read
     assert s.stats.missed_deadlines == 2 * s.stats.samples  # two deadlines pass during each read
     assert s.stats.hz_achieved == pytest.approx(1 / 0.3)
@@ -116,10 +124,11 @@ def test_late_wakeup_is_recorded_as_lateness() -> None:
 
 def test_source_exceptions_are_counted_and_never_escape() -> None:
     clock = FakeClock(stop_after=20)
-    flaky = Scripted("flaky", clock, costs=[0.0], fail={3: OSError("read failed"), 4: OSError("read failed"),
-                                                        9: KeyError("x")})
+    flaky = Scripted(
+        "flaky", clock, costs=[0.0], fail={3: OSError("read failed"), 4: OSError("read failed"), 9: KeyError("x")}
+    )
     good = Scripted("good", clock, costs=[0.0])
-    s, rows, events = _run([flaky, good], clock)
+    s, _rows, events = _run([flaky, good], clock)
     h = s.stats.sources["flaky"]
     assert h.errors == 3 and h.status == "available"
     assert h.last_error == "KeyError: 'x'"

@@ -14,8 +14,18 @@ from profiler.analysis import summarize
 from profiler.store import load_run
 
 
-def _run(tmp: Path, *, wait: float, h2d: float, compute: float, other: float = 0.0, steps: int = 20,
-         warmup: int = 2, workers: int | None = None, sources: list | None = None):
+def _run(
+    tmp: Path,
+    *,
+    wait: float,
+    h2d: float,
+    compute: float,
+    other: float = 0.0,
+    steps: int = 20,
+    warmup: int = 2,
+    workers: int | None = None,
+    sources: list | None = None,
+):
     with Session(tmp, warmup=warmup, workers=workers, sources=sources) as s:
         for _batch in s.wrap(sleep_loader(steps + warmup, wait)):
             if h2d:

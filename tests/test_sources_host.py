@@ -93,9 +93,7 @@ def test_busy_child_is_w0_and_counted_in_children() -> None:
         # Readings 0.2 s apart: psutil measures CPU % over the gap since the previous read.
         assert _wait_until(busy, timeout=15, interval=0.2), seen
         assert seen["proc.children.cpu_pct"] >= seen["proc.w0.cpu_pct"]
-        assert seen["proc.total.cpu_pct"] == pytest.approx(
-            seen["proc.main.cpu_pct"] + seen["proc.children.cpu_pct"]
-        )
+        assert seen["proc.total.cpu_pct"] == pytest.approx(seen["proc.main.cpu_pct"] + seen["proc.children.cpu_pct"])
         assert seen["proc.w0.rss_mb"] > 1
     src.close()
 

@@ -36,8 +36,12 @@ def _steps(run_dir: Path) -> int:
 
 def test_sigkilled_run_leaves_a_sound_reportable_store(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(run_dir)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert wait_until(lambda: _steps(run_dir) >= 30, timeout=60)
     finally:
@@ -87,7 +91,7 @@ def test_rows_are_committed_while_the_run_is_live(tmp_path: Path) -> None:
 def test_unreadable_stores_raise_store_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist"):
         load_run(tmp_path / "nope")
-    with pytest.raises(StoreError, match="holds no run.sqlite"):
+    with pytest.raises(StoreError, match=r"holds no run\.sqlite"):
         load_run(tmp_path)
     (tmp_path / "run.sqlite").write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="not a readable stallscope run store"):

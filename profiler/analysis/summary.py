@@ -53,7 +53,8 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         """The summary.json object: NaN becomes null (JSON has no NaN)."""
-        return _json_safe(asdict(self))
+        out: dict[str, Any] = _json_safe(asdict(self))
+        return out
 
 
 def _json_safe(x: Any) -> Any:
@@ -123,7 +124,9 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     step_mean = mean(step_s)
     stall = (breakdown["data_wait"] + breakdown["h2d"]) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
     window = (measured[0].t_start, measured[-1].t_end) if measured else (0.0, 0.0)
-    busy, busy_source = _busy_fraction(phases, per_step, measured, wall, window, on_cuda)
+    busy, busy_source = _busy_fraction(
+        phases, per_step=per_step, steps=measured, wall=wall, window=window, on_cuda=on_cuda
+    )
 
     counted = [s.samples for s in measured if s.samples is not None]
     samples_total = sum(counted)
@@ -141,8 +144,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     device_ms = {}
     if on_cuda:
         for name in CORE_PHASES:
-            ivs = [(p.dev_start, p.dev_end) for p in phases if p.name == name and p.dev_start is not None]
-            device_ms[name] = total(ivs) / n * 1e3  # type: ignore[arg-type]
+            device_ms[name] = total(_dev(phases, name)) / n * 1e3
     summary = Summary(
         run_id=meta.get("run_id"),
         scenario=meta.get("scenario"),
@@ -194,18 +196,25 @@ def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[
     return out
 
 
+def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:
+    """Device (event) intervals of the phases called ``name`` (all phases when None)."""
+    return [
+        (p.dev_start, p.dev_end)
+        for p in phases
+        if p.dev_start is not None and p.dev_end is not None and (name is None or p.name == name)
+    ]
+
+
 def _exposed_device_copy(phases: list[PhaseRow]) -> float:
     """Device time of h2d copies overlapped neither by the host blocking on them nor by device compute."""
-    copies = union((p.dev_start, p.dev_end) for p in phases if p.name == "h2d" and p.dev_start is not None)  # type: ignore[misc]
-    hidden = union(
-        [(p.dev_start, p.dev_end) for p in phases if p.name == "compute" and p.dev_start is not None]  # type: ignore[misc]
-        + [(p.t_start, p.t_end) for p in phases if p.name == "h2d"]
-    )
+    copies = union(_dev(phases, "h2d"))
+    hidden = union(_dev(phases, "compute") + [(p.t_start, p.t_end) for p in phases if p.name == "h2d"])
     return total(subtract(copies, hidden))
 
 
 def _busy_fraction(
     phases: list[PhaseRow],
+    *,
     per_step: dict[int, dict[str, float]],
     steps: list[StepRow],
     wall: float,
@@ -215,8 +224,7 @@ def _busy_fraction(
     if wall <= 0:
         return math.nan, "none"
     if on_cuda:
-        ivs: list[Interval] = [(p.dev_start, p.dev_end) for p in phases if p.dev_start is not None]  # type: ignore[misc]
-        return total(clip(union(ivs), *window)) / wall, "cuda-events"
+        return total(clip(union(_dev(phases)), *window)) / wall, "cuda-events"
     compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in steps)
     return compute / wall, "host-compute-phase"
 
@@ -267,7 +275,11 @@ def _sampler_health(rec: RunRecord) -> dict[str, Any]:
         "hz_requested": hz_req,
         "hz_achieved": (len(times) - 1) / span if span > 0 else math.nan,
         "samples": len(times),
-        "lateness_ms": {"mean": mean(lateness), "p95": quantile(lateness, 0.95), "max": max(lateness, default=math.nan)},
+        "lateness_ms": {
+            "mean": mean(lateness),
+            "p95": quantile(lateness, 0.95),
+            "max": max(lateness, default=math.nan),
+        },
         "read_ms_mean": mean(reads),
         "missed_deadlines": stored.get("missed_deadlines"),
         "sources": sources,

@@ -47,12 +47,15 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
 
     if input_bound and s.workers == 0:
         top = f"2-{cores}" if cores and cores > 2 else "2"
-        out.append(Recommendation(
-            "RAISE_WORKERS",
-            f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers=0: the "
-            f"training process loads and augments every batch itself. Set num_workers={top}"
-            + (f" (this machine has {cores} cores)" if cores else "") + " so batches are prepared in parallel.",
-        ))
+        out.append(
+            Recommendation(
+                "RAISE_WORKERS",
+                f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers=0: the "
+                f"training process loads and augments every batch itself. Set num_workers={top}"
+                + (f" (this machine has {cores} cores)" if cores else "")
+                + " so batches are prepared in parallel.",
+            )
+        )
     elif input_bound and isinstance(s.workers, int) and s.workers > 0:
         sys_cpu = s.host.get("sys_cpu_pct_mean")
         busy = f" while system CPU averaged {sys_cpu:.0f}%" if isinstance(sys_cpu, float) else ""
@@ -62,35 +65,45 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
             if isinstance(sys_cpu, float) and sys_cpu >= 85
             else "add workers if cores are idle, or make per-item work cheaper (DALI decode, lighter augmentation)"
         )
-        out.append(Recommendation(
-            "LOADER_TOO_SLOW",
-            f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
-            f"{busy}: {advice}.",
-        ))
+        out.append(
+            Recommendation(
+                "LOADER_TOO_SLOW",
+                f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
+                f"{busy}: {advice}.",
+            )
+        )
     if s.device.get("kind") == "cuda" and s.pin_memory is False and h2d >= PIN_SHARE * step:
-        out.append(Recommendation(
-            "PIN_MEMORY",
-            f"Host-to-device copies block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
-            "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
-        ))
+        out.append(
+            Recommendation(
+                "PIN_MEMORY",
+                f"Host-to-device copies block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
+                "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
+            )
+        )
     if other >= OTHER_MIN_MS and other >= OTHER_SHARE * step:
-        out.append(Recommendation(
-            "LOOP_OVERHEAD",
-            f"{other:.1f} ms of a {step:.1f} ms step ({other / step:.0%}) is outside data wait, copy and compute: "
-            "look for synchronisation (loss.item(), .cpu(), printing tensors) or logging in the loop, or wrap it "
-            "in s.phase('name') to see it by name.",
-        ))
+        out.append(
+            Recommendation(
+                "LOOP_OVERHEAD",
+                f"{other:.1f} ms of a {step:.1f} ms step ({other / step:.0%}) is outside data wait, copy and compute: "
+                "look for synchronisation (loss.item(), .cpu(), printing tensors) or logging in the loop, or wrap it "
+                "in s.phase('name') to see it by name.",
+            )
+        )
     if not input_bound:
-        out.append(Recommendation(
-            "NOT_INPUT_BOUND",
-            f"Input stalls are {pct:.1f}% of step time (under 5%): the loader keeps up. Speed-ups must come from "
-            "compute (mixed precision, a larger batch, a faster model), not from the input pipeline.",
-        ))
+        out.append(
+            Recommendation(
+                "NOT_INPUT_BOUND",
+                f"Input stalls are {pct:.1f}% of step time (under 5%): the loader keeps up. Speed-ups must come from "
+                "compute (mixed precision, a larger batch, a faster model), not from the input pipeline.",
+            )
+        )
     hz_req, hz_got = s.sampler.get("hz_requested"), s.sampler.get("hz_achieved")
     if isinstance(hz_req, float) and isinstance(hz_got, float) and hz_got < 0.9 * hz_req:
-        out.append(Recommendation(
-            "SAMPLER_SLOW",
-            f"The sampler achieved {hz_got:.1f} Hz of the {hz_req:g} Hz asked (a busy host delays it): host and "
-            "NVML time series are coarser than requested; step timings are unaffected.",
-        ))
+        out.append(
+            Recommendation(
+                "SAMPLER_SLOW",
+                f"The sampler achieved {hz_got:.1f} Hz of the {hz_req:g} Hz asked (a busy host delays it): host and "
+                "NVML time series are coarser than requested; step timings are unaffected.",
+            )
+        )
     return out

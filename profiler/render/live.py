@@ -43,8 +43,9 @@ def status_line(session: Session, total_steps: int | None = None) -> str | None:
 class PlainLive:
     """Prints :func:`status_line` every ``interval_s`` seconds to ``stream`` while the block runs."""
 
-    def __init__(self, session: Session, *, interval_s: float = 5.0, stream: TextIO | None = None,
-                 total_steps: int | None = None) -> None:
+    def __init__(
+        self, session: Session, *, interval_s: float = 5.0, stream: TextIO | None = None, total_steps: int | None = None
+    ) -> None:
         self._session = session
         self._interval = interval_s
         self._stream = stream or sys.stderr
@@ -62,7 +63,8 @@ class PlainLive:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._done.set()
         self._thread.join(timeout=2 * self._interval)

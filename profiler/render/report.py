@@ -56,7 +56,9 @@ def breakdown_table(s: Summary) -> Table:
     src = s.sources
     for name, value in b.items():
         share = value / step if step and not math.isnan(step) and not math.isnan(value) else math.nan
-        how = src.get(name) or ("remainder: step time minus the phases above" if name == "other" else "host perf_counter")
+        how = src.get(name) or (
+            "remainder: step time minus the phases above" if name == "other" else "host perf_counter"
+        )
         table.add_row(name, _num(value, "{:.2f}"), _pct(share), how)
     table.add_row("step", _num(step, "{:.2f}"), "100%", src.get("step_time", ""), style="bold")
     return table
@@ -66,20 +68,32 @@ def figures_table(s: Summary) -> Table:
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("throughput", _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
-              + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, {s.steps} steps after {s.warmup_steps} warm-up)")
+    t.add_row(
+        "throughput",
+        _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
+        + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, "
+        f"{s.steps} steps after {s.warmup_steps} warm-up)",
+    )
     st = s.step_time_ms
-    t.add_row("step time", f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
-              f"p90 {_num(st.get('p90'), '{:.1f}')} ms")
+    t.add_row(
+        "step time",
+        f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
+        f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
+    )
     t.add_row("stall fraction", f"{_pct(s.stall_fraction)}  (data wait + blocking h2d) / step time")
     t.add_row("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}")
     if s.device_ms_per_step:
-        t.add_row("device time", "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
-                  + "  (CUDA events)")
+        t.add_row(
+            "device time",
+            "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items()) + "  (CUDA events)",
+        )
     utils = {k: v for k, v in s.nvml.items() if k.endswith("util_pct_mean")}
     if utils:
-        t.add_row("NVML util", "  ".join(f"{k.split('_')[0]} {_num(v, '{:.0f}')}%" for k, v in utils.items())
-                  + "  (utilization.gpu, driver-averaged: hides sub-second stalls)")
+        t.add_row(
+            "NVML util",
+            "  ".join(f"{k.split('_')[0]} {_num(v, '{:.0f}')}%" for k, v in utils.items())
+            + "  (utilization.gpu, driver-averaged: hides sub-second stalls)",
+        )
     else:
         t.add_row("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})")
     h = s.host
@@ -96,8 +110,13 @@ def figures_table(s: Summary) -> Table:
 
 def verdict_block(s: Summary) -> Group:
     style = _VERDICT_STYLE.get(s.verdict, "bold")
-    parts: list[Any] = [Text.assemble(("Verdict: ", "bold"), (s.verdict, style),
-                                      f"  (stall {_pct(s.stall_fraction)}; bands: >=20% highly, >=5% moderately)")]
+    parts: list[Any] = [
+        Text.assemble(
+            ("Verdict: ", "bold"),
+            (s.verdict, style),
+            f"  (stall {_pct(s.stall_fraction)}; bands: >=20% highly, >=5% moderately)",
+        )
+    ]
     for i, r in enumerate(s.recommendations, 1):
         parts.append(Text.assemble(f"{i}. ", (f"[{r.code}] ", "cyan"), r.text))
     return Group(*parts)
@@ -108,13 +127,17 @@ def sampler_block(s: Summary) -> Text:
     lat = sm.get("lateness_ms") or {}
     t = Text()
     t.append("Sampler: ", style="bold")
-    t.append(f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} asked, "
-             f"{sm.get('samples', 0)} samples, lateness p95 {_num(lat.get('p95'), '{:.2f}')} ms "
-             f"max {_num(lat.get('max'), '{:.2f}')} ms, read cost {_num(sm.get('read_ms_mean'), '{:.2f}')} ms")
+    t.append(
+        f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} asked, "
+        f"{sm.get('samples', 0)} samples, lateness p95 {_num(lat.get('p95'), '{:.2f}')} ms "
+        f"max {_num(lat.get('max'), '{:.2f}')} ms, read cost {_num(sm.get('read_ms_mean'), '{:.2f}')} ms"
+    )
     for name, status in sorted((sm.get("sources") or {}).items()):
         errors = (sm.get("errors") or {}).get(name, 0)
-        t.append(f"\n  source {name}: {status}" + (f" ({errors} read errors, last: "
-                                                    f"{(sm.get('last_error') or {}).get(name)})" if errors else ""))
+        t.append(
+            f"\n  source {name}: {status}"
+            + (f" ({errors} read errors, last: {(sm.get('last_error') or {}).get(name)})" if errors else "")
+        )
     return t
 
 

@@ -186,9 +186,7 @@ class HostSource:
         # A dropped process (unreaped zombie, no permission) is listed again on every scan; skipping it
         # keeps it from taking a fresh label each time.
         fresh = [
-            proc
-            for proc in listed
-            if self._children.get(proc.pid) != proc and self._dropped.get(proc.pid) != proc
+            proc for proc in listed if self._children.get(proc.pid) != proc and self._dropped.get(proc.pid) != proc
         ]
         for proc in _by_birth(fresh, ps):
             self._adopt(proc)
