@@ -43,7 +43,7 @@ def _close(measured_ms: float, truth_s: float, rel: float = 0.05) -> bool:
 
 
 def test_phase_times_and_stall_fraction_match_injected_sleeps(tmp_path: Path) -> None:
-    wait, h2d, compute = 0.030, 0.010, 0.040
+    wait, h2d, compute = 0.030, 0.020, 0.040
     s = _run(tmp_path, wait=wait, h2d=h2d, compute=compute)  # default sources: host + nvml (unavailable)
     b = s.breakdown_ms_per_step
     assert s.steps == 20 and s.warmup_steps == 2
@@ -100,14 +100,14 @@ def test_user_phases_and_nesting(tmp_path: Path) -> None:
         for _ in s.wrap(sleep_loader(6, 0.0)):
             with s.phase("compute"):
                 with s.phase("forward"):
-                    time.sleep(0.004)
-                time.sleep(0.002)
+                    time.sleep(0.020)
+                time.sleep(0.010)
             with s.phase("log"):
-                time.sleep(0.005)
+                time.sleep(0.025)
     summ = s.summary()
     b = summ.breakdown_ms_per_step
-    assert _close(b["compute"], 0.006, rel=0.15)
-    assert _close(b["log"], 0.005, rel=0.15)
+    assert _close(b["compute"], 0.030)
+    assert _close(b["log"], 0.025)
     assert "compute/forward" not in b  # nested phases are stored, not double counted
     names = {p.name for p in load_run(tmp_path).phases}
     assert names == {"compute", "compute/forward", "log"}
