@@ -289,13 +289,13 @@ def _sampler_health(rec: RunRecord) -> dict[str, Any]:
 
 
 def _figure_sources(on_cuda: bool, busy_source: str, sampler: dict[str, Any]) -> dict[str, str]:
-    timer = "CUDA events in the compute stream" if on_cuda else "host perf_counter"
     return {
         "step_time": "host perf_counter, from one next() call on the loader to the next",
         "data_wait": "host perf_counter around next() on the loader",
         "h2d": "host perf_counter around the copy"
-        + (" + CUDA-event copy time not overlapped by compute" if on_cuda else ""),
-        "compute": f"host perf_counter around the compute phase; device time: {timer}",
+        + (" + CUDA-event copy time not hidden by compute" if on_cuda else ""),
+        "compute": "host perf_counter around the compute phase"
+        + ("; device time from CUDA events (device_ms_per_step)" if on_cuda else ""),
         "device_busy_fraction": {
             "cuda-events": "union of CUDA-event intervals of all phases / wall time",
             "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",
