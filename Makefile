@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/stallscope run fashion-vgg --out runs/demo
+	$(BIN)/stallscope run fashion-vgg
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
