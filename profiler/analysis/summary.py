@@ -109,11 +109,9 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     per_step = _phase_sums(measured, phases)
     wait = mean([s.data_wait_s for s in measured])
     breakdown = {"data_wait": wait * 1e3}
-    names = sorted({name for sums in per_step.values() for name in sums}, key=_phase_order)
-    for name in names:
-        breakdown[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in measured) / n * 1e3
-    for name in CORE_PHASES:
-        breakdown.setdefault(name, 0.0 if n else math.nan)
+    user = sorted({name for sums in per_step.values() for name in sums} - set(CORE_PHASES))
+    for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
+        breakdown[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in measured) / n * 1e3 if n else math.nan
 
     exposed_copy = _exposed_device_copy(phases) / n if (on_cuda and n) else 0.0
     if exposed_copy:
@@ -181,10 +179,6 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         # the list was created empty for this summary alone; recommend() reads the finished figures
         summary.recommendations.extend(recommend(summary, cpu_count=meta.get("cpu_count")))
     return summary
-
-
-def _phase_order(name: str) -> tuple[int, str]:
-    return (CORE_PHASES.index(name) if name in CORE_PHASES else len(CORE_PHASES), name)
 
 
 def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[str, float]]:
