@@ -46,7 +46,7 @@ def _bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
         if value < lo or (hi is not None and value > hi) or math.isnan(value):
-            allowed = f"{lo:g}..{hi:g}" if hi is not None else f">= {lo:g}"
+            allowed = f"{lo:.10g}..{hi:.10g}" if hi is not None else f">= {lo:.10g}"
             raise argparse.ArgumentTypeError(f"{text} is out of range: allowed {allowed}")
         return value
 
@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dir")
     rep.add_argument("--json", action="store_true", help="print the summary JSON")
 
+    w = sub.add_parser("watch", help="follow a run another process is writing, live, from its store")
+    w.add_argument("run_dir")
+    w.add_argument("--json", action="store_true", help="at the end, print the summary JSON instead of the report")
+
     sub.add_parser("scenarios", help="list the built-in scenarios")
     return p
 
@@ -106,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "report": cmd_report, "scenarios": cmd_scenarios}[args.command]
+    handler = {"run": cmd_run, "report": cmd_report, "watch": cmd_watch, "scenarios": cmd_scenarios}[args.command]
     try:
         return handler(args)
     except BadInput as exc:
@@ -131,7 +135,7 @@ def _prepare_out(out: str | None, scenario: str, pipeline: str) -> Path:
     if (path / "run.sqlite").exists():
         raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
     if path.exists() and not path.is_dir():
-        raise BadInput(f"--out '{out}' is a file: allowed a new or empty directory")
+        raise BadInput(f"--out '{out}' is a file: allowed a directory that holds no run yet")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".stallscope-write-test"
@@ -192,10 +196,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     monitor = None
     if not args.no_live:
-        from profiler.render.live import PlainLive
+        from profiler.feeds import SessionFeed
+        from profiler.render.live import monitor_for
 
         total = (args.steps or scenario.steps) + (scenario.warmup if args.warmup is None else args.warmup)
-        monitor = lambda s: PlainLive(s, total_steps=total)  # noqa: E731
+
+        def monitor(s: Any) -> Any:
+            return monitor_for(SessionFeed(s), total_steps=total)
+
     if not args.json:
         print(
             f"stallscope: training {scenario.name} ({args.pipeline}, device {device.torch_device}) -> {out}",
@@ -236,6 +244,26 @@ def _report_dir(run_dir: Path | str, as_json: bool, code: int = EXIT_OK) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    return _report_dir(args.run_dir, args.json)
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from profiler.feeds import StoreFeed
+    from profiler.render.live import watch
+    from profiler.store import StoreError, resolve_db
+
+    try:
+        resolve_db(args.run_dir)
+        feed = StoreFeed(args.run_dir)
+        feed.poll()
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
+    if feed.status() == "running":
+        print(f"stallscope: watching {args.run_dir} (Ctrl-C stops watching, not the run)", file=sys.stderr)
+        try:
+            watch(feed)
+        except KeyboardInterrupt:
+            return EXIT_SIGNAL["SIGINT"]
     return _report_dir(args.run_dir, args.json)
 
 

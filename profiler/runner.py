@@ -63,13 +63,8 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     device = torch.device(cfg.device.torch_device)
 
     pipeline = get_pipeline(cfg.pipeline)
-    dataset = scenario.dataset()
-    built = pipeline.build(
-        dataset, LoaderSpec(batch_size=batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed)
-    )
-    model = scenario.model().to(device)
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=scenario.lr, momentum=0.9)
+    # The session starts before set-up so that a dataset or model that fails to build leaves a reportable
+    # run (status "failed", no steps) and so set-up's host load is on the record too.
     session = Session(
         cfg.out,
         sample_hz=cfg.sample_hz,
@@ -78,48 +73,58 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
         scenario=scenario.name,
         pipeline=cfg.pipeline,
         batch_size=batch_size,
-        workers=int(built.config.get("workers", cfg.workers)),
-        pin_memory=built.config.get("pin_memory"),
         meta={
-            "loader": built.config,
             "steps_requested": steps,
             "synthetic_data": scenario.synthetic,
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
-            "params": sum(p.numel() for p in model.parameters()),
             "argv": list(sys.argv),
             **cfg.extra_meta,
         },
     )
     done = 0
     loss = None
+    built = None
     try:
-        with session, monitor(session) if monitor else contextlib.nullcontext():
-            epoch = 0
-            while done < total:
-                if hasattr(dataset, "set_epoch"):
-                    dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
-                epoch += 1
-                batches = session.wrap(built.batches)
-                progressed = False
-                for batch in batches:
-                    progressed = True
-                    with session.phase("h2d"):
-                        x, y = built.to_device(batch)
-                    with session.phase("compute"):
-                        out = model(x)
-                        loss = scenario.loss(out, y)
-                        opt.zero_grad(set_to_none=True)
-                        loss.backward()
-                        opt.step()
-                    done += 1
-                    if done >= total:
-                        break
-                batches.close()  # ends the step in flight now, not at garbage collection
-                if not progressed:
-                    raise RuntimeError(
-                        f"the {cfg.pipeline} loader produced no batch (dataset too small for batch {batch_size}?)"
-                    )
+        with session:
+            dataset = scenario.dataset()
+            spec = LoaderSpec(batch_size=batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed)
+            built = pipeline.build(dataset, spec)
+            model = scenario.model().to(device)
+            model.train()
+            opt = torch.optim.SGD(model.parameters(), lr=scenario.lr, momentum=0.9)
+            session.annotate(
+                workers=int(built.config.get("workers", cfg.workers)),
+                pin_memory=built.config.get("pin_memory"),
+                loader=built.config,
+                params=sum(p.numel() for p in model.parameters()),
+            )
+            with monitor(session) if monitor else contextlib.nullcontext():
+                epoch = 0
+                while done < total:
+                    if hasattr(dataset, "set_epoch"):
+                        dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
+                    epoch += 1
+                    batches = session.wrap(built.batches)
+                    progressed = False
+                    for batch in batches:
+                        progressed = True
+                        with session.phase("h2d"):
+                            x, y = built.to_device(batch)
+                        with session.phase("compute"):
+                            out = model(x)
+                            loss = scenario.loss(out, y)
+                            opt.zero_grad(set_to_none=True)
+                            loss.backward()
+                            opt.step()
+                        done += 1
+                        if done >= total:
+                            break
+                    batches.close()  # ends the step in flight now, not at garbage collection
+                    if not progressed:
+                        raise RuntimeError(
+                            f"the {cfg.pipeline} loader produced no batch (dataset too small for batch {batch_size}?)"
+                        )
             if loss is not None:
                 session.annotate(final_loss=float(loss.detach()))
     except Exception as exc:
@@ -127,5 +132,6 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
             raise TrainingError(session.error or str(exc), Path(cfg.out)) from exc
         raise
     finally:
-        built.close()
+        if built is not None:
+            built.close()
     return session

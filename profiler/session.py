@@ -88,6 +88,9 @@ class _Phase:
         depth = len(stack) - 1
         name = "/".join(stack) if depth else self._name
         stack.pop()
+        if s._step < 0:  # before the first batch or after the loop: no step to charge it to
+            s._unattributed += 1
+            return
         s._phases.append((name, depth, self._t0, t1, self._ev0, ev1))
 
 
@@ -160,6 +163,11 @@ class Session:
     @property
     def run_dir(self) -> Path:
         return self.out_dir
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The run facts recorded in the store's meta table so far (a copy)."""
+        return dict(self._meta)
 
     @property
     def status(self) -> str | None:
@@ -281,13 +289,17 @@ class Session:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
         self._note_loader(iterable)
         count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
-        it = iter(iterable)
         clock = self._clock
+        t_iter: float | None = clock()
+        # iter() is where a DataLoader starts its workers: that wait belongs to the first step
+        it = iter(iterable)
         try:
             while True:
                 t0 = clock()
                 if self._step >= 0:
                     self._end_step(t0)
+                elif t_iter is not None:
+                    t0, t_iter = t_iter, None
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -310,9 +322,6 @@ class Session:
 
     def _end_step(self, t_end: float) -> None:
         phases, self._phases = self._phases, []
-        if self._step < 0:
-            self._unattributed += len(phases)
-            return
         t0 = self._t0
         row = StepRow(
             step=self._step,

@@ -8,7 +8,7 @@ Invariants:
   call ``put_*`` which only appends to a queue: a few hundred nanoseconds, never a disk write.
 - The writer wakes every ``flush_s`` (<= 1 s), writes everything queued in one transaction and commits, so
   a crash loses at most that much. ``meta.heartbeat`` is refreshed at each commit; a run whose status is still
-  ``running`` but whose heartbeat is stale and whose pid is gone was interrupted.
+  ``running`` but whose pid is gone, or whose heartbeat is stale, was interrupted.
 - Schema changes are additive; ``meta.schema_version`` says which tables and columns exist.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import sqlite3
@@ -273,3 +274,39 @@ def integrity_ok(run: str | os.PathLike[str]) -> bool:
         return bool(con.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
     finally:
         con.close()
+
+
+class StoreTail:
+    """Incremental reader of a run store another process may still be writing (``stallscope watch``).
+
+    Each ``poll()`` returns only rows newer than the previous poll: steps by index, samples by time.
+    """
+
+    def __init__(self, run: str | os.PathLike[str]) -> None:
+        self.db = resolve_db(run)
+        self._last_step = -1
+        self._last_t = -1.0
+
+    def poll(self) -> tuple[dict[str, Any], list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
+        con = sqlite3.connect(self.db, timeout=10.0)
+        try:
+            meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
+            rows = con.execute("SELECT * FROM steps WHERE step > ? ORDER BY step", (self._last_step,)).fetchall()
+            phases: dict[int, list[PhaseRow]] = {}
+            for r in con.execute("SELECT * FROM phases WHERE step > ? ORDER BY step, t_start", (self._last_step,)):
+                phases.setdefault(r[0], []).append(PhaseRow(*r))
+            grouped: dict[float, dict[str, float]] = {}
+            for t, metric, value in con.execute(
+                "SELECT t, metric, value FROM samples WHERE t > ? AND source != 'sampler' ORDER BY t", (self._last_t,)
+            ):
+                grouped.setdefault(t, {})[metric] = math.nan if value is None else value
+        except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
+            raise StoreError(f"'{self.db}' is not a readable stallscope run store: {exc}") from None
+        finally:
+            con.close()
+        steps = [(StepRow(s, a, b, w, n, bool(wu)), phases.get(s, [])) for s, a, b, w, n, wu in rows]
+        if steps:
+            self._last_step = steps[-1][0].step
+        if grouped:
+            self._last_t = max(grouped)
+        return meta, steps, sorted(grouped.items())

@@ -1,4 +1,4 @@
-"""Rolling figures for live views, from the Session's bounded buffer of recent steps.
+"""Rolling figures for live views, from the newest steps and samples (of a Session or a store being written).
 
 Same definitions as the run summary (docs/metrics.md), over the newest ``horizon_s`` of steps, so
 a live line and the final report never disagree about what a figure means.
@@ -7,7 +7,8 @@ a live line and the final report never disagree about what a figure means.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from profiler.store import PhaseRow, StepRow
@@ -49,3 +50,79 @@ def window_stats(recent: Sequence[tuple[StepRow, Sequence[PhaseRow]]], horizon_s
         stall_fraction=(wait + h2d) / span if span > 0 else math.nan,
         warmup=newest.warmup,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSnapshot:
+    """What a live view shows at one instant; histories are per second of run time, oldest first."""
+
+    stats: LiveStats | None
+    stall_history: list[float]  # % of each second's step time spent in data wait + h2d
+    util_history: dict[str, list[float]]  # "gpu0" -> mean NVML utilization.gpu % per second
+    latest: dict[str, float]  # the newest sample's metrics
+    latest_t: float  # run time of the newest step end or sample, s
+
+
+class LiveAggregator:
+    """Folds steps and samples, as they arrive, into per-second buckets and a short step window.
+
+    Feeds may hand the same step or sample twice (they poll overlapping buffers): steps are taken once by
+    index, samples once by time. Memory is bounded by ``horizon_s`` buckets and ``max_steps`` steps.
+    """
+
+    def __init__(self, horizon_s: int = 60, window_s: float = 5.0, max_steps: int = 4096) -> None:
+        self._horizon = horizon_s
+        self._window_s = window_s
+        self._steps: deque[tuple[StepRow, Sequence[PhaseRow]]] = deque(maxlen=max_steps)
+        self._last_step = -1
+        self._last_sample_t = -math.inf
+        self._stall: dict[int, list[float]] = {}  # second -> [stalled s, step s]
+        self._util: dict[str, dict[int, list[float]]] = {}  # gpu -> second -> [sum, n]
+        self._latest: dict[str, float] = {}
+        self._latest_t = 0.0
+
+    def add_steps(self, rows: Iterable[tuple[StepRow, Sequence[PhaseRow]]]) -> None:
+        for row, phases in rows:
+            if row.step <= self._last_step:
+                continue
+            self._last_step = row.step
+            self._steps.append((row, phases))
+            h2d = math.fsum(p.t_end - p.t_start for p in phases if p.depth == 0 and p.name == "h2d")
+            bucket = self._stall.setdefault(int(row.t_end), [0.0, 0.0])
+            bucket[0] += row.data_wait_s + h2d
+            bucket[1] += row.t_end - row.t_start
+            self._latest_t = max(self._latest_t, row.t_end)
+        self._trim()
+
+    def add_samples(self, rows: Iterable[tuple[float, dict[str, float]]]) -> None:
+        for t, metrics in rows:
+            if t <= self._last_sample_t:
+                continue
+            self._last_sample_t = t
+            self._latest = metrics
+            self._latest_t = max(self._latest_t, t)
+            for metric, value in metrics.items():
+                if metric.endswith(".util_pct") and metric.startswith("gpu") and not math.isnan(value):
+                    acc = self._util.setdefault(metric.split(".")[0], {}).setdefault(int(t), [0.0, 0.0])
+                    acc[0] += value
+                    acc[1] += 1
+        self._trim()
+
+    def _trim(self) -> None:
+        oldest = int(self._latest_t) - self._horizon + 1
+        for sec in [s for s in self._stall if s < oldest]:
+            del self._stall[sec]
+        for per in self._util.values():
+            for sec in [s for s in per if s < oldest]:
+                del per[sec]
+
+    def snapshot(self) -> LiveSnapshot:
+        stall = [100 * a / b if b > 0 else 0.0 for _, (a, b) in sorted(self._stall.items())]
+        util = {gpu: [s / n for _, (s, n) in sorted(per.items())] for gpu, per in sorted(self._util.items())}
+        return LiveSnapshot(
+            stats=window_stats(list(self._steps), self._window_s),
+            stall_history=stall,
+            util_history=util,
+            latest=dict(self._latest),
+            latest_t=self._latest_t,
+        )

@@ -1,7 +1,10 @@
-"""Live status while a run trains: a plain line every few seconds (works on a pipe, CI, nohup).
+"""Live view while a run trains: a rich dashboard on a terminal, one plain status line every few seconds
+elsewhere (a pipe, CI, nohup: rich ``Live`` off a TTY prints only its last frame, so it is no use there).
 
-Reads the Session's bounded buffer through ``analysis.live.window_stats`` on its own thread; the
-training thread never waits on it. The rich live dashboard (issue #5) will sit beside this fallback.
+Both read a :class:`profiler.feeds.LiveFeed` on their own thread and fold it through
+``analysis.live.LiveAggregator``; the training thread never waits on them. Both write to stderr so that
+stdout keeps the report (or, with ``--json``, the summary alone). ``frame()`` and ``status_line()`` are
+pure functions of a snapshot, so tests compare their text exactly.
 """
 
 from __future__ import annotations
@@ -9,62 +12,205 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
+from collections.abc import Sequence
 from types import TracebackType
-from typing import TextIO
+from typing import Any, TextIO
 
-from profiler.analysis.live import window_stats
-from profiler.session import Session
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from profiler.analysis.live import LiveAggregator, LiveSnapshot
+from profiler.feeds import LiveFeed
+
+Tb = TracebackType | None
+BARS = "▁▂▃▄▅▆▇█"  # zero is the lowest bar; a blank means no data
+HISTORY_S = 60
 
 
-def _fmt(x: float, spec: str) -> str:
-    return "n/a" if math.isnan(x) else format(x, spec)
+def sparkline(values: Sequence[float], width: int = HISTORY_S, top: float = 100.0) -> str:
+    """The newest ``width`` values as block characters, 0..top; missing history is blank on the left."""
+    vals = list(values)[-width:]
+    out = []
+    for v in vals:
+        if math.isnan(v):
+            out.append(" ")
+            continue
+        level = min(max(v / top, 0.0), 1.0)
+        out.append(BARS[round(level * (len(BARS) - 1))])
+    return " " * (width - len(out)) + "".join(out)
 
 
-def status_line(session: Session, total_steps: int | None = None) -> str | None:
-    stats = window_stats(list(session.recent))
-    if stats is None:
+def _f(x: float, spec: str, unit: str = "") -> str:
+    return "n/a" if x is None or math.isnan(x) else format(x, spec) + unit
+
+
+def _or_q(x: Any) -> str:
+    return "?" if x is None else str(x)
+
+
+def _progress(snap: LiveSnapshot, total: int | None) -> str:
+    st = snap.stats
+    if st is None:
+        return "waiting for the first step"
+    of = f"/{total}" if total else ""
+    return f"step {st.steps_total}{of}" + (" (warm-up)" if st.warmup else "")
+
+
+def status_line(snap: LiveSnapshot, total_steps: int | None = None) -> str | None:
+    st = snap.stats
+    if st is None:
         return None
-    of = f"/{total_steps}" if total_steps else ""
-    warm = " (warm-up)" if stats.warmup else ""
     line = (
-        f"step {stats.steps_total}{of}{warm}  {_fmt(stats.throughput_samples_per_s, '.1f')} samples/s  "
-        f"stall {_fmt(stats.stall_fraction * 100, '.0f')}%  wait {stats.data_wait_ms:.1f} ms  "
-        f"h2d {stats.h2d_ms:.1f} ms  compute {stats.compute_ms:.1f} ms  (last {stats.window_steps} steps)"
+        f"{_progress(snap, total_steps)}  {_f(st.throughput_samples_per_s, '.1f')} samples/s  "
+        f"stall {_f(st.stall_fraction * 100, '.0f')}%  wait {st.data_wait_ms:.1f} ms  "
+        f"h2d {st.h2d_ms:.1f} ms  compute {st.compute_ms:.1f} ms  (last {st.window_steps} steps)"
     )
-    latest = session.sampler.latest() if session.sampler is not None else None
-    if latest is not None:
-        m = latest[1]
-        cpu = m.get("proc.total.cpu_pct", math.nan)
-        util = m.get("gpu0.util_pct", math.nan)
-        line += f"  cpu {_fmt(cpu, '.0f')}%" + ("" if math.isnan(util) else f"  gpu0 {util:.0f}%")
-    return line
+    m = snap.latest
+    line += f"  cpu {_f(m.get('proc.total.cpu_pct', math.nan), '.0f')}%"
+    util = m.get("gpu0.util_pct", math.nan)
+    return line + ("" if math.isnan(util) else f"  gpu0 {util:.0f}%")
 
 
-class PlainLive:
-    """Prints :func:`status_line` every ``interval_s`` seconds to ``stream`` while the block runs."""
+def frame(snap: LiveSnapshot, meta: dict[str, Any], total_steps: int | None = None) -> Group:
+    """One frame of the dashboard."""
+    dev = meta.get("device") or {}
+    head = Text.assemble(
+        ("stallscope ", "bold"),
+        f"{meta.get('scenario') or 'run'}  pipeline={meta.get('pipeline') or '?'}"
+        f"  batch={meta.get('batch_size') or '?'}  workers={_or_q(meta.get('workers'))}"
+        f"  device={dev.get('torch_device', '?')}  ",
+        (_progress(snap, total_steps), "bold"),
+        f"  t={snap.latest_t:.0f}s",
+    )
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    st = snap.stats
+    if st is not None:
+        thr = f"{_f(st.throughput_samples_per_s, '.1f')} samples/s"
+        grid.add_row("throughput", thr, f"last {st.window_steps} steps")
+        grid.add_row(
+            "step",
+            f"{st.step_ms:.1f} ms",
+            f"wait {st.data_wait_ms:.1f}  h2d {st.h2d_ms:.1f}  compute {st.compute_ms:.1f}  "
+            f"other {max(0.0, st.step_ms - st.data_wait_ms - st.h2d_ms - st.compute_ms):.1f} ms",
+        )
+    stall_now = snap.stall_history[-1] if snap.stall_history else math.nan
+    grid.add_row("stall %", _f(stall_now, ".0f", "%"), Text(sparkline(snap.stall_history), style="red"))
+    m = snap.latest
+    if snap.util_history:
+        for gpu, hist in snap.util_history.items():
+            grid.add_row(f"{gpu} util", _f(hist[-1], ".0f", "%"), Text(sparkline(hist), style="green"))
+            used, tot = m.get(f"{gpu}.mem_used_mb", math.nan), m.get(f"{gpu}.mem_total_mb", math.nan)
+            rx, tx = m.get(f"{gpu}.pcie_rx_mbps", math.nan), m.get(f"{gpu}.pcie_tx_mbps", math.nan)
+            mem = f"{_f(used, '.0f')}/{_f(tot, '.0f')} MiB"
+            grid.add_row(f"{gpu} mem", mem, f"PCIe rx {_f(rx, '.0f')} tx {_f(tx, '.0f')} MB/s")
+    else:
+        grid.add_row("gpu util", "n/a", "NVML not sampled (no driver or no GPU): see the report")
+    procs = [k.split(".")[1] for k in m if k.startswith("proc.") and k.endswith(".cpu_pct")]
+    workers = [p for p in procs if p not in ("main", "children", "total")]
+    cpu = f"main {_f(m.get('proc.main.cpu_pct', math.nan), '.0f')}%" + "".join(
+        f"  {w} {_f(m.get(f'proc.{w}.cpu_pct', math.nan), '.0f')}%" for w in workers
+    )
+    system = f"system {_f(m.get('sys.cpu_pct', math.nan), '.0f')}% of all cores"
+    grid.add_row("cpu", cpu + "  (100% = one core)", system)
+    grid.add_row("rss", _f(m.get("proc.total.rss_mb", math.nan), ".0f", " MiB"), "main + workers")
+    return Group(head, grid)
 
-    def __init__(
-        self, session: Session, *, interval_s: float = 5.0, stream: TextIO | None = None, total_steps: int | None = None
-    ) -> None:
-        self._session = session
+
+class _Monitor:
+    """Polls a feed on a thread every ``interval_s`` and hands each snapshot to ``_show``."""
+
+    def __init__(self, feed: LiveFeed, interval_s: float, total_steps: int | None) -> None:
+        self._feed = feed
         self._interval = interval_s
-        self._stream = stream or sys.stderr
         self._total = total_steps
+        self._agg = LiveAggregator(horizon_s=HISTORY_S)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stallscope-live", daemon=True)
+        self.frames = 0
+
+    def _tick(self) -> None:
+        steps, samples = self._feed.poll()
+        self._agg.add_steps(steps)
+        self._agg.add_samples(samples)
+        self._show(self._agg.snapshot())
+        self.frames += 1
 
     def _loop(self) -> None:
         while not self._done.wait(self._interval):
-            line = status_line(self._session, self._total)
-            if line:
-                print(line, file=self._stream, flush=True)
+            self._tick()
 
-    def __enter__(self) -> PlainLive:
+    def _show(self, snap: LiveSnapshot) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Monitor:
         self._thread.start()
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Tb) -> None:
         self._done.set()
-        self._thread.join(timeout=2 * self._interval)
+        self._thread.join(timeout=max(2.0, 2 * self._interval))
+
+
+class PlainLive(_Monitor):
+    """One plain status line every ``interval_s`` seconds."""
+
+    def __init__(
+        self, feed: LiveFeed, *, interval_s: float = 5.0, stream: TextIO | None = None, total_steps: int | None = None
+    ) -> None:
+        super().__init__(feed, interval_s, total_steps)
+        self._stream = stream or sys.stderr
+
+    def _show(self, snap: LiveSnapshot) -> None:
+        line = status_line(snap, self._total)
+        if line:
+            print(line, file=self._stream, flush=True)
+
+
+class LiveView(_Monitor):
+    """The rich dashboard, redrawn about ``refresh_hz`` times a second (transient: the report follows it)."""
+
+    def __init__(
+        self, feed: LiveFeed, *, refresh_hz: float = 4.0, console: Console | None = None, total_steps: int | None = None
+    ) -> None:
+        super().__init__(feed, 1.0 / refresh_hz, total_steps)
+        self._console = console or Console(stderr=True)
+        self._live = Live(console=self._console, auto_refresh=False, transient=True)
+
+    def _show(self, snap: LiveSnapshot) -> None:
+        self._live.update(frame(snap, self._feed.meta(), self._total), refresh=True)
+
+    def __enter__(self) -> LiveView:
+        self._live.start()
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Tb) -> None:
+        super().__exit__(exc_type, exc, tb)
+        self._live.stop()
+
+
+def monitor_for(
+    feed: LiveFeed, *, tty: bool | None = None, total_steps: int | None = None, plain_interval_s: float = 5.0
+) -> _Monitor:
+    """The dashboard on a terminal, plain lines otherwise (decided by stderr, where both write)."""
+    if tty is None:
+        tty = sys.stderr.isatty()
+    if tty:
+        return LiveView(feed, total_steps=total_steps)
+    return PlainLive(feed, interval_s=plain_interval_s, total_steps=total_steps)
+
+
+def watch(feed: LiveFeed, *, tty: bool | None = None, poll_s: float = 0.25) -> str:
+    """Follow a run another process writes until its status leaves "running"; returns the final status."""
+    with monitor_for(feed, tty=tty):
+        while True:
+            status = feed.status()
+            if status != "running":
+                return status
+            time.sleep(poll_s)

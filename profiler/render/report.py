@@ -102,7 +102,8 @@ def figures_table(s: Summary) -> Table:
         line = f"main {_num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
         if workers:
             line += f"  workers {_num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
-        line += f"  system {_num(h.get('sys_cpu_pct_mean'), '{:.0f}')}%  (psutil; 100% = one core)"
+        line += "  (psutil; 100% = one core)"
+        line += f"  system {_num(h.get('sys_cpu_pct_mean'), '{:.0f}')}% of all cores"
         t.add_row("host CPU", line)
         t.add_row("host RSS", f"max {_num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)")
     return t
@@ -130,7 +131,8 @@ def sampler_block(s: Summary) -> Text:
     t.append(
         f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} asked, "
         f"{sm.get('samples', 0)} samples, lateness p95 {_num(lat.get('p95'), '{:.2f}')} ms "
-        f"max {_num(lat.get('max'), '{:.2f}')} ms, read cost {_num(sm.get('read_ms_mean'), '{:.2f}')} ms"
+        f"max {_num(lat.get('max'), '{:.2f}')} ms, read cost {_num(sm.get('read_ms_mean'), '{:.2f}')} ms, "
+        f"missed deadlines {_num(sm.get('missed_deadlines'), '{}')}"
     )
     for name, status in sorted((sm.get("sources") or {}).items()):
         errors = (sm.get("errors") or {}).get(name, 0)
