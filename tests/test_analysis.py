@@ -68,5 +68,8 @@ def test_cuda_busy_fraction_is_the_union_of_event_intervals() -> None:
     # per step: union of [0.030, 0.035] and [0.034, 0.094] = 64 ms of 100 ms
     assert s.device_busy_fraction == pytest.approx(0.64, abs=1e-6)
     assert s.device_ms_per_step["compute"] == pytest.approx(60.0)
-    # the copy lies within the host's 10 ms blocking h2d: no exposed device time is added
-    assert s.breakdown_ms_per_step["h2d"] == pytest.approx(10.0)
+    # 6 ms of the host's 10 ms copy ran under device compute (draining the queue): that is compute
+    assert s.breakdown_ms_per_step["h2d"] == pytest.approx(4.0)
+    assert s.breakdown_ms_per_step["compute"] == pytest.approx(56.0)
+    assert s.stall_ms_per_step == pytest.approx({"data_wait": 30.0, "h2d": 4.0})
+    assert s.stall_fraction == pytest.approx(0.34)

@@ -46,6 +46,7 @@ class Summary:
     samples_measured: int = 0
     pin_memory: bool | None = None
     device_ms_per_step: dict[str, float] = field(default_factory=dict)
+    stall_ms_per_step: dict[str, float] = field(default_factory=dict)
     host: dict[str, Any] = field(default_factory=dict)
     nvml: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -113,14 +114,19 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
         breakdown[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in measured) / n * 1e3 if n else math.nan
 
-    exposed_copy = _exposed_device_copy(phases) / n if (on_cuda and n) else 0.0
-    if exposed_copy:
-        breakdown["h2d"] += exposed_copy * 1e3
+    if on_cuda and n:
+        stall_ms, drained = _cuda_stalls(measured, phases)
+        # a pageable copy first waits for the compute already queued: that host time is compute, not input
+        breakdown["h2d"] -= drained / n * 1e3
+        breakdown["compute"] += drained / n * 1e3
+        stall_ms = {k: v / n * 1e3 for k, v in stall_ms.items()}
+    else:
+        stall_ms = {"data_wait": breakdown["data_wait"], "h2d": breakdown["h2d"]}
     accounted = math.fsum(v for v in breakdown.values())
     breakdown["other"] = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
 
     step_mean = mean(step_s)
-    stall = (breakdown["data_wait"] + breakdown["h2d"]) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
+    stall = (stall_ms["data_wait"] + stall_ms["h2d"]) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
     window = (measured[0].t_start, measured[-1].t_end) if measured else (0.0, 0.0)
     busy, busy_source = _busy_fraction(
         phases, per_step=per_step, steps=measured, wall=wall, window=window, on_cuda=on_cuda
@@ -170,6 +176,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         samples_measured=samples_total,
         pin_memory=meta.get("pin_memory"),
         device_ms_per_step=device_ms,
+        stall_ms_per_step=stall_ms,
         host=host,
         nvml=nvml,
         sources=_figure_sources(on_cuda, busy_source, sampler),
@@ -199,11 +206,21 @@ def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:
     ]
 
 
-def _exposed_device_copy(phases: list[PhaseRow]) -> float:
-    """Device time of h2d copies overlapped neither by the host blocking on them nor by device compute."""
-    copies = union(_dev(phases, "h2d"))
-    hidden = union(_dev(phases, "compute") + [(p.t_start, p.t_end) for p in phases if p.name == "h2d"])
-    return total(subtract(copies, hidden))
+def _cuda_stalls(steps: list[StepRow], phases: list[PhaseRow]) -> tuple[dict[str, float], float]:
+    """Input stall seconds on an asynchronous device, and host h2d seconds spent draining queued compute.
+
+    The device is stalled on input only while it is not computing. So: data wait counts where no device
+    compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
+    time under device compute or already counted as data wait.
+    """
+    compute = union(_dev(phases, "compute"))
+    waits = union((s.t_start, s.t_start + s.data_wait_s) for s in steps)
+    host_h2d = union((p.t_start, p.t_end) for p in phases if p.name == "h2d" and p.depth == 0)
+    copies = union(host_h2d + _dev(phases, "h2d"))
+    wait_stall = total(subtract(waits, compute))
+    h2d_stall = total(subtract(subtract(copies, compute), waits))
+    drained = total(host_h2d) - total(subtract(host_h2d, compute))
+    return {"data_wait": wait_stall, "h2d": h2d_stall}, drained
 
 
 def _busy_fraction(
@@ -287,9 +304,12 @@ def _figure_sources(on_cuda: bool, busy_source: str, sampler: dict[str, Any]) ->
         "step_time": "host perf_counter, from one next() call on the loader to the next",
         "data_wait": "host perf_counter around next() on the loader",
         "h2d": "host perf_counter around the copy"
-        + (" + CUDA-event copy time not hidden by compute" if on_cuda else ""),
+        + (", less the time it waited for queued device compute (CUDA events)" if on_cuda else ""),
         "compute": "host perf_counter around the compute phase"
-        + ("; device time from CUDA events (device_ms_per_step)" if on_cuda else ""),
+        + (", plus the copy's wait for queued compute; device time: device_ms_per_step" if on_cuda else ""),
+        "stall_fraction": "(data wait + h2d) / step time, host perf_counter"
+        if not on_cuda
+        else "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time",
         "device_busy_fraction": {
             "cuda-events": "union of CUDA-event intervals of all phases / wall time",
             "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",

@@ -80,7 +80,7 @@ def figures_table(s: Summary) -> Table:
         f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
         f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
     )
-    t.add_row("stall fraction", f"{_pct(s.stall_fraction)}  (data wait + blocking h2d) / step time")
+    t.add_row("stall fraction", f"{_pct(s.stall_fraction)}  {s.sources.get('stall_fraction', '')}")
     t.add_row("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}")
     if s.device_ms_per_step:
         t.add_row(
