@@ -4,7 +4,8 @@
    without and with a Session at the default sampling rate (10 Hz, host + NVML sources), paired in one
    process, the order alternating between pairs so drift cancels; the figure is the median of the
    per-pair ratios. Target: >= 0.99.
-2. Per-phase cost: ``with s.phase(name): pass`` inside an open step, and the per-step cost of
+2. Live view: Session alone vs Session + the rich live view at 4 Hz, paired the same way.
+3. Per-phase cost: ``with s.phase(name): pass`` inside an open step, and the per-step cost of
    ``Session.wrap`` over an in-memory list, in microseconds. Budget: < 20 us per phase.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/overhead.py [--pairs 5] [--steps 150] [--json]``.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -113,6 +115,34 @@ def throughput_pairs(pairs: int, steps: int) -> dict[str, object]:
     }
 
 
+def live_pairs(pairs: int, steps: int) -> dict[str, object]:
+    """Session alone vs Session + the rich live view redrawing at 4 Hz into a terminal-like sink."""
+    from rich.console import Console
+
+    from profiler.feeds import SessionFeed
+    from profiler.render.live import LiveView
+
+    ratios, frames = [], []
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as sink:
+        for i in range(pairs):
+            order = ("plain", "live") if i % 2 == 0 else ("live", "plain")
+            got = {}
+            for which in order:
+                with Session(Path(tmp) / f"live{i}{which}", sample_hz=10.0) as s:
+                    if which == "plain":
+                        got[which] = train(steps, s)
+                    else:
+                        console = Console(file=sink, force_terminal=True, width=120)
+                        with LiveView(SessionFeed(s), console=console) as view:
+                            got[which] = train(steps, s)
+                        frames.append(view.frames)
+            ratios.append(got["live"] / got["plain"])
+            print(f"  pair {i + 1}: session {got['plain']:.0f} samples/s, session + live view {got['live']:.0f} "
+                  f"samples/s, ratio {ratios[-1]:.4f}", flush=True)
+    return {"pairs": pairs, "steps": steps, "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "frames": frames}
+
+
 def phase_cost(n: int = 200_000, repeats: int = 5) -> dict[str, float]:
     """Median over ``repeats`` of the mean cost of one phase enter+exit and of one wrapped step."""
     per_phase, per_step = [], []
@@ -161,8 +191,11 @@ def main() -> int:
     thr = throughput_pairs(args.pairs, args.steps)
     verdict = "meets" if thr["median_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
     print(f"median ratio {thr['median_ratio']:.4f} ({verdict} the >= 0.99 target)")
+    print("throughput with vs without the live view (rich, 4 Hz), both under a Session:", flush=True)
+    live = live_pairs(args.pairs, args.steps)
+    print(f"median ratio {live['median_ratio']:.4f}")
     if args.json:
-        print(json.dumps({"phase_cost": cost, "throughput": thr}, indent=2))
+        print(json.dumps({"phase_cost": cost, "throughput": thr, "live_view": live}, indent=2))
     return 0
 
 

@@ -7,6 +7,7 @@ not measured is printed as "n/a" with the reason, never as zero.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from rich.console import Console, Group
@@ -87,7 +88,7 @@ def figures_table(s: Summary) -> Table:
             "device time",
             "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items()) + "  (CUDA events)",
         )
-    utils = {k: v for k, v in s.nvml.items() if k.endswith("util_pct_mean")}
+    utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
     if utils:
         t.add_row(
             "NVML util",

@@ -61,6 +61,7 @@ class HostSource:
         self._labels: dict[str, int] = {}
         self._next_index = 0
         self._unprimed: set[int] = set()
+        self._main_read = False
         # Children that failed a read, so a rescan that lists them again does not re-adopt them.
         self._dropped: dict[int, Any] = {}
         self._last_refresh = -math.inf
@@ -88,6 +89,7 @@ class HostSource:
         ps.cpu_percent(None)
         with self._lock:
             self._main = main
+            self._main_read = False
             self._sys_cpu_thread = threading.get_ident()
             self._labels["main"] = self._pid
             self._refresh_children(time.monotonic())
@@ -102,7 +104,9 @@ class HostSource:
             if now - self._last_refresh >= self._refresh_s:
                 self._refresh_children(now)
             try:
-                main_cpu, main_rss = self._read_process(self._main, first=False)
+                # open() primed it moments ago: CPU % over that sliver is tick noise (0% or 700%), not a reading
+                main_cpu, main_rss = self._read_process(self._main, first=not self._main_read)
+                self._main_read = True
             except (ps.NoSuchProcess, ps.ZombieProcess) as exc:
                 raise SourceLost(f"process {self._pid} exited") from exc
             except ps.AccessDenied as exc:

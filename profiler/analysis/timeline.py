@@ -1,0 +1,402 @@
+"""Run record -> time series for plots: per-step breakdown rows, rolling stall, sampled metrics.
+
+Pure, like :mod:`profiler.analysis.summary`: takes a :class:`profiler.store.RunRecord`, reads no clock and no
+file, and returns frozen dataclasses of plain floats, so a renderer only maps numbers to pixels and computes
+no figure of its own.
+
+Invariants:
+- Step rows use the definitions of docs/metrics.md and the Summary: ``data_wait`` is the host time blocked in
+  ``next()`` (it starts at the step's ``t_start``), a phase's figure is the sum of its top-level (``depth == 0``)
+  occurrences, and ``other`` is the remainder, ``max(0, step - sum of the parts)``, clamped per step. On CUDA the
+  host time an ``h2d`` phase spent under device compute (a pageable copy draining the queued kernels) moves from
+  ``h2d`` to ``compute``, as in the Summary. The mean of the measured steps' rows therefore equals
+  ``Summary.breakdown_ms_per_step`` for every part but ``other``, which can only be larger (the Summary clamps
+  the mean, not each step).
+- Stall time is a union of intervals: data waits and top-level ``h2d`` phases (host) and, on CUDA, the device
+  copy intervals too, less every interval where the device was computing (an asynchronous device that computes
+  while the host waits is not stalled). Summed over the measured steps and divided by their step time it is the
+  Summary's ``stall_fraction`` (on CUDA the Summary ignores warm-up compute still running into the first
+  measured step; the timeline does not).
+- Warm-up steps are kept and flagged (``warmup=True``), never dropped: the plots show them, shaded.
+- Rolling stall is time-weighted: in each bucket of ``bucket_s`` seconds it is (stall time inside the bucket)
+  / (step time inside the bucket). A bucket that no step covers is NaN, not 0.
+- Sampled values that could not be read (NULL in the store) are NaN, at their own timestamp, so a plot can
+  show the gap; nothing missing is filled in.
+- Times are seconds since the run started, the store's timeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from profiler.analysis.stats import Interval, quantile, subtract, total, union
+from profiler.store import PhaseRow, RunRecord, StepRow
+
+CORE_PARTS = ("data_wait", "h2d", "compute")
+# Rolling-stall buckets hold at least this many median steps, so one step does not make a bucket 0% or 100%.
+STEPS_PER_BUCKET = 5
+MAX_BUCKETS = 200
+MAX_BARS = 400
+
+_UNITS = (
+    ("_pct", "%"),
+    ("_mb", "MiB"),
+    ("_mbps", "MB/s"),
+    ("_mhz", "MHz"),
+    ("_ms", "ms"),
+    ("_w", "W"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One sampled metric over time, as stored: ``values[i]`` was read at ``t[i]``; NaN where the read failed."""
+
+    metric: str  # store name, e.g. "gpu0.util_pct", "proc.w1.cpu_pct", "sys.cpu_pct"
+    label: str  # short name for a legend: "gpu0", "w1", "sys"
+    source: str  # the metric source that produced it: "host", "nvml", "sampler"
+    unit: str  # "%", "MiB", "W", ... ("" when the name carries no known unit)
+    t: tuple[float, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepBar:
+    """One step, or a group of consecutive steps of the same kind (all warm-up or all measured), as means."""
+
+    first_step: int
+    last_step: int
+    count: int  # steps in the group (1 at full resolution)
+    warmup: bool
+    t_start: float  # s since run start
+    t_end: float
+    step_ms: float  # mean step time of the group
+    parts_ms: dict[str, float]  # mean ms per step of each part, keys in Timeline.parts order, "other" last
+    stall_ms: float  # mean stall ms per step (see stall_intervals)
+    stall_fraction: float  # stall time / step time, of the group's summed times
+
+
+@dataclass(frozen=True, slots=True)
+class StallBucket:
+    t_start: float
+    t_end: float
+    step_s: float  # step time inside the bucket
+    stall_s: float  # stall time inside the bucket (see stall_intervals)
+    stall_fraction: float  # stall_s / step_s; NaN when no step covers the bucket
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    duration_s: float  # last timestamp of any step or sample (0.0 for an empty run)
+    warmup_end_s: float | None  # t_end of the last warm-up step; None when there was none
+    on_cuda: bool  # CUDA-event intervals entered the breakdown and the stall
+    parts: tuple[str, ...]  # breakdown parts in order: data_wait, h2d, compute, user phases (sorted), other
+    steps: tuple[StepBar, ...]  # one per recorded step, warm-up included
+    bars: tuple[StepBar, ...]  # ``steps`` grouped ``bar_group`` at a time: at most ``max_bars`` (2 if it is 1)
+    bar_group: int
+    bucket_s: float
+    stall: tuple[StallBucket, ...]
+    series: dict[str, Series]  # every sampled metric, by store name, sorted by name
+    gpu_util: tuple[Series, ...]  # NVML utilization.gpu per GPU ("gpuN.util_pct"), by GPU index
+    host_cpu: Series | None  # system-wide CPU % (psutil, 100% = all cores busy)
+    process_cpu: tuple[Series, ...]  # per-process CPU % (100% = one core): main, then w0, w1, ..., then others
+
+
+def build_timeline(rec: RunRecord, *, bucket_s: float | None = None, max_bars: int = MAX_BARS) -> Timeline:
+    """Everything the HTML plots draw. ``bucket_s`` None picks one (see :func:`auto_bucket_s`)."""
+    if max_bars < 1:
+        raise ValueError(f"max_bars must be >= 1, got {max_bars}")
+    if bucket_s is not None and not (bucket_s > 0 and math.isfinite(bucket_s)):
+        raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s}")
+    on_cuda = _on_cuda(rec)
+    steps = step_rows(rec)
+    group = max(1, math.ceil(len(steps) / max_bars))
+    bars = group_steps(steps, group)
+    # groups never straddle the warm-up boundary, which can cost a bar or two more than len / group
+    while len(bars) > max_bars and group < len(steps):
+        group += 1
+        bars = group_steps(steps, group)
+    series = sample_series(rec)
+    ends = [s.t_end for s in rec.steps] + [t for t, *_ in rec.samples]
+    warm = [s.t_end for s in rec.steps if s.warmup]
+    width = auto_bucket_s(rec) if bucket_s is None else bucket_s
+    return Timeline(
+        duration_s=max(ends, default=0.0),
+        warmup_end_s=max(warm) if warm else None,
+        on_cuda=on_cuda,
+        parts=_parts(rec),
+        steps=tuple(steps),
+        bars=tuple(bars),
+        bar_group=group,
+        bucket_s=width,
+        stall=tuple(rolling_stall(rec, width)),
+        series=series,
+        gpu_util=tuple(
+            sorted(
+                (s for m, s in series.items() if m.startswith("gpu") and m.endswith(".util_pct")),
+                key=lambda s: _index(s.label[3:]),
+            )
+        ),
+        host_cpu=series.get("sys.cpu_pct"),
+        process_cpu=process_cpu_series(series),
+    )
+
+
+def _on_cuda(rec: RunRecord) -> bool:
+    """Same rule as the Summary: a CUDA device whose phases carry event times."""
+    device = rec.meta.get("device") or {}
+    return device.get("kind") == "cuda" and any(p.dev_start is not None for p in rec.phases)
+
+
+def _parts(rec: RunRecord) -> tuple[str, ...]:
+    user = sorted({p.name for p in rec.phases if p.depth == 0} - set(CORE_PARTS))
+    return (*CORE_PARTS, *user, "other")
+
+
+def _dev(phases: list[PhaseRow], name: str) -> list[Interval]:
+    return [
+        (p.dev_start, p.dev_end) for p in phases if p.name == name and p.dev_start is not None and p.dev_end is not None
+    ]
+
+
+def _host_h2d(phases: list[PhaseRow]) -> list[Interval]:
+    return [(p.t_start, p.t_end) for p in phases if p.depth == 0 and p.name == "h2d"]
+
+
+def stall_intervals(rec: RunRecord) -> list[Interval]:
+    """When the device waited for input: sorted, disjoint intervals (see the module invariants)."""
+    waits = [(s.t_start, s.t_start + s.data_wait_s) for s in rec.steps]
+    if not _on_cuda(rec):
+        return union(waits + _host_h2d(rec.phases))
+    busy = union(_dev(rec.phases, "compute"))
+    return subtract(union(waits + _host_h2d(rec.phases) + _dev(rec.phases, "h2d")), busy)
+
+
+def _per_step_totals(intervals: list[Interval], steps: list[StepRow]) -> list[float]:
+    """Seconds of the (sorted, disjoint) ``intervals`` inside each step's ``[t_start, t_end]``."""
+    out = []
+    j = 0
+    for s in steps:
+        # steps come in order and do not overlap, so intervals ending before this step never matter again
+        while j < len(intervals) and intervals[j][1] <= s.t_start:
+            j += 1
+        k = j
+        acc = 0.0
+        while k < len(intervals) and intervals[k][0] < s.t_end:
+            acc += max(0.0, min(intervals[k][1], s.t_end) - max(intervals[k][0], s.t_start))
+            k += 1
+        out.append(acc)
+    return out
+
+
+def step_rows(rec: RunRecord) -> list[StepBar]:
+    """One :class:`StepBar` per recorded step (warm-up included), in step order."""
+    parts = _parts(rec)
+    on_cuda = _on_cuda(rec)
+    busy = union(_dev(rec.phases, "compute")) if on_cuda else []
+    by_step: dict[int, list[PhaseRow]] = defaultdict(list)
+    for p in rec.phases:
+        by_step[p.step].append(p)
+    steps = sorted(rec.steps, key=lambda s: s.t_start)
+    stall_s = _per_step_totals(stall_intervals(rec), steps)
+    out = []
+    for s, stall in zip(steps, stall_s, strict=True):
+        phases = by_step.get(s.step, [])
+        ms = dict.fromkeys(parts, 0.0)
+        ms["data_wait"] = s.data_wait_s * 1e3
+        for p in phases:
+            if p.depth == 0:
+                ms[p.name] += (p.t_end - p.t_start) * 1e3
+        if on_cuda:
+            host = union(_host_h2d(phases))
+            drained = (total(host) - total(subtract(host, busy))) * 1e3
+            ms["h2d"] -= drained
+            ms["compute"] += drained
+        step_ms = (s.t_end - s.t_start) * 1e3
+        ms["other"] = max(0.0, step_ms - math.fsum(v for k, v in ms.items() if k != "other"))
+        out.append(
+            StepBar(
+                first_step=s.step,
+                last_step=s.step,
+                count=1,
+                warmup=s.warmup,
+                t_start=s.t_start,
+                t_end=s.t_end,
+                step_ms=step_ms,
+                parts_ms=ms,
+                stall_ms=stall * 1e3,
+                stall_fraction=stall * 1e3 / step_ms if step_ms > 0 else math.nan,
+            )
+        )
+    return out
+
+
+def group_steps(steps: list[StepBar], size: int) -> list[StepBar]:
+    """Means over runs of ``size`` consecutive steps; a group never mixes warm-up and measured steps."""
+    if size < 1:
+        raise ValueError(f"group size must be >= 1, got {size}")
+    if size == 1:
+        return list(steps)
+    out: list[StepBar] = []
+    chunk: list[StepBar] = []
+    for s in steps:
+        if chunk and (len(chunk) == size or chunk[0].warmup != s.warmup):
+            out.append(_merge(chunk))
+            chunk = []
+        chunk.append(s)
+    if chunk:
+        out.append(_merge(chunk))
+    return out
+
+
+def _merge(chunk: list[StepBar]) -> StepBar:
+    n = sum(s.count for s in chunk)
+    step_total = math.fsum(s.step_ms * s.count for s in chunk)
+    parts = {k: math.fsum(s.parts_ms[k] * s.count for s in chunk) / n for k in chunk[0].parts_ms}
+    stall_ms = math.fsum(s.stall_ms * s.count for s in chunk) / n
+    return StepBar(
+        first_step=chunk[0].first_step,
+        last_step=chunk[-1].last_step,
+        count=n,
+        warmup=chunk[0].warmup,
+        t_start=chunk[0].t_start,
+        t_end=chunk[-1].t_end,
+        step_ms=step_total / n,
+        parts_ms=parts,
+        stall_ms=stall_ms,
+        stall_fraction=stall_ms * n / step_total if step_total > 0 else math.nan,
+    )
+
+
+def auto_bucket_s(rec: RunRecord) -> float:
+    """A 1-2-5 bucket width holding >= ``STEPS_PER_BUCKET`` median steps and giving <= ``MAX_BUCKETS`` buckets."""
+    if not rec.steps:
+        return 1.0
+    median = quantile([s.t_end - s.t_start for s in rec.steps], 0.5)
+    span = rec.steps[-1].t_end - min(s.t_start for s in rec.steps)
+    return nice_ceil(max(median * STEPS_PER_BUCKET, span / MAX_BUCKETS, 1e-3))
+
+
+def nice_ceil(x: float) -> float:
+    """The smallest of 1, 2, 5 x 10**k that is >= x (x > 0)."""
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"nice_ceil needs a positive finite number, got {x}")
+    exp = math.floor(math.log10(x))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        v = m * 10.0**exp
+        # log10 rounding can leave v a hair under x for exact powers and multiples
+        if v >= x * (1 - 1e-12):
+            return v
+    return 10.0 ** (exp + 1)  # pragma: no cover - the loop always returns at m = 10
+
+
+def _bucket_totals(intervals: list[Interval], start: float, width: float, n: int) -> list[float]:
+    """Seconds of the (disjoint) ``intervals`` inside each of ``n`` buckets ``[start + k*width, ...)``."""
+    out = [0.0] * n
+    for a, b in intervals:
+        k = max(0, int((a - start) // width))
+        while k < n:
+            lo = start + k * width
+            hi = lo + width
+            if lo >= b:
+                break
+            out[k] += max(0.0, min(b, hi) - max(a, lo))
+            k += 1
+    return out
+
+
+def rolling_stall(rec: RunRecord, bucket_s: float) -> list[StallBucket]:
+    """Time-weighted stall fraction per bucket of ``bucket_s`` s, over the span of the recorded steps."""
+    if not rec.steps:
+        return []
+    first = min(s.t_start for s in rec.steps)
+    last = max(s.t_end for s in rec.steps)
+    start = math.floor(first / bucket_s) * bucket_s
+    n = max(1, math.ceil((last - start) / bucket_s - 1e-9))
+    covered = _bucket_totals(union((s.t_start, s.t_end) for s in rec.steps), start, bucket_s, n)
+    stalled = _bucket_totals(stall_intervals(rec), start, bucket_s, n)
+    return [
+        StallBucket(
+            t_start=start + k * bucket_s,
+            t_end=start + (k + 1) * bucket_s,
+            step_s=covered[k],
+            stall_s=min(stalled[k], covered[k]),
+            stall_fraction=min(stalled[k], covered[k]) / covered[k] if covered[k] > 0 else math.nan,
+        )
+        for k in range(n)
+    ]
+
+
+def _unit(metric: str) -> str:
+    # longest suffix first: "_mbps" must not be taken for "_mb"
+    for suffix, unit in sorted(_UNITS, key=lambda su: -len(su[0])):
+        if metric.endswith(suffix):
+            return unit
+    return ""
+
+
+def _label(metric: str) -> str:
+    head = metric.rsplit(".", 1)[0]
+    return head.removeprefix("proc.")
+
+
+def sample_series(rec: RunRecord) -> dict[str, Series]:
+    """Every sampled metric as a :class:`Series`, keyed by store name, sorted by name."""
+    times: dict[str, list[float]] = defaultdict(list)
+    values: dict[str, list[float]] = defaultdict(list)
+    sources: dict[str, str] = {}
+    for t, source, metric, value in sorted(rec.samples, key=lambda r: r[0]):
+        times[metric].append(t)
+        values[metric].append(math.nan if value is None else float(value))
+        sources.setdefault(metric, source)
+    return {
+        m: Series(
+            metric=m, label=_label(m), source=sources[m], unit=_unit(m), t=tuple(times[m]), values=tuple(values[m])
+        )
+        for m in sorted(times)
+    }
+
+
+def _index(s: str) -> int:
+    return int(s) if s.isdigit() else 1 << 30
+
+
+def process_cpu_series(series: dict[str, Series]) -> tuple[Series, ...]:
+    """Per-process CPU %: ``main`` first, then workers by index (w0, w1, ... w10), then any other process.
+
+    The aggregates ``children`` and ``total`` are left out: they are sums of the processes shown.
+    """
+    procs = [
+        s
+        for m, s in series.items()
+        if m.startswith("proc.") and m.endswith(".cpu_pct") and s.label not in ("children", "total")
+    ]
+
+    def order(s: Series) -> tuple[int, int, str]:
+        if s.label == "main":
+            return (0, 0, "")
+        if s.label[:1] == "w" and s.label[1:].isdigit():
+            return (1, int(s.label[1:]), "")
+        return (2, 0, s.label)
+
+    return tuple(sorted(procs, key=order))
+
+
+__all__ = [
+    "CORE_PARTS",
+    "Series",
+    "StallBucket",
+    "StepBar",
+    "Timeline",
+    "auto_bucket_s",
+    "build_timeline",
+    "group_steps",
+    "nice_ceil",
+    "process_cpu_series",
+    "rolling_stall",
+    "sample_series",
+    "stall_intervals",
+    "step_rows",
+]

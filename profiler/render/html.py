@@ -1,0 +1,436 @@
+"""The HTML report: one self-contained file with the terminal report's figures plus three plots.
+
+Formats figures; computes none: every number comes from a :class:`~profiler.analysis.Summary` or a
+:class:`~profiler.analysis.timeline.Timeline`. Invariants:
+
+- Self-contained: inline CSS and inline SVG only, no script, no font, no image, no URL of any kind; a
+  Content-Security-Policy meta tag forbids the browser from fetching anything even if one slipped in.
+- Every piece of text from the run (names, errors, reasons) is HTML-escaped.
+- Figures are formatted exactly as the terminal report formats them (``_num``/``_pct``); a figure that was not
+  measured is "n/a" with its reason, never 0.
+- Each section has a stable ``id`` (header, verdict, figures, breakdown, recommendations, plots, sampler,
+  notes) so tests and readers can find it; a run that did not complete gets a banner at the top.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from profiler.analysis import Summary, summarize
+from profiler.analysis.timeline import Series, Timeline, build_timeline
+from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
+from profiler.store import load_run
+
+_PART_COLORS = {"data_wait": "#D55E00", "h2d": "#E69F00", "compute": "#0072B2", "other": "#aaaaaa"}
+_EXTRA_COLORS = ("#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+_GPU_COLORS = ("#009E73", "#0072B2", "#CC79A7", "#56B4E9")
+_VERDICT_CLASS = {
+    "highly input-bound": "v-high",
+    "moderately input-bound": "v-moderate",
+    "not input-bound": "v-ok",
+}
+_STATUS_TEXT = {
+    "interrupted": "Run interrupted: it was stopped or killed before its end. The figures cover the steps "
+    "committed to the store before it stopped.",
+    "failed": "Run failed: an exception escaped the training loop. The figures cover every step up to and "
+    "including the failing one.",
+    "running": "Run still in progress: another process is writing this store; the figures are a snapshot.",
+}
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#1d1d1d;
+ max-width:1000px;margin:24px auto;padding:0 16px;background:#fff}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+header dl{display:grid;grid-template-columns:repeat(4,auto);gap:6px 28px;margin:10px 0 0;justify-content:start}
+header dl div.wide{grid-column:span 2}header dt{color:#666;font-size:12px}header dd{margin:0}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
+.s-complete{background:#e2f3e6;color:#1b6b2f}.s-interrupted,.s-failed,.s-running{background:#fbe3e1;color:#a4160b}
+.banner{margin:16px 0;padding:10px 14px;border-left:6px solid #c62828;background:#fdecea;font-weight:600}
+.verdict{font-size:20px;font-weight:700;margin:4px 0}
+.v-high{color:#c62828}.v-moderate{color:#b26a00}.v-ok{color:#1b6b2f}
+table{border-collapse:collapse;margin:6px 0}th,td{text-align:left;padding:3px 10px;vertical-align:top}
+table.grid th,table.grid td{border-bottom:1px solid #e6e6e6}table.grid thead th{border-bottom:2px solid #ccc}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.total td,tr.total th{font-weight:700}.src,.muted{color:#666}
+.share{position:relative}.share span{position:relative}
+.share i{position:absolute;left:0;top:3px;bottom:3px;background:#dbe8f5;z-index:0}
+table.figures th{white-space:nowrap;padding-left:0}
+ol.recs li{margin:4px 0}code{background:#f2f2f2;padding:0 4px;border-radius:3px;font-size:13px}
+figure{margin:14px 0 22px}figure svg{max-width:100%;height:auto;display:block}
+figcaption{color:#555;font-size:13px;margin-top:2px}
+p.empty{color:#666;font-style:italic}.err{color:#a4160b}
+footer{margin:32px 0 8px;color:#888;font-size:12px}
+"""
+
+
+def _e(x: Any) -> str:
+    return escape(str(x), quote=True)
+
+
+def _num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
+    # the terminal report's formatting (render/report.py), so both reports print the same digits
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return fmt.format(x) + unit
+
+
+def _pct(x: Any) -> str:
+    return _num(None if x is None else x * 100, "{:.1f}", "%")
+
+
+def _section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{sid}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _header(s: Summary, title: str) -> str:
+    dev = s.device
+    status = f'<span class="badge s-{_e(s.status)}">{_e(s.status)}</span>'
+    # (label, escaped value, wide): the device name is long, so it gets two grid columns
+    fields = [
+        ("scenario", _e(s.scenario or "run"), False),
+        ("pipeline", _e(s.pipeline or "?"), False),
+        ("batch", _e(s.batch_size or "?"), False),
+        ("workers", _e(_num(s.workers, "{}")), False),
+        ("device", _e(f"{dev.get('torch_device', dev.get('kind'))} ({dev.get('name', '?')})"), True),
+        ("status", status, False),
+        ("run id", f"<code>{_e(s.run_id or '?')}</code>", False),
+    ]
+    wide_attr = ' class="wide"'
+    dl = "".join(
+        f'<div{wide_attr if wide else ""}><dt>{k}</dt><dd data-field="{k}">{v}</dd></div>' for k, v, wide in fields
+    )
+    out = f'<header id="header"><h1>{_e(title)}</h1><dl>{dl}</dl></header>'
+    if s.status != "complete":
+        text = _STATUS_TEXT.get(s.status, f"Run status: {s.status}.")
+        out += f'<div id="status-banner" class="banner" role="alert">{_e(text)}'
+        if s.error:
+            out += f"<br>Run stopped: {_e(s.error)}"
+        out += "</div>"
+    return out
+
+
+def _verdict(s: Summary) -> str:
+    cls = _VERDICT_CLASS.get(s.verdict, "")
+    return _section(
+        "verdict",
+        "Verdict",
+        f'<p class="verdict {cls}" data-verdict="{_e(s.verdict)}">{_e(s.verdict)}</p>'
+        f"<p>stall {_e(_pct(s.stall_fraction))} of step time (data wait + blocking h2d); "
+        "bands: &gt;=20% highly, &gt;=5% moderately input-bound.</p>",
+    )
+
+
+def _figures(s: Summary) -> str:
+    st = s.step_time_ms
+    rows: list[tuple[str, str]] = [
+        (
+            "throughput",
+            _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
+            + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, "
+            f"{s.steps} steps after {s.warmup_steps} warm-up)",
+        ),
+        (
+            "step time",
+            f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
+            f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
+        ),
+        ("stall fraction", f"{_pct(s.stall_fraction)}  (data wait + blocking h2d) / step time"),
+        ("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}"),
+    ]
+    if s.device_ms_per_step:
+        rows.append(
+            (
+                "device time",
+                "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items()) + "  (CUDA events)",
+            )
+        )
+    # gpuN_util_pct_mean only: gpuN_mem_util_pct_mean is memory-controller activity, not utilization.gpu
+    utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
+    if utils:
+        rows.append(
+            (
+                "NVML util",
+                "  ".join(f"{k.split('_')[0]} {_num(v, '{:.0f}')}%" for k, v in utils.items())
+                + "  (utilization.gpu, driver-averaged: hides sub-second stalls)",
+            )
+        )
+    else:
+        rows.append(("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})"))
+    h = s.host
+    if h:
+        workers = sorted(k for k in h if k.startswith("proc_w") and k.endswith("cpu_pct_mean"))
+        line = f"main {_num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
+        if workers:
+            line += f"  workers {_num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
+        line += f"  (psutil; 100% = one core)  system {_num(h.get('sys_cpu_pct_mean'), '{:.0f}')}% of all cores"
+        rows.append(("host CPU", line))
+        rows.append(("host RSS", f"max {_num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)"))
+    else:
+        rows.append(("host CPU", "n/a (no host samples)"))
+    body = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in rows)
+    return _section("figures", "Figures", f'<table class="figures">{body}</table>')
+
+
+def _breakdown(s: Summary) -> str:
+    step = s.step_time_ms.get("mean", math.nan)
+    rows = []
+    for name, value in s.breakdown_ms_per_step.items():
+        share = value / step if step and not math.isnan(step) and not math.isnan(value) else math.nan
+        how = s.sources.get(name) or (
+            "remainder: step time minus the phases above" if name == "other" else "host perf_counter"
+        )
+        bar = f'<i style="width:{min(100.0, share * 100):.1f}%"></i>' if math.isfinite(share) and share > 0 else ""
+        rows.append(
+            f'<tr data-part="{_e(name)}"><th>{_e(name)}</th><td class="num ms">{_e(_num(value, "{:.2f}"))}</td>'
+            f'<td class="num share">{bar}<span>{_e(_pct(share))}</span></td><td class="src">{_e(how)}</td></tr>'
+        )
+    rows.append(
+        f'<tr class="total" data-part="step"><th>step</th><td class="num ms">{_e(_num(step, "{:.2f}"))}</td>'
+        f'<td class="num share">100%</td><td class="src">{_e(s.sources.get("step_time", ""))}</td></tr>'
+    )
+    head = "<thead><tr><th>phase</th><th>ms/step</th><th>share</th><th>measured by</th></tr></thead>"
+    return _section(
+        "breakdown",
+        "Per-step breakdown (measured steps, mean)",
+        f'<table class="grid">{head}<tbody>{"".join(rows)}</tbody></table>',
+    )
+
+
+def _recommendations(s: Summary) -> str:
+    if not s.recommendations:
+        return _section("recommendations", "Recommendations", '<p class="empty">None: no measured steps.</p>')
+    items = "".join(
+        f'<li data-code="{_e(r.code)}"><code>{_e(r.code)}</code> {_e(r.text)}</li>' for r in s.recommendations
+    )
+    return _section("recommendations", "Recommendations", f'<ol class="recs">{items}</ol>')
+
+
+def _sampler(s: Summary) -> str:
+    sm = s.sampler
+    lat = sm.get("lateness_ms") or {}
+    missed = sm.get("missed_deadlines")
+    rows = [
+        ("rate", f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} Hz"),
+        ("samples", f"{sm.get('samples', 0)} sampling rounds"),
+        (
+            "lateness",
+            f"mean {_num(lat.get('mean'), '{:.2f}')} ms  p95 {_num(lat.get('p95'), '{:.2f}')} ms  "
+            f"max {_num(lat.get('max'), '{:.2f}')} ms after each deadline",
+        ),
+        ("read cost", f"{_num(sm.get('read_ms_mean'), '{:.2f}')} ms per round (mean)"),
+        ("missed deadlines", "n/a (written only at a clean close)" if missed is None else str(missed)),
+    ]
+    body = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in rows)
+    src_rows = []
+    errors = sm.get("errors") or {}
+    last = sm.get("last_error") or {}
+    for name, status in sorted((sm.get("sources") or {}).items()):
+        n = errors.get(name, 0)
+        src_rows.append(
+            f'<tr data-source="{_e(name)}"><th>{_e(name)}</th><td>{_e(status)}</td><td class="num">{_e(n)}</td>'
+            f'<td class="{"err" if n else "muted"}">{_e(last.get(name) or "")}</td></tr>'
+        )
+    sources = (
+        '<table class="grid sources"><thead><tr><th>source</th><th>status</th><th>read errors</th>'
+        f"<th>last error</th></tr></thead><tbody>{''.join(src_rows)}</tbody></table>"
+        if src_rows
+        else '<p class="empty">No metric source recorded its status.</p>'
+    )
+    return _section("sampler", "Sampler health", f'<table class="figures">{body}</table>{sources}')
+
+
+def _notes(s: Summary) -> str:
+    items = [f'<li class="err">Run stopped: {_e(s.error)}</li>'] if s.error else []
+    items += [f"<li>{_e(n)}</li>" for n in s.notes]
+    body = f"<ul>{''.join(items)}</ul>" if items else '<p class="empty">No errors or notes.</p>'
+    return _section("notes", "Errors and notes", body)
+
+
+def _rate(s: Summary) -> str:
+    hz = s.sampler.get("hz_achieved")
+    return f"sampled at {_num(hz, '{:.1f}', ' Hz')}"
+
+
+def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
+    lines = [
+        Line(f"{g.label} utilization.gpu", g.t, g.values, _GPU_COLORS[i % len(_GPU_COLORS)])
+        for i, g in enumerate(tl.gpu_util)
+    ]
+    stall_x = [x for b in tl.stall for x in (b.t_start, b.t_end)]
+    stall_y = [y for b in tl.stall for y in (b.stall_fraction * 100,) * 2]
+    if tl.stall:
+        lines.append(Line(f"stall (per {tl.bucket_s:g} s)", stall_x, stall_y, _PART_COLORS["data_wait"]))
+    if tl.host_cpu is not None:
+        lines.append(Line("host CPU, all cores", tl.host_cpu.t, tl.host_cpu.values, "#555555", dashed=True))
+    stall_how = s.sources.get("stall_fraction") or "(data wait + h2d) / step time, host perf_counter"
+    if tl.gpu_util:
+        gpu = f"GPU utilisation: NVML utilization.gpu ({_rate(s)}; the driver averages it over 1/6 s to 1 s)."
+    else:
+        gpu = f'GPU utilisation: not shown; the NVML source reported "{s.device.get("nvml", "not sampled")}".'
+    caption = (
+        f"{gpu} Stall: {stall_how}, in each {tl.bucket_s:g} s bucket, from the step and phase records. "
+        f"Host CPU: psutil system-wide CPU % (100% = every core busy), {_rate(s)}. Grey: warm-up steps."
+    )
+    return _figure(
+        "plot-utilisation",
+        "Utilisation and stall over time",
+        lines,
+        caption,
+        lambda: line_chart(
+            lines,
+            title="Utilisation and stall over time",
+            chart_id="svg-utilisation",
+            x_label="time since run start (s)",
+            y_label="percent (%)",
+            x_range=(0.0, tl.duration_s),
+            y_floor=100.0,
+            bands=warm,
+        ),
+    )
+
+
+def _plot_steps(tl: Timeline) -> str:
+    bars = tl.bars
+    colors = iter(_EXTRA_COLORS)
+    stacks = [Stack(p, [b.parts_ms[p] for b in bars], _PART_COLORS.get(p) or next(colors, "#777777")) for p in tl.parts]
+    warm = [b for b in bars if b.warmup]
+    bands = [Band(warm[0].first_step, warm[-1].last_step + 1, "warm-up (excluded from figures)")] if warm else []
+    grouped = f" Each bar is the mean of {tl.bar_group} consecutive steps." if tl.bar_group > 1 else ""
+    caption = (
+        "Per-step time split, from the host perf_counter records: data_wait around next() on the loader, "
+        "h2d and compute (and any own phases) around their phases"
+        + (
+            "; on CUDA, h2d host time spent under device compute (CUDA events) is counted as compute"
+            if tl.on_cuda
+            else ""
+        )
+        + "; other is the remainder of the step. Warm-up steps are drawn pale on a grey band."
+        + grouped
+    )
+    return _figure(
+        "plot-steps",
+        "Step time by part",
+        bars,
+        caption,
+        lambda: stacked_bars(
+            [float(b.first_step) for b in bars],
+            [float(b.last_step + 1) for b in bars],
+            stacks,
+            title="Step time by part",
+            chart_id="svg-steps",
+            x_label="training step (index)",
+            y_label="time per step (ms)",
+            muted=[b.warmup for b in bars],
+            bands=bands,
+        ),
+    )
+
+
+def _plot_process_cpu(s: Summary, tl: Timeline, warm: list[Band]) -> str:
+    procs: list[Series] = list(tl.process_cpu)
+    lines = [Line(p.label, p.t, p.values, PALETTE[i % len(PALETTE)]) for i, p in enumerate(procs)]
+    workers = [p.label for p in procs if p.label != "main"]
+    who = (
+        f"the training process (main) and each loader worker ({', '.join(workers)})"
+        if workers
+        else "the training process (main); no loader worker process was seen"
+    )
+    caption = f"psutil per-process CPU % of {who}, {_rate(s)}. 100% = one full core. Grey: warm-up steps."
+    return _figure(
+        "plot-process-cpu",
+        "CPU per process over time",
+        lines,
+        caption,
+        lambda: line_chart(
+            lines,
+            title="CPU per process over time",
+            chart_id="svg-process-cpu",
+            x_label="time since run start (s)",
+            y_label="CPU (%, 100 = one core)",
+            x_range=(0.0, tl.duration_s),
+            y_floor=100.0,
+            bands=warm,
+        ),
+    )
+
+
+def _figure(fid: str, title: str, data: Sequence[Any], caption: str, draw: Callable[[], str]) -> str:
+    svg = draw() if data else '<p class="empty">No data recorded for this plot.</p>'
+    return f'<figure id="{fid}"><h3>{_e(title)}</h3>{svg}<figcaption>{_e(caption)}</figcaption></figure>'
+
+
+def _plots(s: Summary, tl: Timeline) -> str:
+    warm = [Band(0.0, tl.warmup_end_s, "warm-up")] if tl.warmup_end_s is not None else []
+    return _section(
+        "plots",
+        "Plots",
+        _plot_utilisation(s, tl, warm) + _plot_steps(tl) + _plot_process_cpu(s, tl, warm),
+    )
+
+
+def render_html(summary: Summary, timeline: Timeline, *, title: str | None = None) -> str:
+    """The whole report as one HTML document (str)."""
+    s = summary
+    # a tab title that already says a run did not finish
+    title = title or f"stallscope report: {s.scenario or 'run'}" + ("" if s.status == "complete" else f" [{s.status}]")
+    body = (
+        _header(s, title)
+        + _verdict(s)
+        + _figures(s)
+        + _breakdown(s)
+        + _recommendations(s)
+        + _plots(s, timeline)
+        + _sampler(s)
+        + _notes(s)
+        + "<footer>Written by stallscope from the run store alone. This file loads nothing from the network.</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        # nothing may be fetched: no script, font, image or style from anywhere
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="generator" content="stallscope"><title>{_e(title)}</title><style>{_CSS}</style></head>'
+        f'<body class="status-{_e(s.status)}">{body}</body></html>\n'
+    )
+
+
+def _check_target(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(f"HTML report path '{path}' is a directory: give a file name such as '{path / 'report.html'}'")
+    if not path.parent.is_dir():
+        raise ValueError(f"cannot write HTML report '{path}': directory '{path.parent}' does not exist")
+
+
+def write_html(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Load ``run_dir``'s store, summarize it and write the HTML report to ``path``; returns ``path``.
+
+    Raises ValueError when ``path`` is a directory or its directory is missing, OSError (message names the path)
+    when it cannot be written, and :class:`profiler.store.StoreError` when the run cannot be read. The file is
+    written under a temporary name and renamed, so a failure never leaves half a report at ``path``.
+    """
+    target = Path(path)
+    _check_target(target)
+    rec = load_run(run_dir)
+    text = render_html(summarize(rec), build_timeline(rec))
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is meant to be shared like any document
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise OSError(f"cannot write HTML report '{target}': {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            # the rename did not happen; the temporary file is ours to remove, and its absence is fine
+            Path(tmp).unlink(missing_ok=True)
+    return target
