@@ -98,6 +98,25 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way)")
     rep.add_argument("run_dir")
     rep.add_argument("--json", action="store_true", help="print the summary JSON")
+    rep.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    rep.add_argument("--trace", metavar="FILE", help="also write a Chrome/Perfetto trace-event JSON file")
+
+    cmp = sub.add_parser("compare", help="compare run B against baseline run A; exit 1 when B regresses")
+    cmp.add_argument("run_a")
+    cmp.add_argument("run_b")
+    cmp.add_argument(
+        "--max-stall-increase",
+        type=_bounded(float, 0, 100, "a number"),
+        metavar="PP",
+        help="fail when B's stall fraction exceeds A's by more than PP percentage points",
+    )
+    cmp.add_argument(
+        "--max-throughput-drop",
+        type=_bounded(float, 0, 100, "a number"),
+        metavar="PCT",
+        help="fail when B's throughput is more than PCT percent below A's",
+    )
+    cmp.add_argument("--json", action="store_true", help="print the comparison JSON")
 
     w = sub.add_parser("watch", help="follow a run another process is writing, live, from its store")
     w.add_argument("run_dir")
@@ -110,7 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     args = build_parser().parse_args(argv)
-    handler = {"run": cmd_run, "report": cmd_report, "watch": cmd_watch, "scenarios": cmd_scenarios}[args.command]
+    handler = {
+        "run": cmd_run,
+        "report": cmd_report,
+        "watch": cmd_watch,
+        "compare": cmd_compare,
+        "scenarios": cmd_scenarios,
+    }[args.command]
     try:
         return handler(args)
     except BadInput as exc:
@@ -244,7 +269,45 @@ def _report_dir(run_dir: Path | str, as_json: bool, code: int = EXIT_OK) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from profiler.store import StoreError
+
+    for flag, target in (("--html", args.html), ("--trace", args.trace)):
+        if target is None:
+            continue
+        if flag == "--html":
+            from profiler.render.html import write_html as write
+        else:
+            from profiler.render.trace import write_trace as write
+        try:
+            written = write(args.run_dir, target)
+        except StoreError as exc:
+            raise BadInput(str(exc)) from None
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
+        print(f"stallscope: wrote {written}", file=sys.stderr)
     return _report_dir(args.run_dir, args.json)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from profiler.analysis import summarize
+    from profiler.analysis.compare import compare
+    from profiler.store import StoreError, load_run
+
+    try:
+        a, b = summarize(load_run(args.run_a)), summarize(load_run(args.run_b))
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
+    result = compare(
+        a, b, max_stall_increase_pp=args.max_stall_increase, max_throughput_drop_pct=args.max_throughput_drop
+    )
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from profiler.render.compare import render_compare
+        from profiler.render.report import make_console
+
+        render_compare(result, make_console())
+    return EXIT_FAILED if result.regressed else EXIT_OK
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
