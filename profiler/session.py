@@ -182,16 +182,19 @@ class Session:
     def start(self) -> Session:
         if self._store is not None:
             return self
-        self._store = RunStore(self.out_dir)
         self._t0 = self._clock()
         if not self._timer_given:
             self._timer = make_timer(self.device, self._now)
-        self._store.put_meta(
-            **self._meta,
-            status="running",
-            pid=os.getpid(),
-            started_at=time.time(),
-            device_timer=self._timer.kind if self._timer is not None else "host-perf-counter",
+        self._store = RunStore(
+            self.out_dir,
+            meta={
+                **self._meta,
+                "status": "running",
+                "pid": os.getpid(),
+                "started_at": time.time(),
+                "heartbeat": time.time(),
+                "device_timer": self._timer.kind if self._timer is not None else "host-perf-counter",
+            },
         )
         if self._sources is None:
             from profiler.sources.host import HostSource

@@ -101,7 +101,10 @@ def _connect(path: Path) -> sqlite3.Connection:
 class RunStore:
     """Writer side of a run directory's ``run.sqlite``."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, flush_s: float = 0.5) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str], *, flush_s: float = 0.5, meta: dict[str, Any] | None = None
+    ) -> None:
+        """Create the schema and write ``meta`` before returning: a reader never sees a store without it."""
         if not 0 < flush_s <= 1.0:
             raise ValueError(f"flush_s must be in (0, 1], got {flush_s}")
         self.run_dir = Path(run_dir)
@@ -113,6 +116,9 @@ class RunStore:
         with self._con:
             self._con.executescript(_SCHEMA)
             self._con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self._con.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in (meta or {}).items()]
+            )
         self._error: BaseException | None = None
         self._dead = False
         self._stop = threading.Event()
