@@ -1,0 +1,268 @@
+"""Two runs side by side: which figures moved, which way, and whether any moved beyond a limit.
+
+Pure: takes two summaries (:class:`Summary` objects or ``summary.json`` dicts, where NaN is null) and returns
+a :class:`Comparison`; reads no clock and no file. ``stallscope compare`` gates CI on ``regressed``.
+
+Invariants:
+- Each figure's direction is fixed: more throughput and a higher device busy fraction are better; lower
+  step times, stall fraction and per-step phase times are better. A change smaller than ``SAME_PCT`` of A's
+  value (``SAME_PP`` points for fractions, and any time change under ``SAME_MS``) is "same", so run-to-run
+  noise does not read as a trend.
+- Only two figures can regress, each only when its limit is given: throughput, by the drop in percent of
+  A's throughput, and stall fraction, by the rise in percentage points. "Beyond" is strictly greater: a
+  drop equal to the limit passes.
+- A figure missing, NaN or null in either run is "not comparable" and never regresses; a limit that could
+  not be checked for that reason is listed in ``unchecked``, so a gate that passed for want of data says so.
+- Limits are numbers >= 0 (ValueError otherwise, one line naming the value and what is allowed).
+- Nothing here is NaN: a figure that is not there is None.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from profiler.analysis.summary import Summary
+
+SAME_PCT = 1.0  # |B - A| under 1% of A reads "same"
+SAME_PP = 0.5  # fractions: under half a percentage point reads "same"
+SAME_MS = 0.01  # times: under 10 us reads "same" (the host timer's own cost per phase is a few us)
+_EPS = 1e-9  # float noise allowed when a change is compared with its limit
+
+BETTER, WORSE, SAME, CHANGED, NOT_COMPARABLE = "better", "worse", "same", "changed", "not comparable"
+
+# More input-bound is worse; "unknown: ..." verdicts have no rank.
+_VERDICT_RANK = {"not input-bound": 0, "moderately input-bound": 1, "highly input-bound": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of the comparison.
+
+    ``unit`` says how to read the numbers: ``"samples/s"``, ``"ms"``, ``"%"`` (a and b are percentages and
+    ``delta`` is percentage points), or ``""`` for text (verdict, config facts), where delta is None.
+    """
+
+    metric: str
+    a: float | str | None
+    b: float | str | None
+    delta: float | None
+    delta_pct: float | None
+    change: str  # better | worse | same | changed (text that differs) | not comparable
+    unit: str = ""
+    kind: str = "figure"  # figure | verdict | config
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    metric: str
+    reason: str  # one line citing A's and B's figures and the limit
+    change: float  # the drop in % (throughput) or rise in pp (stall fraction)
+    limit: float
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    rows: list[Row]
+    regressions: list[Regression]
+    max_stall_increase_pp: float | None = None
+    max_throughput_drop_pct: float | None = None
+    unchecked: list[str] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions)
+
+    def row(self, metric: str) -> Row:
+        """The row called ``metric`` (KeyError if there is none)."""
+        for r in self.rows:
+            if r.metric == metric:
+                return r
+        raise KeyError(metric)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "regressed": self.regressed,
+            "limits": {
+                "max_stall_increase_pp": self.max_stall_increase_pp,
+                "max_throughput_drop_pct": self.max_throughput_drop_pct,
+            },
+            "regressions": [asdict(r) for r in self.regressions],
+            "unchecked": list(self.unchecked),
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def _limit(value: float | None, what: str, unit: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{what} must be a number of {unit} >= 0, got {value!r}")
+    return float(value)
+
+
+def _as_dict(s: Summary | dict[str, Any], which: str) -> dict[str, Any]:
+    if isinstance(s, Summary):
+        return s.to_dict()
+    if isinstance(s, dict):
+        return s
+    raise TypeError(f"run {which} must be a Summary or a summary.json dict, got {type(s).__name__}")
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _sub(d: dict[str, Any], key: str) -> dict[str, Any]:
+    v = d.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _figure(metric: str, a: Any, b: Any, *, unit: str, higher_is_better: bool, scale: float = 1.0) -> Row:
+    x, y = _num(a), _num(b)
+    x = None if x is None else x * scale
+    y = None if y is None else y * scale
+    if x is None or y is None:
+        return Row(metric, x, y, None, None, NOT_COMPARABLE, unit)
+    delta = y - x
+    delta_pct = delta / abs(x) * 100 if x else None
+    if unit == "%":
+        noise = abs(delta) < SAME_PP
+    elif unit == "ms" and abs(delta) < SAME_MS:
+        noise = True
+    elif delta_pct is None:  # A is 0: any change is a change
+        noise = delta == 0
+    else:
+        noise = abs(delta_pct) < SAME_PCT
+    change = SAME if noise else (BETTER if (delta > 0) == higher_is_better else WORSE)
+    return Row(metric, x, y, delta, delta_pct, change, unit)
+
+
+def _fact(metric: str, a: Any, b: Any) -> Row:
+    return Row(metric, a, b, None, None, SAME if a == b else CHANGED, "", "config")
+
+
+def _device(d: dict[str, Any]) -> str | None:
+    dev = _sub(d, "device")
+    if not dev:
+        return None
+    where = dev.get("torch_device") or dev.get("kind") or "?"
+    return f"{where} ({dev['name']})" if dev.get("name") else str(where)
+
+
+def _verdict(a: Any, b: Any) -> Row:
+    ra, rb = _VERDICT_RANK.get(a) if isinstance(a, str) else None, _VERDICT_RANK.get(b) if isinstance(b, str) else None
+    if ra is None or rb is None:
+        change = SAME if a == b and a is not None else NOT_COMPARABLE
+    else:
+        change = SAME if ra == rb else (BETTER if rb < ra else WORSE)
+    return Row("verdict", a, b, None, None, change, "", "verdict")
+
+
+def _phase_names(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """data_wait, h2d, compute, user phases (A's order, then B's new ones), other last."""
+    names: list[str] = []
+    for name in [*a, *b]:
+        if name not in names and name != "other":
+            names.append(name)
+    return [*names, "other"] if "other" in a or "other" in b else names
+
+
+def compare(
+    a: Summary | dict[str, Any],
+    b: Summary | dict[str, Any],
+    *,
+    max_stall_increase_pp: float | None = None,
+    max_throughput_drop_pct: float | None = None,
+) -> Comparison:
+    """Compare run B against the baseline run A; regressions are B's moves beyond the given limits."""
+    stall_limit = _limit(max_stall_increase_pp, "max stall increase", "percentage points")
+    drop_limit = _limit(max_throughput_drop_pct, "max throughput drop", "percent")
+    da, db = _as_dict(a, "A"), _as_dict(b, "B")
+
+    rows = [
+        _fact("run id", da.get("run_id"), db.get("run_id")),
+        _fact("scenario", da.get("scenario"), db.get("scenario")),
+        _fact("pipeline", da.get("pipeline"), db.get("pipeline")),
+        _fact("batch size", da.get("batch_size"), db.get("batch_size")),
+        _fact("workers", da.get("workers"), db.get("workers")),
+        _fact("device", _device(da), _device(db)),
+        _fact("status", da.get("status"), db.get("status")),
+        _fact("measured steps", da.get("steps"), db.get("steps")),
+    ]
+    throughput = _figure(
+        "throughput",
+        da.get("throughput_samples_per_s"),
+        db.get("throughput_samples_per_s"),
+        unit="samples/s",
+        higher_is_better=True,
+    )
+    rows.append(throughput)
+    sa, sb = _sub(da, "step_time_ms"), _sub(db, "step_time_ms")
+    for q in ("mean", "p50", "p90"):
+        rows.append(_figure(f"step time {q}", sa.get(q), sb.get(q), unit="ms", higher_is_better=False))
+    stall = _figure(
+        "stall fraction",
+        da.get("stall_fraction"),
+        db.get("stall_fraction"),
+        unit="%",
+        higher_is_better=False,
+        scale=100.0,
+    )
+    rows.append(stall)
+    ba, bb = _sub(da, "breakdown_ms_per_step"), _sub(db, "breakdown_ms_per_step")
+    for name in _phase_names(ba, bb):
+        rows.append(_figure(f"{name} / step", ba.get(name), bb.get(name), unit="ms", higher_is_better=False))
+    rows.append(
+        _figure(
+            "device busy",
+            da.get("device_busy_fraction"),
+            db.get("device_busy_fraction"),
+            unit="%",
+            higher_is_better=True,
+            scale=100.0,
+        )
+    )
+    rows.append(_verdict(da.get("verdict"), db.get("verdict")))
+
+    regressions: list[Regression] = []
+    unchecked: list[str] = []
+    if drop_limit is not None:
+        if throughput.delta_pct is None:
+            unchecked.append(f"throughput not checked against the {drop_limit:g}% drop limit: {_why(throughput)}")
+        else:
+            drop = -throughput.delta_pct
+            if drop > drop_limit + _EPS:
+                regressions.append(
+                    Regression(
+                        "throughput",
+                        f"throughput dropped {drop:.1f}% ({throughput.a:.1f} -> {throughput.b:.1f} samples/s), "
+                        f"beyond the limit of {drop_limit:g}%",
+                        drop,
+                        drop_limit,
+                    )
+                )
+    if stall_limit is not None:
+        if stall.delta is None:
+            unchecked.append(f"stall fraction not checked against the {stall_limit:g} pp limit: {_why(stall)}")
+        elif stall.delta > stall_limit + _EPS:
+            regressions.append(
+                Regression(
+                    "stall fraction",
+                    f"stall fraction rose {stall.delta:.1f} pp ({stall.a:.1f}% -> {stall.b:.1f}%), "
+                    f"beyond the limit of {stall_limit:g} pp",
+                    stall.delta,
+                    stall_limit,
+                )
+            )
+    return Comparison(rows, regressions, stall_limit, drop_limit, unchecked)
+
+
+def _why(row: Row) -> str:
+    missing = [name for name, v in (("A", row.a), ("B", row.b)) if v is None]
+    if missing:
+        return f"not measured in run {' and '.join(missing)}"
+    return "run A's figure is 0, so a relative change is undefined"

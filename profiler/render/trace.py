@@ -1,0 +1,365 @@
+"""Chrome / Perfetto trace export of a stored run: every step, phase and sampled metric on one timeline.
+
+The output is the Trace Event Format's "JSON Object Format" (``{"traceEvents": [...], "displayTimeUnit":
+"ms", "metadata": {...}}``), which ui.perfetto.dev and chrome://tracing both open. Tracks, all in one
+process (pid = the training process's pid from the store's meta, else 1):
+
+- tid 1 "training loop": a complete ("X") slice per step (``step N``), inside it the step's ``data_wait``
+  (from the step's start, as long as it was blocked in ``next()``) and its phases; a nested phase
+  ``outer/inner`` is a slice ``inner`` inside ``outer``.
+- tid 2.. "device (CUDA events)": phases that carry CUDA-event device times, on the device clock. Device
+  work of consecutive steps overlaps (copies run ahead of compute), and one track can only show nested
+  slices, so a slice that would cross another, or sit inside a phase that is not its parent, moves to the
+  next device lane (``device (CUDA events) lane 2``, ...).
+- counter ("C") tracks, one per metric family: ``gpu<i> utilization.gpu %``, ``gpu<i> memory used MiB``,
+  ``gpu<i> PCIe MB/s``, ``host CPU %`` and ``host RSS MiB``. Each sampled series is one arg of its family.
+- instant ("i") events for the store's events (source status, read errors, warnings).
+
+Invariants (tests/test_trace.py checks them):
+- ``ts``/``dur`` are microseconds on the run timeline (the store's seconds since run start x 1e6), rounded
+  to the nanosecond; a recorded host phase of d seconds is a slice of ``dur`` d x 1e6, nothing added.
+- Every X event has name, cat, ph, ts, dur, pid, tid and args, with ``dur >= 0``.
+- Slices on one track nest strictly (Perfetto drops X events that half-overlap on a thread). Host phases
+  nest by construction; where a record disagrees (nanosecond rounding, a hand-made record) the later slice
+  is trimmed, never extended, and ``args.trimmed_us`` says by how much.
+- ``traceEvents`` is sorted by ts (metadata first; at one ts an enclosing slice before the slices it
+  holds), so ts is monotonic on every (pid, tid).
+- No NaN or infinity anywhere (JSON has none): a reading that is missing is left out of its counter.
+- Exports whatever the store holds: an interrupted run gives a trace of the steps it recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler.analysis import run_status
+from profiler.store import PhaseRow, RunRecord, StepRow, load_run
+
+TID_TRAINING = 1
+TID_DEVICE = 2  # first device lane; further lanes take 3, 4, ...
+TRAINING_THREAD = "training loop"
+DEVICE_THREAD = "device (CUDA events)"
+
+# Sort rank of each event kind at one timestamp: names first, then slices, then instants and counters.
+_RANK = {"M": 0, "X": 1, "i": 2, "C": 3}
+
+
+@dataclass(slots=True)
+class _Slice:
+    start: int  # ns on the run timeline
+    end: int
+    name: str
+    cat: str
+    level: int  # 0 step, 1 data wait and top-level phases, 2+ nested phases: parents sort first
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def _ns(t: float) -> int:
+    return round(t * 1e9)
+
+
+def _us(ns: int) -> float:
+    """Microseconds that a reader converting with ``int(us * 1000.0)`` (Perfetto's JSON importer truncates
+    so) turns back into exactly ``ns``: for about 1% of values the nearest double to ns/1000 is a hair
+    below it, which would end a slice 1 ns early or late and break the nesting of slices that end together.
+    """
+    us = ns / 1000
+    while int(us * 1000.0) < ns:
+        us = math.nextafter(us, math.inf)
+    while int(us * 1000.0) > ns:  # negative times truncate toward zero, the other way
+        us = math.nextafter(us, -math.inf)
+    return us
+
+
+# -- counters ------------------------------------------------------------------------------------
+
+# metric -> (family track, series), in the order series appear in a family's args.
+_COUNTER_RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[str, str]]]] = [
+    (re.compile(r"gpu(\d+)\.util_pct"), lambda m: (f"gpu{m[1]} utilization.gpu %", "util")),
+    (re.compile(r"gpu(\d+)\.mem_used_mb"), lambda m: (f"gpu{m[1]} memory used MiB", "used")),
+    (re.compile(r"gpu(\d+)\.pcie_(tx|rx)_mbps"), lambda m: (f"gpu{m[1]} PCIe MB/s", m[2])),
+    (re.compile(r"proc\.(main|w\d+|total)\.cpu_pct"), lambda m: ("host CPU %", m[1])),
+    (re.compile(r"sys\.cpu_pct"), lambda m: ("host CPU %", "system")),
+    (re.compile(r"proc\.(main|w\d+|total)\.rss_mb"), lambda m: ("host RSS MiB", m[1])),
+]
+
+
+def _series_order(series: str) -> tuple[int, int, str]:
+    """main, w0, w1, ..., total, system; tx before rx (alphabetical would put rx first)."""
+    fixed = {"main": (0, 0), "total": (2, 0), "system": (3, 0), "tx": (0, 0), "rx": (0, 1)}
+    if series in fixed:
+        a, b = fixed[series]
+        return a, b, series
+    if series[:1] == "w" and series[1:].isdigit():
+        return 1, int(series[1:]), series
+    return 4, 0, series
+
+
+def _counter_family(metric: str) -> tuple[str, str] | None:
+    for pattern, name in _COUNTER_RULES:
+        m = pattern.fullmatch(metric)
+        if m:
+            return name(m)
+    return None
+
+
+def _counters(record: RunRecord) -> dict[tuple[int, str], dict[str, float]]:
+    """(ns, family) -> {series: value}: the readings one sampler tick took, grouped by family."""
+    out: dict[tuple[int, str], dict[str, float]] = {}
+    for t, _source, metric, value in record.samples:
+        if value is None or not math.isfinite(value) or not math.isfinite(t):
+            continue
+        fam = _counter_family(metric)
+        if fam is not None:
+            out.setdefault((_ns(t), fam[0]), {})[fam[1]] = float(value)
+    return out
+
+
+# -- slices --------------------------------------------------------------------------------------
+
+
+def _finite(*xs: float) -> bool:
+    return all(math.isfinite(x) for x in xs)
+
+
+def _host_slices(steps: list[StepRow], phases: list[PhaseRow]) -> list[_Slice]:
+    out: list[_Slice] = []
+    for s in steps:
+        if not _finite(s.t_start, s.t_end, s.data_wait_s):  # no place on a timeline; the store never writes one
+            continue
+        a = _ns(s.t_start)
+        out.append(
+            _Slice(
+                a,
+                max(a, _ns(s.t_end)),
+                f"step {s.step}",
+                "step,warmup" if s.warmup else "step",
+                0,
+                {"step": s.step, "samples": s.samples, "warmup": s.warmup},
+            )
+        )
+        # data_wait_s was measured as its own difference; adding it to t_start keeps its exact length
+        out.append(_Slice(a, a + max(0, _ns(s.data_wait_s)), "data_wait", "input", 1, {"step": s.step}))
+    for p in phases:
+        if not _finite(p.t_start, p.t_end):
+            continue
+        a = _ns(p.t_start)
+        args: dict[str, Any] = {"step": p.step, "phase": p.name, "depth": p.depth}
+        if p.dev_start is not None and p.dev_end is not None and _finite(p.dev_start, p.dev_end):
+            args["device_us"] = _us(_ns(p.dev_end) - _ns(p.dev_start))
+        out.append(_Slice(a, max(a, _ns(p.t_end)), p.name.rsplit("/", 1)[-1], "phase", 1 + p.depth, args))
+    return out
+
+
+def _sort_key(s: _Slice) -> tuple[int, int, int]:
+    return s.start, -(s.end - s.start), s.level
+
+
+def _nest(slices: list[_Slice]) -> list[_Slice]:
+    """Make the slices of one track nest strictly, trimming (never extending) the ones that cross.
+
+    A slice that runs past an enclosing one of a lower level (a phase past its step's end) loses its end;
+    a slice that starts inside a sibling or deeper slice it does not fit in loses its start.
+    """
+    stack: list[_Slice] = []
+    for s in sorted(slices, key=_sort_key):
+        while stack:
+            top = stack[-1]
+            if top.end <= s.start:
+                stack.pop()
+            elif s.end <= top.end:
+                break
+            elif top.level < s.level:
+                _trim(s, s.start, top.end)
+                break
+            else:
+                _trim(s, top.end, s.end)
+                stack.pop()
+        stack.append(s)
+    return slices
+
+
+def _trim(s: _Slice, start: int, end: int) -> None:
+    end = max(start, end)
+    cut = (s.end - s.start) - (end - start)
+    if cut > 0:
+        s.args["trimmed_us"] = s.args.get("trimmed_us", 0.0) + _us(cut)
+    s.start, s.end = start, end
+
+
+def _encloses(outer: _Slice, inner: _Slice) -> bool:
+    """Whether ``inner`` is a phase opened inside ``outer`` (same step, name ``outer/...``)."""
+    return bool(
+        outer.args["step"] == inner.args["step"] and str(inner.args["phase"]).startswith(f"{outer.args['phase']}/")
+    )
+
+
+def _device_lanes(phases: list[PhaseRow]) -> list[list[_Slice]]:
+    """Device intervals, each in the first lane that is free at its start or open on its own parent phase.
+
+    A slice drawn inside another reads as its child, so only a phase's own nested phases go inside it: the
+    next step's copy that runs during this step's compute gets a lane of its own instead.
+    """
+    slices = []
+    for p in phases:
+        if p.dev_start is None or p.dev_end is None:
+            continue
+        if not _finite(p.dev_start, p.dev_end, p.t_start, p.t_end):
+            continue
+        a = _ns(p.dev_start)
+        args = {"step": p.step, "phase": p.name, "depth": p.depth, "host_us": _us(_ns(p.t_end) - _ns(p.t_start))}
+        slices.append(_Slice(a, max(a, _ns(p.dev_end)), p.name.rsplit("/", 1)[-1], "device", p.depth, args))
+    lanes: list[list[_Slice]] = []
+    stacks: list[list[_Slice]] = []
+    for s in sorted(slices, key=_sort_key):
+        for lane, stack in zip(lanes, stacks, strict=True):
+            while stack and stack[-1].end <= s.start:
+                stack.pop()
+            if not stack or (s.end <= stack[-1].end and _encloses(stack[-1], s)):
+                lane.append(s)
+                stack.append(s)
+                break
+        else:
+            lanes.append([s])
+            stacks.append([s])
+    return lanes
+
+
+# -- assembly ------------------------------------------------------------------------------------
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def _pid(meta: dict[str, Any]) -> int:
+    pid = meta.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 1
+
+
+def trace_events(record: RunRecord) -> dict[str, Any]:
+    """The run as a Trace Event Format JSON object (see the module docstring for tracks and invariants)."""
+    meta = record.meta
+    pid = _pid(meta)
+    keyed: list[tuple[tuple[int, int, int, int], dict[str, Any]]] = []
+
+    def x_event(s: _Slice, tid: int) -> None:
+        ev: dict[str, Any] = {
+            "name": s.name,
+            "cat": s.cat,
+            "ph": "X",
+            "ts": _us(s.start),
+            "dur": _us(s.end - s.start),
+            "pid": pid,
+            "tid": tid,
+            "args": s.args,
+        }
+        keyed.append(((s.start, _RANK["X"], -(s.end - s.start), s.level), ev))
+
+    for s in _nest(_host_slices(record.steps, record.phases)):
+        x_event(s, TID_TRAINING)
+    lanes = _device_lanes(record.phases)
+    for k, lane in enumerate(lanes):
+        for s in lane:
+            x_event(s, TID_DEVICE + k)
+
+    for (t_ns, family), values in _counters(record).items():
+        series = {k: values[k] for k in sorted(values, key=_series_order)}
+        counter = {"name": family, "cat": "sampler", "ph": "C", "ts": _us(t_ns), "pid": pid, "tid": TID_TRAINING}
+        keyed.append(((t_ns, _RANK["C"], 0, 0), {**counter, "args": series}))
+
+    for t, kind, source, message in record.events:
+        if not math.isfinite(t):
+            continue
+        instant = {
+            "name": f"{kind}: {source}" if source else kind,
+            "cat": "event",
+            "ph": "i",
+            "s": "p",  # process scope: a line across all of the run's tracks
+            "ts": _us(_ns(t)),
+            "pid": pid,
+            "tid": TID_TRAINING,
+            "args": {"message": message},
+        }
+        keyed.append(((_ns(t), _RANK["i"], 0, 0), instant))
+
+    keyed.sort(key=lambda kv: kv[0])
+    origin = min(0, keyed[0][0][0]) if keyed else 0
+    scenario = meta.get("scenario") or meta.get("run_id") or "run"
+    threads = [(TID_TRAINING, TRAINING_THREAD)] + [
+        (TID_DEVICE + k, DEVICE_THREAD if k == 0 else f"{DEVICE_THREAD} lane {k + 1}") for k in range(len(lanes))
+    ]
+    names = [_meta_event("process_name", pid, TID_TRAINING, origin, {"name": f"stallscope: {scenario}"})]
+    for tid, thread in threads:
+        names.append(_meta_event("thread_name", pid, tid, origin, {"name": thread}))
+        names.append(_meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}))
+
+    return {
+        "traceEvents": [*names, *(ev for _, ev in keyed)],
+        "displayTimeUnit": "ms",
+        "metadata": _metadata(record, pid, len(lanes)),
+    }
+
+
+def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "ts": _us(origin), "pid": pid, "tid": tid, "args": args}
+
+
+def _metadata(record: RunRecord, pid: int, device_lanes: int) -> dict[str, Any]:
+    meta = record.meta
+    totals = {
+        metric: value
+        for _t, _src, metric, value in record.samples
+        if metric.endswith(".mem_total_mb") and value is not None
+    }
+    out = {
+        "producer": "stallscope",
+        "run_id": meta.get("run_id"),
+        "scenario": meta.get("scenario"),
+        "pipeline": meta.get("pipeline"),
+        "status": run_status(meta),
+        "error": meta.get("error"),
+        "device": meta.get("device"),
+        "batch_size": meta.get("batch_size"),
+        "workers": meta.get("workers"),
+        "warmup_steps": meta.get("warmup_steps"),
+        "pid": pid,
+        "started_at_unix_s": meta.get("started_at"),
+        "steps_recorded": len(record.steps),
+        "gpu_memory_total_mib": totals,
+        "timeline": "ts/dur in microseconds since the run started (host perf_counter); device slices are CUDA "
+        "event times on the same timeline",
+        "device_lanes": device_lanes,
+    }
+    safe: dict[str, Any] = _json_safe(out)
+    return safe
+
+
+def write_trace(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
+    """Export ``run_dir``'s store to ``path`` (a directory gets ``trace.json``); returns the file written.
+
+    Raises :class:`profiler.store.StoreError` for a missing or unreadable store, ``OSError`` when ``path``
+    cannot be written. The file appears whole or not at all (written beside it, then renamed).
+    """
+    out = Path(path)
+    if out.is_dir():
+        out = out / "trace.json"
+    doc = trace_events(load_run(run_dir))
+    text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
