@@ -94,6 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run directory to create (default runs/<scenario>-<pipeline>-<time>)")
     r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
     r.add_argument("--no-live", action="store_true", help="no live status while training")
+    r.add_argument(
+        "--pyspy-rate",
+        type=_bounded(int, 1, 1000, "an integer"),
+        default=None,
+        metavar="HZ",
+        help="py-spy sampling rate for zero-code runs (`run -- CMD`) and loader attribution (default 25)",
+    )
+    r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
+
+    at = sub.add_parser("attach", help="profile a running training process from outside (py-spy + sampler)")
+    at.add_argument("pid", type=_bounded(int, 1, 2**22, "a process id"))
+    at.add_argument(
+        "--duration",
+        type=_bounded(float, 0.1, None, "a number of seconds"),
+        metavar="S",
+        help="stop after S seconds (default: when the process exits, or Ctrl-C)",
+    )
+    at.add_argument("--sample-hz", type=_positive_hz, default=10.0)
+    at.add_argument("--pyspy-rate", type=_bounded(int, 1, 1000, "an integer"), default=None, metavar="HZ")
+    at.add_argument("--out", help="run directory to create (default runs/pid<PID>-<time>)")
+    at.add_argument("--json", action="store_true")
+    at.add_argument("--no-live", action="store_true")
 
     rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way)")
     rep.add_argument("run_dir")
@@ -128,8 +150,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] | None = None
+    if "--" in argv and argv and argv[0] == "run":
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
+    if command is not None:
+        if not command:
+            print(
+                "stallscope: error: nothing after `--`: give the command to profile, e.g. "
+                "`stallscope run -- python train.py`",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        if args.scenario != DEFAULT_SCENARIO:
+            print(
+                f"stallscope: error: give a scenario ({args.scenario!r}) or a command after `--`, not both",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_INPUT
+        args.command_argv = command
+        args.command = "run-command"
     handler = {
+        "run-command": cmd_run_command,
+        "attach": cmd_attach,
         "run": cmd_run,
         "report": cmd_report,
         "watch": cmd_watch,
@@ -308,6 +353,59 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         render_compare(result, make_console())
     return EXIT_FAILED if result.regressed else EXIT_OK
+
+
+def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int | None, stem: str) -> int:
+    from profiler.pyspy import DEFAULT_RATE
+    from profiler.zerocode import profile_external
+
+    out = _prepare_out(args.out, stem, "zero-code")
+    monitor = None
+    if not args.no_live:
+        from profiler.feeds import StoreFeed
+        from profiler.render.live import monitor_for
+
+        def monitor(d: Path) -> Any:
+            return monitor_for(StoreFeed(d))
+
+    if not args.json:
+        what = " ".join(command) if command else f"pid {pid}"
+        print(f"stallscope: profiling {what} from outside -> {out}", file=sys.stderr)
+    try:
+        with _SignalStop():
+            result = profile_external(
+                out,
+                command=command,
+                pid=pid,
+                sample_hz=args.sample_hz,
+                pyspy_rate=args.pyspy_rate or DEFAULT_RATE,
+                duration_s=getattr(args, "duration", None),
+                child_stdout=sys.stderr if args.json else None,
+                monitor=monitor,
+            )
+    except FileNotFoundError as exc:
+        raise BadInput(str(exc)) from None
+    if result.exit_code:
+        print(
+            f"stallscope: the command exited with code {result.exit_code}; report of what was measured follows",
+            file=sys.stderr,
+        )
+    code = EXIT_FAILED if result.exit_code else EXIT_SIGNAL["SIGINT"] if result.status == "interrupted" else EXIT_OK
+    return _report_dir(out, args.json, code)
+
+
+def cmd_run_command(args: argparse.Namespace) -> int:
+    command = args.command_argv
+    stem = Path(command[1]).stem if len(command) > 1 and command[1].endswith(".py") else Path(command[0]).name
+    return _external(args, command=command, pid=None, stem=stem)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from profiler.pyspy import pid_alive
+
+    if not pid_alive(args.pid):
+        raise BadInput(f"pid {args.pid} is not a running process: allowed the pid of a running training process")
+    return _external(args, command=None, pid=args.pid, stem=f"pid{args.pid}")
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
+STACKS_NAME = "pyspy.txt"  # written by py-spy beside the store; read with it
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -228,6 +229,7 @@ class RunRecord:
     phases: list[PhaseRow]
     samples: list[tuple[float, str, str, float | None]]
     events: list[tuple[float, str, str | None, str]]
+    stacks_text: str | None = None  # py-spy's collapsed stacks (RUN_DIR/pyspy.txt), when recorded
 
 
 def resolve_db(run: str | os.PathLike[str]) -> Path:
@@ -270,7 +272,9 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
     finally:
         con.close()
-    return RunRecord(meta, steps, phases, samples, events)
+    stacks = db.parent / STACKS_NAME
+    text = stacks.read_text(errors="replace") if stacks.exists() else None
+    return RunRecord(meta, steps, phases, samples, events, text)
 
 
 def integrity_ok(run: str | os.PathLike[str]) -> bool:

@@ -137,10 +137,9 @@ def sampler_block(s: Summary) -> Text:
     )
     for name, status in sorted((sm.get("sources") or {}).items()):
         errors = (sm.get("errors") or {}).get(name, 0)
-        t.append(
-            f"\n  source {name}: {status}"
-            + (f" ({errors} read errors, last: {(sm.get('last_error') or {}).get(name)})" if errors else "")
-        )
+        last = (sm.get("last_error") or {}).get(name)
+        detail = (f" ({errors} read errors" + (f", last: {last})" if last else ")")) if errors else ""
+        t.append(f"\n  source {name}: {status}{detail}")
     return t
 
 
