@@ -26,6 +26,7 @@ EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 MAX_BATCH = 65536
 MAX_WORKERS = 256
 DEFAULT_SCENARIO = "fashion-vgg"
+DEFAULT_PYSPY_RATE = 25  # profiler.pyspy.DEFAULT_RATE, without importing it for --help
 
 
 class BadInput(Exception):
@@ -100,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="HZ",
         help="py-spy sampling rate for zero-code runs (`run -- CMD`) and loader attribution (default 25)",
+    )
+    r.add_argument(
+        "--no-attribution",
+        action="store_true",
+        help="with --workers > 0: do not sample the workers with py-spy for the loader attribution",
     )
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
 
@@ -263,6 +269,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         sample_hz=args.sample_hz,
         seed=args.seed,
+        attribution=not args.no_attribution,
+        pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
     )
     monitor = None
     if not args.no_live:

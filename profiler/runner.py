@@ -9,6 +9,7 @@ or synchronises per step: that would add a stall the user's own loop may not hav
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 from pipelines import LoaderSpec
 from pipelines import get as get_pipeline
 from profiler.devices import DeviceInfo
+from profiler.pyspy import OUTPUT, PySpyRecorder
 from profiler.session import Session
 from scenarios import Scenario
 
@@ -44,6 +46,8 @@ class RunConfig:
     warmup: int | None = None
     sample_hz: float = 10.0
     seed: int = 0
+    attribution: bool = True  # py-spy on the loader workers when there are any (RUN_DIR/pyspy.txt)
+    pyspy_rate: int = 25
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,6 +89,7 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     done = 0
     loss = None
     built = None
+    recorder = None
     try:
         with session:
             dataset = scenario.dataset()
@@ -99,6 +104,8 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                 loader=built.config,
                 params=sum(p.numel() for p in model.parameters()),
             )
+            if cfg.attribution and int(built.config.get("workers", 0)) > 0:
+                recorder = _attribute_workers(session, cfg)
             with monitor(session) if monitor else contextlib.nullcontext():
                 epoch = 0
                 while done < total:
@@ -132,6 +139,19 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
             raise TrainingError(session.error or str(exc), Path(cfg.out)) from exc
         raise
     finally:
+        if recorder is not None:
+            recorder.stop()
         if built is not None:
             built.close()
     return session
+
+
+def _attribute_workers(session: Session, cfg: RunConfig) -> PySpyRecorder | None:
+    """Sample this process and its loader workers with py-spy, so the report can say where worker CPU goes."""
+    recorder = PySpyRecorder(os.getpid(), Path(cfg.out) / OUTPUT, rate=cfg.pyspy_rate)
+    problem = recorder.start(attach_timeout_s=0.5)
+    if problem:
+        session.event("warning", f"no loader attribution: {problem}")
+        print(f"stallscope: no loader attribution: {problem}", file=sys.stderr)
+        return None
+    return recorder
