@@ -9,6 +9,8 @@ Design decisions (measured on the 2-core machine, see docs/zero-code.md and benc
 - ``--idle``: a thread blocked on a queue (the main thread waiting for a batch) is exactly what must be
   counted; without it py-spy drops those samples.
 - ``--subprocesses``: DataLoader workers are child processes.
+- ``--format speedscope``: unlike the raw format it keeps each thread's samples in order, so estimates can
+  be given per time window, not only for the whole run.
 
 Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
 returns a reason with a fix instead, and the run goes on with the sampler alone.
@@ -80,7 +82,7 @@ class PySpyRecorder:
             return self.problem
         self.args = [
             exe, "record", "--pid", str(self.pid), "--subprocesses", "--idle", "--threads", "--nonblocking",
-            "--rate", str(self.rate), "--format", "raw", "--output", str(self.out),
+            "--rate", str(self.rate), "--format", "speedscope", "--output", str(self.out),
         ]  # fmt: skip
         # py-spy prints progress on stderr; keep it for the failure reason, never show it to the user
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -29,7 +29,8 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
-STACKS_NAME = "pyspy.txt"  # written by py-spy beside the store; read with it
+STACKS_NAME = "pyspy.speedscope.json"  # written by py-spy beside the store; read with it
+STACKS_NAMES = (STACKS_NAME, "pyspy.txt")  # speedscope (ordered samples) or raw collapsed stacks
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -272,8 +273,9 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
     finally:
         con.close()
-    stacks = db.parent / STACKS_NAME
-    text = stacks.read_text(errors="replace") if stacks.exists() else None
+    text = next(
+        (f.read_text(errors="replace") for f in (db.parent / n for n in STACKS_NAMES) if f.exists()), None
+    )
     return RunRecord(meta, steps, phases, samples, events, text)
 
 

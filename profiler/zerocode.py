@@ -66,6 +66,7 @@ def profile_external(
             raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
         pid = child.pid
     assert pid is not None
+    sites = _copy_sites(command)
     store = RunStore(
         out,
         meta={
@@ -79,6 +80,7 @@ def profile_external(
             "heartbeat": time.time(),
             "sample_hz": sample_hz,
             "pyspy_rate": pyspy_rate,
+            "h2d_sites": sites,
             "cpu_count": os.cpu_count(),
             "device": {"kind": "unknown", "name": "chosen by the profiled program", "torch_device": "?"},
         },
@@ -131,6 +133,21 @@ def profile_external(
         )
         store.close()
     return ZeroCodeResult(out, exit_code, problem, status)
+
+
+def _copy_sites(command: list[str] | None) -> list[list[Any]]:
+    """Lines of the profiled script that copy to a device: the only way to see .to()/.cuda() in stacks,
+    since C calls leave no Python frame. Empty when the command is not ``python SCRIPT.py``."""
+    from profiler.analysis.attribution import find_copy_sites
+
+    script = next((Path(a) for a in (command or [])[1:] if a.endswith(".py")), None)
+    if script is None or not script.is_file():
+        return []
+    try:
+        sites = find_copy_sites(script.read_text(errors="replace"), script.name)
+    except ValueError:
+        return []
+    return [list(s) for s in sorted(sites)]
 
 
 def _wait(child: subprocess.Popen[bytes] | None, pid: int, duration_s: float | None) -> int | None:

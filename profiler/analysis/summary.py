@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Recommendation, recommend, verdict_for
 from profiler.store import PhaseRow, RunRecord, StepRow
@@ -47,6 +48,10 @@ class Summary:
     pin_memory: bool | None = None
     device_ms_per_step: dict[str, float] = field(default_factory=dict)
     stall_ms_per_step: dict[str, float] = field(default_factory=dict)
+    mode: str = "instrumented"  # or "zero-code": no steps, figures estimated from stack samples
+    command_exit_code: int | None = None
+    stack_estimate: dict[str, Any] | None = None  # main-thread phase fractions from py-spy samples
+    loader_attribution: dict[str, Any] | None = None  # where the loader workers' CPU goes
     host: dict[str, Any] = field(default_factory=dict)
     nvml: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -143,6 +148,11 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     device["nvml"] = sampler["sources"].get("nvml", "not sampled")
     status = run_status(meta, now)
     workers = meta.get("workers")
+    mode = str(meta.get("mode") or "instrumented")
+    stack_est, attribution = stack_estimates(rec)
+    sources = _figure_sources(on_cuda, busy_source, sampler)
+    if mode == "zero-code":
+        stall, workers = _zero_code_figures(stack_est, attribution, host, notes, sources)
     stall_ok = not math.isnan(stall)
     verdict = verdict_for(stall) if stall_ok else "unknown: no measured steps"
     device_ms = {}
@@ -179,8 +189,12 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stall_ms_per_step=stall_ms,
         host=host,
         nvml=nvml,
-        sources=_figure_sources(on_cuda, busy_source, sampler),
+        sources=sources,
         notes=notes,
+        mode=mode,
+        command_exit_code=meta.get("command_exit_code"),
+        stack_estimate=stack_est,
+        loader_attribution=attribution,
     )
     if stall_ok:
         # the list was created empty for this summary alone; recommend() reads the finished figures
@@ -195,6 +209,38 @@ def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[
         if p.depth == 0:
             out[p.step][p.name] += p.t_end - p.t_start
     return out
+
+
+def _zero_code_figures(
+    est: dict[str, Any] | None,
+    attribution: dict[str, Any] | None,
+    host: dict[str, Any],
+    notes: list[str],
+    sources: dict[str, str],
+) -> tuple[float, int | None]:
+    """Stall fraction and worker count of a run observed from outside (no steps, no phases)."""
+    notes.append(
+        "zero-code run: step time, throughput and the per-step breakdown need instrumentation "
+        "(stallscope run SCENARIO, or profiler.Session in the script) and are not measured"
+    )
+    workers = (
+        attribution["workers"]
+        if attribution
+        else sum(1 for k in host if k.startswith("proc_w") and k.endswith("_cpu_pct_mean"))
+    )
+    sources["workers"] = "worker processes seen by py-spy / psutil under the training process"
+    overall = (est or {}).get("overall")
+    if not overall or overall["samples"] < MIN_SAMPLES:
+        notes.append(f"fewer than {MIN_SAMPLES} main-thread stack samples: no stall estimate")
+        return math.nan, workers
+    stall = overall["data_wait"]["fraction"] + overall["h2d"]["fraction"]
+    lo = overall["data_wait"]["low"] + overall["h2d"]["low"]
+    hi = min(1.0, overall["data_wait"]["high"] + overall["h2d"]["high"])
+    sources["stall_fraction"] = (
+        f"estimated: share of {overall['samples']} py-spy samples of the main thread in the loader or a copy "
+        f"(95% interval {lo:.0%}-{hi:.0%})"
+    )
+    return stall, workers
 
 
 def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:

@@ -35,7 +35,7 @@ def verdict_for(stall_fraction: float) -> str:
 
 
 def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
-    out: list[Recommendation] = []
+    out = _from_stacks(s, cpu_count)
     b = s.breakdown_ms_per_step
     step = s.step_time_ms["mean"]
     if not step or math.isnan(step):
@@ -97,6 +97,11 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
                 "compute (mixed precision, a larger batch, a faster model), not from the input pipeline.",
             )
         )
+    _sampler_slow(s, out)
+    return out
+
+
+def _sampler_slow(s: Summary, out: list[Recommendation]) -> None:
     hz_req, hz_got = s.sampler.get("hz_requested"), s.sampler.get("hz_achieved")
     if isinstance(hz_req, float) and isinstance(hz_got, float) and hz_got < 0.9 * hz_req:
         out.append(
@@ -106,4 +111,49 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
                 "NVML time series are coarser than requested; step timings are unaffected.",
             )
         )
+
+
+def _from_stacks(s: Summary, cpu_count: Any) -> list[Recommendation]:
+    """Recommendations that rest on py-spy samples: the worker hot spot (any run) and, for a zero-code run,
+    the estimated stall (its figures carry their 95% interval)."""
+    out: list[Recommendation] = []
+    att = s.loader_attribution
+    if att and att.get("headline"):
+        out.append(
+            Recommendation(
+                "LOADER_HOTSPOT",
+                f"{att['headline']} (from {att['active']} busy py-spy samples of {att['workers']} worker(s)).",
+            )
+        )
+    est = (s.stack_estimate or {}).get("overall")
+    if s.mode != "zero-code" or not est or math.isnan(s.stall_fraction):
+        return out
+    dw = est["data_wait"]
+    share = f"{dw['fraction']:.0%} (95% interval {dw['low']:.0%}-{dw['high']:.0%}, {est['samples']} samples)"
+    cores = cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
+    if s.stall_fraction >= MODERATE and not s.workers:
+        top = f"2-{cores}" if cores and cores > 2 else "2"
+        out.append(
+            Recommendation(
+                "RAISE_WORKERS",
+                f"An estimated {share} of the main thread's time is spent in the DataLoader with no worker "
+                f"processes: set num_workers={top} so batches are prepared in parallel.",
+            )
+        )
+    elif s.stall_fraction >= MODERATE:
+        out.append(
+            Recommendation(
+                "LOADER_TOO_SLOW",
+                f"An estimated {share} of the main thread's time is spent waiting for {s.workers} loader worker(s): "
+                "add workers if cores are idle, or make per-item work cheaper (see the worker attribution).",
+            )
+        )
+    else:
+        out.append(
+            Recommendation(
+                "NOT_INPUT_BOUND",
+                f"The main thread waits for data an estimated {share} of the time: the loader keeps up.",
+            )
+        )
+    _sampler_slow(s, out)
     return out

@@ -69,25 +69,30 @@ def figures_table(s: Summary) -> Table:
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row(
-        "throughput",
-        _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
-        + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, "
-        f"{s.steps} steps after {s.warmup_steps} warm-up)",
-    )
-    st = s.step_time_ms
-    t.add_row(
-        "step time",
-        f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
-        f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
-    )
+    timed = s.mode != "zero-code"  # a run seen from outside has no steps to time
+    if timed:
+        st = s.step_time_ms
+        t.add_row(
+            "throughput",
+            _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
+            + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, "
+            f"{s.steps} steps after {s.warmup_steps} warm-up)",
+        )
+        t.add_row(
+            "step time",
+            f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
+            f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
+        )
     t.add_row("stall fraction", f"{_pct(s.stall_fraction)}  {s.sources.get('stall_fraction', '')}")
-    t.add_row("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}")
+    if timed:
+        t.add_row("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}")
     if s.device_ms_per_step:
         t.add_row(
             "device time",
             "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items()) + "  (CUDA events)",
         )
+    if s.command_exit_code is not None:
+        t.add_row("command", f"exited with code {s.command_exit_code}")
     utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
     if utils:
         t.add_row(
@@ -144,7 +149,22 @@ def sampler_block(s: Summary) -> Text:
 
 
 def render_report(s: Summary, console: Console) -> None:
-    body: list[Any] = [header(s), figures_table(s), breakdown_table(s), verdict_block(s), sampler_block(s)]
+    from profiler.render.sampled import attribution_table, crosscheck_line, estimate_table
+
+    est, att = s.stack_estimate, s.loader_attribution
+    zero_code = s.mode == "zero-code"
+    body: list[Any] = [header(s), figures_table(s)]
+    if zero_code:
+        if est and est.get("overall"):
+            body.append(estimate_table(est))
+    else:
+        body.append(breakdown_table(s))
+        step, wait = s.step_time_ms.get("mean", math.nan), s.breakdown_ms_per_step.get("data_wait", math.nan)
+        if est and est.get("overall", {}).get("samples") and step and not math.isnan(step):
+            body.append(crosscheck_line(est, wait / step))
+    if att:
+        body.append(attribution_table(att))
+    body += [verdict_block(s), sampler_block(s)]
     if s.error:
         body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))
     body.extend(Text(f"note: {n}", style="yellow") for n in s.notes)

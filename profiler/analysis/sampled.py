@@ -1,0 +1,144 @@
+"""Figures estimated from py-spy stack samples stored with a run: main-thread phase fractions and the
+loader workers' CPU attribution, as plain dicts for the Summary.
+
+Pure: the stacks text and the facts needed to read it (rate, root pid, copy sites) come from the
+RunRecord. Every fraction carries its sample count and a Wilson 95% interval, because a sampled figure is
+an estimate and says how good one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiler.analysis.attribution import (
+    CATEGORIES,
+    PHASES,
+    PhaseFractions,
+    Share,
+    WorkerAttribution,
+    attribute_workers,
+    classify_main,
+    classify_main_sample,
+    headline,
+)
+from profiler.analysis.stacks import (
+    StackSample,
+    chunk_by_order,
+    identify,
+    parse_collapsed_stats,
+    parse_speedscope_stats,
+)
+from profiler.store import RunRecord
+
+WINDOW_S = 5.0
+MIN_SAMPLES = 30  # below this an estimate is reported but not used for a verdict
+
+
+def _share(s: Share) -> dict[str, Any]:
+    return {"fraction": s.fraction, "low": s.low, "high": s.high, "samples": s.count}
+
+
+def _fractions(p: PhaseFractions) -> dict[str, Any]:
+    return {"samples": p.n, "seconds": p.seconds, **{k: _share(p.shares[k]) for k in PHASES}}
+
+
+def parse_stacks(text: str) -> tuple[list[StackSample], dict[str, Any]]:
+    """Either py-spy format (speedscope JSON or raw collapsed) -> samples and parse statistics."""
+    is_json = text.lstrip().startswith("{")
+    samples, st = parse_speedscope_stats(text) if is_json else parse_collapsed_stats(text)
+    stats = {
+        "format": "speedscope" if is_json else "raw",
+        "records": st.records,
+        "samples": st.samples,
+        "bad_records": st.bad_records,
+        "truncated": st.truncated,
+        "error": st.error,
+    }
+    return samples, stats
+
+
+def stack_estimates(rec: RunRecord) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(main-thread phase estimate, worker attribution) from the run's py-spy stacks; (None, None) without."""
+    if not rec.stacks_text:
+        return None, None
+    meta = rec.meta
+    rate = float(meta.get("pyspy_rate") or 25)
+    root = meta.get("target_pid") or meta.get("pid")
+    root_pid = int(root) if isinstance(root, int) else None
+    samples, stats = parse_stacks(rec.stacks_text)
+    if not samples:
+        return {"parse": stats, "note": "py-spy recorded no usable samples"}, None
+    ordered = all(s.order is not None for s in samples)
+    sites = [(str(f), int(ln)) for f, ln in meta.get("h2d_sites") or []]
+    trimmed = 0
+    if ordered:
+        samples, trimmed = _training_span(samples, root_pid, sites)
+    chunks = chunk_by_order(samples, rate, WINDOW_S) if ordered else [samples]
+    est = classify_main(chunks, rate_hz=rate, root_pid=root_pid, h2d_sites=sites)
+    main = {
+        "method": f"py-spy stack samples of the main thread at {rate:g} Hz (--idle, --nonblocking); "
+        "fractions with Wilson 95% intervals",
+        "rate_hz": rate,
+        "overall": _fractions(est.overall),
+        "windows": [
+            {"t_start": i * WINDOW_S, "t_end": (i + 1) * WINDOW_S, **_fractions(w)}
+            for i, w in enumerate(est.windows)
+            if w.n
+        ]
+        if ordered
+        else [],
+        "main_thread_rule": est.main_rule,
+        "trimmed_outside_training": trimmed,
+        "pin_memory_thread_samples": est.pin_memory_samples,
+        "notes": list(est.notes),
+        "parse": stats,
+    }
+    att = attribute_workers(samples, root_pid=root_pid, rate_hz=rate)
+    return main, _attribution(att) if att.worker_pids else None
+
+
+def _training_span(
+    samples: list[StackSample], root_pid: int | None, sites: list[tuple[str, int]]
+) -> tuple[list[StackSample], int]:
+    """Drop the main thread's samples before its first and after its last loader-or-compute sample.
+
+    Start-up (imports, building data and model) and tear-down are not training; left in, they would dilute
+    every fraction by however long the script takes to start, which has nothing to do with stalls.
+    """
+    roles = identify(samples, root_pid)
+    orders = [
+        s.order
+        for s in samples
+        if s.order is not None
+        and roles.is_main_thread(s)
+        and classify_main_sample(s.frames, sites) in ("data_wait", "compute")
+    ]
+    if not orders:
+        return samples, 0
+    first, last = min(orders), max(orders)
+    kept = [
+        s
+        for s in samples
+        if not (roles.is_main_thread(s) and s.order is not None and not first <= s.order <= last)
+    ]
+    return kept, sum(s.count for s in samples) - sum(s.count for s in kept)
+
+
+def _attribution(att: WorkerAttribution) -> dict[str, Any]:
+    return {
+        "method": "py-spy stack samples of the DataLoader worker processes; innermost matching frame's category",
+        "workers": len(att.worker_pids),
+        "samples": att.samples,
+        "idle": att.idle,
+        "active": att.active,
+        "busy_seconds": att.busy_seconds,
+        "categories": {
+            c: {
+                **_share(att.shares[c]),
+                "top": [{"function": t.function, "of_category": t.of_category} for t in att.top.get(c, ())],
+            }
+            for c in CATEGORIES
+        },
+        "headline": headline(att),
+        "notes": list(att.notes),
+    }
