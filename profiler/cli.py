@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "scenario",
         nargs="?",
-        default=DEFAULT_SCENARIO,
+        default=None,
         help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})",
     )
     r.add_argument("--pipeline", default="naive", help="how batches reach the device (default naive)")
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
-        if args.scenario != DEFAULT_SCENARIO:
+        if args.scenario is not None:
             print(
                 f"stallscope: error: give a scenario ({args.scenario!r}) or a command after `--`, not both",
                 file=sys.stderr,
@@ -247,6 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import scenarios
     from profiler.devices import DeviceError, resolve_device
 
+    args.scenario = args.scenario or DEFAULT_SCENARIO
     try:
         scenario = scenarios.get(args.scenario)
         if args.pipeline not in pipelines.names():

@@ -35,7 +35,10 @@ OUTPUT = STACKS_NAME
 
 
 def find_pyspy() -> str | None:
-    """The py-spy executable next to this interpreter (a venv), else on PATH."""
+    """$STALLSCOPE_PYSPY if set, else the py-spy next to this interpreter (a venv), else on PATH."""
+    override = os.environ.get("STALLSCOPE_PYSPY")
+    if override:
+        return override if os.path.exists(override) else None
     here = Path(sys.executable).with_name("py-spy")
     if here.exists():
         return str(here)

@@ -112,12 +112,12 @@ def profile_external(
         if child is not None:
             exit_code = _reap(child)
     finally:
+        sampler.stop()  # first: the target is gone, and a read of its process tree now only reports that
         stop_problem = recorder.stop()
         if stop_problem and not problem:
             problem = stop_problem
             store.put_event(time.perf_counter() - t0, "warning", stop_problem, "pyspy")
             warn(stop_problem)
-        sampler.stop()
         st = sampler.stats
         store.put_meta(
             status=status,

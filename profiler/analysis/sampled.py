@@ -8,6 +8,7 @@ an estimate and says how good one.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from profiler.analysis.attribution import (
@@ -124,6 +125,14 @@ def _training_span(
     return kept, sum(s.count for s in samples) - sum(s.count for s in kept)
 
 
+_SITE = re.compile(r"\((?:.*/(?:site-packages|dist-packages|lib/python3\.\d+)/)?(?:.*/)?([^/()]+)\)$")
+
+
+def _short(function: str) -> str:
+    """``qualname (/long/.../site-packages/pkg/mod.py)`` -> ``qualname (mod.py)``: speedscope gives full paths."""
+    return _SITE.sub(lambda m: f"({m.group(1)})", function)
+
+
 def _attribution(att: WorkerAttribution) -> dict[str, Any]:
     return {
         "method": "py-spy stack samples of the DataLoader worker processes; innermost matching frame's category",
@@ -135,7 +144,7 @@ def _attribution(att: WorkerAttribution) -> dict[str, Any]:
         "categories": {
             c: {
                 **_share(att.shares[c]),
-                "top": [{"function": t.function, "of_category": t.of_category} for t in att.top.get(c, ())],
+                "top": [{"function": _short(t.function), "of_category": t.of_category} for t in att.top.get(c, ())],
             }
             for c in CATEGORIES
         },

@@ -74,7 +74,7 @@ def attribution_table(att: dict[str, Any]) -> Table:
         if not c["samples"]:
             continue
         share, interval = _pct(c)
-        top = ", ".join(f"{f['function']} {f['of_category']:.0%}" for f in c["top"][:3])
+        top = ", ".join(f"{f['function']} {f['of_category']:.0%}" for f in c["top"][:2])
         t.add_row(_CATEGORY_LABEL.get(cat, cat), share, interval, top)
     if att.get("headline"):
         t.caption = att["headline"]
