@@ -26,7 +26,7 @@ EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 MAX_BATCH = 65536
 MAX_WORKERS = 256
 DEFAULT_SCENARIO = "fashion-vgg"
-DEFAULT_PYSPY_RATE = 25  # profiler.pyspy.DEFAULT_RATE, without importing it for --help
+DEFAULT_PYSPY_RATE = 10  # profiler.pyspy.DEFAULT_RATE, without importing it for --help
 
 
 class BadInput(Exception):
