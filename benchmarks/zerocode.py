@@ -5,7 +5,7 @@ with alternating order; the figure is the median of the per-pair throughput rati
 The throughput is the script's own: steps / the seconds its training loop took (it writes both with --truth),
 so start-up and the profiler's attach time are not counted against either side.
 
-Run: ``.venv/bin/python benchmarks/zerocode.py [--pairs 5] [--steps 120] [--rate 25]``.
+Run: ``.venv/bin/python benchmarks/zerocode.py [--pairs 5] [--steps 120] [--rate 10]``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--rate", type=int, default=25)
+    ap.add_argument("--rate", type=int, default=10)
     args = ap.parse_args()
     ratios = []
     with tempfile.TemporaryDirectory() as d:

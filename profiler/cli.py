@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_bounded(int, 1, 1000, "an integer"),
         default=None,
         metavar="HZ",
-        help="py-spy sampling rate for zero-code runs (`run -- CMD`) and loader attribution (default 25)",
+        help="py-spy sampling rate for zero-code runs (`run -- CMD`) and loader attribution (default 10)",
     )
     r.add_argument(
         "--no-attribution",

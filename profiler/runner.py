@@ -47,7 +47,7 @@ class RunConfig:
     sample_hz: float = 10.0
     seed: int = 0
     attribution: bool = True  # py-spy on the loader workers when there are any (RUN_DIR/pyspy.txt)
-    pyspy_rate: int = 25
+    pyspy_rate: int = 10
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 

@@ -19,7 +19,7 @@ EXAMPLE = str(ROOT / "examples" / "train.py")
 def test_estimate_is_within_5pp_of_the_scripts_own_figure(tmp_path: Path) -> None:
     truth_file = tmp_path / "truth.json"
     res = stallscope(
-        "run", "--json", "--no-live", "--out", str(tmp_path / "run"), "--",
+        "run", "--json", "--no-live", "--pyspy-rate", "25", "--out", str(tmp_path / "run"), "--",
         sys.executable, EXAMPLE, "--steps", "60", "--workers", "0", "--truth", str(truth_file),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -40,7 +40,9 @@ def test_estimate_is_within_5pp_of_the_scripts_own_figure(tmp_path: Path) -> Non
 
 def test_workers_are_attributed(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    res = stallscope("run", "--no-live", "--out", str(out), "--", sys.executable, EXAMPLE, "--steps", "40")
+    res = stallscope(
+        "run", "--no-live", "--pyspy-rate", "25", "--out", str(out), "--", sys.executable, EXAMPLE, "--steps", "40"
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "Loader workers' CPU (2 worker(s)" in res.stdout
     summary = json.loads(stallscope("report", str(out), "--json").stdout)

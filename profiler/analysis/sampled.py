@@ -63,7 +63,7 @@ def stack_estimates(rec: RunRecord) -> tuple[dict[str, Any] | None, dict[str, An
     if not rec.stacks_text:
         return None, None
     meta = rec.meta
-    rate = float(meta.get("pyspy_rate") or 25)
+    rate = float(meta.get("pyspy_rate") or 10)
     root = meta.get("target_pid") or meta.get("pid")
     root_pid = int(root) if isinstance(root, int) else None
     samples, stats = parse_stacks(rec.stacks_text)
