@@ -264,14 +264,7 @@ class Session:
         store.close()
         if store.error is not None:
             log.error("stallscope: the run store stopped writing: %s", store.error)
-        from profiler.analysis import summarize
-        from profiler.store import load_run
-
-        try:
-            summary = summarize(load_run(self.out_dir))
-            (self.out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-        except Exception as exc:  # the store is the record; a summary failure must not hide the run's own error
-            log.error("stallscope: could not write summary.json: %s", exc)
+        write_summary(self.out_dir)
 
     def summary(self) -> Any:
         """The run's :class:`profiler.analysis.Summary`, computed from the store alone."""
@@ -370,6 +363,19 @@ class Session:
         }
         if found:
             self.annotate(**found)
+
+
+def write_summary(run_dir: Path) -> None:
+    """RUN_DIR/summary.json from the store alone; logged, never raised: the store is the record, and a
+    summary failure must not hide the run's own outcome."""
+    from profiler.analysis import summarize
+    from profiler.store import load_run
+
+    try:
+        summary = summarize(load_run(run_dir))
+        (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    except Exception as exc:
+        log.error("stallscope: could not write summary.json: %s", exc)
 
 
 def _where(exc: BaseException, tb: TracebackType | None) -> str:

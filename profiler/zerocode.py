@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from profiler.pyspy import DEFAULT_RATE, OUTPUT, PySpyRecorder, pid_alive
 from profiler.sampler import Sampler
-from profiler.session import Interrupted
+from profiler.session import Interrupted, write_summary
 from profiler.store import RunStore
 
 
@@ -132,6 +132,7 @@ def profile_external(
             },
         )
         store.close()
+        write_summary(out)
     return ZeroCodeResult(out, exit_code, problem, status)
 
 

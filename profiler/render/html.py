@@ -203,6 +203,46 @@ def _breakdown(s: Summary) -> str:
     )
 
 
+def _share_rows(items: Sequence[tuple[str, dict[str, Any], str]]) -> str:
+    return "".join(
+        f'<tr data-part="{_e(name)}"><th>{_e(name)}</th><td class="num share">{_e(_pct(sh["fraction"]))}</td>'
+        f'<td class="num">{_e(_pct(sh["low"]))}-{_e(_pct(sh["high"]))}</td><td class="num">{sh["samples"]}</td>'
+        f'<td class="src">{_e(extra)}</td></tr>'
+        for name, sh, extra in items
+    )
+
+
+def _sampled(s: Summary) -> str:
+    """Figures estimated from py-spy samples: main-thread phases (zero-code runs) and the workers' CPU."""
+    out = ""
+    head = "<thead><tr><th>{}</th><th>share</th><th>95% interval</th><th>samples</th><th>{}</th></tr></thead>"
+    est = (s.stack_estimate or {}).get("overall")
+    if est and s.mode == "zero-code":
+        rows = _share_rows([(p, est[p], "") for p in ("data_wait", "h2d", "compute", "other")])
+        out += _section(
+            "estimate",
+            f"Main thread, estimated from {est['samples']} py-spy samples",
+            f'<table class="grid">{head.format("phase", "")}<tbody>{rows}</tbody></table>',
+        )
+    att = s.loader_attribution
+    if att:
+        cats = sorted(att["categories"].items(), key=lambda kv: -kv[1]["fraction"] if kv[1]["samples"] else 1.0)
+        rows = _share_rows(
+            [
+                (c, sh, ", ".join(f"{f['function']} {f['of_category']:.0%}" for f in sh["top"][:3]))
+                for c, sh in cats
+                if sh["samples"]
+            ]
+        )
+        line = f'<p class="headline">{_e(att["headline"])}</p>' if att.get("headline") else ""
+        out += _section(
+            "attribution",
+            f"Loader workers' CPU ({att['workers']} worker(s), {att['active']} busy py-spy samples)",
+            f'<table class="grid">{head.format("category", "top functions")}<tbody>{rows}</tbody></table>{line}',
+        )
+    return out
+
+
 def _recommendations(s: Summary) -> str:
     if not s.recommendations:
         return _section("recommendations", "Recommendations", '<p class="empty">None: no measured steps.</p>')
@@ -384,7 +424,8 @@ def render_html(summary: Summary, timeline: Timeline, *, title: str | None = Non
         _header(s, title)
         + _verdict(s)
         + _figures(s)
-        + _breakdown(s)
+        + ("" if s.mode == "zero-code" else _breakdown(s))
+        + _sampled(s)
         + _recommendations(s)
         + _plots(s, timeline)
         + _sampler(s)
