@@ -22,11 +22,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check profiler pipelines scenarios tests benchmarks
+	$(BIN)/ruff check profiler pipelines scenarios tests benchmarks examples
+	$(BIN)/ruff format --check profiler pipelines scenarios tests benchmarks examples
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/zerocode.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -273,9 +273,7 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
     finally:
         con.close()
-    text = next(
-        (f.read_text(errors="replace") for f in (db.parent / n for n in STACKS_NAMES) if f.exists()), None
-    )
+    text = next((f.read_text(errors="replace") for f in (db.parent / n for n in STACKS_NAMES) if f.exists()), None)
     return RunRecord(meta, steps, phases, samples, events, text)
 
 

@@ -34,10 +34,19 @@ def known_record(status: str = "complete", error: str | None = None) -> RunRecor
             (t, "host", "sys.cpu_pct", 60.0),
         ]
     meta = {
-        "schema_version": 1, "run_id": "abc123def456", "scenario": "known", "pipeline": "naive",
-        "batch_size": 8, "workers": 0, "pin_memory": False, "warmup_steps": 1, "sample_hz": 10.0, "cpu_count": 2,
+        "schema_version": 1,
+        "run_id": "abc123def456",
+        "scenario": "known",
+        "pipeline": "naive",
+        "batch_size": 8,
+        "workers": 0,
+        "pin_memory": False,
+        "warmup_steps": 1,
+        "sample_hz": 10.0,
+        "cpu_count": 2,
         "device": {"kind": "cpu", "torch_device": "cpu", "name": "Test CPU (2 cores)", "index": None},
-        "status": status, "error": error,
+        "status": status,
+        "error": error,
     }
     events = [
         (0.0, "source", "host", "available"),

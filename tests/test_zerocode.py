@@ -93,8 +93,16 @@ def test_attach_to_a_running_script(tmp_path: Path) -> None:
     try:
         time.sleep(6)  # let it reach its training loop
         res = stallscope(
-            "attach", str(target.pid), "--duration", "5", "--json", "--no-live", "--pyspy-rate", "25",
-            "--out", str(tmp_path / "run"),
+            "attach",
+            str(target.pid),
+            "--duration",
+            "5",
+            "--json",
+            "--no-live",
+            "--pyspy-rate",
+            "25",
+            "--out",
+            str(tmp_path / "run"),
         )
         assert res.returncode == 0, res.stderr
         summary = json.loads(res.stdout)

@@ -118,9 +118,7 @@ def _training_span(
         return samples, 0
     first, last = min(orders), max(orders)
     kept = [
-        s
-        for s in samples
-        if not (roles.is_main_thread(s) and s.order is not None and not first <= s.order <= last)
+        s for s in samples if not (roles.is_main_thread(s) and s.order is not None and not first <= s.order <= last)
     ]
     return kept, sum(s.count for s in samples) - sum(s.count for s in kept)
 

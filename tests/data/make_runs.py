@@ -67,8 +67,9 @@ def main() -> None:
     script = json.loads((HERE / "nvml_script_h100.json").read_text())
     sources = [HostSource(), NvmlSource(module=make_fake_nvml(script))]
     dl0 = torch.utils.data.DataLoader(Slow(), batch_size=8, num_workers=0)
-    with Session(fresh("nvml-fake"), warmup=3, scenario="recorded-nvml", pipeline="naive", batch_size=8,
-                 sources=sources) as s:
+    with Session(
+        fresh("nvml-fake"), warmup=3, scenario="recorded-nvml", pipeline="naive", batch_size=8, sources=sources
+    ) as s:
         loop(s, dl0, 4.0)
 
     d = fresh("interrupted")
@@ -80,8 +81,9 @@ def main() -> None:
         "        with s.phase('compute'):\n"
         "            time.sleep(0.01)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", child, str(d)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child, str(d)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     time.sleep(4.0)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
