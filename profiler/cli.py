@@ -410,7 +410,7 @@ def cmd_run_command(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from profiler.pyspy import pid_alive
+    from profiler.store import pid_alive
 
     if not pid_alive(args.pid):
         raise BadInput(f"pid {args.pid} is not a running process: allowed the pid of a running training process")

@@ -119,13 +119,3 @@ class PySpyRecorder:
         if self.problem is None and not (self.out.exists() and self.out.stat().st_size > 0):
             self.problem = "py-spy wrote no samples (the process exited before the first sample?)"
         return self.problem
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -320,3 +320,16 @@ class StoreTail:
         if grouped:
             self._last_t = max(grouped)
         return meta, steps, sorted(grouped.items())
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a writer's liveness, a target to attach to)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from profiler.pyspy import DEFAULT_RATE, OUTPUT, PySpyRecorder, pid_alive
+from profiler.pyspy import DEFAULT_RATE, OUTPUT, PySpyRecorder
 from profiler.sampler import Sampler
 from profiler.session import Interrupted, write_summary
-from profiler.store import RunStore
+from profiler.store import RunStore, pid_alive
 
 
 @dataclass(frozen=True, slots=True)

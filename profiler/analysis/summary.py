@@ -8,7 +8,6 @@ docs/metrics.md; every figure carries the name of the instrument it came from (`
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Recommendation, recommend, verdict_for
-from profiler.store import PhaseRow, RunRecord, StepRow
+from profiler.store import PhaseRow, RunRecord, StepRow, pid_alive
 
 STALE_HEARTBEAT_S = 10.0
 CORE_PHASES = ("h2d", "compute")
@@ -81,21 +80,9 @@ def run_status(meta: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     heartbeat = float(meta.get("heartbeat") or meta.get("started_at") or 0.0)
     pid = meta.get("pid")
-    if now - heartbeat > STALE_HEARTBEAT_S or not _alive(pid):
+    if now - heartbeat > STALE_HEARTBEAT_S or not (isinstance(pid, int) and pid_alive(pid)):
         return "interrupted"
     return "running"
-
-
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def summarize(rec: RunRecord, now: float | None = None) -> Summary:
