@@ -36,7 +36,7 @@ CONTRACT_KEYS = {
 }
 
 
-def _one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+def assert_one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert res.returncode == 2, (res.returncode, res.stderr)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr
@@ -68,28 +68,32 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -
 
         if torch.cuda.is_available():
             pytest.skip("this machine has CUDA")
-    _one_line_error(stallscope(*args), *needles)
+    assert_one_line_error(stallscope(*args), *needles)
 
 
 def test_unwritable_out_and_existing_run_are_refused(tmp_path: Path, tiny_scenario) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    _one_line_error(stallscope("run", str(tiny_scenario()), "--out", str(blocker / "sub")), "--out", "not writable")
+    assert_one_line_error(
+        stallscope("run", str(tiny_scenario()), "--out", str(blocker / "sub")), "--out", "not writable"
+    )
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "run.sqlite").write_text("")
-    _one_line_error(stallscope("run", str(tiny_scenario()), "--out", str(tmp_path / "old")), "already holds a run")
+    assert_one_line_error(
+        stallscope("run", str(tiny_scenario()), "--out", str(tmp_path / "old")), "already holds a run"
+    )
 
 
 def test_corrupt_or_empty_run_dirs_are_bad_input(tmp_path: Path) -> None:
-    _one_line_error(stallscope("report", str(tmp_path)), "holds no run.sqlite")
+    assert_one_line_error(stallscope("report", str(tmp_path)), "holds no run.sqlite")
     (tmp_path / "run.sqlite").write_bytes(b"garbage" * 500)
-    _one_line_error(stallscope("report", str(tmp_path)), "not a readable stallscope run store")
+    assert_one_line_error(stallscope("report", str(tmp_path)), "not a readable stallscope run store")
 
 
 def test_broken_scenario_file_is_bad_input(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("this is not python(\n")
-    _one_line_error(stallscope("run", str(bad)), "bad.py")
+    assert_one_line_error(stallscope("run", str(bad)), "bad.py")
 
 
 def test_run_json_matches_report_and_contract(tmp_path: Path, tiny_scenario) -> None:
