@@ -195,3 +195,20 @@ def test_run_with_workers_attributes_their_cpu(tmp_path: Path, tiny_scenario) ->
     off = stallscope("run", str(tiny_scenario(steps=5)), "--workers", "2", "--no-attribution",
                      "--out", str(tmp_path / "off"), "--json", "--no-live")  # fmt: skip
     assert off.returncode == 0 and json.loads(off.stdout)["loader_attribution"] is None
+
+
+def test_set_up_failure_is_a_failed_run_that_reports(tmp_path: Path) -> None:
+    bad = tmp_path / "badmodel.py"
+    bad.write_text(
+        "import torch\nfrom torch import nn\nfrom scenarios import Scenario\n\n"
+        "def build():\n    raise ValueError('no such layer')\n\n"
+        "scenario = Scenario(name='badmodel', dataset=lambda: torch.utils.data.TensorDataset(torch.zeros(64, 4)),\n"
+        "                    model=build, loss=nn.functional.cross_entropy, batch_size=8)\n"
+    )
+    out = tmp_path / "run"
+    res = stallscope("run", str(bad), "--out", str(out), "--no-live")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "ValueError: no such layer" in res.stderr and "badmodel.py" in res.stderr
+    summary = json.loads(stallscope("report", str(out), "--json").stdout)
+    assert summary["status"] == "failed" and summary["steps"] == 0
+    assert summary["sampler"]["samples"] >= 1  # the sampler was already recording during set-up
