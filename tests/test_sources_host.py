@@ -275,3 +275,24 @@ def test_children_are_rescanned_at_most_every_refresh_interval() -> None:
     assert _workers(src.read()) == set()  # not rescanned yet: the list from open() stands
     src._last_refresh = -math.inf  # as if the interval had passed
     assert _workers(src.read()) == {"w0"}
+
+
+def test_own_py_spy_child_is_not_a_loader_worker(tmp_path) -> None:
+    import shutil
+
+    fake_spy = tmp_path / "py-spy"
+    shutil.copy("/bin/sleep", fake_spy)
+    spy = subprocess.Popen([str(fake_spy), "5"])
+    worker = subprocess.Popen(["/bin/sleep", "5"])
+    try:
+        src = HostSource(children_refresh_s=0.0)
+        assert src.open() is None
+        assert _wait_until(lambda: "proc.w0.rss_mb" in src.read(), timeout=5)
+        labels = src.pid_labels()
+        assert labels.get("w0") == worker.pid
+        assert spy.pid not in labels.values() and "proc.w1.rss_mb" not in src.read()
+        src.close()
+    finally:
+        for p in (spy, worker):
+            p.kill()
+            p.wait()

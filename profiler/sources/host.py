@@ -193,6 +193,10 @@ class HostSource:
             proc for proc in listed if self._children.get(proc.pid) != proc and self._dropped.get(proc.pid) != proc
         ]
         for proc in _by_birth(fresh, ps):
+            if _is_profiler(proc, ps):
+                # stallscope's own py-spy (loader attribution) is a child too, but no loader worker
+                self._dropped[proc.pid] = proc
+                continue
             self._adopt(proc)
 
     def _adopt(self, proc: Any) -> None:
@@ -236,3 +240,16 @@ def _by_birth(procs: Iterable[Any], ps: Any) -> list[Any]:
             return math.inf, int(proc.pid)
 
     return sorted(procs, key=key)
+
+
+_PROFILERS = frozenset({"py-spy"})
+
+
+def _is_profiler(proc: Any, ps: Any) -> bool:
+    name = getattr(proc, "name", None)
+    if name is None:
+        return False
+    try:
+        return bool(name() in _PROFILERS)
+    except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+        return False
