@@ -19,15 +19,16 @@ EXAMPLE = str(ROOT / "examples" / "train.py")
 def test_estimate_is_within_5pp_of_the_scripts_own_figure(tmp_path: Path) -> None:
     truth_file = tmp_path / "truth.json"
     res = stallscope(
-        "run", "--json", "--no-live", "--pyspy-rate", "25", "--out", str(tmp_path / "run"), "--",
-        sys.executable, EXAMPLE, "--steps", "60", "--workers", "0", "--truth", str(truth_file),
+        "run", "--json", "--no-live", "--pyspy-rate", "100", "--out", str(tmp_path / "run"), "--",
+        sys.executable, EXAMPLE, "--steps", "80", "--workers", "0", "--truth", str(truth_file),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)  # stdout holds only the summary ...
     assert "step 0 loss" in res.stderr  # ... the script's own output went to stderr
     truth = json.loads(truth_file.read_text())["data_wait_fraction"]
     est = summary["stack_estimate"]["overall"]
-    assert est["samples"] >= 100
+    # ~1,000 samples at 100 Hz: sampling sd ~1.6 pp, so 5 pp is ~3 sd (at 25 Hz and 150 samples it was 1.2 sd)
+    assert est["samples"] >= 500
     assert abs(est["data_wait"]["fraction"] - truth) <= 0.05, (est["data_wait"], truth)
     assert summary["mode"] == "zero-code" and summary["command_exit_code"] == 0
     assert summary["workers"] == 0 and summary["loader_attribution"] is None

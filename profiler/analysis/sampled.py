@@ -23,6 +23,7 @@ from profiler.analysis.attribution import (
     headline,
 )
 from profiler.analysis.stacks import (
+    Frame,
     StackSample,
     chunk_by_order,
     identify,
@@ -101,26 +102,34 @@ def stack_estimates(rec: RunRecord) -> tuple[dict[str, Any] | None, dict[str, An
 def _training_span(
     samples: list[StackSample], root_pid: int | None, sites: list[tuple[str, int]]
 ) -> tuple[list[StackSample], int]:
-    """Drop the main thread's samples before its first and after its last loader-or-compute sample.
+    """Keep the main thread's samples from its first loader sample to its last loader-or-compute sample, and
+    drop its partial stacks.
 
     Start-up (imports, building data and model) and tear-down are not training; left in, they would dilute
-    every fraction by however long the script takes to start, which has nothing to do with stalls.
+    every fraction by however long the script takes to start. Training starts by fetching a batch, so the
+    span starts at the first loader sample: a stray torch frame during set-up (lazy torch._dynamo
+    initialisation, building modules) must not open it early. A main-thread stack whose outermost frame is
+    not the program's ``<module>`` was read while it changed (py-spy runs --nonblocking): its frames cannot
+    be trusted to show whether it was inside the loader, so it is left out rather than guessed.
     """
     roles = identify(samples, root_pid)
-    orders = [
-        s.order
-        for s in samples
-        if s.order is not None
-        and roles.is_main_thread(s)
-        and classify_main_sample(s.frames, sites) in ("data_wait", "compute")
-    ]
-    if not orders:
+    main = [s for s in samples if s.order is not None and roles.is_main_thread(s)]
+    phase = {id(s): classify_main_sample(s.frames, sites) for s in main}
+    starts = [s.order for s in main if s.order is not None and phase[id(s)] == "data_wait"]
+    ends = [s.order for s in main if s.order is not None and phase[id(s)] in ("data_wait", "compute")]
+    if not starts:
         return samples, 0
-    first, last = min(orders), max(orders)
-    kept = [
-        s for s in samples if not (roles.is_main_thread(s) and s.order is not None and not first <= s.order <= last)
-    ]
+    first, last = min(starts), max(ends)
+    drop = {id(s) for s in main if not first <= (s.order or 0) <= last or not _whole(s.frames)}
+    kept = [s for s in samples if id(s) not in drop]
     return kept, sum(s.count for s in samples) - sum(s.count for s in kept)
+
+
+_ROOTS = frozenset({"<module>", "_run_module_as_main", "_run_code"})
+
+
+def _whole(frames: tuple[Frame, ...]) -> bool:
+    return bool(frames) and frames[0].name in _ROOTS
 
 
 _SITE = re.compile(r"\((?:.*/(?:site-packages|dist-packages|lib/python3\.\d+)/)?(?:.*/)?([^/()]+)\)$")
