@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import tempfile
 from collections.abc import Callable, Sequence
 from html import escape
@@ -25,6 +24,9 @@ from typing import Any
 
 from profiler.analysis import Summary, summarize
 from profiler.analysis.timeline import Series, Timeline, build_timeline
+from profiler.render.figures import figure_rows
+from profiler.render.figures import num as _num
+from profiler.render.figures import pct as _pct
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.store import load_run
 
@@ -74,17 +76,6 @@ def _e(x: Any) -> str:
     return escape(str(x), quote=True)
 
 
-def _num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
-    # the terminal report's formatting (render/report.py), so both reports print the same digits
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    return fmt.format(x) + unit
-
-
-def _pct(x: Any) -> str:
-    return _num(None if x is None else x * 100, "{:.1f}", "%")
-
-
 def _section(sid: str, title: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{_e(title)}</h2>{body}</section>'
 
@@ -122,59 +113,13 @@ def _verdict(s: Summary) -> str:
         "verdict",
         "Verdict",
         f'<p class="verdict {cls}" data-verdict="{_e(s.verdict)}">{_e(s.verdict)}</p>'
-        f"<p>stall {_e(_pct(s.stall_fraction))} of step time (data wait + blocking h2d); "
+        f"<p>stall {_e(_pct(s.stall_fraction))}: {_e(s.sources.get('stall_fraction', ''))}; "
         "bands: &gt;=20% highly, &gt;=5% moderately input-bound.</p>",
     )
 
 
 def _figures(s: Summary) -> str:
-    st = s.step_time_ms
-    rows: list[tuple[str, str]] = [
-        (
-            "throughput",
-            _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
-            + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, "
-            f"{s.steps} steps after {s.warmup_steps} warm-up)",
-        ),
-        (
-            "step time",
-            f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
-            f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
-        ),
-        ("stall fraction", f"{_pct(s.stall_fraction)}  (data wait + blocking h2d) / step time"),
-        ("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}"),
-    ]
-    if s.device_ms_per_step:
-        rows.append(
-            (
-                "device time",
-                "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items()) + "  (CUDA events)",
-            )
-        )
-    # gpuN_util_pct_mean only: gpuN_mem_util_pct_mean is memory-controller activity, not utilization.gpu
-    utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
-    if utils:
-        rows.append(
-            (
-                "NVML util",
-                "  ".join(f"{k.split('_')[0]} {_num(v, '{:.0f}')}%" for k, v in utils.items())
-                + "  (utilization.gpu, driver-averaged: hides sub-second stalls)",
-            )
-        )
-    else:
-        rows.append(("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})"))
-    h = s.host
-    if h:
-        workers = sorted(k for k in h if k.startswith("proc_w") and k.endswith("cpu_pct_mean"))
-        line = f"main {_num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
-        if workers:
-            line += f"  workers {_num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
-        line += f"  (psutil; 100% = one core)  system {_num(h.get('sys_cpu_pct_mean'), '{:.0f}')}% of all cores"
-        rows.append(("host CPU", line))
-        rows.append(("host RSS", f"max {_num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)"))
-    else:
-        rows.append(("host CPU", "n/a (no host samples)"))
-    body = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in rows)
+    body = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in figure_rows(s))
     return _section("figures", "Figures", f'<table class="figures">{body}</table>')
 
 

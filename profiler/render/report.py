@@ -7,7 +7,6 @@ not measured is printed as "n/a" with the reason, never as zero.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from rich.console import Console, Group
@@ -16,22 +15,15 @@ from rich.table import Table
 from rich.text import Text
 
 from profiler.analysis import Summary
+from profiler.render.figures import figure_rows
+from profiler.render.figures import num as _num
+from profiler.render.figures import pct as _pct
 
 _VERDICT_STYLE = {
     "highly input-bound": "bold red",
     "moderately input-bound": "bold yellow",
     "not input-bound": "bold green",
 }
-
-
-def _num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    return fmt.format(x) + unit
-
-
-def _pct(x: Any) -> str:
-    return _num(None if x is None else x * 100, "{:.1f}", "%")
 
 
 def header(s: Summary) -> Text:
@@ -69,49 +61,8 @@ def figures_table(s: Summary) -> Table:
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
-    timed = s.mode != "zero-code"  # a run seen from outside has no steps to time
-    if timed:
-        st = s.step_time_ms
-        t.add_row(
-            "throughput",
-            _num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
-            + f"  ({s.samples_measured} samples in {_num(s.measured_s, '{:.1f}', ' s')}, "
-            f"{s.steps} steps after {s.warmup_steps} warm-up)",
-        )
-        t.add_row(
-            "step time",
-            f"mean {_num(st.get('mean'), '{:.1f}')} ms  p50 {_num(st.get('p50'), '{:.1f}')} ms  "
-            f"p90 {_num(st.get('p90'), '{:.1f}')} ms",
-        )
-    t.add_row("stall fraction", f"{_pct(s.stall_fraction)}  {s.sources.get('stall_fraction', '')}")
-    if timed:
-        t.add_row("device busy", f"{_pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}")
-    if s.device_ms_per_step:
-        t.add_row(
-            "device time",
-            "  ".join(f"{k} {_num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items()) + "  (CUDA events)",
-        )
-    if s.command_exit_code is not None:
-        t.add_row("command", f"exited with code {s.command_exit_code}")
-    utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
-    if utils:
-        t.add_row(
-            "NVML util",
-            "  ".join(f"{k.split('_')[0]} {_num(v, '{:.0f}')}%" for k, v in utils.items())
-            + "  (utilization.gpu, driver-averaged: hides sub-second stalls)",
-        )
-    else:
-        t.add_row("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})")
-    h = s.host
-    if h:
-        workers = sorted(k for k in h if k.startswith("proc_w") and k.endswith("cpu_pct_mean"))
-        line = f"main {_num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
-        if workers:
-            line += f"  workers {_num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
-        line += "  (psutil; 100% = one core)"
-        line += f"  system {_num(h.get('sys_cpu_pct_mean'), '{:.0f}')}% of all cores"
-        t.add_row("host CPU", line)
-        t.add_row("host RSS", f"max {_num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)")
+    for label, text in figure_rows(s):
+        t.add_row(label, text)
     return t
 
 

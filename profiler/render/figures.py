@@ -1,0 +1,78 @@
+"""The summary's headline figures as (label, text) rows, formatted once for every renderer.
+
+The terminal report and the HTML report print the same digits and the same source labels because both take
+their rows from here. No rich, no HTML: plain strings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from profiler.analysis import Summary
+
+
+def num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
+    """A figure, or "n/a" when it was not measured (None or NaN): never a made-up zero."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return fmt.format(x) + unit
+
+
+def pct(x: Any) -> str:
+    return num(None if x is None else x * 100, "{:.1f}", "%")
+
+
+def figure_rows(s: Summary) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = []
+    timed = s.mode != "zero-code"  # a run seen from outside has no steps to time
+    if timed:
+        st = s.step_time_ms
+        rows.append(
+            (
+                "throughput",
+                num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
+                + f"  ({s.samples_measured} samples in {num(s.measured_s, '{:.1f}', ' s')}, "
+                f"{s.steps} steps after {s.warmup_steps} warm-up)",
+            )
+        )
+        rows.append(
+            (
+                "step time",
+                f"mean {num(st.get('mean'), '{:.1f}')} ms  p50 {num(st.get('p50'), '{:.1f}')} ms  "
+                f"p90 {num(st.get('p90'), '{:.1f}')} ms",
+            )
+        )
+    rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.get('stall_fraction', '')}"))
+    if timed:
+        rows.append(("device busy", f"{pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}"))
+    if s.device_ms_per_step:
+        times = "  ".join(f"{k} {num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
+        rows.append(("device time", times + "  (CUDA events)"))
+    if s.command_exit_code is not None:
+        rows.append(("command", f"exited with code {s.command_exit_code}"))
+    # gpuN_util_pct_mean only: gpuN_mem_util_pct_mean is memory-controller activity, not utilization.gpu
+    utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
+    if utils:
+        rows.append(
+            (
+                "NVML util",
+                "  ".join(f"{k.split('_')[0]} {num(v, '{:.0f}')}%" for k, v in utils.items())
+                + "  (utilization.gpu, driver-averaged: hides sub-second stalls)",
+            )
+        )
+    else:
+        rows.append(("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})"))
+    h = s.host
+    if h:
+        workers = sorted(k for k in h if k.startswith("proc_w") and k.endswith("cpu_pct_mean"))
+        line = f"main {num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
+        if workers:
+            line += f"  workers {num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
+        line += f"  (psutil; 100% = one core)  system {num(h.get('sys_cpu_pct_mean'), '{:.0f}')}% of all cores"
+        rows.append(("host CPU", line))
+        rows.append(("host RSS", f"max {num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)"))
+    else:
+        rows.append(("host CPU", "n/a (no host samples)"))
+    return rows
