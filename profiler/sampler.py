@@ -49,6 +49,15 @@ class SamplerStats:
     lateness_max_s: float = 0.0
     sources: dict[str, SourceHealth] = field(default_factory=dict)
 
+    def to_meta(self) -> dict[str, object]:
+        """What the run store keeps of the sampler's own health (meta ``sampler_stats``)."""
+        return {
+            "missed_deadlines": self.missed_deadlines,
+            "sources": {
+                k: {"status": h.status, "errors": h.errors, "last_error": h.last_error} for k, h in self.sources.items()
+            },
+        }
+
     @property
     def hz_achieved(self) -> float:
         if self.started_at is None or self.samples < 2:

@@ -248,16 +248,7 @@ class Session:
         store = self._store
         if self.sampler is not None:
             self.sampler.stop()
-            st = self.sampler.stats
-            store.put_meta(
-                sampler_stats={
-                    "missed_deadlines": st.missed_deadlines,
-                    "sources": {
-                        k: {"status": h.status, "errors": h.errors, "last_error": h.last_error}
-                        for k, h in st.sources.items()
-                    },
-                }
-            )
+            store.put_meta(sampler_stats=self.sampler.stats.to_meta())
         if self._unattributed:
             store.put_event(self._now(), "warning", f"{self._unattributed} phase(s) ran outside any step", "session")
         store.put_meta(status=status, error=error, ended_at=time.time())

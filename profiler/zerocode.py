@@ -118,7 +118,6 @@ def profile_external(
             problem = stop_problem
             store.put_event(time.perf_counter() - t0, "warning", stop_problem, "pyspy")
             warn(stop_problem)
-        st = sampler.stats
         store.put_meta(
             status=status,
             error=error,
@@ -126,10 +125,7 @@ def profile_external(
             ended_at=time.time(),
             pyspy_stopped_at=recorder.stopped_at,
             pyspy_problem=problem,
-            sampler_stats={
-                "missed_deadlines": st.missed_deadlines,
-                "sources": {k: {"status": h.status, "errors": h.errors} for k, h in st.sources.items()},
-            },
+            sampler_stats=sampler.stats.to_meta(),
         )
         store.close()
         write_summary(out)
