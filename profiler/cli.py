@@ -250,8 +250,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.scenario = args.scenario or DEFAULT_SCENARIO
     try:
         scenario = scenarios.get(args.scenario)
-        if args.pipeline not in pipelines.names():
-            pipelines.get(args.pipeline)  # raises PipelineError naming the allowed ones
+        pipelines.get(args.pipeline)  # checked before a run directory is made; raises naming the allowed ones
         device = resolve_device(args.device)
     except (scenarios.ScenarioError, pipelines.PipelineError, DeviceError) as exc:
         raise BadInput(str(exc)) from None

@@ -152,7 +152,6 @@ class Session:
         # live view: the newest resolved steps, bounded
         self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=recent)
         self._timer: DeviceTimer | None = timer
-        self._timer_given = timer is not None
         self._store: RunStore | None = None
         self.sampler: Sampler | None = None
         self._t0 = 0.0
@@ -183,7 +182,7 @@ class Session:
         if self._store is not None:
             return self
         self._t0 = self._clock()
-        if not self._timer_given:
+        if self._timer is None:
             self._timer = make_timer(self.device, self._now)
         self._store = RunStore(
             self.out_dir,

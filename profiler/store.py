@@ -192,7 +192,7 @@ class RunStore:
                 return
 
     @staticmethod
-    def _apply(con: sqlite3.Connection, item: tuple[Any, ...]) -> int:
+    def _apply(con: sqlite3.Connection, item: tuple[Any, ...]) -> None:
         kind = item[0]
         if kind == "step":
             row, phases = item[1], item[2]
@@ -205,16 +205,16 @@ class RunStore:
                     "INSERT INTO phases VALUES (?,?,?,?,?,?,?)",
                     [(p.step, p.name, p.depth, p.t_start, p.t_end, p.dev_start, p.dev_end) for p in phases],
                 )
-            return 1
+            return
         if kind == "samples":
             con.executemany("INSERT INTO samples VALUES (?,?,?,?)", item[1])
-            return len(item[1])
+            return
         if kind == "event":
             con.execute("INSERT INTO events VALUES (?,?,?,?)", item[1])
-            return 1
+            return
         if kind == "meta":
             con.executemany("INSERT OR REPLACE INTO meta VALUES (?,?)", item[1])
-            return 1
+            return
         raise AssertionError(f"unknown store item {kind!r}")
 
 

@@ -63,7 +63,6 @@ def _session(tmp: Path, stream_kwargs: dict, **kw) -> tuple[Session, FakeStream]
     # the fake reads the session's own timeline, as CudaEventTimer does
     holder["stream"] = FakeStream(s._now, **stream_kwargs)
     s._timer = holder["stream"]
-    s._timer_given = True
     return s, holder["stream"]
 
 
