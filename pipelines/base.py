@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pipelines.imagefolder import SkipLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,7 @@ class BuiltLoader:
     batches: Iterable[Any]
     to_device: Any  # Callable[[batch], batch-on-device]
     config: dict[str, Any] = field(default_factory=dict)
+    skips: SkipLog | None = None  # image-folder sources: the files left out under --on-bad-sample skip
 
     def close(self) -> None:
         """Shut workers down if the loader owns any."""

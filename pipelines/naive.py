@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipelines.base import BuiltLoader, LoaderSpec
+from pipelines.imagefolder import SkipCollate, SkipLog
 
 # The DataLoader default, stated rather than implied so that ``config`` can quote it.
 PREFETCH_FACTOR = 2
@@ -32,35 +33,51 @@ def move(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def data_loader(
+    dataset: Any, spec: LoaderSpec, *, pin_memory: bool, persistent_workers: bool, prefetch_factor: int | None
+) -> tuple[Any, SkipLog | None]:
+    """The ``DataLoader`` both torch pipelines build, and the skip log when ``dataset`` reads image files.
+
+    Yields ``(x, y)`` batches either way: an image-folder dataset gets ``SkipCollate`` and a view that strips
+    and records the files skipped under ``--on-bad-sample skip``.
+    """
+    if spec.workers < 0:
+        raise ValueError(f"workers must be >= 0, got {spec.workers}")
+    if spec.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
+    skips = SkipLog.for_dataset(dataset)
+    loader: DataLoader[Any] = DataLoader(
+        dataset,
+        batch_size=spec.batch_size,
+        shuffle=spec.shuffle,
+        num_workers=spec.workers,
+        pin_memory=pin_memory,
+        drop_last=spec.drop_last,
+        persistent_workers=persistent_workers and spec.workers > 0,
+        prefetch_factor=prefetch_factor if spec.workers else None,
+        generator=torch.Generator().manual_seed(spec.seed),
+        collate_fn=SkipCollate() if skips is not None else None,
+    )
+    return (skips.wrap(loader) if skips is not None else loader), skips
+
+
 class NaivePipeline:
     """``DataLoader`` with pageable memory and a blocking copy."""
 
     name = "naive"
 
     def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
-        if spec.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {spec.workers}")
-        if spec.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
         device = torch.device(spec.device)
         prefetch_factor = PREFETCH_FACTOR if spec.workers else None
-        loader: DataLoader[Any] = DataLoader(
-            dataset,
-            batch_size=spec.batch_size,
-            shuffle=spec.shuffle,
-            num_workers=spec.workers,
-            pin_memory=False,
-            drop_last=spec.drop_last,
-            persistent_workers=False,
-            prefetch_factor=prefetch_factor,
-            generator=torch.Generator().manual_seed(spec.seed),
+        batches, skips = data_loader(
+            dataset, spec, pin_memory=False, persistent_workers=False, prefetch_factor=prefetch_factor
         )
 
         def to_device(batch: Any) -> Any:
             return move(batch, device)
 
         return BuiltLoader(
-            batches=loader,
+            batches=batches,
             to_device=to_device,
             config={
                 "pipeline": self.name,
@@ -69,4 +86,5 @@ class NaivePipeline:
                 "prefetch_factor": prefetch_factor,
                 "persistent_workers": False,
             },
+            skips=skips,
         )

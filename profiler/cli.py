@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -64,6 +65,37 @@ def _positive_hz(text: str) -> float:
     return hz
 
 
+def add_training_options(p: argparse.ArgumentParser) -> None:
+    """The flags ``run``, ``sweep`` and ``tune`` share."""
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--warmup", type=_bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
+    p.add_argument(
+        "--sample-hz", type=_positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)"
+    )
+    p.add_argument("--seed", type=_bounded(int, 0, 2**32 - 1, "an integer"), default=0)
+    p.add_argument("--out", help="directory to create (default under runs/)")
+    p.add_argument("--no-live", action="store_true", help="no live status while training")
+    p.add_argument("--model", help="one of the scenario's models (see `stallscope scenarios`); default its first")
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="data directory of a file-backed scenario (default: a small set generated once into "
+        "$STALLSCOPE_DATA, else ~/.cache/stallscope)",
+    )
+    p.add_argument(
+        "--on-bad-sample",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a corrupt or non-image file in --data: fail (exit 2 naming it) or skip (counted and listed)",
+    )
+    p.add_argument(
+        "--price-per-hour",
+        type=_bounded(float, 0, 1e6, "a number"),
+        metavar="P",
+        help="price of the machine per hour: the report adds the cost per 1,000 samples and per epoch",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="stallscope", description="Is the accelerator waiting for data, and what would fix it?")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -75,26 +107,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})",
     )
-    r.add_argument("--pipeline", default="naive", help="how batches reach the device (default naive)")
+    r.add_argument("--pipeline", default="naive", help="naive | prefetch | dali: how batches reach the device")
     r.add_argument("--batch-size", type=_bounded(int, 1, MAX_BATCH, "an integer"), help="default: the scenario's")
     r.add_argument(
         "--workers",
         type=_bounded(int, 0, MAX_WORKERS, "an integer"),
         default=0,
-        help="DataLoader worker processes (default 0)",
+        help="DataLoader worker processes (DALI: CPU threads) (default 0)",
     )
-    r.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     r.add_argument(
         "--steps", type=_bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)"
     )
-    r.add_argument("--warmup", type=_bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
-    r.add_argument(
-        "--sample-hz", type=_positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)"
-    )
-    r.add_argument("--seed", type=_bounded(int, 0, 2**32 - 1, "an integer"), default=0)
-    r.add_argument("--out", help="run directory to create (default runs/<scenario>-<pipeline>-<time>)")
+    add_training_options(r)
     r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
-    r.add_argument("--no-live", action="store_true", help="no live status while training")
+    r.add_argument(
+        "--loader-only",
+        action="store_true",
+        help="no model: iterate the pipeline and the copy to the device, to measure the loader's prep rate",
+    )
     r.add_argument(
         "--pyspy-rate",
         type=_bounded(int, 1, 1000, "an integer"),
@@ -151,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--json", action="store_true", help="at the end, print the summary JSON instead of the report")
 
     sub.add_parser("scenarios", help="list the built-in scenarios")
+
+    d = sub.add_parser("data", help="generate local data sets (never downloaded)")
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    dm = dsub.add_parser("make", help="write a generated data set; a no-op on a complete directory")
+    dm.add_argument("kind", help="imagenet-like (ImageFolder of JPEGs) | voc-like (detection JPEGs + COCO json)")
+    dm.add_argument("--out", required=True, metavar="DIR")
+    dm.add_argument("--count", type=_bounded(int, 1, 10_000_000, "an integer"), required=True, metavar="N")
+    dm.add_argument("--classes", type=_bounded(int, 1, 100_000, "an integer"), default=10, metavar="K")
+    dm.add_argument("--seed", type=_bounded(int, 0, 2**32 - 1, "an integer"), default=0, metavar="S")
+    dm.add_argument("--jobs", type=_bounded(int, 1, 1024, "an integer"), help="processes (default: all cores)")
     return p
 
 
@@ -186,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "watch": cmd_watch,
         "compare": cmd_compare,
         "scenarios": cmd_scenarios,
+        "data": cmd_data,
     }[args.command]
     try:
         return handler(args)
@@ -242,7 +283,18 @@ class _SignalStop:
             signal.signal(s, old)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, slots=True)
+class Training:
+    """What ``run``, ``sweep`` and ``tune`` resolved from their shared flags, before any run directory exists."""
+
+    scenario: Any
+    device: Any
+    data: Path | None
+    extra_meta: dict[str, Any]
+
+
+def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = ()) -> Training:
+    """Check the shared flags (BadInput naming the value) and make the scenario's default data if it needs it."""
     import pipelines
     import scenarios
     from profiler.devices import DeviceError, resolve_device
@@ -250,10 +302,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.scenario = args.scenario or DEFAULT_SCENARIO
     try:
         scenario = scenarios.get(args.scenario)
-        pipelines.get(args.pipeline)  # checked before a run directory is made; raises naming the allowed ones
+        for name in pipeline_names:  # checked before a run directory is made; raises naming the allowed ones
+            pipelines.get(name)
+        scenario.model_factory(args.model)
         device = resolve_device(args.device)
     except (scenarios.ScenarioError, pipelines.PipelineError, DeviceError) as exc:
         raise BadInput(str(exc)) from None
+    except ValueError as exc:  # an unknown --model
+        raise BadInput(str(exc)) from None
+    data = None
+    if scenario.data is None:
+        if args.data is not None:
+            raise BadInput(f"--data {args.data!r}: scenario {scenario.name!r} generates its data in memory")
+    elif args.data is not None:
+        data = Path(args.data)
+        if not data.is_dir():
+            what = "does not exist" if not data.exists() else "is not a directory"
+            raise BadInput(f"--data {args.data!r} {what}: allowed an existing data directory")
+    else:
+        data = _default_data(scenario.data, scenario.data_count)
+    meta: dict[str, Any] = {}
+    if args.price_per_hour is not None:
+        meta["price_per_hour"] = args.price_per_hour
+    return Training(scenario, device, data, meta)
+
+
+def _default_data(kind: str, count: int) -> Path:
+    from profiler.render.progress import progress
+    from scenarios.datagen import DataError, ensure_default
+
+    try:
+        with progress(f"stallscope: generating the default {kind} set ({count} images, once)") as report:
+            return ensure_default(kind, count, progress=report)
+    except DataError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    t = resolve_training(args, [args.pipeline])
+    scenario, device = t.scenario, t.device
     out = _prepare_out(args.out, args.scenario, args.pipeline)
 
     from profiler.runner import RunConfig, TrainingError, run_scenario
@@ -271,6 +358,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         attribution=not args.no_attribution,
         pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
+        data=t.data,
+        on_bad_sample=args.on_bad_sample,
+        model=args.model,
+        loader_only=args.loader_only,
+        extra_meta=t.extra_meta,
     )
     monitor = None
     if not args.no_live:
@@ -283,8 +375,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             return monitor_for(SessionFeed(s), total_steps=total)
 
     if not args.json:
+        what = "loading (no model)" if args.loader_only else "training"
         print(
-            f"stallscope: training {scenario.name} ({args.pipeline}, device {device.torch_device}) -> {out}",
+            f"stallscope: {what} {scenario.name} ({args.pipeline}, device {device.torch_device}) -> {out}",
             file=sys.stderr,
         )
     code = EXIT_OK
@@ -292,6 +385,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         with _SignalStop():
             run_scenario(scenario, cfg, monitor)
     except TrainingError as exc:
+        if exc.bad_input:
+            print(f"stallscope: error: {exc.bad_input}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         print(
             f"stallscope: training failed: {exc.where}; the partial run is kept: stallscope report {out}",
             file=sys.stderr,
@@ -441,5 +537,26 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
     for name in scenarios.names():
         sc = scenarios.get(name)
-        print(f"{name:16s} {sc.description}")
+        models = sc.model_names()
+        extra = f" [models: {', '.join(models)}]" if len(models) > 1 else ""
+        print(f"{name:16s} {sc.description}{extra}")
+    return EXIT_OK
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from profiler.render.progress import progress
+    from scenarios.datagen import DataError, make
+
+    try:
+        with progress(f"stallscope: {args.kind} -> {args.out}") as report:
+            info = make(
+                args.kind, Path(args.out), args.count, classes=args.classes, seed=args.seed, jobs=args.jobs,
+                progress=report,
+            )  # fmt: skip
+    except DataError as exc:
+        raise BadInput(str(exc)) from None
+    if info.generated == 0:
+        print(f"stallscope: {args.out} already holds this {args.kind} set ({info.count} images): nothing to do")
+    else:
+        print(f"stallscope: wrote {info.generated} {args.kind} images to {args.out} ({info.count} in the set)")
     return EXIT_OK

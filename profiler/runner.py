@@ -18,21 +18,28 @@ from typing import Any
 
 from pipelines import LoaderSpec
 from pipelines import get as get_pipeline
+from pipelines.imagefolder import BadSampleError, DataSourceError
 from profiler.devices import DeviceInfo
 from profiler.pyspy import OUTPUT, PySpyRecorder
 from profiler.session import Session
-from scenarios import Scenario
+from scenarios import DataOptions, Scenario
 
 Monitor = Callable[[Session], contextlib.AbstractContextManager[Any]]
+StopWhen = Callable[[Session, int], bool]  # (session, measured steps done) -> stop now
 
 
 class TrainingError(Exception):
-    """The training itself failed; the partial run is kept in ``run_dir``."""
+    """The training itself failed; the partial run is kept in ``run_dir``.
 
-    def __init__(self, where: str, run_dir: Path) -> None:
+    ``bad_input`` is set (one line) when the cause was the user's data: a missing or empty data directory,
+    or a bad file under ``--on-bad-sample fail``. The CLI exits 2 for those, 1 otherwise.
+    """
+
+    def __init__(self, where: str, run_dir: Path, bad_input: str | None = None) -> None:
         super().__init__(where)
         self.where = where
         self.run_dir = run_dir
+        self.bad_input = bad_input
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,11 @@ class RunConfig:
     seed: int = 0
     attribution: bool = True  # py-spy on the loader workers when there are any (RUN_DIR/pyspy.txt)
     pyspy_rate: int = 10
+    data: Path | None = None  # file-backed scenarios: None = the scenario's default set, generated once
+    on_bad_sample: str = "fail"
+    model: str | None = None  # None: the scenario's default model
+    loader_only: bool = False  # iterate the pipeline and the copy, no model: the loader's prep rate
+    stop_when: StopWhen | None = None  # checked after every measured step (sweeps stop once stable)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,6 +79,8 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     device = torch.device(cfg.device.torch_device)
 
     pipeline = get_pipeline(cfg.pipeline)
+    model_factory = scenario.model_factory(cfg.model)
+    data_options = _data_options(scenario, cfg)
     # The session starts before set-up so that a dataset or model that fails to build leaves a reportable
     # run (status "failed", no steps) and so set-up's host load is on the record too.
     session = Session(
@@ -83,6 +97,9 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "argv": list(sys.argv),
+            "model": cfg.model or scenario.model_name,
+            "loader_only": cfg.loader_only,
+            **({"data_root": str(data_options.root), "on_bad_sample": cfg.on_bad_sample} if data_options else {}),
             **cfg.extra_meta,
         },
     )
@@ -92,18 +109,23 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     recorder = None
     try:
         with session:
-            dataset = scenario.dataset()
+            dataset = scenario.build_dataset(data_options)
             spec = LoaderSpec(batch_size=batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed)
             built = pipeline.build(dataset, spec)
-            model = scenario.model().to(device)
-            model.train()
-            opt = torch.optim.SGD(model.parameters(), lr=scenario.lr, momentum=0.9)
+            augment: Any = getattr(dataset, "augment", None)
             session.annotate(
                 workers=int(built.config.get("workers", cfg.workers)),
                 pin_memory=built.config.get("pin_memory"),
                 loader=built.config,
-                params=sum(p.numel() for p in model.parameters()),
+                epoch_samples=_epoch_samples(dataset),
+                **({"augment": augment.describe()} if hasattr(augment, "describe") else {}),
             )
+            model = opt = None
+            if not cfg.loader_only:
+                model = model_factory().to(device)
+                model.train()
+                opt = torch.optim.SGD(model.parameters(), lr=scenario.lr, momentum=0.9)
+                session.annotate(params=sum(p.numel() for p in model.parameters()))
             if cfg.attribution and int(built.config.get("workers", 0)) > 0:
                 recorder = _attribute_workers(session, cfg)
             with monitor(session) if monitor else contextlib.nullcontext():
@@ -118,14 +140,18 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                         progressed = True
                         with session.phase("h2d"):
                             x, y = built.to_device(batch)
-                        with session.phase("compute"):
-                            out = model(x)
-                            loss = scenario.loss(out, y)
-                            opt.zero_grad(set_to_none=True)
-                            loss.backward()
-                            opt.step()
+                        if model is not None and opt is not None:
+                            with session.phase("compute"):
+                                out = model(x)
+                                loss = scenario.loss(out, y)
+                                opt.zero_grad(set_to_none=True)
+                                loss.backward()
+                                opt.step()
                         done += 1
                         if done >= total:
+                            break
+                        if cfg.stop_when is not None and done > warmup and cfg.stop_when(session, done - warmup):
+                            total = done
                             break
                     batches.close()  # ends the step in flight now, not at garbage collection
                     if not progressed:
@@ -134,9 +160,11 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                         )
             if loss is not None:
                 session.annotate(final_loss=float(loss.detach()))
+            if built.skips is not None:
+                session.annotate(bad_samples=built.skips.to_meta())
     except Exception as exc:
         if session.status == "failed":
-            raise TrainingError(session.error or str(exc), Path(cfg.out)) from exc
+            raise TrainingError(session.error or str(exc), Path(cfg.out), _bad_input(exc)) from exc
         raise
     finally:
         if recorder is not None:
@@ -144,6 +172,29 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
         if built is not None:
             built.close()
     return session
+
+
+def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
+    """Where a file-backed scenario reads from; its default set is generated on first use."""
+    if scenario.data is None:
+        return None
+    root = cfg.data
+    if root is None:
+        from scenarios.datagen import ensure_default
+
+        root = ensure_default(scenario.data, scenario.data_count, seed=0)
+    return DataOptions(root=Path(root), on_bad_sample=cfg.on_bad_sample, device_type=cfg.device.kind, seed=cfg.seed)
+
+
+def _bad_input(exc: BaseException) -> str | None:
+    """The one-line message when ``exc`` is the user's data at fault (also when re-raised by a worker)."""
+    if isinstance(exc, DataSourceError):
+        return str(exc)
+    if isinstance(exc, BadSampleError):
+        # a DataLoader worker re-raises with the worker's traceback in the message: keep the error's own line
+        lines = [ln.strip() for ln in str(exc).splitlines() if "bad sample " in ln]
+        return lines[-1].split("BadSampleError: ", 1)[-1] if lines else str(exc)
+    return None
 
 
 def _attribute_workers(session: Session, cfg: RunConfig) -> PySpyRecorder | None:
@@ -155,3 +206,10 @@ def _attribute_workers(session: Session, cfg: RunConfig) -> PySpyRecorder | None
         print(f"stallscope: no loader attribution: {problem}", file=sys.stderr)
         return None
     return recorder
+
+
+def _epoch_samples(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:  # an iterable-style dataset has no length
+        return None

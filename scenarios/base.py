@@ -9,12 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # Typed loosely on purpose: scenarios must not force torch types on the import of this module.
-DatasetFactory = Callable[[], Any]
+DatasetFactory = Callable[..., Any]  # () -> Dataset, or (DataOptions) -> Dataset when Scenario.data is set
 ModelFactory = Callable[[], Any]
 LossFn = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DataOptions:
+    """What a file-backed scenario's dataset factory is given (``Scenario.data`` set).
+
+    ``root`` is the data directory (``--data``, or the scenario's default set generated once into the
+    cache); ``on_bad_sample`` is ``fail`` or ``skip``; ``device_type`` ("cpu" or "cuda") lets a scenario pick
+    a resolution that suits where it trains.
+    """
+
+    root: Path
+    on_bad_sample: str = "fail"
+    device_type: str = "cpu"
+    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +54,13 @@ class Scenario:
     lr: float = 0.01
     synthetic: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    # File-backed scenarios: the generator kind of their default data set (scenarios.datagen.KINDS) and its
+    # size. When set, ``dataset`` is called with a DataOptions instead of no argument.
+    data: str | None = None
+    data_count: int = 0
+    # Alternative models by name (``--model``); ``model`` is the default, named ``model_name``.
+    models: dict[str, ModelFactory] = field(default_factory=dict)
+    model_name: str = "default"
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -47,3 +70,27 @@ class Scenario:
         for attr in ("dataset", "model", "loss"):
             if not callable(getattr(self, attr)):
                 raise ValueError(f"Scenario.{attr} must be callable")
+        if self.data is not None and self.data_count < 1:
+            raise ValueError(f"Scenario.data_count must be >= 1 when data is set, got {self.data_count}")
+
+    def model_names(self) -> list[str]:
+        """Every name ``--model`` accepts, the default first."""
+        return [self.model_name, *sorted(set(self.models) - {self.model_name})]
+
+    def model_factory(self, name: str | None) -> ModelFactory:
+        """The factory of model ``name`` (None: the default); ValueError naming the allowed ones."""
+        if name is None or name == self.model_name:
+            return self.model
+        if name in self.models:
+            return self.models[name]
+        raise ValueError(
+            f"unknown model {name!r} for scenario {self.name!r}: choose one of {', '.join(self.model_names())}"
+        )
+
+    def build_dataset(self, options: DataOptions | None) -> Any:
+        """The scenario's dataset; file-backed scenarios need ``options``."""
+        if self.data is None:
+            return self.dataset()
+        if options is None:
+            raise ValueError(f"scenario {self.name!r} reads files: give it DataOptions (a data directory)")
+        return self.dataset(options)

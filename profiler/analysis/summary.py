@@ -55,6 +55,11 @@ class Summary:
     nvml: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    model: str | None = None
+    loader_only: bool = False  # no model ran: throughput is the loader's prep rate
+    augment: str | None = None  # the augmentation spec the pipeline realised, in words
+    bad_samples: dict[str, Any] | None = None  # {policy, skipped, files[{path, reason}]}
+    cost: dict[str, Any] | None = None  # {price_per_hour, per_1k_samples, per_epoch, epoch_samples}
 
     def to_dict(self) -> dict[str, Any]:
         """The summary.json object: NaN becomes null (JSON has no NaN)."""
@@ -142,6 +147,9 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stall, workers = _zero_code_figures(stack_est, attribution, host, notes, sources)
     stall_ok = not math.isnan(stall)
     verdict = verdict_for(stall) if stall_ok else "unknown: no measured steps"
+    loader_only = bool(meta.get("loader_only"))
+    if loader_only:
+        verdict = "loader only (no model): throughput is the pipeline's prep rate"
     device_ms = {}
     if on_cuda:
         for name in CORE_PHASES:
@@ -182,11 +190,30 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         command_exit_code=meta.get("command_exit_code"),
         stack_estimate=stack_est,
         loader_attribution=attribution,
+        model=meta.get("model"),
+        loader_only=loader_only,
+        augment=meta.get("augment"),
+        bad_samples=meta.get("bad_samples"),
+        cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
     )
-    if stall_ok:
+    if stall_ok and not loader_only:
         # the list was created empty for this summary alone; recommend() reads the finished figures
         summary.recommendations.extend(recommend(summary, cpu_count=meta.get("cpu_count")))
     return summary
+
+
+def cost_figures(price_per_hour: Any, throughput: float, epoch_samples: Any) -> dict[str, Any] | None:
+    """Cost at the measured throughput: per 1,000 samples and per epoch (None when no price was given)."""
+    if not isinstance(price_per_hour, (int, float)):
+        return None
+    per_sample = price_per_hour / 3600 / throughput if throughput and throughput > 0 else math.nan
+    epoch = epoch_samples if isinstance(epoch_samples, int) and epoch_samples > 0 else None
+    return {
+        "price_per_hour": float(price_per_hour),
+        "per_1k_samples": per_sample * 1000,
+        "per_epoch": per_sample * epoch if epoch else math.nan,
+        "epoch_samples": epoch,
+    }
 
 
 def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[str, float]]:

@@ -31,7 +31,7 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         st = s.step_time_ms
         rows.append(
             (
-                "throughput",
+                "prep rate" if s.loader_only else "throughput",
                 num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
                 + f"  ({s.samples_measured} samples in {num(s.measured_s, '{:.1f}', ' s')}, "
                 f"{s.steps} steps after {s.warmup_steps} warm-up)",
@@ -42,6 +42,36 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
                 "step time",
                 f"mean {num(st.get('mean'), '{:.1f}')} ms  p50 {num(st.get('p50'), '{:.1f}')} ms  "
                 f"p90 {num(st.get('p90'), '{:.1f}')} ms",
+            )
+        )
+    if s.cost:
+        c = s.cost
+        epoch = (
+            f", {num(c.get('per_epoch'), '{:.4f}')} per epoch of {c['epoch_samples']} samples"
+            if c.get("epoch_samples")
+            else ""
+        )
+        rows.append(
+            (
+                "cost",
+                f"{num(c.get('per_1k_samples'), '{:.4f}')} per 1,000 samples{epoch}  "
+                f"(at {c['price_per_hour']:g}/hour and the measured throughput)",
+            )
+        )
+    if s.model and s.model != "default":
+        rows.append(("model", s.model + ("  (not run: --loader-only)" if s.loader_only else "")))
+    if s.augment:
+        rows.append(("augment", s.augment))
+    if s.bad_samples and (s.bad_samples.get("skipped") or s.bad_samples.get("policy") == "skip"):
+        b = s.bad_samples
+        files = b.get("files") or []
+        listed = "; ".join(f"{f['path']} ({f['reason']})" for f in files[:5])
+        more = f" and {b['skipped'] - len(files[:5])} more" if b.get("skipped", 0) > len(files[:5]) else ""
+        rows.append(
+            (
+                "bad samples",
+                f"{b.get('skipped', 0)} skipped (--on-bad-sample {b.get('policy')})"
+                + (f": {listed}{more}" if listed else ""),
             )
         )
     rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.get('stall_fraction', '')}"))
