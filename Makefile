@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stallscope-installed
 # This machine's pins (pyproject keeps ranges). torch 2.14.1 + torchvision 0.29.1 install from local disk.
 PINS   := torch==2.14.1 torchvision==0.29.1
+# NVIDIA DALI for the `dali` pipeline (~200 MB from PyPI; CPU pipelines run without a GPU). Optional for the
+# package (the `dali` extra), installed here so that all three pipelines are tested.
+DALI   := nvidia-dali-cuda130==2.4.0
 
 .PHONY: demo test lint bench clean
 
@@ -12,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(PINS)
-	$(BIN)/python -m pip install -q -e '.[dev]' $(PINS)
+	$(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI)
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,6 +32,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/zerocode.py
+	$(BIN)/python benchmarks/loaders.py
 
 clean:
 	rm -rf runs .pytest_cache

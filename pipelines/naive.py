@@ -56,7 +56,8 @@ def data_loader(
         persistent_workers=persistent_workers and spec.workers > 0,
         prefetch_factor=prefetch_factor if spec.workers else None,
         generator=torch.Generator().manual_seed(spec.seed),
-        collate_fn=SkipCollate() if skips is not None else None,
+        # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor)
+        collate_fn=SkipCollate() if skips is not None else getattr(dataset, "collate_fn", None),
     )
     return (skips.wrap(loader) if skips is not None else loader), skips
 

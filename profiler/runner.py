@@ -142,7 +142,7 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                             x, y = built.to_device(batch)
                         if model is not None and opt is not None:
                             with session.phase("compute"):
-                                out = model(x)
+                                out = model(x, y) if scenario.targets_in_forward else model(x)
                                 loss = scenario.loss(out, y)
                                 opt.zero_grad(set_to_none=True)
                                 loss.backward()

@@ -61,6 +61,9 @@ class Scenario:
     # Alternative models by name (``--model``); ``model`` is the default, named ``model_name``.
     models: dict[str, ModelFactory] = field(default_factory=dict)
     model_name: str = "default"
+    # Detection-style models take the targets in forward (torchvision's SSD returns its losses in train
+    # mode): the runner then calls ``model(x, y)`` and ``loss(output, y)`` reduces what it returned.
+    targets_in_forward: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

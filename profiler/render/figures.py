@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
@@ -65,7 +66,8 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
     if s.bad_samples and (s.bad_samples.get("skipped") or s.bad_samples.get("policy") == "skip"):
         b = s.bad_samples
         files = b.get("files") or []
-        listed = "; ".join(f"{f['path']} ({f['reason']})" for f in files[:5])
+        # class directory and file name: enough to find it under --data, short enough not to be cut
+        listed = "; ".join(f"{'/'.join(Path(f['path']).parts[-2:])} ({f['reason']})" for f in files[:5])
         more = f" and {b['skipped'] - len(files[:5])} more" if b.get("skipped", 0) > len(files[:5]) else ""
         rows.append(
             (
