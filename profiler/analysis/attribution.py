@@ -88,6 +88,8 @@ MAIN_RULES: tuple[Rule, ...] = (
         "__next__ _next_data _get_data _try_get_data _next_index __iter__ _get_iterator _shutdown_workers",
     ),
     _rule("data_wait", r"/nvidia/dali/", "__next__ next"),
+    # stallscope's own prefetch pipeline: the training thread waits here for the prefetch thread's batch
+    _rule("data_wait", r"/pipelines/prefetch\.py$", "_deliver take __iter__"),
     _rule("data_wait", r"/torchdata/", "__next__"),
     _rule("h2d", r"/torch/utils/data/_utils/pin_memory\.py$"),
     _rule("h2d", r"/(lightning|pytorch_lightning|lightning_fabric)/", "move_data_to_device batch_to_device"),
