@@ -17,7 +17,9 @@ from pipelines.base import BuiltLoader, LoaderSpec, Pipeline
 __all__ = ["BuiltLoader", "LoaderSpec", "Pipeline", "PipelineError", "get", "names"]
 
 PIPELINES: dict[str, str] = {
+    "dali": "pipelines.dali:DaliPipeline",
     "naive": "pipelines.naive:NaivePipeline",
+    "prefetch": "pipelines.prefetch:PrefetchPipeline",
 }
 
 

@@ -126,7 +126,8 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                 model.train()
                 opt = torch.optim.SGD(model.parameters(), lr=scenario.lr, momentum=0.9)
                 session.annotate(params=sum(p.numel() for p in model.parameters()))
-            if cfg.attribution and int(built.config.get("workers", 0)) > 0:
+            # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
+            if cfg.attribution and int(built.config.get("worker_processes", built.config.get("workers", 0))) > 0:
                 recorder = _attribute_workers(session, cfg)
             with monitor(session) if monitor else contextlib.nullcontext():
                 epoch = 0

@@ -67,7 +67,8 @@ def test_unknown_name() -> None:
     with pytest.raises(ScenarioError) as info:
         scenarios.get("foo")
     assert str(info.value) == (
-        "unknown scenario 'foo': choose one of fashion-vgg, or a path to a .py file defining `scenario = Scenario(...)`"
+        f"unknown scenario 'foo': choose one of {', '.join(scenarios.names())}, "
+        "or a path to a .py file defining `scenario = Scenario(...)`"
     )
 
 
