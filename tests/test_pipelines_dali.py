@@ -124,6 +124,7 @@ def test_batches_shapes_labels_and_config(dali: None, folder: Path, workers: int
         "pipeline": "dali",
         "workers": max(1, workers),
         "workers_meaning": "DALI CPU threads (num_threads) in this process, not DataLoader worker processes",
+        "worker_processes": 0,
         "pin_memory": None,
         "decoder": "cpu",
         "prefetch_queue_depth": 2,
