@@ -348,6 +348,12 @@ class DaliPipeline:
     name = "dali"
 
     def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
+        from pipelines.detection import DetectionDataset
+
+        if isinstance(dataset, DetectionDataset):
+            from pipelines.dali_detection import build_detection  # late: that module imports this one
+
+            return build_detection(dataset, spec)
         source, aug = _image_folder(dataset)
         if spec.workers < 0:
             raise ValueError(f"workers must be >= 0, got {spec.workers}")

@@ -19,7 +19,7 @@ the scan; a ``BadSampleError`` message is one line that starts with "bad sample 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +200,9 @@ class SkipCollate:
     to DataLoader workers.
     """
 
+    def __init__(self, collate: Callable[[list[Any]], Any] | None = None) -> None:
+        self.collate = collate  # the dataset's own collate (detection), else torch's default
+
     def __call__(self, items: list[Any]) -> tuple[Any, Any, list[Skipped]]:
         from torch.utils.data import default_collate
 
@@ -207,7 +210,7 @@ class SkipCollate:
         good = [it for it in items if not isinstance(it, Skipped)]
         if not good:
             return None, None, skipped
-        x, y = default_collate(good)
+        x, y = (self.collate or default_collate)(good)
         return x, y, skipped
 
 
@@ -220,10 +223,12 @@ class SkipLog:
 
     @classmethod
     def for_dataset(cls, dataset: Any) -> SkipLog | None:
+        # any file-backed source with a policy and a scan's bad list (image folders, COCO detection sets)
         source = getattr(dataset, "source", None)
-        if not isinstance(source, ImageFolderSource):
+        policy, bad = getattr(source, "on_bad_sample", None), getattr(source, "bad", None)
+        if policy not in POLICIES or not isinstance(bad, tuple):
             return None
-        return cls(source.on_bad_sample, list(source.bad))
+        return cls(policy, list(bad))
 
     def strip(self, batches: Any) -> Iterator[tuple[Any, Any]]:
         """Yield ``(x, y)`` from ``(x, y, skipped)`` batches, recording the skipped files."""

@@ -46,6 +46,8 @@ def data_loader(
     if spec.batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
     skips = SkipLog.for_dataset(dataset)
+    # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor)
+    collate = getattr(dataset, "collate_fn", None)
     loader: DataLoader[Any] = DataLoader(
         dataset,
         batch_size=spec.batch_size,
@@ -56,8 +58,7 @@ def data_loader(
         persistent_workers=persistent_workers and spec.workers > 0,
         prefetch_factor=prefetch_factor if spec.workers else None,
         generator=torch.Generator().manual_seed(spec.seed),
-        # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor)
-        collate_fn=SkipCollate() if skips is not None else getattr(dataset, "collate_fn", None),
+        collate_fn=SkipCollate(collate) if skips is not None else collate,
     )
     return (skips.wrap(loader) if skips is not None else loader), skips
 

@@ -95,7 +95,13 @@ def test_a_dataset_that_is_not_an_image_folder_is_refused() -> None:
 
 
 def test_missing_dali_is_a_one_line_pipeline_error(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # makes every `import nvidia.dali...` fail
+    # a None entry makes `import nvidia.dali...` fail; every loaded submodule needs one too, and the parent
+    # package must lose its attribute, or an earlier test's import of DALI still satisfies the import
+    for name in [m for m in sys.modules if m == "nvidia.dali" or m.startswith("nvidia.dali.")] or ["nvidia.dali"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)
+    if "nvidia" in sys.modules:
+        monkeypatch.delattr(sys.modules["nvidia"], "dali", raising=False)
     with pytest.raises(PipelineError) as info:
         _build(ImageFolderDataset.from_dir(folder, SMALL))
     message = str(info.value)

@@ -1,0 +1,300 @@
+"""The ``dali`` pipeline's detection path: ``DetectionAugment`` realised with DALI operators.
+
+``DaliPipeline.build`` (``pipelines/dali.py``) hands a ``DetectionDataset`` to ``build_detection``. The graph
+reads the same ``CocoDetectionSource`` the torch path reads and does the same work in the same order:
+
+  readers.coco (``images=`` the scanned file list; boxes ltrb, relative; category ids as the manifest has them)
+  -> decoders.image ("mixed" on CUDA: nvJPEG on the GPU; "cpu" otherwise)
+  -> zoom-out: paste onto a mean-filled canvas + bbox_paste, behind a coin flip (p = zoom_p)
+  -> IoU crop: random_bbox_crop (same thresholds, scale range, pixel aspect ratio, trials) + slice
+  -> resize to size x size -> crop_mirror_normalize, whose ``mirror`` shares one coin flip with bb_flip
+  -> boxes and labels padded with -1 to the batch's largest count (a batch of ragged boxes is not a tensor)
+
+``DetectionBatches`` turns the padded ``[N, K, 4]`` / ``[N, K]`` back into one target dict per image, in
+pixels of the output, dropping padding rows and boxes under ``min_box`` px (SanitizeBoundingBoxes' rule).
+
+What differs from the torchvision realisation (``DetectionDataset``), by design or by library:
+- The random draws: DALI's samplers, same distributions, not the same numbers.
+- The zoom-out canvas is ``round(side * ratio)``, torchvision's ``int(side * ratio)``: a pixel at most.
+- IoU crop: DALI's crop window is continuous (relative coordinates) where torchvision's is whole pixels, and
+  when no window is found in ``crop_trials`` attempts for a threshold DALI draws another threshold, as
+  torchvision does (which may then be "no crop").
+- Flip runs after the resize (fused into crop_mirror_normalize); torchvision flips before. A mirror commutes
+  with a resize to a fixed size, so the output distribution is the same.
+- Resampling: DALI filters in float and rounds once, PIL in 8-bit fixed point: a few grey levels apart.
+
+Invariants:
+- A batch is exactly what the torch path hands over: ``(images float32 [N, 3, S, S], [{"boxes": float32
+  [K, 4], "labels": int64 [K]}] * N)``. Images are on the pipeline's device (the GPU with mixed decode);
+  the targets come out of DALI's CPU operators and ``to_device`` moves them (a few hundred bytes) in ``h2d``.
+- Files the scan left out are never read: the reader gets the scanned list (``images=``), not the manifest's.
+  A file that passes the scan but fails to decode fails the run whatever the policy (a DALI batch cannot
+  drop one sample); the error names the file when PIL can find it, as ``pipelines/dali.py`` does.
+- Every pass starts at an epoch boundary: an epoch abandoned part-way is drained at the next ``iter()``.
+- DALI is imported only inside functions (``pipelines.dali.import_dali``); without it, building is the same
+  one-line ``PipelineError`` as for image folders.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from pipelines.base import BuiltLoader, LoaderSpec
+from pipelines.dali import DIAGNOSE_BUDGET_S, PREFETCH_QUEUE_DEPTH, _dali_reason, _pil_failure, import_dali
+from pipelines.detection import CocoDetectionSource, DetectionAugment, DetectionDataset
+from pipelines.imagefolder import BadSampleError, SkipLog
+from pipelines.naive import move
+
+READER = "Reader"
+OUTPUTS = ("images", "boxes", "labels")
+_PAD = -1  # labels are category ids (>= 0): -1 marks a padding row
+
+Targets = list[dict[str, torch.Tensor]]
+
+
+def _augment(dali: Any, images: Any, boxes: Any, labels: Any, *, shape: Any, aug: DetectionAugment) -> tuple[Any, ...]:
+    """The spec as DALI operators over decoded images and relative ltrb boxes; ``shape`` is the HWC shape."""
+    fn, types = dali.fn, dali.types
+    width = fn.cast(shape[1], dtype=types.FLOAT)
+    height = fn.cast(shape[0], dtype=types.FLOAT)
+    if aug.zooms and aug.zoom_out is not None:
+        zoom = fn.cast(fn.random.coin_flip(probability=aug.zoom_p), dtype=types.FLOAT)
+        ratio = 1.0 + zoom * (fn.random.uniform(range=list(aug.zoom_out)) - 1.0)
+        paste_x = fn.random.uniform(range=[0.0, 1.0])
+        paste_y = fn.random.uniform(range=[0.0, 1.0])
+        images = fn.paste(images, ratio=ratio, paste_x=paste_x, paste_y=paste_y, fill_value=list(aug.fill))
+        boxes = fn.bbox_paste(boxes, ratio=ratio, paste_x=paste_x, paste_y=paste_y, ltrb=True)
+        width, height = width * ratio, height * ratio
+    if aug.iou_crop:
+        anchor, crop, boxes, labels = fn.random_bbox_crop(
+            boxes,
+            labels,
+            bbox_layout="xyXY",
+            # with the pixel shape, aspect_ratio is a pixel ratio as torchvision's is; without it, a relative one
+            input_shape=fn.cast(fn.stack(width, height), dtype=types.INT32),
+            shape_layout="WH",
+            aspect_ratio=list(aug.crop_ratio),
+            scaling=list(aug.crop_scale),
+            thresholds=list(aug.crop_ious),
+            allow_no_crop=True,  # torchvision's "leave as is" option, drawn as often as each threshold
+            all_boxes_above_threshold=False,  # torchvision: one object overlapping enough is enough
+            num_attempts=aug.crop_trials,
+        )
+        images = fn.slice(
+            images,
+            anchor,
+            crop,
+            axis_names="WH",
+            normalized_anchor=True,
+            normalized_shape=True,
+            out_of_bounds_policy="trim_to_shape",
+        )
+    images = fn.resize(images, resize_x=aug.size, resize_y=aug.size, interp_type=types.INTERP_LINEAR, antialias=True)
+    cmn: dict[str, Any] = {}
+    if aug.flip_p:
+        flip = fn.random.coin_flip(probability=aug.flip_p)
+        boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip)
+        cmn["mirror"] = flip  # flipped in the normalisation pass: one pass over the pixels instead of two
+    images = fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT,
+        output_layout="CHW",
+        mean=[m * 255 for m in aug.mean],
+        std=[s * 255 for s in aug.std],
+        **cmn,
+    )
+    return images, boxes, labels
+
+
+def _build_pipe(
+    dali: Any, source: CocoDetectionSource, aug: DetectionAugment, spec: LoaderSpec, cuda: int | None
+) -> Any:
+    fn, types = dali.fn, dali.types
+    pipe = dali.Pipeline(
+        batch_size=spec.batch_size,
+        num_threads=max(1, spec.workers),
+        device_id=cuda,  # None: a CPU-only pipeline (no CUDA context is created)
+        prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,
+        seed=spec.seed,
+    )
+    # a full permutation per epoch and epochs that start at their first sample, as pipelines/dali.py reads
+    shuffle: dict[str, Any] = (
+        {"shuffle_after_epoch": True, "shuffle_after_epoch_seed": spec.seed} if spec.shuffle else {}
+    )
+    with pipe:
+        encoded, boxes, labels = fn.readers.coco(
+            file_root=str(source.image_root),
+            annotations_file=str(source.annotations),
+            images=list(source.file_names),
+            ltrb=True,
+            ratio=True,  # relative boxes: what bbox_paste, random_bbox_crop and bb_flip work in
+            avoid_class_remapping=True,  # category ids as the manifest has them, as the torch path keeps them
+            skip_empty=False,
+            pad_last_batch=True,
+            seed=spec.seed,
+            name=READER,
+            **shuffle,
+        )
+        shape = fn.peek_image_shape(encoded)  # from the header, on the CPU: the decoded image may be on the GPU
+        images = fn.decoders.image(
+            encoded, device="cpu" if cuda is None else "mixed", output_type=types.RGB, adjust_orientation=False
+        )
+        images, boxes, labels = _augment(dali, images, boxes, labels, shape=shape, aug=aug)
+        boxes = fn.pad(boxes, fill_value=_PAD, axes=(0,))
+        labels = fn.pad(fn.reshape(labels, shape=[-1]), fill_value=_PAD, axes=(0,))
+        pipe.set_outputs(images, boxes, labels)
+    return pipe
+
+
+def unpad_targets(boxes: torch.Tensor, labels: torch.Tensor, size: int, min_box: float) -> Targets:
+    """Per-image ``{"boxes", "labels"}`` from padded relative ``[N, K, 4]`` ltrb boxes and ``[N, K]`` labels.
+
+    Boxes are scaled to pixels of the ``size`` x ``size`` output and clamped to it; rows labelled -1 (padding)
+    and boxes narrower or lower than ``min_box`` px are dropped (SanitizeBoundingBoxes' rule).
+    """
+    targets: Targets = []
+    for rel, lab in zip(boxes.reshape(boxes.shape[0], -1, 4), labels.reshape(labels.shape[0], -1), strict=True):
+        px = (rel.float() * size).clamp_(0, size)
+        wh = px[:, 2:] - px[:, :2]
+        keep = (lab != _PAD) & (wh >= min_box).all(dim=1) & (wh.prod(dim=1) >= min_box * min_box)
+        targets.append({"boxes": px[keep].contiguous(), "labels": lab[keep].to(torch.int64)})
+    return targets
+
+
+class DetectionBatches:
+    """A DALI iterator as ``(images, targets)`` batches; one epoch per ``iter()``.
+
+    An epoch abandoned part-way is drained at the next ``iter()`` (DALI cannot reset mid-epoch). After a
+    pipeline error the object is dead: later passes re-raise.
+    """
+
+    def __init__(self, pipe: Any, iterator: Any, source: CocoDetectionSource, aug: DetectionAugment, n: int) -> None:
+        self._pipe = pipe
+        self._it = iterator
+        self._source = source
+        self._size = aug.size
+        self._min_box = aug.min_box
+        self._len = n
+        self._mid_epoch = False
+        self._error: Exception | None = None
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, Targets]]:
+        if self._error is not None:
+            raise self._error
+        if self._it is None:
+            raise RuntimeError("the dali loader was closed")
+        if self._mid_epoch:
+            for _ in self._next_batches():
+                pass
+        return self._next_batches()
+
+    def _next_batches(self) -> Iterator[tuple[torch.Tensor, Targets]]:
+        self._mid_epoch = True
+        while True:
+            try:
+                out = next(self._it)
+            except StopIteration:
+                self._mid_epoch = False
+                return
+            except RuntimeError as exc:
+                self._error = self._explain(exc)
+                raise self._error from None
+            data = out[0]
+            yield data["images"], unpad_targets(data["boxes"], data["labels"], self._size, self._min_box)
+
+    def _explain(self, exc: RuntimeError) -> Exception:
+        """DALI's error as the policy's error: a ``BadSampleError`` naming the file when it can be found."""
+        message = str(exc)
+        if "Critical error in pipeline" not in message:
+            return exc
+        reason = _dali_reason(message)
+        files = self._source.files
+        note = (
+            " (the dali pipeline cannot skip a file that fails mid-run: remove it, or use --pipeline naive)"
+            if self._source.on_bad_sample == "skip"
+            else ""
+        )
+        named = next((path for path in files if path in message or f"/{path.rsplit('/', 1)[-1]}" in message), None)
+        if named is not None:
+            return BadSampleError(f"bad sample {named!r}: {reason}{note}")
+        if "decoders.image" not in message:
+            return RuntimeError(f"DALI pipeline failed: {reason}")
+        # The decoder does not say which file: look for one PIL cannot decode either, within the budget.
+        deadline = time.monotonic() + DIAGNOSE_BUDGET_S
+        checked = 0
+        for path in files:
+            if time.monotonic() > deadline:
+                break
+            checked += 1
+            why = _pil_failure(path)
+            if why is not None:
+                return BadSampleError(f"bad sample {path!r}: DALI could not decode it ({reason}; PIL: {why}){note}")
+        return RuntimeError(
+            f"DALI could not decode an image that passed the scan ({reason}) and does not say which; "
+            f"PIL decodes all {checked} of {len(files)} files checked in {DIAGNOSE_BUDGET_S:g} s: "
+            "run with --pipeline naive to have the file named"
+        )
+
+    def close(self) -> None:
+        """Stop DALI's threads now rather than at garbage collection; idempotent."""
+        self._it = None
+        pipe, self._pipe = self._pipe, None
+        shutdown = getattr(pipe, "_shutdown", None)  # what Pipeline.__del__ calls; no public equivalent
+        if callable(shutdown):
+            shutdown()
+
+
+def build_detection(dataset: DetectionDataset, spec: LoaderSpec) -> BuiltLoader:
+    """The ``dali`` pipeline over a ``DetectionDataset``: its source and augment, realised by DALI."""
+    if spec.workers < 0:
+        raise ValueError(f"workers must be >= 0, got {spec.workers}")
+    if spec.batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
+    source, aug = dataset.source, dataset.augment
+    device = torch.device(spec.device)
+    dali = import_dali()
+    cuda: int | None = None
+    if device.type == "cuda":
+        cuda = device.index if device.index is not None else torch.cuda.current_device()
+    pipe = _build_pipe(dali, source, aug, spec, cuda=cuda)
+    plugin = dali.plugin.pytorch
+    iterator = plugin.DALIGenericIterator(
+        pipe,
+        list(OUTPUTS),
+        reader_name=READER,
+        last_batch_policy=plugin.LastBatchPolicy.DROP if spec.drop_last else plugin.LastBatchPolicy.PARTIAL,
+        auto_reset=True,
+        # the first batch is decoded on the first next(), inside Session.wrap, as a DataLoader's is
+        prepare_first_batch=False,
+    )
+    n = len(source.files)
+    per_epoch = n // spec.batch_size if spec.drop_last else math.ceil(n / spec.batch_size)
+
+    def to_device(batch: Any) -> Any:
+        # mixed decoding already left the images on the GPU: only the targets travel; on CPU a no-op
+        return move(batch, device)
+
+    return BuiltLoader(
+        batches=DetectionBatches(pipe, iterator, source, aug, per_epoch),
+        to_device=to_device,
+        config={
+            "pipeline": "dali",
+            "task": "detection",
+            "workers": max(1, spec.workers),
+            "workers_meaning": "DALI CPU threads (num_threads) in this process, not DataLoader worker processes",
+            "pin_memory": None,
+            "decoder": "cpu" if cuda is None else "mixed",
+            "prefetch_queue_depth": PREFETCH_QUEUE_DEPTH,
+            "shuffle": "full permutation per epoch (shuffle_after_epoch)" if spec.shuffle else False,
+            "dali": str(dali.__version__),
+        },
+        skips=SkipLog(source.on_bad_sample, list(source.bad)),
+    )
