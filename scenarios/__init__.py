@@ -15,12 +15,19 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from scenarios.base import Scenario
+from scenarios.base import DataOptions, Scenario
 
-__all__ = ["BUILTIN", "Scenario", "ScenarioError", "get", "names"]
+__all__ = ["BUILTIN", "DataOptions", "Scenario", "ScenarioError", "get", "names"]
 
 BUILTIN: dict[str, str] = {
+    "bilstm-imdb": "scenarios.imdb:BILSTM_IMDB",
+    "cifar-vgg": "scenarios.cifar:SCENARIO",
+    "cnn-mnist": "scenarios.mnist:CNN_MNIST",
     "fashion-vgg": "scenarios.fashion_vgg:SCENARIO",
+    "fasttext-imdb": "scenarios.imdb:FASTTEXT_IMDB",
+    "imagenet": "scenarios.imagenet:SCENARIO",
+    "mlp-mnist": "scenarios.mnist:MLP_MNIST",
+    "ssd": "scenarios.ssd:SCENARIO",
 }
 
 _USER_HINT = "a path to a .py file defining `scenario = Scenario(...)`"
