@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from profiler import cli_sweep
 from profiler.sampler import MAX_HZ
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--classes", type=_bounded(int, 1, 100_000, "an integer"), default=10, metavar="K")
     dm.add_argument("--seed", type=_bounded(int, 0, 2**32 - 1, "an integer"), default=0, metavar="S")
     dm.add_argument("--jobs", type=_bounded(int, 1, 1024, "an integer"), help="processes (default: all cores)")
+    cli_sweep.add_parsers(sub)
     return p
 
 
@@ -227,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compare": cmd_compare,
         "scenarios": cmd_scenarios,
         "data": cmd_data,
+        **cli_sweep.HANDLERS,
     }[args.command]
     try:
         return handler(args)

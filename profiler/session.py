@@ -38,8 +38,12 @@ from profiler.store import PhaseRow, RunStore, StepRow
 log = logging.getLogger("stallscope")
 
 
-class Interrupted(Exception):
-    """Raised into the training loop by the CLI's SIGINT/SIGTERM handler."""
+class Interrupted(BaseException):
+    """Raised into the training loop by the CLI's SIGINT/SIGTERM handler.
+
+    A BaseException, like KeyboardInterrupt, so that code catching ``Exception`` (a source probe, a user's
+    dataset) cannot swallow the stop.
+    """
 
     def __init__(self, signame: str) -> None:
         super().__init__(f"stopped by {signame}")

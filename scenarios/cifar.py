@@ -294,7 +294,7 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 # CIFAR_STEPS_MEASURED
-STEPS = 250
+STEPS = 200
 WARMUP = 5
 
 SCENARIO = Scenario(

@@ -212,7 +212,7 @@ def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 # Sized for a 10-30 s default run on the project's 2-core CPU host. Measured there (torch 2.14.1,
 # 2 threads, batch 128, workers=0, plain SGD momentum 0.9, other jobs sharing the host):
 # MLP_STEPS_MEASURED
-MLP_STEPS = 600
+MLP_STEPS = 450
 MLP_WARMUP = 20
 # CNN_STEPS_MEASURED
 CNN_STEPS = 100

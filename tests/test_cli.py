@@ -108,7 +108,8 @@ def test_run_json_matches_report_and_contract(tmp_path: Path, tiny_scenario) -> 
     assert set(summary["breakdown_ms_per_step"]) >= {"data_wait", "h2d", "compute", "other"}
     assert summary["sampler"]["sources"]["host"] == "available"
     # injected: 8 items x 3 ms in the loader, 4 ms in forward -> data wait ~24 ms, input-bound
-    assert summary["breakdown_ms_per_step"]["data_wait"] == pytest.approx(24.0, rel=0.15)
+    # (sleeps only overshoot: a loaded 2-core host adds wake-up latency per item, never removes any)
+    assert 24.0 * 0.95 <= summary["breakdown_ms_per_step"]["data_wait"] <= 24.0 * 1.35
     assert summary["verdict"] == "highly input-bound"
     assert "RAISE_WORKERS" in [r["code"] for r in summary["recommendations"]]
     assert json.loads((out / "summary.json").read_text()) == summary
@@ -178,7 +179,11 @@ def test_signal_ends_the_run_cleanly_with_a_report(tmp_path: Path, tiny_scenario
 def test_scenarios_lists_builtins() -> None:
     res = stallscope("scenarios")
     assert res.returncode == 0
-    assert res.stdout.startswith("fashion-vgg")
+    import scenarios
+
+    listed = [line.split()[0] for line in res.stdout.splitlines()]
+    assert listed == scenarios.names() and "fashion-vgg" in listed and "ssd" in listed
+    assert all(len(line.split(maxsplit=1)) == 2 for line in res.stdout.splitlines())  # a description each
 
 
 def test_run_with_workers_attributes_their_cpu(tmp_path: Path, tiny_scenario) -> None:

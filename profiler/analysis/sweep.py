@@ -1,0 +1,416 @@
+"""Sweep analysis: per-configuration rows -> the table, the knee of each throughput curve, and every
+slowdown (a larger batch that trained slower than the next smaller one) explained from the measured breakdown.
+
+Pure: rows in, dataclasses out; no clock, no file, no rendering. The orchestration (``profiler/sweep.py``)
+builds rows from run stores with :func:`row_from_summary`; the terminal table, the plot and ``sweep.json``
+all read the :class:`SweepResult` this module returns, so they agree digit for digit.
+
+Definitions (docs/sweep-and-tune.md states them for users):
+- A *line* is the configurations sharing a pipeline and a worker count, ordered by batch size; only rows
+  that completed with a finite throughput (``SweepRow.ok``) are on a line. Failed rows stay in the table.
+- Early stop: a configuration is *stable* once at least ``MIN_STEPS`` measured steps give a 95% confidence
+  interval of the mean step time whose half-width is below ``REL_CI`` of the mean (Student's t).
+- Knee of a line: the smallest batch size whose throughput is within ``KNEE_TOLERANCE`` of the line's best.
+  Past it, a larger batch buys (almost) nothing. The sweep's knee is the knee of the line holding the
+  best throughput of the whole sweep.
+- Slowdown: a row whose throughput is more than ``SLOWDOWN_MIN_DROP`` below that of the next smaller batch
+  on its line. Below that margin two throughputs are within the precision the early-stop rule buys.
+  The cause is the part of the step whose time *per sample* grew most between the two batch sizes:
+  input (data wait + blocking copy), compute, or other. Those three add up to the growth of the step
+  time per sample, i.e. of 1/throughput, so the cause named explains most of the slowdown by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from profiler.analysis.stats import finite_or_none, mean
+from profiler.analysis.summary import Summary
+
+MIN_STEPS = 5
+REL_CI = 0.05
+KNEE_TOLERANCE = 0.05
+SLOWDOWN_MIN_DROP = 0.05
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom; beyond, the normal 1.96 plus a small
+# correction (within 0.2% of the exact value from 31 on).
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t95(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (df >= 1)."""
+    if df < 1:
+        return math.inf
+    return _T95[df - 1] if df <= len(_T95) else 1.96 + 2.4 / df
+
+
+def relative_ci(values: Sequence[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean of ``values``, divided by the mean.
+
+    ``inf`` for fewer than two values or a non-positive mean: nothing is known yet.
+    """
+    n = len(values)
+    m = mean(values)
+    if n < 2 or not m > 0:
+        return math.inf
+    var = math.fsum((v - m) ** 2 for v in values) / (n - 1)
+    return t95(n - 1) * math.sqrt(var / n) / m
+
+
+def is_stable(step_s: Sequence[float], min_steps: int = MIN_STEPS, rel_ci: float = REL_CI) -> bool:
+    """The early-stop rule: enough measured steps, and a mean step time known to within ``rel_ci``."""
+    return len(step_s) >= min_steps and relative_ci(step_s) < rel_ci
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow:
+    """One configuration's outcome. Figures are NaN (null in JSON) for a configuration that did not complete."""
+
+    pipeline: str
+    batch_size: int
+    workers: int
+    status: str  # "complete" | "failed" | "interrupted"
+    run_dir: str | None = None
+    error: str | None = None
+    throughput_samples_per_s: float = math.nan
+    stall_fraction: float = math.nan
+    device_busy_fraction: float = math.nan
+    step_time_ms: dict[str, float] = field(default_factory=dict)  # mean, p50, p90
+    breakdown_ms_per_step: dict[str, float] = field(default_factory=dict)  # data_wait, h2d, compute, other
+    steps: int = 0
+    warmup_steps: int = 0
+    stop_reason: str | None = None  # "stable" | "steps" | "seconds": why the measured window ended
+    step_time_rel_ci: float = math.nan  # 95% CI half-width of the mean step time / the mean
+    cost_per_1k_samples: float | None = None
+    wall_s: float = math.nan  # the whole configuration: set-up, warm-up, measured steps, tear-down
+    role: str | None = None  # tune only: "trial", "recommended", "default"
+
+    @property
+    def name(self) -> str:
+        return config_name(self.pipeline, self.batch_size, self.workers)
+
+    @property
+    def ok(self) -> bool:
+        """Completed with a usable throughput: only such rows enter knees, slowdowns and the tuner's choices."""
+        thr = self.throughput_samples_per_s
+        return self.status == "complete" and math.isfinite(thr) and thr > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"config": self.name, **_json_safe(asdict(self))}
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One point of a sweep or a tune: the three knobs a run is configured by."""
+
+    pipeline: str
+    batch_size: int
+    workers: int
+
+    @property
+    def name(self) -> str:
+        return config_name(self.pipeline, self.batch_size, self.workers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
+
+
+def config_name(pipeline: str, batch_size: int, workers: int) -> str:
+    """The directory name of a configuration's run store, e.g. ``naive-b16-w2``."""
+    return f"{pipeline}-b{batch_size}-w{workers}"
+
+
+def row_from_summary(
+    s: Summary,
+    *,
+    pipeline: str,
+    batch_size: int,
+    workers: int,
+    run_dir: str | None,
+    step_s: Sequence[float],
+    stop_reason: str | None,
+    wall_s: float,
+    status: str | None = None,
+    error: str | None = None,
+    role: str | None = None,
+) -> SweepRow:
+    """A row from a configuration's summary; ``step_s`` are its measured step durations (for the CI)."""
+    status = status or s.status
+    figures = status == "complete"
+    cost = s.cost or {}
+    per_1k = cost.get("per_1k_samples")
+    return SweepRow(
+        pipeline=pipeline,
+        batch_size=batch_size,
+        workers=workers,
+        status=status,
+        run_dir=run_dir,
+        error=error or s.error,
+        throughput_samples_per_s=s.throughput_samples_per_s if figures else math.nan,
+        stall_fraction=s.stall_fraction if figures else math.nan,
+        device_busy_fraction=s.device_busy_fraction if figures else math.nan,
+        step_time_ms=dict(s.step_time_ms) if figures else {},
+        breakdown_ms_per_step={k: s.breakdown_ms_per_step.get(k, math.nan) for k in _PARTS} if figures else {},
+        steps=s.steps,
+        warmup_steps=s.warmup_steps,
+        stop_reason=stop_reason,
+        step_time_rel_ci=relative_ci(step_s) if step_s else math.nan,
+        cost_per_1k_samples=float(per_1k) if figures and isinstance(per_1k, (int, float)) else None,
+        wall_s=wall_s,
+        role=role,
+    )
+
+
+_PARTS = ("data_wait", "h2d", "compute", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class Knee:
+    pipeline: str
+    workers: int
+    batch_size: int
+    throughput: float
+    best_batch_size: int
+    best_throughput: float
+    tolerance: float
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Slowdown:
+    pipeline: str
+    workers: int
+    batch_size: int  # the larger batch, the one that trained slower
+    smaller_batch_size: int
+    throughput: float
+    smaller_throughput: float
+    drop: float  # 1 - throughput / smaller_throughput
+    cause: str  # "loader" | "compute" | "other"
+    added_ms_per_sample: dict[str, float]  # input, compute, other: growth of each part's time per sample
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    scenario: str
+    device: str
+    status: str  # "complete" | "interrupted"
+    planned: int  # configurations asked for; len(rows) is how many ran
+    rows: list[SweepRow]
+    knee: Knee | None
+    knees: list[Knee]
+    slowdowns: list[Slowdown]
+    priced: bool
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``sweep.json`` object (and ``sweep --json``): NaN becomes null."""
+        return {
+            "scenario": self.scenario,
+            "device": self.device,
+            "status": self.status,
+            "planned": self.planned,
+            "rows": [r.to_dict() for r in self.rows],
+            "knee": _json_safe(asdict(self.knee)) if self.knee else None,
+            "knees": [_json_safe(asdict(k)) for k in self.knees],
+            "slowdowns": [_json_safe(asdict(s)) for s in self.slowdowns],
+            "rules": {
+                "early_stop": f">= {MIN_STEPS} measured steps and 95% CI half-width of the mean step time "
+                f"< {REL_CI:.0%} of the mean",
+                "knee": f"smallest batch within {KNEE_TOLERANCE:.0%} of the best throughput of its pipeline x workers",
+                "slowdown": f"throughput more than {SLOWDOWN_MIN_DROP:.0%} below the next smaller batch of its "
+                "pipeline x workers",
+            },
+            "notes": list(self.notes),
+        }
+
+
+def lines(rows: Sequence[SweepRow]) -> dict[tuple[str, int], list[SweepRow]]:
+    """Completed rows by (pipeline, workers), each list sorted by batch size, in first-seen line order."""
+    out: dict[tuple[str, int], list[SweepRow]] = defaultdict(list)
+    for r in rows:
+        if r.ok:
+            out[(r.pipeline, r.workers)].append(r)
+    return {k: sorted(v, key=lambda r: r.batch_size) for k, v in out.items()}
+
+
+def knee_of(line: Sequence[SweepRow], tolerance: float = KNEE_TOLERANCE) -> Knee | None:
+    """The knee of one line (sorted by batch size); None for fewer than two points."""
+    if len(line) < 2:
+        return None
+    best = max(line, key=lambda r: r.throughput_samples_per_s)
+    floor = best.throughput_samples_per_s * (1 - tolerance)
+    knee = next(r for r in line if r.throughput_samples_per_s >= floor)
+    where = f"{knee.pipeline}, {knee.workers} worker{'' if knee.workers == 1 else 's'}"
+    if knee.batch_size == best.batch_size:
+        text = (
+            f"knee ({where}): batch {knee.batch_size}, the best at {knee.throughput_samples_per_s:.1f} samples/s; "
+            f"every smaller batch is more than {tolerance:.0%} below it"
+        )
+    else:
+        text = (
+            f"knee ({where}): batch {knee.batch_size} reaches {knee.throughput_samples_per_s:.1f} samples/s, within "
+            f"{tolerance:.0%} of the best {best.throughput_samples_per_s:.1f} at batch {best.batch_size}: "
+            "a larger batch buys little more"
+        )
+    return Knee(
+        pipeline=knee.pipeline,
+        workers=knee.workers,
+        batch_size=knee.batch_size,
+        throughput=knee.throughput_samples_per_s,
+        best_batch_size=best.batch_size,
+        best_throughput=best.throughput_samples_per_s,
+        tolerance=tolerance,
+        text=text,
+    )
+
+
+def explain_slowdown(small: SweepRow, large: SweepRow) -> Slowdown:
+    """Why ``large`` (the larger batch) trained slower than ``small``, from their measured breakdowns."""
+    a, b = small.breakdown_ms_per_step, large.breakdown_ms_per_step
+    na, nb = small.batch_size, large.batch_size
+    in_a, in_b = a["data_wait"] + a["h2d"], b["data_wait"] + b["h2d"]
+    step_a, step_b = small.step_time_ms["mean"], large.step_time_ms["mean"]
+    added = {
+        "input": in_b / nb - in_a / na,
+        "compute": b["compute"] / nb - a["compute"] / na,
+    }
+    added["other"] = (step_b / nb - step_a / na) - added["input"] - added["compute"]
+    cause_part = max(added, key=lambda k: added[k])
+    cause = {"input": "loader", "compute": "compute", "other": "other"}[cause_part]
+    thr_a, thr_b = small.throughput_samples_per_s, large.throughput_samples_per_s
+    drop = 1 - thr_b / thr_a
+    head = f"batch {nb} is {drop:.0%} slower than batch {na} ({thr_b:.1f} vs {thr_a:.1f} samples/s): "
+    c_ratio = _ratio(b["compute"], a["compute"])
+    if cause == "loader":
+        copy_grew = b["h2d"] - a["h2d"] > b["data_wait"] - a["data_wait"]
+        what, x, y = (
+            ("the blocking copy", a["h2d"], b["h2d"]) if copy_grew else ("data wait", a["data_wait"], b["data_wait"])
+        )
+        body = (
+            f"{what} grew from {_ms(x)} to {_ms(y)} ms per step{_times(y, x)} while compute grew {c_ratio} "
+            f"for {nb / na:g}x the samples — "
+            + (
+                "copying the larger batch to the device blocks the step"
+                if copy_grew
+                else "the loader cannot keep up with the larger batch and the device waits"
+            )
+            + f" (stall {_pct(large.stall_fraction)}, was {_pct(small.stall_fraction)})"
+        )
+    elif cause == "compute":
+        ca, cb = a["compute"] / na, b["compute"] / nb
+        body = (
+            f"compute per sample grew from {ca:.2f} to {cb:.2f} ms{_times(cb, ca)} while data wait went "
+            f"{_ms(a['data_wait'])} -> {_ms(b['data_wait'])} ms per step — each sample costs more compute at the "
+            "larger batch (memory or cache pressure: its working set no longer fits; on a GPU, allocator or "
+            f"swap-out), not the loader (stall {_pct(large.stall_fraction)})"
+        )
+    else:
+        body = (
+            f"the added time is outside data wait, copy and compute (other grew from {_ms(a['other'])} to "
+            f"{_ms(b['other'])} ms per step) — host work in the loop between the phases (logging, synchronisation, "
+            f"garbage collection) grew with the batch (stall {_pct(large.stall_fraction)})"
+        )
+    tail = " [per sample: " + ", ".join(f"{k} {_signed(v)} ms" for k, v in added.items()) + "]"
+    return Slowdown(
+        pipeline=large.pipeline,
+        workers=large.workers,
+        batch_size=nb,
+        smaller_batch_size=na,
+        throughput=thr_b,
+        smaller_throughput=thr_a,
+        drop=drop,
+        cause=cause,
+        added_ms_per_sample=added,
+        text=head + body + tail,
+    )
+
+
+def _signed(x: float) -> str:
+    return f"{round(x, 2) + 0.0:+.2f}"  # + 0.0: no "-0.00" for a change that rounds to nothing
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if abs(x) < 10 else f"{x:.0f}"
+
+
+def _ratio(new: float, old: float) -> str:
+    return f"x{new / old:.1f}" if old > 0.05 and math.isfinite(new / old) else f"from {_ms(old)} to {_ms(new)} ms"
+
+
+def _times(new: float, old: float) -> str:
+    return f" (x{new / old:.1f})" if old > 0.05 and math.isfinite(new / old) else ""
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}" if math.isfinite(x) else "n/a"
+
+
+def slowdowns_of(line: Sequence[SweepRow], min_drop: float = SLOWDOWN_MIN_DROP) -> list[Slowdown]:
+    """Every row of a line (sorted by batch size) more than ``min_drop`` slower than its predecessor."""
+    out = []
+    for small, large in pairwise(line):
+        if large.throughput_samples_per_s < small.throughput_samples_per_s * (1 - min_drop):
+            out.append(explain_slowdown(small, large))
+    return out
+
+
+def analyse_sweep(
+    rows: Sequence[SweepRow],
+    *,
+    scenario: str,
+    device: str,
+    planned: int,
+    status: str = "complete",
+    knee_tolerance: float = KNEE_TOLERANCE,
+    slowdown_min_drop: float = SLOWDOWN_MIN_DROP,
+) -> SweepResult:
+    """The sweep's table, knees and slowdowns from its rows (in the order they ran)."""
+    by_line = lines(rows)
+    knees = [k for line in by_line.values() if (k := knee_of(line, knee_tolerance)) is not None]
+    ok = [r for r in rows if r.ok]
+    knee = None
+    if ok:
+        top = max(ok, key=lambda r: r.throughput_samples_per_s)
+        knee = next((k for k in knees if (k.pipeline, k.workers) == (top.pipeline, top.workers)), None)
+    slow = [s for line in by_line.values() for s in slowdowns_of(line, slowdown_min_drop)]
+    notes = []
+    failed = [r for r in rows if r.status == "failed"]
+    if failed:
+        notes.append(f"{len(failed)} of {len(rows)} configurations failed: their rows carry the error")
+    if len(rows) < planned:
+        notes.append(f"{len(rows)} of {planned} configurations ran ({status})")
+    if not knees:
+        notes.append("no pipeline x workers line has two completed batch sizes: no knee")
+    return SweepResult(
+        scenario=scenario,
+        device=device,
+        status=status,
+        planned=planned,
+        rows=list(rows),
+        knee=knee,
+        knees=knees,
+        slowdowns=slow,
+        priced=any(r.cost_per_1k_samples is not None for r in rows),
+        notes=notes,
+    )
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float):
+        return finite_or_none(x)
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x

@@ -1,0 +1,308 @@
+"""``stallscope sweep`` and ``stallscope tune``: argument parsing and wiring only.
+
+``profiler.cli`` registers the two subcommands with :func:`add_parsers` and dispatches through
+:data:`HANDLERS`. This module imports ``profiler.cli`` only inside functions (``cli`` imports this module
+at its top), and computes no figure: ``profiler.sweep`` runs, ``analysis.sweep`` / ``profiler.tuner``
+decide, ``render.sweep`` prints. Exit codes are ``stallscope run``'s: 0 ok (also when some configurations
+failed: their rows say why), 1 when no configuration completed, 2 bad input, 130/143 stopped by
+SIGINT/SIGTERM after writing and printing the table of what ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+MAX_BUDGET_S = 7 * 24 * 3600.0
+DEFAULT_BUDGET_S = 300.0
+MAX_BATCH_FACTOR = 8  # tune's default --max-batch-size: 8x the scenario's batch
+
+
+class _StopGuard:
+    """SIGINT/SIGTERM while a sweep or tune trains. The first only records the signal: the configuration in flight
+    stops at its next measured step (the stop rule polls ``received``) and no further one starts, so the signal
+    never lands inside library code (a DataLoader's ``__del__``, a source probe) that would print or swallow an
+    exception raised there. A second signal raises :class:`Interrupted` at once, for a step that never ends."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    def __enter__(self) -> _StopGuard:
+        from profiler.session import Interrupted
+
+        def handler(signum: int, _frame: Any) -> None:
+            name = signal.Signals(signum).name
+            if self.received is not None:
+                raise Interrupted(name)
+            self.received = name
+
+        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def _int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
+    """Parser of a comma-separated list of integers in lo..hi: sorted, duplicates dropped."""
+    allowed = f"allowed a comma-separated list of integers {lo}..{hi}, e.g. 8,16,32"
+
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in text.split(",")]
+        if not text.strip() or any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item: {allowed}")
+        out = set()
+        for t in items:
+            try:
+                v = int(t)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{t!r} in {text!r} is not an integer: {allowed}") from None
+            if not lo <= v <= hi:
+                raise argparse.ArgumentTypeError(f"{v} in {text!r} is out of range: {allowed}")
+            out.add(v)
+        return sorted(out)
+
+    return parse
+
+
+def _name_list(text: str) -> list[str]:
+    """Comma-separated pipeline names, in the order given, duplicates dropped; checked against the
+    registry later (resolve_training) so that the message lists the registered names."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty item: allowed a comma-separated list of pipelines")
+    return list(dict.fromkeys(items))
+
+
+def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
+    from profiler.cli import _bounded
+    from profiler.sweep import DEFAULT_STEPS
+
+    p.add_argument(
+        "--steps",
+        type=_bounded(int, 1, None, "an integer"),
+        help=f"cap on measured steps per {what} (default {DEFAULT_STEPS}; each stops earlier once stable)",
+    )
+    p.add_argument(
+        "--seconds",
+        type=_bounded(float, 0.1, None, "a number of seconds"),
+        metavar="S",
+        help=f"cap on the measured seconds per {what} (alone: no step cap)",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``sweep`` and ``tune`` on the ``stallscope`` subparsers action."""
+    from profiler.cli import DEFAULT_SCENARIO, MAX_BATCH, MAX_WORKERS, _bounded, add_training_options
+
+    scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
+    s = sub.add_parser(
+        "sweep",
+        help="train every pipeline x batch size x workers configuration briefly; table, knee, slowdowns, plot",
+    )
+    s.add_argument("scenario", nargs="?", default=None, help=scenario_help)
+    s.add_argument("--pipelines", type=_name_list, default=["naive"], help="comma-separated (default naive)")
+    s.add_argument(
+        "--batch-sizes",
+        type=_int_list(1, MAX_BATCH),
+        metavar="B,B,...",
+        help="comma-separated (default: half, once and twice the scenario's batch size)",
+    )
+    s.add_argument(
+        "--workers",
+        type=_int_list(0, MAX_WORKERS),
+        metavar="W,W,...",
+        help="comma-separated DataLoader worker counts (default 0 and min(2, cores))",
+    )
+    _limit_options(s, "configuration")
+    add_training_options(s)
+    s.add_argument("--json", action="store_true", help='print only {"rows", "knee", "slowdowns", ...} on stdout')
+
+    t = sub.add_parser(
+        "tune", help="search workers, batch size and pipeline for the best throughput within a time budget"
+    )
+    t.add_argument("scenario", nargs="?", default=None, help=scenario_help)
+    t.add_argument(
+        "--budget-s",
+        type=_bounded(float, 1, MAX_BUDGET_S, "a number of seconds"),
+        default=DEFAULT_BUDGET_S,
+        metavar="S",
+        help=f"time for the search and the final comparison (default {DEFAULT_BUDGET_S:g})",
+    )
+    t.add_argument(
+        "--max-batch-size",
+        type=_bounded(int, 1, MAX_BATCH, "an integer"),
+        metavar="B",
+        help=f"largest batch to try (default {MAX_BATCH_FACTOR}x the scenario's)",
+    )
+    t.add_argument(
+        "--max-workers",
+        type=_bounded(int, 0, MAX_WORKERS, "an integer"),
+        metavar="W",
+        help="most DataLoader workers to try (default: the number of cores)",
+    )
+    t.add_argument("--pipelines", type=_name_list, help="comma-separated (default: every registered pipeline)")
+    _limit_options(t, "trial")
+    add_training_options(t)
+    t.add_argument("--json", action="store_true", help='print only {"recommended", "default", "speedup", ...}')
+
+
+def _precheck(names: Sequence[str], out: str | None) -> None:
+    """The checks that need no torch, before resolve_training imports it (seconds on a busy machine)."""
+    import pipelines  # the registry alone: no pipeline module is imported
+    from profiler.cli import BadInput
+
+    for name in names:
+        if name not in pipelines.names():
+            raise BadInput(f"--pipelines: unknown pipeline {name!r}: choose one of {', '.join(pipelines.names())}")
+    path = Path(out) if out is not None else None
+    if (
+        path is not None
+        and path.is_dir()
+        and ((path / "sweep.json").exists() or (path / "tune.json").exists() or any(path.glob("*/run.sqlite")))
+    ):
+        raise BadInput(f"--out '{out}' already holds a sweep or tune: choose a new directory")
+
+
+def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
+    """The sweep or tune directory (created): ``out``, or runs/<kind>-<scenario>-<time>."""
+    from profiler.cli import _prepare_out
+
+    if out is None:
+        stem = Path(scenario).stem if scenario.endswith(".py") else scenario
+        out = os.path.join("runs", f"{kind}-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return _prepare_out(out, scenario, kind)
+
+
+def _harness(args: argparse.Namespace, training: Any, what: str, guard: _StopGuard) -> Any:
+    from profiler.sweep import DEFAULT_STEPS, SECONDS_ONLY_STEPS, Harness, Limits
+
+    steps = args.steps or (SECONDS_ONLY_STEPS if args.seconds is not None else DEFAULT_STEPS)
+    monitor = None
+    if not args.no_live:
+        from profiler.feeds import SessionFeed
+        from profiler.render.live import monitor_for
+
+        def monitor(s: Any, total: int | None) -> Any:
+            return monitor_for(SessionFeed(s), total_steps=total)
+
+    from profiler.render.sweep import row_line, start_line
+
+    def on_start(index: int, planned: int | None, cfg: Any, run_dir: Path) -> None:
+        print(start_line(index, planned, cfg, run_dir, what), file=sys.stderr, flush=True)
+
+    def on_finish(row: Any) -> None:
+        print(row_line(row), file=sys.stderr, flush=True)
+
+    return Harness(
+        scenario=training.scenario,
+        device=training.device,
+        limits=Limits(steps=steps, seconds=args.seconds, warmup=args.warmup),
+        data=training.data,
+        model=args.model,
+        on_bad_sample=args.on_bad_sample,
+        sample_hz=args.sample_hz,
+        seed=args.seed,
+        extra_meta=training.extra_meta,
+        monitor=monitor,
+        on_start=on_start,
+        on_finish=on_finish,
+        stop_requested=lambda: guard.received,
+    )
+
+
+def _default_workers() -> list[int]:
+    return sorted({0, min(2, os.cpu_count() or 1)})
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from profiler.analysis.sweep import Config
+    from profiler.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, resolve_training
+    from profiler.runner import TrainingError
+    from profiler.sweep import run_sweep
+
+    _precheck(args.pipelines, args.out)
+    training = resolve_training(args, args.pipelines)
+    scenario = training.scenario
+    b = scenario.batch_size
+    batch_sizes: Sequence[int] = args.batch_sizes or sorted({max(1, b // 2), b, b * 2})
+    workers: Sequence[int] = args.workers if args.workers is not None else _default_workers()
+    configs = [Config(p, bs, w) for p in args.pipelines for w in workers for bs in batch_sizes]
+    out = _out_dir(args.out, "sweep", args.scenario)
+    guard = _StopGuard()
+    h = _harness(args, training, "sweep", guard)
+    print(
+        f"stallscope: sweeping {scenario.name}: {len(configs)} configurations on {training.device.torch_device} "
+        f"-> {out}",
+        file=sys.stderr,
+    )
+    try:
+        with guard:
+            result, stopped = run_sweep(h, configs, out)
+    except TrainingError as exc:  # only bad user data propagates: every configuration would fail alike
+        print(f"stallscope: error: {exc.bad_input or exc.where}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from profiler.render.sweep import render_sweep, sweep_svg
+
+    (out / "sweep.svg").write_text(sweep_svg(result))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from profiler.render.report import make_console
+
+        render_sweep(result, make_console(), out)
+    if stopped:
+        print(f"stallscope: stopped by {stopped}; the table holds the configurations that ran", file=sys.stderr)
+        return EXIT_SIGNAL.get(stopped, 130)
+    return EXIT_OK if any(r.ok for r in result.rows) else EXIT_FAILED
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import pipelines
+    from profiler.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, MAX_BATCH, resolve_training
+    from profiler.runner import TrainingError
+    from profiler.sweep import run_tune
+
+    names = args.pipelines or pipelines.names()
+    _precheck(names, args.out)
+    training = resolve_training(args, names)
+    scenario = training.scenario
+    max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
+    max_workers = args.max_workers if args.max_workers is not None else (os.cpu_count() or 1)
+    out = _out_dir(args.out, "tune", args.scenario)
+    guard = _StopGuard()
+    h = _harness(args, training, "tune", guard)
+    print(
+        f"stallscope: tuning {scenario.name} ({', '.join(names)}; batch up to {max_batch}, workers up to "
+        f"{max_workers}; budget {args.budget_s:g} s) on {training.device.torch_device} -> {out}",
+        file=sys.stderr,
+    )
+    try:
+        with guard:
+            result = run_tune(
+                h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s
+            )
+    except TrainingError as exc:
+        print(f"stallscope: error: {exc.bad_input or exc.where}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from profiler.render.report import make_console
+        from profiler.render.sweep import render_tune
+
+        render_tune(result, make_console(), out)
+    if result.stopped_by:
+        return EXIT_SIGNAL.get(result.stopped_by, 130)
+    return EXIT_OK if result.recommended is not None else EXIT_FAILED
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"sweep": cmd_sweep, "tune": cmd_tune}

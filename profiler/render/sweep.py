@@ -1,0 +1,202 @@
+"""Terminal output of ``stallscope sweep`` and ``stallscope tune``, and the sweep's SVG plot.
+
+Formats what ``analysis.sweep`` and ``profiler.tuner`` computed; computes no figure. Progress lines go to
+stderr (stdout keeps the table, or the JSON alone); a figure that was not measured prints as "n/a".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from profiler.analysis.sweep import REL_CI, Config, SweepResult, SweepRow
+from profiler.render.figures import num, pct
+from profiler.render.svg import PALETTE, Line, line_chart
+from profiler.tuner import TuneResult
+
+_SVG_NS = 'xmlns="http://www.w3.org/2000/svg"'
+
+
+def start_line(index: int, planned: int | None, cfg: Config, run_dir: Path, what: str) -> str:
+    """The header printed to stderr before a configuration starts (and before its live view)."""
+    of = f"{index}/{planned}" if planned else f"{index}"
+    return (
+        f"stallscope: {what} [{of}] {cfg.name}: pipeline={cfg.pipeline} batch={cfg.batch_size} "
+        f"workers={cfg.workers} -> {run_dir}"
+    )
+
+
+def row_line(row: SweepRow) -> str:
+    """One line on stderr when a configuration ends."""
+    if not row.ok:
+        return f"stallscope:   {row.name}: {row.status}: {row.error or 'no throughput measured'}"
+    ci = row.step_time_rel_ci
+    precision = f", step time ±{ci:.1%}" if math.isfinite(ci) else ""
+    return (
+        f"stallscope:   {row.name}: {row.throughput_samples_per_s:.1f} samples/s, stall {pct(row.stall_fraction)}, "
+        f"{row.steps} steps (stopped: {row.stop_reason or '?'}{precision}) in {row.wall_s:.1f} s"
+    )
+
+
+def _steps(row: SweepRow) -> str:
+    """Measured steps, "*" when the early-stop rule ended them (the CI is in the JSON and the progress line)."""
+    if not row.ok:
+        return row.status
+    return f"{row.steps}{'*' if row.stop_reason == 'stable' else ''}"
+
+
+def sweep_table(result: SweepResult, title: str | None = None) -> Table:
+    knees = {(k.pipeline, k.workers, k.batch_size) for k in result.knees}
+    slower = {(s.pipeline, s.workers, s.batch_size): s for s in result.slowdowns}
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
+    # figures never wrap; only the note column gives way on a narrow terminal
+    for name in ("pipeline", "batch", "workers", "samples/s", "stall", "busy", "p50\nms", "p90\nms"):
+        t.add_column(name, justify="left" if name == "pipeline" else "right", no_wrap=True)
+    if result.priced:
+        t.add_column("cost\n/1k", justify="right", no_wrap=True)
+    t.add_column("steps", justify="right", no_wrap=True)
+    t.add_column("note", overflow="fold")  # knee / slower: the lines under the table say why
+    for r in result.rows:
+        key = (r.pipeline, r.workers, r.batch_size)
+        note = []
+        if key in knees:
+            note.append("knee")
+        if key in slower:
+            note.append("slower")
+        cells = [
+            r.pipeline,
+            str(r.batch_size),
+            str(r.workers),
+            num(r.throughput_samples_per_s),
+            pct(r.stall_fraction),
+            pct(r.device_busy_fraction),
+            num(r.step_time_ms.get("p50")),
+            num(r.step_time_ms.get("p90")),
+        ]
+        if result.priced:
+            cells.append(num(r.cost_per_1k_samples, "{:.4f}"))
+        cells += [_steps(r), ", ".join(note)]
+        t.add_row(*cells, style=None if r.ok else "red")
+    return t
+
+
+def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = None) -> None:
+    title = f"Sweep of {result.scenario} on {result.device}: {len(result.rows)} of {result.planned} configurations"
+    parts: list[Text | Table] = [sweep_table(result, title)]
+    legend = (
+        "busy: device busy fraction; p50/p90: step time; steps: measured, * = stopped early once the mean step "
+        f"time was known to ±{REL_CI:.0%} (95% CI)"
+    )
+    if result.priced:
+        legend += "; cost/1k: per 1,000 samples at --price-per-hour"
+    parts.append(Text(legend, style="dim"))
+    if result.knee is not None:
+        parts.append(Text.assemble(("Knee: ", "bold"), result.knee.text))
+    for k in result.knees:
+        if k is not result.knee:
+            parts.append(Text("  " + k.text, style="dim"))
+    for s in result.slowdowns:
+        parts.append(Text.assemble(("Slowdown ", "bold yellow"), (f"[{s.cause}] ", "cyan"), s.text))
+    for r in result.rows:
+        if not r.ok:
+            parts.append(Text(f"{r.name} {r.status}: {r.error or 'no throughput measured'}", style="red"))
+    parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
+    if out_dir is not None:
+        parts.append(Text(f"table: {out_dir / 'sweep.json'}  plot: {out_dir / 'sweep.svg'}", style="dim"))
+    console.print(Group(*parts))
+
+
+def sweep_svg(result: SweepResult) -> str:
+    """A standalone SVG file: throughput against batch size, one line per pipeline x workers."""
+    series: dict[tuple[str, int], list[SweepRow]] = {}
+    for r in result.rows:
+        if r.ok:
+            series.setdefault((r.pipeline, r.workers), []).append(r)
+    lines = []
+    for i, ((pipeline, workers), rows) in enumerate(series.items()):
+        rows.sort(key=lambda r: r.batch_size)
+        lines.append(
+            Line(
+                label=f"{pipeline}, {workers} worker{'' if workers == 1 else 's'}",
+                xs=[float(r.batch_size) for r in rows],
+                ys=[r.throughput_samples_per_s for r in rows],
+                color=PALETTE[i % len(PALETTE)],
+                dashed=i >= len(PALETTE),
+            )
+        )
+    chart = line_chart(
+        lines,
+        title=f"Throughput vs batch size: {result.scenario} on {result.device}",
+        chart_id="sweep-throughput",
+        x_label="batch size",
+        y_label="samples/s",
+        width=760,
+        height=360,
+    )
+    # a file needs the namespace that an <svg> inlined in HTML inherits
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + chart.replace("<svg ", f"<svg {_SVG_NS} ", 1) + "\n"
+
+
+def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
+    t = Table(
+        title=f"Tune: {len(result.trials)} trials + {len(result.final)} final runs, {result.elapsed_s:.0f} s of a "
+        f"{result.budget_s:g} s budget",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    for name in ("run", "pipeline", "batch", "workers", "samples/s", "stall", "p50 ms", "steps"):
+        t.add_column(name, justify="left" if name in ("run", "pipeline") else "right")
+    for r in [*result.trials, *result.final]:
+        t.add_row(
+            r.role or "",
+            r.pipeline,
+            str(r.batch_size),
+            str(r.workers),
+            num(r.throughput_samples_per_s),
+            pct(r.stall_fraction),
+            num(r.step_time_ms.get("p50")),
+            _steps(r),
+            style=None if r.ok else "red",
+        )
+    parts: list[Text | Table] = [t]
+    rec, d = result.recommended, result.default
+    med = result.medians()
+    if rec is None:
+        parts.append(Text("No recommendation: no configuration completed.", style="bold red"))
+    else:
+        parts.append(
+            Text.assemble(
+                ("Recommended: ", "bold"),
+                (f"--pipeline {rec.pipeline} --batch-size {rec.batch_size} --workers {rec.workers}", "bold green"),
+            )
+        )
+        if result.unconfirmed is not None:
+            u = result.unconfirmed
+            parts.append(
+                Text(
+                    f"The search's best trial ({u.name}) was not faster when re-run side by side with the default "
+                    f"(x{num(result.unconfirmed_speedup, '{:.2f}')}, median {num(med['recommended'])} vs "
+                    f"{num(med['default'])} samples/s): keep the default.",
+                    style="yellow",
+                )
+            )
+        elif result.speedup is not None and not result.final:
+            parts.append(Text("Speedup over the default: x1 (the default is the best configuration found)"))
+        elif result.speedup is not None:
+            parts.append(
+                Text(
+                    f"Measured speedup over the default (--pipeline {d.pipeline} --batch-size {d.batch_size} "
+                    f"--workers {d.workers}): x{result.speedup:.2f}  (median {num(med['recommended'])} vs "
+                    f"{num(med['default'])} samples/s, re-run side by side)"
+                )
+            )
+    parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
+    if out_dir is not None:
+        parts.append(Text(f"trials and final runs: {out_dir}/  summary: {out_dir / 'tune.json'}", style="dim"))
+    console.print(Group(*parts))

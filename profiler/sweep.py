@@ -1,0 +1,304 @@
+"""Sweep and tune orchestration: run configurations of one scenario into one directory, stopping each early.
+
+A sweep directory holds one run store per configuration (``<pipeline>-b<batch>-w<workers>/``, the same
+store ``stallscope run`` writes, so ``stallscope report`` works on each) and ``sweep.json``, the table and
+its analysis. A tune directory holds one run store per trial (``tNN-<config>/``) and per final re-run
+(``finalN-<role>-<config>/``) and ``tune.json``.
+
+Invariants:
+- Every configuration runs through :func:`profiler.runner.run_scenario`, the loop ``stallscope run`` uses,
+  with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader).
+- A configuration ends at whichever comes first: the early-stop rule (``analysis.sweep.is_stable``), the
+  ``steps`` cap or the ``seconds`` cap on its measured steps.
+- A configuration that fails (out of memory, a pipeline that does not apply, a model error) is a row with
+  status "failed" and the error, never the end of the sweep. Bad user data (``TrainingError.bad_input``)
+  would fail every configuration alike, so it ends the sweep and propagates.
+- ``sweep.json`` is rewritten (atomically) after every configuration, so a sweep killed at any point
+  leaves the table of what finished. Ctrl-C / SIGTERM ends the sweep after recording the configuration it
+  interrupted as a row with status "interrupted".
+- Nothing here renders: progress reaches the caller through ``on_start`` / ``on_finish`` callbacks and the
+  live view through ``monitor``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler.analysis import summarize
+from profiler.analysis.sweep import (
+    MIN_STEPS,
+    REL_CI,
+    Config,
+    SweepResult,
+    SweepRow,
+    analyse_sweep,
+    is_stable,
+    row_from_summary,
+)
+from profiler.devices import DeviceInfo
+from profiler.runner import RunConfig, TrainingError, run_scenario
+from profiler.session import Interrupted, Session
+from profiler.store import StoreError, load_run
+from profiler.tuner import TuneResult, tune
+from scenarios import Scenario
+
+DEFAULT_STEPS = 30  # cap on measured steps per configuration when neither --steps nor --seconds is given
+SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a configuration
+
+# (session, total steps or None when only --seconds bounds the run) -> the live view
+Monitor = Callable[[Session, int | None], contextlib.AbstractContextManager[Any]]
+OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
+OnFinish = Callable[[SweepRow], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How long each configuration trains. ``warmup`` None: the scenario's."""
+
+    steps: int = DEFAULT_STEPS
+    seconds: float | None = None
+    warmup: int | None = None
+    min_steps: int = MIN_STEPS
+    rel_ci: float = REL_CI
+
+
+@dataclass(frozen=True, slots=True)
+class Harness:
+    """What every configuration of a sweep or tune shares."""
+
+    scenario: Scenario
+    device: DeviceInfo
+    limits: Limits = Limits()
+    data: Path | None = None
+    model: str | None = None
+    on_bad_sample: str = "fail"
+    sample_hz: float = 10.0
+    seed: int = 0
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+    monitor: Monitor | None = None
+    on_start: OnStart | None = None
+    on_finish: OnFinish | None = None
+    # the signal the CLI received, if any: a signal handler's exception can be swallowed by a broad
+    # ``except Exception`` on the main thread (a source probe, say), so the sweep also polls this
+    stop_requested: Callable[[], str | None] | None = None
+
+
+class ConfigStopped(Interrupted):
+    """A signal stopped a configuration mid-run; ``row`` is what it measured (status "interrupted")."""
+
+    def __init__(self, signame: str, row: SweepRow) -> None:
+        super().__init__(signame)
+        self.row = row
+
+
+class StopRule:
+    """The ``RunConfig.stop_when`` of one configuration; ``reason`` says why it fired ("stable", "seconds")."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        clock: Callable[[], float] = time.perf_counter,
+        stop_requested: Callable[[], str | None] | None = None,
+    ) -> None:
+        self._limits = limits
+        self._clock = clock
+        self._stop_requested = stop_requested
+        self._t_first: float | None = None
+        self.reason: str | None = None
+
+    def __call__(self, session: Session, measured: int) -> bool:
+        if self._stop_requested is not None and self._stop_requested():
+            self.reason = "signal"
+            return True
+        now = self._clock()
+        if self._t_first is None:
+            self._t_first = now  # the end of the first measured step: the seconds cap counts from here
+        # the step that just finished is recorded when the loop asks for the next batch: ``recent`` holds
+        # the ones before it, which is what the rule can judge
+        step_s = [row.t_end - row.t_start for row, _ in session.recent if not row.warmup]
+        if is_stable(step_s, self._limits.min_steps, self._limits.rel_ci):
+            self.reason = "stable"
+            return True
+        if self._limits.seconds is not None and now - self._t_first >= self._limits.seconds:
+            self.reason = "seconds"
+            return True
+        return False
+
+
+def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> SweepRow:
+    """Train one configuration into run store ``out``; its row. Raises ConfigStopped on a signal and
+    TrainingError for bad user data; any other failure is a row with status "failed"."""
+    t0 = time.perf_counter()
+    rule = StopRule(h.limits, stop_requested=h.stop_requested)
+    warmup = h.scenario.warmup if h.limits.warmup is None else h.limits.warmup
+    run_cfg = RunConfig(
+        out=out,
+        device=h.device,
+        pipeline=cfg.pipeline,
+        batch_size=cfg.batch_size,
+        workers=cfg.workers,
+        steps=h.limits.steps,
+        warmup=warmup,
+        sample_hz=h.sample_hz,
+        seed=h.seed,
+        attribution=False,
+        data=h.data,
+        on_bad_sample=h.on_bad_sample,
+        model=h.model,
+        stop_when=rule,
+        extra_meta={**h.extra_meta, "sweep_config": cfg.name, **({"tune_role": role} if role else {})},
+    )
+    monitor = h.monitor
+    total = warmup + h.limits.steps if h.limits.steps < SECONDS_ONLY_STEPS else None
+
+    def live(s: Session) -> contextlib.AbstractContextManager[Any]:
+        assert monitor is not None
+        return monitor(s, total)
+
+    status: str | None = None
+    error: str | None = None
+    stopped: str | None = None
+    try:
+        run_scenario(h.scenario, run_cfg, live if monitor is not None else None)
+    except TrainingError as exc:
+        if exc.bad_input:
+            raise
+        status, error = "failed", exc.where
+    except (Interrupted, KeyboardInterrupt) as exc:
+        stopped = getattr(exc, "signame", "SIGINT")
+        status, error = "interrupted", f"stopped by {stopped}"
+    except Exception as exc:  # set-up failed before the run store existed (pipeline or model factory)
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+    signame = _requested(h)
+    if stopped is None and signame is not None:  # the signal's exception was swallowed on its way
+        stopped, status, error = signame, "interrupted", f"stopped by {signame}"
+    row = _row(cfg, out, rule, status=status, error=error, wall_s=time.perf_counter() - t0, role=role)
+    if stopped is not None:
+        raise ConfigStopped(stopped, row)
+    return row
+
+
+def _requested(h: Harness) -> str | None:
+    return h.stop_requested() if h.stop_requested is not None else None
+
+
+def _row(
+    cfg: Config, out: Path, rule: StopRule, *, status: str | None, error: str | None, wall_s: float, role: str | None
+) -> SweepRow:
+    try:
+        rec = load_run(out)
+    except StoreError:
+        return SweepRow(
+            cfg.pipeline, cfg.batch_size, cfg.workers, status or "failed", None, error or "no run store", wall_s=wall_s,
+            role=role,
+        )  # fmt: skip
+    step_s = [s.t_end - s.t_start for s in rec.steps if not s.warmup]
+    return row_from_summary(
+        summarize(rec),
+        pipeline=cfg.pipeline,
+        batch_size=cfg.batch_size,
+        workers=cfg.workers,
+        run_dir=str(out),
+        step_s=step_s,
+        stop_reason=rule.reason or ("steps" if status is None else None),
+        wall_s=wall_s,
+        status=status,
+        error=error,
+        role=role,
+    )
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[SweepResult, str | None]:
+    """Every configuration in order into ``out_dir``; the analysed table and the signal that stopped it, if any."""
+    rows: list[SweepRow] = []
+    stopped: str | None = None
+    n = len(configs)
+
+    def result() -> SweepResult:
+        return analyse_sweep(
+            rows,
+            scenario=h.scenario.name,
+            device=h.device.torch_device,
+            planned=n,
+            status="interrupted" if stopped else "complete",
+        )
+
+    try:
+        for i, cfg in enumerate(configs, 1):
+            stopped = _requested(h)
+            if stopped:
+                break
+            run_dir = out_dir / cfg.name
+            if h.on_start is not None:
+                h.on_start(i, n, cfg, run_dir)
+            try:
+                row = run_config(h, cfg, run_dir)
+            except ConfigStopped as exc:
+                rows.append(exc.row)
+                stopped = exc.signame
+                break
+            rows.append(row)
+            if h.on_finish is not None:
+                h.on_finish(row)
+            write_json(out_dir / "sweep.json", result().to_dict())
+    except (Interrupted, KeyboardInterrupt) as exc:  # between configurations
+        stopped = getattr(exc, "signame", "SIGINT")
+    finally:
+        final = result()
+        write_json(out_dir / "sweep.json", final.to_dict())
+    return final, stopped
+
+
+def run_tune(
+    h: Harness,
+    out_dir: Path,
+    *,
+    pipelines: Sequence[str],
+    max_batch: int,
+    max_workers: int,
+    budget_s: float,
+) -> TuneResult:
+    """The tuner's search and final comparison (``profiler.tuner``), every trial a run store in ``out_dir``."""
+    count = 0
+    done: list[SweepRow] = []
+
+    def trial(cfg: Config, label: str, role: str) -> SweepRow:
+        nonlocal count
+        signame = _requested(h)
+        if signame:
+            raise Interrupted(signame)
+        count += 1
+        run_dir = out_dir / label
+        if h.on_start is not None:
+            h.on_start(count, None, cfg, run_dir)
+        row = run_config(h, cfg, run_dir, role=role)
+        done.append(row)
+        if h.on_finish is not None:
+            h.on_finish(row)
+        write_json(out_dir / "tune.json", {"status": "running", "runs": [r.to_dict() for r in done]})
+        return row
+
+    result = tune(
+        trial,
+        pipelines=pipelines,
+        default_batch=h.scenario.batch_size,
+        max_batch=max_batch,
+        max_workers=max_workers,
+        budget_s=budget_s,
+    )
+    write_json(out_dir / "tune.json", result.to_dict())
+    return result

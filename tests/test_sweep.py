@@ -1,0 +1,272 @@
+"""`stallscope sweep`: the early-stop rule, the knee and the explained slowdowns, checked against scenario files
+of known cost (tests/data/scenarios/knee.py, slowdown.py: sleep-timed, so a busy CPU does not move them), the
+failed-configuration rows, --json, Ctrl-C mid-sweep and bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope, wait_until
+from rich.console import Console
+from test_cli import assert_one_line_error
+
+from profiler.analysis.sweep import (
+    Config,
+    SweepRow,
+    analyse_sweep,
+    explain_slowdown,
+    is_stable,
+    knee_of,
+    relative_ci,
+)
+from profiler.devices import resolve_device
+from profiler.render.sweep import render_sweep, sweep_svg
+from profiler.store import StepRow, load_run
+from profiler.sweep import Harness, Limits, StopRule, run_sweep
+
+SCENARIOS = ROOT / "tests" / "data" / "scenarios"
+
+
+def row(batch: int, thr: float, *, workers: int = 0, wait: float = 1.0, compute: float = 10.0, **kw: Any) -> SweepRow:
+    """A completed row whose step time is consistent with its throughput."""
+    step = batch / thr * 1e3
+    other = kw.pop("other", max(0.0, step - wait - compute))
+    return SweepRow(
+        "naive",
+        batch,
+        workers,
+        "complete",
+        throughput_samples_per_s=thr,
+        stall_fraction=wait / step,
+        step_time_ms={"mean": step, "p50": step, "p90": step},
+        breakdown_ms_per_step={"data_wait": wait, "h2d": 0.0, "compute": compute, "other": other},
+        **kw,
+    )
+
+
+# -- the early-stop rule --------------------------------------------------------------------------------
+
+
+def test_relative_ci_matches_student_t() -> None:
+    xs = [0.10, 0.11, 0.09, 0.10, 0.10]
+    sd = math.sqrt(sum((x - 0.1) ** 2 for x in xs) / 4)
+    assert relative_ci(xs) == pytest.approx(2.776 * sd / math.sqrt(5) / 0.1)
+    assert relative_ci([0.1]) == math.inf and relative_ci([]) == math.inf
+
+
+def test_stable_needs_five_steps_and_a_tight_interval() -> None:
+    assert not is_stable([0.1] * 4)
+    assert is_stable([0.1] * 5)
+    assert not is_stable([0.05, 0.15, 0.05, 0.15, 0.05, 0.15])
+
+
+class _FakeSession:
+    def __init__(self, times: list[float], warmup: int = 1) -> None:
+        self.recent: deque[tuple[StepRow, list[Any]]] = deque()
+        t = 0.0
+        for i, d in enumerate(times):
+            self.recent.append((StepRow(i, t, t + d, 0.0, 8, i < warmup), []))
+            t += d
+
+
+def test_stop_rule_fires_once_stable_and_at_the_seconds_cap() -> None:
+    now = [0.0]
+    rule = StopRule(Limits(), clock=lambda: now[0])
+    assert not rule(_FakeSession([9.0, 0.1, 0.1, 0.1, 0.1]), 4)  # the warm-up step does not count
+    assert rule(_FakeSession([9.0, 0.1, 0.1, 0.1, 0.1, 0.1]), 5) and rule.reason == "stable"
+    noisy = _FakeSession([0.0, 0.05, 0.15] * 3)
+    capped = StopRule(Limits(seconds=2.0), clock=lambda: now[0])
+    assert not capped(noisy, 1)
+    now[0] = 2.5
+    assert capped(noisy, 8) and capped.reason == "seconds"
+
+
+# -- knee and slowdowns on synthetic rows -----------------------------------------------------------------
+
+
+def test_knee_is_the_smallest_batch_within_five_percent_of_the_line_best() -> None:
+    line = [row(8, 200), row(16, 390), row(32, 400), row(64, 405)]
+    k = knee_of(line)
+    assert k is not None and (k.batch_size, k.best_batch_size) == (16, 64)
+    assert "within 5% of the best 405.0 at batch 64" in k.text
+    assert knee_of([row(8, 200)]) is None
+
+
+def test_slowdown_causes_are_classified_from_the_breakdown() -> None:
+    # loader: data wait per step x8 while compute doubles with the batch
+    s = explain_slowdown(row(8, 250, wait=4, compute=20), row(16, 160, wait=70, compute=30))
+    assert s.cause == "loader" and s.drop == pytest.approx(0.36)
+    assert "data wait grew from 4.0 to 70 ms per step (x17.5)" in s.text
+    assert "the loader cannot keep up with the larger batch" in s.text
+    # compute: compute per sample doubled, data wait flat
+    s = explain_slowdown(row(32, 400, wait=1, compute=79), row(64, 200, wait=1, compute=319))
+    assert s.cause == "compute" and "compute per sample grew from 2.47 to 4.98 ms" in s.text
+    # other: neither input nor compute grew per sample
+    s = explain_slowdown(row(8, 400, wait=1, compute=10, other=9), row(16, 300, wait=2, compute=20, other=31.3))
+    assert s.cause == "other" and "other grew from 9.0 to 31 ms per step" in s.text
+
+
+def test_analysis_skips_failed_rows_and_noise_sized_drops() -> None:
+    failed = SweepRow("naive", 128, 0, "failed", error="OutOfMemoryError: no")
+    rows = [row(8, 200), row(16, 400), row(32, 390), row(64, 200), failed, row(8, 100, workers=2)]
+    result = analyse_sweep(rows, scenario="x", device="cpu", planned=8)
+    assert [(s.batch_size, s.smaller_batch_size) for s in result.slowdowns] == [(64, 32)]  # 32 is only 2.5% lower
+    assert result.knee is not None and result.knee.batch_size == 16
+    assert len(result.knees) == 1  # the 2-worker line has one point: no knee
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["rows"][4]["throughput_samples_per_s"] is None and d["rows"][4]["config"] == "naive-b128-w0"
+    assert any("1 of 6 configurations failed" in n for n in d["notes"])
+    assert any("6 of 8 configurations ran" in n for n in d["notes"])
+    svg = sweep_svg(result)
+    assert svg.startswith("<?xml") and 'xmlns="http://www.w3.org/2000/svg"' in svg
+    assert "naive, 0 workers" in svg and "naive, 2 workers" in svg
+
+
+# -- real sweeps over scenarios of known cost ---------------------------------------------------------------
+
+
+def _sweep(tmp: Path, scenario: str, batches: list[int], workers: list[int]) -> tuple[Any, Path]:
+    import scenarios
+
+    h = Harness(scenario=scenarios.get(str(SCENARIOS / scenario)), device=resolve_device("cpu"), limits=Limits())
+    out = tmp / "sweep"
+    out.mkdir()
+    result, stopped = run_sweep(h, [Config("naive", b, w) for w in workers for b in batches], out)
+    assert stopped is None
+    return result, out
+
+
+@pytest.fixture(scope="module")
+def knee_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    return _sweep(tmp_path_factory.mktemp("knee"), "knee.py", [8, 16, 32, 64, 128], [0])
+
+
+def test_sweep_finds_the_injected_knee(knee_sweep: tuple[Any, Path]) -> None:
+    result, _ = knee_sweep
+    thr = {r.batch_size: r.throughput_samples_per_s for r in result.rows if r.ok}
+    # injected: 200, 400, 400, 200 samples/s (sleeps; the loop's own cost only lowers them a little)
+    assert thr[16] == pytest.approx(400, rel=0.2) and thr[8] == pytest.approx(thr[16] / 2, rel=0.15)
+    assert result.knee is not None and result.knee.batch_size == 16, result.knee
+    for r in result.rows:
+        if r.ok:  # sleep-timed steps are steady: every configuration stops early, long before the cap of 30
+            assert r.stop_reason == "stable" and r.steps < 30, r
+            # the rule judged the steps before the last (a step is recorded when the next one starts); the row's
+            # interval includes the last too, so one late step on a busy machine can widen it
+            assert r.step_time_rel_ci < 0.25, r
+
+
+def test_sweep_explains_the_injected_compute_slowdown(knee_sweep: tuple[Any, Path]) -> None:
+    result, _ = knee_sweep
+    assert [(s.batch_size, s.smaller_batch_size, s.cause) for s in result.slowdowns] == [(64, 32, "compute")]
+    assert result.slowdowns[0].drop == pytest.approx(0.5, abs=0.12)
+    assert "compute per sample grew" in result.slowdowns[0].text
+
+
+def test_a_failed_configuration_is_a_row_and_every_run_is_kept(knee_sweep: tuple[Any, Path]) -> None:
+    result, out = knee_sweep
+    oom = result.rows[-1]
+    assert (oom.batch_size, oom.status) == (128, "failed") and "OutOfMemoryError" in (oom.error or "")
+    for r in result.rows:
+        assert (out / r.name / "run.sqlite").exists()
+    assert load_run(out / "naive-b16-w0").meta["batch_size"] == 16
+    on_disk = json.loads((out / "sweep.json").read_text())
+    assert on_disk == json.loads(json.dumps(result.to_dict()))
+
+    buf = io.StringIO()
+    render_sweep(result, Console(file=buf, width=200, color_system=None), out)
+    text = buf.getvalue()
+    assert "Knee: knee (naive, 0 workers): batch 16" in text and "Slowdown [compute] batch 64" in text
+    assert "naive-b128-w0 failed: OutOfMemoryError" in text
+
+
+def test_sweep_explains_the_injected_loader_slowdown(tmp_path: Path) -> None:
+    result, _ = _sweep(tmp_path, "slowdown.py", [4, 8, 16], [0])
+    assert [(s.batch_size, s.smaller_batch_size, s.cause) for s in result.slowdowns] == [(16, 8, "loader")]
+    s = result.slowdowns[0]
+    assert s.drop == pytest.approx(0.4, abs=0.15)  # injected: 267 -> 160 samples/s
+    assert "data wait grew from" in s.text and "the loader cannot keep up with the larger batch" in s.text
+    b8, b16 = (next(r for r in result.rows if r.batch_size == b) for b in (8, 16))
+    assert b16.breakdown_ms_per_step["data_wait"] > 4 * b8.breakdown_ms_per_step["data_wait"]  # injected x9.5
+    assert b16.stall_fraction > 0.5
+
+
+# -- the command line ---------------------------------------------------------------------------------------
+
+
+def test_sweep_json_goes_past_a_failed_configuration_and_ctrl_c_keeps_the_rows(tmp_path: Path) -> None:
+    """One CLI sweep (each costs seconds of torch import): knee.py's batch 128 is out of memory, the sweep goes
+    on to the next line, and SIGINT part-way through keeps the table of what ran (stdout and sweep.json)."""
+    out = tmp_path / "sw"
+    args = ["sweep", str(SCENARIOS / "knee.py"), "--batch-sizes", "16,128,8", "--workers", "0,1,2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profiler", *args, "--out", str(out), "--json", "--no-live", "--price-per-hour", "3.6"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    def rows_on_disk() -> int:
+        try:
+            return len(json.loads((out / "sweep.json").read_text())["rows"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    try:
+        assert wait_until(lambda: rows_on_disk() >= 4, timeout=90)  # past the failure, into the next line
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "stopped by SIGINT" in stderr
+    assert "stallscope: sweep [1/9] naive-b8-w0" in stderr  # a header per configuration
+    d = json.loads(stdout)  # stdout holds the JSON alone
+    assert {"rows", "knee", "slowdowns"} <= d.keys()
+    assert d["status"] == "interrupted" and d["planned"] == 9 and 4 <= len(d["rows"]) < 9
+    assert json.loads((out / "sweep.json").read_text()) == d
+    got = [(r["workers"], r["batch_size"], r["status"]) for r in d["rows"][:4]]
+    assert got == [(0, 8, "complete"), (0, 16, "complete"), (0, 128, "failed"), (1, 8, "complete")]
+    assert "OutOfMemoryError" in d["rows"][2]["error"]
+    ok = d["rows"][0]
+    assert ok["config"] == "naive-b8-w0" and ok["run_dir"] == str(out / "naive-b8-w0")
+    assert set(ok["step_time_ms"]) == {"mean", "p50", "p90"}
+    assert set(ok["breakdown_ms_per_step"]) == {"data_wait", "h2d", "compute", "other"}
+    # 3.6 per hour = 0.001 per second: cost per 1k samples = 1 / samples per second
+    assert ok["cost_per_1k_samples"] == pytest.approx(1 / ok["throughput_samples_per_s"], rel=1e-6)
+    assert d["knee"]["batch_size"] == 16 and d["knees"][0]["workers"] == 0
+    assert (out / "sweep.svg").read_text().startswith("<?xml")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--batch-sizes", ""], ["--batch-sizes", "''", "comma-separated list of integers 1..65536"]),
+        (["--batch-sizes", "8,,16"], ["--batch-sizes", "empty item"]),
+        (["--batch-sizes", "8,big"], ["--batch-sizes", "'big'", "not an integer"]),
+        (["--batch-sizes", "0,8"], ["--batch-sizes", "0 in '0,8' is out of range"]),
+        (["--workers", "-1"], ["--workers", "out of range", "0..256"]),
+        (["--pipelines", "naive,turbo"], ["'turbo'", "naive"]),
+        (["--seconds", "0"], ["--seconds", "allowed >= 0.1"]),
+    ],
+)
+def test_sweep_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(stallscope("sweep", str(SCENARIOS / "knee.py"), *args), *needles)
+
+
+def test_sweep_refuses_a_directory_holding_a_sweep(tmp_path: Path) -> None:
+    (tmp_path / "sweep.json").write_text("{}")
+    assert_one_line_error(
+        stallscope("sweep", str(SCENARIOS / "knee.py"), "--out", str(tmp_path)), "--out", "already holds a sweep"
+    )

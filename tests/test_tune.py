@@ -1,0 +1,202 @@
+"""`stallscope tune`: the search (on a throughput model, with a fake clock), then the real thing on a scenario
+of known cost (tests/data/scenarios/tune.py) against a full grid run through the same code path."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope
+from test_cli import assert_one_line_error
+
+from profiler.analysis.sweep import Config, SweepRow
+from profiler.devices import resolve_device
+from profiler.sweep import Harness, Limits, run_sweep
+from profiler.tuner import TuneResult, tune, worker_ladder
+
+SCENARIOS = ROOT / "tests" / "data" / "scenarios"
+Model = Callable[[Config], float | None]
+
+
+def lanes_model(cfg: Config) -> float | None:
+    """tune.py's costs as a formula: 2 ms an item in the loader, 40 ms per 16 items in the model; prefetch
+    is 10% faster; a batch above 64 is out of memory (None)."""
+    if cfg.batch_size > 64:
+        return None
+    loader = 2.0 * cfg.batch_size
+    compute = 40.0 * math.ceil(cfg.batch_size / 16)
+    step = loader + compute if cfg.workers == 0 else max(loader / cfg.workers, compute)
+    return cfg.batch_size / step * 1e3 * (1.1 if cfg.pipeline == "prefetch" else 1.0)
+
+
+class FakeTrials:
+    """A trial function over a throughput model; every trial takes ``wall_s`` on a fake clock."""
+
+    def __init__(self, model: Model, wall_s: float = 1.0, interrupt_at: int = 0) -> None:
+        self.model = model
+        self.wall_s = wall_s
+        self.now = 0.0
+        self.calls: list[tuple[Config, str, str]] = []
+        self.interrupt_at = interrupt_at
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
+        self.calls.append((cfg, label, role))
+        if self.interrupt_at and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.now += self.wall_s
+        thr = self.model(cfg)
+        if thr is None:
+            return SweepRow(
+                cfg.pipeline, cfg.batch_size, cfg.workers, "failed", error="OutOfMemoryError: simulated",
+                wall_s=self.wall_s, role=role,
+            )  # fmt: skip
+        return SweepRow(
+            cfg.pipeline, cfg.batch_size, cfg.workers, "complete", throughput_samples_per_s=thr, wall_s=self.wall_s,
+            role=role,
+        )  # fmt: skip
+
+
+def run(trials: FakeTrials, **kw: object) -> TuneResult:
+    args: dict[str, object] = {
+        "pipelines": ["naive", "prefetch"],
+        "default_batch": 8,
+        "max_batch": 256,
+        "max_workers": 4,
+        "budget_s": 1e6,
+        "clock": trials.clock,
+    }
+    args.update(kw)
+    return tune(trials, **args)  # type: ignore[arg-type]
+
+
+def test_worker_ladder_doubles_up_to_the_cores() -> None:
+    assert worker_ladder(0) == [0]
+    assert worker_ladder(2) == [0, 1, 2]
+    assert worker_ladder(6) == [0, 1, 2, 4, 6]
+    assert worker_ladder(8) == [0, 1, 2, 4, 8]
+
+
+def test_search_reaches_the_grid_best_with_fewer_trials() -> None:
+    trials = FakeTrials(lanes_model)
+    result = run(trials)
+    grid = [Config(p, b, w) for p in ("naive", "prefetch") for b in (8, 16, 32, 64) for w in (0, 1, 2, 4)]
+    best = max(lanes_model(c) or 0.0 for c in grid)
+    assert result.recommended is not None and result.recommended.pipeline == "prefetch"
+    assert (lanes_model(result.recommended) or 0.0) >= 0.97 * best
+    assert len(result.trials) < len(grid) / 2
+    assert len({(r.pipeline, r.batch_size, r.workers) for r in result.trials}) == len(result.trials)  # no repeats
+    # final: 2 rounds each, alternating which runs first; the speedup is the ratio of the medians
+    assert [r.role for r in result.final] == ["default", "recommended", "recommended", "default"]
+    assert result.default == Config("naive", 8, 0)
+    assert result.speedup == pytest.approx(lanes_model(result.recommended) / lanes_model(result.default))
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["recommended"] == result.recommended.to_dict() and d["default"]["batch_size"] == 8
+    assert [t["role"] for t in d["trials"]] == ["trial"] * len(result.trials)
+    assert trials.calls[0][1] == "t01-naive-b8-w0" and trials.calls[-1][1].startswith("final2-default-")
+
+
+def test_out_of_memory_is_the_batch_ceiling() -> None:
+    result = run(FakeTrials(lambda c: None if c.batch_size > 16 else lanes_model(c)), pipelines=["naive"])
+    assert result.recommended is not None and result.recommended.batch_size == 16
+    assert any("naive-b32-w" in n and "batch ceiling" in n for n in result.notes)
+
+
+def test_the_batch_is_halved_when_doubling_does_not_help() -> None:
+    def model(c: Config) -> float:  # the default batch 64 is past the knee: 16 is best, 8 no better
+        return {8: 500.0, 16: 510.0, 32: 400.0, 64: 300.0, 128: 250.0}[c.batch_size]
+
+    result = run(FakeTrials(model), pipelines=["naive"], default_batch=64, max_workers=0)
+    assert result.recommended == Config("naive", 16, 0)
+    assert [r.batch_size for r in result.trials] == [64, 128, 32, 16, 8]
+
+
+def test_budget_stops_the_search_and_keeps_the_final_comparison() -> None:
+    trials = FakeTrials(lanes_model, wall_s=10.0)
+    result = run(trials, budget_s=75.0)
+    assert any("budget of 75 s reached" in n for n in result.notes)
+    assert len(result.trials) <= 3 and result.final  # at least one round of the final pair ran
+    assert result.elapsed_s <= 75.0 + 2 * 10.0
+    assert result.speedup is not None
+
+
+def test_interrupt_keeps_the_best_so_far() -> None:
+    result = run(FakeTrials(lanes_model, interrupt_at=3))
+    assert result.status == "interrupted" and result.stopped_by == "SIGINT"
+    assert result.recommended == Config("naive", 8, 1) and result.speedup is None and len(result.trials) == 2
+
+
+def test_a_pick_no_faster_side_by_side_is_not_confirmed() -> None:
+    class Lucky(FakeTrials):  # the pick's trial was lucky: re-run, it is slower than the default
+        def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
+            row = super().__call__(cfg, label, role)
+            if role == "recommended":
+                return SweepRow(cfg.pipeline, cfg.batch_size, cfg.workers, "complete", throughput_samples_per_s=100.0,
+                                wall_s=1.0, role=role)  # fmt: skip
+            return row
+
+    result = run(Lucky(lanes_model), pipelines=["naive"])
+    assert result.recommended == result.default and result.speedup == 1.0
+    assert result.unconfirmed == Config("naive", 16, 1)
+    assert result.unconfirmed_speedup == pytest.approx(100.0 / lanes_model(result.default))
+    assert any("not confirmed, the default is kept" in n for n in result.notes)
+    assert result.to_dict()["unconfirmed"]["batch_size"] == 16
+
+
+def test_default_already_best_is_not_rerun() -> None:
+    result = run(FakeTrials(lambda c: 100.0 if c == Config("naive", 8, 0) else 50.0), pipelines=["naive"])
+    assert result.recommended == result.default and result.speedup == 1.0 and not result.final
+
+
+# -- the real search on a scenario of known cost --------------------------------------------------------------
+
+
+def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> None:
+    import scenarios
+
+    scenario = str(SCENARIOS / "tune.py")
+    out = tmp_path / "tune"
+    res = stallscope(
+        "tune", scenario, "--pipelines", "naive", "--max-batch-size", "32", "--max-workers", "2", "--budget-s", "120",
+        "--out", str(out), "--json", "--no-live",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)  # stdout holds the JSON alone
+    assert {"recommended", "default", "speedup", "trials"} <= d.keys()
+    assert d["default"] == {"pipeline": "naive", "batch_size": 8, "workers": 0}
+    rec = d["recommended"]
+    assert rec["workers"] >= 1 and rec["batch_size"] >= 16, d  # injected: the loader needs a worker, 16 lanes
+    assert d["speedup"] > 1.6, d  # injected: ~2.8
+    assert len(d["trials"]) < 9  # fewer than the grid
+    for r in d["trials"] + d["final"]:
+        assert (Path(r["run_dir"]) / "run.sqlite").exists()
+    assert json.loads((out / "tune.json").read_text()) == d
+
+    # the full grid over the same space, through the same code path
+    h = Harness(scenario=scenarios.get(scenario), device=resolve_device("cpu"), limits=Limits())
+    (tmp_path / "grid").mkdir()
+    grid, _ = run_sweep(
+        h, [Config("naive", b, w) for w in (0, 1, 2) for b in (8, 16, 32)], tmp_path / "grid"
+    )  # fmt: skip
+    best = max(r.throughput_samples_per_s for r in grid.rows if r.ok)
+    assert d["final_median_samples_per_s"]["recommended"] >= 0.9 * best, (d["final_median_samples_per_s"], best)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--budget-s", "0"], ["--budget-s", "0 is out of range", "1..604800"]),
+        (["--budget-s", "1e9"], ["--budget-s", "out of range"]),
+        (["--budget-s", "soon"], ["--budget-s", "'soon'"]),
+        (["--max-batch-size", "0"], ["--max-batch-size", "1..65536"]),
+        (["--pipelines", ","], ["--pipelines", "empty item"]),
+        (["--pipelines", "turbo"], ["'turbo'", "naive"]),
+    ],
+)
+def test_tune_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(stallscope("tune", str(SCENARIOS / "tune.py"), *args), *needles)
