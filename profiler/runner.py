@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines import LoaderSpec
+from pipelines import LoaderSpec, PipelineError
 from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from profiler.devices import DeviceInfo
@@ -31,8 +31,9 @@ StopWhen = Callable[[Session, int], bool]  # (session, measured steps done) -> s
 class TrainingError(Exception):
     """The training itself failed; the partial run is kept in ``run_dir``.
 
-    ``bad_input`` is set (one line) when the cause was the user's data: a missing or empty data directory,
-    or a bad file under ``--on-bad-sample fail``. The CLI exits 2 for those, 1 otherwise.
+    ``bad_input`` is set (one line) when the cause was the user's input: a missing or empty data directory,
+    a bad file under ``--on-bad-sample fail``, or a pipeline that does not apply to the scenario (dali on a
+    dataset that is not an image folder) or is not installed. The CLI exits 2 for those, 1 otherwise.
     """
 
     def __init__(self, where: str, run_dir: Path, bad_input: str | None = None) -> None:
@@ -189,7 +190,7 @@ def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
 
 def _bad_input(exc: BaseException) -> str | None:
     """The one-line message when ``exc`` is the user's data at fault (also when re-raised by a worker)."""
-    if isinstance(exc, DataSourceError):
+    if isinstance(exc, (DataSourceError, PipelineError)):  # PipelineError: dali on a non-image scenario, no DALI
         return str(exc)
     if isinstance(exc, BadSampleError):
         # a DataLoader worker re-raises with the worker's traceback in the message: keep the error's own line

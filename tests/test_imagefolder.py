@@ -224,3 +224,11 @@ def test_cli_empty_data_directory_exits_2(tmp_path: Path) -> None:
     r = stallscope("run", "imagenet", "--data", str(tmp_path / "empty"), "--no-live", "--out", str(tmp_path / "r"))
     assert r.returncode == 2 and "no class subdirectories" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_cli_dali_on_a_scenario_without_image_files_exits_2(tmp_path: Path) -> None:
+    r = stallscope("run", "fashion-vgg", "--pipeline", "dali", "--no-live", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "needs an image-folder dataset" in errors[0] and "SyntheticFashion" in errors[0]
+    assert "Traceback" not in r.stderr
