@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/zerocode.py
 	$(BIN)/python benchmarks/loaders.py
+	$(BIN)/python benchmarks/sweep.py
 
 clean:
 	rm -rf runs .pytest_cache
