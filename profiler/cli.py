@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_options(r)
     r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
     r.add_argument(
+        "--augment-epochs",
+        type=_bounded(int, 0, None, "an integer"),
+        metavar="N",
+        help="augment only the first N epochs, then train on plain data (fashion-vgg, cifar-vgg; default: all)",
+    )
+    r.add_argument(
         "--loader-only",
         action="store_true",
         help="no model: iterate the pipeline and the copy to the device, to measure the loader's prep rate",
@@ -365,6 +371,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         on_bad_sample=args.on_bad_sample,
         model=args.model,
         loader_only=args.loader_only,
+        augment_epochs=args.augment_epochs,
         extra_meta=t.extra_meta,
     )
     monitor = None

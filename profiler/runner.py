@@ -28,6 +28,10 @@ Monitor = Callable[[Session], contextlib.AbstractContextManager[Any]]
 StopWhen = Callable[[Session, int], bool]  # (session, measured steps done) -> stop now
 
 
+class AugmentEpochsError(ValueError):
+    """--augment-epochs given for a scenario whose dataset cannot switch its augmentation off."""
+
+
 class TrainingError(Exception):
     """The training itself failed; the partial run is kept in ``run_dir``.
 
@@ -61,6 +65,7 @@ class RunConfig:
     model: str | None = None  # None: the scenario's default model
     loader_only: bool = False  # iterate the pipeline and the copy, no model: the loader's prep rate
     stop_when: StopWhen | None = None  # checked after every measured step (sweeps stop once stable)
+    augment_epochs: int | None = None  # augment the first N epochs only (scenarios whose dataset supports it)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -111,6 +116,14 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     try:
         with session:
             dataset = scenario.build_dataset(data_options)
+            if cfg.augment_epochs is not None:
+                if not hasattr(dataset, "augment_epochs"):
+                    raise AugmentEpochsError(
+                        f"--augment-epochs: scenario {scenario.name!r} has no switchable augmentation "
+                        "(fashion-vgg and cifar-vgg have)"
+                    )
+                dataset.augment_epochs = cfg.augment_epochs
+                session.annotate(augment_epochs=cfg.augment_epochs)
             spec = LoaderSpec(batch_size=batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed)
             built = pipeline.build(dataset, spec)
             augment: Any = getattr(dataset, "augment", None)
@@ -190,7 +203,8 @@ def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
 
 def _bad_input(exc: BaseException) -> str | None:
     """The one-line message when ``exc`` is the user's data at fault (also when re-raised by a worker)."""
-    if isinstance(exc, (DataSourceError, PipelineError)):  # PipelineError: dali on a non-image scenario, no DALI
+    # PipelineError: dali on a scenario without image files, or DALI not installed
+    if isinstance(exc, (DataSourceError, PipelineError, AugmentEpochsError)):
         return str(exc)
     if isinstance(exc, BadSampleError):
         # a DataLoader worker re-raises with the worker's traceback in the message: keep the error's own line

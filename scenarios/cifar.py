@@ -207,6 +207,8 @@ class SyntheticCifar(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.length = length
         self.seed = seed
         self.augment = augment
+        # Keras-style "augment for the first N epochs, then train on plain data" (--augment-epochs): None = all
+        self.augment_epochs: int | None = None
         self.epoch = epoch
         self._bank = _shared_bank(seed)
         # A balanced label set in a seeded order: classes are equally frequent for any length >= 10.
@@ -239,7 +241,7 @@ class SyntheticCifar(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         img, label = self.raw(index)
-        if self.augment:
+        if self.augment and (self.augment_epochs is None or self.epoch < self.augment_epochs):
             dy, dx, flip = self.shift_flip_params(index)
             # Edge padding then a shifted crop is Keras's fill_mode="nearest" shift for whole pixels.
             padded = np.pad(img, ((SHIFT, SHIFT), (SHIFT, SHIFT), (0, 0)), mode="edge")

@@ -126,6 +126,8 @@ class SyntheticFashion(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.length = length
         self.seed = seed
         self.augment = augment
+        # Keras-style "augment for the first N epochs, then train on plain data" (--augment-epochs): None = all
+        self.augment_epochs: int | None = None
         self.epoch = epoch
         self._bank = make_template_bank(seed)
         # A balanced label set in a seeded order: classes are equally frequent for any length >= 10.
@@ -168,7 +170,7 @@ class SyntheticFashion(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         img, label = self.raw(index)
         x = torch.from_numpy(img).unsqueeze(0)
-        if self.augment:
+        if self.augment and (self.augment_epochs is None or self.epoch < self.augment_epochs):
             x = TF.affine(x, **self.affine_params(index), interpolation=self.affine.interpolation, fill=0)
         x = TF.to_dtype(x, torch.float32, scale=True)
         return (x - MEAN) / STD, torch.tensor(label, dtype=torch.int64)

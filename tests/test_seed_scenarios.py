@@ -189,7 +189,7 @@ def test_imdb_labels_are_carried_by_the_sentiment_words() -> None:
 
 
 def test_mnist_digits_are_learnable_not_noise() -> None:
-    """A nearest-class-mean classifier on raw pixels must beat chance (10 %) by far."""
+    """A nearest-class-mean classifier on raw pixels must beat chance (10 %) by far (measured: 77 %)."""
     data = SyntheticDigits(length=1000, seed=0)
     images, labels = zip(*(data.raw(i) for i in range(len(data))), strict=True)
     x = np.stack(images).reshape(len(data), -1).astype(np.float32) / 255
@@ -201,7 +201,7 @@ def test_mnist_digits_are_learnable_not_noise() -> None:
 
 
 def test_cifar_scenes_are_learnable_not_noise() -> None:
-    """Nearest class mean on raw pixels, though objects move, flip and change colour: above chance (10 %)."""
+    """Nearest class mean on raw pixels must beat chance (10 %) by far (measured: 85 %)."""
     data = SyntheticCifar(length=1000, seed=0, augment=False)
     images, labels = zip(*(data.raw(i) for i in range(len(data))), strict=True)
     x = np.stack(images).reshape(len(data), -1).astype(np.float32) / 255
@@ -209,7 +209,7 @@ def test_cifar_scenes_are_learnable_not_noise() -> None:
     train, test = slice(0, 800), slice(800, None)
     means = np.stack([x[train][y[train] == c].mean(0) for c in range(10)])
     predicted = ((x[test][:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
-    assert (predicted == y[test]).mean() > 0.3
+    assert (predicted == y[test]).mean() > 0.6
 
 
 # Parameter counts: Keras's, except that torch's LSTM has two bias vectors per gate (+512) and the one sigmoid
