@@ -63,17 +63,18 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         """The summary.json object: NaN becomes null (JSON has no NaN)."""
-        out: dict[str, Any] = _json_safe(asdict(self))
+        out: dict[str, Any] = json_safe(asdict(self))
         return out
 
 
-def _json_safe(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
+    """``x`` with NaN/inf floats as None, recursively: JSON has no NaN."""
     if isinstance(x, float):
         return finite_or_none(x)
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {k: json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
+        return [json_safe(v) for v in x]
     return x
 
 

@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from profiler.analysis.stats import finite_or_none, mean
-from profiler.analysis.summary import Summary
+from profiler.analysis.stats import mean
+from profiler.analysis.summary import Summary, json_safe
 
 MIN_STEPS = 5
 REL_CI = 0.05
@@ -105,7 +105,7 @@ class SweepRow:
         return self.status == "complete" and math.isfinite(thr) and thr > 0
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"config": self.name, **_json_safe(asdict(self))}
+        out: dict[str, Any] = {"config": self.name, **json_safe(asdict(self))}
         return out
 
 
@@ -221,9 +221,9 @@ class SweepResult:
             "status": self.status,
             "planned": self.planned,
             "rows": [r.to_dict() for r in self.rows],
-            "knee": _json_safe(asdict(self.knee)) if self.knee else None,
-            "knees": [_json_safe(asdict(k)) for k in self.knees],
-            "slowdowns": [_json_safe(asdict(s)) for s in self.slowdowns],
+            "knee": json_safe(asdict(self.knee)) if self.knee else None,
+            "knees": [json_safe(asdict(k)) for k in self.knees],
+            "slowdowns": [json_safe(asdict(s)) for s in self.slowdowns],
             "rules": {
                 "early_stop": f">= {MIN_STEPS} measured steps and 95% CI half-width of the mean step time "
                 f"< {REL_CI:.0%} of the mean",
@@ -404,13 +404,3 @@ def analyse_sweep(
         priced=any(r.cost_per_1k_samples is not None for r in rows),
         notes=notes,
     )
-
-
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, float):
-        return finite_or_none(x)
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
