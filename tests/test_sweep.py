@@ -41,6 +41,7 @@ def row(batch: int, thr: float, *, workers: int = 0, wait: float = 1.0, compute:
     """A completed row whose step time is consistent with its throughput."""
     step = batch / thr * 1e3
     other = kw.pop("other", max(0.0, step - wait - compute))
+    kw.setdefault("step_time_rel_ci", 0.02)  # a measured window known to ±2%
     return SweepRow(
         "naive",
         batch,
@@ -127,6 +128,12 @@ def test_analysis_skips_failed_rows_and_noise_sized_drops() -> None:
     assert d["rows"][4]["throughput_samples_per_s"] is None and d["rows"][4]["config"] == "naive-b128-w0"
     assert any("1 of 6 configurations failed" in n for n in d["notes"])
     assert any("6 of 8 configurations ran" in n for n in d["notes"])
+    # the same 50% drop measured from windows too short to know their mean (2 steps: CI unknown, or +-30% each)
+    for ci in (math.nan, 0.3):
+        noisy = [row(32, 390, step_time_rel_ci=ci), row(64, 200, step_time_rel_ci=ci)]
+        r = analyse_sweep(noisy, scenario="x", device="cpu", planned=2)
+        assert r.slowdowns == []
+        assert any("naive-b64-w0 vs naive-b32-w0 (49% slower)" in n for n in r.notes)
     svg = sweep_svg(result)
     assert svg.startswith("<?xml") and 'xmlns="http://www.w3.org/2000/svg"' in svg
     assert "naive, 0 workers" in svg and "naive, 2 workers" in svg

@@ -356,12 +356,21 @@ def _pct(x: float) -> str:
     return f"{x:.0%}" if math.isfinite(x) else "n/a"
 
 
-def slowdowns_of(line: Sequence[SweepRow], min_drop: float = SLOWDOWN_MIN_DROP) -> list[Slowdown]:
-    """Every row of a line (sorted by batch size) more than ``min_drop`` slower than its predecessor."""
+def slowdowns_of(
+    line: Sequence[SweepRow], min_drop: float = SLOWDOWN_MIN_DROP, unresolved: list[str] | None = None
+) -> list[Slowdown]:
+    """Every row of a line (sorted by batch size) more than ``min_drop`` slower than its predecessor, and by more
+    than the two rows' step-time uncertainty together (95% CI half-widths): a drop that noise could explain is
+    not claimed, but named in ``unresolved``."""
     out = []
     for small, large in pairwise(line):
         if large.throughput_samples_per_s < small.throughput_samples_per_s * (1 - min_drop):
-            out.append(explain_slowdown(small, large))
+            drop = 1 - large.throughput_samples_per_s / small.throughput_samples_per_s
+            noise = small.step_time_rel_ci + large.step_time_rel_ci  # NaN (too few steps) compares False
+            if drop > noise:
+                out.append(explain_slowdown(small, large))
+            elif unresolved is not None:
+                unresolved.append(f"{large.name} vs {small.name} ({drop:.0%} slower)")
     return out
 
 
@@ -383,8 +392,14 @@ def analyse_sweep(
     if ok:
         top = max(ok, key=lambda r: r.throughput_samples_per_s)
         knee = next((k for k in knees if (k.pipeline, k.workers) == (top.pipeline, top.workers)), None)
-    slow = [s for line in by_line.values() for s in slowdowns_of(line, slowdown_min_drop)]
+    unresolved: list[str] = []
+    slow = [s for line in by_line.values() for s in slowdowns_of(line, slowdown_min_drop, unresolved)]
     notes = []
+    if unresolved:
+        notes.append(
+            "not flagged as slowdowns, the drop being within the step-time uncertainty (more --steps or --seconds "
+            "would tell): " + "; ".join(unresolved)
+        )
     failed = [r for r in rows if r.status == "failed"]
     if failed:
         notes.append(f"{len(failed)} of {len(rows)} configurations failed: their rows carry the error")
