@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.augment import IMAGENET_MEAN, IMAGENET_STD
-from pipelines.imagefolder import POLICIES, BadSample, BadSampleError, DataSourceError, Skipped, check_file
+from pipelines.imagefolder import (
+    POLICIES,
+    BadSample,
+    BadSampleError,
+    DataSourceError,
+    Skipped,
+    check_file,
+    decode_rgb,
+)
 
 ANNOTATIONS = "annotations.json"
 IMAGES_DIR = "images"
@@ -273,18 +281,11 @@ class DetectionDataset:
 
     def __getitem__(self, index: int) -> Any:
         import torch
-        from PIL import Image, UnidentifiedImageError
         from torchvision import tv_tensors
 
-        path = self.source.files[index]
-        try:
-            with Image.open(path) as img:
-                rgb = img.convert("RGB")
-        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            if self.source.on_bad_sample == "skip":
-                return Skipped(path, reason)
-            raise BadSampleError(f"bad sample {path!r}: {reason}") from None
+        rgb = decode_rgb(self.source.files[index], self.source.on_bad_sample)
+        if isinstance(rgb, Skipped):
+            return rgb
         boxes = tv_tensors.BoundingBoxes(
             torch.tensor(self.source.boxes[index], dtype=torch.float32).reshape(-1, 4),
             format=tv_tensors.BoundingBoxFormat.XYXY,

@@ -179,18 +179,25 @@ class ImageFolderDataset:
 
     def __getitem__(self, index: int) -> Any:
         import torch
-        from PIL import Image, UnidentifiedImageError
 
-        path = self.source.files[index]
-        try:
-            with Image.open(path) as img:
-                rgb = img.convert("RGB")
-        except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            if self.source.on_bad_sample == "skip":
-                return Skipped(path, reason)
-            raise BadSampleError(f"bad sample {path!r}: {reason}") from None
+        rgb = decode_rgb(self.source.files[index], self.source.on_bad_sample)
+        if isinstance(rgb, Skipped):
+            return rgb
         return self.transform(rgb), torch.tensor(self.source.labels[index], dtype=torch.int64)
+
+
+def decode_rgb(path: str, on_bad_sample: str) -> Any:
+    """The file decoded by PIL as RGB; a decode failure is ``Skipped`` (skip policy) or ``BadSampleError``."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            return img.convert("RGB")
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if on_bad_sample == "skip":
+            return Skipped(path, reason)
+        raise BadSampleError(f"bad sample {path!r}: {reason}") from None
 
 
 class SkipCollate:
