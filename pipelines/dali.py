@@ -247,19 +247,20 @@ def _pil_failure(path: str) -> str | None:
     return None
 
 
-class DaliBatches:
-    """A DALI iterator as ``(x, y)`` batches: float32 NCHW and int64 ``[N]``; one epoch per ``iter()``.
+class DaliEpochs:
+    """A DALI iterator as training batches, one epoch per ``iter()``.
 
     An epoch abandoned part-way is drained at the next ``iter()`` (DALI cannot reset mid-epoch), so every
     pass starts at an epoch boundary. After a pipeline error the object is dead: later passes re-raise.
+    Subclasses say how a DALI output becomes a batch (``_convert``) and may widen how an error names its file
+    (``_named``); the epoch, drain and error handling live here once.
     """
 
-    def __init__(self, pipe: Any, iterator: Any, source: ImageFolderSource, batches_per_epoch: int) -> None:
+    def __init__(self, pipe: Any, iterator: Any, source: Any, batches_per_epoch: int) -> None:
         self._pipe = pipe
         self._it = iterator
-        self._source = source
-        self._labels = torch.tensor(source.labels, dtype=torch.int64)
-        self._delivered = torch.zeros(len(source.files), dtype=torch.bool)
+        self._source = source  # an ImageFolderSource or CocoDetectionSource: .files and .on_bad_sample
+        self._delivered = torch.zeros(len(source.files), dtype=torch.bool)  # this epoch, when _convert knows
         self._len = batches_per_epoch
         self._mid_epoch = False
         self._error: Exception | None = None
@@ -267,7 +268,7 @@ class DaliBatches:
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Any]:
         if self._error is not None:
             raise self._error
         if self._it is None:
@@ -277,7 +278,7 @@ class DaliBatches:
                 pass
         return self._next_batches()
 
-    def _next_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _next_batches(self) -> Iterator[Any]:
         self._delivered.zero_()
         self._mid_epoch = True
         while True:
@@ -289,10 +290,14 @@ class DaliBatches:
             except RuntimeError as exc:
                 self._error = self._explain(exc)
                 raise self._error from None
-            data = out[0]["data"]
-            index = out[0]["label"].reshape(-1).to(torch.int64)
-            self._delivered[index] = True
-            yield data, self._labels[index]
+            yield self._convert(out[0])
+
+    def _convert(self, out: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _named(self, message: str) -> str | None:
+        """The file DALI's error message names, if any (full paths: class folders may reuse file names)."""
+        return next((path for path in self._source.files if path in message), None)
 
     def _explain(self, exc: RuntimeError) -> Exception:
         """DALI's error as the policy's error: a ``BadSampleError`` naming the file when it can be found."""
@@ -301,7 +306,7 @@ class DaliBatches:
             return exc
         reason = _dali_reason(message)
         files = self._source.files
-        named = next((path for path in files if path in message), None)
+        named = self._named(message)
         if named is not None:
             return BadSampleError(f"bad sample {named!r}: {reason}{self._skip_note()}")
         if "decoders.image" not in message:
@@ -340,6 +345,20 @@ class DaliBatches:
         shutdown = getattr(pipe, "_shutdown", None)  # what Pipeline.__del__ calls; no public equivalent
         if callable(shutdown):
             shutdown()
+
+
+class DaliBatches(DaliEpochs):
+    """Classification: ``(x, y)`` batches, float32 NCHW and int64 ``[N]`` class labels."""
+
+    def __init__(self, pipe: Any, iterator: Any, source: ImageFolderSource, batches_per_epoch: int) -> None:
+        super().__init__(pipe, iterator, source, batches_per_epoch)
+        self._labels = torch.tensor(source.labels, dtype=torch.int64)
+
+    def _convert(self, out: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        # the reader's "labels" are sample indices (see the pipeline): map them to class labels
+        index = out["label"].reshape(-1).to(torch.int64)
+        self._delivered[index] = True
+        return out["data"], self._labels[index]
 
 
 class DaliPipeline:

@@ -38,16 +38,14 @@ Invariants:
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from pipelines.base import BuiltLoader, LoaderSpec
-from pipelines.dali import DIAGNOSE_BUDGET_S, PREFETCH_QUEUE_DEPTH, _dali_reason, _pil_failure, import_dali
+from pipelines.dali import PREFETCH_QUEUE_DEPTH, DaliEpochs, import_dali
 from pipelines.detection import CocoDetectionSource, DetectionAugment, DetectionDataset
-from pipelines.imagefolder import BadSampleError, SkipLog
+from pipelines.imagefolder import SkipLog
 from pipelines.naive import move
 
 READER = "Reader"
@@ -166,90 +164,21 @@ def unpad_targets(boxes: torch.Tensor, labels: torch.Tensor, size: int, min_box:
     return targets
 
 
-class DetectionBatches:
-    """A DALI iterator as ``(images, targets)`` batches; one epoch per ``iter()``.
-
-    An epoch abandoned part-way is drained at the next ``iter()`` (DALI cannot reset mid-epoch). After a
-    pipeline error the object is dead: later passes re-raise.
-    """
+class DetectionBatches(DaliEpochs):
+    """Detection: ``(images, targets)`` batches, one target dict per image (see ``unpad_targets``)."""
 
     def __init__(self, pipe: Any, iterator: Any, source: CocoDetectionSource, aug: DetectionAugment, n: int) -> None:
-        self._pipe = pipe
-        self._it = iterator
-        self._source = source
+        super().__init__(pipe, iterator, source, n)
         self._size = aug.size
         self._min_box = aug.min_box
-        self._len = n
-        self._mid_epoch = False
-        self._error: Exception | None = None
 
-    def __len__(self) -> int:
-        return self._len
+    def _convert(self, out: dict[str, Any]) -> tuple[torch.Tensor, Targets]:
+        return out["images"], unpad_targets(out["boxes"], out["labels"], self._size, self._min_box)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, Targets]]:
-        if self._error is not None:
-            raise self._error
-        if self._it is None:
-            raise RuntimeError("the dali loader was closed")
-        if self._mid_epoch:
-            for _ in self._next_batches():
-                pass
-        return self._next_batches()
-
-    def _next_batches(self) -> Iterator[tuple[torch.Tensor, Targets]]:
-        self._mid_epoch = True
-        while True:
-            try:
-                out = next(self._it)
-            except StopIteration:
-                self._mid_epoch = False
-                return
-            except RuntimeError as exc:
-                self._error = self._explain(exc)
-                raise self._error from None
-            data = out[0]
-            yield data["images"], unpad_targets(data["boxes"], data["labels"], self._size, self._min_box)
-
-    def _explain(self, exc: RuntimeError) -> Exception:
-        """DALI's error as the policy's error: a ``BadSampleError`` naming the file when it can be found."""
-        message = str(exc)
-        if "Critical error in pipeline" not in message:
-            return exc
-        reason = _dali_reason(message)
+    def _named(self, message: str) -> str | None:
+        # readers.coco may name the file relative to file_root: a COCO set has one flat image folder
         files = self._source.files
-        note = (
-            " (the dali pipeline cannot skip a file that fails mid-run: remove it, or use --pipeline naive)"
-            if self._source.on_bad_sample == "skip"
-            else ""
-        )
-        named = next((path for path in files if path in message or f"/{path.rsplit('/', 1)[-1]}" in message), None)
-        if named is not None:
-            return BadSampleError(f"bad sample {named!r}: {reason}{note}")
-        if "decoders.image" not in message:
-            return RuntimeError(f"DALI pipeline failed: {reason}")
-        # The decoder does not say which file: look for one PIL cannot decode either, within the budget.
-        deadline = time.monotonic() + DIAGNOSE_BUDGET_S
-        checked = 0
-        for path in files:
-            if time.monotonic() > deadline:
-                break
-            checked += 1
-            why = _pil_failure(path)
-            if why is not None:
-                return BadSampleError(f"bad sample {path!r}: DALI could not decode it ({reason}; PIL: {why}){note}")
-        return RuntimeError(
-            f"DALI could not decode an image that passed the scan ({reason}) and does not say which; "
-            f"PIL decodes all {checked} of {len(files)} files checked in {DIAGNOSE_BUDGET_S:g} s: "
-            "run with --pipeline naive to have the file named"
-        )
-
-    def close(self) -> None:
-        """Stop DALI's threads now rather than at garbage collection; idempotent."""
-        self._it = None
-        pipe, self._pipe = self._pipe, None
-        shutdown = getattr(pipe, "_shutdown", None)  # what Pipeline.__del__ calls; no public equivalent
-        if callable(shutdown):
-            shutdown()
+        return next((p for p in files if p in message or f"/{p.rsplit('/', 1)[-1]}" in message), None)
 
 
 def build_detection(dataset: DetectionDataset, spec: LoaderSpec) -> BuiltLoader:
