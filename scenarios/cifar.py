@@ -29,10 +29,10 @@ import functools
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from scenarios.base import Scenario
+from scenarios.common import cross_entropy, keras_init
 
 SIZE = 32
 NUM_CLASSES = 10
@@ -252,19 +252,6 @@ class SyntheticCifar(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return x, torch.tensor(label, dtype=torch.int64)
 
 
-def keras_init(model: nn.Module) -> nn.Module:
-    """Keras's default initialisation: Glorot-uniform weights and zero biases for every conv and dense layer.
-
-    Torch's default (Kaiming-uniform with a=sqrt(5)) starts these BatchNorm-free nets with small activations,
-    and with the runner's plain SGD the loss then sits at ln(10) for tens of steps before it moves.
-    """
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d | nn.Linear):
-            nn.init.xavier_uniform_(module.weight)
-            nn.init.zeros_(module.bias)
-    return model
-
-
 class CifarVGG(nn.Module):
     """Keras ``cifar10_cnn``: [conv same, conv valid, pool, dropout] x2 (32, 64 filters), dense 512, dense 10."""
 
@@ -288,11 +275,6 @@ class CifarVGG(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.classifier(self.features(x))
         return logits
-
-
-def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The scenario's loss: mean softmax cross entropy over the batch."""
-    return F.cross_entropy(output, target)
 
 
 # Sized for a 10-30 s default run on the project's 2-core CPU host. Measured there with `stallscope run

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from scenarios.base import Scenario
+from scenarios.common import cross_entropy
 
 SIZE = 28
 NUM_CLASSES = 10
@@ -204,11 +204,6 @@ class FashionVGG(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.classifier(self.features(x))
         return logits
-
-
-def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The scenario's loss: mean softmax cross entropy over the batch."""
-    return F.cross_entropy(output, target)
 
 
 # Sized for a 30-45 s default run on the project's 2-core CPU host. Measured there (torch 2.14.1,

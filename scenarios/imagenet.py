@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-from torch.nn import functional as F
 
 from pipelines.augment import AugmentSpec
 from pipelines.imagefolder import ImageFolderDataset
 from scenarios.base import DataOptions, Scenario
+from scenarios.common import cross_entropy
 
 NUM_CLASSES = 1000
 GPU_SIZE = 224
@@ -63,10 +63,6 @@ def googlenet() -> nn.Module:
 
 def vgg16() -> nn.Module:
     return _torchvision("vgg16")
-
-
-def cross_entropy(output: Any, target: Any) -> Any:
-    return F.cross_entropy(output, target)
 
 
 # Sized on the project's 2-core CPU host (torch 2.14.1): see docs/pipelines.md for the measured step times.

@@ -36,10 +36,10 @@ from functools import partial
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from scenarios.base import Scenario
+from scenarios.common import cross_entropy
 
 VOCAB = 20000
 PAD, START, OOV = 0, 1, 2
@@ -147,11 +147,6 @@ class BiLSTM(nn.Module):
         _, (h_n, _) = self.lstm(self.embedding(ids))
         logits: torch.Tensor = self.fc(self.dropout(torch.cat((h_n[-2], h_n[-1]), dim=1)))
         return logits
-
-
-def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The scenarios' loss: mean softmax cross entropy over the batch."""
-    return F.cross_entropy(output, target)
 
 
 # Sized for a 10-30 s default run on the project's 2-core CPU host. Measured there with `stallscope run NAME`

@@ -28,10 +28,10 @@ import functools
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 from scenarios.base import Scenario
+from scenarios.common import cross_entropy, keras_init
 
 SIZE = 28
 NUM_CLASSES = 10
@@ -151,19 +151,6 @@ class SyntheticDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return x, torch.tensor(label, dtype=torch.int64)
 
 
-def keras_init(model: nn.Module) -> nn.Module:
-    """Keras's default initialisation: Glorot-uniform weights and zero biases for every conv and dense layer.
-
-    Torch's default (Kaiming-uniform with a=sqrt(5)) starts these BatchNorm-free nets with small activations,
-    and with the runner's plain SGD the loss then sits at ln(10) for tens of steps before it moves.
-    """
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d | nn.Linear):
-            nn.init.xavier_uniform_(module.weight)
-            nn.init.zeros_(module.bias)
-    return model
-
-
 class MnistMLP(nn.Module):
     """Keras ``mnist_mlp``: 784 -> 512 -> 512 -> 10, ReLU, dropout 0.2 after each hidden layer."""
 
@@ -202,11 +189,6 @@ class MnistCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.classifier(self.features(x))
         return logits
-
-
-def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The scenarios' loss: mean softmax cross entropy over the batch."""
-    return F.cross_entropy(output, target)
 
 
 # Sized for a 10-30 s default run on the project's 2-core CPU host. Measured there with `stallscope run NAME`
