@@ -14,12 +14,43 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def sleep_loader(n: int, wait_s: float, batch: int = 8) -> Iterator[list[int]]:
-    """A loader whose every next() blocks ``wait_s``: the injected data wait."""
+class Truth:
+    """The injected ground truth as it really ran: each sleep's own elapsed time, by label.
+
+    ``time.sleep(0.015)`` on a loaded machine returns after 15-20 ms; a test that compares a measured
+    figure with the requested 15 ms flakes there, and one with a tolerance wide enough for the worst case
+    checks little. A test compares with what each injected sleep actually took instead, timed by this
+    clock independently of stallscope's, so its tolerance only has to cover bookkeeping (microseconds).
+    """
+
+    def __init__(self) -> None:
+        self.spent: dict[str, list[float]] = {}
+
+    def sleep(self, label: str, seconds: float) -> None:
+        t0 = time.perf_counter()
+        if seconds:
+            time.sleep(seconds)
+        self.spent.setdefault(label, []).append(time.perf_counter() - t0)
+
+    def mean_ms(self, label: str, skip: int = 0) -> float:
+        """Mean elapsed ms of ``label``'s sleeps after the first ``skip`` (the warm-up steps); 0 if none ran."""
+        xs = self.spent.get(label, [])[skip:]
+        return 1e3 * sum(xs) / len(xs) if xs else 0.0
+
+
+def sleep_loader(n: int, wait_s: float, batch: int = 8, truth: Truth | None = None) -> Iterator[list[int]]:
+    """A loader whose every next() blocks ``wait_s``: the injected data wait (timed into ``truth``)."""
     for _ in range(n):
-        if wait_s:
+        if truth is not None:
+            truth.sleep("data_wait", wait_s)
+        elif wait_s:
             time.sleep(wait_s)
         yield [0] * batch
+
+
+def near(measured_ms: float, truth_ms: float, rel: float = 0.03, abs_ms: float = 0.3) -> bool:
+    """A measured figure agrees with its timed truth: within ``rel`` of it, or ``abs_ms`` for tiny ones."""
+    return abs(measured_ms - truth_ms) <= max(rel * truth_ms, abs_ms)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, every: float = 0.05) -> bool:

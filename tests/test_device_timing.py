@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import sleep_loader
+from conftest import Truth, near, sleep_loader
 
 from profiler import Session
 from profiler.devices import CudaEventTimer, DeviceInfo
@@ -66,32 +66,40 @@ def _session(tmp: Path, stream_kwargs: dict, **kw) -> tuple[Session, FakeStream]
     return s, holder["stream"]
 
 
-def _loop(s: Session, steps: int, wait: float, h2d: float, compute: float) -> None:
-    for _ in s.wrap(sleep_loader(steps, wait)):
+def _loop(s: Session, steps: int, wait: float, h2d: float, compute: float) -> Truth:
+    truth = Truth()
+    for _ in s.wrap(sleep_loader(steps, wait, truth=truth)):
         with s.phase("h2d"):
-            time.sleep(h2d)
+            truth.sleep("h2d", h2d)
         with s.phase("compute"):
-            time.sleep(compute)
+            truth.sleep("compute", compute)
+    return truth
 
 
 def test_exposed_copy_and_busy_fraction_from_events(tmp_path: Path) -> None:
     # host: wait 5 ms, h2d blocks 2 ms, compute launches for 8 ms; device: copy 3 ms, compute 6 ms
     s, _ = _session(tmp_path, {"work": [0.0, 0.003, 0.0, 0.006]})
     with s:
-        _loop(s, 16, 0.005, 0.002, 0.008)
+        truth = _loop(s, 16, 0.005, 0.002, 0.008)
     summ = s.summary()
     b = summ.breakdown_ms_per_step
-    # the host blocked 2 ms; the device copied for 3 ms with no compute under it: 3 ms of copy stall
-    assert b["h2d"] == pytest.approx(2.0, abs=0.3)
-    assert summ.device_ms_per_step["h2d"] == pytest.approx(3.0, abs=0.3)
-    assert summ.stall_ms_per_step["h2d"] == pytest.approx(3.0, abs=0.3)
+    t = {k: truth.mean_ms(k) for k in ("data_wait", "h2d", "compute")}
+    # the host blocked ~2 ms; the device copied for 3 ms with no compute under it: 3 ms of copy stall (the
+    # fake's copy cannot end before the host's h2d phase does, so a sleep that overshoots 3 ms lengthens it)
+    copy = max(3.0, t["h2d"])
+    assert near(b["h2d"], t["h2d"]), (b, t)
+    assert summ.device_ms_per_step["h2d"] == pytest.approx(copy, abs=0.3)
+    assert summ.stall_ms_per_step["h2d"] == pytest.approx(copy, abs=0.3)
     assert summ.stall_ms_per_step["data_wait"] == pytest.approx(b["data_wait"], abs=1e-6)  # no compute under it
     step = summ.step_time_ms["mean"]
     st = summ.stall_ms_per_step
     assert summ.stall_fraction == pytest.approx((st["data_wait"] + st["h2d"]) / step, abs=1e-9)
-    assert summ.stall_fraction == pytest.approx(8 / 15, abs=0.03)
-    # device busy = union of copy and compute intervals (10 ms) over the 15 ms step
-    assert summ.device_busy_fraction == pytest.approx(10 / 15, abs=0.03)
+    true_step = sum(t.values())  # injected: 5 + 2 + 8 = 15 ms; 8 of them stall the device
+    assert summ.stall_fraction == pytest.approx((t["data_wait"] + copy) / true_step, abs=0.03)
+    # device busy = union of the copy and compute intervals over the step: from the copy's start to the later of
+    # copy + 6 ms of kernels and the host's last launch (the fake's compute cannot end before its phase does)
+    busy = max(copy + 6.0, t["h2d"] + t["compute"])  # injected: max(9, 10) = 10 of 15 ms
+    assert summ.device_busy_fraction == pytest.approx(busy / true_step, abs=0.03)
     assert "CUDA" in summ.sources["device_busy_fraction"] or "cuda" in summ.sources["device_busy_fraction"].lower()
 
 
