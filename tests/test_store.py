@@ -57,7 +57,9 @@ def test_sigkilled_run_leaves_a_sound_reportable_store(tmp_path: Path) -> None:
     summary = json.loads(res.stdout)
     assert summary["status"] == "interrupted"
     assert summary["steps"] >= 28
-    assert summary["breakdown_ms_per_step"]["compute"] == pytest.approx(5.0, rel=0.25)
+    # a 5 ms sleep: never shorter, and late by at most a few ms on a loaded machine (the killed child's own
+    # clock is gone with it, so the requested duration is the truth here)
+    assert 4.9 <= summary["breakdown_ms_per_step"]["compute"] <= 8.0, summary["breakdown_ms_per_step"]
     assert summary["sampler"]["samples"] > 0
 
 
