@@ -1,6 +1,7 @@
 """`stallscope sweep`: the early-stop rule, the knee and the explained slowdowns, checked against scenario files
-of known cost (tests/data/scenarios/knee.py, slowdown.py: sleep-timed, so a busy CPU does not move them), the
-failed-configuration rows, --json, Ctrl-C mid-sweep and bad input."""
+of known cost (tests/data/scenarios/knee.py: a sleep-timed model, so a busy CPU does not move it; slowdown.py:
+per-item CPU work of known CPU time in the Dataset, which a busy CPU only makes slower), the failed-configuration
+rows, --json, Ctrl-C mid-sweep and bad input."""
 
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ def test_sweep_explains_the_injected_loader_slowdown(tmp_path: Path) -> None:
     result, _ = _sweep(tmp_path, "slowdown.py", [4, 8, 16], [0])
     assert [(s.batch_size, s.smaller_batch_size, s.cause) for s in result.slowdowns] == [(16, 8, "loader")]
     s = result.slowdowns[0]
-    assert s.drop == pytest.approx(0.4, abs=0.15)  # injected: 267 -> 160 samples/s
+    # injected: 267 -> 160 samples/s (-40%) on an idle core; a loader given less than a core only drops deeper
+    assert 0.25 <= s.drop <= 0.75, s
     assert "data wait grew from" in s.text and "the loader cannot keep up with the larger batch" in s.text
     b8, b16 = (next(r for r in result.rows if r.batch_size == b) for b in (8, 16))
     assert b16.breakdown_ms_per_step["data_wait"] > 4 * b8.breakdown_ms_per_step["data_wait"]  # injected x9.5
