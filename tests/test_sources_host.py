@@ -91,7 +91,8 @@ def test_busy_child_is_w0_and_counted_in_children() -> None:
 
         def busy() -> bool:
             seen.update(src.read())
-            return seen.get("proc.w0.cpu_pct", math.nan) > 50
+            # ~100% of a core when idle, >= ~35% beside four other busy processes on 2 cores; an idle child reads ~0
+            return seen.get("proc.w0.cpu_pct", math.nan) > 20
 
         # Readings 0.2 s apart: psutil measures CPU % over the gap since the previous read.
         assert _wait_until(busy, timeout=15, interval=0.2), seen

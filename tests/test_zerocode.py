@@ -84,7 +84,8 @@ def test_without_pyspy_the_sampler_only_run_completes(tmp_path: Path) -> None:
     summary = json.loads(res.stdout)
     assert summary["status"] == "complete" and summary["stack_estimate"] is None
     assert summary["sampler"]["samples"] >= 5
-    assert summary["host"]["proc_main_cpu_pct_mean"] > 50  # the busy loop, seen by psutil
+    # the busy loop, seen by psutil: ~100% of a core when idle, >= ~35% beside four other busy processes on 2 cores
+    assert summary["host"]["proc_main_cpu_pct_mean"] > 20, summary["host"]
 
 
 def test_attach_to_a_running_script(tmp_path: Path) -> None:
