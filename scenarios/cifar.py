@@ -29,10 +29,9 @@ import functools
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from scenarios.base import Scenario
-from scenarios.common import cross_entropy, keras_init
+from scenarios.common import AugmentedItems, cross_entropy, keras_init
 
 SIZE = 32
 NUM_CLASSES = 10
@@ -196,37 +195,17 @@ def _shared_bank(seed: int) -> np.ndarray:
     return bank
 
 
-class SyntheticCifar(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class SyntheticCifar(AugmentedItems):
     """Synthetic CIFAR-10-shaped map-style dataset; see the module docstring for its invariants."""
 
     def __init__(self, length: int = 50000, *, seed: int = 0, augment: bool = True, epoch: int = 0) -> None:
-        if length < 1:
-            raise ValueError(f"length must be >= 1, got {length}")
-        if seed < 0 or epoch < 0:
-            raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-        self.length = length
-        self.seed = seed
-        self.augment = augment
-        # Keras-style "augment for the first N epochs, then train on plain data" (--augment-epochs): None = all
-        self.augment_epochs: int | None = None
-        self.epoch = epoch
+        super().__init__(length, seed=seed, num_classes=NUM_CLASSES, augment=augment, epoch=epoch)
         self._bank = _shared_bank(seed)
-        # A balanced label set in a seeded order: classes are equally frequent for any length >= 10.
-        self._labels = np.random.default_rng([seed, 0x1AB]).permutation(np.arange(length) % NUM_CLASSES)
-
-    def __len__(self) -> int:
-        return self.length
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the augmentation draw: item ``i`` at epoch ``e`` is fixed by ``(seed, i, e)``."""
-        self.epoch = epoch
 
     def raw(self, index: int) -> tuple[np.ndarray, int]:
         """Un-augmented uint8 [32, 32, 3] image and label of item ``index``."""
-        if not 0 <= index < self.length:
-            raise IndexError(f"index {index} out of range for length {self.length}")
-        label = int(self._labels[index])
-        rng = np.random.default_rng([self.seed, index])
+        label = self.label(index)
+        rng = self.item_rng(index)
         base = self._bank[label, rng.integers(VARIANTS_PER_CLASS)]
         gain = rng.uniform(0.8, 1.2, 3).astype(np.float32)
         img = base * gain + rng.standard_normal(base.shape, np.float32) * 8.0
@@ -234,14 +213,12 @@ class SyntheticCifar(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def shift_flip_params(self, index: int) -> tuple[int, int, bool]:
         """The augmentation of item ``index`` at the current epoch: (dy, dx) in -3..3 px and a horizontal flip."""
-        dy, dx, flip = np.random.default_rng([self.seed, index, self.epoch, 0xA46]).integers(
-            (-SHIFT, -SHIFT, 0), (SHIFT + 1, SHIFT + 1, 2)
-        )
+        dy, dx, flip = self.augment_rng(index).integers((-SHIFT, -SHIFT, 0), (SHIFT + 1, SHIFT + 1, 2))
         return int(dy), int(dx), bool(flip)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         img, label = self.raw(index)
-        if self.augment and (self.augment_epochs is None or self.epoch < self.augment_epochs):
+        if self.augmenting:
             dy, dx, flip = self.shift_flip_params(index)
             # Edge padding then a shifted crop is Keras's fill_mode="nearest" shift for whole pixels.
             padded = np.pad(img, ((SHIFT, SHIFT), (SHIFT, SHIFT), (0, 0)), mode="edge")

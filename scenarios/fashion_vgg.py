@@ -27,11 +27,10 @@ import numpy as np
 import torch
 import torchvision.transforms.v2.functional as TF
 from torch import nn
-from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from scenarios.base import Scenario
-from scenarios.common import cross_entropy
+from scenarios.common import AugmentedItems, cross_entropy
 
 SIZE = 28
 NUM_CLASSES = 10
@@ -115,40 +114,20 @@ def make_template_bank(seed: int, variants: int = VARIANTS_PER_CLASS) -> np.ndar
     return np.round(bank * 255).astype(np.uint8)
 
 
-class SyntheticFashion(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class SyntheticFashion(AugmentedItems):
     """Synthetic Fashion-MNIST-shaped map-style dataset; see the module docstring for its invariants."""
 
     def __init__(self, length: int = 12800, *, seed: int = 0, augment: bool = True, epoch: int = 0) -> None:
-        if length < 1:
-            raise ValueError(f"length must be >= 1, got {length}")
-        if seed < 0 or epoch < 0:
-            raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-        self.length = length
-        self.seed = seed
-        self.augment = augment
-        # Keras-style "augment for the first N epochs, then train on plain data" (--augment-epochs): None = all
-        self.augment_epochs: int | None = None
-        self.epoch = epoch
+        super().__init__(length, seed=seed, num_classes=NUM_CLASSES, augment=augment, epoch=epoch)
         self._bank = make_template_bank(seed)
-        # A balanced label set in a seeded order: classes are equally frequent for any length >= 10.
-        self._labels = np.random.default_rng([seed, 0x1AB]).permutation(np.arange(length) % NUM_CLASSES)
         # The transform holds the ranges; its parameters are drawn per item from a seeded generator
         # (RandomAffine itself draws from the global RNG, which depends on worker count and order).
         self.affine = v2.RandomAffine(degrees=10, translate=(0.1, 0.1), scale=(0.9, 1.1))
 
-    def __len__(self) -> int:
-        return self.length
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the augmentation draw: item ``i`` at epoch ``e`` is fixed by ``(seed, i, e)``."""
-        self.epoch = epoch
-
     def raw(self, index: int) -> tuple[np.ndarray, int]:
         """Un-augmented uint8 [28, 28] image and label of item ``index``."""
-        if not 0 <= index < self.length:
-            raise IndexError(f"index {index} out of range for length {self.length}")
-        label = int(self._labels[index])
-        rng = np.random.default_rng([self.seed, index])
+        label = self.label(index)
+        rng = self.item_rng(index)
         base = self._bank[label, rng.integers(VARIANTS_PER_CLASS)].astype(np.float32)
         base = np.roll(base, tuple(rng.integers(-1, 2, size=2)), axis=(0, 1))
         img = base * rng.uniform(0.75, 1.15) + rng.normal(0.0, 12.0, base.shape)
@@ -156,7 +135,7 @@ class SyntheticFashion(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def affine_params(self, index: int) -> dict[str, Any]:
         """The augmentation parameters of item ``index`` at the current epoch."""
-        u = np.random.default_rng([self.seed, index, self.epoch, 0xA46]).random(4).tolist()
+        u = self.augment_rng(index).random(4).tolist()
         lo, hi = self.affine.degrees
         tx, ty = self.affine.translate or (0.0, 0.0)
         s_lo, s_hi = self.affine.scale or (1.0, 1.0)
@@ -170,7 +149,7 @@ class SyntheticFashion(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         img, label = self.raw(index)
         x = torch.from_numpy(img).unsqueeze(0)
-        if self.augment and (self.augment_epochs is None or self.epoch < self.augment_epochs):
+        if self.augmenting:
             x = TF.affine(x, **self.affine_params(index), interpolation=self.affine.interpolation, fill=0)
         x = TF.to_dtype(x, torch.float32, scale=True)
         return (x - MEAN) / STD, torch.tensor(label, dtype=torch.int64)

@@ -36,10 +36,9 @@ from functools import partial
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from scenarios.base import Scenario
-from scenarios.common import cross_entropy
+from scenarios.common import SeededItems, cross_entropy
 
 VOCAB = 20000
 PAD, START, OOV = 0, 1, 2
@@ -59,19 +58,14 @@ FASTTEXT_MAXLEN = 400
 BILSTM_MAXLEN = 100
 
 
-class SyntheticReviews(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class SyntheticReviews(SeededItems):
     """Synthetic IMDB-shaped map-style dataset of token ids; see the module docstring for its invariants."""
 
     def __init__(self, length: int = 25000, *, maxlen: int = FASTTEXT_MAXLEN, seed: int = 0) -> None:
-        if length < 1:
-            raise ValueError(f"length must be >= 1, got {length}")
         if maxlen < 1:
             raise ValueError(f"maxlen must be >= 1, got {maxlen}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        self.length = length
+        super().__init__(length, seed=seed, num_classes=NUM_CLASSES)
         self.maxlen = maxlen
-        self.seed = seed
         words = np.arange(FIRST_WORD, VOCAB)
         weights = 1.0 / (words - FIRST_WORD + 1.0) ** ZIPF_EXPONENT
         # Inverse-CDF sampling: one searchsorted per review instead of a Python-level loop per word.
@@ -86,18 +80,11 @@ class SyntheticReviews(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         weights = 1.0 / np.arange(1.0, SENTIMENT_WORDS + 1)
         self._sentiment_cdf = np.cumsum(weights / weights.sum())
         self._sentiment_cdf[-1] = 1.0
-        # A balanced label set in a seeded order: both classes are equally frequent for any even length.
-        self._labels = np.random.default_rng([seed, 0x1AB]).permutation(np.arange(length) % NUM_CLASSES)
-
-    def __len__(self) -> int:
-        return self.length
 
     def review(self, index: int) -> tuple[np.ndarray, int]:
         """The whole review of item ``index`` (int64 ids, starting with ``START``, unpadded) and its label."""
-        if not 0 <= index < self.length:
-            raise IndexError(f"index {index} out of range for length {self.length}")
-        label = int(self._labels[index])
-        rng = np.random.default_rng([self.seed, index])
+        label = self.label(index)
+        rng = self.item_rng(index)
         n = max(MIN_LENGTH, int(rng.lognormal(LENGTH_LOG_MEAN, LENGTH_LOG_STD)))
         ids = FIRST_WORD + np.searchsorted(self._cdf, rng.random(n), side="right")
         # Filler words can collide with sentiment words by chance; that is noise real reviews have too.

@@ -28,10 +28,9 @@ import functools
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from scenarios.base import Scenario
-from scenarios.common import cross_entropy, keras_init
+from scenarios.common import SeededItems, cross_entropy, keras_init
 
 SIZE = 28
 NUM_CLASSES = 10
@@ -116,29 +115,17 @@ def _padded_bank(seed: int) -> np.ndarray:
     return bank
 
 
-class SyntheticDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class SyntheticDigits(SeededItems):
     """Synthetic MNIST-shaped map-style dataset; see the module docstring for its invariants."""
 
     def __init__(self, length: int = 60000, *, seed: int = 0) -> None:
-        if length < 1:
-            raise ValueError(f"length must be >= 1, got {length}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        self.length = length
-        self.seed = seed
+        super().__init__(length, seed=seed, num_classes=NUM_CLASSES)
         self._bank = _padded_bank(seed)
-        # A balanced label set in a seeded order: classes are equally frequent for any length >= 10.
-        self._labels = np.random.default_rng([seed, 0x1AB]).permutation(np.arange(length) % NUM_CLASSES)
-
-    def __len__(self) -> int:
-        return self.length
 
     def raw(self, index: int) -> tuple[np.ndarray, int]:
         """The uint8 [28, 28] image and label of item ``index``."""
-        if not 0 <= index < self.length:
-            raise IndexError(f"index {index} out of range for length {self.length}")
-        label = int(self._labels[index])
-        rng = np.random.default_rng([self.seed, index])
+        label = self.label(index)
+        rng = self.item_rng(index)
         variant, dy, dx = rng.integers((VARIANTS_PER_CLASS, 2 * SHIFT + 1, 2 * SHIFT + 1))
         # A window into the zero-padded template is the shift, without np.roll's copy and wrap-around.
         base = self._bank[label, variant, dy : dy + SIZE, dx : dx + SIZE]
