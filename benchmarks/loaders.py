@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipelines
 from pipelines.imagefolder import ImageFolderSource
-from profiler.devices import resolve_device
+from profiler.devices import cpu_name, resolve_device
 from profiler.runner import RunConfig, run_scenario
-from scenarios.datagen import make
+from scenarios.datagen import _cpu_count, make
 from scenarios.imagenet import SCENARIO, augment_for
 
-CORES = os.cpu_count() or 1
+CORES = _cpu_count()  # the cores this process may use, as many as the ceilings start processes
 
 
 def _decode_pil(files: list[str]) -> int:
@@ -89,9 +88,6 @@ def ceiling(work: Callable[[list[str]], int], files: list[str]) -> float:
 
 def loader_only(data: Path, pipeline: str, workers: int, steps: int, batch: int) -> float:
     """Samples/s of ``stallscope run imagenet --loader-only`` with this pipeline and worker count."""
-    from profiler.analysis import summarize
-    from profiler.store import load_run
-
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig(
             out=Path(tmp) / "run",
@@ -105,8 +101,7 @@ def loader_only(data: Path, pipeline: str, workers: int, steps: int, batch: int)
             data=data,
             loader_only=True,
         )
-        run_scenario(SCENARIO, cfg)
-        return float(summarize(load_run(cfg.out)).throughput_samples_per_s)
+        return float(run_scenario(SCENARIO, cfg).summary().throughput_samples_per_s)
 
 
 def main() -> None:
@@ -153,7 +148,7 @@ def main() -> None:
     loaders = {k: v for k, v in med.items() if not k.startswith("ceiling")}
     best = max(loaders, key=loaders.__getitem__) if loaders else None
     out: dict[str, Any] = {
-        "machine": f"{platform.processor() or platform.machine()}, {CORES} cores",
+        "machine": cpu_name(),
         "images": len(files),
         "mean_kb": statistics.fmean(sizes) / 1024,
         "batch": args.batch,

@@ -24,14 +24,12 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 from torch import nn
 
 from scenarios.base import Scenario
-from scenarios.common import AugmentedItems, cross_entropy, keras_init
+from scenarios.common import AugmentedItems, cross_entropy, draw_bank, keras_init, shared_read_only
 
 SIZE = 32
 NUM_CLASSES = 10
@@ -182,17 +180,14 @@ def _draw(label: int, rng: np.random.Generator) -> np.ndarray:
 
 def make_template_bank(seed: int, variants: int = VARIANTS_PER_CLASS) -> np.ndarray:
     """uint8 [10, variants, 32, 32, 3]: the only scenes ever drawn from scratch."""
-    rng = np.random.default_rng([seed, 0xC1FA])
-    bank = np.stack([np.stack([_draw(c, rng) for _ in range(variants)]) for c in range(NUM_CLASSES)])
+    bank = draw_bank(seed, 0xC1FA, _draw, classes=NUM_CLASSES, variants=variants)
     return np.round(bank).astype(np.uint8)
 
 
-@functools.lru_cache(maxsize=4)
+@shared_read_only
 def _shared_bank(seed: int) -> np.ndarray:
     """The bank of ``seed``, read-only and drawn once per process, since drawing it is most of construction."""
-    bank = make_template_bank(seed)
-    bank.flags.writeable = False
-    return bank
+    return make_template_bank(seed)
 
 
 class SyntheticCifar(AugmentedItems):
@@ -275,7 +270,6 @@ SCENARIO = Scenario(
     steps=STEPS,
     warmup=WARMUP,
     lr=LR,
-    synthetic=True,
     extra={
         "classes": CLASSES,
         "augmentation": "shift ±3 px (10%) with nearest fill + horizontal flip p=0.5 (Keras ImageDataGenerator)",

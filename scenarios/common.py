@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -73,6 +75,29 @@ class AugmentedItems(SeededItems):
     def augment_rng(self, index: int) -> np.random.Generator:
         """The generator of item ``index``'s augmentation at the current epoch."""
         return np.random.default_rng([self.seed, index, self.epoch, _AUGMENT_STREAM])
+
+
+def draw_bank(
+    seed: int, tag: int, draw: Callable[[int, np.random.Generator], np.ndarray], *, classes: int, variants: int
+) -> np.ndarray:
+    """``[classes, variants, ...]`` templates: ``draw(label, rng)`` class by class, all from one generator
+    seeded by ``(seed, tag)`` (``tag`` keeps each dataset's bank stream apart)."""
+    rng = np.random.default_rng([seed, tag])
+    return np.stack([np.stack([draw(c, rng) for _ in range(variants)]) for c in range(classes)])
+
+
+def shared_read_only(build: Callable[[int], np.ndarray]) -> functools._lru_cache_wrapper[np.ndarray]:
+    """Decorate ``build(seed)`` to run once per process and seed (the last 4 seeds kept) and return its array
+    read-only, so that every dataset of that seed shares it; ``cache_clear()`` drops the cache."""
+
+    @functools.lru_cache(maxsize=4)
+    @functools.wraps(build)
+    def shared(seed: int) -> np.ndarray:
+        array = build(seed)
+        array.flags.writeable = False
+        return array
+
+    return shared
 
 
 def cross_entropy(output: Any, target: Any) -> Any:

@@ -47,6 +47,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from pipelines.detection import ANNOTATIONS, IMAGES_DIR
+from scenarios import _one_line
+
 __all__ = [
     "DEFAULT_COUNT",
     "GENERATOR_VERSION",
@@ -94,8 +97,6 @@ MARKER = "stallscope-data.json"
 GENERATOR_VERSION = 1
 
 _PARTIAL_MARKER = "stallscope-data.partial.json"
-_ANNOTATIONS = "annotations.json"
-_IMAGES_DIR = "images"
 _TMP_RE = re.compile(r"^\..+\.\d+\.tmp$")
 # Seed-sequence tags keep the kinds' and the class styles' random streams apart.
 _TAG_IMAGENET = 0x494E
@@ -168,7 +169,6 @@ def ensure_default(kind: str, count: int = DEFAULT_COUNT, *, seed: int = 0, prog
 
     Later calls find the directory complete and return at once. imagenet-like uses the default 10 classes.
     """
-    _check_kind(kind)
     root = default_root() / f"{kind}-{count}-s{seed}"
     make(kind, root, count, seed=seed, progress=progress)
     return root
@@ -242,10 +242,10 @@ def make(
         marker.unlink(missing_ok=True)
         for sub in {str(Path(name).parent) for name in names}:
             (out / sub).mkdir(exist_ok=True)
-        todo = _missing(out, names, clean=True)
+        todo = [(i, names[i]) for i in _missing(out, names, clean=True)]
         _generate(kind, out, seed, classes, todo=todo, count=count, jobs=jobs, progress=progress)
         if kind == "voc-like":
-            _write_json(out / _ANNOTATIONS, _coco(seed, count), indent=None)
+            _write_json(out / ANNOTATIONS, _coco(seed, count), indent=None)
         total_bytes = sum((out / name).stat().st_size for name in names)
         _write_json(marker, {**params, "files": count, "total_bytes": total_bytes})
         partial.unlink(missing_ok=True)
@@ -266,10 +266,6 @@ def _check_int(name: str, value: object, minimum: int, allowed: str) -> None:
     # bool is an int subclass; True as a count is a bug in the caller, not 1.
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise DataError(f"{name} {value!r} is not allowed: give {allowed}")
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _describe(params: dict[str, Any]) -> str:
@@ -297,7 +293,7 @@ def _check_params(out: Path, marker: Path, params: dict[str, Any]) -> None:
 def _expected_files(kind: str, count: int, classes: int) -> list[str]:
     """Every image path relative to the root, index order."""
     if kind == "voc-like":
-        return [f"{_IMAGES_DIR}/{i:06d}.jpg" for i in range(count)]
+        return [f"{IMAGES_DIR}/{i:06d}.jpg" for i in range(count)]
     dirs = class_names(classes)
     return [f"{dirs[i % classes]}/{i:06d}.jpg" for i in range(count)]
 
@@ -307,7 +303,7 @@ def _check_only_ours(out: Path, kind: str, classes: int) -> None:
     if not out.is_dir():
         return
     ours = {MARKER, _PARTIAL_MARKER}
-    ours |= {_IMAGES_DIR, _ANNOTATIONS} if kind == "voc-like" else set(class_names(classes))
+    ours |= {IMAGES_DIR, ANNOTATIONS} if kind == "voc-like" else set(class_names(classes))
     foreign = sorted(
         entry.name for entry in os.scandir(out) if entry.name not in ours and not _TMP_RE.match(entry.name)
     )
@@ -343,9 +339,7 @@ def _missing(out: Path, names: Sequence[str], *, clean: bool = False) -> list[in
 
 
 def _write_json(path: Path, data: Any, *, indent: int | None = 2) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=indent) + "\n")
-    os.replace(tmp, path)
+    _write_atomic(str(path), (json.dumps(data, indent=indent) + "\n").encode())
 
 
 # --- parallel generation ---------------------------------------------------------------------------------
@@ -357,7 +351,7 @@ def _generate(
     seed: int,
     classes: int,
     *,
-    todo: list[int],
+    todo: list[tuple[int, str]],
     count: int,
     jobs: int,
     progress: Progress | None,
@@ -423,20 +417,12 @@ def _mp_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def _render_chunk(kind: str, out: str, seed: int, classes: int, indices: Iterable[int]) -> int:
-    """Render and write the images ``indices``; runs in a worker. Returns how many were written."""
+def _render_chunk(kind: str, out: str, seed: int, classes: int, todo: Iterable[tuple[int, str]]) -> int:
+    """Render image ``i`` into ``out/name`` for each ``(i, name)``; runs in a worker. Returns how many were written."""
     written = 0
-    if kind == "voc-like":
-        for i in indices:
-            data = _render_voc(seed, i)
-            _write_atomic(os.path.join(out, _IMAGES_DIR, f"{i:06d}.jpg"), data)
-            written += 1
-        return written
-    dirs = class_names(classes)
-    for i in indices:
-        label = i % classes
-        data = _render_imagenet(seed, i, label)
-        _write_atomic(os.path.join(out, dirs[label], f"{i:06d}.jpg"), data)
+    for i, name in todo:
+        data = _render_voc(seed, i) if kind == "voc-like" else _render_imagenet(seed, i, i % classes)
+        _write_atomic(os.path.join(out, name), data)
         written += 1
     return written
 

@@ -30,7 +30,7 @@ from torch import nn
 from torchvision.transforms import v2
 
 from scenarios.base import Scenario
-from scenarios.common import AugmentedItems, cross_entropy
+from scenarios.common import AugmentedItems, cross_entropy, draw_bank
 
 SIZE = 28
 NUM_CLASSES = 10
@@ -109,8 +109,7 @@ def _draw(label: int, rng: np.random.Generator) -> np.ndarray:
 
 def make_template_bank(seed: int, variants: int = VARIANTS_PER_CLASS) -> np.ndarray:
     """uint8 [10, variants, 28, 28]: the only images ever drawn from scratch."""
-    rng = np.random.default_rng([seed, 0xFA5])
-    bank = np.stack([np.stack([_draw(c, rng) for _ in range(variants)]) for c in range(NUM_CLASSES)])
+    bank = draw_bank(seed, 0xFA5, _draw, classes=NUM_CLASSES, variants=variants)
     return np.round(bank * 255).astype(np.uint8)
 
 
@@ -203,6 +202,5 @@ SCENARIO = Scenario(
     description="VGG-like CNN on synthetic Fashion-MNIST-shaped 28x28 data with per-item affine augmentation",
     steps=STEPS,
     warmup=WARMUP,
-    synthetic=True,
     extra={"classes": CLASSES, "augmentation": "rotation ±10°, shift ±10%, zoom 0.9-1.1 (RandomAffine)"},
 )

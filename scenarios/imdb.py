@@ -166,7 +166,6 @@ FASTTEXT_IMDB = Scenario(
     steps=FASTTEXT_STEPS,
     warmup=FASTTEXT_WARMUP,
     lr=0.5,
-    synthetic=True,
     extra={"data": _DATA_NOTE, "maxlen": FASTTEXT_MAXLEN, "ngrams": 1, "keras_example": "imdb_fasttext"},
 )
 
@@ -180,6 +179,5 @@ BILSTM_IMDB = Scenario(
     steps=BILSTM_STEPS,
     warmup=BILSTM_WARMUP,
     lr=0.05,
-    synthetic=True,
     extra={"data": _DATA_NOTE, "maxlen": BILSTM_MAXLEN, "keras_example": "imdb_bidirectional_lstm"},
 )

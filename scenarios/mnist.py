@@ -23,14 +23,12 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 from torch import nn
 
 from scenarios.base import Scenario
-from scenarios.common import SeededItems, cross_entropy, keras_init
+from scenarios.common import SeededItems, cross_entropy, draw_bank, keras_init, shared_read_only
 
 SIZE = 28
 NUM_CLASSES = 10
@@ -101,18 +99,15 @@ def _draw(label: int, rng: np.random.Generator) -> np.ndarray:
 
 def make_template_bank(seed: int, variants: int = VARIANTS_PER_CLASS) -> np.ndarray:
     """uint8 [10, variants, 28, 28]: the only digits ever drawn from scratch."""
-    rng = np.random.default_rng([seed, 0xD161])
-    bank = np.stack([np.stack([_draw(c, rng) for _ in range(variants)]) for c in range(NUM_CLASSES)])
+    bank = draw_bank(seed, 0xD161, _draw, classes=NUM_CLASSES, variants=variants)
     return np.round(bank * 255).astype(np.uint8)
 
 
-@functools.lru_cache(maxsize=4)
+@shared_read_only
 def _padded_bank(seed: int) -> np.ndarray:
     """The bank zero-padded by ``SHIFT`` px, read-only: shared by every dataset of the same seed (both
     scenarios, repeated constructions), since drawing it is most of the construction cost."""
-    bank = np.pad(make_template_bank(seed), ((0, 0), (0, 0), (SHIFT, SHIFT), (SHIFT, SHIFT)))
-    bank.flags.writeable = False
-    return bank
+    return np.pad(make_template_bank(seed), ((0, 0), (0, 0), (SHIFT, SHIFT), (SHIFT, SHIFT)))
 
 
 class SyntheticDigits(SeededItems):
@@ -205,7 +200,6 @@ MLP_MNIST = Scenario(
     steps=MLP_STEPS,
     warmup=MLP_WARMUP,
     lr=0.05,
-    synthetic=True,
     extra={"data": _DATA_NOTE, "keras_example": "mnist_mlp"},
 )
 
@@ -219,6 +213,5 @@ CNN_MNIST = Scenario(
     steps=CNN_STEPS,
     warmup=CNN_WARMUP,
     lr=0.05,
-    synthetic=True,
     extra={"data": _DATA_NOTE, "keras_example": "mnist_cnn"},
 )

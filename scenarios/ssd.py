@@ -60,34 +60,28 @@ class DetectorLoss(nn.Module):
         return self.detector(list(images), targets)
 
 
-def ssdlite320_mobilenet_v3_large() -> nn.Module:
-    from torchvision.models.detection import ssdlite320_mobilenet_v3_large as build
+def _ssd(name: str, **kwargs: Any) -> nn.Module:
+    """torchvision detector ``name``, untrained, with 21 classes, and no normalisation of its own."""
+    import torchvision.models.detection as tvd
 
-    return DetectorLoss(
-        build(
-            weights=None,
-            weights_backbone=None,
-            num_classes=NUM_CLASSES,
-            image_mean=[0.0, 0.0, 0.0],
-            image_std=[1.0, 1.0, 1.0],
-            _skip_resize=True,
-        )
+    detector = getattr(tvd, name)(
+        weights=None,
+        weights_backbone=None,
+        num_classes=NUM_CLASSES,
+        image_mean=[0.0, 0.0, 0.0],
+        image_std=[1.0, 1.0, 1.0],
+        **kwargs,
     )
+    return DetectorLoss(detector)
+
+
+def ssdlite320_mobilenet_v3_large() -> nn.Module:
+    return _ssd("ssdlite320_mobilenet_v3_large", _skip_resize=True)
 
 
 def ssd300_vgg16() -> nn.Module:
-    from torchvision.models.detection import ssd300_vgg16 as build
-
     # no _skip_resize: its anchors are laid out for 300 x 300, so it resizes the loader's output itself
-    return DetectorLoss(
-        build(
-            weights=None,
-            weights_backbone=None,
-            num_classes=NUM_CLASSES,
-            image_mean=[0.0, 0.0, 0.0],
-            image_std=[1.0, 1.0, 1.0],
-        )
-    )
+    return _ssd("ssd300_vgg16")
 
 
 def sum_losses(output: Any, target: Any) -> Any:
@@ -113,7 +107,6 @@ SCENARIO = Scenario(
     steps=20,
     warmup=3,
     lr=0.002,
-    synthetic=True,
     data="voc-like",
     data_count=256,
     models={"ssd300_vgg16": ssd300_vgg16},

@@ -40,11 +40,9 @@ class Truth:
 
 def sleep_loader(n: int, wait_s: float, batch: int = 8, truth: Truth | None = None) -> Iterator[list[int]]:
     """A loader whose every next() blocks ``wait_s``: the injected data wait (timed into ``truth``)."""
+    truth = truth if truth is not None else Truth()
     for _ in range(n):
-        if truth is not None:
-            truth.sleep("data_wait", wait_s)
-        elif wait_s:
-            time.sleep(wait_s)
+        truth.sleep("data_wait", wait_s)
         yield [0] * batch
 
 
