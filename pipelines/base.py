@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import torch
+
     from pipelines.imagefolder import SkipLog
 
 
@@ -29,6 +31,26 @@ class LoaderSpec:
     shuffle: bool = True
     seed: int = 0
     drop_last: bool = True
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+def pinned_device(device: str) -> torch.device:
+    """``device`` as a ``torch.device``; a bare ``"cuda"`` gets the index of the current CUDA device.
+
+    Threads (the prefetch thread) and DALI (``device_id``) do not share the caller's current device, so a
+    pipeline that hands work to them names the device the caller meant, once, at build time.
+    """
+    import torch  # late: listing pipelines imports this module and must stay cheap
+
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
 
 
 @dataclass(slots=True)

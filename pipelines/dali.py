@@ -52,14 +52,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
+from pipelines import PipelineError
 from pipelines.augment import AugmentSpec
-from pipelines.base import BuiltLoader, LoaderSpec
-from pipelines.imagefolder import BadSampleError, ImageFolderSource, SkipLog
+from pipelines.base import BuiltLoader, LoaderSpec, pinned_device
+from pipelines.imagefolder import BadSampleError, ImageFolderSource, SkipLog, one_line
 from pipelines.naive import move
 
 READER = "Reader"
@@ -68,17 +70,6 @@ PREFETCH_QUEUE_DEPTH = 2
 # in 2-4 ms on one core, so this covers about 10k files, and a run on ImageNet still ends promptly.
 DIAGNOSE_BUDGET_S = 30.0
 INSTALL_HINT = "pip install nvidia-dali-cuda130, or `make` set-up installs it; or use --pipeline naive|prefetch"
-
-
-def _pipeline_error(message: str) -> ValueError:
-    # imported late: pipelines/__init__.py resolves this module by name, so a top-level import would be a cycle
-    from pipelines import PipelineError
-
-    return PipelineError(message)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def import_dali() -> Any:
@@ -91,8 +82,8 @@ def import_dali() -> Any:
         import nvidia.dali.types  # noqa: F401
         from nvidia import dali
     except Exception as exc:  # ImportError, or OSError from a CUDA library the wheel could not load
-        raise _pipeline_error(
-            f"NVIDIA DALI is not installed (import nvidia.dali failed: {_one_line(exc)}): {INSTALL_HINT}"
+        raise PipelineError(
+            f"NVIDIA DALI is not installed (import nvidia.dali failed: {one_line(exc)}): {INSTALL_HINT}"
         ) from None
     return dali
 
@@ -101,7 +92,7 @@ def _image_folder(dataset: Any) -> tuple[ImageFolderSource, AugmentSpec]:
     source = getattr(dataset, "source", None)
     augment = getattr(dataset, "augment", None)
     if not isinstance(source, ImageFolderSource) or not isinstance(augment, AugmentSpec):
-        raise _pipeline_error(
+        raise PipelineError(
             "the dali pipeline needs an image-folder dataset (ImageFolderDataset with .source and .augment); "
             f"scenario dataset {type(dataset).__name__} is not one: use --pipeline naive or prefetch"
         )
@@ -189,29 +180,34 @@ def _augment(dali: Any, images: Any, aug: AugmentSpec) -> Any:
     )
 
 
-def _build_pipe(dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: LoaderSpec, cuda: int | None) -> Any:
-    fn, types = dali.fn, dali.types
-    threads = max(1, spec.workers)
-    pipe = dali.Pipeline(
+def new_pipe(dali: Any, spec: LoaderSpec, cuda: int | None) -> Any:
+    """An empty ``dali.Pipeline`` with the spec's batch size, threads and seed, for a graph to be defined in."""
+    return dali.Pipeline(
         batch_size=spec.batch_size,
-        num_threads=threads,
+        num_threads=max(1, spec.workers),
         device_id=cuda,  # None: a CPU-only pipeline (no CUDA context is created)
         prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,
         seed=spec.seed,
     )
+
+
+def reader_options(spec: LoaderSpec) -> dict[str, Any]:
+    """The reader arguments every graph passes: epochs that are full permutations and start at their first
+    sample (see the module docstring), and the name the iterator finds the reader by."""
     shuffle: dict[str, Any] = (
         {"shuffle_after_epoch": True, "shuffle_after_epoch_seed": spec.seed} if spec.shuffle else {}
     )
+    return {"pad_last_batch": True, "seed": spec.seed, "name": READER, **shuffle}
+
+
+def _build_pipe(dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: LoaderSpec, cuda: int | None) -> Any:
+    fn, types = dali.fn, dali.types
+    pipe = new_pipe(dali, spec, cuda)
     with pipe:
         # the reader's "labels" are sample indices: DaliBatches maps them to class labels and, when a decode
         # fails, knows which files of the epoch were already delivered (and so are not the culprit)
         encoded, index = fn.readers.file(
-            files=list(source.files),
-            labels=list(range(len(source.files))),
-            pad_last_batch=True,
-            seed=spec.seed,
-            name=READER,
-            **shuffle,
+            files=list(source.files), labels=list(range(len(source.files))), **reader_options(spec)
         )
         images = fn.decoders.image(
             encoded,
@@ -243,7 +239,7 @@ def _pil_failure(path: str) -> str | None:
         with Image.open(path) as img:
             img.load()
     except Exception as exc:  # any decoder complaint is the answer we are looking for
-        return _one_line(exc)
+        return one_line(exc)
     return None
 
 
@@ -313,10 +309,9 @@ class DaliEpochs:
             return RuntimeError(f"DALI pipeline failed: {reason}")
         # The decoder does not say which file: check the likeliest ones first (not yet delivered this
         # epoch), then the rest, since prefetching may already have reached the next epoch.
-        order = [i for i in range(len(files)) if not self._delivered[i]] + [
-            i for i in range(len(files)) if self._delivered[i]
-        ]
         deadline = time.monotonic() + DIAGNOSE_BUDGET_S
+        delivered = self._delivered.tolist()
+        order = [i for i, done in enumerate(delivered) if not done] + [i for i, done in enumerate(delivered) if done]
         checked = 0
         for i in order:
             if time.monotonic() > deadline:
@@ -361,6 +356,58 @@ class DaliBatches(DaliEpochs):
         return out["data"], self._labels[index]
 
 
+def build_loader(
+    dataset: Any,
+    spec: LoaderSpec,
+    source: Any,
+    *,
+    graph: Callable[[Any, int | None], Any],
+    outputs: Sequence[str],
+    batches: Callable[[Any, Any, int], DaliEpochs],
+    config: dict[str, Any] | None = None,
+) -> BuiltLoader:
+    """The steps every DALI loader shares, around the task's own parts.
+
+    ``graph(dali, cuda)`` builds the pipeline (``cuda``: the device id, None on CPU) whose reader is named
+    ``READER`` and whose outputs are ``outputs``; ``batches(pipe, iterator, batches_per_epoch)`` wraps it;
+    ``config`` adds the task's own keys to the shared ones; ``source.files`` is the epoch's file list.
+    """
+    dali = import_dali()
+    device = pinned_device(spec.device)
+    cuda = device.index if device.type == "cuda" else None
+    pipe = graph(dali, cuda)
+    plugin = dali.plugin.pytorch
+    iterator = plugin.DALIGenericIterator(
+        pipe,
+        list(outputs),
+        reader_name=READER,
+        last_batch_policy=plugin.LastBatchPolicy.DROP if spec.drop_last else plugin.LastBatchPolicy.PARTIAL,
+        auto_reset=True,
+        # the first batch is decoded on the first next(), inside Session.wrap, as a DataLoader's is
+        prepare_first_batch=False,
+    )
+    n = len(source.files)
+    per_epoch = n // spec.batch_size if spec.drop_last else math.ceil(n / spec.batch_size)
+    return BuiltLoader(
+        batches=batches(pipe, iterator, per_epoch),
+        # mixed decoding already left the images on the GPU: only labels or targets travel; on CPU a no-op
+        to_device=partial(move, device=device),
+        config={
+            "pipeline": "dali",
+            **(config or {}),
+            "workers": max(1, spec.workers),
+            "workers_meaning": "DALI CPU threads (num_threads) in this process, not DataLoader worker processes",
+            "worker_processes": 0,
+            "pin_memory": None,
+            "decoder": "cpu" if cuda is None else "mixed",
+            "prefetch_queue_depth": PREFETCH_QUEUE_DEPTH,
+            "shuffle": "full permutation per epoch (shuffle_after_epoch)" if spec.shuffle else False,
+            "dali": str(dali.__version__),
+        },
+        skips=SkipLog.for_dataset(dataset),
+    )
+
+
 class DaliPipeline:
     """DALI reader + decoder + augmentation in native threads; mixed (GPU) decoding on CUDA."""
 
@@ -374,48 +421,11 @@ class DaliPipeline:
 
             return build_detection(dataset, spec)
         source, aug = _image_folder(dataset)
-        if spec.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {spec.workers}")
-        if spec.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
-        device = torch.device(spec.device)
-        dali = import_dali()
-        cuda: int | None = None
-        if device.type == "cuda":
-            cuda = device.index if device.index is not None else torch.cuda.current_device()
-        pipe = _build_pipe(dali, source, aug, spec, cuda)
-        plugin = dali.plugin.pytorch
-        policy = plugin.LastBatchPolicy.DROP if spec.drop_last else plugin.LastBatchPolicy.PARTIAL
-        iterator = plugin.DALIGenericIterator(
-            pipe,
-            ["data", "label"],
-            reader_name=READER,
-            last_batch_policy=policy,
-            auto_reset=True,
-            # the first batch is decoded on the first next(), inside Session.wrap, as a DataLoader's is
-            prepare_first_batch=False,
-        )
-        n = len(source.files)
-        per_epoch = n // spec.batch_size if spec.drop_last else math.ceil(n / spec.batch_size)
-        batches = DaliBatches(pipe, iterator, source, per_epoch)
-
-        def to_device(batch: Any) -> Any:
-            # mixed decoding already left x on the GPU: only the labels travel; on CPU .to() is a no-op
-            return move(batch, device)
-
-        return BuiltLoader(
-            batches=batches,
-            to_device=to_device,
-            config={
-                "pipeline": self.name,
-                "workers": max(1, spec.workers),
-                "workers_meaning": "DALI CPU threads (num_threads) in this process, not DataLoader worker processes",
-                "worker_processes": 0,
-                "pin_memory": None,
-                "decoder": "cpu" if cuda is None else "mixed",
-                "prefetch_queue_depth": PREFETCH_QUEUE_DEPTH,
-                "shuffle": "full permutation per epoch (shuffle_after_epoch)" if spec.shuffle else False,
-                "dali": str(dali.__version__),
-            },
-            skips=SkipLog.for_dataset(dataset),
+        return build_loader(
+            dataset,
+            spec,
+            source,
+            graph=lambda dali, cuda: _build_pipe(dali, source, aug, spec, cuda),
+            outputs=("data", "label"),
+            batches=lambda pipe, iterator, per_epoch: DaliBatches(pipe, iterator, source, per_epoch),
         )

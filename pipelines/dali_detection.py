@@ -37,18 +37,14 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from pipelines.base import BuiltLoader, LoaderSpec
-from pipelines.dali import PREFETCH_QUEUE_DEPTH, DaliEpochs, import_dali
+from pipelines.dali import DaliEpochs, build_loader, new_pipe, reader_options
 from pipelines.detection import CocoDetectionSource, DetectionAugment, DetectionDataset
-from pipelines.imagefolder import SkipLog
-from pipelines.naive import move
 
-READER = "Reader"
 OUTPUTS = ("images", "boxes", "labels")
 _PAD = -1  # labels are category ids (>= 0): -1 marks a padding row
 
@@ -113,17 +109,7 @@ def _build_pipe(
     dali: Any, source: CocoDetectionSource, aug: DetectionAugment, spec: LoaderSpec, cuda: int | None
 ) -> Any:
     fn, types = dali.fn, dali.types
-    pipe = dali.Pipeline(
-        batch_size=spec.batch_size,
-        num_threads=max(1, spec.workers),
-        device_id=cuda,  # None: a CPU-only pipeline (no CUDA context is created)
-        prefetch_queue_depth=PREFETCH_QUEUE_DEPTH,
-        seed=spec.seed,
-    )
-    # a full permutation per epoch and epochs that start at their first sample, as pipelines/dali.py reads
-    shuffle: dict[str, Any] = (
-        {"shuffle_after_epoch": True, "shuffle_after_epoch_seed": spec.seed} if spec.shuffle else {}
-    )
+    pipe = new_pipe(dali, spec, cuda)
     with pipe:
         encoded, boxes, labels = fn.readers.coco(
             file_root=str(source.image_root),
@@ -133,10 +119,8 @@ def _build_pipe(
             ratio=True,  # relative boxes: what bbox_paste, random_bbox_crop and bb_flip work in
             avoid_class_remapping=True,  # category ids as the manifest has them, as the torch path keeps them
             skip_empty=False,
-            pad_last_batch=True,
-            seed=spec.seed,
-            name=READER,
-            **shuffle,
+            # a full permutation per epoch and epochs that start at their first sample, as pipelines/dali.py reads
+            **reader_options(spec),
         )
         shape = fn.peek_image_shape(encoded)  # from the header, on the CPU: the decoded image may be on the GPU
         images = fn.decoders.image(
@@ -183,47 +167,13 @@ class DetectionBatches(DaliEpochs):
 
 def build_detection(dataset: DetectionDataset, spec: LoaderSpec) -> BuiltLoader:
     """The ``dali`` pipeline over a ``DetectionDataset``: its source and augment, realised by DALI."""
-    if spec.workers < 0:
-        raise ValueError(f"workers must be >= 0, got {spec.workers}")
-    if spec.batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
     source, aug = dataset.source, dataset.augment
-    device = torch.device(spec.device)
-    dali = import_dali()
-    cuda: int | None = None
-    if device.type == "cuda":
-        cuda = device.index if device.index is not None else torch.cuda.current_device()
-    pipe = _build_pipe(dali, source, aug, spec, cuda=cuda)
-    plugin = dali.plugin.pytorch
-    iterator = plugin.DALIGenericIterator(
-        pipe,
-        list(OUTPUTS),
-        reader_name=READER,
-        last_batch_policy=plugin.LastBatchPolicy.DROP if spec.drop_last else plugin.LastBatchPolicy.PARTIAL,
-        auto_reset=True,
-        # the first batch is decoded on the first next(), inside Session.wrap, as a DataLoader's is
-        prepare_first_batch=False,
-    )
-    n = len(source.files)
-    per_epoch = n // spec.batch_size if spec.drop_last else math.ceil(n / spec.batch_size)
-
-    def to_device(batch: Any) -> Any:
-        # mixed decoding already left the images on the GPU: only the targets travel; on CPU a no-op
-        return move(batch, device)
-
-    return BuiltLoader(
-        batches=DetectionBatches(pipe, iterator, source, aug, per_epoch),
-        to_device=to_device,
-        config={
-            "pipeline": "dali",
-            "task": "detection",
-            "workers": max(1, spec.workers),
-            "workers_meaning": "DALI CPU threads (num_threads) in this process, not DataLoader worker processes",
-            "pin_memory": None,
-            "decoder": "cpu" if cuda is None else "mixed",
-            "prefetch_queue_depth": PREFETCH_QUEUE_DEPTH,
-            "shuffle": "full permutation per epoch (shuffle_after_epoch)" if spec.shuffle else False,
-            "dali": str(dali.__version__),
-        },
-        skips=SkipLog(source.on_bad_sample, list(source.bad)),
+    return build_loader(
+        dataset,
+        spec,
+        source,
+        graph=lambda dali, cuda: _build_pipe(dali, source, aug, spec, cuda),
+        outputs=OUTPUTS,
+        batches=lambda pipe, iterator, per_epoch: DetectionBatches(pipe, iterator, source, aug, per_epoch),
+        config={"task": "detection"},
     )

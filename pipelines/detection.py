@@ -35,13 +35,14 @@ from typing import Any
 
 from pipelines.augment import IMAGENET_MEAN, IMAGENET_STD
 from pipelines.imagefolder import (
-    POLICIES,
     BadSample,
-    BadSampleError,
     DataSourceError,
-    Skipped,
     check_file,
     decode_rgb,
+    no_usable_image,
+    one_line,
+    rejected,
+    scan_root,
 )
 
 ANNOTATIONS = "annotations.json"
@@ -184,13 +185,7 @@ class CocoDetectionSource:
 
     @classmethod
     def scan(cls, root: Path | str, on_bad_sample: str = "fail") -> CocoDetectionSource:
-        if on_bad_sample not in POLICIES:
-            raise ValueError(f"on_bad_sample {on_bad_sample!r} is not one of {', '.join(POLICIES)}")
-        root = Path(root)
-        if not root.exists():
-            raise DataSourceError(f"data directory {str(root)!r} does not exist")
-        if not root.is_dir():
-            raise DataSourceError(f"data directory {str(root)!r} is not a directory")
+        root = scan_root(root, on_bad_sample)
         manifest = root / ANNOTATIONS
         image_root = root / IMAGES_DIR
         if not manifest.is_file() or not image_root.is_dir():
@@ -209,11 +204,7 @@ class CocoDetectionSource:
             path = image_root / name
             reason = check_file(path)
             if reason is not None:
-                if on_bad_sample == "fail":
-                    raise BadSampleError(
-                        f"bad sample {str(path)!r}: {reason} (use --on-bad-sample skip to leave such files out)"
-                    )
-                bad.append(BadSample(str(path), reason))
+                bad.append(rejected(path, reason, on_bad_sample))
                 continue
             objects = by_image.get(image_id, [])
             files.append(str(path))
@@ -221,7 +212,7 @@ class CocoDetectionSource:
             boxes.append(tuple(box for box, _ in objects))
             labels.append(tuple(label for _, label in objects))
         if not files:
-            raise DataSourceError(f"data directory {str(root)!r} holds no usable image ({len(bad)} bad files)")
+            raise no_usable_image(root, len(bad))
         return cls(root, tuple(files), tuple(names), tuple(boxes), tuple(labels), categories, on_bad_sample, tuple(bad))
 
 
@@ -238,7 +229,7 @@ def _read_manifest(path: Path) -> tuple[list[tuple[int, str]], dict[int, list[tu
                 by_image.setdefault(int(ann["image_id"]), []).append(((x, y, x + w, y + h), int(ann["category_id"])))
         categories = tuple(sorted(int(c["id"]) for c in data.get("categories", [])))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        detail = " ".join(str(exc).split()) or type(exc).__name__
+        detail = one_line(exc)
         raise DataSourceError(
             f"annotations file {str(path)!r} is not a readable COCO manifest "
             f"(needs images[id, file_name] and annotations[image_id, bbox, category_id]): {detail}"
@@ -247,14 +238,14 @@ def _read_manifest(path: Path) -> tuple[list[tuple[int, str]], dict[int, list[tu
 
 
 def collate_detection(items: list[Any]) -> tuple[Any, list[dict[str, Any]]]:
-    """``(images [N, 3, S, S], [{"boxes", "labels"}] * N)`` from dataset items; ``Skipped`` items are left out.
+    """``(images [N, 3, S, S], [{"boxes", "labels"}] * N)`` from dataset items; ``BadSample`` items are left out.
 
     When every item was skipped the images tensor has N = 0 (``SkipCollate`` drops such batches before they
     reach this function once the pipeline wraps it).
     """
     import torch
 
-    good = [it for it in items if not isinstance(it, Skipped)]
+    good = [it for it in items if not isinstance(it, BadSample)]
     if not good:
         return torch.empty(0), []
     return torch.stack([image for image, _ in good]), [target for _, target in good]
@@ -263,7 +254,7 @@ def collate_detection(items: list[Any]) -> tuple[Any, list[dict[str, Any]]]:
 class DetectionDataset:
     """Map-style dataset over a ``CocoDetectionSource``: PIL decode + the spec's torchvision realisation.
 
-    Items are ``(float32 [3, size, size], {"boxes": float32 [K, 4], "labels": int64 [K]})``, or ``Skipped``
+    Items are ``(float32 [3, size, size], {"boxes": float32 [K, 4], "labels": int64 [K]})``, or a ``BadSample``
     under the skip policy when a file that passed the scan fails to decode. Batch with ``collate_fn``.
     """
 
@@ -284,7 +275,7 @@ class DetectionDataset:
         from torchvision import tv_tensors
 
         rgb = decode_rgb(self.source.files[index], self.source.on_bad_sample)
-        if isinstance(rgb, Skipped):
+        if isinstance(rgb, BadSample):
             return rgb
         boxes = tv_tensors.BoundingBoxes(
             torch.tensor(self.source.boxes[index], dtype=torch.float32).reshape(-1, 4),

@@ -50,8 +50,40 @@ class BadSampleError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BadSample:
+    """A file left out under the skip policy, and why: listed in a source's ``bad`` and a ``SkipLog``, and
+    also the placeholder a dataset item becomes when its file fails to decode (``SkipCollate`` drops it)."""
+
     path: str
     reason: str
+
+
+def scan_root(root: Path | str, on_bad_sample: str) -> Path:
+    """``root`` as a ``Path``, after the checks every scan starts with: a known policy and an existing directory."""
+    if on_bad_sample not in POLICIES:
+        raise ValueError(f"on_bad_sample {on_bad_sample!r} is not one of {', '.join(POLICIES)}")
+    root = Path(root)
+    if not root.exists():
+        raise DataSourceError(f"data directory {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise DataSourceError(f"data directory {str(root)!r} is not a directory")
+    return root
+
+
+def rejected(path: Path, reason: str, on_bad_sample: str) -> BadSample:
+    """A file the scan found unusable: a ``BadSampleError`` under ``fail``, else the entry for ``bad``."""
+    if on_bad_sample == "fail":
+        raise BadSampleError(f"bad sample {str(path)!r}: {reason} (use --on-bad-sample skip to leave such files out)")
+    return BadSample(str(path), reason)
+
+
+def no_usable_image(root: Path, bad: int) -> DataSourceError:
+    """The error for a scan that found ``bad`` bad files and no good one."""
+    return DataSourceError(f"data directory {str(root)!r} holds no usable image ({bad} bad files)")
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (its type name when it has none): how errors quote a library's error."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def check_file(path: Path) -> str | None:
@@ -87,13 +119,7 @@ class ImageFolderSource:
 
     @classmethod
     def scan(cls, root: Path | str, on_bad_sample: str = "fail") -> ImageFolderSource:
-        if on_bad_sample not in POLICIES:
-            raise ValueError(f"on_bad_sample {on_bad_sample!r} is not one of {', '.join(POLICIES)}")
-        root = Path(root)
-        if not root.exists():
-            raise DataSourceError(f"data directory {str(root)!r} does not exist")
-        if not root.is_dir():
-            raise DataSourceError(f"data directory {str(root)!r} is not a directory")
+        root = scan_root(root, on_bad_sample)
         classes = tuple(sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")))
         if not classes:
             raise DataSourceError(
@@ -116,14 +142,10 @@ class ImageFolderSource:
                 if reason is None:
                     files.append(str(path))
                     labels.append(label)
-                    continue
-                if on_bad_sample == "fail":
-                    raise BadSampleError(
-                        f"bad sample {str(path)!r}: {reason} (use --on-bad-sample skip to leave such files out)"
-                    )
-                bad.append(BadSample(str(path), reason))
+                else:
+                    bad.append(rejected(path, reason, on_bad_sample))
         if not files:
-            raise DataSourceError(f"data directory {str(root)!r} holds no usable image ({len(bad)} bad files)")
+            raise no_usable_image(root, len(bad))
         return cls(root, classes, tuple(files), tuple(labels), on_bad_sample, tuple(bad))
 
     def subset(self, count: int) -> ImageFolderSource:
@@ -151,18 +173,10 @@ class ImageFolderSource:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """Placeholder an item becomes when its file fails to decode under the skip policy."""
-
-    path: str
-    reason: str
-
-
 class ImageFolderDataset:
     """Map-style dataset over an ``ImageFolderSource``: PIL decode + the spec's torchvision realisation.
 
-    Items are ``(float32 [C, size, size], int64 label)``, or ``Skipped`` under the skip policy.
+    Items are ``(float32 [C, size, size], int64 label)``, or a ``BadSample`` under the skip policy.
     """
 
     def __init__(self, source: ImageFolderSource, augment: AugmentSpec) -> None:
@@ -181,27 +195,27 @@ class ImageFolderDataset:
         import torch
 
         rgb = decode_rgb(self.source.files[index], self.source.on_bad_sample)
-        if isinstance(rgb, Skipped):
+        if isinstance(rgb, BadSample):
             return rgb
         return self.transform(rgb), torch.tensor(self.source.labels[index], dtype=torch.int64)
 
 
 def decode_rgb(path: str, on_bad_sample: str) -> Any:
-    """The file decoded by PIL as RGB; a decode failure is ``Skipped`` (skip policy) or ``BadSampleError``."""
+    """The file decoded by PIL as RGB; a decode failure is a ``BadSample`` (skip policy) or ``BadSampleError``."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as img:
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
+        reason = one_line(exc)
         if on_bad_sample == "skip":
-            return Skipped(path, reason)
+            return BadSample(path, reason)
         raise BadSampleError(f"bad sample {path!r}: {reason}") from None
 
 
 class SkipCollate:
-    """Default collate over the items that are not ``Skipped``; returns ``(x, y, skipped)``.
+    """Default collate over the items that are not ``BadSample``; returns ``(x, y, skipped)``.
 
     ``x``/``y`` are None when every item of the batch was skipped. A class (not a closure) so it pickles
     to DataLoader workers.
@@ -210,11 +224,11 @@ class SkipCollate:
     def __init__(self, collate: Callable[[list[Any]], Any] | None = None) -> None:
         self.collate = collate  # the dataset's own collate (detection), else torch's default
 
-    def __call__(self, items: list[Any]) -> tuple[Any, Any, list[Skipped]]:
+    def __call__(self, items: list[Any]) -> tuple[Any, Any, list[BadSample]]:
         from torch.utils.data import default_collate
 
-        skipped = [it for it in items if isinstance(it, Skipped)]
-        good = [it for it in items if not isinstance(it, Skipped)]
+        skipped = [it for it in items if isinstance(it, BadSample)]
+        good = [it for it in items if not isinstance(it, BadSample)]
         if not good:
             return None, None, skipped
         x, y = (self.collate or default_collate)(good)
@@ -240,7 +254,7 @@ class SkipLog:
     def strip(self, batches: Any) -> Iterator[tuple[Any, Any]]:
         """Yield ``(x, y)`` from ``(x, y, skipped)`` batches, recording the skipped files."""
         for x, y, skipped in batches:
-            self.skipped.extend(BadSample(s.path, s.reason) for s in skipped)
+            self.skipped.extend(skipped)
             if x is not None:
                 yield x, y
 

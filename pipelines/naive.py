@@ -10,6 +10,8 @@ seeds derive from ``spec.seed`` alone (a dedicated ``torch.Generator``, never th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,29 +24,39 @@ from pipelines.imagefolder import SkipCollate, SkipLog
 PREFETCH_FACTOR = 2
 
 
-def move(batch: Any, device: torch.device) -> Any:
-    """Copy every tensor in ``batch`` (nested tuples, lists, dicts) to ``device``, blocking."""
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` with ``fn`` applied to every tensor in it (nested tuples, named tuples, lists, dicts)."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device)
+        return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(map_tensors(item, fn) for item in batch))
     if isinstance(batch, tuple | list):
-        return type(batch)(move(item, device) for item in batch)
+        return type(batch)(map_tensors(item, fn) for item in batch)
     if isinstance(batch, dict):
-        return {key: move(value, device) for key, value in batch.items()}
+        return {key: map_tensors(value, fn) for key, value in batch.items()}
     return batch
 
 
+def move(batch: Any, device: torch.device) -> Any:
+    """Copy every tensor in ``batch`` (nested tuples, lists, dicts) to ``device``, blocking."""
+    return map_tensors(batch, lambda t: t.to(device))
+
+
 def data_loader(
-    dataset: Any, spec: LoaderSpec, *, pin_memory: bool, persistent_workers: bool, prefetch_factor: int | None
-) -> tuple[Any, SkipLog | None]:
-    """The ``DataLoader`` both torch pipelines build, and the skip log when ``dataset`` reads image files.
+    dataset: Any, spec: LoaderSpec, *, pin_memory: bool, persistent_workers: bool
+) -> tuple[Any, SkipLog | None, dict[str, Any]]:
+    """The ``DataLoader`` both torch pipelines build, the skip log when ``dataset`` reads image files, and the
+    knobs in effect (``workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``) for ``config``.
 
     Yields ``(x, y)`` batches either way: an image-folder dataset gets ``SkipCollate`` and a view that strips
     and records the files skipped under ``--on-bad-sample skip``.
     """
-    if spec.workers < 0:
-        raise ValueError(f"workers must be >= 0, got {spec.workers}")
-    if spec.batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
+    knobs: dict[str, Any] = {
+        "workers": spec.workers,
+        "pin_memory": pin_memory,
+        "prefetch_factor": PREFETCH_FACTOR if spec.workers else None,
+        "persistent_workers": persistent_workers and spec.workers > 0,
+    }
     skips = SkipLog.for_dataset(dataset)
     # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor)
     collate = getattr(dataset, "collate_fn", None)
@@ -52,15 +64,15 @@ def data_loader(
         dataset,
         batch_size=spec.batch_size,
         shuffle=spec.shuffle,
-        num_workers=spec.workers,
-        pin_memory=pin_memory,
+        num_workers=knobs["workers"],
+        pin_memory=knobs["pin_memory"],
         drop_last=spec.drop_last,
-        persistent_workers=persistent_workers and spec.workers > 0,
-        prefetch_factor=prefetch_factor if spec.workers else None,
+        persistent_workers=knobs["persistent_workers"],
+        prefetch_factor=knobs["prefetch_factor"],
         generator=torch.Generator().manual_seed(spec.seed),
         collate_fn=SkipCollate(collate) if skips is not None else collate,
     )
-    return (skips.wrap(loader) if skips is not None else loader), skips
+    return (skips.wrap(loader) if skips is not None else loader), skips, knobs
 
 
 class NaivePipeline:
@@ -69,24 +81,10 @@ class NaivePipeline:
     name = "naive"
 
     def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
-        device = torch.device(spec.device)
-        prefetch_factor = PREFETCH_FACTOR if spec.workers else None
-        batches, skips = data_loader(
-            dataset, spec, pin_memory=False, persistent_workers=False, prefetch_factor=prefetch_factor
-        )
-
-        def to_device(batch: Any) -> Any:
-            return move(batch, device)
-
+        batches, skips, knobs = data_loader(dataset, spec, pin_memory=False, persistent_workers=False)
         return BuiltLoader(
             batches=batches,
-            to_device=to_device,
-            config={
-                "pipeline": self.name,
-                "workers": spec.workers,
-                "pin_memory": False,
-                "prefetch_factor": prefetch_factor,
-                "persistent_workers": False,
-            },
+            to_device=partial(move, device=torch.device(spec.device)),
+            config={"pipeline": self.name, **knobs},
             skips=skips,
         )

@@ -13,8 +13,9 @@ What differs from ``naive``:
   its memory while the step still reads it. The CUDA calls stand behind ``_Copier`` (``start`` in the
   thread, ``finish`` in the consumer) so tests drive the logic with a fake stream and event.
 
-So the batch is already where it has to be when it is handed over: ``to_device`` is a no-op ``.to`` and
-the ``h2d`` phase is near zero; that is the stall this pipeline removes, and the breakdown shows it.
+So the batch is already where it has to be when it is handed over (both copiers move every tensor the
+traversal finds, ``naive.map_tensors``): ``to_device`` returns the batch as is and the ``h2d`` phase is
+near zero; that is the stall this pipeline removes, and the breakdown shows it.
 
 Invariants:
 - ``batches`` is re-iterable: one ``iter()`` per epoch; the previous epoch's thread is stopped and joined
@@ -25,7 +26,7 @@ Invariants:
 - An exception raised while loading or copying a batch (in a worker process or in the thread) is carried
   across the thread and re-raised, with its own type and message, where that batch would have been
   delivered; the batches before it are delivered first.
-- Every blocking call (queue put/get, slot acquire, join) has a timeout and checks a stop event, so a
+- Every blocking call (queue get, slot acquire, join) has a timeout and checks a stop event, so a
   closed or abandoned epoch stops its thread within ``_POLL_S`` plus the batch load in progress.
 - ``close()`` stops the thread and shuts the persistent workers down: a run leaves no child process.
 - ``config`` states exactly the knobs in effect.
@@ -45,43 +46,16 @@ from typing import Any, Protocol
 
 import torch
 
-from pipelines.base import BuiltLoader, LoaderSpec
+from pipelines.base import BuiltLoader, LoaderSpec, pinned_device
 from pipelines.imagefolder import StrippedBatches
-from pipelines.naive import PREFETCH_FACTOR, data_loader, move
+from pipelines.naive import data_loader, map_tensors, move
 
 log = logging.getLogger(__name__)
 
 DEPTH = 2  # batches loaded ahead of the consumer
 THREAD_NAME = "stallscope-prefetch"
-_POLL_S = 0.05  # how often a blocked put/get/acquire looks at the stop event
+_POLL_S = 0.05  # how often a blocked get/acquire looks at the stop event
 _JOIN_S = 10.0  # how long a stop waits for the batch the thread is loading (a dataset call cannot be interrupted)
-
-
-# -- batch traversal -------------------------------------------------------------------------------------
-
-
-def _map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``batch`` with ``fn`` applied to every tensor in it (nested tuples, named tuples, lists, dicts)."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_map_tensors(item, fn) for item in batch))
-    if isinstance(batch, tuple | list):
-        return type(batch)(_map_tensors(item, fn) for item in batch)
-    if isinstance(batch, dict):
-        return {key: _map_tensors(value, fn) for key, value in batch.items()}
-    return batch
-
-
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-
-    def visit(t: torch.Tensor) -> torch.Tensor:
-        found.append(t)
-        return t
-
-    _map_tensors(batch, visit)
-    return found
 
 
 # -- copiers: where the batch goes between loading and hand-over ------------------------------------------
@@ -112,6 +86,7 @@ class _HostCopier:
 class _Pending:
     batch: Any  # device tensors whose copy may still be running on the side stream
     copied: Any  # the CUDA event recorded on the side stream after the copy
+    tensors: list[torch.Tensor]  # every device tensor in ``batch``, for record_stream at hand-over
 
 
 class _CudaCopier:
@@ -124,17 +99,24 @@ class _CudaCopier:
 
     def start(self, batch: Any) -> _Pending:
         # The thread's current device and stream are its own (thread-local): set both for this copy.
+        tensors: list[torch.Tensor] = []
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            moved = t.to(self._device, non_blocking=True)
+            tensors.append(moved)
+            return moved
+
         with self._cuda.device(self._device), self._cuda.stream(self._stream):
-            moved = _map_tensors(batch, lambda t: t.to(self._device, non_blocking=True))
+            batch = map_tensors(batch, copy)
             copied = self._cuda.Event()
             copied.record(self._stream)
-        return _Pending(moved, copied)
+        return _Pending(batch, copied, tensors)
 
     def finish(self, pending: _Pending) -> Any:
         consumer = self._cuda.current_stream(self._device)
         # Device-side wait: the host does not block; the step's kernels queue behind the copy.
         consumer.wait_event(pending.copied)
-        for t in _tensors(pending.batch):
+        for t in pending.tensors:
             # The memory was allocated on the side stream; without this the allocator could hand it out
             # again as soon as the batch is dropped, while the consumer stream still reads it.
             t.record_stream(consumer)
@@ -160,9 +142,10 @@ class _Feeder:
         self._source: Iterator[Any] | None = source
         self._start = start
         # A slot is taken before a batch is loaded and given back when the consumer takes one, so at most
-        # ``depth`` batches (host or device memory) are ever loaded ahead; the queue itself never fills.
+        # ``depth`` batches (host or device memory) are ever loaded ahead. The slots are the bound: every put
+        # follows an acquire, so the queue needs none of its own and a put never blocks.
         self._slots = threading.Semaphore(depth)
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Any] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
@@ -198,14 +181,9 @@ class _Feeder:
                 return True
         return False
 
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _put(self, item: Any) -> None:
+        if not self._stop.is_set():  # once stopped, nobody takes it: do not hold its memory
+            self._queue.put_nowait(item)
 
     # consumer side
     def take(self) -> Any:
@@ -234,10 +212,6 @@ class _Feeder:
             except queue.Empty:
                 break
         return not self._thread.is_alive()
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
 
 
 # -- persistent workers and set_epoch ---------------------------------------------------------------------
@@ -358,10 +332,6 @@ class PrefetchBatches:
     def _dataloader(self) -> Any:
         return self._loader.loader if isinstance(self._loader, StrippedBatches) else self._loader
 
-    @property
-    def thread_alive(self) -> bool:
-        return self._feeder is not None and self._feeder.alive
-
     def close(self) -> None:
         """Stop the prefetch thread and shut persistent workers down; a later ``iter()`` starts afresh."""
         self._epoch += 1  # a pass created but not yet started must not start a thread after this
@@ -390,12 +360,9 @@ class PrefetchPipeline:
         self.depth = depth
 
     def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
-        device = torch.device(spec.device)
+        # the prefetch thread's current device is its own: pin the consumer's now
+        device = pinned_device(spec.device)
         on_cuda = device.type == "cuda"
-        if on_cuda and device.index is None:
-            # the prefetch thread's current device is its own: pin the consumer's now
-            device = torch.device("cuda", torch.cuda.current_device())
-        prefetch_factor = PREFETCH_FACTOR if spec.workers else None
         relay = _EpochRelay(dataset) if spec.workers > 0 and _relays_epoch(dataset) else None
         if spec.workers > 0 and relay is None and callable(getattr(dataset, "set_epoch", None)):
             log.warning(
@@ -403,12 +370,8 @@ class PrefetchPipeline:
                 "will not see later epochs",
                 type(dataset).__name__,
             )
-        loader, skips = data_loader(
-            relay if relay is not None else dataset,
-            spec,
-            pin_memory=on_cuda,
-            persistent_workers=True,
-            prefetch_factor=prefetch_factor,
+        loader, skips, knobs = data_loader(
+            relay if relay is not None else dataset, spec, pin_memory=on_cuda, persistent_workers=True
         )
         copier: _Copier = _CudaCopier(device) if on_cuda else _HostCopier(device)
         batches = PrefetchBatches(
@@ -420,22 +383,19 @@ class PrefetchPipeline:
             pin_memory=on_cuda,
             batch_size=spec.batch_size,
         )
-
-        def to_device(batch: Any) -> Any:
-            # already on ``device``: each .to returns its tensor unchanged
-            return move(batch, device)
-
         return BuiltLoader(
             batches=batches,
-            to_device=to_device,
+            to_device=_already_there,
             config={
                 "pipeline": self.name,
-                "workers": spec.workers,
-                "pin_memory": on_cuda,
-                "prefetch_factor": prefetch_factor,
-                "persistent_workers": spec.workers > 0,
+                **knobs,
                 "device_prefetch": "cuda-side-stream" if on_cuda else "cpu-thread",
                 "depth": self.depth,
             },
             skips=skips,
         )
+
+
+def _already_there(batch: Any) -> Any:
+    """``to_device`` for prefetched batches: a copier moved every tensor to the device before hand-over."""
+    return batch

@@ -25,7 +25,7 @@ from pipelines.detection import (
     DetectionDataset,
     collate_detection,
 )
-from pipelines.imagefolder import BadSampleError, DataSourceError, Skipped, check_file
+from pipelines.imagefolder import BadSample, BadSampleError, DataSourceError, check_file
 from profiler.devices import DeviceInfo
 from profiler.runner import RunConfig, run_scenario
 from profiler.store import load_run
@@ -146,7 +146,7 @@ def test_decode_failure_after_the_scan_follows_the_policy(voc: Path, tmp_path: P
         with pytest.raises(BadSampleError, match=r"000002\.jpg"):
             ds[2]
         return
-    assert isinstance(ds[2], Skipped)
+    assert isinstance(ds[2], BadSample)
     x, y = collate_detection([ds[i] for i in range(4)])
     assert x.shape[0] == 3 and len(y) == 3  # dropped from its batch, not replaced
     built = pipelines.get("naive").build(ds, LoaderSpec(batch_size=4, shuffle=False))
@@ -220,6 +220,16 @@ def test_dali_batch_is_the_torch_batch(dali: None, voc: Path) -> None:
     assert float((fx - tx.flip(-1)).abs().mean()) < 0.01
     for d, t in zip(fy, ty, strict=True):
         torch.testing.assert_close(d["boxes"], _mirrored(t["boxes"]), atol=1e-3, rtol=0)
+
+
+def test_dali_config_states_threads_not_worker_processes(dali: None, voc: Path) -> None:
+    ds = DetectionDataset.from_dir(voc, DetectionAugment(size=S))
+    built = pipelines.get("dali").build(ds, LoaderSpec(batch_size=4, workers=2))
+    built.close()
+    assert built.config["pipeline"] == "dali" and built.config["task"] == "detection"
+    assert built.config["workers"] == 2  # DALI CPU threads in this process
+    # no DataLoader worker processes: the runner must not start py-spy attribution for them
+    assert built.config["worker_processes"] == 0
 
 
 def test_dali_random_augment_keeps_the_contract(dali: None, voc: Path) -> None:
