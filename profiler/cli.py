@@ -16,12 +16,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from profiler import cli_sweep
 from profiler.sampler import MAX_HZ
+
+if TYPE_CHECKING:
+    from profiler.runner import RunConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
@@ -253,10 +256,15 @@ def _print_summary(summary: Any, as_json: bool) -> None:
     render_report(summary, make_console())
 
 
-def _prepare_out(out: str | None, scenario: str, pipeline: str) -> Path:
+def _stem(scenario: str) -> str:
+    """A scenario's name in a directory name: a .py file's stem, else the name itself."""
+    return Path(scenario).stem if scenario.endswith(".py") else scenario
+
+
+def _prepare_out(out: str | None, default_name: str) -> Path:
+    """The run (or sweep, tune) directory, created and checked writable; ``out`` None: runs/<default_name>-<time>."""
     if out is None:
-        stem = Path(scenario).stem if scenario.endswith(".py") else scenario
-        out = os.path.join("runs", f"{stem}-{pipeline}-{time.strftime('%Y%m%d-%H%M%S')}")
+        out = os.path.join("runs", f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
     path = Path(out)
     if (path / "run.sqlite").exists():
         raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
@@ -273,16 +281,27 @@ def _prepare_out(out: str | None, scenario: str, pipeline: str) -> Path:
 
 
 class _SignalStop:
-    """Turns SIGINT/SIGTERM into :class:`Interrupted` in the main thread while a run trains."""
+    """Turns SIGINT/SIGTERM into :class:`Interrupted` in the main thread while a run trains.
+
+    ``defer_first`` (sweep, tune): the first signal only records its name in ``received``: the configuration in
+    flight stops at its next measured step (the stop rule polls ``received``) and no further one starts, so the
+    signal never lands inside library code (a DataLoader's ``__del__``, a source probe) that would print or
+    swallow an exception raised there. A second signal raises at once, for a step that never ends."""
+
+    def __init__(self, defer_first: bool = False) -> None:
+        self.defer_first = defer_first
+        self.received: str | None = None
 
     def __enter__(self) -> _SignalStop:
         from profiler.session import Interrupted
 
-        self.received: str | None = None
-
         def handler(signum: int, _frame: Any) -> None:
-            self.received = signal.Signals(signum).name
-            raise Interrupted(self.received)
+            name = signal.Signals(signum).name
+            if self.received is None:
+                self.received = name
+                if self.defer_first:
+                    return
+            raise Interrupted(name)
 
         self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
@@ -306,7 +325,7 @@ def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = (
     """Check the shared flags (BadInput naming the value) and make the scenario's default data if it needs it."""
     import pipelines
     import scenarios
-    from profiler.devices import DeviceError, resolve_device
+    from profiler.devices import resolve_device
 
     args.scenario = args.scenario or DEFAULT_SCENARIO
     try:
@@ -315,9 +334,7 @@ def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = (
             pipelines.get(name)
         scenario.model_factory(args.model)
         device = resolve_device(args.device)
-    except (scenarios.ScenarioError, pipelines.PipelineError, DeviceError) as exc:
-        raise BadInput(str(exc)) from None
-    except ValueError as exc:  # an unknown --model
+    except ValueError as exc:  # ScenarioError, PipelineError, DeviceError, or an unknown --model
         raise BadInput(str(exc)) from None
     data = None
     if scenario.data is None:
@@ -336,6 +353,23 @@ def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = (
     return Training(scenario, device, data, meta)
 
 
+def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConfig:
+    """What ``run``, ``sweep`` and ``tune`` configure alike from their shared flags; each replaces the rest."""
+    from profiler.runner import RunConfig
+
+    return RunConfig(
+        out=out,
+        device=t.device,
+        warmup=args.warmup,
+        sample_hz=args.sample_hz,
+        seed=args.seed,
+        data=t.data,
+        on_bad_sample=args.on_bad_sample,
+        model=args.model,
+        extra_meta=t.extra_meta,
+    )
+
+
 def _default_data(kind: str, count: int) -> Path:
     from profiler.render.progress import progress
     from scenarios.datagen import DataError, ensure_default
@@ -350,29 +384,21 @@ def _default_data(kind: str, count: int) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     t = resolve_training(args, [args.pipeline])
     scenario, device = t.scenario, t.device
-    out = _prepare_out(args.out, args.scenario, args.pipeline)
+    out = _prepare_out(args.out, f"{_stem(args.scenario)}-{args.pipeline}")
 
-    from profiler.runner import RunConfig, TrainingError, run_scenario
+    from profiler.runner import TrainingError, run_scenario
     from profiler.session import Interrupted
 
-    cfg = RunConfig(
-        out=out,
-        device=device,
+    cfg = replace(
+        base_run_config(args, t, out),
         pipeline=args.pipeline,
         batch_size=args.batch_size,
         workers=args.workers,
         steps=args.steps,
-        warmup=args.warmup,
-        sample_hz=args.sample_hz,
-        seed=args.seed,
         attribution=not args.no_attribution,
         pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
-        data=t.data,
-        on_bad_sample=args.on_bad_sample,
-        model=args.model,
         loader_only=args.loader_only,
         augment_epochs=args.augment_epochs,
-        extra_meta=t.extra_meta,
     )
     monitor = None
     if not args.no_live:
@@ -473,7 +499,7 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
     from profiler.pyspy import DEFAULT_RATE
     from profiler.zerocode import profile_external
 
-    out = _prepare_out(args.out, stem, "zero-code")
+    out = _prepare_out(args.out, f"{_stem(stem)}-zero-code")
     monitor = None
     if not args.no_live:
         from profiler.feeds import StoreFeed

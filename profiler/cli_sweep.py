@@ -13,42 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from profiler.cli import _SignalStop
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
 MAX_BATCH_FACTOR = 8  # tune's default --max-batch-size: 8x the scenario's batch
-
-
-class _StopGuard:
-    """SIGINT/SIGTERM while a sweep or tune trains. The first only records the signal: the configuration in flight
-    stops at its next measured step (the stop rule polls ``received``) and no further one starts, so the signal
-    never lands inside library code (a DataLoader's ``__del__``, a source probe) that would print or swallow an
-    exception raised there. A second signal raises :class:`Interrupted` at once, for a step that never ends."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-
-    def __enter__(self) -> _StopGuard:
-        from profiler.session import Interrupted
-
-        def handler(signum: int, _frame: Any) -> None:
-            name = signal.Signals(signum).name
-            if self.received is not None:
-                raise Interrupted(name)
-            self.received = name
-
-        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
 
 def _int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
@@ -160,9 +135,12 @@ def _precheck(names: Sequence[str], out: str | None) -> None:
     import pipelines  # the registry alone: no pipeline module is imported
     from profiler.cli import BadInput
 
-    for name in names:
-        if name not in pipelines.names():
-            raise BadInput(f"--pipelines: unknown pipeline {name!r}: choose one of {', '.join(pipelines.names())}")
+    try:
+        for name in names:
+            if name not in pipelines.names():
+                pipelines.get(name)  # raises the registry's PipelineError; an unknown name imports nothing
+    except pipelines.PipelineError as exc:
+        raise BadInput(f"--pipelines: {exc}") from None
     path = Path(out) if out is not None else None
     if (
         path is not None
@@ -174,15 +152,13 @@ def _precheck(names: Sequence[str], out: str | None) -> None:
 
 def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
     """The sweep or tune directory (created): ``out``, or runs/<kind>-<scenario>-<time>."""
-    from profiler.cli import _prepare_out
+    from profiler.cli import _prepare_out, _stem
 
-    if out is None:
-        stem = Path(scenario).stem if scenario.endswith(".py") else scenario
-        out = os.path.join("runs", f"{kind}-{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    return _prepare_out(out, scenario, kind)
+    return _prepare_out(out, f"{kind}-{_stem(scenario)}")
 
 
-def _harness(args: argparse.Namespace, training: Any, what: str, guard: _StopGuard) -> Any:
+def _harness(args: argparse.Namespace, training: Any, out: Path, what: str, guard: _SignalStop) -> Any:
+    from profiler.cli import base_run_config
     from profiler.sweep import DEFAULT_STEPS, SECONDS_ONLY_STEPS, Harness, Limits
 
     steps = args.steps or (SECONDS_ONLY_STEPS if args.seconds is not None else DEFAULT_STEPS)
@@ -191,7 +167,10 @@ def _harness(args: argparse.Namespace, training: Any, what: str, guard: _StopGua
         from profiler.feeds import SessionFeed
         from profiler.render.live import monitor_for
 
-        def monitor(s: Any, total: int | None) -> Any:
+        warmup = training.scenario.warmup if args.warmup is None else args.warmup
+        total = warmup + steps if steps < SECONDS_ONLY_STEPS else None  # None: only --seconds bounds a run
+
+        def monitor(s: Any) -> Any:
             return monitor_for(SessionFeed(s), total_steps=total)
 
     from profiler.render.sweep import row_line, start_line
@@ -204,14 +183,8 @@ def _harness(args: argparse.Namespace, training: Any, what: str, guard: _StopGua
 
     return Harness(
         scenario=training.scenario,
-        device=training.device,
-        limits=Limits(steps=steps, seconds=args.seconds, warmup=args.warmup),
-        data=training.data,
-        model=args.model,
-        on_bad_sample=args.on_bad_sample,
-        sample_hz=args.sample_hz,
-        seed=args.seed,
-        extra_meta=training.extra_meta,
+        base=base_run_config(args, training, out),
+        limits=Limits(steps=steps, seconds=args.seconds),
         monitor=monitor,
         on_start=on_start,
         on_finish=on_finish,
@@ -225,7 +198,7 @@ def _default_workers() -> list[int]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from profiler.analysis.sweep import Config
-    from profiler.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, resolve_training
+    from profiler.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, _SignalStop, resolve_training
     from profiler.runner import TrainingError
     from profiler.sweep import run_sweep
 
@@ -237,8 +210,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     workers: Sequence[int] = args.workers if args.workers is not None else _default_workers()
     configs = [Config(p, bs, w) for p in args.pipelines for w in workers for bs in batch_sizes]
     out = _out_dir(args.out, "sweep", args.scenario)
-    guard = _StopGuard()
-    h = _harness(args, training, "sweep", guard)
+    guard = _SignalStop(defer_first=True)
+    h = _harness(args, training, out, "sweep", guard)
     print(
         f"stallscope: sweeping {scenario.name}: {len(configs)} configurations on {training.device.torch_device} "
         f"-> {out}",
@@ -248,7 +221,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with guard:
             result, stopped = run_sweep(h, configs, out)
     except TrainingError as exc:  # only bad user data propagates: every configuration would fail alike
-        print(f"stallscope: error: {exc.bad_input or exc.where}", file=sys.stderr)
+        print(f"stallscope: error: {exc.bad_input}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from profiler.render.sweep import render_sweep, sweep_svg
 
@@ -267,7 +240,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
-    from profiler.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, MAX_BATCH, resolve_training
+    from profiler.cli import (
+        EXIT_BAD_INPUT,
+        EXIT_FAILED,
+        EXIT_OK,
+        EXIT_SIGNAL,
+        MAX_BATCH,
+        _SignalStop,
+        resolve_training,
+    )
     from profiler.runner import TrainingError
     from profiler.sweep import run_tune
 
@@ -278,8 +259,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
     max_workers = args.max_workers if args.max_workers is not None else (os.cpu_count() or 1)
     out = _out_dir(args.out, "tune", args.scenario)
-    guard = _StopGuard()
-    h = _harness(args, training, "tune", guard)
+    guard = _SignalStop(defer_first=True)
+    h = _harness(args, training, out, "tune", guard)
     print(
         f"stallscope: tuning {scenario.name} ({', '.join(names)}; batch up to {max_batch}, workers up to "
         f"{max_workers}; budget {args.budget_s:g} s) on {training.device.torch_device} -> {out}",
@@ -290,8 +271,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             result = run_tune(
                 h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s
             )
-    except TrainingError as exc:
-        print(f"stallscope: error: {exc.bad_input or exc.where}", file=sys.stderr)
+    except TrainingError as exc:  # bad user data, as in cmd_sweep
+        print(f"stallscope: error: {exc.bad_input}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

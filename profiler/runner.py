@@ -25,7 +25,7 @@ from profiler.session import Session
 from scenarios import DataOptions, Scenario
 
 Monitor = Callable[[Session], contextlib.AbstractContextManager[Any]]
-StopWhen = Callable[[Session, int], bool]  # (session, measured steps done) -> stop now
+StopWhen = Callable[[Session], bool]  # the session after a measured step -> stop now
 
 
 class AugmentEpochsError(ValueError):
@@ -165,7 +165,7 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                         done += 1
                         if done >= total:
                             break
-                        if cfg.stop_when is not None and done > warmup and cfg.stop_when(session, done - warmup):
+                        if cfg.stop_when is not None and done > warmup and cfg.stop_when(session):
                             total = done
                             break
                     batches.close()  # ends the step in flight now, not at garbage collection

@@ -22,12 +22,13 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
+import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,49 +40,39 @@ from profiler.analysis.sweep import (
     SweepResult,
     SweepRow,
     analyse_sweep,
-    is_stable,
     row_from_summary,
+    t95,
 )
-from profiler.devices import DeviceInfo
-from profiler.runner import RunConfig, TrainingError, run_scenario
+from profiler.runner import Monitor, RunConfig, TrainingError, run_scenario
 from profiler.session import Interrupted, Session
-from profiler.store import StoreError, load_run
+from profiler.store import StepRow, StoreError, load_run
 from profiler.tuner import TuneResult, tune
 from scenarios import Scenario
 
 DEFAULT_STEPS = 30  # cap on measured steps per configuration when neither --steps nor --seconds is given
 SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a configuration
 
-# (session, total steps or None when only --seconds bounds the run) -> the live view
-Monitor = Callable[[Session, int | None], contextlib.AbstractContextManager[Any]]
 OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
 OnFinish = Callable[[SweepRow], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """How long each configuration trains. ``warmup`` None: the scenario's."""
+    """How long each configuration trains (its warm-up: ``Harness.base.warmup``, None for the scenario's)."""
 
     steps: int = DEFAULT_STEPS
     seconds: float | None = None
-    warmup: int | None = None
-    min_steps: int = MIN_STEPS
-    rel_ci: float = REL_CI
 
 
 @dataclass(frozen=True, slots=True)
 class Harness:
-    """What every configuration of a sweep or tune shares."""
+    """What every configuration of a sweep or tune shares. Each configuration runs ``base`` (built from the
+    shared flags, as ``stallscope run`` builds its own) with its pipeline, batch size, workers, run store and
+    ``limits`` put in."""
 
     scenario: Scenario
-    device: DeviceInfo
+    base: RunConfig
     limits: Limits = Limits()
-    data: Path | None = None
-    model: str | None = None
-    on_bad_sample: str = "fail"
-    sample_hz: float = 10.0
-    seed: int = 0
-    extra_meta: dict[str, Any] = field(default_factory=dict)
     monitor: Monitor | None = None
     on_start: OnStart | None = None
     on_finish: OnFinish | None = None
@@ -99,7 +90,12 @@ class ConfigStopped(Interrupted):
 
 
 class StopRule:
-    """The ``RunConfig.stop_when`` of one configuration; ``reason`` says why it fired ("stable", "seconds")."""
+    """The ``RunConfig.stop_when`` of one configuration; ``reason`` says why it fired ("stable", "seconds").
+
+    O(1) per step: it keeps running sums over the measured step times in ``session.recent``, taking each row
+    once (by step index) and dropping the rows ``recent`` has let go, so :meth:`relative_ci` equals (to rounding)
+    ``analysis.sweep.relative_ci`` of those step times without re-reading them.
+    """
 
     def __init__(
         self,
@@ -112,8 +108,14 @@ class StopRule:
         self._stop_requested = stop_requested
         self._t_first: float | None = None
         self.reason: str | None = None
+        self._seen = -1  # the highest step index taken from ``session.recent``
+        self._window: deque[tuple[int, float]] = deque()  # (step, duration) of the measured rows taken
+        # sums of (duration - shift), shift being the first duration taken: no cancellation against the mean
+        self._shift: float | None = None
+        self._sum = 0.0
+        self._sum_sq = 0.0
 
-    def __call__(self, session: Session, measured: int) -> bool:
+    def __call__(self, session: Session) -> bool:
         if self._stop_requested is not None and self._stop_requested():
             self.reason = "signal"
             return True
@@ -122,8 +124,8 @@ class StopRule:
             self._t_first = now  # the end of the first measured step: the seconds cap counts from here
         # the step that just finished is recorded when the loop asks for the next batch: ``recent`` holds
         # the ones before it, which is what the rule can judge
-        step_s = [row.t_end - row.t_start for row, _ in session.recent if not row.warmup]
-        if is_stable(step_s, self._limits.min_steps, self._limits.rel_ci):
+        self._take(session.recent)
+        if len(self._window) >= MIN_STEPS and self.relative_ci() < REL_CI:  # ``is_stable``
             self.reason = "stable"
             return True
         if self._limits.seconds is not None and now - self._t_first >= self._limits.seconds:
@@ -131,42 +133,62 @@ class StopRule:
             return True
         return False
 
+    def _take(self, recent: deque[tuple[StepRow, Any]]) -> None:
+        new: list[StepRow] = []
+        for row, _ in reversed(recent):
+            if row.step <= self._seen:
+                break
+            new.append(row)
+        for row in reversed(new):
+            self._seen = row.step
+            if not row.warmup:
+                d = row.t_end - row.t_start
+                if self._shift is None:
+                    self._shift = d
+                self._window.append((row.step, d))
+                self._add(d - self._shift, 1.0)
+        first = recent[0][0].step if recent else self._seen + 1
+        while self._window and self._window[0][0] < first:  # fell out of ``recent``
+            assert self._shift is not None
+            self._add(self._window.popleft()[1] - self._shift, -1.0)
+
+    def _add(self, x: float, sign: float) -> None:
+        self._sum += sign * x
+        self._sum_sq += sign * x * x
+
+    def relative_ci(self) -> float:
+        """``analysis.sweep.relative_ci`` of the measured step times taken so far."""
+        n = len(self._window)
+        if n < 2 or self._shift is None:
+            return math.inf
+        m = self._shift + self._sum / n
+        if not m > 0:
+            return math.inf
+        var = max(0.0, (self._sum_sq - self._sum * self._sum / n) / (n - 1))
+        return t95(n - 1) * math.sqrt(var / n) / m
+
 
 def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> SweepRow:
     """Train one configuration into run store ``out``; its row. Raises ConfigStopped on a signal and
     TrainingError for bad user data; any other failure is a row with status "failed"."""
     t0 = time.perf_counter()
     rule = StopRule(h.limits, stop_requested=h.stop_requested)
-    warmup = h.scenario.warmup if h.limits.warmup is None else h.limits.warmup
-    run_cfg = RunConfig(
+    run_cfg = replace(
+        h.base,
         out=out,
-        device=h.device,
         pipeline=cfg.pipeline,
         batch_size=cfg.batch_size,
         workers=cfg.workers,
         steps=h.limits.steps,
-        warmup=warmup,
-        sample_hz=h.sample_hz,
-        seed=h.seed,
         attribution=False,
-        data=h.data,
-        on_bad_sample=h.on_bad_sample,
-        model=h.model,
         stop_when=rule,
-        extra_meta={**h.extra_meta, "sweep_config": cfg.name, **({"tune_role": role} if role else {})},
+        extra_meta={**h.base.extra_meta, "sweep_config": cfg.name, **({"tune_role": role} if role else {})},
     )
-    monitor = h.monitor
-    total = warmup + h.limits.steps if h.limits.steps < SECONDS_ONLY_STEPS else None
-
-    def live(s: Session) -> contextlib.AbstractContextManager[Any]:
-        assert monitor is not None
-        return monitor(s, total)
-
     status: str | None = None
     error: str | None = None
     stopped: str | None = None
     try:
-        run_scenario(h.scenario, run_cfg, live if monitor is not None else None)
+        run_scenario(h.scenario, run_cfg, h.monitor)
     except TrainingError as exc:
         if exc.bad_input:
             raise
@@ -232,7 +254,7 @@ def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[Swe
         return analyse_sweep(
             rows,
             scenario=h.scenario.name,
-            device=h.device.torch_device,
+            device=h.base.device.torch_device,
             planned=n,
             status="interrupted" if stopped else "complete",
         )

@@ -22,13 +22,12 @@ that is exceeded by it and ``notes`` says so.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.analysis.stats import finite_or_none
+from profiler.analysis.stats import finite_or_none, quantile
 from profiler.analysis.sweep import Config, SweepRow
 from profiler.session import Interrupted
 
@@ -70,10 +69,10 @@ class TuneResult:
         return {
             "recommended": self.recommended.to_dict() if self.recommended else None,
             "default": self.default.to_dict(),
-            "speedup": finite_or_none(self.speedup) if self.speedup is not None else None,
+            "speedup": finite_or_none(self.speedup),
             "final_median_samples_per_s": self.medians(),
             "unconfirmed": (
-                {**self.unconfirmed.to_dict(), "speedup": finite_or_none(self.unconfirmed_speedup or math.nan)}
+                {**self.unconfirmed.to_dict(), "speedup": finite_or_none(self.unconfirmed_speedup)}
                 if self.unconfirmed
                 else None
             ),
@@ -162,12 +161,12 @@ def _better(new: SweepRow, old: SweepRow) -> bool:
 
 def _climb(s: _Search, pipeline: str, start_batch: int, max_batch: int, max_workers: int) -> SweepRow | None:
     """One pipeline's search; the best row it found (None when the pipeline failed at the start). When the
-    budget runs out part-way, the best so far, with ``s.spent`` set."""
-    best = s.run(Config(pipeline, start_batch, 0), None)
-    if not best.ok:
-        s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
-        return None
+    budget runs out, the best so far (None before the pipeline's first trial), with ``s.spent`` set."""
     try:
+        best = s.run(Config(pipeline, start_batch, 0), None)
+        if not best.ok:
+            s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
+            return None
         return _climb_from(s, best, max_batch, max_workers)
     except BudgetSpent as spent:
         s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
@@ -227,11 +226,7 @@ def tune(
     try:
         bests: list[SweepRow] = []
         for p in pipelines:
-            try:
-                best = _climb(s, p, start, max_batch, max_workers)
-            except BudgetSpent as spent:  # the first trial of a pipeline after the first one
-                s.notes.append(f"budget of {budget_s:g} s reached before trying {spent}: search stopped early")
-                break
+            best = _climb(s, p, start, max_batch, max_workers)
             if best is not None:
                 bests.append(best)
             if s.spent:
@@ -239,9 +234,7 @@ def tune(
         if not bests:
             s.notes.append("no configuration completed: nothing to recommend")
             return _finish(result, s)
-        top = max(bests, key=lambda r: r.throughput_samples_per_s)
-        rec = Config(top.pipeline, top.batch_size, top.workers)
-        result.recommended = rec
+        rec = result.recommended = _fastest(bests)
         if rec == default:
             s.notes.append("the default configuration is the best found: speedup 1 by definition, not re-run")
             result.speedup = 1.0
@@ -256,8 +249,7 @@ def tune(
         s.notes.append(f"stopped by {result.stopped_by} after {len(s.rows)} trials: the result is partial")
         ok = [r for r in s.rows if r.ok]
         if result.recommended is None and ok:
-            top = max(ok, key=lambda r: r.throughput_samples_per_s)
-            result.recommended = Config(top.pipeline, top.batch_size, top.workers)
+            result.recommended = _fastest(ok)
             s.notes.append("recommended: the best trial before the stop (the search did not finish)")
     return _finish(result, s)
 
@@ -291,9 +283,12 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
         s.notes.append("the final comparison did not complete for both configurations: no measured speedup")
 
 
+def _fastest(rows: Sequence[SweepRow]) -> Config:
+    return max(rows, key=lambda r: r.throughput_samples_per_s).config
+
+
 def _median(rows: Sequence[SweepRow], role: str) -> float:
-    vals = [r.throughput_samples_per_s for r in rows if r.role == role and r.ok]
-    return statistics.median(vals) if vals else math.nan
+    return quantile([r.throughput_samples_per_s for r in rows if r.role == role and r.ok], 0.5)
 
 
 def _finish(result: TuneResult, s: _Search) -> TuneResult:

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from profiler.analysis.sweep import (
 )
 from profiler.devices import resolve_device
 from profiler.render.sweep import render_sweep, sweep_svg
+from profiler.runner import RunConfig
 from profiler.store import StepRow, load_run
 from profiler.sweep import Harness, Limits, StopRule, run_sweep
 
@@ -84,13 +86,36 @@ class _FakeSession:
 def test_stop_rule_fires_once_stable_and_at_the_seconds_cap() -> None:
     now = [0.0]
     rule = StopRule(Limits(), clock=lambda: now[0])
-    assert not rule(_FakeSession([9.0, 0.1, 0.1, 0.1, 0.1]), 4)  # the warm-up step does not count
-    assert rule(_FakeSession([9.0, 0.1, 0.1, 0.1, 0.1, 0.1]), 5) and rule.reason == "stable"
+    assert not rule(_FakeSession([9.0, 0.1, 0.1, 0.1, 0.1]))  # the warm-up step does not count
+    assert rule(_FakeSession([9.0, 0.1, 0.1, 0.1, 0.1, 0.1])) and rule.reason == "stable"
     noisy = _FakeSession([0.0, 0.05, 0.15] * 3)
     capped = StopRule(Limits(seconds=2.0), clock=lambda: now[0])
-    assert not capped(noisy, 1)
+    assert not capped(noisy)
     now[0] = 2.5
-    assert capped(noisy, 8) and capped.reason == "seconds"
+    assert capped(noisy) and capped.reason == "seconds"
+
+
+def test_stop_rule_running_ci_matches_relative_ci_over_the_recent_window() -> None:
+    # rows arrive one or several at a time, warm-up rows first, and ``recent`` (maxlen 7) lets old rows go:
+    # every 10th step is an outlier that makes the window unstable until it has left it
+    rng = random.Random(3)
+    times = [5.0, 4.0] + [0.1 + rng.uniform(-0.005, 0.008) * (5 if k % 10 == 9 else 1) for k in range(40)]
+    session = _FakeSession([], warmup=2)
+    session.recent = deque(maxlen=7)
+    rule = StopRule(Limits(seconds=1e9), clock=lambda: 0.0)
+    t, i = 0.0, 0
+    seen = set()
+    while i < len(times):
+        for _ in range(1 + i % 3):
+            if i < len(times):
+                session.recent.append((StepRow(i, t, t + times[i], 0.0, 8, i < 2), []))
+                t, i = t + times[i], i + 1
+        stop = rule(session)
+        window = [r.t_end - r.t_start for r, _ in session.recent if not r.warmup]
+        assert stop == is_stable(window)
+        assert rule.relative_ci() == pytest.approx(relative_ci(window), rel=1e-9, abs=0.0)
+        seen.add(stop)
+    assert seen == {True, False}
 
 
 # -- knee and slowdowns on synthetic rows -----------------------------------------------------------------
@@ -146,8 +171,8 @@ def test_analysis_skips_failed_rows_and_noise_sized_drops() -> None:
 def _sweep(tmp: Path, scenario: str, batches: list[int], workers: list[int]) -> tuple[Any, Path]:
     import scenarios
 
-    h = Harness(scenario=scenarios.get(str(SCENARIOS / scenario)), device=resolve_device("cpu"), limits=Limits())
     out = tmp / "sweep"
+    h = Harness(scenario=scenarios.get(str(SCENARIOS / scenario)), base=RunConfig(out, resolve_device("cpu")))
     out.mkdir()
     result, stopped = run_sweep(h, [Config("naive", b, w) for w in workers for b in batches], out)
     assert stopped is None

@@ -14,7 +14,8 @@ from test_cli import assert_one_line_error
 
 from profiler.analysis.sweep import Config, SweepRow
 from profiler.devices import resolve_device
-from profiler.sweep import Harness, Limits, run_sweep
+from profiler.runner import RunConfig
+from profiler.sweep import Harness, run_sweep
 from profiler.tuner import TuneResult, tune, worker_ladder
 
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
@@ -178,7 +179,7 @@ def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> 
     assert json.loads((out / "tune.json").read_text()) == d
 
     # the full grid over the same space, through the same code path
-    h = Harness(scenario=scenarios.get(scenario), device=resolve_device("cpu"), limits=Limits())
+    h = Harness(scenario=scenarios.get(scenario), base=RunConfig(tmp_path / "grid", resolve_device("cpu")))
     (tmp_path / "grid").mkdir()
     grid, _ = run_sweep(
         h, [Config("naive", b, w) for w in (0, 1, 2) for b in (8, 16, 32)], tmp_path / "grid"

@@ -66,5 +66,5 @@ def subtract(intervals: Sequence[Interval], holes: Sequence[Interval]) -> list[I
     return out
 
 
-def finite_or_none(x: float) -> float | None:
+def finite_or_none(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) or math.isinf(x) else x

@@ -95,8 +95,12 @@ class SweepRow:
     role: str | None = None  # tune only: "trial", "recommended", "default"
 
     @property
+    def config(self) -> Config:
+        return Config(self.pipeline, self.batch_size, self.workers)
+
+    @property
     def name(self) -> str:
-        return config_name(self.pipeline, self.batch_size, self.workers)
+        return self.config.name
 
     @property
     def ok(self) -> bool:

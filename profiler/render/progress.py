@@ -39,7 +39,7 @@ def progress(label: str, stream: TextIO | None = None) -> Iterator[Callback]:
 
     def line(done: int, total: int) -> None:
         frac = done / total if total else 1.0
-        if frac >= state["next"] or done == total:
+        if frac >= state["next"]:  # the last line too (frac 1.0), once: then "next" is past it
             out.write(f"{label}: {done}/{total} ({frac:.0%}, {time.monotonic() - state['t0']:.0f} s)\n")
             out.flush()
             state["next"] = min(1.0, (int(frac * 10) + 1) / 10)

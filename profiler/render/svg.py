@@ -177,9 +177,11 @@ def _bands(f: _Frame, bands: Sequence[Band]) -> list[str]:
     return out
 
 
-def _svg_open(width: int, height: int, title: str, chart_id: str) -> str:
+def _svg_open(width: int, height: int, title: str, chart_id: str, standalone: bool = False) -> str:
+    # a file needs the namespace that an <svg> inlined in HTML inherits (and the report names no URL)
+    ns = 'xmlns="http://www.w3.org/2000/svg" ' if standalone else ""
     return (
-        f'<svg class="chart" id="{_t(chart_id)}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'<svg {ns}class="chart" id="{_t(chart_id)}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
         f'role="img" aria-label="{_t(title)}" font-family="system-ui, -apple-system, Segoe UI, Helvetica, Arial, '
         f'sans-serif"><title>{_t(title)}</title>'
     )
@@ -197,13 +199,16 @@ def line_chart(
     bands: Sequence[Band] = (),
     width: int = 960,
     height: int = 250,
+    standalone: bool = False,
 ) -> str:
-    """Lines over a shared x axis; y starts at 0 and reaches at least ``y_floor`` (100 for a % axis)."""
+    """Lines over a shared x axis; y starts at 0 and reaches at least ``y_floor`` (100 for a % axis).
+
+    ``standalone``: for an ``.svg`` file rather than inline HTML (declares the SVG namespace)."""
     xs = [x for ln in lines for x in ln.xs if math.isfinite(x)]
     ys = [y for ln in lines for y in ln.ys if math.isfinite(y)]
     xr = x_range or ((min(xs), max(xs)) if xs else (0.0, 1.0))
     f = _Frame(width, height, xr, (0.0, nice_max(max(ys, default=0.0), y_floor)))
-    out = [_svg_open(width, height, title, chart_id)]
+    out = [_svg_open(width, height, title, chart_id, standalone)]
     out += _bands(f, bands)
     out += _axes(f, x_label, y_label, nice_ticks(f.x0, f.x1, 8), nice_ticks(f.y0, f.y1, 5))
     for ln in lines:

@@ -14,12 +14,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from profiler.analysis.sweep import REL_CI, Config, SweepResult, SweepRow
+from profiler.analysis.sweep import REL_CI, Config, SweepResult, SweepRow, lines
 from profiler.render.figures import num, pct
 from profiler.render.svg import PALETTE, Line, line_chart
 from profiler.tuner import TuneResult
-
-_SVG_NS = 'xmlns="http://www.w3.org/2000/svg"'
 
 
 def start_line(index: int, planned: int | None, cfg: Config, run_dir: Path, what: str) -> str:
@@ -113,14 +111,9 @@ def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = N
 
 def sweep_svg(result: SweepResult) -> str:
     """A standalone SVG file: throughput against batch size, one line per pipeline x workers."""
-    series: dict[tuple[str, int], list[SweepRow]] = {}
-    for r in result.rows:
-        if r.ok:
-            series.setdefault((r.pipeline, r.workers), []).append(r)
-    lines = []
-    for i, ((pipeline, workers), rows) in enumerate(series.items()):
-        rows.sort(key=lambda r: r.batch_size)
-        lines.append(
+    chart_lines = []
+    for i, ((pipeline, workers), rows) in enumerate(lines(result.rows).items()):
+        chart_lines.append(
             Line(
                 label=f"{pipeline}, {workers} worker{'' if workers == 1 else 's'}",
                 xs=[float(r.batch_size) for r in rows],
@@ -130,16 +123,16 @@ def sweep_svg(result: SweepResult) -> str:
             )
         )
     chart = line_chart(
-        lines,
+        chart_lines,
         title=f"Throughput vs batch size: {result.scenario} on {result.device}",
         chart_id="sweep-throughput",
         x_label="batch size",
         y_label="samples/s",
         width=760,
         height=360,
+        standalone=True,
     )
-    # a file needs the namespace that an <svg> inlined in HTML inherits
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + chart.replace("<svg ", f"<svg {_SVG_NS} ", 1) + "\n"
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + chart + "\n"
 
 
 def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
