@@ -120,7 +120,7 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                 if not hasattr(dataset, "augment_epochs"):
                     raise AugmentEpochsError(
                         f"--augment-epochs: scenario {scenario.name!r} has no switchable augmentation "
-                        "(fashion-vgg and cifar-vgg have)"
+                        "(a dataset with an augment_epochs attribute, as scenarios.common.AugmentedItems has)"
                     )
                 dataset.augment_epochs = cfg.augment_epochs
                 session.annotate(augment_epochs=cfg.augment_epochs)
@@ -198,7 +198,7 @@ def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
         from scenarios.datagen import ensure_default
 
         root = ensure_default(scenario.data, scenario.data_count, seed=0)
-    return DataOptions(root=Path(root), on_bad_sample=cfg.on_bad_sample, device_type=cfg.device.kind, seed=cfg.seed)
+    return DataOptions(root=Path(root), on_bad_sample=cfg.on_bad_sample, device_type=cfg.device.kind)
 
 
 def _bad_input(exc: BaseException) -> str | None:

@@ -30,7 +30,6 @@ class DataOptions:
     root: Path
     on_bad_sample: str = "fail"
     device_type: str = "cpu"
-    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
