@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from profiler.analysis.summary import run_status
 from profiler.session import Session
-from profiler.store import PhaseRow, StepRow, StoreTail
+from profiler.store import PhaseRow, StepRow, StoreTail, run_status
 
 Steps = list[tuple[StepRow, Sequence[PhaseRow]]]
 Samples = list[tuple[float, dict[str, float]]]

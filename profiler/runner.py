@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines import LoaderSpec, PipelineError
+from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from profiler.devices import DeviceInfo
-from profiler.pyspy import OUTPUT, PySpyRecorder
-from profiler.session import Session
+from profiler.session import Interrupted, Session
 from scenarios import DataOptions, Scenario
 
 Monitor = Callable[[Session], contextlib.AbstractContextManager[Any]]
@@ -33,18 +32,29 @@ class AugmentEpochsError(ValueError):
 
 
 class TrainingError(Exception):
-    """The training itself failed; the partial run is kept in ``run_dir``.
+    """The training itself failed; the partial run is kept in ``run_dir`` and ``session`` (closed) holds its
+    Summary.
 
     ``bad_input`` is set (one line) when the cause was the user's input: a missing or empty data directory,
     a bad file under ``--on-bad-sample fail``, or a pipeline that does not apply to the scenario (dali on a
     dataset that is not an image folder) or is not installed. The CLI exits 2 for those, 1 otherwise.
     """
 
-    def __init__(self, where: str, run_dir: Path, bad_input: str | None = None) -> None:
+    def __init__(self, where: str, run_dir: Path, bad_input: str | None = None, session: Session | None = None) -> None:
         super().__init__(where)
         self.where = where
         self.run_dir = run_dir
         self.bad_input = bad_input
+        self.session = session
+
+
+class RunStopped(Interrupted):
+    """A signal (the CLI's :class:`Interrupted`) stopped the run; ``session`` (closed, status "interrupted")
+    holds what it measured."""
+
+    def __init__(self, signame: str, session: Session) -> None:
+        super().__init__(signame)
+        self.session = session
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,123 +80,193 @@ class RunConfig:
 
 
 def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = None) -> Session:
-    """Train ``scenario`` for ``cfg.steps`` measured steps after ``cfg.warmup``; returns the closed Session.
+    """Train ``scenario`` for ``cfg.steps`` measured steps after ``cfg.warmup``; returns the closed Session,
+    whose ``summary()`` is the run's Summary.
 
     Raises TrainingError when the model, loss or loader fails mid-run (the Session has recorded status
-    "failed" and where); Interrupted/KeyboardInterrupt propagate after the Session recorded "interrupted".
+    "failed" and where) and RunStopped when the CLI's signal handler stopped it (status "interrupted"); a
+    KeyboardInterrupt propagates after the Session recorded "interrupted".
     """
     import torch
 
     torch.manual_seed(cfg.seed)
-    batch_size = cfg.batch_size or scenario.batch_size
-    warmup = scenario.warmup if cfg.warmup is None else cfg.warmup
-    steps = scenario.steps if cfg.steps is None else cfg.steps
-    total = warmup + steps
-    device = torch.device(cfg.device.torch_device)
+    plan = _plan(scenario, cfg)
+    session = _session(scenario, cfg, plan)
+    loop = _Loop(session, scenario, cfg, plan)
+    try:
+        with session:
+            loop.set_up()
+            with monitor(session) if monitor else contextlib.nullcontext():
+                loop.train()
+            loop.finish()
+    except Interrupted as exc:
+        raise RunStopped(exc.signame, session) from exc
+    except Exception as exc:
+        if session.status == "failed":
+            raise TrainingError(session.error or str(exc), Path(cfg.out), _bad_input(exc), session) from exc
+        raise
+    finally:
+        loop.close()
+    return session
 
-    pipeline = get_pipeline(cfg.pipeline)
-    model_factory = scenario.model_factory(cfg.model)
-    data_options = _data_options(scenario, cfg)
-    # The session starts before set-up so that a dataset or model that fails to build leaves a reportable
-    # run (status "failed", no steps) and so set-up's host load is on the record too.
-    session = Session(
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a run resolved from the scenario's defaults and the config, once."""
+
+    batch_size: int
+    warmup: int
+    steps: int
+    data: DataOptions | None
+    pipeline: Pipeline
+    model_factory: Callable[[], Any]
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.steps
+
+
+def _plan(scenario: Scenario, cfg: RunConfig) -> _Plan:
+    return _Plan(
+        batch_size=cfg.batch_size or scenario.batch_size,
+        warmup=scenario.warmup if cfg.warmup is None else cfg.warmup,
+        steps=scenario.steps if cfg.steps is None else cfg.steps,
+        data=_data_options(scenario, cfg),
+        # an unknown pipeline or model fails here, before a run directory is written
+        pipeline=get_pipeline(cfg.pipeline),
+        model_factory=scenario.model_factory(cfg.model),
+    )
+
+
+def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan) -> Session:
+    """The Session starts before set-up, so that a dataset or model that fails to build leaves a reportable
+    run (status "failed", no steps) and set-up's host load is on the record too."""
+    import torch
+
+    data = plan.data
+    return Session(
         cfg.out,
         sample_hz=cfg.sample_hz,
         device=cfg.device,
-        warmup=warmup,
+        warmup=plan.warmup,
         scenario=scenario.name,
         pipeline=cfg.pipeline,
-        batch_size=batch_size,
+        batch_size=plan.batch_size,
         meta={
-            "steps_requested": steps,
+            "steps_requested": plan.steps,
             "synthetic_data": scenario.synthetic,
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "argv": list(sys.argv),
             "model": cfg.model or scenario.model_name,
             "loader_only": cfg.loader_only,
-            **({"data_root": str(data_options.root), "on_bad_sample": cfg.on_bad_sample} if data_options else {}),
+            **({"data_root": str(data.root), "on_bad_sample": cfg.on_bad_sample} if data else {}),
             **cfg.extra_meta,
         },
     )
-    done = 0
-    loss = None
-    built = None
-    recorder = None
-    try:
-        with session:
-            dataset = scenario.build_dataset(data_options)
-            if cfg.augment_epochs is not None:
-                if not hasattr(dataset, "augment_epochs"):
-                    raise AugmentEpochsError(
-                        f"--augment-epochs: scenario {scenario.name!r} has no switchable augmentation "
-                        "(a dataset with an augment_epochs attribute, as scenarios.common.AugmentedItems has)"
-                    )
-                dataset.augment_epochs = cfg.augment_epochs
-                session.annotate(augment_epochs=cfg.augment_epochs)
-            spec = LoaderSpec(batch_size=batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed)
-            built = pipeline.build(dataset, spec)
-            augment: Any = getattr(dataset, "augment", None)
-            session.annotate(
-                workers=int(built.config.get("workers", cfg.workers)),
-                pin_memory=built.config.get("pin_memory"),
-                loader=built.config,
-                epoch_samples=_epoch_samples(dataset),
-                **({"augment": augment.describe()} if hasattr(augment, "describe") else {}),
+
+
+class _Loop:
+    """One run's set-up, training loop and tear-down, in the order ``run_scenario`` calls them."""
+
+    def __init__(self, session: Session, scenario: Scenario, cfg: RunConfig, plan: _Plan) -> None:
+        self.session, self.scenario, self.cfg, self.plan = session, scenario, cfg, plan
+        self.dataset: Any = None
+        self.built: BuiltLoader | None = None
+        self.model: Any = None
+        self.opt: Any = None
+        self.loss: Any = None
+
+    def set_up(self) -> None:
+        """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
+        import torch
+
+        session, scenario, cfg = self.session, self.scenario, self.cfg
+        self.dataset = dataset = scenario.build_dataset(self.plan.data)
+        if cfg.augment_epochs is not None:
+            if not hasattr(dataset, "augment_epochs"):
+                raise AugmentEpochsError(
+                    f"--augment-epochs: scenario {scenario.name!r} has no switchable augmentation "
+                    "(a dataset with an augment_epochs attribute, as scenarios.common.AugmentedItems has)"
+                )
+            dataset.augment_epochs = cfg.augment_epochs
+            session.annotate(augment_epochs=cfg.augment_epochs)
+        spec = LoaderSpec(
+            batch_size=self.plan.batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed
+        )
+        self.built = built = self.plan.pipeline.build(dataset, spec)
+        augment: Any = getattr(dataset, "augment", None)
+        session.annotate(
+            workers=int(built.config.get("workers", cfg.workers)),
+            pin_memory=built.config.get("pin_memory"),
+            loader=built.config,
+            epoch_samples=_epoch_samples(dataset),
+            **({"augment": augment.describe()} if hasattr(augment, "describe") else {}),
+        )
+        if not cfg.loader_only:
+            self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))
+            self.model.train()
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
+            session.annotate(params=sum(p.numel() for p in self.model.parameters()))
+        # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
+        rec = session.recording
+        processes = int(built.config.get("worker_processes", built.config.get("workers", 0)))
+        if cfg.attribution and rec is not None and processes > 0:
+            rec.start_pyspy(
+                os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )
-            model = opt = None
-            if not cfg.loader_only:
-                model = model_factory().to(device)
-                model.train()
-                opt = torch.optim.SGD(model.parameters(), lr=scenario.lr, momentum=0.9)
-                session.annotate(params=sum(p.numel() for p in model.parameters()))
-            # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
-            if cfg.attribution and int(built.config.get("worker_processes", built.config.get("workers", 0))) > 0:
-                recorder = _attribute_workers(session, cfg)
-            with monitor(session) if monitor else contextlib.nullcontext():
-                epoch = 0
-                while done < total:
-                    if hasattr(dataset, "set_epoch"):
-                        dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
-                    epoch += 1
-                    batches = session.wrap(built.batches)
-                    progressed = False
-                    for batch in batches:
-                        progressed = True
-                        with session.phase("h2d"):
-                            x, y = built.to_device(batch)
-                        if model is not None and opt is not None:
-                            with session.phase("compute"):
-                                out = model(x, y) if scenario.targets_in_forward else model(x)
-                                loss = scenario.loss(out, y)
-                                opt.zero_grad(set_to_none=True)
-                                loss.backward()
-                                opt.step()
-                        done += 1
-                        if done >= total:
-                            break
-                        if cfg.stop_when is not None and done > warmup and cfg.stop_when(session):
-                            total = done
-                            break
-                    batches.close()  # ends the step in flight now, not at garbage collection
-                    if not progressed:
-                        raise RuntimeError(
-                            f"the {cfg.pipeline} loader produced no batch (dataset too small for batch {batch_size}?)"
-                        )
-            if loss is not None:
-                session.annotate(final_loss=float(loss.detach()))
-            if built.skips is not None:
-                session.annotate(bad_samples=built.skips.to_meta())
-    except Exception as exc:
-        if session.status == "failed":
-            raise TrainingError(session.error or str(exc), Path(cfg.out), _bad_input(exc)) from exc
-        raise
-    finally:
-        if recorder is not None:
-            recorder.stop()
-        if built is not None:
-            built.close()
-    return session
+
+    def train(self) -> None:
+        """Epochs of the loader until the planned steps ran (or the stop rule fired)."""
+        assert self.built is not None
+        total, epoch, done = self.plan.total, 0, 0
+        while done < total:
+            if hasattr(self.dataset, "set_epoch"):
+                self.dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
+            epoch += 1
+            done, total, progressed = self._epoch(done, total)
+            if not progressed:
+                raise RuntimeError(
+                    f"the {self.cfg.pipeline} loader produced no batch (dataset too small for batch "
+                    f"{self.plan.batch_size}?)"
+                )
+
+    def _epoch(self, done: int, total: int) -> tuple[int, int, bool]:
+        """One pass over the loader: h2d then compute per batch; (steps done, total, any batch seen)."""
+        assert self.built is not None
+        session, built, scenario, cfg = self.session, self.built, self.scenario, self.cfg
+        model, opt = self.model, self.opt
+        batches = session.wrap(built.batches)
+        progressed = False
+        for batch in batches:
+            progressed = True
+            with session.phase("h2d"):
+                x, y = built.to_device(batch)
+            if model is not None and opt is not None:
+                with session.phase("compute"):
+                    out = model(x, y) if scenario.targets_in_forward else model(x)
+                    self.loss = loss = scenario.loss(out, y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            done += 1
+            if done >= total:
+                break
+            if cfg.stop_when is not None and done > self.plan.warmup and cfg.stop_when(session):
+                total = done
+                break
+        batches.close()  # ends the step in flight now, not at garbage collection
+        return done, total, progressed
+
+    def finish(self) -> None:
+        if self.loss is not None:
+            self.session.annotate(final_loss=float(self.loss.detach()))
+        if self.built is not None and self.built.skips is not None:
+            self.session.annotate(bad_samples=self.built.skips.to_meta())
+
+    def close(self) -> None:
+        if self.built is not None:
+            self.built.close()
 
 
 def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
@@ -211,17 +291,6 @@ def _bad_input(exc: BaseException) -> str | None:
         lines = [ln.strip() for ln in str(exc).splitlines() if "bad sample " in ln]
         return lines[-1].split("BadSampleError: ", 1)[-1] if lines else str(exc)
     return None
-
-
-def _attribute_workers(session: Session, cfg: RunConfig) -> PySpyRecorder | None:
-    """Sample this process and its loader workers with py-spy, so the report can say where worker CPU goes."""
-    recorder = PySpyRecorder(os.getpid(), Path(cfg.out) / OUTPUT, rate=cfg.pyspy_rate)
-    problem = recorder.start(attach_timeout_s=0.5)
-    if problem:
-        session.event("warning", f"no loader attribution: {problem}")
-        print(f"stallscope: no loader attribution: {problem}", file=sys.stderr)
-        return None
-    return recorder
 
 
 def _epoch_samples(dataset: Any) -> int | None:

@@ -18,8 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import socket
 import time
@@ -28,14 +26,16 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.recording import Recording
 from profiler.sampler import Sampler
 from profiler.sources.base import Source
 from profiler.store import PhaseRow, RunStore, StepRow
 
-log = logging.getLogger("stallscope")
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
 
 
 class Interrupted(BaseException):
@@ -156,6 +156,7 @@ class Session:
         # live view: the newest resolved steps, bounded
         self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=recent)
         self._timer: DeviceTimer | None = timer
+        self._rec: Recording | None = None
         self._store: RunStore | None = None
         self.sampler: Sampler | None = None
         self._t0 = 0.0
@@ -183,37 +184,20 @@ class Session:
         return self._error
 
     def start(self) -> Session:
-        if self._store is not None:
+        if self._rec is not None:
             return self
         self._t0 = self._clock()
         if self._timer is None:
             self._timer = make_timer(self.device, self._now)
-        self._store = RunStore(
+        self._rec = Recording(
             self.out_dir,
-            meta={
-                **self._meta,
-                "status": "running",
-                "pid": os.getpid(),
-                "started_at": time.time(),
-                "heartbeat": time.time(),
-                "device_timer": self._timer.kind if self._timer is not None else "host-perf-counter",
-            },
-        )
-        if self._sources is None:
-            from profiler.sources.host import HostSource
-            from profiler.sources.nvml import NvmlSource
-
-            self._sources = [HostSource(), NvmlSource()]
-        store = self._store
-        self.sampler = Sampler(
-            self._sources,
-            self.sample_hz,
-            sink=store.put_samples,
-            on_event=store.put_event,
+            meta={**self._meta, "device_timer": self._timer.kind if self._timer is not None else "host-perf-counter"},
+            sample_hz=self.sample_hz,
+            sources=self._sources,
             clock=self._clock,
-            t0=self._t0,
         )
-        self.sampler.start()
+        self._store = self._rec.start(t0=self._t0)
+        self.sampler = self._rec.sampler
         return self
 
     def __enter__(self) -> Session:
@@ -237,35 +221,36 @@ class Session:
 
     def event(self, kind: str, message: str) -> None:
         """Record a free-form event (warning, skipped sample, ...) at the current time."""
-        if self._store is not None:
-            self._store.put_event(self._now(), kind, message, "session")
+        if self._rec is not None:
+            self._rec.event(kind, message, "session")
 
-    def close(self, status: str = "complete", error: str | None = None) -> None:
-        """End the run: close the open step, drain device events, stop sampling, write summary.json."""
-        if self._store is None or self._status is not None:
-            return
+    def close(self, status: str = "complete", error: str | None = None) -> Summary | None:
+        """End the run: close the open step, drain device events, then the Recording (sampler, py-spy, store,
+        summary.json); returns the run's Summary (None if it could not be built; the store still holds the run)."""
+        if self._rec is None or self._status is not None:
+            return self.summary()
         self._status, self._error = status, error
         if self._step >= 0:
             self._end_step(self._clock())
         self._resolve(drain=True)
-        store = self._store
-        if self.sampler is not None:
-            self.sampler.stop()
-            store.put_meta(sampler_stats=self.sampler.stats.to_meta())
         if self._unattributed:
-            store.put_event(self._now(), "warning", f"{self._unattributed} phase(s) ran outside any step", "session")
-        store.put_meta(status=status, error=error, ended_at=time.time())
-        store.close()
-        if store.error is not None:
-            log.error("stallscope: the run store stopped writing: %s", store.error)
-        write_summary(self.out_dir)
+            self._rec.event("warning", f"{self._unattributed} phase(s) ran outside any step", "session")
+        return self._rec.close(status, error)
 
-    def summary(self) -> Any:
-        """The run's :class:`profiler.analysis.Summary`, computed from the store alone."""
-        from profiler.analysis import summarize
-        from profiler.store import load_run
+    def summary(self) -> Summary | None:
+        """The run's Summary, built once when the session closed (None while it runs)."""
+        return self._rec.summary if self._rec is not None else None
 
-        return summarize(load_run(self.out_dir))
+    def step_times(self) -> list[float]:
+        """Seconds of each measured (non-warm-up) step recorded so far, in order."""
+        if self._store is None:
+            return []
+        return [s.t_end - s.t_start for s in self._store.record().steps if not s.warmup]
+
+    @property
+    def recording(self) -> Recording | None:
+        """The run's store, sampler and py-spy (None before start)."""
+        return self._rec
 
     # -- hot path ---------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -357,19 +342,6 @@ class Session:
         }
         if found:
             self.annotate(**found)
-
-
-def write_summary(run_dir: Path) -> None:
-    """RUN_DIR/summary.json from the store alone; logged, never raised: the store is the record, and a
-    summary failure must not hide the run's own outcome."""
-    from profiler.analysis import summarize
-    from profiler.store import load_run
-
-    try:
-        summary = summarize(load_run(run_dir))
-        (run_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    except Exception as exc:
-        log.error("stallscope: could not write summary.json: %s", exc)
 
 
 def _where(exc: BaseException, tb: TracebackType | None) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+STALE_HEARTBEAT_S = 10.0  # the writer commits (and refreshes the heartbeat) at least every second
 DB_NAME = "run.sqlite"
 STACKS_NAME = "pyspy.speedscope.json"  # written by py-spy beside the store; read with it
 STACKS_NAMES = (STACKS_NAME, "pyspy.txt")  # speedscope (ordered samples) or raw collapsed stacks
@@ -121,6 +122,11 @@ class RunStore:
             self._con.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in (meta or {}).items()]
             )
+        # The run's rows as written, kept in memory for the summary at close (no read back of the file):
+        # the same lists load_run() would build, so a run's printed report equals `stallscope report` on it.
+        self._mirror = RunRecord(
+            {"schema_version": SCHEMA_VERSION, **json.loads(json.dumps(meta or {}))}, [], [], [], []
+        )
         self._error: BaseException | None = None
         self._dead = False
         self._stop = threading.Event()
@@ -130,20 +136,40 @@ class RunStore:
 
     # -- producer side (any thread) ------------------------------------------------------------
     def put_meta(self, **items: Any) -> None:
+        encoded = [(k, json.dumps(v)) for k, v in items.items()]
+        self._mirror.meta.update((k, json.loads(v)) for k, v in encoded)
         if not self._dead:
-            self._q.put(("meta", [(k, json.dumps(v)) for k, v in items.items()]))
+            self._q.put(("meta", encoded))
 
     def put_step(self, row: StepRow, phases: Sequence[PhaseRow] = ()) -> None:
+        self._mirror.steps.append(row)
+        self._mirror.phases.extend(phases)
         if not self._dead:
             self._q.put(("step", row, phases))
 
     def put_samples(self, rows: Iterable[tuple[float, str, str, float | None]]) -> None:
+        batch = list(rows)
+        self._mirror.samples.extend(batch)
         if not self._dead:
-            self._q.put(("samples", list(rows)))
+            self._q.put(("samples", batch))
 
     def put_event(self, t: float, kind: str, message: str, source: str | None = None) -> None:
+        self._mirror.events.append((t, kind, source, message))
         if not self._dead:
             self._q.put(("event", (t, kind, source, message)))
+
+    def record(self) -> RunRecord:
+        """Everything put so far, as :func:`load_run` would read it back (py-spy's stacks from their file):
+        what Session and zero-code summarise at close instead of re-reading the store."""
+        m = self._mirror
+        return RunRecord(
+            dict(m.meta),
+            sorted(m.steps, key=lambda s: s.step),
+            sorted(m.phases, key=lambda p: (p.step, p.t_start)),
+            sorted(m.samples, key=lambda r: r[0]),
+            sorted(m.events, key=lambda e: e[0]),
+            read_stacks(self.run_dir),
+        )
 
     @property
     def error(self) -> BaseException | None:
@@ -273,8 +299,12 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
     finally:
         con.close()
-    text = next((f.read_text(errors="replace") for f in (db.parent / n for n in STACKS_NAMES) if f.exists()), None)
-    return RunRecord(meta, steps, phases, samples, events, text)
+    return RunRecord(meta, steps, phases, samples, events, read_stacks(db.parent))
+
+
+def read_stacks(run_dir: Path) -> str | None:
+    """py-spy's output beside the store, when one was recorded."""
+    return next((f.read_text(errors="replace") for f in (run_dir / n for n in STACKS_NAMES) if f.exists()), None)
 
 
 def integrity_ok(run: str | os.PathLike[str]) -> bool:
@@ -320,6 +350,20 @@ class StoreTail:
         if grouped:
             self._last_t = max(grouped)
         return meta, steps, sorted(grouped.items())
+
+
+def run_status(meta: dict[str, Any], now: float | None = None) -> str:
+    """A store's status: the stored one, except that a run still marked ``running`` whose writer is gone
+    (its pid has exited, or its heartbeat is older than STALE_HEARTBEAT_S) was interrupted."""
+    status = str(meta.get("status", "interrupted"))
+    if status != "running":
+        return status
+    now = time.time() if now is None else now
+    heartbeat = float(meta.get("heartbeat") or meta.get("started_at") or 0.0)
+    pid = meta.get("pid")
+    if now - heartbeat > STALE_HEARTBEAT_S or not (isinstance(pid, int) and pid_alive(pid)):
+        return "interrupted"
+    return "running"
 
 
 def pid_alive(pid: int) -> bool:

@@ -32,7 +32,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from profiler.analysis import summarize
 from profiler.analysis.sweep import (
     MIN_STEPS,
     REL_CI,
@@ -43,9 +42,9 @@ from profiler.analysis.sweep import (
     row_from_summary,
     t95,
 )
-from profiler.runner import Monitor, RunConfig, TrainingError, run_scenario
+from profiler.runner import Monitor, RunConfig, RunStopped, TrainingError, run_scenario
 from profiler.session import Interrupted, Session
-from profiler.store import StepRow, StoreError, load_run
+from profiler.store import StepRow
 from profiler.tuner import TuneResult, tune
 from scenarios import Scenario
 
@@ -184,24 +183,28 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
         stop_when=rule,
         extra_meta={**h.base.extra_meta, "sweep_config": cfg.name, **({"tune_role": role} if role else {})},
     )
+    session: Session | None = None
     status: str | None = None
     error: str | None = None
     stopped: str | None = None
     try:
-        run_scenario(h.scenario, run_cfg, h.monitor)
+        session = run_scenario(h.scenario, run_cfg, h.monitor)
     except TrainingError as exc:
         if exc.bad_input:
             raise
-        status, error = "failed", exc.where
+        session, status, error = exc.session, "failed", exc.where
+    except RunStopped as exc:
+        session, stopped = exc.session, exc.signame
+        status, error = "interrupted", f"stopped by {stopped}"
     except (Interrupted, KeyboardInterrupt) as exc:
         stopped = getattr(exc, "signame", "SIGINT")
         status, error = "interrupted", f"stopped by {stopped}"
-    except Exception as exc:  # set-up failed before the run store existed (pipeline or model factory)
+    except Exception as exc:  # noqa: BLE001 - set-up failed before the run store existed: a failed row
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     signame = _requested(h)
     if stopped is None and signame is not None:  # the signal's exception was swallowed on its way
         stopped, status, error = signame, "interrupted", f"stopped by {signame}"
-    row = _row(cfg, out, rule, status=status, error=error, wall_s=time.perf_counter() - t0, role=role)
+    row = _row(cfg, out, rule, session, status=status, error=error, wall_s=time.perf_counter() - t0, role=role)
     if stopped is not None:
         raise ConfigStopped(stopped, row)
     return row
@@ -212,23 +215,30 @@ def _requested(h: Harness) -> str | None:
 
 
 def _row(
-    cfg: Config, out: Path, rule: StopRule, *, status: str | None, error: str | None, wall_s: float, role: str | None
+    cfg: Config,
+    out: Path,
+    rule: StopRule,
+    session: Session | None,
+    *,
+    status: str | None,
+    error: str | None,
+    wall_s: float,
+    role: str | None,
 ) -> SweepRow:
-    try:
-        rec = load_run(out)
-    except StoreError:
+    """The configuration's row from the Summary its run built at close (no read back of the store)."""
+    summary = session.summary() if session is not None else None
+    if session is None or summary is None:
         return SweepRow(
             cfg.pipeline, cfg.batch_size, cfg.workers, status or "failed", None, error or "no run store", wall_s=wall_s,
             role=role,
         )  # fmt: skip
-    step_s = [s.t_end - s.t_start for s in rec.steps if not s.warmup]
     return row_from_summary(
-        summarize(rec),
+        summary,
         pipeline=cfg.pipeline,
         batch_size=cfg.batch_size,
         workers=cfg.workers,
         run_dir=str(out),
-        step_s=step_s,
+        step_s=session.step_times(),
         stop_reason=rule.reason or ("steps" if status is None else None),
         wall_s=wall_s,
         status=status,

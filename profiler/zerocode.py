@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from profiler.pyspy import DEFAULT_RATE, OUTPUT, PySpyRecorder
-from profiler.sampler import Sampler
-from profiler.session import Interrupted, write_summary
-from profiler.store import RunStore, pid_alive
+from profiler.pyspy import DEFAULT_RATE
+from profiler.recording import Recording, default_sources, log_warning
+from profiler.session import Interrupted
+from profiler.store import pid_alive
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class ZeroCodeResult:
     exit_code: int | None  # the command's exit code; None when attached to a process we did not start
     pyspy_problem: str | None
     status: str
+    summary: Summary | None  # built once at close (None only if it could not be built)
 
 
 Monitor = Callable[[Path], AbstractContextManager[Any]]
@@ -49,62 +52,30 @@ def profile_external(
     duration_s: float | None = None,
     child_stdout: IO[Any] | int | None = None,
     monitor: Monitor | None = None,
-    warn: Callable[[str], None] = lambda msg: print(f"stallscope: {msg}", file=sys.stderr),
+    warn: Callable[[str], None] = log_warning,
 ) -> ZeroCodeResult:
     """Profile ``command`` (started here) or ``pid`` (already running) until it exits or ``duration_s``."""
     if (command is None) == (pid is None):
         raise ValueError("give exactly one of command or pid")
-    from profiler.sources.host import HostSource
-    from profiler.sources.nvml import NvmlSource
-
     t0 = time.perf_counter()
-    child: subprocess.Popen[bytes] | None = None
-    if command is not None:
-        try:
-            child = subprocess.Popen(command, stdout=child_stdout)
-        except OSError as exc:
-            raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
-        pid = child.pid
-    assert pid is not None
-    sites = _copy_sites(command)
-    store = RunStore(
-        out,
-        meta={
-            "mode": "zero-code",
-            "scenario": Path(command[1]).name if command and len(command) > 1 else f"pid {pid}",
-            "command": command,
-            "target_pid": pid,
-            "status": "running",
-            "pid": os.getpid(),
-            "started_at": time.time(),
-            "heartbeat": time.time(),
-            "sample_hz": sample_hz,
-            "pyspy_rate": pyspy_rate,
-            "h2d_sites": sites,
-            "cpu_count": os.cpu_count(),
-            "device": {"kind": "unknown", "name": "chosen by the profiled program", "torch_device": "?"},
-        },
+    child = _start(command, child_stdout) if command is not None else None
+    target = child.pid if child is not None else pid
+    assert target is not None
+    rec = Recording(
+        out, meta=_meta(command, target, pyspy_rate), sample_hz=sample_hz, sources=default_sources(target), warn=warn
     )
-    sampler = Sampler(
-        [HostSource(pid), NvmlSource()],
-        sample_hz,
-        sink=store.put_samples,
-        on_event=store.put_event,
-        t0=t0,
-    )
-    recorder = PySpyRecorder(pid, out / OUTPUT, rate=pyspy_rate)
     exit_code: int | None = None
     status, error = "complete", None
-    problem: str | None = None
     try:
-        sampler.start()
-        problem = recorder.start()
-        store.put_meta(pyspy_started_at=recorder.started_at, pyspy_args=recorder.args)
-        if problem:
-            store.put_event(time.perf_counter() - t0, "warning", problem, "pyspy")
-            warn(f"{problem}; the run goes on with the host and NVML sampler only")
+        rec.start(t0=t0)
+        rec.start_pyspy(
+            target,
+            rate=pyspy_rate,
+            attach_timeout_s=3.0,
+            unavailable="{problem}; the run goes on with the host and NVML sampler only",
+        )
         with monitor(out) if monitor else nullcontext():
-            exit_code = _wait(child, pid, duration_s)
+            exit_code = _wait(child, target, duration_s)
         if exit_code:
             status, error = "failed", f"the command exited with code {exit_code}"
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -112,24 +83,28 @@ def profile_external(
         if child is not None:
             exit_code = _reap(child)
     finally:
-        sampler.stop()  # first: the target is gone, and a read of its process tree now only reports that
-        stop_problem = recorder.stop()
-        if stop_problem and not problem:
-            problem = stop_problem
-            store.put_event(time.perf_counter() - t0, "warning", stop_problem, "pyspy")
-            warn(stop_problem)
-        store.put_meta(
-            status=status,
-            error=error,
-            command_exit_code=exit_code,
-            ended_at=time.time(),
-            pyspy_stopped_at=recorder.stopped_at,
-            pyspy_problem=problem,
-            sampler_stats=sampler.stats.to_meta(),
-        )
-        store.close()
-        write_summary(out)
-    return ZeroCodeResult(out, exit_code, problem, status)
+        summary = rec.close(status, error, command_exit_code=exit_code)
+    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary)
+
+
+def _start(command: list[str], child_stdout: IO[Any] | int | None) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(command, stdout=child_stdout)
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+
+
+def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, Any]:
+    return {
+        "mode": "zero-code",
+        "scenario": Path(command[1]).name if command and len(command) > 1 else f"pid {pid}",
+        "command": command,
+        "target_pid": pid,
+        "pyspy_rate": pyspy_rate,
+        "h2d_sites": _copy_sites(command),
+        "cpu_count": os.cpu_count(),
+        "device": {"kind": "unknown", "name": "chosen by the profiled program", "torch_device": "?"},
+    }
 
 
 def _copy_sites(command: list[str] | None) -> list[list[Any]]:

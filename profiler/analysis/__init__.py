@@ -5,7 +5,7 @@ Nothing here imports rendering code or reads a clock; ``summarize(load_run(dir))
 
 from __future__ import annotations
 
-from profiler.analysis.summary import Summary, run_status, summarize
+from profiler.analysis.summary import Summary, summarize
 from profiler.analysis.verdict import Recommendation, recommend, verdict_for
 
-__all__ = ["Recommendation", "Summary", "recommend", "run_status", "summarize", "verdict_for"]
+__all__ = ["Recommendation", "Summary", "recommend", "summarize", "verdict_for"]

@@ -8,7 +8,6 @@ docs/metrics.md; every figure carries the name of the instrument it came from (`
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,9 +15,8 @@ from typing import Any
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Recommendation, recommend, verdict_for
-from profiler.store import PhaseRow, RunRecord, StepRow, pid_alive
+from profiler.store import PhaseRow, RunRecord, StepRow, run_status
 
-STALE_HEARTBEAT_S = 10.0
 CORE_PHASES = ("h2d", "compute")
 
 
@@ -76,19 +74,6 @@ def json_safe(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [json_safe(v) for v in x]
     return x
-
-
-def run_status(meta: dict[str, Any], now: float | None = None) -> str:
-    """The stored status; a run still marked ``running`` whose writer is gone was interrupted."""
-    status = str(meta.get("status", "interrupted"))
-    if status != "running":
-        return status
-    now = time.time() if now is None else now
-    heartbeat = float(meta.get("heartbeat") or meta.get("started_at") or 0.0)
-    pid = meta.get("pid")
-    if now - heartbeat > STALE_HEARTBEAT_S or not (isinstance(pid, int) and pid_alive(pid)):
-        return "interrupted"
-    return "running"
 
 
 def summarize(rec: RunRecord, now: float | None = None) -> Summary:

@@ -39,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler.analysis import run_status
-from profiler.store import PhaseRow, RunRecord, StepRow, load_run
+from profiler.store import PhaseRow, RunRecord, StepRow, load_run, run_status
 
 TID_TRAINING = 1
 TID_DEVICE = 2  # first device lane; further lanes take 3, 4, ...

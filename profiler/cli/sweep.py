@@ -1,8 +1,7 @@
 """``stallscope sweep`` and ``stallscope tune``: argument parsing and wiring only.
 
 ``profiler.cli`` registers the two subcommands with :func:`add_parsers` and dispatches through
-:data:`HANDLERS`. This module imports ``profiler.cli`` only inside functions (``cli`` imports this module
-at its top), and computes no figure: ``profiler.sweep`` runs, ``analysis.sweep`` / ``profiler.tuner``
+:data:`HANDLERS`. This module computes no figure: ``profiler.sweep`` runs, ``analysis.sweep`` / ``profiler.tuner``
 decide, ``render.sweep`` prints. Exit codes are ``stallscope run``'s: 0 ok (also when some configurations
 failed: their rows say why), 1 when no configuration completed, 2 bad input, 130/143 stopped by
 SIGINT/SIGTERM after writing and printing the table of what ran.
@@ -16,10 +15,29 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from profiler.cli import _SignalStop
+from profiler.cli.common import (
+    DEFAULT_SCENARIO,
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    MAX_BATCH,
+    MAX_WORKERS,
+    BadInput,
+    Handler,
+    SignalStop,
+    Training,
+    add_training_options,
+    base_run_config,
+    bounded,
+    exit_signal,
+    live_monitor,
+    prepare_out,
+    resolve_training,
+    say,
+    stem,
+)
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
@@ -58,17 +76,16 @@ def _name_list(text: str) -> list[str]:
 
 
 def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
-    from profiler.cli import _bounded
     from profiler.sweep import DEFAULT_STEPS
 
     p.add_argument(
         "--steps",
-        type=_bounded(int, 1, None, "an integer"),
+        type=bounded(int, 1, None, "an integer"),
         help=f"cap on measured steps per {what} (default {DEFAULT_STEPS}; each stops earlier once stable)",
     )
     p.add_argument(
         "--seconds",
-        type=_bounded(float, 0.1, None, "a number of seconds"),
+        type=bounded(float, 0.1, None, "a number of seconds"),
         metavar="S",
         help=f"cap on the measured seconds per {what} (alone: no step cap)",
     )
@@ -76,8 +93,6 @@ def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register ``sweep`` and ``tune`` on the ``stallscope`` subparsers action."""
-    from profiler.cli import DEFAULT_SCENARIO, MAX_BATCH, MAX_WORKERS, _bounded, add_training_options
-
     scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
     s = sub.add_parser(
         "sweep",
@@ -107,20 +122,20 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("scenario", nargs="?", default=None, help=scenario_help)
     t.add_argument(
         "--budget-s",
-        type=_bounded(float, 1, MAX_BUDGET_S, "a number of seconds"),
+        type=bounded(float, 1, MAX_BUDGET_S, "a number of seconds"),
         default=DEFAULT_BUDGET_S,
         metavar="S",
         help=f"time for the search and the final comparison (default {DEFAULT_BUDGET_S:g})",
     )
     t.add_argument(
         "--max-batch-size",
-        type=_bounded(int, 1, MAX_BATCH, "an integer"),
+        type=bounded(int, 1, MAX_BATCH, "an integer"),
         metavar="B",
         help=f"largest batch to try (default {MAX_BATCH_FACTOR}x the scenario's)",
     )
     t.add_argument(
         "--max-workers",
-        type=_bounded(int, 0, MAX_WORKERS, "an integer"),
+        type=bounded(int, 0, MAX_WORKERS, "an integer"),
         metavar="W",
         help="most DataLoader workers to try (default: the number of cores)",
     )
@@ -133,7 +148,6 @@ def add_parsers(sub: Any) -> None:
 def _precheck(names: Sequence[str], out: str | None) -> None:
     """The checks that need no torch, before resolve_training imports it (seconds on a busy machine)."""
     import pipelines  # the registry alone: no pipeline module is imported
-    from profiler.cli import BadInput
 
     try:
         for name in names:
@@ -152,28 +166,15 @@ def _precheck(names: Sequence[str], out: str | None) -> None:
 
 def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
     """The sweep or tune directory (created): ``out``, or runs/<kind>-<scenario>-<time>."""
-    from profiler.cli import _prepare_out, _stem
-
-    return _prepare_out(out, f"{kind}-{_stem(scenario)}")
+    return prepare_out(out, f"{kind}-{stem(scenario)}")
 
 
-def _harness(args: argparse.Namespace, training: Any, out: Path, what: str, guard: _SignalStop) -> Any:
-    from profiler.cli import base_run_config
+def _harness(args: argparse.Namespace, training: Training, out: Path, what: str, guard: SignalStop) -> Any:
+    from profiler.render.sweep import row_line, start_line
     from profiler.sweep import DEFAULT_STEPS, SECONDS_ONLY_STEPS, Harness, Limits
 
     steps = args.steps or (SECONDS_ONLY_STEPS if args.seconds is not None else DEFAULT_STEPS)
-    monitor = None
-    if not args.no_live:
-        from profiler.feeds import SessionFeed
-        from profiler.render.live import monitor_for
-
-        warmup = training.scenario.warmup if args.warmup is None else args.warmup
-        total = warmup + steps if steps < SECONDS_ONLY_STEPS else None  # None: only --seconds bounds a run
-
-        def monitor(s: Any) -> Any:
-            return monitor_for(SessionFeed(s), total_steps=total)
-
-    from profiler.render.sweep import row_line, start_line
+    total = training.warmup + steps if steps < SECONDS_ONLY_STEPS else None  # None: only --seconds bounds a run
 
     def on_start(index: int, planned: int | None, cfg: Any, run_dir: Path) -> None:
         print(start_line(index, planned, cfg, run_dir, what), file=sys.stderr, flush=True)
@@ -185,7 +186,7 @@ def _harness(args: argparse.Namespace, training: Any, out: Path, what: str, guar
         scenario=training.scenario,
         base=base_run_config(args, training, out),
         limits=Limits(steps=steps, seconds=args.seconds),
-        monitor=monitor,
+        monitor=live_monitor(args.no_live, total),
         on_start=on_start,
         on_finish=on_finish,
         stop_requested=lambda: guard.received,
@@ -198,7 +199,6 @@ def _default_workers() -> list[int]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from profiler.analysis.sweep import Config
-    from profiler.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_SIGNAL, _SignalStop, resolve_training
     from profiler.runner import TrainingError
     from profiler.sweep import run_sweep
 
@@ -210,18 +210,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     workers: Sequence[int] = args.workers if args.workers is not None else _default_workers()
     configs = [Config(p, bs, w) for p in args.pipelines for w in workers for bs in batch_sizes]
     out = _out_dir(args.out, "sweep", args.scenario)
-    guard = _SignalStop(defer_first=True)
+    guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "sweep", guard)
-    print(
-        f"stallscope: sweeping {scenario.name}: {len(configs)} configurations on {training.device.torch_device} "
-        f"-> {out}",
-        file=sys.stderr,
-    )
+    say(f"sweeping {scenario.name}: {len(configs)} configurations on {training.device.torch_device} -> {out}")
     try:
         with guard:
             result, stopped = run_sweep(h, configs, out)
     except TrainingError as exc:  # only bad user data propagates: every configuration would fail alike
-        print(f"stallscope: error: {exc.bad_input}", file=sys.stderr)
+        say(f"error: {exc.bad_input}")
         return EXIT_BAD_INPUT
     from profiler.render.sweep import render_sweep, sweep_svg
 
@@ -233,22 +229,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         render_sweep(result, make_console(), out)
     if stopped:
-        print(f"stallscope: stopped by {stopped}; the table holds the configurations that ran", file=sys.stderr)
-        return EXIT_SIGNAL.get(stopped, 130)
+        say(f"stopped by {stopped}; the table holds the configurations that ran")
+        return exit_signal(stopped)
     return EXIT_OK if any(r.ok for r in result.rows) else EXIT_FAILED
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
-    from profiler.cli import (
-        EXIT_BAD_INPUT,
-        EXIT_FAILED,
-        EXIT_OK,
-        EXIT_SIGNAL,
-        MAX_BATCH,
-        _SignalStop,
-        resolve_training,
-    )
     from profiler.runner import TrainingError
     from profiler.sweep import run_tune
 
@@ -259,12 +246,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
     max_workers = args.max_workers if args.max_workers is not None else (os.cpu_count() or 1)
     out = _out_dir(args.out, "tune", args.scenario)
-    guard = _SignalStop(defer_first=True)
+    guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "tune", guard)
-    print(
-        f"stallscope: tuning {scenario.name} ({', '.join(names)}; batch up to {max_batch}, workers up to "
-        f"{max_workers}; budget {args.budget_s:g} s) on {training.device.torch_device} -> {out}",
-        file=sys.stderr,
+    say(
+        f"tuning {scenario.name} ({', '.join(names)}; batch up to {max_batch}, workers up to "
+        f"{max_workers}; budget {args.budget_s:g} s) on {training.device.torch_device} -> {out}"
     )
     try:
         with guard:
@@ -272,7 +258,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s
             )
     except TrainingError as exc:  # bad user data, as in cmd_sweep
-        print(f"stallscope: error: {exc.bad_input}", file=sys.stderr)
+        say(f"error: {exc.bad_input}")
         return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
@@ -282,8 +268,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         render_tune(result, make_console(), out)
     if result.stopped_by:
-        return EXIT_SIGNAL.get(result.stopped_by, 130)
+        return exit_signal(result.stopped_by)
     return EXIT_OK if result.recommended is not None else EXIT_FAILED
 
 
-HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {"sweep": cmd_sweep, "tune": cmd_tune}
+HANDLERS: dict[str, Handler] = {"sweep": cmd_sweep, "tune": cmd_tune}

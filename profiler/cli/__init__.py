@@ -1,0 +1,47 @@
+"""The ``stallscope`` command line: argument parsing, exit codes and wiring only (no figure is computed here).
+
+One module per group of commands, each exporting ``add_parsers(subparsers)`` and ``HANDLERS`` (command name
+-> handler): ``run`` (run, run -- CMD, attach), ``report`` (report, compare, watch, scenarios), ``sweep``
+(sweep, tune), ``data``. What they share (bad input, exit codes, training options, run directories, the
+signal guard) is ``common``. Submodules import ``common`` only, never each other or this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from profiler.cli import data, report, run, sweep
+from profiler.cli.common import EXIT_BAD_INPUT, BadInput, Handler, Parser, say
+
+_GROUPS = (run, report, data, sweep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="stallscope", description="Is the accelerator waiting for data, and what would fix it?")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for group in _GROUPS:
+        group.add_parsers(sub)
+    return p
+
+
+def handlers() -> dict[str, Handler]:
+    return {name: fn for group in _GROUPS for name, fn in group.HANDLERS.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    args_in, command = run.split_command(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(args_in)
+    try:
+        if command is not None:
+            run.check_command(args, command)
+        return handlers()[args.command](args)
+    except BadInput as exc:
+        say(f"error: {exc}")
+        return EXIT_BAD_INPUT
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,272 @@
+"""What every ``stallscope`` command shares: bad input and exit codes, bounded numbers, the training options of
+``run``/``sweep``/``tune``, resolving a training configuration once, run-directory naming, the signal guard,
+and printing a Summary.
+
+Exit codes: 0 ok; 2 bad input (one line on stderr naming the value and what is allowed, no traceback);
+1 the training failed (the partial run is kept and reportable); 130/143 stopped by SIGINT/SIGTERM after a
+clean end of the run (report printed). No figure is computed in the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from profiler.sampler import MAX_HZ
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.runner import RunConfig
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
+MAX_BATCH = 65536
+MAX_WORKERS = 256
+DEFAULT_SCENARIO = "fashion-vgg"
+DEFAULT_PYSPY_RATE = 10  # profiler.pyspy.DEFAULT_RATE, without importing it for --help
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class BadInput(Exception):
+    """Bad user input: printed as one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse prints the whole usage first; one line naming the problem is what a user can act on
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def say(message: str) -> None:
+    """One progress or status line on stderr (stdout is kept for the report or the JSON)."""
+    print(f"stallscope: {message}", file=sys.stderr, flush=True)
+
+
+def exit_signal(name: str | None) -> int:
+    """The exit code of a run stopped by signal ``name``."""
+    return EXIT_SIGNAL.get(name or "SIGINT", 130)
+
+
+def bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if value < lo or (hi is not None and value > hi) or math.isnan(value):
+            allowed = f"{lo:.10g}..{hi:.10g}" if hi is not None else f">= {lo:.10g}"
+            raise argparse.ArgumentTypeError(f"{text} is out of range: allowed {allowed}")
+        return value
+
+    return parse
+
+
+def positive_hz(text: str) -> float:
+    try:
+        hz = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < hz <= MAX_HZ:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: allowed 0 < HZ <= {MAX_HZ:g}")
+    return hz
+
+
+def add_training_options(p: argparse.ArgumentParser) -> None:
+    """The flags ``run``, ``sweep`` and ``tune`` share."""
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--warmup", type=bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
+    p.add_argument(
+        "--sample-hz", type=positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)"
+    )
+    p.add_argument("--seed", type=bounded(int, 0, 2**32 - 1, "an integer"), default=0)
+    p.add_argument("--out", help="directory to create (default under runs/)")
+    p.add_argument("--no-live", action="store_true", help="no live status while training")
+    p.add_argument("--model", help="one of the scenario's models (see `stallscope scenarios`); default its first")
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="data directory of a file-backed scenario (default: a small set generated once into "
+        "$STALLSCOPE_DATA, else ~/.cache/stallscope)",
+    )
+    p.add_argument(
+        "--on-bad-sample",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a corrupt or non-image file in --data: fail (exit 2 naming it) or skip (counted and listed)",
+    )
+    p.add_argument(
+        "--price-per-hour",
+        type=bounded(float, 0, 1e6, "a number"),
+        metavar="P",
+        help="price of the machine per hour: the report adds the cost per 1,000 samples and per epoch",
+    )
+
+
+def stem(scenario: str) -> str:
+    """A scenario's name in a directory name: a .py file's stem, else the name itself."""
+    return Path(scenario).stem if scenario.endswith(".py") else scenario
+
+
+def prepare_out(out: str | None, default_name: str) -> Path:
+    """The run (or sweep, tune) directory, created and checked writable; ``out`` None: runs/<default_name>-<time>."""
+    if out is None:
+        out = os.path.join("runs", f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path = Path(out)
+    if (path / "run.sqlite").exists():
+        raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--out '{out}' is a file: allowed a directory that holds no run yet")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".stallscope-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise BadInput(f"--out '{out}' is not writable: {exc.strerror or exc}") from None
+    return path
+
+
+class SignalStop:
+    """Turns SIGINT/SIGTERM into :class:`Interrupted` in the main thread while a run trains.
+
+    ``defer_first`` (sweep, tune): the first signal only records its name in ``received``: the configuration in
+    flight stops at its next measured step (the stop rule polls ``received``) and no further one starts, so the
+    signal never lands inside library code (a DataLoader's ``__del__``, a source probe) that would print or
+    swallow an exception raised there. A second signal raises at once, for a step that never ends."""
+
+    def __init__(self, defer_first: bool = False) -> None:
+        self.defer_first = defer_first
+        self.received: str | None = None
+
+    def __enter__(self) -> SignalStop:
+        from profiler.session import Interrupted
+
+        def handler(signum: int, _frame: Any) -> None:
+            name = signal.Signals(signum).name
+            if self.received is None:
+                self.received = name
+                if self.defer_first:
+                    return
+            raise Interrupted(name)
+
+        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    """What ``run``, ``sweep`` and ``tune`` resolved from their shared flags, before any run directory exists."""
+
+    scenario: Any
+    device: Any
+    data: Path | None
+    extra_meta: dict[str, Any]
+    warmup: int  # --warmup, else the scenario's: resolved here once for the run config and the live view
+
+
+def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = ()) -> Training:
+    """Check the shared flags (BadInput naming the value) and make the scenario's default data if it needs it."""
+    import pipelines
+    import scenarios
+    from profiler.devices import resolve_device
+
+    args.scenario = args.scenario or DEFAULT_SCENARIO
+    try:
+        scenario = scenarios.get(args.scenario)
+        for name in pipeline_names:  # checked before a run directory is made; raises naming the allowed ones
+            pipelines.get(name)
+        scenario.model_factory(args.model)
+        device = resolve_device(args.device)
+    except ValueError as exc:  # ScenarioError, PipelineError, DeviceError, or an unknown --model
+        raise BadInput(str(exc)) from None
+    data = None
+    if scenario.data is None:
+        if args.data is not None:
+            raise BadInput(f"--data {args.data!r}: scenario {scenario.name!r} generates its data in memory")
+    elif args.data is not None:
+        data = Path(args.data)
+        if not data.is_dir():
+            what = "does not exist" if not data.exists() else "is not a directory"
+            raise BadInput(f"--data {args.data!r} {what}: allowed an existing data directory")
+    else:
+        data = default_data(scenario.data, scenario.data_count)
+    meta: dict[str, Any] = {}
+    if args.price_per_hour is not None:
+        meta["price_per_hour"] = args.price_per_hour
+    return Training(scenario, device, data, meta, scenario.warmup if args.warmup is None else args.warmup)
+
+
+def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConfig:
+    """What ``run``, ``sweep`` and ``tune`` configure alike from their shared flags; each replaces the rest."""
+    from profiler.runner import RunConfig
+
+    return RunConfig(
+        out=out,
+        device=t.device,
+        warmup=t.warmup,
+        sample_hz=args.sample_hz,
+        seed=args.seed,
+        data=t.data,
+        on_bad_sample=args.on_bad_sample,
+        model=args.model,
+        extra_meta=t.extra_meta,
+    )
+
+
+def default_data(kind: str, count: int) -> Path:
+    from profiler.render.progress import progress
+    from scenarios.datagen import DataError, ensure_default
+
+    try:
+        with progress(f"stallscope: generating the default {kind} set ({count} images, once)") as report:
+            return ensure_default(kind, count, progress=report)
+    except DataError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def print_summary(summary: Summary, as_json: bool) -> None:
+    """The report on stdout (or the summary JSON alone with ``--json``)."""
+    if as_json:
+        print(json.dumps(summary.to_dict(), indent=2))
+        return
+    from profiler.render.report import make_console, render_report
+
+    render_report(summary, make_console())
+
+
+def report_outcome(summary: Summary | None, run_dir: Path, as_json: bool, code: int) -> int:
+    """Print the Summary a run built at close; ``code`` stays the exit code. Without one (it could not be
+    built: the error was logged), say where the store is."""
+    if summary is None:
+        say(f"no summary could be built; the run store is kept: stallscope report {run_dir}")
+        return code if code != EXIT_OK else EXIT_FAILED
+    print_summary(summary, as_json)
+    return code
+
+
+def live_monitor(no_live: bool, total_steps: int | None) -> Callable[[Any], Any] | None:
+    """The live view for an in-process run (None with ``--no-live``); ``total_steps`` None: open-ended."""
+    if no_live:
+        return None
+    from profiler.feeds import SessionFeed
+    from profiler.render.live import monitor_for
+
+    def monitor(session: Any) -> Any:
+        return monitor_for(SessionFeed(session), total_steps=total_steps)
+
+    return monitor

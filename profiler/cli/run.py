@@ -1,0 +1,202 @@
+"""``stallscope run`` (a scenario under the profiler), ``run -- CMD`` and ``attach PID`` (zero-code): parsers
+and handlers. Each prints the Summary its run built at close; none reads the store back."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from profiler.cli.common import (
+    DEFAULT_PYSPY_RATE,
+    DEFAULT_SCENARIO,
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    MAX_BATCH,
+    MAX_WORKERS,
+    BadInput,
+    Handler,
+    SignalStop,
+    add_training_options,
+    base_run_config,
+    bounded,
+    exit_signal,
+    live_monitor,
+    positive_hz,
+    prepare_out,
+    report_outcome,
+    resolve_training,
+    say,
+    stem,
+)
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``run`` and ``attach``."""
+    r = sub.add_parser("run", help="train a scenario under the profiler and print a stall report")
+    r.add_argument(
+        "scenario",
+        nargs="?",
+        default=None,
+        help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})",
+    )
+    r.add_argument("--pipeline", default="naive", help="naive | prefetch | dali: how batches reach the device")
+    r.add_argument("--batch-size", type=bounded(int, 1, MAX_BATCH, "an integer"), help="default: the scenario's")
+    r.add_argument(
+        "--workers",
+        type=bounded(int, 0, MAX_WORKERS, "an integer"),
+        default=0,
+        help="DataLoader worker processes (DALI: CPU threads) (default 0)",
+    )
+    r.add_argument("--steps", type=bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)")
+    add_training_options(r)
+    r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
+    r.add_argument(
+        "--augment-epochs",
+        type=bounded(int, 0, None, "an integer"),
+        metavar="N",
+        help="augment only the first N epochs, then train on plain data (fashion-vgg, cifar-vgg; default: all)",
+    )
+    r.add_argument(
+        "--loader-only",
+        action="store_true",
+        help="no model: iterate the pipeline and the copy to the device, to measure the loader's prep rate",
+    )
+    r.add_argument(
+        "--pyspy-rate",
+        type=bounded(int, 1, 1000, "an integer"),
+        default=None,
+        metavar="HZ",
+        help="py-spy sampling rate for zero-code runs (`run -- CMD`) and loader attribution (default 10)",
+    )
+    r.add_argument(
+        "--no-attribution",
+        action="store_true",
+        help="with --workers > 0: do not sample the workers with py-spy for the loader attribution",
+    )
+    r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
+
+    at = sub.add_parser("attach", help="profile a running training process from outside (py-spy + sampler)")
+    at.add_argument("pid", type=bounded(int, 1, 2**22, "a process id"))
+    at.add_argument(
+        "--duration",
+        type=bounded(float, 0.1, None, "a number of seconds"),
+        metavar="S",
+        help="stop after S seconds (default: when the process exits, or Ctrl-C)",
+    )
+    at.add_argument("--sample-hz", type=positive_hz, default=10.0)
+    at.add_argument("--pyspy-rate", type=bounded(int, 1, 1000, "an integer"), default=None, metavar="HZ")
+    at.add_argument("--out", help="run directory to create (default runs/pid<PID>-<time>)")
+    at.add_argument("--json", action="store_true")
+    at.add_argument("--no-live", action="store_true")
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``run [OPTIONS] -- CMD ...``: the stallscope arguments and the command to profile (None without ``--``)."""
+    if "--" in argv and argv and argv[0] == "run":
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, None
+
+
+def check_command(args: argparse.Namespace, command: list[str]) -> None:
+    """A zero-code ``run``: BadInput unless there is exactly a command to profile."""
+    if not command:
+        raise BadInput("nothing after `--`: give the command to profile, e.g. `stallscope run -- python train.py`")
+    if args.scenario is not None:
+        raise BadInput(f"give a scenario ({args.scenario!r}) or a command after `--`, not both")
+    args.command_argv = command
+    args.command = "run-command"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    t = resolve_training(args, [args.pipeline])
+    out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}")
+    from profiler.runner import RunStopped, TrainingError, run_scenario
+
+    steps = args.steps or t.scenario.steps
+    cfg = replace(
+        base_run_config(args, t, out),
+        pipeline=args.pipeline,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        steps=steps,
+        attribution=not args.no_attribution,
+        pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
+        loader_only=args.loader_only,
+        augment_epochs=args.augment_epochs,
+    )
+    if not args.json:
+        what = "loading (no model)" if args.loader_only else "training"
+        say(f"{what} {t.scenario.name} ({args.pipeline}, device {t.device.torch_device}) -> {out}")
+    try:
+        with SignalStop():
+            session = run_scenario(t.scenario, cfg, live_monitor(args.no_live, t.warmup + steps))
+    except TrainingError as exc:
+        if exc.bad_input:
+            say(f"error: {exc.bad_input}")
+            return EXIT_BAD_INPUT
+        say(f"training failed: {exc.where}; the partial run is kept: stallscope report {out}")
+        return report_outcome(exc.session.summary() if exc.session else None, out, args.json, EXIT_FAILED)
+    except RunStopped as exc:
+        say(f"stopped by {exc.signame}; reporting what was measured")
+        return report_outcome(exc.session.summary(), out, args.json, exit_signal(exc.signame))
+    except Exception as exc:  # noqa: BLE001 - set-up failed before any step: nothing was measured, say what
+        say(f"training set-up failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    return report_outcome(session.summary(), out, args.json, EXIT_OK)
+
+
+def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int | None, name: str) -> int:
+    from profiler.pyspy import DEFAULT_RATE
+    from profiler.zerocode import profile_external
+
+    out = prepare_out(args.out, f"{stem(name)}-zero-code")
+    monitor = None
+    if not args.no_live:
+        from profiler.feeds import StoreFeed
+        from profiler.render.live import monitor_for
+
+        def monitor(d: Path) -> Any:
+            return monitor_for(StoreFeed(d))
+
+    if not args.json:
+        say(f"profiling {' '.join(command) if command else f'pid {pid}'} from outside -> {out}")
+    try:
+        with SignalStop():
+            result = profile_external(
+                out,
+                command=command,
+                pid=pid,
+                sample_hz=args.sample_hz,
+                pyspy_rate=args.pyspy_rate or DEFAULT_RATE,
+                duration_s=getattr(args, "duration", None),
+                child_stdout=sys.stderr if args.json else None,
+                monitor=monitor,
+            )
+    except FileNotFoundError as exc:
+        raise BadInput(str(exc)) from None
+    if result.exit_code:
+        say(f"the command exited with code {result.exit_code}; report of what was measured follows")
+    code = EXIT_FAILED if result.exit_code else exit_signal(None) if result.status == "interrupted" else EXIT_OK
+    return report_outcome(result.summary, out, args.json, code)
+
+
+def cmd_run_command(args: argparse.Namespace) -> int:
+    command = args.command_argv
+    name = Path(command[1]).stem if len(command) > 1 and command[1].endswith(".py") else Path(command[0]).name
+    return _external(args, command=command, pid=None, name=name)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from profiler.store import pid_alive
+
+    if not pid_alive(args.pid):
+        raise BadInput(f"pid {args.pid} is not a running process: allowed the pid of a running training process")
+    return _external(args, command=None, pid=args.pid, name=f"pid{args.pid}")
+
+
+HANDLERS: dict[str, Handler] = {"run": cmd_run, "run-command": cmd_run_command, "attach": cmd_attach}
