@@ -17,7 +17,7 @@ from pipelines.base import BuiltLoader, LoaderSpec, Pipeline
 __all__ = ["BuiltLoader", "LoaderSpec", "Pipeline", "PipelineError", "get", "names"]
 
 PIPELINES: dict[str, str] = {
-    "dali": "pipelines.dali:DaliPipeline",
+    "dali": "pipelines.dali_pipeline:DaliPipeline",
     "naive": "pipelines.naive:NaivePipeline",
     "prefetch": "pipelines.prefetch:PrefetchPipeline",
 }

@@ -81,7 +81,7 @@ def import_dali() -> Any:
         import nvidia.dali.plugin.pytorch
         import nvidia.dali.types  # noqa: F401
         from nvidia import dali
-    except Exception as exc:  # ImportError, or OSError from a CUDA library the wheel could not load
+    except Exception as exc:  # noqa: BLE001 - ImportError, or OSError from a CUDA library the wheel could not load
         raise PipelineError(
             f"NVIDIA DALI is not installed (import nvidia.dali failed: {one_line(exc)}): {INSTALL_HINT}"
         ) from None
@@ -238,7 +238,7 @@ def _pil_failure(path: str) -> str | None:
     try:
         with Image.open(path) as img:
             img.load()
-    except Exception as exc:  # any decoder complaint is the answer we are looking for
+    except Exception as exc:  # noqa: BLE001 - any decoder complaint is the answer we are looking for
         return one_line(exc)
     return None
 
@@ -408,24 +408,14 @@ def build_loader(
     )
 
 
-class DaliPipeline:
-    """DALI reader + decoder + augmentation in native threads; mixed (GPU) decoding on CUDA."""
-
-    name = "dali"
-
-    def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
-        from pipelines.detection import DetectionDataset
-
-        if isinstance(dataset, DetectionDataset):
-            from pipelines.dali_detection import build_detection  # late: that module imports this one
-
-            return build_detection(dataset, spec)
-        source, aug = _image_folder(dataset)
-        return build_loader(
-            dataset,
-            spec,
-            source,
-            graph=lambda dali, cuda: _build_pipe(dali, source, aug, spec, cuda),
-            outputs=("data", "label"),
-            batches=lambda pipe, iterator, per_epoch: DaliBatches(pipe, iterator, source, per_epoch),
-        )
+def build_classification(dataset: Any, spec: LoaderSpec) -> BuiltLoader:
+    """The loader for an image-folder dataset (``ImageFolderDataset``: ``.source`` and ``.augment``)."""
+    source, aug = _image_folder(dataset)
+    return build_loader(
+        dataset,
+        spec,
+        source,
+        graph=lambda dali, cuda: _build_pipe(dali, source, aug, spec, cuda),
+        outputs=("data", "label"),
+        batches=lambda pipe, iterator, per_epoch: DaliBatches(pipe, iterator, source, per_epoch),
+    )

@@ -1,6 +1,6 @@
 """The ``dali`` pipeline's detection path: ``DetectionAugment`` realised with DALI operators.
 
-``DaliPipeline.build`` (``pipelines/dali.py``) hands a ``DetectionDataset`` to ``build_detection``. The graph
+``DaliPipeline.build`` (``pipelines/dali_pipeline.py``) hands a ``DetectionDataset`` to ``build_detection``. The graph
 reads the same ``CocoDetectionSource`` the torch path reads and does the same work in the same order:
 
   readers.coco (``images=`` the scanned file list; boxes ltrb, relative; category ids as the manifest has them)

@@ -162,7 +162,7 @@ class _Feeder:
                     self._put(_END)
                     return
                 self._put(self._start(batch))
-        except BaseException as exc:  # not swallowed: the consumer re-raises it where this batch was due
+        except BaseException as exc:  # noqa: BLE001 - not swallowed: the consumer re-raises it where this batch was due
             self._put(_Failure(exc))
         finally:
             # Close a generator source here, in the thread that ran it (another thread may not close it),
@@ -172,7 +172,7 @@ class _Feeder:
             if callable(closer):
                 try:
                     closer()
-                except Exception as exc:  # the epoch is over either way; the error is worth a line, no more
+                except Exception as exc:  # noqa: BLE001 - the epoch is over either way; the error is worth a line, no more
                     log.warning("stallscope prefetch: closing the batch source failed: %s", exc)
 
     def _acquire_slot(self) -> bool:

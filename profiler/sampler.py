@@ -124,7 +124,7 @@ class Sampler:
             for src in self._active:
                 try:
                     src.close()
-                except Exception as exc:  # closing is best effort; the run's data is already recorded
+                except Exception as exc:  # noqa: BLE001 - closing is best effort; the run's data is already recorded
                     log.debug("closing source %s failed: %r", src.name, exc)
             self._active = []
 
@@ -140,7 +140,7 @@ class Sampler:
         for src in self._sources:
             try:
                 reason = src.open()
-            except Exception as exc:  # a probe that raises is a probe that failed
+            except Exception as exc:  # noqa: BLE001 - a probe that raises is a probe that failed
                 reason = f"probe raised {type(exc).__name__}: {exc}"
             if reason is None:
                 self.stats.sources[src.name] = SourceHealth()
@@ -183,7 +183,7 @@ class Sampler:
             except SourceLost as exc:
                 self._retire(src, f"lost: {exc}")
                 continue
-            except Exception as exc:  # counted, reason kept, sampler goes on
+            except Exception as exc:  # noqa: BLE001 - counted, reason kept, sampler goes on
                 health = stats.sources[src.name]
                 health.errors += 1
                 reason = f"{type(exc).__name__}: {exc}"
@@ -203,7 +203,7 @@ class Sampler:
         if self._sink is not None:
             try:
                 self._sink(rows)
-            except Exception as exc:  # a broken sink must not kill sampling for the live view
+            except Exception as exc:  # noqa: BLE001 - a broken sink must not kill sampling for the live view
                 log.debug("sample sink failed: %r", exc)
 
     def _retire(self, src: Source, status: str) -> None:
@@ -216,7 +216,7 @@ class Sampler:
         log.warning("stallscope: source %s %s; sampling goes on without it", src.name, status)
         try:
             src.close()
-        except Exception as exc:  # the source is already gone; nothing more to release
+        except Exception as exc:  # noqa: BLE001 - the source is already gone; nothing more to release
             log.debug("closing lost source %s failed: %r", src.name, exc)
 
     def latest(self) -> tuple[float, dict[str, float]] | None:

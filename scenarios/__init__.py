@@ -60,7 +60,7 @@ def _load_builtin(name: str) -> Scenario:
     return scenario
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
@@ -86,7 +86,7 @@ def _load_file(path: Path, *, shown: str) -> Scenario:
         sys.modules.pop(module_name, None)
         if not isinstance(exc, Exception):
             raise
-        detail = _one_line(str(exc))
+        detail = one_line(str(exc))
         raise ScenarioError(
             f"scenario file {shown!r} failed to load: {type(exc).__name__}" + (f": {detail}" if detail else "")
         ) from exc

@@ -48,7 +48,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipelines.detection import ANNOTATIONS, IMAGES_DIR
-from scenarios import _one_line
+from scenarios import one_line
 
 __all__ = [
     "DEFAULT_COUNT",
@@ -250,7 +250,7 @@ def make(
         _write_json(marker, {**params, "files": count, "total_bytes": total_bytes})
         partial.unlink(missing_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot write to {str(out)!r}: {_one_line(exc.strerror or str(exc))}") from exc
+        raise DataError(f"cannot write to {str(out)!r}: {one_line(exc.strerror or str(exc))}") from exc
     return DataInfo(kind, out, count, classes, seed, generated=len(todo))
 
 
@@ -282,7 +282,7 @@ def _check_params(out: Path, marker: Path, params: dict[str, Any]) -> None:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as exc:
         raise DataError(
-            f"{str(out)!r} has an unreadable {marker.name} ({_one_line(str(exc))}): use another --out or delete it"
+            f"{str(out)!r} has an unreadable {marker.name} ({one_line(str(exc))}): use another --out or delete it"
         ) from exc
     if any(found.get(key) != value for key, value in params.items()):
         raise DataError(

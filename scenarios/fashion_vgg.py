@@ -42,7 +42,7 @@ STD = 0.287
 VARIANTS_PER_CLASS = 16
 
 
-def _draw(label: int, rng: np.random.Generator) -> np.ndarray:
+def _draw(label: int, rng: np.random.Generator) -> np.ndarray:  # noqa: PLR0915 - a table of shapes, one branch a class
     """One float32 [28, 28] silhouette of class ``label`` in [0, 1], proportions jittered by ``rng``."""
     y, x = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32)
     cx = 13.5 + rng.uniform(-1.0, 1.0)

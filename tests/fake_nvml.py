@@ -116,7 +116,7 @@ def _fail(name: str) -> NoReturn:
     raise _ERROR_CLASSES[name](_ERROR_CODES[name])
 
 
-def make_fake_nvml(script: dict[str, Any]) -> ModuleType:
+def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one closure per NVML call faked
     """Build a fresh pynvml-like module replaying ``script`` (see the module docstring)."""
     count = int(script.get("device_count", 1))
     names = list(script.get("names") or [f"Fake GPU {i}" for i in range(count)])
