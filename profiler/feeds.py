@@ -9,7 +9,8 @@ store that is briefly locked by its writer (it returns nothing new instead).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +27,10 @@ class LiveFeed(Protocol):
     def status(self) -> str: ...
 
     def meta(self) -> dict[str, Any]: ...
+
+
+Monitor = Callable[["LiveFeed"], AbstractContextManager[Any]]
+"""A live view over a feed (``render.live.monitor_for``): entered while a run records, exited when it ends."""
 
 
 class SessionFeed:

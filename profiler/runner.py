@@ -20,10 +20,10 @@ from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from profiler.devices import DeviceInfo
+from profiler.feeds import Monitor, SessionFeed
 from profiler.session import Interrupted, Session
 from scenarios import DataOptions, Scenario
 
-Monitor = Callable[[Session], contextlib.AbstractContextManager[Any]]
 StopWhen = Callable[[Session], bool]  # the session after a measured step -> stop now
 
 
@@ -96,7 +96,7 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     try:
         with session:
             loop.set_up()
-            with monitor(session) if monitor else contextlib.nullcontext():
+            with monitor(SessionFeed(session)) if monitor else contextlib.nullcontext():
                 loop.train()
             loop.finish()
     except Interrupted as exc:

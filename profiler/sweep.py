@@ -42,7 +42,8 @@ from profiler.analysis.sweep import (
     row_from_summary,
     t95,
 )
-from profiler.runner import Monitor, RunConfig, RunStopped, TrainingError, run_scenario
+from profiler.feeds import Monitor
+from profiler.runner import RunConfig, RunStopped, TrainingError, run_scenario
 from profiler.session import Interrupted, Session
 from profiler.store import StepRow
 from profiler.tuner import TuneResult, tune

@@ -16,11 +16,12 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from profiler.feeds import Monitor, StoreFeed
 from profiler.pyspy import DEFAULT_RATE
 from profiler.recording import Recording, default_sources, log_warning
 from profiler.session import Interrupted
@@ -37,9 +38,6 @@ class ZeroCodeResult:
     pyspy_problem: str | None
     status: str
     summary: Summary | None  # built once at close (None only if it could not be built)
-
-
-Monitor = Callable[[Path], AbstractContextManager[Any]]
 
 
 def profile_external(
@@ -74,7 +72,7 @@ def profile_external(
             attach_timeout_s=3.0,
             unavailable="{problem}; the run goes on with the host and NVML sampler only",
         )
-        with monitor(out) if monitor else nullcontext():
+        with monitor(StoreFeed(out)) if monitor else nullcontext():
             exit_code = _wait(child, target, duration_s)
         if exit_code:
             status, error = "failed", f"the command exited with code {exit_code}"

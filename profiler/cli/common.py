@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -25,6 +26,7 @@ from profiler.sampler import MAX_HZ
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+    from profiler.feeds import Monitor
     from profiler.runner import RunConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -259,14 +261,10 @@ def report_outcome(summary: Summary | None, run_dir: Path, as_json: bool, code: 
     return code
 
 
-def live_monitor(no_live: bool, total_steps: int | None) -> Callable[[Any], Any] | None:
-    """The live view for an in-process run (None with ``--no-live``); ``total_steps`` None: open-ended."""
+def live_monitor(no_live: bool, total_steps: int | None = None) -> Monitor | None:
+    """The live view of a run (None with ``--no-live``); ``total_steps`` None: open-ended."""
     if no_live:
         return None
-    from profiler.feeds import SessionFeed
     from profiler.render.live import monitor_for
 
-    def monitor(session: Any) -> Any:
-        return monitor_for(SessionFeed(session), total_steps=total_steps)
-
-    return monitor
+    return partial(monitor_for, total_steps=total_steps)

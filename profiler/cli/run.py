@@ -155,14 +155,6 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
     from profiler.zerocode import profile_external
 
     out = prepare_out(args.out, f"{stem(name)}-zero-code")
-    monitor = None
-    if not args.no_live:
-        from profiler.feeds import StoreFeed
-        from profiler.render.live import monitor_for
-
-        def monitor(d: Path) -> Any:
-            return monitor_for(StoreFeed(d))
-
     if not args.json:
         say(f"profiling {' '.join(command) if command else f'pid {pid}'} from outside -> {out}")
     try:
@@ -175,7 +167,7 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
                 pyspy_rate=args.pyspy_rate or DEFAULT_RATE,
                 duration_s=getattr(args, "duration", None),
                 child_stdout=sys.stderr if args.json else None,
-                monitor=monitor,
+                monitor=live_monitor(args.no_live),
             )
     except FileNotFoundError as exc:
         raise BadInput(str(exc)) from None
