@@ -1,0 +1,98 @@
+"""The recording lifecycle: one Summary built at close from the rows in memory, equal to what `report` reads
+back from the store; never a read back at close; py-spy stopped before the summary is built."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import sleep_loader
+
+import profiler.store
+from profiler import Session
+from profiler.analysis import summarize
+from profiler.recording import Recording
+from profiler.store import load_run
+from profiler.zerocode import profile_external
+
+
+def _loop(out: Path, steps: int = 12) -> Session:
+    with Session(out, warmup=2, sample_hz=50) as s:
+        for _ in s.wrap(sleep_loader(steps, 0.004)):
+            with s.phase("h2d"):
+                time.sleep(0.001)
+            with s.phase("compute"):
+                time.sleep(0.006)
+    return s
+
+
+def test_close_summary_equals_the_report_read_back_from_the_store(tmp_path: Path) -> None:
+    s = _loop(tmp_path)
+    summary = s.summary()
+    assert summary is not None and summary.steps == 10 and summary.sampler["samples"] > 3
+    from_disk = summarize(load_run(tmp_path)).to_dict()
+    assert summary.to_dict() == from_disk
+    assert json.loads((tmp_path / "summary.json").read_text()) == from_disk
+
+
+def test_close_never_reads_the_store_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("the store was read back at close")
+
+    monkeypatch.setattr(profiler.store, "load_run", refuse)
+    s = _loop(tmp_path, steps=6)
+    summary = s.summary()
+    assert summary is not None and summary.steps == 4 and summary.status == "complete"
+
+
+def test_close_is_idempotent_and_returns_the_same_summary(tmp_path: Path) -> None:
+    rec = Recording(tmp_path, meta={"scenario": "x"}, sample_hz=20, sources=[])
+    rec.start()
+    rec.annotate(batch_size=4)
+    first = rec.close("complete")
+    assert first is not None and first.status == "complete" and first.batch_size == 4
+    assert rec.close("failed", "late") is first
+    assert load_run(tmp_path).meta["status"] == "complete"
+
+
+def test_a_failed_run_keeps_its_status_and_error_in_the_close_summary(tmp_path: Path) -> None:
+    with pytest.raises(ZeroDivisionError), Session(tmp_path) as s:
+        for i, _ in enumerate(s.wrap(sleep_loader(5, 0.001))):
+            with s.phase("compute"):
+                if i == 3:
+                    _ = 1 / 0
+    summary = s.summary()
+    assert summary is not None and summary.status == "failed"
+    assert summary.error is not None and "ZeroDivisionError" in summary.error
+    assert summary.to_dict() == summarize(load_run(tmp_path)).to_dict()
+
+
+def test_a_warning_goes_through_the_injected_warn_and_into_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said: list[str] = []
+    rec = Recording(tmp_path, meta={}, sample_hz=20, sources=[], warn=said.append)
+    rec.start()
+    monkeypatch.setenv("STALLSCOPE_PYSPY", str(tmp_path / "no-such-py-spy"))
+    problem = rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=0.1, unavailable="no attribution: {problem}")
+    assert problem is not None and "not installed" in problem
+    assert said == [f"no attribution: {problem}"]
+    summary = rec.close("complete")
+    assert summary is not None
+    meta = load_run(tmp_path).meta
+    assert meta["pyspy_problem"] == problem and rec.pyspy_problem == problem
+
+
+def test_zero_code_returns_the_summary_it_wrote(tmp_path: Path) -> None:
+    script = tmp_path / "tiny.py"
+    script.write_text("import time\nfor _ in range(3):\n    time.sleep(0.1)\n")
+    result = profile_external(
+        tmp_path / "run", command=[sys.executable, str(script)], sample_hz=20, pyspy_rate=50, warn=lambda _m: None
+    )
+    assert result.exit_code == 0 and result.summary is not None
+    assert result.summary.mode == "zero-code"
+    assert result.summary.to_dict() == summarize(load_run(tmp_path / "run")).to_dict()
