@@ -69,10 +69,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     stack: list[str] = []
     on: set[str] = set()
     found: list[list[str]] = []
-    for root in graph:
+    for root, edges in graph.items():
         if root in index:
             continue
-        work = [(root, iter(sorted(graph[root])))]
+        work = [(root, iter(sorted(edges)))]
         index[root] = low[root] = len(index)
         stack.append(root)
         on.add(root)
