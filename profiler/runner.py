@@ -273,8 +273,9 @@ def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
     """Where a file-backed scenario reads from; its default set is generated on first use."""
     if scenario.data is None:
         return None
-    root = cfg.data
-    if root is None:
+    if cfg.data is not None:
+        root = cfg.data
+    else:  # the Python API's default; the CLI generates it before the run, behind a progress bar
         from scenarios.datagen import ensure_default
 
         root = ensure_default(scenario.data, scenario.data_count, seed=0)

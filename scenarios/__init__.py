@@ -15,7 +15,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from scenarios.base import DataOptions, Scenario
+from scenarios.base import DataOptions, Scenario, one_line
 
 __all__ = ["BUILTIN", "DataOptions", "Scenario", "ScenarioError", "get", "names"]
 
@@ -58,10 +58,6 @@ def _load_builtin(name: str) -> Scenario:
         # A broken registry entry is a bug in this package, not bad input: do not dress it up.
         raise TypeError(f"built-in scenario {name!r} ({BUILTIN[name]}) is not a Scenario")
     return scenario
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _load_file(path: Path, *, shown: str) -> Scenario:

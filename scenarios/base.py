@@ -96,3 +96,8 @@ class Scenario:
         if options is None:
             raise ValueError(f"scenario {self.name!r} reads files: give it DataOptions (a data directory)")
         return self.dataset(options)
+
+
+def one_line(text: str) -> str:
+    """``text`` with its line breaks and runs of blanks folded: how errors quote a library's message."""
+    return " ".join(text.split())

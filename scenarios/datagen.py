@@ -48,7 +48,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from pipelines.detection import ANNOTATIONS, IMAGES_DIR
-from scenarios import one_line
+from scenarios.base import one_line
 
 __all__ = [
     "DEFAULT_COUNT",

@@ -206,7 +206,7 @@ def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = (
             what = "does not exist" if not data.exists() else "is not a directory"
             raise BadInput(f"--data {args.data!r} {what}: allowed an existing data directory")
     else:
-        data = default_data(scenario.data, scenario.data_count)
+        data = default_data(scenario)
     meta: dict[str, Any] = {}
     if args.price_per_hour is not None:
         meta["price_per_hour"] = args.price_per_hour
@@ -230,13 +230,15 @@ def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConf
     )
 
 
-def default_data(kind: str, count: int) -> Path:
+def default_data(scenario: Any) -> Path:
+    """The scenario's default data set, generated (once) behind a progress bar."""
     from profiler.render.progress import progress
     from scenarios.datagen import DataError, ensure_default
 
     try:
-        with progress(f"stallscope: generating the default {kind} set ({count} images, once)") as report:
-            return ensure_default(kind, count, progress=report)
+        what = f"the default {scenario.data} set ({scenario.data_count} images, once)"
+        with progress(f"stallscope: generating {what}") as report:
+            return ensure_default(scenario.data, scenario.data_count, seed=0, progress=report)
     except DataError as exc:
         raise BadInput(str(exc)) from None
 
