@@ -9,6 +9,7 @@ After a deliberate change of a figure, regenerate with ``STALLSCOPE_REGEN_GOLDEN
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
@@ -173,3 +174,35 @@ def test_summary_json_keeps_every_key_and_value(case: str, tmp_path: Path) -> No
         path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     golden = json.loads(path.read_text())
     assert contained(golden, doc) == []
+
+
+def test_typed_parts_read_what_the_json_says(tmp_path: Path) -> None:
+    """The accessors renderers and rules use name the same figures as the summary.json keys."""
+    s = summarize(with_gpu(known(workers=2), events=True))
+    doc = s.to_dict()
+    host, nvml = doc["host"], doc["nvml"]
+    assert s.host.sys_cpu_pct == host["sys_cpu_pct_mean"] and s.host.main_cpu_pct == host["proc_main_cpu_pct_mean"]
+    assert s.host.children_cpu_pct == host["proc_children_cpu_pct_mean"]
+    assert s.host.total_rss_mb_max == host["proc_total_rss_mb_max"]
+    assert s.host.worker_cpu_pct == {"w0": host["proc_w0_cpu_pct_mean"], "w1": host["proc_w1_cpu_pct_mean"]}
+    assert s.nvml.util_pct == {"gpu0": nvml["gpu0_util_pct_mean"]}  # not gpu0_mem_util_pct_mean
+    b = s.breakdown_ms_per_step
+    assert (
+        [k for k, _ in b.items()]
+        == list(doc["breakdown_ms_per_step"])
+        == ["data_wait", "h2d", "compute", "log", "other"]
+    )
+    assert b["log"] == b.get("log") == doc["breakdown_ms_per_step"]["log"] and "compute/forward" not in b
+    assert s.device.nvml == doc["device"]["nvml"] == s.sampler.source("nvml") == "available"
+    assert s.device.where == "cuda:0" and s.device_ms_per_step is not None
+    assert isinstance(s.recommendations, tuple) and s.notes == ()
+
+
+def test_verdict_and_parts_do_not_import_the_summary() -> None:
+    """The rules read typed parts, not the Summary, so summary -> verdict is the only edge (no circle)."""
+    root = Path(__file__).parents[1] / "profiler" / "analysis"
+    for name in ("verdict.py", "parts.py"):
+        tree = ast.parse((root / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {"profiler.analysis", "profiler.analysis.summary"} & imported, (name, imported)
