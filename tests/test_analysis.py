@@ -67,9 +67,10 @@ def test_cuda_busy_fraction_is_the_union_of_event_intervals() -> None:
     s = summarize(dataclasses.replace(rec, meta={**rec.meta, "device": cuda}, phases=phases))
     # per step: union of [0.030, 0.035] and [0.034, 0.094] = 64 ms of 100 ms
     assert s.device_busy_fraction == pytest.approx(0.64, abs=1e-6)
-    assert s.device_ms_per_step["compute"] == pytest.approx(60.0)
+    assert s.device_ms_per_step is not None
+    assert s.device_ms_per_step.compute == pytest.approx(60.0)
     # 6 ms of the host's 10 ms copy ran under device compute (draining the queue): that is compute
-    assert s.breakdown_ms_per_step["h2d"] == pytest.approx(4.0)
-    assert s.breakdown_ms_per_step["compute"] == pytest.approx(56.0)
-    assert s.stall_ms_per_step == pytest.approx({"data_wait": 30.0, "h2d": 4.0})
+    assert s.breakdown_ms_per_step.h2d == pytest.approx(4.0)
+    assert s.breakdown_ms_per_step.compute == pytest.approx(56.0)
+    assert s.stall_ms_per_step.to_dict() == pytest.approx({"data_wait": 30.0, "h2d": 4.0})
     assert s.stall_fraction == pytest.approx(0.34)

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from profiler.analysis import Summary, summarize
 from profiler.analysis.compare import Comparison, compare
+from profiler.analysis.parts import Breakdown, StepTimes
 from profiler.render.compare import render_compare
 from profiler.store import PhaseRow, RunRecord, StepRow, load_run
 
@@ -44,8 +45,8 @@ def pair() -> tuple[Summary, Summary]:
         s,
         throughput_samples_per_s=100.0,
         stall_fraction=0.10,
-        step_time_ms={"mean": 80.0, "p50": 79.0, "p90": 90.0},
-        breakdown_ms_per_step={"data_wait": 6.0, "h2d": 2.0, "compute": 70.0, "other": 2.0},
+        step_time_ms=StepTimes(mean=80.0, p50=79.0, p90=90.0),
+        breakdown_ms_per_step=Breakdown(data_wait=6.0, h2d=2.0, compute=70.0, other=2.0),
         device_busy_fraction=0.875,
         verdict="moderately input-bound",
     )
@@ -55,8 +56,8 @@ def pair() -> tuple[Summary, Summary]:
         workers=4,
         throughput_samples_per_s=88.0,
         stall_fraction=0.18,
-        step_time_ms={"mean": 90.0, "p50": 79.5, "p90": 99.0},
-        breakdown_ms_per_step={"data_wait": 14.2, "h2d": 2.0, "compute": 70.0, "other": 3.8},
+        step_time_ms=StepTimes(mean=90.0, p50=79.5, p90=99.0),
+        breakdown_ms_per_step=Breakdown(data_wait=14.2, h2d=2.0, compute=70.0, other=3.8),
         device_busy_fraction=0.80,
         verdict="moderately input-bound",
     )

@@ -16,12 +16,13 @@ def test_cost_figures_arithmetic() -> None:
     c = cost_figures(3.6, 200.0, 4096)
     assert c is not None
     # 3.6/h = 0.001/s; 200 samples/s -> 5e-6 per sample
-    assert c["per_1k_samples"] == pytest.approx(0.005)
-    assert c["per_epoch"] == pytest.approx(4096 * 5e-6)
+    assert c.per_1k_samples == pytest.approx(0.005)
+    assert c.per_epoch == pytest.approx(4096 * 5e-6)
     assert cost_figures(None, 200.0, 4096) is None
     no_epoch = cost_figures(1.0, 100.0, None)
-    assert no_epoch is not None and math.isnan(no_epoch["per_epoch"]) and no_epoch["epoch_samples"] is None
-    assert math.isnan(cost_figures(1.0, math.nan, 10)["per_1k_samples"])  # type: ignore[index]
+    assert no_epoch is not None and math.isnan(no_epoch.per_epoch) and no_epoch.epoch_samples is None
+    nan_cost = cost_figures(1.0, math.nan, 10)
+    assert nan_cost is not None and math.isnan(nan_cost.per_1k_samples)
 
 
 @pytest.mark.slow

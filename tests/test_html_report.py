@@ -150,7 +150,7 @@ def test_header_and_verdict_match_summary(tmp_path: Path, name: str) -> None:
     assert field_text["run id"] == s.run_id
     assert field_text["workers"] == ("n/a" if s.workers is None else str(s.workers))
     assert field_text["batch"] == str(s.batch_size)
-    assert s.device["name"] in field_text["device"]
+    assert s.device.name in field_text["device"]
     verdict = next(p for p in root.find(id="verdict").find_all("p") if "data-verdict" in p.attrs)
     assert verdict.text() == verdict.attrs["data-verdict"] == s.verdict
     assert f"stall {s.stall_fraction * 100:.1f}%" in root.find(id="verdict").text()
@@ -161,21 +161,21 @@ def test_figures_and_breakdown_numbers_are_the_summarys(tmp_path: Path, name: st
     s, _tl, _doc, root = rendered(tmp_path, name)
     figures = {tr.attrs["data-figure"]: tr.find("td").text() for tr in root.find(id="figures").find_all("tr")}
     st = s.step_time_ms
-    assert figures["step time"] == f"mean {st['mean']:.1f} ms p50 {st['p50']:.1f} ms p90 {st['p90']:.1f} ms"
+    assert figures["step time"] == f"mean {st.mean:.1f} ms p50 {st.p50:.1f} ms p90 {st.p90:.1f} ms"
     assert figures["throughput"].startswith(f"{s.throughput_samples_per_s:.1f} samples/s")
     assert figures["stall fraction"].startswith(f"{s.stall_fraction * 100:.1f}%")
     assert figures["device busy"].startswith(f"{s.device_busy_fraction * 100:.1f}%")
-    assert f"{s.host['proc_total_rss_mb_max']:.0f} MiB" in figures["host RSS"]
+    assert f"{s.host.total_rss_mb_max:.0f} MiB" in figures["host RSS"]
 
     rows = root.find(id="breakdown").find_all("tr")
     by_part = {tr.attrs["data-part"]: tr for tr in rows if "data-part" in tr.attrs}
-    assert list(by_part) == [*s.breakdown_ms_per_step, "step"]  # same parts, same order
+    assert list(by_part) == [*(k for k, _ in s.breakdown_ms_per_step.items()), "step"]  # same parts, same order
     for part, value in s.breakdown_ms_per_step.items():
         tr = by_part[part]
         assert tr.find("td", **{"class": "num ms"}).text() == f"{value:.2f}"
-        assert tr.find("td", **{"class": "num share"}).text() == f"{value / st['mean'] * 100:.1f}%"
+        assert tr.find("td", **{"class": "num share"}).text() == f"{value / st.mean * 100:.1f}%"
         assert tr.find("td", **{"class": "src"}).text()  # every row names its instrument
-    assert by_part["step"].find("td", **{"class": "num ms"}).text() == f"{st['mean']:.2f}"
+    assert by_part["step"].find("td", **{"class": "num ms"}).text() == f"{st.mean:.2f}"
 
 
 @pytest.mark.parametrize("name", RUN_NAMES)
@@ -187,13 +187,13 @@ def test_recommendations_and_sampler(tmp_path: Path, name: str) -> None:
     assert all(" ".join(r.text.split()) in recs for r in s.recommendations)
 
     sampler = root.find(id="sampler")
-    assert f"{s.sampler['hz_achieved']:.1f} Hz achieved of {s.sampler['hz_requested']:g} Hz" in sampler.text()
-    assert f"p95 {s.sampler['lateness_ms']['p95']:.2f} ms" in sampler.text()
-    assert f"{s.sampler['read_ms_mean']:.2f} ms per round" in sampler.text()
+    assert f"{s.sampler.hz_achieved:.1f} Hz achieved of {s.sampler.hz_requested:g} Hz" in sampler.text()
+    assert f"p95 {s.sampler.lateness_ms.p95:.2f} ms" in sampler.text()
+    assert f"{s.sampler.read_ms_mean:.2f} ms per round" in sampler.text()
     sources = {
         tr.attrs["data-source"]: tr.find_all("td")[0].text() for tr in sampler.iter() if "data-source" in tr.attrs
     }
-    assert sources == {k: " ".join(v.split()) for k, v in s.sampler["sources"].items()}
+    assert sources == {k: " ".join(v.split()) for k, v in s.sampler.sources.items()}
 
 
 def test_interrupted_run_is_marked(tmp_path: Path) -> None:
@@ -221,20 +221,20 @@ def _series_labels(root: Node, plot_id: str) -> list[str]:
 def test_nvml_run_plots_gpu_utilisation(tmp_path: Path) -> None:
     s, tl, _doc, root = rendered(tmp_path, "nvml-fake")
     assert [g.metric for g in tl.gpu_util] == ["gpu0.util_pct"]
-    assert len(tl.gpu_util[0].t) == s.sampler["samples"]
+    assert len(tl.gpu_util[0].t) == s.sampler.samples
     labels = _series_labels(root, "plot-utilisation")
     assert labels[0] == "gpu0 utilization.gpu" and any(lab.startswith("stall") for lab in labels)
     gpu = root.find(id="plot-utilisation").find("g", data_label="gpu0 utilization.gpu")
     assert sum(len(p.attrs["points"].split()) for p in gpu.find_all("polyline")) == len(tl.gpu_util[0].t)
     assert "NVML utilization.gpu" in root.find(id="plot-utilisation").find("figcaption").text()
-    assert f"gpu0 {s.nvml['gpu0_util_pct_mean']:.0f}%" in root.find(id="figures").text()
+    assert f"gpu0 {s.nvml.util_pct['gpu0']:.0f}%" in root.find(id="figures").text()
 
 
 @pytest.mark.parametrize("name", ["cpu-workers", "interrupted"])
 def test_no_nvml_says_why(tmp_path: Path, name: str) -> None:
     s, tl, _doc, root = rendered(tmp_path, name)
     assert tl.gpu_util == ()
-    reason = " ".join(s.device["nvml"].split())
+    reason = " ".join(s.device.nvml.split())
     assert reason.startswith("unavailable")
     assert reason in root.find(id="plot-utilisation").find("figcaption").text()
     assert not any("utilization.gpu" in lab for lab in _series_labels(root, "plot-utilisation"))

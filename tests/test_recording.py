@@ -33,7 +33,7 @@ def _loop(out: Path, steps: int = 12) -> Session:
 def test_close_summary_equals_the_report_read_back_from_the_store(tmp_path: Path) -> None:
     s = _loop(tmp_path)
     summary = s.summary()
-    assert summary is not None and summary.steps == 10 and summary.sampler["samples"] > 3
+    assert summary is not None and summary.steps == 10 and summary.sampler.samples > 3
     from_disk = summarize(load_run(tmp_path)).to_dict()
     assert summary.to_dict() == from_disk
     assert json.loads((tmp_path / "summary.json").read_text()) == from_disk

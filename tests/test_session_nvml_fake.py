@@ -39,18 +39,18 @@ def test_recorded_values_reach_the_store_and_summary(tmp_path: Path) -> None:
     # the probe read in open() took sample 0; reads replay the script from sample 1, wrapping around
     assert utils == [expected[(i + 1) % len(expected)] for i in range(n)]
     summ = s.summary()
-    assert summ.device["nvml"] == "available"
-    assert summ.nvml["gpu0_util_pct_mean"] == pytest.approx(sum(utils) / n, rel=0.35)  # window-clipped mean
-    assert summ.sampler["sources"]["nvml"] == "available"
+    assert summ.device.nvml == "available"
+    assert summ.nvml.util_pct["gpu0"] == pytest.approx(sum(utils) / n, rel=0.35)  # window-clipped mean
+    assert summ.sampler.sources["nvml"] == "available"
 
 
 def test_no_driver_is_reported_and_the_run_completes(tmp_path: Path) -> None:
     s = _train(tmp_path, NvmlSource(module=make_fake_nvml({"init_error": "LibraryNotFound"})), 0.3)
     summ = s.summary()
     assert summ.status == "complete" and summ.steps > 10
-    assert summ.device["nvml"].startswith("unavailable:") and "LibraryNotFound" in summ.device["nvml"]
-    assert "not measured" in summ.sources["nvml"]
-    assert summ.nvml == {}
+    assert summ.device.nvml.startswith("unavailable:") and "LibraryNotFound" in summ.device.nvml
+    assert "not measured" in summ.sources.nvml
+    assert summ.nvml.to_dict() == {}
 
 
 def test_gpu_lost_mid_run_is_retired_and_training_goes_on(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_gpu_lost_mid_run_is_retired_and_training_goes_on(tmp_path: Path) -> Non
     s = _train(tmp_path, NvmlSource(module=fake), 0.8)
     summ = s.summary()
     assert summ.status == "complete"
-    assert summ.sampler["sources"]["nvml"].startswith("lost:")
+    assert summ.sampler.sources["nvml"].startswith("lost:")
     rec = load_run(tmp_path)
     gpu_times = [t for t, _, m, _ in rec.samples if m == "gpu0.util_pct"]
     all_times = [t for t, _, m, _ in rec.samples if m == "sampler.lateness_ms"]

@@ -31,14 +31,16 @@ def test_summary_of_a_zero_code_run(run_dir: Path) -> None:
     s = summarize(load_run(run_dir))
     assert s.mode == "zero-code" and s.status == "complete" and s.command_exit_code == 0
     assert s.steps == 0 and math.isnan(s.throughput_samples_per_s)  # not measured, not guessed
-    est = s.stack_estimate["overall"]
-    dw = est["data_wait"]
-    assert est["samples"] > 300 and dw["low"] <= dw["fraction"] <= dw["high"]
-    assert s.stall_fraction == pytest.approx(dw["fraction"] + est["h2d"]["fraction"])
+    assert s.stack_estimate is not None
+    est = s.stack_estimate.overall
+    assert est is not None
+    dw = est.data_wait
+    assert est.samples > 300 and dw.low <= dw.fraction <= dw.high
+    assert s.stall_fraction == pytest.approx(dw.fraction + est.h2d.fraction)
     assert s.workers == 2  # seen under the training process, not configured
     att = s.loader_attribution
-    assert att["workers"] == 2
-    shares = {c: v["fraction"] for c, v in att["categories"].items()}
+    assert att is not None and att.workers == 2
+    shares = {c: v.share.fraction for c, v in att.categories}
     assert sum(shares.values()) == pytest.approx(1.0)
     assert max(shares, key=shares.get) == "augment"
     assert "LOADER_HOTSPOT" in [r.code for r in s.recommendations]

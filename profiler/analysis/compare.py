@@ -1,7 +1,8 @@
 """Two runs side by side: which figures moved, which way, and whether any moved beyond a limit.
 
-Pure: takes two summaries (:class:`Summary` objects or ``summary.json`` dicts, where NaN is null) and returns
-a :class:`Comparison`; reads no clock and no file. ``stallscope compare`` gates CI on ``regressed``.
+Pure: takes two summaries (:class:`Summary` objects, read by field, or ``summary.json`` dicts, where NaN is
+null) and returns a :class:`Comparison`; reads no clock and no file. ``stallscope compare`` gates CI on
+``regressed``. Both kinds are first read into one private view, so every row is built the same way.
 
 Invariants:
 - Each figure's direction is fixed: more throughput and a higher device busy fraction are better; lower
@@ -102,11 +103,58 @@ def _limit(value: float | None, what: str, unit: str) -> float | None:
     return float(value)
 
 
-def _as_dict(s: Summary | dict[str, Any], which: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """The figures a comparison reads, from a Summary's fields or a summary.json dict's keys."""
+
+    facts: dict[str, Any]  # row name -> value: run id, scenario, ..., measured steps
+    throughput: Any
+    step_time: dict[str, Any]  # mean, p50, p90
+    stall_fraction: Any
+    breakdown: dict[str, Any]  # part -> ms per step, in report order
+    device_busy_fraction: Any
+    verdict: Any
+
+
+_FACTS = ("run id", "scenario", "pipeline", "batch size", "workers", "device", "status", "measured steps")
+
+
+def _facts(*values: Any) -> dict[str, Any]:
+    """The config rows' values, in ``_FACTS`` order."""
+    return dict(zip(_FACTS, values, strict=True))
+
+
+def _run(s: Summary | dict[str, Any], which: str) -> _Run:
     if isinstance(s, Summary):
-        return s.to_dict()
+        st, dev = s.step_time_ms, s.device
+        facts = _facts(
+            s.run_id, s.scenario, s.pipeline, s.batch_size, s.workers, _device(dev.where, dev.name), s.status, s.steps
+        )
+        step = {"mean": st.mean, "p50": st.p50, "p90": st.p90}
+        parts = dict(s.breakdown_ms_per_step.items())
+        return _Run(facts, s.throughput_samples_per_s, step, s.stall_fraction, parts, s.device_busy_fraction, s.verdict)
     if isinstance(s, dict):
-        return s
+        d = _sub(s, "device")
+        device = _device(d.get("torch_device") or d.get("kind"), d.get("name")) if d else None
+        facts = _facts(
+            s.get("run_id"),
+            s.get("scenario"),
+            s.get("pipeline"),
+            s.get("batch_size"),
+            s.get("workers"),
+            device,
+            s.get("status"),
+            s.get("steps"),
+        )
+        return _Run(
+            facts,
+            s.get("throughput_samples_per_s"),
+            _sub(s, "step_time_ms"),
+            s.get("stall_fraction"),
+            _sub(s, "breakdown_ms_per_step"),
+            s.get("device_busy_fraction"),
+            s.get("verdict"),
+        )
     raise TypeError(f"run {which} must be a Summary or a summary.json dict, got {type(s).__name__}")
 
 
@@ -145,12 +193,9 @@ def _fact(metric: str, a: Any, b: Any) -> Row:
     return Row(metric, a, b, None, None, SAME if a == b else CHANGED, "", "config")
 
 
-def _device(d: dict[str, Any]) -> str | None:
-    dev = _sub(d, "device")
-    if not dev:
-        return None
-    where = dev.get("torch_device") or dev.get("kind") or "?"
-    return f"{where} ({dev['name']})" if dev.get("name") else str(where)
+def _device(where: Any, name: Any) -> str:
+    where = where or "?"
+    return f"{where} ({name})" if name else str(where)
 
 
 def _verdict(a: Any, b: Any) -> Row:
@@ -181,52 +226,25 @@ def compare(
     """Compare run B against the baseline run A; regressions are B's moves beyond the given limits."""
     stall_limit = _limit(max_stall_increase_pp, "max stall increase", "percentage points")
     drop_limit = _limit(max_throughput_drop_pct, "max throughput drop", "percent")
-    da, db = _as_dict(a, "A"), _as_dict(b, "B")
+    ra, rb = _run(a, "A"), _run(b, "B")
 
-    rows = [
-        _fact("run id", da.get("run_id"), db.get("run_id")),
-        _fact("scenario", da.get("scenario"), db.get("scenario")),
-        _fact("pipeline", da.get("pipeline"), db.get("pipeline")),
-        _fact("batch size", da.get("batch_size"), db.get("batch_size")),
-        _fact("workers", da.get("workers"), db.get("workers")),
-        _fact("device", _device(da), _device(db)),
-        _fact("status", da.get("status"), db.get("status")),
-        _fact("measured steps", da.get("steps"), db.get("steps")),
-    ]
-    throughput = _figure(
-        "throughput",
-        da.get("throughput_samples_per_s"),
-        db.get("throughput_samples_per_s"),
-        unit="samples/s",
-        higher_is_better=True,
-    )
+    rows = [_fact(name, value, rb.facts[name]) for name, value in ra.facts.items()]
+    throughput = _figure("throughput", ra.throughput, rb.throughput, unit="samples/s", higher_is_better=True)
     rows.append(throughput)
-    sa, sb = _sub(da, "step_time_ms"), _sub(db, "step_time_ms")
     for q in ("mean", "p50", "p90"):
-        rows.append(_figure(f"step time {q}", sa.get(q), sb.get(q), unit="ms", higher_is_better=False))
+        rows.append(
+            _figure(f"step time {q}", ra.step_time.get(q), rb.step_time.get(q), unit="ms", higher_is_better=False)
+        )
     stall = _figure(
-        "stall fraction",
-        da.get("stall_fraction"),
-        db.get("stall_fraction"),
-        unit="%",
-        higher_is_better=False,
-        scale=100.0,
+        "stall fraction", ra.stall_fraction, rb.stall_fraction, unit="%", higher_is_better=False, scale=100.0
     )
     rows.append(stall)
-    ba, bb = _sub(da, "breakdown_ms_per_step"), _sub(db, "breakdown_ms_per_step")
+    ba, bb = ra.breakdown, rb.breakdown
     for name in _phase_names(ba, bb):
         rows.append(_figure(f"{name} / step", ba.get(name), bb.get(name), unit="ms", higher_is_better=False))
-    rows.append(
-        _figure(
-            "device busy",
-            da.get("device_busy_fraction"),
-            db.get("device_busy_fraction"),
-            unit="%",
-            higher_is_better=True,
-            scale=100.0,
-        )
-    )
-    rows.append(_verdict(da.get("verdict"), db.get("verdict")))
+    busy_a, busy_b = ra.device_busy_fraction, rb.device_busy_fraction
+    rows.append(_figure("device busy", busy_a, busy_b, unit="%", higher_is_better=True, scale=100.0))
+    rows.append(_verdict(ra.verdict, rb.verdict))
 
     regressions: list[Regression] = []
     unchecked: list[str] = []

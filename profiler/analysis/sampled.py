@@ -1,5 +1,5 @@
 """Figures estimated from py-spy stack samples stored with a run: main-thread phase fractions and the
-loader workers' CPU attribution, as plain dicts for the Summary.
+loader workers' CPU attribution, as the Summary's typed parts (:mod:`profiler.analysis.parts`).
 
 Pure: the stacks text and the facts needed to read it (rate, root pid, copy sites) come from the
 RunRecord. Every fraction carries its sample count and a Wilson 95% interval, because a sampled figure is
@@ -9,7 +9,6 @@ an estimate and says how good one.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from profiler.analysis.attribution import (
     CATEGORIES,
@@ -21,6 +20,16 @@ from profiler.analysis.attribution import (
     classify_main,
     classify_main_sample,
     headline,
+)
+from profiler.analysis.parts import (
+    CategoryShare,
+    Estimate,
+    LoaderAttribution,
+    PhaseShares,
+    StackEstimate,
+    StackParse,
+    StackWindow,
+    TopFunction,
 )
 from profiler.analysis.stacks import (
     Frame,
@@ -36,30 +45,31 @@ WINDOW_S = 5.0
 MIN_SAMPLES = 30  # below this an estimate is reported but not used for a verdict
 
 
-def _share(s: Share) -> dict[str, Any]:
-    return {"fraction": s.fraction, "low": s.low, "high": s.high, "samples": s.count}
+def _share(s: Share) -> Estimate:
+    return Estimate(s.fraction, s.low, s.high, s.count)
 
 
-def _fractions(p: PhaseFractions) -> dict[str, Any]:
-    return {"samples": p.n, "seconds": p.seconds, **{k: _share(p.shares[k]) for k in PHASES}}
+def _fractions(p: PhaseFractions) -> PhaseShares:
+    data_wait, h2d, compute, other = (_share(p.shares[k]) for k in PHASES)
+    return PhaseShares(p.n, p.seconds, data_wait, h2d, compute, other)
 
 
-def parse_stacks(text: str) -> tuple[list[StackSample], dict[str, Any]]:
+def parse_stacks(text: str) -> tuple[list[StackSample], StackParse]:
     """Either py-spy format (speedscope JSON or raw collapsed) -> samples and parse statistics."""
     is_json = text.lstrip().startswith("{")
     samples, st = parse_speedscope_stats(text) if is_json else parse_collapsed_stats(text)
-    stats = {
-        "format": "speedscope" if is_json else "raw",
-        "records": st.records,
-        "samples": st.samples,
-        "bad_records": st.bad_records,
-        "truncated": st.truncated,
-        "error": st.error,
-    }
+    stats = StackParse(
+        format="speedscope" if is_json else "raw",
+        records=st.records,
+        samples=st.samples,
+        bad_records=st.bad_records,
+        truncated=st.truncated,
+        error=st.error,
+    )
     return samples, stats
 
 
-def stack_estimates(rec: RunRecord) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def stack_estimates(rec: RunRecord) -> tuple[StackEstimate | None, LoaderAttribution | None]:
     """(main-thread phase estimate, worker attribution) from the run's py-spy stacks; (None, None) without."""
     if not rec.stacks_text:
         return None, None
@@ -69,7 +79,7 @@ def stack_estimates(rec: RunRecord) -> tuple[dict[str, Any] | None, dict[str, An
     root_pid = int(root) if isinstance(root, int) else None
     samples, stats = parse_stacks(rec.stacks_text)
     if not samples:
-        return {"parse": stats, "note": "py-spy recorded no usable samples"}, None
+        return StackEstimate(stats, note="py-spy recorded no usable samples"), None
     ordered = all(s.order is not None for s in samples)
     sites = [(str(f), int(ln)) for f, ln in meta.get("h2d_sites") or []]
     trimmed = 0
@@ -77,24 +87,23 @@ def stack_estimates(rec: RunRecord) -> tuple[dict[str, Any] | None, dict[str, An
         samples, trimmed = _training_span(samples, root_pid, sites)
     chunks = chunk_by_order(samples, rate, WINDOW_S) if ordered else [samples]
     est = classify_main(chunks, rate_hz=rate, root_pid=root_pid, h2d_sites=sites)
-    main = {
-        "method": f"py-spy stack samples of the main thread at {rate:g} Hz (--idle, --nonblocking); "
-        "fractions with Wilson 95% intervals",
-        "rate_hz": rate,
-        "overall": _fractions(est.overall),
-        "windows": [
-            {"t_start": i * WINDOW_S, "t_end": (i + 1) * WINDOW_S, **_fractions(w)}
-            for i, w in enumerate(est.windows)
-            if w.n
-        ]
+    windows = (
+        tuple(StackWindow(i * WINDOW_S, (i + 1) * WINDOW_S, _fractions(w)) for i, w in enumerate(est.windows) if w.n)
         if ordered
-        else [],
-        "main_thread_rule": est.main_rule,
-        "trimmed_outside_training": trimmed,
-        "pin_memory_thread_samples": est.pin_memory_samples,
-        "notes": list(est.notes),
-        "parse": stats,
-    }
+        else ()
+    )
+    main = StackEstimate(
+        stats,
+        overall=_fractions(est.overall),
+        method=f"py-spy stack samples of the main thread at {rate:g} Hz (--idle, --nonblocking); "
+        "fractions with Wilson 95% intervals",
+        rate_hz=rate,
+        windows=windows,
+        main_thread_rule=est.main_rule,
+        trimmed_outside_training=trimmed,
+        pin_memory_thread_samples=est.pin_memory_samples,
+        notes=tuple(est.notes),
+    )
     att = attribute_workers(samples, root_pid=root_pid, rate_hz=rate)
     return main, _attribution(att) if att.worker_pids else None
 
@@ -140,21 +149,24 @@ def _short(function: str) -> str:
     return _SITE.sub(lambda m: f"({m.group(1)})", function)
 
 
-def _attribution(att: WorkerAttribution) -> dict[str, Any]:
-    return {
-        "method": "py-spy stack samples of the DataLoader worker processes; innermost matching frame's category",
-        "workers": len(att.worker_pids),
-        "samples": att.samples,
-        "idle": att.idle,
-        "active": att.active,
-        "busy_seconds": att.busy_seconds,
-        "categories": {
-            c: {
-                **_share(att.shares[c]),
-                "top": [{"function": _short(t.function), "of_category": t.of_category} for t in att.top.get(c, ())],
-            }
-            for c in CATEGORIES
-        },
-        "headline": headline(att),
-        "notes": list(att.notes),
-    }
+def _attribution(att: WorkerAttribution) -> LoaderAttribution:
+    categories = tuple(
+        (
+            c,
+            CategoryShare(
+                _share(att.shares[c]), tuple(TopFunction(_short(t.function), t.of_category) for t in att.top.get(c, ()))
+            ),
+        )
+        for c in CATEGORIES
+    )
+    return LoaderAttribution(
+        method="py-spy stack samples of the DataLoader worker processes; innermost matching frame's category",
+        workers=len(att.worker_pids),
+        samples=att.samples,
+        idle=att.idle,
+        active=att.active,
+        busy_seconds=att.busy_seconds,
+        categories=categories,
+        headline=headline(att),
+        notes=tuple(att.notes),
+    )

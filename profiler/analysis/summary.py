@@ -3,65 +3,129 @@
 Pure: takes a :class:`profiler.store.RunRecord`, returns a :class:`Summary`; reads no clock and no file,
 so ``stallscope report`` on a stored run prints exactly what the run printed. Definitions are those of
 docs/metrics.md; every figure carries the name of the instrument it came from (``sources``).
+
+Invariants:
+- A Summary is built once, from typed parts (:mod:`profiler.analysis.parts`), with its recommendations:
+  the rules (:func:`~profiler.analysis.verdict.recommend`) read the parts before it exists.
+- ``Summary.to_dict()`` is summary.json: every key it has ever had stays, with the same value
+  (tests/test_summary_contract.py holds golden files); new keys may be added.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.analysis.parts import (
+    CORE_PHASES,
+    BadSamples,
+    Breakdown,
+    Cost,
+    DeviceTimes,
+    HostFigures,
+    InputStall,
+    Lateness,
+    LoaderAttribution,
+    NvmlFigures,
+    RunDevice,
+    SamplerHealth,
+    Sources,
+    StackEstimate,
+    StepTimes,
+    is_peak,
+)
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
-from profiler.analysis.verdict import Recommendation, recommend, verdict_for
+from profiler.analysis.verdict import Figures, Recommendation, recommend, verdict_for
 from profiler.store import PhaseRow, RunRecord, StepRow, run_status
-
-CORE_PHASES = ("h2d", "compute")
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    """One run's figures, verdict and recommendations; ``to_dict()`` is summary.json."""
+
     run_id: str | None
     scenario: str | None
     pipeline: str | None
-    device: dict[str, Any]
+    device: RunDevice
     batch_size: int | None
     workers: int | None
     steps: int
     warmup_steps: int
     throughput_samples_per_s: float
-    step_time_ms: dict[str, float]
-    breakdown_ms_per_step: dict[str, float]
+    step_time_ms: StepTimes
+    breakdown_ms_per_step: Breakdown
     stall_fraction: float
     device_busy_fraction: float
     verdict: str
-    recommendations: list[Recommendation]
-    sampler: dict[str, Any]
+    recommendations: tuple[Recommendation, ...]
+    sampler: SamplerHealth
     status: str
+    sources: Sources
     error: str | None = None
     measured_s: float = math.nan
     samples_measured: int = 0
     pin_memory: bool | None = None
-    device_ms_per_step: dict[str, float] = field(default_factory=dict)
-    stall_ms_per_step: dict[str, float] = field(default_factory=dict)
+    device_ms_per_step: DeviceTimes | None = None  # CUDA event timing only
+    stall_ms_per_step: InputStall = field(default_factory=lambda: InputStall(math.nan, math.nan))
     mode: str = "instrumented"  # or "zero-code": no steps, figures estimated from stack samples
     command_exit_code: int | None = None
-    stack_estimate: dict[str, Any] | None = None  # main-thread phase fractions from py-spy samples
-    loader_attribution: dict[str, Any] | None = None  # where the loader workers' CPU goes
-    host: dict[str, Any] = field(default_factory=dict)
-    nvml: dict[str, Any] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    stack_estimate: StackEstimate | None = None  # main-thread phase fractions from py-spy samples
+    loader_attribution: LoaderAttribution | None = None  # where the loader workers' CPU goes
+    host: HostFigures = field(default_factory=HostFigures)
+    nvml: NvmlFigures = field(default_factory=NvmlFigures)
+    notes: tuple[str, ...] = ()
     model: str | None = None
     loader_only: bool = False  # no model ran: throughput is the loader's prep rate
     augment: str | None = None  # the augmentation spec the pipeline realised, in words
-    bad_samples: dict[str, Any] | None = None  # {policy, skipped, files[{path, reason}]}
-    cost: dict[str, Any] | None = None  # {price_per_hour, per_1k_samples, per_epoch, epoch_samples}
+    bad_samples: BadSamples | None = None
+    cost: Cost | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The summary.json object: NaN becomes null (JSON has no NaN)."""
-        out: dict[str, Any] = json_safe(asdict(self))
+        """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
+        out: dict[str, Any] = json_safe(
+            {
+                "run_id": self.run_id,
+                "scenario": self.scenario,
+                "pipeline": self.pipeline,
+                "device": self.device.to_dict(),
+                "batch_size": self.batch_size,
+                "workers": self.workers,
+                "steps": self.steps,
+                "warmup_steps": self.warmup_steps,
+                "throughput_samples_per_s": self.throughput_samples_per_s,
+                "step_time_ms": self.step_time_ms.to_dict(),
+                "breakdown_ms_per_step": self.breakdown_ms_per_step.to_dict(),
+                "stall_fraction": self.stall_fraction,
+                "device_busy_fraction": self.device_busy_fraction,
+                "verdict": self.verdict,
+                "recommendations": [{"code": r.code, "text": r.text} for r in self.recommendations],
+                "sampler": self.sampler.to_dict(),
+                "status": self.status,
+                "error": self.error,
+                "measured_s": self.measured_s,
+                "samples_measured": self.samples_measured,
+                "pin_memory": self.pin_memory,
+                "device_ms_per_step": self.device_ms_per_step.to_dict() if self.device_ms_per_step else {},
+                "stall_ms_per_step": self.stall_ms_per_step.to_dict(),
+                "mode": self.mode,
+                "command_exit_code": self.command_exit_code,
+                "stack_estimate": self.stack_estimate.to_dict() if self.stack_estimate else None,
+                "loader_attribution": self.loader_attribution.to_dict() if self.loader_attribution else None,
+                "host": self.host.to_dict(),
+                "nvml": self.nvml.to_dict(),
+                "sources": self.sources.to_dict(),
+                "notes": list(self.notes),
+                "model": self.model,
+                "loader_only": self.loader_only,
+                "augment": self.augment,
+                "bad_samples": self.bad_samples.to_dict() if self.bad_samples else None,
+                "cost": self.cost.to_dict() if self.cost else None,
+            }
+        )
         return out
 
 
@@ -76,130 +140,190 @@ def json_safe(x: Any) -> Any:
     return x
 
 
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """The measured (non-warm-up) steps and their phases: what every timed figure is computed over."""
+
+    steps: list[StepRow]
+    phases: list[PhaseRow]
+    on_cuda: bool  # a CUDA device whose phases carry event times
+
+    @property
+    def n(self) -> int:
+        return len(self.steps)
+
+    @property
+    def step_s(self) -> list[float]:
+        return [s.t_end - s.t_start for s in self.steps]
+
+    @property
+    def wall(self) -> float:
+        return math.fsum(self.step_s)
+
+    @property
+    def window(self) -> Interval:
+        return (self.steps[0].t_start, self.steps[-1].t_end) if self.steps else (0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    """The figures timed from steps and phases."""
+
+    step_time: StepTimes
+    breakdown: Breakdown
+    stall_ms: InputStall
+    device_ms: DeviceTimes | None
+    stall_fraction: float
+    busy_fraction: float
+    busy_source: str  # "cuda-events" | "host-compute-phase" | "none"
+
+
 def summarize(rec: RunRecord, now: float | None = None) -> Summary:
+    """The run's Summary, in named steps: measured steps -> timing -> sampled figures -> verdict."""
     meta = rec.meta
-    measured = [s for s in rec.steps if not s.warmup]
     notes: list[str] = []
-    if not measured and rec.steps:
-        notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")
-    ids = {s.step for s in measured}
-    phases = [p for p in rec.phases if p.step in ids]
-    device = dict(meta.get("device") or {"kind": "cpu", "name": "unknown"})
-    on_cuda = device.get("kind") == "cuda" and any(p.dev_start is not None for p in phases)
-
-    step_s = [s.t_end - s.t_start for s in measured]
-    wall = math.fsum(step_s)
-    n = len(measured)
-    per_step = _phase_sums(measured, phases)
-    wait = mean([s.data_wait_s for s in measured])
-    breakdown = {"data_wait": wait * 1e3}
-    user = sorted({name for sums in per_step.values() for name in sums} - set(CORE_PHASES))
-    for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
-        breakdown[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in measured) / n * 1e3 if n else math.nan
-
-    if on_cuda and n:
-        stall_ms, drained = _cuda_stalls(measured, phases)
-        # a pageable copy first waits for the compute already queued: that host time is compute, not input
-        breakdown["h2d"] -= drained / n * 1e3
-        breakdown["compute"] += drained / n * 1e3
-        stall_ms = {k: v / n * 1e3 for k, v in stall_ms.items()}
-    else:
-        stall_ms = {"data_wait": breakdown["data_wait"], "h2d": breakdown["h2d"]}
-    accounted = math.fsum(v for v in breakdown.values())
-    breakdown["other"] = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
-
-    step_mean = mean(step_s)
-    stall = (stall_ms["data_wait"] + stall_ms["h2d"]) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
-    window = (measured[0].t_start, measured[-1].t_end) if measured else (0.0, 0.0)
-    busy, busy_source = _busy_fraction(
-        phases, per_step=per_step, steps=measured, wall=wall, window=window, on_cuda=on_cuda
-    )
-
-    counted = [s.samples for s in measured if s.samples is not None]
-    samples_total = sum(counted)
-    throughput = samples_total / wall if wall > 0 and len(counted) == n else math.nan
-    if n and len(counted) < n:
-        notes.append("batch sizes were not known for every step: throughput is not reported")
-
-    host, nvml = _sample_figures(rec, window if measured else None)
-    sampler = _sampler_health(rec)
-    device["nvml"] = sampler["sources"].get("nvml", "not sampled")
-    status = run_status(meta, now)
-    workers = meta.get("workers")
+    m = _measured(rec, notes)
+    timing = _timing(m)
+    throughput, samples_total = _throughput(m, notes)
+    host, nvml = sample_figures(rec, m.window if m.steps else None)
+    sampler = sampler_health(rec)
     mode = str(meta.get("mode") or "instrumented")
     stack_est, attribution = stack_estimates(rec)
-    sources = _figure_sources(on_cuda, busy_source, sampler)
+    sources = _figure_sources(m.on_cuda, timing.busy_source, sampler)
+    stall, workers = timing.stall_fraction, meta.get("workers")
     if mode == "zero-code":
-        stall, workers = _zero_code_figures(stack_est, attribution, host, notes, sources)
-    stall_ok = not math.isnan(stall)
-    verdict = verdict_for(stall) if stall_ok else "unknown: no measured steps"
+        stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
     loader_only = bool(meta.get("loader_only"))
-    if loader_only:
-        verdict = "loader only (no model): throughput is the pipeline's prep rate"
-    device_ms = {}
-    if on_cuda:
-        for name in CORE_PHASES:
-            device_ms[name] = total(_dev(phases, name)) / n * 1e3
-    summary = Summary(
+    device = RunDevice.from_meta(dict(meta.get("device") or {"kind": "cpu", "name": "unknown"}), sampler.source("nvml"))
+    figures = Figures(
+        step_time_ms=timing.step_time,
+        breakdown=timing.breakdown,
+        stall_fraction=stall,
+        workers=workers,
+        device_kind=device.kind,
+        pin_memory=meta.get("pin_memory"),
+        host=host,
+        sampler=sampler,
+        mode=mode,
+        stack_estimate=stack_est,
+        loader_attribution=attribution,
+        cpu_count=meta.get("cpu_count"),
+    )
+    # the rules read the figures before the Summary exists; a run with no stall figure gets none
+    recommendations = () if math.isnan(stall) or loader_only else tuple(recommend(figures))
+    return Summary(
         run_id=meta.get("run_id"),
         scenario=meta.get("scenario"),
         pipeline=meta.get("pipeline"),
         device=device,
         batch_size=meta.get("batch_size"),
         workers=workers,
-        steps=n,
-        warmup_steps=len(rec.steps) - n,
+        steps=m.n,
+        warmup_steps=len(rec.steps) - m.n,
         throughput_samples_per_s=throughput,
-        step_time_ms={
-            "mean": step_mean * 1e3,
-            "p50": quantile(step_s, 0.5) * 1e3,
-            "p90": quantile(step_s, 0.9) * 1e3,
-        },
-        breakdown_ms_per_step=breakdown,
+        step_time_ms=timing.step_time,
+        breakdown_ms_per_step=timing.breakdown,
         stall_fraction=stall,
-        device_busy_fraction=busy,
-        verdict=verdict,
-        recommendations=[],
+        device_busy_fraction=timing.busy_fraction,
+        verdict=_verdict(stall, loader_only),
+        recommendations=recommendations,
         sampler=sampler,
-        status=status,
+        status=run_status(meta, now),
+        sources=sources,
         error=meta.get("error"),
-        measured_s=wall,
+        measured_s=m.wall,
         samples_measured=samples_total,
         pin_memory=meta.get("pin_memory"),
-        device_ms_per_step=device_ms,
-        stall_ms_per_step=stall_ms,
-        host=host,
-        nvml=nvml,
-        sources=sources,
-        notes=notes,
+        device_ms_per_step=timing.device_ms,
+        stall_ms_per_step=timing.stall_ms,
         mode=mode,
         command_exit_code=meta.get("command_exit_code"),
         stack_estimate=stack_est,
         loader_attribution=attribution,
+        host=host,
+        nvml=nvml,
+        notes=tuple(notes),
         model=meta.get("model"),
         loader_only=loader_only,
         augment=meta.get("augment"),
-        bad_samples=meta.get("bad_samples"),
+        bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
     )
-    if stall_ok and not loader_only:
-        # the list was created empty for this summary alone; recommend() reads the finished figures
-        summary.recommendations.extend(recommend(summary, cpu_count=meta.get("cpu_count")))
-    return summary
 
 
-def cost_figures(price_per_hour: Any, throughput: float, epoch_samples: Any) -> dict[str, Any] | None:
+def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
+    measured = [s for s in rec.steps if not s.warmup]
+    if not measured and rec.steps:
+        notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")
+    ids = {s.step for s in measured}
+    phases = [p for p in rec.phases if p.step in ids]
+    kind = (rec.meta.get("device") or {}).get("kind")
+    return _Measured(measured, phases, kind == "cuda" and any(p.dev_start is not None for p in phases))
+
+
+def _timing(m: _Measured) -> _Timing:
+    """Step times, the per-step breakdown, input stall and device busy fraction (docs/metrics.md)."""
+    n, step_s = m.n, m.step_s
+    per_step = _phase_sums(m.steps, m.phases)
+    parts = {"data_wait": mean([s.data_wait_s for s in m.steps]) * 1e3}
+    user = sorted({name for sums in per_step.values() for name in sums} - set(CORE_PHASES))
+    for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
+        parts[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
+    if m.on_cuda and n:
+        wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases)
+        # a pageable copy first waits for the compute already queued: that host time is compute, not input
+        parts["h2d"] -= drained / n * 1e3
+        parts["compute"] += drained / n * 1e3
+        stall_ms = InputStall(wait_s / n * 1e3, h2d_s / n * 1e3)
+    else:
+        stall_ms = InputStall(parts["data_wait"], parts["h2d"])
+    accounted = math.fsum(v for v in parts.values())
+    other = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
+    step_mean = mean(step_s)
+    stall = (stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
+    busy, busy_source = _busy_fraction(m, per_step)
+    device_ms = DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_cuda else None
+    return _Timing(
+        step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
+        breakdown=Breakdown(
+            parts["data_wait"], parts["h2d"], parts["compute"], other, tuple((k, parts[k]) for k in user)
+        ),
+        stall_ms=stall_ms,
+        device_ms=device_ms,
+        stall_fraction=stall,
+        busy_fraction=busy,
+        busy_source=busy_source,
+    )
+
+
+def _throughput(m: _Measured, notes: list[str]) -> tuple[float, int]:
+    """Samples per second over the measured steps, and the samples counted (NaN unless every step's is known)."""
+    counted = [s.samples for s in m.steps if s.samples is not None]
+    samples_total = sum(counted)
+    wall = m.wall
+    if m.n and len(counted) < m.n:
+        notes.append("batch sizes were not known for every step: throughput is not reported")
+    return (samples_total / wall if wall > 0 and len(counted) == m.n else math.nan), samples_total
+
+
+def _verdict(stall: float, loader_only: bool) -> str:
+    if loader_only:
+        return "loader only (no model): throughput is the pipeline's prep rate"
+    return verdict_for(stall) if not math.isnan(stall) else "unknown: no measured steps"
+
+
+def cost_figures(price_per_hour: Any, throughput: float, epoch_samples: Any) -> Cost | None:
     """Cost at the measured throughput: per 1,000 samples and per epoch (None when no price was given)."""
     if not isinstance(price_per_hour, (int, float)):
         return None
     per_sample = price_per_hour / 3600 / throughput if throughput and throughput > 0 else math.nan
     epoch = epoch_samples if isinstance(epoch_samples, int) and epoch_samples > 0 else None
-    return {
-        "price_per_hour": float(price_per_hour),
-        "per_1k_samples": per_sample * 1000,
-        "per_epoch": per_sample * epoch if epoch else math.nan,
-        "epoch_samples": epoch,
-    }
+    return Cost(
+        price_per_hour=float(price_per_hour),
+        per_1k_samples=per_sample * 1000,
+        per_epoch=per_sample * epoch if epoch else math.nan,
+        epoch_samples=epoch,
+    )
 
 
 def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[str, float]]:
@@ -212,35 +336,33 @@ def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[
 
 
 def _zero_code_figures(
-    est: dict[str, Any] | None,
-    attribution: dict[str, Any] | None,
-    host: dict[str, Any],
+    est: StackEstimate | None,
+    attribution: LoaderAttribution | None,
+    host: HostFigures,
     notes: list[str],
-    sources: dict[str, str],
-) -> tuple[float, int | None]:
-    """Stall fraction and worker count of a run observed from outside (no steps, no phases)."""
+    sources: Sources,
+) -> tuple[float, int | None, Sources]:
+    """Stall fraction, worker count and figure sources of a run observed from outside (no steps, no phases)."""
     notes.append(
         "zero-code run: step time, throughput and the per-step breakdown need instrumentation "
         "(stallscope run SCENARIO, or profiler.Session in the script) and are not measured"
     )
-    workers = (
-        attribution["workers"]
-        if attribution
-        else sum(1 for k in host if k.startswith("proc_w") and k.endswith("_cpu_pct_mean"))
+    workers = attribution.workers if attribution else len(host.worker_cpu_pct)
+    sources = dataclasses.replace(
+        sources, workers="worker processes seen by py-spy / psutil under the training process"
     )
-    sources["workers"] = "worker processes seen by py-spy / psutil under the training process"
-    overall = (est or {}).get("overall")
-    if not overall or overall["samples"] < MIN_SAMPLES:
+    overall = est.overall if est else None
+    if not overall or overall.samples < MIN_SAMPLES:
         notes.append(f"fewer than {MIN_SAMPLES} main-thread stack samples: no stall estimate")
-        return math.nan, workers
-    stall = overall["data_wait"]["fraction"] + overall["h2d"]["fraction"]
-    lo = overall["data_wait"]["low"] + overall["h2d"]["low"]
-    hi = min(1.0, overall["data_wait"]["high"] + overall["h2d"]["high"])
-    sources["stall_fraction"] = (
-        f"estimated: share of {overall['samples']} py-spy samples of the main thread in the loader or a copy "
+        return math.nan, workers, sources
+    stall = overall.data_wait.fraction + overall.h2d.fraction
+    lo = overall.data_wait.low + overall.h2d.low
+    hi = min(1.0, overall.data_wait.high + overall.h2d.high)
+    how = (
+        f"estimated: share of {overall.samples} py-spy samples of the main thread in the loader or a copy "
         f"(95% interval {lo:.0%}-{hi:.0%})"
     )
-    return stall, workers
+    return stall, workers, dataclasses.replace(sources, stall_fraction=how)
 
 
 def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:
@@ -252,8 +374,9 @@ def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:
     ]
 
 
-def _cuda_stalls(steps: list[StepRow], phases: list[PhaseRow]) -> tuple[dict[str, float], float]:
-    """Input stall seconds on an asynchronous device, and host h2d seconds spent draining queued compute.
+def _cuda_stalls(steps: list[StepRow], phases: list[PhaseRow]) -> tuple[float, float, float]:
+    """Input stall seconds on an asynchronous device (data wait, h2d), and host h2d seconds spent draining
+    queued compute.
 
     The device is stalled on input only while it is not computing. So: data wait counts where no device
     compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
@@ -266,27 +389,20 @@ def _cuda_stalls(steps: list[StepRow], phases: list[PhaseRow]) -> tuple[dict[str
     wait_stall = total(subtract(waits, compute))
     h2d_stall = total(subtract(subtract(copies, compute), waits))
     drained = total(host_h2d) - total(subtract(host_h2d, compute))
-    return {"data_wait": wait_stall, "h2d": h2d_stall}, drained
+    return wait_stall, h2d_stall, drained
 
 
-def _busy_fraction(
-    phases: list[PhaseRow],
-    *,
-    per_step: dict[int, dict[str, float]],
-    steps: list[StepRow],
-    wall: float,
-    window: Interval,
-    on_cuda: bool,
-) -> tuple[float, str]:
+def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]]) -> tuple[float, str]:
+    wall = m.wall
     if wall <= 0:
         return math.nan, "none"
-    if on_cuda:
-        return total(clip(union(_dev(phases)), *window)) / wall, "cuda-events"
-    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in steps)
+    if m.on_cuda:
+        return total(clip(union(_dev(m.phases)), *m.window)) / wall, "cuda-events"
+    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps)
     return compute / wall, "host-compute-phase"
 
 
-def _sample_figures(rec: RunRecord, window: Interval | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def sample_figures(rec: RunRecord, window: Interval | None) -> tuple[HostFigures, NvmlFigures]:
     """Means (and maxima for memory) of sampled metrics over the measured window."""
     series: dict[str, list[float]] = defaultdict(list)
     for t, source, metric, value in rec.samples:
@@ -295,19 +411,16 @@ def _sample_figures(rec: RunRecord, window: Interval | None) -> tuple[dict[str, 
         if window is not None and not (window[0] <= t <= window[1]):
             continue
         series[metric].append(value)
-    host: dict[str, Any] = {}
-    nvml: dict[str, Any] = {}
+    host: dict[str, float] = {}
+    nvml: dict[str, float] = {}
     for metric, vals in sorted(series.items()):
         target = nvml if metric.startswith("gpu") else host
-        key = metric.replace(".", "_")
-        if metric.endswith(("_mb", "_total_mb")):
-            target[key + "_max"] = max(vals)
-        else:
-            target[key + "_mean"] = mean(vals)
-    return host, nvml
+        target[metric] = max(vals) if is_peak(metric) else mean(vals)
+    return HostFigures(host), NvmlFigures(nvml)
 
 
-def _sampler_health(rec: RunRecord) -> dict[str, Any]:
+def sampler_health(rec: RunRecord) -> SamplerHealth:
+    """The sampler's achieved rate and lateness, and each source's status and read errors."""
     rows = [(t, v) for t, _src, m, v in rec.samples if m == "sampler.lateness_ms"]
     times = [t for t, _ in rows]
     lateness = [v for _, v in rows if v is not None]
@@ -327,42 +440,38 @@ def _sampler_health(rec: RunRecord) -> dict[str, Any]:
     stored = rec.meta.get("sampler_stats") or {}
     for name, st in (stored.get("sources") or {}).items():
         errors[name] = max(errors[name], int(st.get("errors", 0)))
-    hz_req = float(rec.meta.get("sample_hz") or math.nan)
-    return {
-        "hz_requested": hz_req,
-        "hz_achieved": (len(times) - 1) / span if span > 0 else math.nan,
-        "samples": len(times),
-        "lateness_ms": {
-            "mean": mean(lateness),
-            "p95": quantile(lateness, 0.95),
-            "max": max(lateness, default=math.nan),
-        },
-        "read_ms_mean": mean(reads),
-        "missed_deadlines": stored.get("missed_deadlines"),
-        "sources": sources,
-        "errors": dict(errors),
-        "last_error": last_error,
-    }
+    return SamplerHealth(
+        hz_requested=float(rec.meta.get("sample_hz") or math.nan),
+        hz_achieved=(len(times) - 1) / span if span > 0 else math.nan,
+        samples=len(times),
+        lateness_ms=Lateness(mean(lateness), quantile(lateness, 0.95), max(lateness, default=math.nan)),
+        read_ms_mean=mean(reads),
+        missed_deadlines=stored.get("missed_deadlines"),
+        sources=sources,
+        errors=dict(errors),
+        last_error=last_error,
+    )
 
 
-def _figure_sources(on_cuda: bool, busy_source: str, sampler: dict[str, Any]) -> dict[str, str]:
-    return {
-        "step_time": "host perf_counter, from one next() call on the loader to the next",
-        "data_wait": "host perf_counter around next() on the loader",
-        "h2d": "host perf_counter around the copy"
+def _figure_sources(on_cuda: bool, busy_source: str, sampler: SamplerHealth) -> Sources:
+    nvml = sampler.source("nvml")
+    return Sources(
+        step_time="host perf_counter, from one next() call on the loader to the next",
+        data_wait="host perf_counter around next() on the loader",
+        h2d="host perf_counter around the copy"
         + (", less the time it waited for queued device compute (CUDA events)" if on_cuda else ""),
-        "compute": "host perf_counter around the compute phase"
+        compute="host perf_counter around the compute phase"
         + (", plus the copy's wait for queued compute; device time: device_ms_per_step" if on_cuda else ""),
-        "stall_fraction": "(data wait + h2d) / step time, host perf_counter"
+        stall_fraction="(data wait + h2d) / step time, host perf_counter"
         if not on_cuda
         else "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time",
-        "device_busy_fraction": {
+        device_busy_fraction={
             "cuda-events": "union of CUDA-event intervals of all phases / wall time",
             "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",
             "none": "not measured",
         }[busy_source],
-        "host": "psutil, sampled by the background sampler",
-        "nvml": "NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
-        if sampler["sources"].get("nvml") == "available"
-        else f"not measured ({sampler['sources'].get('nvml', 'not sampled')})",
-    }
+        host="psutil, sampled by the background sampler",
+        nvml="NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
+        if nvml == "available"
+        else f"not measured ({nvml})",
+    )

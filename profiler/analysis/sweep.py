@@ -151,8 +151,7 @@ def row_from_summary(
     """A row from a configuration's summary; ``step_s`` are its measured step durations (for the CI)."""
     status = status or s.status
     figures = status == "complete"
-    cost = s.cost or {}
-    per_1k = cost.get("per_1k_samples")
+    per_1k = s.cost.per_1k_samples if s.cost else None
     return SweepRow(
         pipeline=pipeline,
         batch_size=batch_size,
@@ -163,13 +162,13 @@ def row_from_summary(
         throughput_samples_per_s=s.throughput_samples_per_s if figures else math.nan,
         stall_fraction=s.stall_fraction if figures else math.nan,
         device_busy_fraction=s.device_busy_fraction if figures else math.nan,
-        step_time_ms=dict(s.step_time_ms) if figures else {},
-        breakdown_ms_per_step={k: s.breakdown_ms_per_step.get(k, math.nan) for k in _PARTS} if figures else {},
+        step_time_ms=s.step_time_ms.to_dict() if figures else {},
+        breakdown_ms_per_step={k: s.breakdown_ms_per_step.get(k) for k in _PARTS} if figures else {},
         steps=s.steps,
         warmup_steps=s.warmup_steps,
         stop_reason=stop_reason,
         step_time_rel_ci=relative_ci(step_s) if step_s else math.nan,
-        cost_per_1k_samples=float(per_1k) if figures and isinstance(per_1k, (int, float)) else None,
+        cost_per_1k_samples=per_1k if figures else None,
         wall_s=wall_s,
         role=role,
     )

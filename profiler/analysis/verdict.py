@@ -1,17 +1,18 @@
-"""Verdict bands and recommendations: rules over a finished Summary's measured figures.
+"""Verdict bands and recommendations: rules over a run's measured figures.
 
 Every recommendation quotes the measured figure that triggered it, so a reader can check the reasoning
 against the breakdown. Bands are TensorFlow input-pipeline analyzer's: >= 20% highly, >= 5% moderately.
+
+The rules read :class:`Figures`, gathered from the Summary's parts before the Summary is built, so the
+Summary is built once with its recommendations and this module never imports it (no import circle).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from profiler.analysis.summary import Summary
+from profiler.analysis.parts import Breakdown, HostFigures, LoaderAttribution, SamplerHealth, StackEstimate, StepTimes
 
 HIGH = 0.20
 MODERATE = 0.05
@@ -26,6 +27,24 @@ class Recommendation:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What the recommendation rules read: the run's measured parts, before the Summary exists."""
+
+    step_time_ms: StepTimes
+    breakdown: Breakdown
+    stall_fraction: float
+    workers: int | None
+    device_kind: str | None
+    pin_memory: bool | None
+    host: HostFigures
+    sampler: SamplerHealth
+    mode: str = "instrumented"
+    stack_estimate: StackEstimate | None = None
+    loader_attribution: LoaderAttribution | None = None
+    cpu_count: int | None = None  # the host's cores, when the run recorded them
+
+
 def verdict_for(stall_fraction: float) -> str:
     if stall_fraction >= HIGH:
         return "highly input-bound"
@@ -34,15 +53,15 @@ def verdict_for(stall_fraction: float) -> str:
     return "not input-bound"
 
 
-def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
-    out = _from_stacks(s, cpu_count)
-    b = s.breakdown_ms_per_step
-    step = s.step_time_ms["mean"]
+def recommend(s: Figures) -> list[Recommendation]:
+    out = _from_stacks(s)
+    b = s.breakdown
+    step = s.step_time_ms.mean
     if not step or math.isnan(step):
         return out
-    wait, h2d, other = b["data_wait"], b["h2d"], b["other"]
+    wait, h2d, other = b.data_wait, b.h2d, b.other
     pct = s.stall_fraction * 100
-    cores = cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
+    cores = _cores(s.cpu_count)
     input_bound = s.stall_fraction >= MODERATE
 
     if input_bound and s.workers == 0:
@@ -57,12 +76,12 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
             )
         )
     elif input_bound and isinstance(s.workers, int) and s.workers > 0:
-        sys_cpu = s.host.get("sys_cpu_pct_mean")
-        busy = f" while system CPU averaged {sys_cpu:.0f}%" if isinstance(sys_cpu, float) else ""
+        sys_cpu = s.host.sys_cpu_pct
+        busy = f" while system CPU averaged {sys_cpu:.0f}%" if math.isfinite(sys_cpu) else ""
         advice = (
             "the cores are saturated: make per-item work cheaper (decode on the GPU with DALI, smaller images, "
             "cheaper augmentation)"
-            if isinstance(sys_cpu, float) and sys_cpu >= 85
+            if sys_cpu >= 85
             else "add workers if cores are idle, or make per-item work cheaper (DALI decode, lighter augmentation)"
         )
         out.append(
@@ -72,7 +91,7 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
                 f"{busy}: {advice}.",
             )
         )
-    if s.device.get("kind") == "cuda" and s.pin_memory is False and h2d >= PIN_SHARE * step:
+    if s.device_kind == "cuda" and s.pin_memory is False and h2d >= PIN_SHARE * step:
         out.append(
             Recommendation(
                 "PIN_MEMORY",
@@ -101,9 +120,13 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
     return out
 
 
-def _sampler_slow(s: Summary, out: list[Recommendation]) -> None:
-    hz_req, hz_got = s.sampler.get("hz_requested"), s.sampler.get("hz_achieved")
-    if isinstance(hz_req, float) and isinstance(hz_got, float) and hz_got < 0.9 * hz_req:
+def _cores(cpu_count: object) -> int | None:
+    return cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
+
+
+def _sampler_slow(s: Figures, out: list[Recommendation]) -> None:
+    hz_req, hz_got = s.sampler.hz_requested, s.sampler.hz_achieved
+    if hz_got < 0.9 * hz_req:  # False when either is NaN (not asked, or too few rounds to tell)
         out.append(
             Recommendation(
                 "SAMPLER_SLOW",
@@ -113,24 +136,24 @@ def _sampler_slow(s: Summary, out: list[Recommendation]) -> None:
         )
 
 
-def _from_stacks(s: Summary, cpu_count: Any) -> list[Recommendation]:
+def _from_stacks(s: Figures) -> list[Recommendation]:
     """Recommendations that rest on py-spy samples: the worker hot spot (any run) and, for a zero-code run,
     the estimated stall (its figures carry their 95% interval)."""
     out: list[Recommendation] = []
     att = s.loader_attribution
-    if att and att.get("headline"):
+    if att and att.headline:
         out.append(
             Recommendation(
                 "LOADER_HOTSPOT",
-                f"{att['headline']} (from {att['active']} busy py-spy samples of {att['workers']} worker(s)).",
+                f"{att.headline} (from {att.active} busy py-spy samples of {att.workers} worker(s)).",
             )
         )
-    est = (s.stack_estimate or {}).get("overall")
+    est = s.stack_estimate.overall if s.stack_estimate else None
     if s.mode != "zero-code" or not est or math.isnan(s.stall_fraction):
         return out
-    dw = est["data_wait"]
-    share = f"{dw['fraction']:.0%} (95% interval {dw['low']:.0%}-{dw['high']:.0%}, {est['samples']} samples)"
-    cores = cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
+    dw = est.data_wait
+    share = f"{dw.fraction:.0%} (95% interval {dw.low:.0%}-{dw.high:.0%}, {est.samples} samples)"
+    cores = _cores(s.cpu_count)
     if s.stall_fraction >= MODERATE and not s.workers:
         top = f"2-{cores}" if cores and cores > 2 else "2"
         out.append(

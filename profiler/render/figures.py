@@ -7,11 +7,11 @@ their rows from here. No rich, no HTML: plain strings.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
+from profiler.analysis.parts import BadSamples, Cost, HostFigures
 
 
 def num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
@@ -41,70 +41,58 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(
             (
                 "step time",
-                f"mean {num(st.get('mean'), '{:.1f}')} ms  p50 {num(st.get('p50'), '{:.1f}')} ms  "
-                f"p90 {num(st.get('p90'), '{:.1f}')} ms",
+                f"mean {num(st.mean, '{:.1f}')} ms  p50 {num(st.p50, '{:.1f}')} ms  p90 {num(st.p90, '{:.1f}')} ms",
             )
         )
     if s.cost:
-        c = s.cost
-        epoch = (
-            f", {num(c.get('per_epoch'), '{:.4f}')} per epoch of {c['epoch_samples']} samples"
-            if c.get("epoch_samples")
-            else ""
-        )
-        rows.append(
-            (
-                "cost",
-                f"{num(c.get('per_1k_samples'), '{:.4f}')} per 1,000 samples{epoch}  "
-                f"(at {c['price_per_hour']:g}/hour and the measured throughput)",
-            )
-        )
+        rows.append(_cost_row(s.cost))
     if s.model and s.model != "default":
         rows.append(("model", s.model + ("  (not run: --loader-only)" if s.loader_only else "")))
     if s.augment:
         rows.append(("augment", s.augment))
-    if s.bad_samples and (s.bad_samples.get("skipped") or s.bad_samples.get("policy") == "skip"):
-        b = s.bad_samples
-        files = b.get("files") or []
-        # class directory and file name: enough to find it under --data, short enough not to be cut
-        listed = "; ".join(f"{'/'.join(Path(f['path']).parts[-2:])} ({f['reason']})" for f in files[:5])
-        more = f" and {b['skipped'] - len(files[:5])} more" if b.get("skipped", 0) > len(files[:5]) else ""
-        rows.append(
-            (
-                "bad samples",
-                f"{b.get('skipped', 0)} skipped (--on-bad-sample {b.get('policy')})"
-                + (f": {listed}{more}" if listed else ""),
-            )
-        )
-    rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.get('stall_fraction', '')}"))
+    if s.bad_samples and (s.bad_samples.skipped or s.bad_samples.policy == "skip"):
+        rows.append(_bad_samples_row(s.bad_samples))
+    rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.stall_fraction}"))
     if timed:
-        rows.append(("device busy", f"{pct(s.device_busy_fraction)}  {s.sources.get('device_busy_fraction', '')}"))
+        rows.append(("device busy", f"{pct(s.device_busy_fraction)}  {s.sources.device_busy_fraction}"))
     if s.device_ms_per_step:
         times = "  ".join(f"{k} {num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
         rows.append(("device time", times + "  (CUDA events)"))
     if s.command_exit_code is not None:
         rows.append(("command", f"exited with code {s.command_exit_code}"))
-    # gpuN_util_pct_mean only: gpuN_mem_util_pct_mean is memory-controller activity, not utilization.gpu
-    utils = {k: v for k, v in s.nvml.items() if re.fullmatch(r"gpu\d+_util_pct_mean", k)}
+    utils = s.nvml.util_pct
     if utils:
-        rows.append(
-            (
-                "NVML util",
-                "  ".join(f"{k.split('_')[0]} {num(v, '{:.0f}')}%" for k, v in utils.items())
-                + "  (utilization.gpu, driver-averaged: hides sub-second stalls)",
-            )
-        )
+        line = "  ".join(f"{gpu} {num(v, '{:.0f}')}%" for gpu, v in utils.items())
+        rows.append(("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)"))
     else:
-        rows.append(("NVML util", f"n/a ({s.device.get('nvml', 'not sampled')})"))
-    h = s.host
-    if h:
-        workers = sorted(k for k in h if k.startswith("proc_w") and k.endswith("cpu_pct_mean"))
-        line = f"main {num(h.get('proc_main_cpu_pct_mean'), '{:.0f}')}%"
-        if workers:
-            line += f"  workers {num(h.get('proc_children_cpu_pct_mean'), '{:.0f}')}% over {len(workers)}"
-        line += f"  (psutil; 100% = one core)  system {num(h.get('sys_cpu_pct_mean'), '{:.0f}')}% of all cores"
-        rows.append(("host CPU", line))
-        rows.append(("host RSS", f"max {num(h.get('proc_total_rss_mb_max'), '{:.0f}', ' MiB')} (main + workers)"))
-    else:
-        rows.append(("host CPU", "n/a (no host samples)"))
+        rows.append(("NVML util", f"n/a ({s.device.nvml})"))
+    rows.extend(_host_rows(s.host))
     return rows
+
+
+def _cost_row(c: Cost) -> tuple[str, str]:
+    epoch = f", {num(c.per_epoch, '{:.4f}')} per epoch of {c.epoch_samples} samples" if c.epoch_samples else ""
+    return (
+        "cost",
+        f"{num(c.per_1k_samples, '{:.4f}')} per 1,000 samples{epoch}  "
+        f"(at {c.price_per_hour:g}/hour and the measured throughput)",
+    )
+
+
+def _bad_samples_row(b: BadSamples) -> tuple[str, str]:
+    shown = b.files[:5]
+    # class directory and file name: enough to find it under --data, short enough not to be cut
+    listed = "; ".join(f"{'/'.join(Path(f.path).parts[-2:])} ({f.reason})" for f in shown)
+    more = f" and {b.skipped - len(shown)} more" if b.skipped > len(shown) else ""
+    return "bad samples", f"{b.skipped} skipped (--on-bad-sample {b.policy})" + (f": {listed}{more}" if listed else "")
+
+
+def _host_rows(h: HostFigures) -> list[tuple[str, str]]:
+    if not h.measured:
+        return [("host CPU", "n/a (no host samples)")]
+    workers = h.worker_cpu_pct
+    line = f"main {num(h.main_cpu_pct, '{:.0f}')}%"
+    if workers:
+        line += f"  workers {num(h.children_cpu_pct, '{:.0f}')}% over {len(workers)}"
+    line += f"  (psutil; 100% = one core)  system {num(h.sys_cpu_pct, '{:.0f}')}% of all cores"
+    return [("host CPU", line), ("host RSS", f"max {num(h.total_rss_mb_max, '{:.0f}', ' MiB')} (main + workers)")]

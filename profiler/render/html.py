@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary, summarize
+from profiler.analysis.parts import STACK_PHASES, Estimate
 from profiler.analysis.timeline import Series, Timeline, build_timeline
 from profiler.render.figures import figure_rows
 from profiler.render.figures import num as _num
@@ -89,7 +90,7 @@ def _header(s: Summary, title: str) -> str:
         ("pipeline", _e(s.pipeline or "?"), False),
         ("batch", _e(s.batch_size or "?"), False),
         ("workers", _e(_num(s.workers, "{}")), False),
-        ("device", _e(f"{dev.get('torch_device', dev.get('kind'))} ({dev.get('name', '?')})"), True),
+        ("device", _e(f"{dev.where} ({dev.name or '?'})"), True),
         ("status", status, False),
         ("run id", f"<code>{_e(s.run_id or '?')}</code>", False),
     ]
@@ -113,7 +114,7 @@ def _verdict(s: Summary) -> str:
         "verdict",
         "Verdict",
         f'<p class="verdict {cls}" data-verdict="{_e(s.verdict)}">{_e(s.verdict)}</p>'
-        f"<p>stall {_e(_pct(s.stall_fraction))}: {_e(s.sources.get('stall_fraction', ''))}; "
+        f"<p>stall {_e(_pct(s.stall_fraction))}: {_e(s.sources.stall_fraction)}; "
         "bands: &gt;=20% highly, &gt;=5% moderately input-bound.</p>",
     )
 
@@ -124,11 +125,11 @@ def _figures(s: Summary) -> str:
 
 
 def _breakdown(s: Summary) -> str:
-    step = s.step_time_ms.get("mean", math.nan)
+    step = s.step_time_ms.mean
     rows = []
     for name, value in s.breakdown_ms_per_step.items():
         share = value / step if step and not math.isnan(step) and not math.isnan(value) else math.nan
-        how = s.sources.get(name) or (
+        how = s.sources.part(name) or (
             "remainder: step time minus the phases above" if name == "other" else "host perf_counter"
         )
         bar = f'<i style="width:{min(100.0, share * 100):.1f}%"></i>' if math.isfinite(share) and share > 0 else ""
@@ -138,7 +139,7 @@ def _breakdown(s: Summary) -> str:
         )
     rows.append(
         f'<tr class="total" data-part="step"><th>step</th><td class="num ms">{_e(_num(step, "{:.2f}"))}</td>'
-        f'<td class="num share">100%</td><td class="src">{_e(s.sources.get("step_time", ""))}</td></tr>'
+        f'<td class="num share">100%</td><td class="src">{_e(s.sources.step_time)}</td></tr>'
     )
     head = "<thead><tr><th>phase</th><th>ms/step</th><th>share</th><th>measured by</th></tr></thead>"
     return _section(
@@ -148,10 +149,10 @@ def _breakdown(s: Summary) -> str:
     )
 
 
-def _share_rows(items: Sequence[tuple[str, dict[str, Any], str]]) -> str:
+def _share_rows(items: Sequence[tuple[str, Estimate, str]]) -> str:
     return "".join(
-        f'<tr data-part="{_e(name)}"><th>{_e(name)}</th><td class="num share">{_e(_pct(sh["fraction"]))}</td>'
-        f'<td class="num">{_e(_pct(sh["low"]))}-{_e(_pct(sh["high"]))}</td><td class="num">{sh["samples"]}</td>'
+        f'<tr data-part="{_e(name)}"><th>{_e(name)}</th><td class="num share">{_e(_pct(sh.fraction))}</td>'
+        f'<td class="num">{_e(_pct(sh.low))}-{_e(_pct(sh.high))}</td><td class="num">{sh.samples}</td>'
         f'<td class="src">{_e(extra)}</td></tr>'
         for name, sh, extra in items
     )
@@ -161,28 +162,26 @@ def _sampled(s: Summary) -> str:
     """Figures estimated from py-spy samples: main-thread phases (zero-code runs) and the workers' CPU."""
     out = ""
     head = "<thead><tr><th>{}</th><th>share</th><th>95% interval</th><th>samples</th><th>{}</th></tr></thead>"
-    est = (s.stack_estimate or {}).get("overall")
+    est = s.stack_estimate.overall if s.stack_estimate else None
     if est and s.mode == "zero-code":
-        rows = _share_rows([(p, est[p], "") for p in ("data_wait", "h2d", "compute", "other")])
+        rows = _share_rows([(p, est.phase(p), "") for p in STACK_PHASES])
         out += _section(
             "estimate",
-            f"Main thread, estimated from {est['samples']} py-spy samples",
+            f"Main thread, estimated from {est.samples} py-spy samples",
             f'<table class="grid">{head.format("phase", "")}<tbody>{rows}</tbody></table>',
         )
     att = s.loader_attribution
     if att:
-        cats = sorted(att["categories"].items(), key=lambda kv: -kv[1]["fraction"] if kv[1]["samples"] else 1.0)
         rows = _share_rows(
             [
-                (c, sh, ", ".join(f"{f['function']} {f['of_category']:.0%}" for f in sh["top"][:3]))
-                for c, sh in cats
-                if sh["samples"]
+                (c, sh.share, ", ".join(f"{f.function} {f.of_category:.0%}" for f in sh.top[:3]))
+                for c, sh in att.by_share()
             ]
         )
-        line = f'<p class="headline">{_e(att["headline"])}</p>' if att.get("headline") else ""
+        line = f'<p class="headline">{_e(att.headline)}</p>' if att.headline else ""
         out += _section(
             "attribution",
-            f"Loader workers' CPU ({att['workers']} worker(s), {att['active']} busy py-spy samples)",
+            f"Loader workers' CPU ({att.workers} worker(s), {att.active} busy py-spy samples)",
             f'<table class="grid">{head.format("category", "top functions")}<tbody>{rows}</tbody></table>{line}',
         )
     return out
@@ -199,24 +198,24 @@ def _recommendations(s: Summary) -> str:
 
 def _sampler(s: Summary) -> str:
     sm = s.sampler
-    lat = sm.get("lateness_ms") or {}
-    missed = sm.get("missed_deadlines")
+    lat = sm.lateness_ms
+    missed = sm.missed_deadlines
     rows = [
-        ("rate", f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} Hz"),
-        ("samples", f"{sm.get('samples', 0)} sampling rounds"),
+        ("rate", f"{_num(sm.hz_achieved, '{:.1f}')} Hz achieved of {_num(sm.hz_requested, '{:g}')} Hz"),
+        ("samples", f"{sm.samples} sampling rounds"),
         (
             "lateness",
-            f"mean {_num(lat.get('mean'), '{:.2f}')} ms  p95 {_num(lat.get('p95'), '{:.2f}')} ms  "
-            f"max {_num(lat.get('max'), '{:.2f}')} ms after each deadline",
+            f"mean {_num(lat.mean, '{:.2f}')} ms  p95 {_num(lat.p95, '{:.2f}')} ms  "
+            f"max {_num(lat.max, '{:.2f}')} ms after each deadline",
         ),
-        ("read cost", f"{_num(sm.get('read_ms_mean'), '{:.2f}')} ms per round (mean)"),
+        ("read cost", f"{_num(sm.read_ms_mean, '{:.2f}')} ms per round (mean)"),
         ("missed deadlines", "n/a (written only at a clean close)" if missed is None else str(missed)),
     ]
     body = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in rows)
     src_rows = []
-    errors = sm.get("errors") or {}
-    last = sm.get("last_error") or {}
-    for name, status in sorted((sm.get("sources") or {}).items()):
+    errors = sm.errors
+    last = sm.last_error
+    for name, status in sorted(sm.sources.items()):
         n = errors.get(name, 0)
         src_rows.append(
             f'<tr data-source="{_e(name)}"><th>{_e(name)}</th><td>{_e(status)}</td><td class="num">{_e(n)}</td>'
@@ -239,8 +238,7 @@ def _notes(s: Summary) -> str:
 
 
 def _rate(s: Summary) -> str:
-    hz = s.sampler.get("hz_achieved")
-    return f"sampled at {_num(hz, '{:.1f}', ' Hz')}"
+    return f"sampled at {_num(s.sampler.hz_achieved, '{:.1f}', ' Hz')}"
 
 
 def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
@@ -254,11 +252,11 @@ def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
         lines.append(Line(f"stall (per {tl.bucket_s:g} s)", stall_x, stall_y, _PART_COLORS["data_wait"]))
     if tl.host_cpu is not None:
         lines.append(Line("host CPU, all cores", tl.host_cpu.t, tl.host_cpu.values, "#555555", dashed=True))
-    stall_how = s.sources.get("stall_fraction") or "(data wait + h2d) / step time, host perf_counter"
+    stall_how = s.sources.stall_fraction or "(data wait + h2d) / step time, host perf_counter"
     if tl.gpu_util:
         gpu = f"GPU utilisation: NVML utilization.gpu ({_rate(s)}; the driver averages it over 1/6 s to 1 s)."
     else:
-        gpu = f'GPU utilisation: not shown; the NVML source reported "{s.device.get("nvml", "not sampled")}".'
+        gpu = f'GPU utilisation: not shown; the NVML source reported "{s.device.nvml}".'
     caption = (
         f"{gpu} Stall: {stall_how}, in each {tl.bucket_s:g} s bucket, from the step and phase records. "
         f"Host CPU: psutil system-wide CPU % (100% = every core busy), {_rate(s)}. Grey: warm-up steps."

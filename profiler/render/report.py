@@ -31,7 +31,7 @@ def header(s: Summary) -> Text:
     t = Text()
     t.append(f"{s.scenario or 'run'}", style="bold")
     t.append(f"  pipeline={s.pipeline or '?'}  batch={s.batch_size or '?'}  workers={_num(s.workers, '{}')}  ")
-    t.append(f"device={dev.get('torch_device', dev.get('kind'))} ({dev.get('name', '?')})  ")
+    t.append(f"device={dev.where} ({dev.name or '?'})  ")
     t.append(f"status={s.status}", style="bold" if s.status == "complete" else "bold red")
     if s.run_id:
         t.append(f"  run={s.run_id}", style="dim")
@@ -40,20 +40,19 @@ def header(s: Summary) -> Text:
 
 def breakdown_table(s: Summary) -> Table:
     b = s.breakdown_ms_per_step
-    step = s.step_time_ms.get("mean", math.nan)
+    step = s.step_time_ms.mean
     table = Table(title="Per-step breakdown (measured steps, mean)", title_justify="left", expand=False)
     table.add_column("phase")
     table.add_column("ms/step", justify="right")
     table.add_column("share", justify="right")
     table.add_column("measured by", style="dim")
-    src = s.sources
     for name, value in b.items():
         share = value / step if step and not math.isnan(step) and not math.isnan(value) else math.nan
-        how = src.get(name) or (
+        how = s.sources.part(name) or (
             "remainder: step time minus the phases above" if name == "other" else "host perf_counter"
         )
         table.add_row(name, _num(value, "{:.2f}"), _pct(share), how)
-    table.add_row("step", _num(step, "{:.2f}"), "100%", src.get("step_time", ""), style="bold")
+    table.add_row("step", _num(step, "{:.2f}"), "100%", s.sources.step_time, style="bold")
     return table
 
 
@@ -82,18 +81,18 @@ def verdict_block(s: Summary) -> Group:
 
 def sampler_block(s: Summary) -> Text:
     sm = s.sampler
-    lat = sm.get("lateness_ms") or {}
+    lat = sm.lateness_ms
     t = Text()
     t.append("Sampler: ", style="bold")
     t.append(
-        f"{_num(sm.get('hz_achieved'), '{:.1f}')} Hz achieved of {_num(sm.get('hz_requested'), '{:g}')} asked, "
-        f"{sm.get('samples', 0)} samples, lateness p95 {_num(lat.get('p95'), '{:.2f}')} ms "
-        f"max {_num(lat.get('max'), '{:.2f}')} ms, read cost {_num(sm.get('read_ms_mean'), '{:.2f}')} ms, "
-        f"missed deadlines {_num(sm.get('missed_deadlines'), '{}')}"
+        f"{_num(sm.hz_achieved, '{:.1f}')} Hz achieved of {_num(sm.hz_requested, '{:g}')} asked, "
+        f"{sm.samples} samples, lateness p95 {_num(lat.p95, '{:.2f}')} ms "
+        f"max {_num(lat.max, '{:.2f}')} ms, read cost {_num(sm.read_ms_mean, '{:.2f}')} ms, "
+        f"missed deadlines {_num(sm.missed_deadlines, '{}')}"
     )
-    for name, status in sorted((sm.get("sources") or {}).items()):
-        errors = (sm.get("errors") or {}).get(name, 0)
-        last = (sm.get("last_error") or {}).get(name)
+    for name, status in sorted(sm.sources.items()):
+        errors = sm.errors.get(name, 0)
+        last = sm.last_error.get(name)
         detail = (f" ({errors} read errors" + (f", last: {last})" if last else ")")) if errors else ""
         t.append(f"\n  source {name}: {status}{detail}")
     return t
@@ -105,14 +104,15 @@ def render_report(s: Summary, console: Console) -> None:
     est, att = s.stack_estimate, s.loader_attribution
     zero_code = s.mode == "zero-code"
     body: list[Any] = [header(s), figures_table(s)]
+    overall = est.overall if est else None
     if zero_code:
-        if est and est.get("overall"):
-            body.append(estimate_table(est))
+        if est and est.overall:
+            body.append(estimate_table(est, est.overall))
     else:
         body.append(breakdown_table(s))
-        step, wait = s.step_time_ms.get("mean", math.nan), s.breakdown_ms_per_step.get("data_wait", math.nan)
-        if est and est.get("overall", {}).get("samples") and step and not math.isnan(step):
-            body.append(crosscheck_line(est, wait / step))
+        step, wait = s.step_time_ms.mean, s.breakdown_ms_per_step.data_wait
+        if overall and overall.samples and step and not math.isnan(step):
+            body.append(crosscheck_line(overall, wait / step))
     if att:
         body.append(attribution_table(att))
     body += [verdict_block(s), sampler_block(s)]

@@ -4,10 +4,10 @@ interval and sample count, because these are estimates."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 from rich.text import Text
+
+from profiler.analysis.parts import Estimate, LoaderAttribution, PhaseShares, StackEstimate
 
 _PHASE_LABEL = {
     "data_wait": "waiting for data (DataLoader / DALI iterator)",
@@ -25,14 +25,14 @@ _CATEGORY_LABEL = {
 }
 
 
-def _pct(share: dict[str, Any]) -> tuple[str, str]:
-    return f"{share['fraction']:.0%}", f"{share['low']:.0%}-{share['high']:.0%}"
+def _pct(share: Estimate) -> tuple[str, str]:
+    return f"{share.fraction:.0%}", f"{share.low:.0%}-{share.high:.0%}"
 
 
-def estimate_table(est: dict[str, Any]) -> Table:
-    overall = est["overall"]
+def estimate_table(est: StackEstimate, overall: PhaseShares) -> Table:
+    """``est``'s figures; ``overall`` is its ``overall`` (a caller shows a table only where there is one)."""
     t = Table(
-        title=f"Main thread, estimated from {overall['samples']} py-spy samples ({est['rate_hz']:g} Hz)",
+        title=f"Main thread, estimated from {overall.samples} py-spy samples ({est.rate_hz:g} Hz)",
         title_justify="left",
     )
     t.add_column("phase")
@@ -40,19 +40,19 @@ def estimate_table(est: dict[str, Any]) -> Table:
     t.add_column("95% interval", justify="right")
     t.add_column("what counts", style="dim")
     for phase, label in _PHASE_LABEL.items():
-        share, interval = _pct(overall[phase])
+        share, interval = _pct(overall.phase(phase))
         t.add_row(phase, share, interval, label)
-    windows = est.get("windows") or []
+    windows = est.windows
     if len(windows) > 1:
-        waits = "  ".join(f"{w['data_wait']['fraction']:.0%}" for w in windows[:12])
+        waits = "  ".join(f"{w.shares.data_wait.fraction:.0%}" for w in windows[:12])
         more = " ..." if len(windows) > 12 else ""
-        t.caption = f"data wait per {windows[0]['t_end'] - windows[0]['t_start']:g} s window: {waits}{more}"
+        t.caption = f"data wait per {windows[0].t_end - windows[0].t_start:g} s window: {waits}{more}"
         t.caption_justify = "left"
     return t
 
 
-def crosscheck_line(est: dict[str, Any], measured_wait_fraction: float) -> Text:
-    share, interval = _pct(est["overall"]["data_wait"])
+def crosscheck_line(overall: PhaseShares, measured_wait_fraction: float) -> Text:
+    share, interval = _pct(overall.data_wait)
     return Text(
         f"py-spy cross-check: the main thread was in the loader an estimated {share} ({interval}) of the time; "
         f"the instrumented data wait is {measured_wait_fraction:.0%} of step time.",
@@ -60,23 +60,20 @@ def crosscheck_line(est: dict[str, Any], measured_wait_fraction: float) -> Text:
     )
 
 
-def attribution_table(att: dict[str, Any]) -> Table:
+def attribution_table(att: LoaderAttribution) -> Table:
     t = Table(
-        title=f"Loader workers' CPU ({att['workers']} worker(s), {att['active']} busy py-spy samples)",
+        title=f"Loader workers' CPU ({att.workers} worker(s), {att.active} busy py-spy samples)",
         title_justify="left",
     )
     t.add_column("category")
     t.add_column("share", justify="right")
     t.add_column("95% interval", justify="right")
     t.add_column("top functions (share of the category)", style="dim")
-    cats = sorted(att["categories"].items(), key=lambda kv: -kv[1]["fraction"] if kv[1]["samples"] else 1.0)
-    for cat, c in cats:
-        if not c["samples"]:
-            continue
-        share, interval = _pct(c)
-        top = ", ".join(f"{f['function']} {f['of_category']:.0%}" for f in c["top"][:2])
+    for cat, c in att.by_share():
+        share, interval = _pct(c.share)
+        top = ", ".join(f"{f.function} {f.of_category:.0%}" for f in c.top[:2])
         t.add_row(_CATEGORY_LABEL.get(cat, cat), share, interval, top)
-    if att.get("headline"):
-        t.caption = att["headline"]
+    if att.headline:
+        t.caption = att.headline
         t.caption_justify = "left"
     return t

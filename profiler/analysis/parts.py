@@ -1,0 +1,465 @@
+"""The typed parts a :class:`~profiler.analysis.summary.Summary` is built from.
+
+Both the summary (which assembles them) and the verdict rules (which read them before the Summary exists)
+import this module; it imports neither, so there is no import circle.
+
+Invariants:
+- Every part is a frozen, slotted dataclass; its ``to_dict()`` is exactly that part's object in summary.json
+  (the contract in DESIGN.md: keys are only ever added). NaN stays NaN here: the Summary's ``to_dict`` turns
+  it into null once, for the whole document.
+- A figure that was not measured is NaN (or None where the JSON has always said null), never zero.
+- Sampled host and NVML figures are kept per metric name (``sys.cpu_pct``); the JSON key
+  (``sys_cpu_pct_mean``) is derived in one place, :func:`metric_key`, and readers use the typed accessors.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+CORE_PHASES = ("h2d", "compute")  # always in the breakdown, even when never entered
+STACK_PHASES = ("data_wait", "h2d", "compute", "other")
+_NAN = math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """Step time in ms over the measured steps: mean and linearly interpolated p50 / p90."""
+
+    mean: float
+    p50: float
+    p90: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "p50": self.p50, "p90": self.p90}
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Mean ms per measured step: data wait, h2d, compute, the user's own top-level phases, and the rest.
+
+    ``user`` holds the phases named with ``s.phase(name)`` beyond h2d and compute, in name order. A part
+    can be read by name (``b["compute"]``, ``b.get(name)``) because user phases have no field of their own.
+    """
+
+    data_wait: float
+    h2d: float
+    compute: float
+    other: float
+    user: tuple[tuple[str, float], ...] = ()
+
+    def items(self) -> list[tuple[str, float]]:
+        """(part, ms) in report order: data_wait, h2d, compute, user phases, other."""
+        core = [("data_wait", self.data_wait), ("h2d", self.h2d), ("compute", self.compute)]
+        return [*core, *self.user, ("other", self.other)]
+
+    def get(self, name: str, default: float = _NAN) -> float:
+        return next((v for k, v in self.items() if k == name), default)
+
+    def __getitem__(self, name: str) -> float:
+        for k, v in self.items():
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return any(k == name for k, _ in self.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items())
+
+
+@dataclass(frozen=True, slots=True)
+class InputStall:
+    """Ms per step the device waited for input: data wait and copy time not overlapped by device compute."""
+
+    data_wait: float
+    h2d: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"data_wait": self.data_wait, "h2d": self.h2d}
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTimes:
+    """Ms per step of CUDA-event device time (CUDA runs with event timing only)."""
+
+    h2d: float
+    compute: float
+
+    def items(self) -> list[tuple[str, float]]:
+        return [("h2d", self.h2d), ("compute", self.compute)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.items())
+
+
+@dataclass(frozen=True, slots=True)
+class RunDevice:
+    """The device as the run recorded it, plus what the NVML source said.
+
+    ``recorded`` keeps every key of the stored device object in its order (simulated devices add their own),
+    so the JSON carries them all; the common ones have fields.
+    """
+
+    kind: str | None
+    name: str | None
+    torch_device: str | None
+    nvml: str  # "available", "unavailable: <reason>" or "not sampled"
+    recorded: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def from_meta(cls, device: dict[str, Any], nvml: str) -> RunDevice:
+        return cls(device.get("kind"), device.get("name"), device.get("torch_device"), nvml, tuple(device.items()))
+
+    @property
+    def where(self) -> str | None:
+        """``cuda:0`` / ``cpu``, or the kind where no torch device was recorded."""
+        return self.torch_device if self.torch_device is not None else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dict(self.recorded), "nvml": self.nvml}
+
+
+def metric_key(metric: str) -> str:
+    """The summary.json key of a sampled metric: ``sys.cpu_pct`` -> ``sys_cpu_pct_mean``; memory -> ``_max``."""
+    return metric.replace(".", "_") + ("_max" if is_peak(metric) else "_mean")
+
+
+def is_peak(metric: str) -> bool:
+    """Memory is summarised by its maximum (the peak is what runs out), everything else by its mean."""
+    return metric.endswith(("_mb", "_total_mb"))
+
+
+def _labelled(by_metric: dict[str, float], pattern: str) -> dict[str, float]:
+    """{label: value} of the metrics fully matching ``pattern``, whose one group is the label."""
+    out: dict[str, float] = {}
+    for metric, value in by_metric.items():
+        m = re.fullmatch(pattern, metric)
+        if m:
+            out[m.group(1)] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class HostFigures:
+    """psutil figures over the measured window: per metric, the mean (the max for memory). 100% = one core,
+    except ``sys_cpu_pct`` (all cores)."""
+
+    by_metric: dict[str, float] = field(default_factory=dict)  # sorted by metric name
+
+    def metric(self, name: str) -> float:
+        return self.by_metric.get(name, _NAN)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.by_metric)
+
+    @property
+    def main_cpu_pct(self) -> float:
+        return self.metric("proc.main.cpu_pct")
+
+    @property
+    def children_cpu_pct(self) -> float:
+        return self.metric("proc.children.cpu_pct")
+
+    @property
+    def sys_cpu_pct(self) -> float:
+        return self.metric("sys.cpu_pct")
+
+    @property
+    def total_rss_mb_max(self) -> float:
+        return self.metric("proc.total.rss_mb")
+
+    @property
+    def worker_cpu_pct(self) -> dict[str, float]:
+        """{"w0": mean CPU %, ...}: one entry per loader worker process seen."""
+        return _labelled(self.by_metric, r"proc\.(w\d+)\.cpu_pct")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {metric_key(m): v for m, v in self.by_metric.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlFigures:
+    """NVML figures over the measured window, per ``gpuN.*`` metric: the mean (the max for memory)."""
+
+    by_metric: dict[str, float] = field(default_factory=dict)  # sorted by metric name
+
+    @property
+    def util_pct(self) -> dict[str, float]:
+        """{"gpu0": mean utilization.gpu %, ...}; not ``mem_util_pct`` (memory-controller activity)."""
+        return _labelled(self.by_metric, r"(gpu\d+)\.util_pct")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {metric_key(m): v for m, v in self.by_metric.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Lateness:
+    """How late the sampler's rounds started after their deadlines, ms."""
+
+    mean: float
+    p95: float
+    max: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "p95": self.p95, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerHealth:
+    """Whether the background sampler kept its rate, and what each metric source reported."""
+
+    hz_requested: float
+    hz_achieved: float
+    samples: int
+    lateness_ms: Lateness
+    read_ms_mean: float
+    missed_deadlines: int | None  # written only at a clean close
+    sources: dict[str, str] = field(default_factory=dict)  # name -> "available" | "unavailable: <reason>"
+    errors: dict[str, int] = field(default_factory=dict)
+    last_error: dict[str, str] = field(default_factory=dict)
+
+    def source(self, name: str, default: str = "not sampled") -> str:
+        return self.sources.get(name, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hz_requested": self.hz_requested,
+            "hz_achieved": self.hz_achieved,
+            "samples": self.samples,
+            "lateness_ms": self.lateness_ms.to_dict(),
+            "read_ms_mean": self.read_ms_mean,
+            "missed_deadlines": self.missed_deadlines,
+            "sources": dict(self.sources),
+            "errors": dict(self.errors),
+            "last_error": dict(self.last_error),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """Where each headline figure came from, in words (every figure names its instrument)."""
+
+    step_time: str
+    data_wait: str
+    h2d: str
+    compute: str
+    stall_fraction: str
+    device_busy_fraction: str
+    host: str
+    nvml: str
+    workers: str | None = None  # zero-code runs only: how the workers were counted
+
+    def part(self, name: str) -> str | None:
+        """The instrument of a breakdown part; None for user phases and ``other`` (the reader says why)."""
+        return {"data_wait": self.data_wait, "h2d": self.h2d, "compute": self.compute}.get(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "step_time": self.step_time,
+            "data_wait": self.data_wait,
+            "h2d": self.h2d,
+            "compute": self.compute,
+            "stall_fraction": self.stall_fraction,
+            "device_busy_fraction": self.device_busy_fraction,
+            "host": self.host,
+            "nvml": self.nvml,
+        }
+        if self.workers is not None:
+            out["workers"] = self.workers
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Cost at the measured throughput (``--price-per-hour``)."""
+
+    price_per_hour: float
+    per_1k_samples: float
+    per_epoch: float  # NaN when the epoch size is not known
+    epoch_samples: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "price_per_hour": self.price_per_hour,
+            "per_1k_samples": self.per_1k_samples,
+            "per_epoch": self.per_epoch,
+            "epoch_samples": self.epoch_samples,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BadFile:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BadSamples:
+    """Samples the loader could not read (``--on-bad-sample``): the policy, how many, the first files."""
+
+    policy: str | None
+    skipped: int
+    files: tuple[BadFile, ...] = ()
+
+    @classmethod
+    def from_meta(cls, d: dict[str, Any]) -> BadSamples:
+        files = tuple(BadFile(str(f["path"]), str(f["reason"])) for f in d.get("files") or [])
+        return cls(d.get("policy"), int(d.get("skipped") or 0), files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "skipped": self.skipped,
+            "files": [{"path": f.path, "reason": f.reason} for f in self.files],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A share estimated from stack samples, with its Wilson 95% interval and the samples it rests on."""
+
+    fraction: float
+    low: float
+    high: float
+    samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "low": self.low, "high": self.high, "samples": self.samples}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseShares:
+    """The main thread's phase shares over some py-spy samples (the whole run or one window)."""
+
+    samples: int
+    seconds: float
+    data_wait: Estimate
+    h2d: Estimate
+    compute: Estimate
+    other: Estimate
+
+    def phase(self, name: str) -> Estimate:
+        return {"data_wait": self.data_wait, "h2d": self.h2d, "compute": self.compute, "other": self.other}[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "seconds": self.seconds, **{p: self.phase(p).to_dict() for p in STACK_PHASES}}
+
+
+@dataclass(frozen=True, slots=True)
+class StackWindow:
+    t_start: float
+    t_end: float
+    shares: PhaseShares
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t_start": self.t_start, "t_end": self.t_end, **self.shares.to_dict()}
+
+
+@dataclass(frozen=True, slots=True)
+class StackParse:
+    """How the py-spy file parsed."""
+
+    format: str  # "speedscope" | "raw"
+    records: int
+    samples: int
+    bad_records: int
+    truncated: int
+    error: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "records": self.records,
+            "samples": self.samples,
+            "bad_records": self.bad_records,
+            "truncated": self.truncated,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StackEstimate:
+    """Main-thread phase fractions from py-spy samples. ``overall`` is None when py-spy recorded no usable
+    sample; ``note`` then says so and the JSON holds only ``parse`` and ``note``."""
+
+    parse: StackParse
+    overall: PhaseShares | None = None
+    note: str | None = None
+    method: str = ""
+    rate_hz: float = _NAN
+    windows: tuple[StackWindow, ...] = ()
+    main_thread_rule: str = ""
+    trimmed_outside_training: int = 0
+    pin_memory_thread_samples: int = 0
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.overall is None:
+            return {"parse": self.parse.to_dict(), "note": self.note}
+        return {
+            "method": self.method,
+            "rate_hz": self.rate_hz,
+            "overall": self.overall.to_dict(),
+            "windows": [w.to_dict() for w in self.windows],
+            "main_thread_rule": self.main_thread_rule,
+            "trimmed_outside_training": self.trimmed_outside_training,
+            "pin_memory_thread_samples": self.pin_memory_thread_samples,
+            "notes": list(self.notes),
+            "parse": self.parse.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TopFunction:
+    function: str  # "qualname (file.py)"
+    of_category: float
+
+
+@dataclass(frozen=True, slots=True)
+class CategoryShare:
+    """One worker CPU category: its share of busy worker samples and its top functions."""
+
+    share: Estimate
+    top: tuple[TopFunction, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        top = [{"function": t.function, "of_category": t.of_category} for t in self.top]
+        return {**self.share.to_dict(), "top": top}
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderAttribution:
+    """Where the DataLoader workers' CPU goes, from py-spy samples of the worker processes."""
+
+    method: str
+    workers: int
+    samples: int
+    idle: int
+    active: int
+    busy_seconds: float | None
+    categories: tuple[tuple[str, CategoryShare], ...]  # every category, in the table's order
+    headline: str | None
+    notes: tuple[str, ...] = ()
+
+    def by_share(self) -> list[tuple[str, CategoryShare]]:
+        """The categories that have samples, largest share first (stable: table order among equals)."""
+        seen = [(c, s) for c, s in self.categories if s.share.samples]
+        return sorted(seen, key=lambda kv: -kv[1].share.fraction)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "workers": self.workers,
+            "samples": self.samples,
+            "idle": self.idle,
+            "active": self.active,
+            "busy_seconds": self.busy_seconds,
+            "categories": {c: s.to_dict() for c, s in self.categories},
+            "headline": self.headline,
+            "notes": list(self.notes),
+        }
