@@ -14,9 +14,9 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGES = ("profiler", "pipelines", "scenarios")
-# Reading a store back is what `report` (its --html and --trace writers too), `watch` and `compare` are for; a run
+# Reading a store back is what `report` (once, also for --html and --trace), `watch` and `compare` are for; a run
 # prints the Summary its Recording built at close.
-STORE_READERS = {"profiler.cli.report", "profiler.render.html", "profiler.render.trace", "profiler.feeds"}
+STORE_READERS = {"profiler.cli.report", "profiler.feeds"}
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 80
 

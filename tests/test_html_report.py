@@ -31,7 +31,7 @@ from profiler.analysis.timeline import (
 )
 from profiler.render.html import render_html, write_html
 from profiler.render.svg import Line, Stack, line_chart, nice_ticks, stacked_bars
-from profiler.store import PhaseRow, RunRecord, StepRow, StoreError, load_run
+from profiler.store import PhaseRow, RunRecord, StepRow, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 RUN_NAMES = ("cpu-workers", "nvml-fake", "interrupted")
@@ -315,8 +315,8 @@ def test_empty_record_renders() -> None:
 
 
 def test_write_html_writes_the_rendered_report(tmp_path: Path) -> None:
-    run = copy_run(tmp_path, "nvml-fake")
-    out = write_html(run, tmp_path / "r.html")
+    rec = load_run(copy_run(tmp_path, "nvml-fake"))
+    out = write_html(summarize(rec), rec, tmp_path / "r.html")
     assert out == tmp_path / "r.html"
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")
@@ -325,20 +325,18 @@ def test_write_html_writes_the_rendered_report(tmp_path: Path) -> None:
 
 
 def test_write_html_rejects_bad_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = copy_run(tmp_path, "cpu-workers")
+    rec = load_run(copy_run(tmp_path, "cpu-workers"))
     with pytest.raises(ValueError, match="is a directory"):
-        write_html(run, tmp_path)
+        write_html(summarize(rec), rec, tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
-        write_html(run, tmp_path / "no" / "such" / "r.html")
-    with pytest.raises(StoreError):
-        write_html(tmp_path / "missing-run", tmp_path / "r.html")
+        write_html(summarize(rec), rec, tmp_path / "no" / "such" / "r.html")
 
     def refuse(src: str, dst: object) -> None:
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(os, "replace", refuse)
     with pytest.raises(OSError, match=r"cannot write HTML report '.*r\.html': Permission denied"):
-        write_html(run, tmp_path / "r.html")
+        write_html(summarize(rec), rec, tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from profiler.render.trace import DEVICE_THREAD, TID_DEVICE, TID_TRAINING, TRAINING_THREAD, trace_events, write_trace
-from profiler.store import PhaseRow, RunRecord, StepRow, StoreError, load_run
+from profiler.store import PhaseRow, RunRecord, StepRow, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 PID = 4242
@@ -288,7 +288,7 @@ def test_pid_falls_back_to_1_and_empty_record_exports() -> None:
 def test_recorded_runs_export(tmp_path: Path, name: str) -> None:
     run = tmp_path / name
     shutil.copytree(RUNS / name, run)
-    path = write_trace(run, tmp_path / "trace.json")
+    path = write_trace(load_run(run), tmp_path / "trace.json")
     assert path == tmp_path / "trace.json"
     doc = json.loads(path.read_text())
     events = validate(doc)
@@ -317,10 +317,10 @@ def test_write_trace_into_a_directory_and_bad_input(tmp_path: Path) -> None:
     shutil.copytree(RUNS / "nvml-fake", run)
     out = tmp_path / "out"
     out.mkdir()
-    path = write_trace(run, out)
+    path = write_trace(load_run(run), out)
     assert path == out / "trace.json"
     validate(json.loads(path.read_text()))
     assert sorted(p.name for p in out.iterdir()) == ["trace.json"]
-    with pytest.raises(StoreError):
-        write_trace(tmp_path / "missing", tmp_path / "t.json")
-    assert not (tmp_path / "t.json").exists()
+    with pytest.raises(OSError):
+        write_trace(load_run(run), tmp_path / "no" / "such" / "t.json")
+    assert not (tmp_path / "no").exists()

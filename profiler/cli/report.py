@@ -52,35 +52,36 @@ def add_parsers(sub: Any) -> None:
     sub.add_parser("scenarios", help="list the built-in scenarios")
 
 
-def load_summary(run_dir: str | Path) -> Any:
-    """The Summary of a stored run, read back from its store; BadInput naming what is wrong with it."""
+def load(run_dir: str | Path) -> tuple[Any, Any]:
+    """A stored run read back once: (its record, its Summary); BadInput naming what is wrong with the store."""
     from profiler.analysis import summarize
     from profiler.store import StoreError, load_run
 
     try:
-        return summarize(load_run(run_dir))
+        rec = load_run(run_dir)
     except StoreError as exc:
         raise BadInput(str(exc)) from None
+    return rec, summarize(rec)
+
+
+def load_summary(run_dir: str | Path) -> Any:
+    return load(run_dir)[1]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from profiler.store import StoreError
+    from profiler.render.html import write_html
+    from profiler.render.trace import write_trace
 
+    rec, summary = load(args.run_dir)
     for flag, target in (("--html", args.html), ("--trace", args.trace)):
         if target is None:
             continue
-        if flag == "--html":
-            from profiler.render.html import write_html as write
-        else:
-            from profiler.render.trace import write_trace as write
         try:
-            written = write(args.run_dir, target)
-        except StoreError as exc:
-            raise BadInput(str(exc)) from None
+            written = write_html(summary, rec, target) if flag == "--html" else write_trace(rec, target)
         except (OSError, ValueError) as exc:
             raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
         say(f"wrote {written}")
-    print_summary(load_summary(args.run_dir), args.json)
+    print_summary(summary, args.json)
     return EXIT_OK
 
 

@@ -22,14 +22,14 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from profiler.analysis import Summary, summarize
+from profiler.analysis import Summary
 from profiler.analysis.parts import STACK_PHASES, Estimate
 from profiler.analysis.timeline import Series, Timeline, build_timeline
 from profiler.render.figures import figure_rows
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
-from profiler.store import load_run
+from profiler.store import RunRecord
 
 _PART_COLORS = {"data_wait": "#D55E00", "h2d": "#E69F00", "compute": "#0072B2", "other": "#aaaaaa"}
 _EXTRA_COLORS = ("#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
@@ -392,17 +392,17 @@ def _check_target(path: Path) -> None:
         raise ValueError(f"cannot write HTML report '{path}': directory '{path.parent}' does not exist")
 
 
-def write_html(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
-    """Load ``run_dir``'s store, summarize it and write the HTML report to ``path``; returns ``path``.
+def write_html(summary: Summary, rec: RunRecord, path: str | os.PathLike[str]) -> Path:
+    """Write the HTML report of ``summary`` (with the timeline of its run record ``rec``) to ``path``; returns
+    ``path``.
 
     Raises ValueError when ``path`` is a directory or its directory is missing, OSError (message names the path)
-    when it cannot be written, and :class:`profiler.store.StoreError` when the run cannot be read. The file is
-    written under a temporary name and renamed, so a failure never leaves half a report at ``path``.
+    when it cannot be written. The file is written under a temporary name and renamed, so a failure never leaves
+    half a report at ``path``.
     """
     target = Path(path)
     _check_target(target)
-    rec = load_run(run_dir)
-    text = render_html(summarize(rec), build_timeline(rec))
+    text = render_html(summary, build_timeline(rec))
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler.store import PhaseRow, RunRecord, StepRow, load_run, run_status
+from profiler.store import PhaseRow, RunRecord, StepRow, run_status
 
 TID_TRAINING = 1
 TID_DEVICE = 2  # first device lane; further lanes take 3, 4, ...
@@ -347,16 +347,16 @@ def _metadata(record: RunRecord, pid: int, device_lanes: int) -> dict[str, Any]:
     return safe
 
 
-def write_trace(run_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path:
-    """Export ``run_dir``'s store to ``path`` (a directory gets ``trace.json``); returns the file written.
+def write_trace(rec: RunRecord, path: str | os.PathLike[str]) -> Path:
+    """Export the run record ``rec`` to ``path`` (a directory gets ``trace.json``); returns the file written.
 
-    Raises :class:`profiler.store.StoreError` for a missing or unreadable store, ``OSError`` when ``path``
-    cannot be written. The file appears whole or not at all (written beside it, then renamed).
+    Raises ``OSError`` when ``path`` cannot be written. The file appears whole or not at all (written beside it,
+    then renamed).
     """
     out = Path(path)
     if out.is_dir():
         out = out / "trace.json"
-    doc = trace_events(load_run(run_dir))
+    doc = trace_events(rec)
     text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
