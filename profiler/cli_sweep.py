@@ -77,6 +77,7 @@ def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
 def add_parsers(sub: Any) -> None:
     """Register ``sweep`` and ``tune`` on the ``stallscope`` subparsers action."""
     from profiler.cli import DEFAULT_SCENARIO, MAX_BATCH, MAX_WORKERS, _bounded, add_training_options
+    from profiler.tuner import WORKER_CAP
 
     scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
     s = sub.add_parser(
@@ -122,9 +123,12 @@ def add_parsers(sub: Any) -> None:
         "--max-workers",
         type=_bounded(int, 0, MAX_WORKERS, "an integer"),
         metavar="W",
-        help="most DataLoader workers to try (default: the number of cores)",
+        help=f"most DataLoader workers to try (default {WORKER_CAP}; past the cores, the workers' measured CPU use "
+        "sets the ceiling)",
     )
-    t.add_argument("--pipelines", type=_name_list, help="comma-separated (default: every registered pipeline)")
+    t.add_argument(
+        "--pipelines", type=_name_list, help="comma-separated (default: every installed pipeline that can train it)"
+    )
     _limit_options(t, "trial")
     add_training_options(t)
     t.add_argument("--json", action="store_true", help='print only {"recommended", "default", "speedup", ...}')
@@ -246,31 +250,40 @@ def cmd_tune(args: argparse.Namespace) -> int:
         EXIT_OK,
         EXIT_SIGNAL,
         MAX_BATCH,
+        BadInput,
         _SignalStop,
         resolve_training,
     )
+    from profiler.render.sweep import tune_header
     from profiler.runner import TrainingError
-    from profiler.sweep import run_tune
+    from profiler.sweep import run_tune, tune_pipelines, usable_cores
+    from profiler.tuner import WORKER_CAP
 
-    names = args.pipelines or pipelines.names()
-    _precheck(names, args.out)
-    training = resolve_training(args, names)
+    _precheck(args.pipelines or pipelines.names(), args.out)
+    training = resolve_training(args, args.pipelines or ())
     scenario = training.scenario
+    try:
+        names, left_out = tune_pipelines(scenario, args.pipelines)
+    except pipelines.PipelineError as exc:
+        raise BadInput(f"--pipelines: {exc}") from None
     max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
-    max_workers = args.max_workers if args.max_workers is not None else (os.cpu_count() or 1)
+    max_workers = args.max_workers if args.max_workers is not None else WORKER_CAP
+    cores = usable_cores()
     out = _out_dir(args.out, "tune", args.scenario)
     guard = _SignalStop(defer_first=True)
     h = _harness(args, training, out, "tune", guard)
-    print(
-        f"stallscope: tuning {scenario.name} ({', '.join(names)}; batch up to {max_batch}, workers up to "
-        f"{max_workers}; budget {args.budget_s:g} s) on {training.device.torch_device} -> {out}",
-        file=sys.stderr,
-    )
+    header = tune_header(
+        scenario.name, pipelines=names, left_out=left_out, max_batch=max_batch, max_workers=max_workers, cores=cores,
+        budget_s=args.budget_s,
+    )  # fmt: skip
+    print(f"stallscope: {header} on {training.device.torch_device} -> {out}", file=sys.stderr)
     try:
         with guard:
             result = run_tune(
-                h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s
-            )
+                h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s,
+                cores=cores, left_out=left_out, skip_inapplicable=args.pipelines is None,
+                **({"min_trial_s": 0.0} if args.steps is not None else {}),
+            )  # fmt: skip
     except TrainingError as exc:  # bad user data, as in cmd_sweep
         print(f"stallscope: error: {exc.bad_input}", file=sys.stderr)
         return EXIT_BAD_INPUT
