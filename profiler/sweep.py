@@ -12,7 +12,8 @@ Invariants:
   ``steps`` cap or the ``seconds`` cap on its measured steps; neither of the first two before
   ``Limits.min_seconds`` of measured time. A tune trial measures at least ``TRIAL_MIN_S`` unless ``--steps``
   was given (or ``--seconds`` caps it sooner), so that the sampler sees its loader workers: the tuner reads
-  their CPU use to decide how many workers the cores can hold.
+  their CPU use to decide how many workers the cores can hold; and without ``--seconds`` at most its budget
+  / ``TRIAL_SHARE``, so that a budget holds trials and the final comparison even where a step takes seconds.
 - A configuration that fails (out of memory, a pipeline that does not apply, a model error) is a row with
   status "failed" and the error, never the end of the sweep. Bad user data (``TrainingError.bad_input``)
   would fail every configuration alike, so it ends the sweep and propagates; except in a tune over the
@@ -63,6 +64,10 @@ SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a con
 # once-a-second rescan of the process tree and its first reading of each is a baseline, so a shorter
 # window can end before any worker's CPU use was sampled
 TRIAL_MIN_S = 1.0
+# Without --seconds, a tune trial's measured time is capped at its budget / TRIAL_SHARE (at least TRIAL_MIN_S),
+# so that a budget holds a few trials and the final comparison (4 runs) even where a step takes seconds
+# and the early-stop rule would wait for a precision a loaded machine does not give: 120 s -> 10 s a trial
+TRIAL_SHARE = 12
 
 OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
 OnFinish = Callable[[SweepRow], None]
@@ -344,11 +349,13 @@ def run_tune(
 ) -> TuneResult:
     """The tuner's search and final comparison (``profiler.tuner``), every trial a run store in ``out_dir``.
     ``cores`` None: :func:`usable_cores`. ``left_out``: pipelines not searched, with why (for the result).
-    ``min_trial_s``: each trial's least measured time (the CLI passes 0 when ``--steps`` was given)."""
+    ``min_trial_s``: each trial's least measured time (the CLI passes 0 when ``--steps`` was given). Without a
+    seconds cap in ``h.limits``, each trial's measured time is capped at ``budget_s / TRIAL_SHARE``."""
     count = 0
     done: list[SweepRow] = []
-    floor = min_trial_s if h.limits.seconds is None else min(min_trial_s, h.limits.seconds)
-    h = replace(h, limits=replace(h.limits, min_seconds=max(h.limits.min_seconds, floor)))
+    seconds = h.limits.seconds if h.limits.seconds is not None else max(TRIAL_MIN_S, budget_s / TRIAL_SHARE)
+    floor = min(min_trial_s, seconds)
+    h = replace(h, limits=replace(h.limits, seconds=seconds, min_seconds=max(h.limits.min_seconds, floor)))
 
     def trial(cfg: Config, label: str, role: str) -> SweepRow:
         nonlocal count

@@ -22,10 +22,10 @@ rows that decided it.
 
 Invariants: the search is a pure function of the ``trial`` callable's results, the ``clock`` and its
 arguments (the core count included), and so are the stop reasons; a configuration is tried at most once
-(results are cached); a trial is started only when the time spent so
-far, its estimated duration and the time reserved for the final comparison fit in ``budget_s`` (the first
-trial always runs); the final comparison always runs at least one round, so a budget too small for even
-that is exceeded by it and ``notes`` says so.
+(results are cached); a trial is started only when the time spent so far, its estimated duration and the
+time reserved for the final comparison (``FINAL_ROUNDS`` rounds, one before the second trial) fit in
+``budget_s`` (the first trial always runs); the final comparison always runs at least one round, so a budget
+too small for even that is exceeded by it and ``notes`` says so.
 """
 
 from __future__ import annotations
@@ -167,11 +167,13 @@ class _Search:
         return near.wall_s * max(1.0, cfg.batch_size / near.batch_size)
 
     def reserve(self, best: SweepRow | None) -> float:
-        """Time kept for the final comparison: the rounds of default + best so far."""
+        """Time kept for the final comparison: the rounds of default + best so far. One round only before the
+        second trial: a budget that holds two trials and one round compares the default with its first step
+        rather than stopping at the default alone, with nothing measured against it."""
         d = self.cache.get(self.default)
         d_s = d.wall_s if d is not None and math.isfinite(d.wall_s) else 0.0
         b_s = best.wall_s if best is not None and math.isfinite(best.wall_s) else d_s
-        return FINAL_ROUNDS * (d_s + b_s)
+        return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
 
     def run(self, cfg: Config, best: SweepRow | None) -> SweepRow:
         hit = self.cache.get(cfg)

@@ -247,6 +247,15 @@ def test_budget_stops_the_search_and_keeps_the_final_comparison() -> None:
     assert result.speedup is not None
 
 
+def test_a_budget_for_two_trials_and_one_round_still_measures_a_speedup() -> None:
+    # 45 s of 10 s runs: the default, its first step, one round of the final pair (2 rounds would not fit)
+    result = run(FakeTrials(lanes_model, wall_s=10.0), pipelines=["naive"], budget_s=45.0)
+    assert [r.name for r in result.trials] == ["naive-b8-w0", "naive-b8-w1"]
+    assert [r.role for r in result.final] == ["default", "recommended"]
+    assert result.recommended == Config("naive", 8, 1)
+    assert result.speedup == pytest.approx(lanes_model(Config("naive", 8, 1)) / lanes_model(result.default))
+
+
 def test_interrupt_keeps_the_best_so_far() -> None:
     result = run(FakeTrials(lanes_model, interrupt_at=3))
     assert result.status == "interrupted" and result.stopped_by == "SIGINT"
