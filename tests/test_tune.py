@@ -3,6 +3,7 @@ of known cost (tests/data/scenarios/tune.py) against a full grid run through the
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable
@@ -10,11 +11,15 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, stallscope
+from rich.console import Console
 from test_cli import assert_one_line_error
 
-from profiler.analysis.sweep import Config, SweepRow
+from profiler.analysis import summarize
+from profiler.analysis.sweep import Config, SweepRow, row_from_summary, worker_cpu_busy
 from profiler.devices import resolve_device
+from profiler.render.sweep import render_tune, tune_header
 from profiler.runner import RunConfig
+from profiler.store import load_run
 from profiler.sweep import Harness, run_sweep
 from profiler.tuner import TuneResult, tune, worker_ladder
 
@@ -95,6 +100,47 @@ def test_worker_ladder_doubles_up_to_the_cap_with_the_cores_on_it() -> None:
     assert worker_ladder(8) == [0, 1, 2, 4, 8]
     assert worker_ladder(64, cores=6) == [0, 1, 2, 4, 6, 8, 16, 32, 64]
     assert worker_ladder(4, cores=6) == [0, 1, 2, 4]
+
+
+def test_worker_cpu_busy_is_the_mean_over_the_sampled_workers() -> None:
+    host = {
+        "proc_main_cpu_pct_mean": 90.0, "proc_children_cpu_pct_mean": 180.0, "proc_w0_cpu_pct_mean": 95.0,
+        "proc_w1_cpu_pct_mean": 85.0, "proc_w1_rss_mb_max": 100.0, "sys_cpu_pct_mean": 99.0,
+    }  # fmt: skip
+    busy, sampled = worker_cpu_busy(host, 2)
+    assert busy == pytest.approx(0.90) and sampled == 2
+    busy, sampled = worker_cpu_busy(host, 4)  # two of four seen: they stand for all
+    assert busy == pytest.approx(0.90) and sampled == 2
+    assert math.isnan(worker_cpu_busy(host, 0)[0]) and math.isnan(worker_cpu_busy({}, 2)[0])
+
+
+class _WithContention:
+    """A summary with the contention figure a later branch adds (``summary.contention``)."""
+
+    def __init__(self, summary: object, contention: object) -> None:
+        self._summary = summary
+        self.contention = contention
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._summary, name)
+
+
+def test_rows_carry_the_workers_cpu_and_the_run_queue_figure_when_present() -> None:
+    from types import SimpleNamespace
+
+    s = summarize(load_run(ROOT / "tests" / "data" / "runs" / "cpu-workers"))  # recorded: 2 workers, ~4.7% each
+    kw: dict[str, object] = {"pipeline": "naive", "batch_size": s.batch_size, "workers": 2, "run_dir": None,
+                             "step_s": [], "stop_reason": "steps", "wall_s": 1.0}  # fmt: skip
+    row = row_from_summary(s, **kw)  # type: ignore[arg-type]
+    assert row.worker_cpu_busy_fraction == pytest.approx(s.host["proc_w0_cpu_pct_mean"] / 100)
+    assert row.workers_sampled == 2 and math.isnan(row.runq_compute_fraction)
+    d = row.to_dict()
+    assert {"worker_cpu_busy_fraction", "workers_sampled", "runq_compute_fraction"} <= d.keys()
+    assert d["runq_compute_fraction"] is None
+    measured = _WithContention(s, SimpleNamespace(available=True, compute_runq_fraction=0.31))
+    assert row_from_summary(measured, **kw).runq_compute_fraction == pytest.approx(0.31)  # type: ignore[arg-type]
+    unmeasured = _WithContention(s, SimpleNamespace(available=False, compute_runq_fraction=0.0))
+    assert math.isnan(row_from_summary(unmeasured, **kw).runq_compute_fraction)  # type: ignore[arg-type]
 
 
 # -- the worker ceiling: loaders whose items wait, and loaders whose items compute ---------------------------
@@ -331,3 +377,24 @@ def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> 
 )
 def test_tune_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(stallscope("tune", str(SCENARIOS / "tune.py"), *args), *needles)
+
+
+def test_the_report_says_why_each_climb_stopped_and_what_was_left_out() -> None:
+    left_out = {"dali": "needs an image-folder or detection dataset"}
+    result = run(FakeTrials(waiting_loader, cpu=lambda c: 0.02), pipelines=["naive"], max_workers=64, cores=CORES,
+                 max_batch=8, left_out=left_out)  # fmt: skip
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    render_tune(result, console)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    lines = [ln.strip() for ln in text.splitlines()]
+    # the table's worker cpu column: the sampled busy fraction of the 16-worker trial
+    assert ["trial", "naive", "8", "16", "400.0", "n/a", "2.0%"] in [ln.split()[:7] for ln in lines]
+    assert f"naive workers {result.stopped['naive']['workers']}" in lines
+    assert f"naive batch {result.stopped['naive']['batch']}" in lines
+    assert "dali left out: needs an image-folder or detection dataset" in lines
+    header = tune_header("io-wait", pipelines=["naive"], left_out=left_out, max_batch=8, max_workers=64, cores=2,
+                         budget_s=120)  # fmt: skip
+    assert header == (
+        "tuning io-wait (naive; dali left out: needs an image-folder or detection dataset; batch up to 8; workers up "
+        "to the 2 cores, past them while the workers' measured CPU use leaves room, at most 64; budget 120 s)"
+    )
