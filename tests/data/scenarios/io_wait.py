@@ -14,6 +14,9 @@ Expected samples/s at batch 8 (loader: 8 x 20 = 160 ms a batch in one worker; fo
 So the best is 8 workers at ~400 samples/s, x9 the default's 44, on any number of cores: the workers are idle
 on the CPU almost all the time. A tuner that stops at 2 workers (the cores of a 2-core machine) reaches 100,
 a quarter of it. A larger batch does not help at 8 workers: batch 16 is 16 x 20 / 8 = 40 ms a batch, 400.
+The 8 workers start together and so deliver their batches in bursts of 8, one burst every batch x 20 ms: a
+measured window that is not a whole number of bursts long reads above or below 400 (by up to ~20% at
+batch 16-64 in a trial of 1-4 s), which is why the tests that use this file hold the batch at 8.
 """
 
 import time
