@@ -88,6 +88,22 @@ def import_dali() -> Any:
     return dali
 
 
+def unusable(data: str | None) -> str | None:
+    """Why this pipeline cannot train a scenario whose ``Scenario.data`` is ``data`` here (one line), or None.
+
+    DALI reads files: a scenario that makes its data in memory has none for it. Judged from the declaration
+    alone; a file-backed scenario whose dataset is not an image folder or a detection set is found out at
+    build time (:func:`_image_folder`).
+    """
+    if data is None:
+        return "needs an image-folder or detection dataset (a file-backed scenario); this one makes its data in memory"
+    try:
+        import_dali()
+    except PipelineError as exc:
+        return str(exc)
+    return None
+
+
 def _image_folder(dataset: Any) -> tuple[ImageFolderSource, AugmentSpec]:
     source = getattr(dataset, "source", None)
     augment = getattr(dataset, "augment", None)

@@ -9,10 +9,17 @@ Invariants:
 - Every configuration runs through :func:`profiler.runner.run_scenario`, the loop ``stallscope run`` uses,
   with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader).
 - A configuration ends at whichever comes first: the early-stop rule (``analysis.sweep.is_stable``), the
-  ``steps`` cap or the ``seconds`` cap on its measured steps.
+  ``steps`` cap or the ``seconds`` cap on its measured steps; neither of the first two before
+  ``Limits.min_seconds`` of measured time. A tune trial measures at least ``TRIAL_MIN_S`` unless ``--steps``
+  was given (or ``--seconds`` caps it sooner), so that the sampler sees its loader workers: the tuner reads
+  their CPU use to decide how many workers the cores can hold; and without ``--seconds`` at most its budget
+  / ``TRIAL_SHARE``, so that a budget holds trials and the final comparison even where a step takes seconds.
 - A configuration that fails (out of memory, a pipeline that does not apply, a model error) is a row with
   status "failed" and the error, never the end of the sweep. Bad user data (``TrainingError.bad_input``)
-  would fail every configuration alike, so it ends the sweep and propagates.
+  would fail every configuration alike, so it ends the sweep and propagates; except in a tune over the
+  default pipeline set (``skip_inapplicable``), where a pipeline that the loader's build finds unable to
+  read the dataset (a ``PipelineError``: dali on a file-backed dataset that is no image folder) is a failed
+  trial, which the tuner notes and skips: that set was chosen from the scenario's declaration alone.
 - ``sweep.json`` is rewritten (atomically) after every configuration, so a sweep killed at any point
   leaves the table of what finished. Ctrl-C / SIGTERM ends the sweep after recording the configuration it
   interrupted as a row with status "interrupted".
@@ -26,12 +33,14 @@ import json
 import math
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipelines import PipelineError, applicable, require
 from profiler.analysis.sweep import (
     MIN_STEPS,
     REL_CI,
@@ -51,6 +60,14 @@ from scenarios import Scenario
 
 DEFAULT_STEPS = 30  # cap on measured steps per configuration when neither --steps nor --seconds is given
 SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a configuration
+# A tune trial's least measured time (within its caps): the host source finds new loader workers on its
+# once-a-second rescan of the process tree and its first reading of each is a baseline, so a shorter
+# window can end before any worker's CPU use was sampled
+TRIAL_MIN_S = 1.0
+# Without --seconds, a tune trial's measured time is capped at its budget / TRIAL_SHARE (at least TRIAL_MIN_S),
+# so that a budget holds a few trials and the final comparison (4 runs) even where a step takes seconds
+# and the early-stop rule would wait for a precision a loaded machine does not give: 120 s -> 10 s a trial
+TRIAL_SHARE = 12
 
 OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
 OnFinish = Callable[[SweepRow], None]
@@ -62,6 +79,7 @@ class Limits:
 
     steps: int = DEFAULT_STEPS
     seconds: float | None = None
+    min_seconds: float = 0.0  # neither the early-stop rule nor the steps cap ends a configuration sooner
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +126,7 @@ class StopRule:
         self._stop_requested = stop_requested
         self._t_first: float | None = None
         self.reason: str | None = None
+        self._calls = 0  # measured steps done: the runner calls the rule after each one
         self._seen = -1  # the highest step index taken from ``session.recent``
         self._window: deque[tuple[int, float]] = deque()  # (step, duration) of the measured rows taken
         # sums of (duration - shift), shift being the first duration taken: no cancellation against the mean
@@ -120,16 +139,21 @@ class StopRule:
             self.reason = "signal"
             return True
         now = self._clock()
+        self._calls += 1
         if self._t_first is None:
             self._t_first = now  # the end of the first measured step: the seconds cap counts from here
         # the step that just finished is recorded when the loop asks for the next batch: ``recent`` holds
         # the ones before it, which is what the rule can judge
         self._take(session.recent)
-        if len(self._window) >= MIN_STEPS and self.relative_ci() < REL_CI:  # ``is_stable``
+        long_enough = now - self._t_first >= self._limits.min_seconds
+        if long_enough and len(self._window) >= MIN_STEPS and self.relative_ci() < REL_CI:  # ``is_stable``
             self.reason = "stable"
             return True
         if self._limits.seconds is not None and now - self._t_first >= self._limits.seconds:
             self.reason = "seconds"
+            return True
+        if long_enough and self._calls >= self._limits.steps:  # the runner's cap is lifted while min_seconds holds
+            self.reason = "steps"
             return True
         return False
 
@@ -179,7 +203,7 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
         pipeline=cfg.pipeline,
         batch_size=cfg.batch_size,
         workers=cfg.workers,
-        steps=h.limits.steps,
+        steps=h.limits.steps if h.limits.min_seconds <= 0 else SECONDS_ONLY_STEPS,
         attribution=False,
         stop_when=rule,
         extra_meta={**h.base.extra_meta, "sweep_config": cfg.name, **({"tune_role": role} if role else {})},
@@ -296,6 +320,25 @@ def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[Swe
     return final, stopped
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), which a container or taskset can make fewer
+    than the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity off Linux
+        return os.cpu_count() or 1
+
+
+def tune_pipelines(scenario: Scenario, asked: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
+    """The pipelines a tune searches and those it leaves out, with why. ``asked`` None: every registered
+    pipeline that can train ``scenario`` here; given: those, each of which must be able to (a PipelineError,
+    one line, names the first that cannot, why, and the ones that can)."""
+    if asked is None:
+        return applicable(scenario.data)
+    require(asked, scenario.data, scenario.name)
+    return list(asked), {}
+
+
 def run_tune(
     h: Harness,
     out_dir: Path,
@@ -304,10 +347,20 @@ def run_tune(
     max_batch: int,
     max_workers: int,
     budget_s: float,
+    cores: int | None = None,
+    left_out: dict[str, str] | None = None,
+    skip_inapplicable: bool = False,
+    min_trial_s: float = TRIAL_MIN_S,
 ) -> TuneResult:
-    """The tuner's search and final comparison (``profiler.tuner``), every trial a run store in ``out_dir``."""
+    """The tuner's search and final comparison (``profiler.tuner``), every trial a run store in ``out_dir``.
+    ``cores`` None: :func:`usable_cores`. ``left_out``: pipelines not searched, with why (for the result).
+    ``min_trial_s``: each trial's least measured time (the CLI passes 0 when ``--steps`` was given). Without a
+    seconds cap in ``h.limits``, each trial's measured time is capped at ``budget_s / TRIAL_SHARE``."""
     count = 0
     done: list[SweepRow] = []
+    seconds = h.limits.seconds if h.limits.seconds is not None else max(TRIAL_MIN_S, budget_s / TRIAL_SHARE)
+    floor = min(min_trial_s, seconds)
+    h = replace(h, limits=replace(h.limits, seconds=seconds, min_seconds=max(h.limits.min_seconds, floor)))
 
     def trial(cfg: Config, label: str, role: str) -> SweepRow:
         nonlocal count
@@ -318,7 +371,16 @@ def run_tune(
         run_dir = out_dir / label
         if h.on_start is not None:
             h.on_start(count, None, cfg, run_dir)
-        row = run_config(h, cfg, run_dir, role=role)
+        try:
+            with warnings.catch_warnings():
+                # torch warns whenever a DataLoader has more workers than cores: the tuner tries that on purpose,
+                # on the workers' measured CPU use, and says so in its report
+                warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+                row = run_config(h, cfg, run_dir, role=role)
+        except TrainingError as exc:
+            if not (skip_inapplicable and isinstance(exc.__cause__, PipelineError)):
+                raise
+            row = SweepRow(cfg.pipeline, cfg.batch_size, cfg.workers, "failed", str(run_dir), exc.bad_input, role=role)
         done.append(row)
         if h.on_finish is not None:
             h.on_finish(row)
@@ -332,6 +394,8 @@ def run_tune(
         max_batch=max_batch,
         max_workers=max_workers,
         budget_s=budget_s,
+        cores=usable_cores() if cores is None else cores,
+        left_out=left_out,
     )
     write_json(out_dir / "tune.json", result.to_dict())
     return result

@@ -1,8 +1,13 @@
 """The tuner's search: workers, batch size and pipeline with the best throughput, without a full grid.
 
 For each pipeline, starting at the scenario's batch size and 0 workers:
-1. hill-climb on workers over 0, 1, 2, 4, ... up to the core count, moving up only while a step improves
-   throughput by more than ``IMPROVE`` (more workers cost memory and CPU: a tie keeps the fewer);
+1. hill-climb on workers over 0, 1, 2, 4, ... (the core count and ``max_workers`` included), moving up only
+   while a step improves throughput by more than ``IMPROVE`` (more workers cost memory and CPU: a tie keeps
+   the fewer). Up to the core count that is the only rule. Past it, a step is tried only while it stays
+   under the ceiling the workers' own CPU use sets: workers busy on CPU a fraction f of their time (the
+   trial's ``worker_cpu_busy_fraction``: CPU time per item over wall time per item) saturate c cores at about
+   c / f of them, so a loader whose items wait (I/O, a remote store) climbs far past the cores and a
+   CPU-bound one stops at them. When f was not measured, throughput alone decides (and a note says so);
 2. double the batch at the best worker count while throughput improves by more than ``IMPROVE``, up to
    ``max_batch``; a configuration that fails (out of memory, or any RuntimeError) is the ceiling. If the
    first doubling does not improve, halve instead while halving improves (the default was past the knee).
@@ -12,11 +17,15 @@ runs first so that drift of the machine cancels, the speedup being the ratio of 
 A pick that is no faster than the default side by side (speedup <= 1) is not confirmed: the recommendation
 becomes the default, and the pick with its measured speedup is kept as ``unconfirmed``.
 
-Invariants: the search is a pure function of the ``trial`` callable's results and the ``clock``; a
-configuration is tried at most once (results are cached); a trial is started only when the time spent so
-far, its estimated duration and the time reserved for the final comparison fit in ``budget_s`` (the first
-trial always runs); the final comparison always runs at least one round, so a budget too small for even
-that is exceeded by it and ``notes`` says so.
+Each climb records why it stopped, for workers and for batch (``TuneResult.stopped``), worded from the
+rows that decided it.
+
+Invariants: the search is a pure function of the ``trial`` callable's results, the ``clock`` and its
+arguments (the core count included), and so are the stop reasons; a configuration is tried at most once
+(results are cached); a trial is started only when the time spent so far, its estimated duration and the
+time reserved for the final comparison (``FINAL_ROUNDS`` rounds, one before the second trial) fit in
+``budget_s`` (the first trial always runs); the final comparison always runs at least one round, so a budget
+too small for even that is exceeded by it and ``notes`` says so.
 """
 
 from __future__ import annotations
@@ -34,6 +43,12 @@ from profiler.session import Interrupted
 IMPROVE = 0.03
 FINAL_ROUNDS = 2
 DEFAULT_PIPELINE = "naive"
+# tune's default --max-workers: a hard cap on the climb past the cores (each worker is a process holding a
+# copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
+# throughput rule stop it long before this on most loaders
+WORKER_CAP = 64
+# a rejected step whose training thread waited for a CPU more than this share of its compute: worth saying
+RUNQ_NOTABLE = 0.1
 
 
 # (configuration, label for its run directory, role) -> the configuration's row
@@ -60,6 +75,11 @@ class TuneResult:
     unconfirmed_speedup: float | None = None
     stopped_by: str | None = None  # the signal that interrupted it
     notes: list[str] = field(default_factory=list)
+    # pipeline -> {"workers": why that climb stopped, "batch": ...}, each naming the figures that decided it
+    stopped: dict[str, dict[str, str]] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)  # pipelines not searched (they cannot train it)
+    cores: int = 0
+    max_workers: int = 0
 
     def medians(self) -> dict[str, float | None]:
         return {role: finite_or_none(_median(self.final, role)) for role in ("recommended", "default")}
@@ -81,8 +101,15 @@ class TuneResult:
             "budget_s": self.budget_s,
             "elapsed_s": self.elapsed_s,
             "status": self.status,
+            "stopped": {p: dict(why) for p, why in self.stopped.items()},
+            "left_out": dict(self.left_out),
+            "cores": self.cores,
+            "max_workers": self.max_workers,
             "rules": {
                 "improve": f"a step of the search is taken only when throughput improves by more than {IMPROVE:.0%}",
+                "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores, then further only while "
+                "the next count stays under cores / (the workers' CPU busy fraction), at most "
+                f"{self.max_workers}",
                 "final": f"recommended and default re-run alternately, up to {FINAL_ROUNDS} rounds each; "
                 "speedup = ratio of median throughputs",
             },
@@ -90,16 +117,18 @@ class TuneResult:
         }
 
 
-def worker_ladder(max_workers: int) -> list[int]:
-    """0, 1, 2, 4, ... up to ``max_workers``, which is included even when it is not a power of two."""
-    out = [0]
+def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:
+    """0, 1, 2, 4, ... up to ``max_workers``; ``max_workers`` and the core count (when not above it) are
+    included even when they are not powers of two."""
+    out = {0}
     w = 1
     while w <= max_workers:
-        out.append(w)
+        out.add(w)
         w *= 2
-    if max_workers > 0 and out[-1] != max_workers:
-        out.append(max_workers)
-    return out
+    out.add(max_workers)
+    if cores is not None and 0 < cores <= max_workers:
+        out.add(cores)
+    return sorted(out)
 
 
 class _Search:
@@ -115,6 +144,7 @@ class _Search:
         self.cache: dict[Config, SweepRow] = {}
         self.notes: list[str] = []
         self.spent: str | None = None  # why the budget stopped the search
+        self.stopped: dict[str, dict[str, str]] = {}
 
     def best_of(self, pipeline: str) -> SweepRow | None:
         """The best completed trial of ``pipeline`` so far, by the same rule as the climb (ties to the first)."""
@@ -137,11 +167,13 @@ class _Search:
         return near.wall_s * max(1.0, cfg.batch_size / near.batch_size)
 
     def reserve(self, best: SweepRow | None) -> float:
-        """Time kept for the final comparison: the rounds of default + best so far."""
+        """Time kept for the final comparison: the rounds of default + best so far. One round only before the
+        second trial: a budget that holds two trials and one round compares the default with its first step
+        rather than stopping at the default alone, with nothing measured against it."""
         d = self.cache.get(self.default)
         d_s = d.wall_s if d is not None and math.isfinite(d.wall_s) else 0.0
         b_s = best.wall_s if best is not None and math.isfinite(best.wall_s) else d_s
-        return FINAL_ROUNDS * (d_s + b_s)
+        return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
 
     def run(self, cfg: Config, best: SweepRow | None) -> SweepRow:
         hit = self.cache.get(cfg)
@@ -159,48 +191,117 @@ def _better(new: SweepRow, old: SweepRow) -> bool:
     return new.ok and new.throughput_samples_per_s > old.throughput_samples_per_s * (1 + IMPROVE)
 
 
-def _climb(s: _Search, pipeline: str, start_batch: int, max_batch: int, max_workers: int) -> SweepRow | None:
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    max_batch: int
+    max_workers: int
+    cores: int
+
+
+def _climb(s: _Search, pipeline: str, start_batch: int, limits: _Limits) -> SweepRow | None:
     """One pipeline's search; the best row it found (None when the pipeline failed at the start). When the
     budget runs out, the best so far (None before the pipeline's first trial), with ``s.spent`` set."""
+    why = s.stopped.setdefault(pipeline, {})
     try:
         best = s.run(Config(pipeline, start_batch, 0), None)
         if not best.ok:
             s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
+            why.update(workers=f"not searched: {best.name} failed", batch=f"not searched: {best.name} failed")
             return None
-        return _climb_from(s, best, max_batch, max_workers)
+        best, why["workers"] = _climb_workers(s, best, limits)
+        best, why["batch"] = _climb_batch(s, best, limits.max_batch)
+        return best
     except BudgetSpent as spent:
         s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
         s.notes.append(s.spent)
-        return s.best_of(pipeline)
+        so_far = s.best_of(pipeline)
+        for knob in ("workers", "batch"):
+            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob)}"
+            why.setdefault(knob, f"{where}: the budget of {s.budget_s:g} s was reached before trying {spent}")
+        return so_far
 
 
-def _climb_from(s: _Search, best: SweepRow, max_batch: int, max_workers: int) -> SweepRow:
-    pipeline, start_batch = best.pipeline, best.batch_size
-    for w in worker_ladder(max_workers)[1:]:
-        row = s.run(Config(pipeline, start_batch, w), best)
+def _climb_workers(s: _Search, best: SweepRow, limits: _Limits) -> tuple[SweepRow, str]:
+    """Climb the worker ladder at ``best``'s batch; the best row and why the climb stopped."""
+    unmeasured: int | None = None  # the worker count past the cores whose CPU use was not sampled
+    for w in worker_ladder(limits.max_workers, limits.cores)[1:]:
+        f = best.worker_cpu_busy_fraction
+        if w > limits.cores and not math.isfinite(f):
+            unmeasured = best.workers if unmeasured is None else unmeasured
+        elif w > limits.cores and f * w > limits.cores:  # w > cores / f: w workers would need more than the cores
+            fit = max(best.workers, math.floor(limits.cores / f))
+            return best, (
+                f"stopped at {best.workers}: the workers were {f:.0%} busy on CPU per item at {best.workers}, so "
+                f"about {fit} fit on {limits.cores} core{'' if limits.cores == 1 else 's'} ({w} would not)"
+            )
+        row = s.run(Config(best.pipeline, best.batch_size, w), best)
         if not _better(row, best):
-            break
+            return best, _unsampled(f"stopped at {best.workers}: {_step(best, row, 'workers')}", unmeasured)
         best = row
-    grew = False
-    b = best.batch_size * 2
+    return best, _unsampled(f"stopped at {best.workers}: the most workers allowed (--max-workers)", unmeasured)
+
+
+def _unsampled(reason: str, at: int | None) -> str:
+    if at is None:
+        return reason
+    return f"{reason}; the workers' CPU use was not sampled at {at}, so past the cores throughput alone decided"
+
+
+def _climb_batch(s: _Search, best: SweepRow, max_batch: int) -> tuple[SweepRow, str]:
+    """Double the batch at ``best``'s workers; when no doubling helps, halve it while halving helps (the
+    default was past the knee). The best row and why the climb stopped."""
+    pipeline, start = best.pipeline, best.batch_size
+    b = start * 2
     while b <= max_batch:
         row = s.run(Config(pipeline, b, best.workers), best)
         if not row.ok:
             s.notes.append(f"{row.name} failed ({row.error or row.status}): batch ceiling for {pipeline}")
-            break
         if not _better(row, best):
+            up = _step(best, row, "batch")
             break
-        best, grew = row, True
+        best = row
         b *= 2
-    if not grew:
-        b = best.batch_size // 2
-        while b >= 1:
-            row = s.run(Config(pipeline, b, best.workers), best)
-            if not _better(row, best):
-                break
-            best = row
-            b //= 2
-    return best
+    else:
+        up = f"batch {b} is above --max-batch-size {max_batch}"
+    if best.batch_size != start:
+        return best, f"stopped at {best.batch_size}: {up}"
+    b = start // 2
+    while b >= 1:
+        row = s.run(Config(pipeline, b, best.workers), best)
+        if not _better(row, best):
+            down = _step(best, row, "batch")
+            break
+        best = row
+        b //= 2
+    else:
+        down = "batch 1 is the smallest"
+    return best, f"stopped at {best.batch_size}: {up}; {down}"
+
+
+def _knob(row: SweepRow, knob: str) -> int:
+    return row.workers if knob == "workers" else row.batch_size
+
+
+def _step(best: SweepRow, row: SweepRow, knob: str) -> str:
+    """Why ``row``, a step of the climb from ``best``, was not taken, in their figures."""
+    what, ref = (
+        (f"{row.workers} workers", f"{best.workers}")
+        if knob == "workers"
+        else (f"batch {row.batch_size}", f"batch {best.batch_size}")
+    )
+    if not row.ok:
+        return f"{what} failed ({row.error or row.status})"
+    new, old = row.throughput_samples_per_s, best.throughput_samples_per_s
+    gain = new / old - 1
+    text = (
+        f"{what} was {gain:.1%} faster than {ref} ({new:.1f} vs {old:.1f} samples/s: within {IMPROVE:.0%})"
+        if gain >= 0
+        else f"{what} was {-gain:.1%} slower than {ref} ({new:.1f} vs {old:.1f} samples/s)"
+    )
+    runq = row.runq_compute_fraction
+    if knob == "workers" and math.isfinite(runq) and runq > RUNQ_NOTABLE:
+        text += f"; the training thread waited for a CPU {runq:.0%} of compute at {row.workers} workers"
+    return text
 
 
 def tune(
@@ -211,6 +312,8 @@ def tune(
     max_batch: int,
     max_workers: int,
     budget_s: float,
+    cores: int,
+    left_out: dict[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> TuneResult:
     """Search, then measure the recommendation against the default side by side (see the module docstring).
@@ -222,11 +325,15 @@ def tune(
     start = min(default_batch, max_batch)
     s = _Search(trial, budget_s, clock, default)
     final: list[SweepRow] = []
-    result = TuneResult(None, default, None, s.rows, final, budget_s, 0.0, notes=s.notes)
+    result = TuneResult(
+        None, default, None, s.rows, final, budget_s, 0.0, notes=s.notes, stopped=s.stopped,
+        left_out=dict(left_out or {}), cores=cores, max_workers=max_workers,
+    )  # fmt: skip
+    limits = _Limits(max_batch=max_batch, max_workers=max_workers, cores=max(1, cores))
     try:
         bests: list[SweepRow] = []
         for p in pipelines:
-            best = _climb(s, p, start, max_batch, max_workers)
+            best = _climb(s, p, start, limits)
             if best is not None:
                 bests.append(best)
             if s.spent:
@@ -247,6 +354,9 @@ def tune(
         if isinstance(row, SweepRow):
             (s.rows if row.role == "trial" else final).append(row)
         s.notes.append(f"stopped by {result.stopped_by} after {len(s.rows)} trials: the result is partial")
+        for why in s.stopped.values():
+            for knob in ("workers", "batch"):
+                why.setdefault(knob, f"stopped by {result.stopped_by}")
         ok = [r for r in s.rows if r.ok]
         if result.recommended is None and ok:
             result.recommended = _fastest(ok)

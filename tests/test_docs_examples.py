@@ -58,13 +58,7 @@ DEFAULT_TIMEOUT_S = 300.0
 
 # Documented commands that fail because of the code, not the docs: strict, so each one is noticed (and
 # removed from here) once the code is fixed.
-XFAIL = {
-    "stallscope tune fashion-vgg --budget-s 120": "tune default pipelines (issue #10 item 1, fixed on branch tuner)",
-    "stallscope run fashion-vgg --pipeline dali": (
-        "a pipeline that does not apply to the scenario is found inside run_scenario: the training banner and "
-        "NVML lines come first (3 lines on stderr, not 1) and a failed run store is left in runs/"
-    ),
-}
+XFAIL: dict[str, str] = {}
 
 FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`]*)")
 DIRECTIVE = re.compile(r"^\s*<!--\s*check:(.*?)-->\s*$")

@@ -3,6 +3,7 @@ of known cost (tests/data/scenarios/tune.py) against a full grid run through the
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable
@@ -10,11 +11,15 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, stallscope
+from rich.console import Console
 from test_cli import assert_one_line_error
 
-from profiler.analysis.sweep import Config, SweepRow
+from profiler.analysis import summarize
+from profiler.analysis.sweep import Config, SweepRow, row_from_summary, worker_cpu_busy
 from profiler.devices import resolve_device
+from profiler.render.sweep import render_tune, tune_header
 from profiler.runner import RunConfig
+from profiler.store import load_run
 from profiler.sweep import Harness, run_sweep
 from profiler.tuner import TuneResult, tune, worker_ladder
 
@@ -34,10 +39,20 @@ def lanes_model(cfg: Config) -> float | None:
 
 
 class FakeTrials:
-    """A trial function over a throughput model; every trial takes ``wall_s`` on a fake clock."""
+    """A trial function over a throughput model; every trial takes ``wall_s`` on a fake clock. ``cpu`` gives a
+    row's worker CPU busy fraction and ``runq`` its run-queue share of compute (NaN: not measured)."""
 
-    def __init__(self, model: Model, wall_s: float = 1.0, interrupt_at: int = 0) -> None:
+    def __init__(
+        self,
+        model: Model,
+        wall_s: float = 1.0,
+        interrupt_at: int = 0,
+        cpu: Callable[[Config], float] = lambda c: math.nan,
+        runq: Callable[[Config], float] = lambda c: math.nan,
+    ) -> None:
         self.model = model
+        self.cpu = cpu
+        self.runq = runq
         self.wall_s = wall_s
         self.now = 0.0
         self.calls: list[tuple[Config, str, str]] = []
@@ -59,7 +74,8 @@ class FakeTrials:
             )  # fmt: skip
         return SweepRow(
             cfg.pipeline, cfg.batch_size, cfg.workers, "complete", throughput_samples_per_s=thr, wall_s=self.wall_s,
-            role=role,
+            role=role, worker_cpu_busy_fraction=self.cpu(cfg) if cfg.workers else math.nan,
+            runq_compute_fraction=self.runq(cfg),
         )  # fmt: skip
 
 
@@ -69,6 +85,7 @@ def run(trials: FakeTrials, **kw: object) -> TuneResult:
         "default_batch": 8,
         "max_batch": 256,
         "max_workers": 4,
+        "cores": 4,
         "budget_s": 1e6,
         "clock": trials.clock,
     }
@@ -76,11 +93,155 @@ def run(trials: FakeTrials, **kw: object) -> TuneResult:
     return tune(trials, **args)  # type: ignore[arg-type]
 
 
-def test_worker_ladder_doubles_up_to_the_cores() -> None:
+def test_worker_ladder_doubles_up_to_the_cap_with_the_cores_on_it() -> None:
     assert worker_ladder(0) == [0]
     assert worker_ladder(2) == [0, 1, 2]
     assert worker_ladder(6) == [0, 1, 2, 4, 6]
     assert worker_ladder(8) == [0, 1, 2, 4, 8]
+    assert worker_ladder(64, cores=6) == [0, 1, 2, 4, 6, 8, 16, 32, 64]
+    assert worker_ladder(4, cores=6) == [0, 1, 2, 4]
+
+
+def test_worker_cpu_busy_is_the_mean_over_the_sampled_workers() -> None:
+    host = {
+        "proc_main_cpu_pct_mean": 90.0, "proc_children_cpu_pct_mean": 180.0, "proc_w0_cpu_pct_mean": 95.0,
+        "proc_w1_cpu_pct_mean": 85.0, "proc_w1_rss_mb_max": 100.0, "sys_cpu_pct_mean": 99.0,
+    }  # fmt: skip
+    busy, sampled = worker_cpu_busy(host, 2)
+    assert busy == pytest.approx(0.90) and sampled == 2
+    busy, sampled = worker_cpu_busy(host, 4)  # two of four seen: they stand for all
+    assert busy == pytest.approx(0.90) and sampled == 2
+    assert math.isnan(worker_cpu_busy(host, 0)[0]) and math.isnan(worker_cpu_busy({}, 2)[0])
+
+
+class _WithContention:
+    """A summary with the contention figure a later branch adds (``summary.contention``)."""
+
+    def __init__(self, summary: object, contention: object) -> None:
+        self._summary = summary
+        self.contention = contention
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._summary, name)
+
+
+def test_rows_carry_the_workers_cpu_and_the_run_queue_figure_when_present() -> None:
+    from types import SimpleNamespace
+
+    s = summarize(load_run(ROOT / "tests" / "data" / "runs" / "cpu-workers"))  # recorded: 2 workers, ~4.7% each
+    kw: dict[str, object] = {"pipeline": "naive", "batch_size": s.batch_size, "workers": 2, "run_dir": None,
+                             "step_s": [], "stop_reason": "steps", "wall_s": 1.0}  # fmt: skip
+    row = row_from_summary(s, **kw)  # type: ignore[arg-type]
+    assert row.worker_cpu_busy_fraction == pytest.approx(s.host["proc_w0_cpu_pct_mean"] / 100)
+    assert row.workers_sampled == 2 and math.isnan(row.runq_compute_fraction)
+    d = row.to_dict()
+    assert {"worker_cpu_busy_fraction", "workers_sampled", "runq_compute_fraction"} <= d.keys()
+    assert d["runq_compute_fraction"] is None
+    measured = _WithContention(s, SimpleNamespace(available=True, compute_runq_fraction=0.31))
+    assert row_from_summary(measured, **kw).runq_compute_fraction == pytest.approx(0.31)  # type: ignore[arg-type]
+    unmeasured = _WithContention(s, SimpleNamespace(available=False, compute_runq_fraction=0.0))
+    assert math.isnan(row_from_summary(unmeasured, **kw).runq_compute_fraction)  # type: ignore[arg-type]
+
+
+# -- the worker ceiling: loaders whose items wait, and loaders whose items compute ---------------------------
+
+CORES = 2
+
+
+def waiting_loader(cfg: Config) -> float:
+    """io_wait.py as a formula: 20 ms a item of waiting (no CPU) per worker, a 20 ms forward: the loader keeps
+    up from 8 workers on, whatever the cores."""
+    loader = 20.0 * cfg.batch_size
+    step = loader + 20.0 if cfg.workers == 0 else max(loader / cfg.workers, 20.0)
+    return cfg.batch_size / step * 1e3
+
+
+def computing_loader(cfg: Config) -> float:
+    """cpu_loader.py as a formula: 5 ms of CPU an item, a 10 ms forward; at most CORES workers run at once."""
+    loader = 5.0 * cfg.batch_size
+    step = loader + 10.0 if cfg.workers == 0 else max(loader / min(cfg.workers, CORES), 10.0)
+    return cfg.batch_size / step * 1e3
+
+
+def computing_cpu(cfg: Config) -> float:
+    """A computing worker is busy on the CPU all the time it has a core; past the cores, it gets a share."""
+    return 0.97 * min(1.0, CORES / cfg.workers)
+
+
+def test_a_waiting_loader_climbs_past_the_cores_while_throughput_rises() -> None:
+    trials = FakeTrials(waiting_loader, cpu=lambda c: 0.02)
+    result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    assert result.recommended == Config("naive", 8, 8)
+    assert [r.workers for r in result.trials if r.batch_size == 8] == [0, 1, 2, 4, 8, 16]
+    # the core-capped search of before reached 2 workers: a quarter of this
+    capped = run(FakeTrials(waiting_loader, cpu=lambda c: 0.02), pipelines=["naive"], max_workers=CORES,
+                 cores=CORES, max_batch=8)  # fmt: skip
+    assert capped.recommended == Config("naive", 8, 2)
+    assert waiting_loader(result.recommended) == pytest.approx(4 * waiting_loader(capped.recommended))
+    why = result.stopped["naive"]
+    assert why["workers"] == "stopped at 8: 16 workers was 0.0% faster than 8 (400.0 vs 400.0 samples/s: within 3%)"
+    assert why["batch"] == (
+        "stopped at 8: batch 16 is above --max-batch-size 8; batch 4 was 50.0% slower than batch 8 "
+        "(200.0 vs 400.0 samples/s)"
+    )
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["stopped"] == {"naive": why} and d["cores"] == CORES and d["max_workers"] == 64
+    assert "cores / (the workers' CPU busy fraction)" in d["rules"]["workers"]
+
+
+def test_a_computing_loader_stops_at_the_cores_and_says_why() -> None:
+    trials = FakeTrials(computing_loader, cpu=computing_cpu)
+    result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    assert result.recommended == Config("naive", 8, 2)
+    assert max(r.workers for r in result.trials) == 2  # 4 was not tried: the cores were full
+    assert result.stopped["naive"]["workers"] == (
+        "stopped at 2: the workers were 97% busy on CPU per item at 2, so about 2 fit on 2 cores (4 would not)"
+    )
+
+
+def test_the_ceiling_is_cores_over_the_busy_fraction() -> None:
+    # workers busy 30% of the time: ~6 fit on 2 cores, so 4 is tried and 8 is not, though 4 still helped
+    trials = FakeTrials(waiting_loader, cpu=lambda c: 0.3)
+    result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    assert result.recommended == Config("naive", 8, 4)
+    assert max(r.workers for r in result.trials) == 4
+    assert result.stopped["naive"]["workers"].startswith("stopped at 4: the workers were 30% busy on CPU per item")
+    assert "about 6 fit on 2 cores (8 would not)" in result.stopped["naive"]["workers"]
+
+
+def test_unmeasured_worker_cpu_leaves_throughput_alone_to_decide() -> None:
+    result = run(FakeTrials(waiting_loader), pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    assert result.recommended == Config("naive", 8, 8)
+    assert result.stopped["naive"]["workers"].endswith(
+        "the workers' CPU use was not sampled at 2, so past the cores throughput alone decided"
+    )
+
+
+def test_max_workers_still_caps_the_climb() -> None:
+    result = run(FakeTrials(waiting_loader, cpu=lambda c: 0.02), pipelines=["naive"], max_workers=6, cores=CORES,
+                 max_batch=8)  # fmt: skip
+    assert [r.workers for r in result.trials if r.batch_size == 8] == [0, 1, 2, 4, 6]
+    assert result.stopped["naive"]["workers"] == "stopped at 6: the most workers allowed (--max-workers)"
+
+
+def test_the_run_queue_figure_of_the_rejected_step_is_named() -> None:
+    # 4 workers fit by CPU use (30% busy) but made no gain: the training thread waited for a CPU there
+    def model(c: Config) -> float:
+        return computing_loader(c) if c.workers <= 2 else computing_loader(c) * 0.9
+
+    trials = FakeTrials(model, cpu=lambda c: 0.3, runq=lambda c: 0.31 if c.workers == 4 else 0.02)
+    result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    assert result.stopped["naive"]["workers"] == (
+        "stopped at 2: 4 workers was 10.0% slower than 2 (360.0 vs 400.0 samples/s); the training thread waited "
+        "for a CPU 31% of compute at 4 workers"
+    )
+
+
+def test_stop_reasons_are_a_function_of_the_rows() -> None:
+    a = run(FakeTrials(lanes_model, cpu=lambda c: 0.5))
+    b = run(FakeTrials(lanes_model, cpu=lambda c: 0.5))
+    assert a.stopped == b.stopped and set(a.stopped) == {"naive", "prefetch"}
+    assert all(set(why) == {"workers", "batch"} for why in a.stopped.values())
 
 
 def test_search_reaches_the_grid_best_with_fewer_trials() -> None:
@@ -106,6 +267,7 @@ def test_out_of_memory_is_the_batch_ceiling() -> None:
     result = run(FakeTrials(lambda c: None if c.batch_size > 16 else lanes_model(c)), pipelines=["naive"])
     assert result.recommended is not None and result.recommended.batch_size == 16
     assert any("naive-b32-w" in n and "batch ceiling" in n for n in result.notes)
+    assert result.stopped["naive"]["batch"] == "stopped at 16: batch 32 failed (OutOfMemoryError: simulated)"
 
 
 def test_the_batch_is_halved_when_doubling_does_not_help() -> None:
@@ -115,15 +277,29 @@ def test_the_batch_is_halved_when_doubling_does_not_help() -> None:
     result = run(FakeTrials(model), pipelines=["naive"], default_batch=64, max_workers=0)
     assert result.recommended == Config("naive", 16, 0)
     assert [r.batch_size for r in result.trials] == [64, 128, 32, 16, 8]
+    assert result.stopped["naive"]["batch"] == (
+        "stopped at 16: batch 128 was 16.7% slower than batch 64 (250.0 vs 300.0 samples/s); "
+        "batch 8 was 2.0% slower than batch 16 (500.0 vs 510.0 samples/s)"
+    )
 
 
 def test_budget_stops_the_search_and_keeps_the_final_comparison() -> None:
     trials = FakeTrials(lanes_model, wall_s=10.0)
     result = run(trials, budget_s=75.0)
     assert any("budget of 75 s reached" in n for n in result.notes)
+    assert "the budget of 75 s was reached before trying" in result.stopped["naive"]["batch"]
     assert len(result.trials) <= 3 and result.final  # at least one round of the final pair ran
     assert result.elapsed_s <= 75.0 + 2 * 10.0
     assert result.speedup is not None
+
+
+def test_a_budget_for_two_trials_and_one_round_still_measures_a_speedup() -> None:
+    # 45 s of 10 s runs: the default, its first step, one round of the final pair (2 rounds would not fit)
+    result = run(FakeTrials(lanes_model, wall_s=10.0), pipelines=["naive"], budget_s=45.0)
+    assert [r.name for r in result.trials] == ["naive-b8-w0", "naive-b8-w1"]
+    assert [r.role for r in result.final] == ["default", "recommended"]
+    assert result.recommended == Config("naive", 8, 1)
+    assert result.speedup == pytest.approx(lanes_model(Config("naive", 8, 1)) / lanes_model(result.default))
 
 
 def test_interrupt_keeps_the_best_so_far() -> None:
@@ -201,3 +377,24 @@ def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> 
 )
 def test_tune_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
     assert_one_line_error(stallscope("tune", str(SCENARIOS / "tune.py"), *args), *needles)
+
+
+def test_the_report_says_why_each_climb_stopped_and_what_was_left_out() -> None:
+    left_out = {"dali": "needs an image-folder or detection dataset"}
+    result = run(FakeTrials(waiting_loader, cpu=lambda c: 0.02), pipelines=["naive"], max_workers=64, cores=CORES,
+                 max_batch=8, left_out=left_out)  # fmt: skip
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    render_tune(result, console)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    lines = [ln.strip() for ln in text.splitlines()]
+    # the table's worker cpu column: the sampled busy fraction of the 16-worker trial
+    assert ["trial", "naive", "8", "16", "400.0", "n/a", "2.0%"] in [ln.split()[:7] for ln in lines]
+    assert f"naive workers {result.stopped['naive']['workers']}" in lines
+    assert f"naive batch {result.stopped['naive']['batch']}" in lines
+    assert "dali left out: needs an image-folder or detection dataset" in lines
+    header = tune_header("io-wait", pipelines=["naive"], left_out=left_out, max_batch=8, max_workers=64, cores=2,
+                         budget_s=120)  # fmt: skip
+    assert header == (
+        "tuning io-wait (naive; dali left out: needs an image-folder or detection dataset; batch up to 8; workers up "
+        "to the 2 cores, past them while the workers' measured CPU use leaves room, at most 64; budget 120 s)"
+    )

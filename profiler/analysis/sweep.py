@@ -18,6 +18,10 @@ Definitions (docs/sweep-and-tune.md states them for users):
   The cause is the part of the step whose time *per sample* grew most between the two batch sizes:
   input (data wait + blocking copy), compute, or other. Those three add up to the growth of the step
   time per sample, i.e. of 1/throughput, so the cause named explains most of the slowdown by construction.
+- Worker CPU busy fraction of a row: the loader workers' mean sampled CPU use (psutil, 100% = one core) over
+  the measured window, as a fraction of one core, i.e. a worker's CPU time per item over its wall time per
+  item. It is averaged over the workers the sampler saw (``workers_sampled``; workers are alike, so those
+  stand for all) and NaN with 0 workers or when none was sampled in the window.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import mean
 from profiler.analysis.summary import Summary, json_safe
 
@@ -93,6 +98,10 @@ class SweepRow:
     cost_per_1k_samples: float | None = None
     wall_s: float = math.nan  # the whole configuration: set-up, warm-up, measured steps, tear-down
     role: str | None = None  # tune only: "trial", "recommended", "default"
+    worker_cpu_busy_fraction: float = math.nan  # see the module docstring; sampled, not per item
+    workers_sampled: int = 0  # worker processes with a CPU sample in the measured window
+    # share of compute time the training thread waited for a CPU (run queue), when the run measured it
+    runq_compute_fraction: float = math.nan
 
     @property
     def config(self) -> Config:
@@ -152,6 +161,7 @@ def row_from_summary(
     status = status or s.status
     figures = status == "complete"
     per_1k = s.cost.per_1k_samples if s.cost else None
+    busy, sampled = worker_cpu_busy(s.host, workers)
     return SweepRow(
         pipeline=pipeline,
         batch_size=batch_size,
@@ -171,10 +181,34 @@ def row_from_summary(
         cost_per_1k_samples=per_1k if figures else None,
         wall_s=wall_s,
         role=role,
+        worker_cpu_busy_fraction=busy if figures else math.nan,
+        workers_sampled=sampled,
+        runq_compute_fraction=_runq(s) if figures else math.nan,
     )
 
 
 _PARTS = ("data_wait", "h2d", "compute", "other")
+
+
+def worker_cpu_busy(host: HostFigures, workers: int) -> tuple[float, int]:
+    """The workers' CPU busy fraction from a summary's ``host`` figures, and how many workers it averages."""
+    if workers < 1:
+        return math.nan, 0
+    # per-worker means (``proc.w<i>.cpu_pct``); the children's sum would count a worker the sampler had
+    # not seen yet as idle, and labels of workers restarted each epoch would add up
+    per_worker = [v for v in host.worker_cpu_pct.values() if math.isfinite(v)]
+    if not per_worker:
+        return math.nan, 0
+    return mean(per_worker) / 100.0, len(per_worker)
+
+
+def _runq(s: Summary) -> float:
+    """The run-queue share of compute when the summary carries a contention figure (``summary.contention``)."""
+    c = getattr(s, "contention", None)
+    if c is None or not getattr(c, "available", False):
+        return math.nan
+    value = getattr(c, "compute_runq_fraction", math.nan)
+    return float(value) if isinstance(value, (int, float)) else math.nan
 
 
 @dataclass(frozen=True, slots=True)

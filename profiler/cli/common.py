@@ -181,8 +181,12 @@ class Training:
     warmup: int  # --warmup, else the scenario's: resolved here once for the run config and the live view
 
 
-def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = ()) -> Training:
-    """Check the shared flags (BadInput naming the value) and make the scenario's default data if it needs it."""
+def resolve_training(
+    args: argparse.Namespace, pipeline_names: Sequence[str] = (), flag: str = "--pipeline"
+) -> Training:
+    """Check the shared flags (BadInput naming the value) and make the scenario's default data if it needs it.
+    Each of ``pipeline_names`` (given with ``flag``) must be able to train the scenario here: checked before a
+    run directory is made, so a pipeline that does not apply is one line and no run."""
     import pipelines
     import scenarios
     from profiler.devices import resolve_device
@@ -190,12 +194,16 @@ def resolve_training(args: argparse.Namespace, pipeline_names: Sequence[str] = (
     args.scenario = args.scenario or DEFAULT_SCENARIO
     try:
         scenario = scenarios.get(args.scenario)
-        for name in pipeline_names:  # checked before a run directory is made; raises naming the allowed ones
+        for name in pipeline_names:  # an unknown name raises naming the allowed ones
             pipelines.get(name)
         scenario.model_factory(args.model)
         device = resolve_device(args.device)
     except ValueError as exc:  # ScenarioError, PipelineError, DeviceError, or an unknown --model
         raise BadInput(str(exc)) from None
+    try:
+        pipelines.require(pipeline_names, scenario.data, scenario.name)
+    except pipelines.PipelineError as exc:
+        raise BadInput(f"{flag}: {exc}") from None
     data = None
     if scenario.data is None:
         if args.data is not None:

@@ -93,6 +93,8 @@ def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register ``sweep`` and ``tune`` on the ``stallscope`` subparsers action."""
+    from profiler.tuner import WORKER_CAP
+
     scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
     s = sub.add_parser(
         "sweep",
@@ -137,9 +139,12 @@ def add_parsers(sub: Any) -> None:
         "--max-workers",
         type=bounded(int, 0, MAX_WORKERS, "an integer"),
         metavar="W",
-        help="most DataLoader workers to try (default: the number of cores)",
+        help=f"most DataLoader workers to try (default {WORKER_CAP}; past the cores, the workers' measured CPU use "
+        "sets the ceiling)",
     )
-    t.add_argument("--pipelines", type=_name_list, help="comma-separated (default: every registered pipeline)")
+    t.add_argument(
+        "--pipelines", type=_name_list, help="comma-separated (default: every installed pipeline that can train it)"
+    )
     _limit_options(t, "trial")
     add_training_options(t)
     t.add_argument("--json", action="store_true", help='print only {"recommended", "default", "speedup", ...}')
@@ -203,7 +208,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from profiler.sweep import run_sweep
 
     _precheck(args.pipelines, args.out)
-    training = resolve_training(args, args.pipelines)
+    training = resolve_training(args, args.pipelines, "--pipelines")
     scenario = training.scenario
     b = scenario.batch_size
     batch_sizes: Sequence[int] = args.batch_sizes or sorted({max(1, b // 2), b, b * 2})
@@ -236,27 +241,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
+    from profiler.render.sweep import tune_header
     from profiler.runner import TrainingError
-    from profiler.sweep import run_tune
+    from profiler.sweep import run_tune, tune_pipelines, usable_cores
+    from profiler.tuner import WORKER_CAP
 
-    names = args.pipelines or pipelines.names()
-    _precheck(names, args.out)
-    training = resolve_training(args, names)
+    _precheck(args.pipelines or pipelines.names(), args.out)
+    training = resolve_training(args, args.pipelines or (), "--pipelines")
     scenario = training.scenario
+    try:
+        names, left_out = tune_pipelines(scenario, args.pipelines)
+    except pipelines.PipelineError as exc:
+        raise BadInput(f"--pipelines: {exc}") from None
     max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
-    max_workers = args.max_workers if args.max_workers is not None else (os.cpu_count() or 1)
+    max_workers = args.max_workers if args.max_workers is not None else WORKER_CAP
+    cores = usable_cores()
     out = _out_dir(args.out, "tune", args.scenario)
     guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "tune", guard)
-    say(
-        f"tuning {scenario.name} ({', '.join(names)}; batch up to {max_batch}, workers up to "
-        f"{max_workers}; budget {args.budget_s:g} s) on {training.device.torch_device} -> {out}"
-    )
+    header = tune_header(
+        scenario.name, pipelines=names, left_out=left_out, max_batch=max_batch, max_workers=max_workers, cores=cores,
+        budget_s=args.budget_s,
+    )  # fmt: skip
+    say(f"{header} on {training.device.torch_device} -> {out}")
     try:
         with guard:
             result = run_tune(
-                h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s
-            )
+                h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s,
+                cores=cores, left_out=left_out, skip_inapplicable=args.pipelines is None,
+                **({"min_trial_s": 0.0} if args.steps is not None else {}),
+            )  # fmt: skip
     except TrainingError as exc:  # bad user data, as in cmd_sweep
         say(f"error: {exc.bad_input}")
         return EXIT_BAD_INPUT

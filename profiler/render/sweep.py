@@ -7,6 +7,7 @@ stderr (stdout keeps the table, or the JSON alone); a figure that was not measur
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rich import box
@@ -135,16 +136,41 @@ def sweep_svg(result: SweepResult) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + chart + "\n"
 
 
-def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
+def tune_header(
+    scenario: str,
+    *,
+    pipelines: Sequence[str],
+    left_out: Mapping[str, str],
+    max_batch: int,
+    max_workers: int,
+    cores: int,
+    budget_s: float,
+) -> str:
+    """The line printed to stderr before a tune starts (the caller adds the device and the directory)."""
+    skipped = "".join(f"; {name} left out: {why}" for name, why in left_out.items())
+    workers = (
+        f"workers up to {max_workers}"
+        if max_workers <= cores
+        else f"workers up to the {cores} core{'' if cores == 1 else 's'}, past them while the workers' measured CPU "
+        f"use leaves room, at most {max_workers}"
+    )
+    return (
+        f"tuning {scenario} ({', '.join(pipelines)}{skipped}; batch up to {max_batch}; {workers}; "
+        f"budget {budget_s:g} s)"
+    )
+
+
+def tune_table(result: TuneResult) -> Table:
     t = Table(
         title=f"Tune: {len(result.trials)} trials + {len(result.final)} final runs, {result.elapsed_s:.0f} s of a "
         f"{result.budget_s:g} s budget",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        padding=(0, 0),
     )
-    for name in ("run", "pipeline", "batch", "workers", "samples/s", "stall", "p50 ms", "steps"):
-        t.add_column(name, justify="left" if name in ("run", "pipeline") else "right")
+    for name in ("run", "pipeline", "batch", "workers", "samples/s", "stall", "worker\ncpu", "p50\nms", "steps"):
+        t.add_column(name, justify="left" if name in ("run", "pipeline") else "right", no_wrap=True)
     for r in [*result.trials, *result.final]:
         t.add_row(
             r.role or "",
@@ -153,42 +179,64 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
             str(r.workers),
             num(r.throughput_samples_per_s),
             pct(r.stall_fraction),
+            pct(r.worker_cpu_busy_fraction),
             num(r.step_time_ms.get("p50")),
             _steps(r),
             style=None if r.ok else "red",
         )
-    parts: list[Text | Table] = [t]
+    return t
+
+
+def _verdict(result: TuneResult) -> list[Text]:
+    """The recommendation and its measured speedup (or why there is none)."""
     rec, d = result.recommended, result.default
     med = result.medians()
     if rec is None:
-        parts.append(Text("No recommendation: no configuration completed.", style="bold red"))
-    else:
-        parts.append(
-            Text.assemble(
-                ("Recommended: ", "bold"),
-                (f"--pipeline {rec.pipeline} --batch-size {rec.batch_size} --workers {rec.workers}", "bold green"),
+        return [Text("No recommendation: no configuration completed.", style="bold red")]
+    out = [
+        Text.assemble(
+            ("Recommended: ", "bold"),
+            (f"--pipeline {rec.pipeline} --batch-size {rec.batch_size} --workers {rec.workers}", "bold green"),
+        )
+    ]
+    if result.unconfirmed is not None:
+        u = result.unconfirmed
+        out.append(
+            Text(
+                f"The search's best trial ({u.name}) was not faster when re-run side by side with the default "
+                f"(x{num(result.unconfirmed_speedup, '{:.2f}')}, median {num(med['recommended'])} vs "
+                f"{num(med['default'])} samples/s): keep the default.",
+                style="yellow",
             )
         )
-        if result.unconfirmed is not None:
-            u = result.unconfirmed
-            parts.append(
-                Text(
-                    f"The search's best trial ({u.name}) was not faster when re-run side by side with the default "
-                    f"(x{num(result.unconfirmed_speedup, '{:.2f}')}, median {num(med['recommended'])} vs "
-                    f"{num(med['default'])} samples/s): keep the default.",
-                    style="yellow",
-                )
+    elif result.speedup is not None and not result.final:
+        out.append(Text("Speedup over the default: x1 (the default is the best configuration found)"))
+    elif result.speedup is not None:
+        out.append(
+            Text(
+                f"Measured speedup over the default (--pipeline {d.pipeline} --batch-size {d.batch_size} "
+                f"--workers {d.workers}): x{result.speedup:.2f}  (median {num(med['recommended'])} vs "
+                f"{num(med['default'])} samples/s, re-run side by side)"
             )
-        elif result.speedup is not None and not result.final:
-            parts.append(Text("Speedup over the default: x1 (the default is the best configuration found)"))
-        elif result.speedup is not None:
-            parts.append(
-                Text(
-                    f"Measured speedup over the default (--pipeline {d.pipeline} --batch-size {d.batch_size} "
-                    f"--workers {d.workers}): x{result.speedup:.2f}  (median {num(med['recommended'])} vs "
-                    f"{num(med['default'])} samples/s, re-run side by side)"
-                )
-            )
+        )
+    return out
+
+
+def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
+    parts: list[Text | Table] = [
+        tune_table(result),
+        Text(
+            "worker cpu: a loader worker's sampled CPU use as a share of one core (its CPU time per item / its "
+            "wall time per item)",
+            style="dim",
+        ),
+        *_verdict(result),
+    ]
+    for pipeline, why in result.stopped.items():
+        parts.extend(
+            Text.assemble((f"{pipeline} {knob} ", "bold"), why[knob]) for knob in ("workers", "batch") if knob in why
+        )
+    parts.extend(Text(f"{name} left out: {why}", style="yellow") for name, why in result.left_out.items())
     parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
     if out_dir is not None:
         parts.append(Text(f"trials and final runs: {out_dir}/  summary: {out_dir / 'tune.json'}", style="dim"))
