@@ -15,6 +15,7 @@ from rich.console import Console
 from test_cli import assert_one_line_error
 
 from profiler.analysis import summarize
+from profiler.analysis.parts import HostFigures
 from profiler.analysis.sweep import Config, SweepRow, row_from_summary, worker_cpu_busy
 from profiler.devices import resolve_device
 from profiler.render.sweep import render_tune, tune_header
@@ -103,15 +104,15 @@ def test_worker_ladder_doubles_up_to_the_cap_with_the_cores_on_it() -> None:
 
 
 def test_worker_cpu_busy_is_the_mean_over_the_sampled_workers() -> None:
-    host = {
-        "proc_main_cpu_pct_mean": 90.0, "proc_children_cpu_pct_mean": 180.0, "proc_w0_cpu_pct_mean": 95.0,
-        "proc_w1_cpu_pct_mean": 85.0, "proc_w1_rss_mb_max": 100.0, "sys_cpu_pct_mean": 99.0,
-    }  # fmt: skip
+    host = HostFigures({
+        "proc.main.cpu_pct": 90.0, "proc.children.cpu_pct": 180.0, "proc.w0.cpu_pct": 95.0,
+        "proc.w1.cpu_pct": 85.0, "proc.w1.rss_mb": 100.0, "sys.cpu_pct": 99.0,
+    })  # fmt: skip
     busy, sampled = worker_cpu_busy(host, 2)
     assert busy == pytest.approx(0.90) and sampled == 2
     busy, sampled = worker_cpu_busy(host, 4)  # two of four seen: they stand for all
     assert busy == pytest.approx(0.90) and sampled == 2
-    assert math.isnan(worker_cpu_busy(host, 0)[0]) and math.isnan(worker_cpu_busy({}, 2)[0])
+    assert math.isnan(worker_cpu_busy(host, 0)[0]) and math.isnan(worker_cpu_busy(HostFigures(), 2)[0])
 
 
 class _WithContention:
@@ -132,7 +133,7 @@ def test_rows_carry_the_workers_cpu_and_the_run_queue_figure_when_present() -> N
     kw: dict[str, object] = {"pipeline": "naive", "batch_size": s.batch_size, "workers": 2, "run_dir": None,
                              "step_s": [], "stop_reason": "steps", "wall_s": 1.0}  # fmt: skip
     row = row_from_summary(s, **kw)  # type: ignore[arg-type]
-    assert row.worker_cpu_busy_fraction == pytest.approx(s.host["proc_w0_cpu_pct_mean"] / 100)
+    assert row.worker_cpu_busy_fraction == pytest.approx(s.host.by_metric["proc.w0.cpu_pct"] / 100)
     assert row.workers_sampled == 2 and math.isnan(row.runq_compute_fraction)
     d = row.to_dict()
     assert {"worker_cpu_busy_fraction", "workers_sampled", "runq_compute_fraction"} <= d.keys()
@@ -325,8 +326,20 @@ def test_a_pick_no_faster_side_by_side_is_not_confirmed() -> None:
     assert result.to_dict()["unconfirmed"]["batch_size"] == 16
 
 
-def test_default_already_best_is_not_rerun() -> None:
-    result = run(FakeTrials(lambda c: 100.0 if c == Config("naive", 8, 0) else 50.0), pipelines=["naive"])
+def test_default_already_best_is_measured_against_the_best_alternative() -> None:
+    def speed(c: Config) -> float:
+        return 100.0 if c == Config("naive", 8, 0) else 60.0 if c == Config("naive", 8, 1) else 50.0
+
+    result = run(FakeTrials(speed), pipelines=["naive"])
+    assert result.recommended == result.default and result.speedup == 1.0
+    assert result.unconfirmed == Config("naive", 8, 1)  # the fastest other configuration, re-run beside it
+    assert result.unconfirmed_speedup == pytest.approx(0.6)  # measured side by side, not assumed
+    assert {r.role for r in result.final} == {"default", "recommended"}
+    assert any("best alternative" in n for n in result.notes)
+
+
+def test_default_alone_completed_is_not_rerun() -> None:
+    result = run(FakeTrials(lambda c: 100.0 if c == Config("naive", 8, 0) else math.nan), pipelines=["naive"])
     assert result.recommended == result.default and result.speedup == 1.0 and not result.final
 
 

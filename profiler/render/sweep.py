@@ -203,8 +203,8 @@ def _verdict(result: TuneResult) -> list[Text]:
         u = result.unconfirmed
         out.append(
             Text(
-                f"The search's best trial ({u.name}) was not faster when re-run side by side with the default "
-                f"(x{num(result.unconfirmed_speedup, '{:.2f}')}, median {num(med['recommended'])} vs "
+                f"Measured: the best alternative found ({u.name}) made x{num(result.unconfirmed_speedup, '{:.2f}')} "
+                f"of the default's throughput re-run side by side (median {num(med['recommended'])} vs "
                 f"{num(med['default'])} samples/s): keep the default.",
                 style="yellow",
             )
