@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Recommendation, recommend, verdict_for
@@ -60,6 +61,7 @@ class Summary:
     augment: str | None = None  # the augmentation spec the pipeline realised, in words
     bad_samples: dict[str, Any] | None = None  # {policy, skipped, files[{path, reason}]}
     cost: dict[str, Any] | None = None  # {price_per_hour, per_1k_samples, per_epoch, epoch_samples}
+    contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary.json object: NaN becomes null (JSON has no NaN)."""
@@ -196,6 +198,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         augment=meta.get("augment"),
         bad_samples=meta.get("bad_samples"),
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
+        contention=contention_of(rec),
     )
     if stall_ok and not loader_only:
         # the list was created empty for this summary alone; recommend() reads the finished figures

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from profiler.analysis.contention import contention_advice
+
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
 
@@ -44,6 +46,9 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
     pct = s.stall_fraction * 100
     cores = cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
     input_bound = s.stall_fraction >= MODERATE
+    contended = contention_advice(s.contention, s.host.get("sys_cpu_pct_mean"))
+    if contended:
+        out.append(Recommendation("CPU_CONTENTION", contended))
 
     if input_bound and s.workers == 0:
         top = f"2-{cores}" if cores and cores > 2 else "2"
@@ -89,7 +94,17 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
                 "in s.phase('name') to see it by name.",
             )
         )
-    if not input_bound:
+    if not input_bound and contended and s.contention is not None:
+        lost = s.contention.compute_runq_fraction
+        out.append(
+            Recommendation(
+                "NOT_INPUT_BOUND",
+                f"Input stalls are {pct:.1f}% of step time (under 5%): batches arrive in time, but the training "
+                f"thread lost {lost:.0%} of its compute time waiting for a CPU (CPU_CONTENTION): remove that "
+                "contention first; beyond it, speed-ups must come from compute, not from the input pipeline.",
+            )
+        )
+    elif not input_bound:
         out.append(
             Recommendation(
                 "NOT_INPUT_BOUND",
