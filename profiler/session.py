@@ -30,7 +30,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -429,8 +428,19 @@ def step_runq(row: StepRow, raws: _Raws) -> StepRow:
     start, waited, end = raws
     if start is None:
         return row
-    between = schedstat.delay_between
-    return replace(row, data_wait_runq_s=between(start, waited), runq_s=between(start, end))
+    delay = schedstat.run_delay_s
+    t0 = delay(start)
+    # the constructor, not dataclasses.replace: this runs once per step on the training thread (1 us vs 5 us)
+    return StepRow(
+        row.step,
+        row.t_start,
+        row.t_end,
+        row.data_wait_s,
+        row.samples,
+        row.warmup,
+        None if waited is None else delay(waited) - t0,
+        None if end is None else delay(end) - t0,
+    )
 
 
 def _where(exc: BaseException, tb: TracebackType | None) -> str:

@@ -56,6 +56,7 @@ def profile_external(
         raise ValueError("give exactly one of command or pid")
     from profiler.sources.host import HostSource
     from profiler.sources.nvml import NvmlSource
+    from profiler.sources.sched import SchedSource
 
     t0 = time.perf_counter()
     child: subprocess.Popen[bytes] | None = None
@@ -85,8 +86,9 @@ def profile_external(
             "device": {"kind": "unknown", "name": "chosen by the profiled program", "torch_device": "?"},
         },
     )
+    host = HostSource(pid)
     sampler = Sampler(
-        [HostSource(pid), NvmlSource()],
+        [host, SchedSource(pid, workers=host.pid_labels), NvmlSource()],
         sample_hz,
         sink=store.put_samples,
         on_event=store.put_event,

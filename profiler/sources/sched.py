@@ -54,8 +54,8 @@ def parse(raw: bytes) -> tuple[int, int, int]:
 
 
 def run_delay_s(raw: bytes) -> float:
-    """Run-queue wait in seconds from one schedstat reading (field 2)."""
-    return int(raw.split()[1]) / 1e9
+    """Run-queue wait in seconds from one schedstat reading (field 2; the kernel separates by one space)."""
+    return int(raw.split(b" ", 2)[1]) / 1e9
 
 
 def delay_between(r0: bytes | None, r1: bytes | None) -> float | None:
