@@ -306,10 +306,16 @@ def test_v1_store_loads_without_the_new_columns(tmp_path: Path) -> None:
 
 
 def _record(
-    runq_fraction: float, *, workers: int = 2, threads: int = 2, cores: int = 2, meta: dict | None = None
+    runq_fraction: float,
+    *,
+    workers: int = 2,
+    threads: int = 2,
+    cores: int = 2,
+    meta: dict | None = None,
+    cpu: tuple[float, float, float] | None = None,
 ) -> RunRecord:
     """10 measured steps of 100 ms (and 1 warm-up): 2 ms data wait, 1 ms h2d, 88 ms compute, of which
-    ``runq_fraction`` waiting for a CPU."""
+    ``runq_fraction`` waiting for a CPU. ``cpu``: psutil's (main, workers, system) CPU %, when sampled."""
     steps, phases, samples = [], [], []
     for i in range(11):
         t = i * 0.1
@@ -323,8 +329,13 @@ def _record(
             (t, "sched", "sched.w0.runq_pct", 20.0),
             (t, "sched", "sched.w1.runq_pct", 25.0),
             (t, "sched", "sched.workers.runq_pct", 45.0),
-            (t, "host", "sys.cpu_pct", 97.0),
         ]
+        if cpu is not None:
+            samples += [
+                (t, "host", "proc.main.cpu_pct", cpu[0]),
+                (t, "host", "proc.children.cpu_pct", cpu[1]),
+                (t, "host", "sys.cpu_pct", cpu[2]),
+            ]
     base = {
         "schema_version": 2,
         "schedstat": "available",
@@ -369,11 +380,27 @@ def test_recommendation_fires_with_the_measured_figure() -> None:
     assert "waiting: process 150%, workers 45% over 2 (sampled; 100% = one core)" in line
 
 
-def test_recommendation_advice_follows_what_was_measured() -> None:
-    # the job's own threads fit the cores: the wait comes from other processes
-    text = contention_advice(contention_of(_record(0.3, workers=0, threads=1, cores=2)), 97.0) or ""
-    assert "fit its 2 core(s), so other processes take them (system CPU 97%)" in text
-    assert "fewer loader workers" not in text
+@pytest.mark.parametrize(
+    ("workers", "threads", "cpu", "expected"),
+    [
+        # the job fits its cores and other processes took 89% of a core (2 x 97% - 100% - 5%)
+        (2, 2, (100.0, 5.0, 97.0), "Other processes took 89% of a core: run where cores are free"),
+        # the workers took 130% of a core: fewer workers, fewer intra-op threads, or pinning
+        (2, 2, (60.0, 130.0, 100.0), "Use fewer loader workers (now 2), fewer intra-op threads"),
+        # nothing else was busy and the pool holds more threads than cores
+        (0, 4, (195.0, 0.0, 98.0), "Use at most one intra-op thread per core (torch.set_num_threads(2); now 4)"),
+        # nothing else was busy and the threads fit: say so rather than guess
+        (0, 2, (195.0, 0.0, 98.0), "No other process or loader worker used much CPU (psutil)"),
+    ],
+)
+def test_recommendation_advice_follows_what_was_measured(
+    workers: int, threads: int, cpu: tuple[float, float, float], expected: str
+) -> None:
+    c = contention_of(_record(0.3, workers=workers, threads=threads, cpu=cpu))
+    text = contention_advice(c) or ""
+    assert text.startswith("The training thread waited for a CPU 30% of its compute time") and expected in text
+    assert ("fewer loader workers" in text) == expected.startswith("Use fewer loader workers")
+    assert "(psutil, 100% = one core)" in text
 
 
 def test_recommendation_stays_quiet_under_the_threshold() -> None:

@@ -29,10 +29,12 @@ from profiler.analysis.stats import finite_or_none, mean
 from profiler.store import RunRecord, StepRow
 
 # Training thread's run-queue wait / compute phase time at or above which CPU_CONTENTION is recommended.
-# Justified in docs/metrics.md "CPU contention": uncontended runs on a 2-core machine measured 0.4-3%,
-# the fashion-vgg prefetch run with 2 workers measured 19-38%.
-THRESHOLD = 0.10
+# docs/metrics.md "CPU contention" gives the measurements: on a quiet 2-core machine fashion-vgg measured 3-5%;
+# 11% came with no throughput loss; from 18% on, every run lost throughput (13% at 18%, 60% at 51%).
+THRESHOLD = 0.15
 SCHEDSTAT = "schedstat run delay"
+# CPU use (% of one core) that makes other processes or the loader workers a competitor worth naming
+BUSY_PCT = 10.0
 _WORKER = re.compile(r"sched\.(w\d+)\.runq_pct")
 
 
@@ -50,6 +52,9 @@ class Contention:
     workers: int | None = None
     torch_threads: int | None = None
     cpu_count: int | None = None
+    # psutil means over the window, % of one core: training process, workers, other processes (the rest of
+    # the machine's use); who took the cores the training thread waited for
+    cpu_pct: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,6 +68,7 @@ def contention_of(rec: RunRecord) -> Contention:
     measured = [s for s in rec.steps if not s.warmup]
     window = (measured[0].t_start, measured[-1].t_end) if measured else None
     sampled, per_worker = _sampled(rec, window)
+    cpu = _cpu_use(rec, window, _int(meta.get("cpu_count")))
     reason = _unavailable(meta, measured)
     timed = [s for s in measured if s.runq_s is not None]
     fraction, per_step = math.nan, dict[str, float]()
@@ -83,6 +89,7 @@ def contention_of(rec: RunRecord) -> Contention:
         workers=_int(meta.get("workers")),
         torch_threads=_int(meta.get("torch_threads")),
         cpu_count=_int(meta.get("cpu_count")),
+        cpu_pct=cpu,
         sources=_sources(rec, reason),
     )
 
@@ -97,11 +104,11 @@ def contention_note(c: Contention | None, threshold: float = THRESHOLD) -> str |
     return note
 
 
-def contention_advice(c: Contention | None, sys_cpu_pct: float | None = None) -> str | None:
+def contention_advice(c: Contention | None) -> str | None:
     """The CPU_CONTENTION recommendation's text, quoting the measured wait; None under :data:`THRESHOLD`.
 
-    The advice follows what was measured: loader workers and intra-op threads that outnumber the cores
-    are told apart from a job that fits its cores and loses them to other processes.
+    The advice follows what took the cores, by the CPU use measured beside the wait: other processes,
+    the loader workers, or (neither being busy) the training process's own intra-op threads.
     """
     if c is None or not c.available or not c.compute_runq_fraction >= THRESHOLD:
         return None
@@ -116,18 +123,39 @@ def contention_advice(c: Contention | None, sys_cpu_pct: float | None = None) ->
         text += f": {' and '.join(who)} share {cores} core(s)"
     if workers and not math.isnan(c.workers_runq_pct):
         text += f" (the workers waited {c.workers_runq_pct:.0f}% of a core)"
-    if cores and threads and workers + threads <= cores:
-        busy = f" (system CPU {sys_cpu_pct:.0f}%)" if sys_cpu_pct is not None and not math.isnan(sys_cpu_pct) else ""
+    cpu = c.cpu_pct
+    if cpu:
+        text += "; CPU use " + ", ".join(f"{k} {v:.0f}%" for k, v in cpu.items()) + " (psutil, 100% = one core)"
+    return text + ". " + _fixes(c) + "."
+
+
+def _fixes(c: Contention) -> str:
+    """The advice for the biggest measured competitor: other processes, the loader workers, or intra-op threads."""
+    workers, threads, cores = c.workers or 0, c.torch_threads, c.cpu_count
+    others = c.cpu_pct.get("other processes", math.nan)
+    busy_workers = c.cpu_pct.get("workers", math.nan)
+    if others >= BUSY_PCT and not busy_workers > others:
         return (
-            text + f". The job's own threads fit its {cores} core(s), so other processes take them{busy}: run where "
-            "cores are free, or reserve cores for the training (taskset, a cpuset)."
+            f"Other processes took {others:.0f}% of a core: run where cores are free, or reserve cores for the "
+            "training (taskset, a cpuset)"
         )
-    fixes = [f"fewer loader workers (now {workers})"] if workers else []
-    if threads is None or threads > 1:
-        goal = f"torch.set_num_threads({max(1, cores - workers)})" if cores else "torch.set_num_threads"
-        fixes.append(f"fewer intra-op threads ({goal}" + (f"; now {threads})" if threads else ")"))
-    pin = "pin them apart (taskset / os.sched_setaffinity" + (", the workers via worker_init_fn)" if workers else ")")
-    return text + ". Use " + ", ".join(fixes) + (", or " if fixes else "") + pin + "."
+    oversubscribed = bool(cores and threads and workers + threads > cores)
+    if workers and (busy_workers >= BUSY_PCT or (math.isnan(busy_workers) and oversubscribed)):
+        fixes = [f"fewer loader workers (now {workers})"]
+        goal = max(1, cores - workers) if cores else None
+        if threads and goal and goal < threads:
+            fixes.append(f"fewer intra-op threads (torch.set_num_threads({goal}); now {threads})")
+        return (
+            "Use "
+            + ", ".join(fixes)
+            + ", or pin them apart (taskset / os.sched_setaffinity, workers in worker_init_fn)"
+        )
+    if cores and threads and threads > cores:
+        return f"Use at most one intra-op thread per core (torch.set_num_threads({cores}); now {threads})"
+    return (
+        "No other process or loader worker used much CPU (psutil): find what else runs on these cores "
+        "(top -H, pidstat), or reserve cores for the training (taskset, a cpuset)"
+    )
 
 
 def _unavailable(meta: dict[str, Any], measured: list[StepRow]) -> str | None:
@@ -182,6 +210,26 @@ def _sampled(rec: RunRecord, window: tuple[float, float] | None) -> tuple[dict[s
     return means, per_worker
 
 
+def _cpu_use(rec: RunRecord, window: tuple[float, float] | None, cores: int | None) -> dict[str, float]:
+    """Mean CPU use over the window, % of one core; empty without host samples or a core count."""
+    series: dict[str, list[float]] = defaultdict(list)
+    for t, source, metric, value in rec.samples:
+        if source == "host" and value is not None and (window is None or window[0] <= t <= window[1]):
+            series[metric].append(value)
+    main, kids, system = (
+        mean(series.get(m, [])) for m in ("proc.main.cpu_pct", "proc.children.cpu_pct", "sys.cpu_pct")
+    )
+    if not cores or math.isnan(main) or math.isnan(system):
+        return {}
+    kids = 0.0 if math.isnan(kids) else kids
+    out = {"training process": main}
+    if _int(rec.meta.get("workers")):
+        out["workers"] = kids
+    # psutil's system figure counts 100% as every core busy; sampling skew can make the rest slightly negative
+    out["other processes"] = max(0.0, system * cores - main - kids)
+    return out
+
+
 def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
     meta = rec.meta
     path = meta.get("schedstat_path") or "/proc/<pid>/task/<tid>/schedstat"
@@ -200,6 +248,8 @@ def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
         "main_runq_pct": sampled.replace("summed over the threads", "main thread"),
         "process_runq_pct": sampled + "; 100% = one core",
         "workers_runq_pct": sampled + "; loader worker processes (as labelled by the host source); 100% = one core",
+        "cpu_pct": "psutil means over the measured window: proc.main.cpu_pct, proc.children.cpu_pct, and for "
+        "other processes sys.cpu_pct x cores less both",
     }
 
 

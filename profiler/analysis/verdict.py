@@ -46,7 +46,7 @@ def recommend(s: Summary, cpu_count: Any = None) -> list[Recommendation]:
     pct = s.stall_fraction * 100
     cores = cpu_count if isinstance(cpu_count, int) and cpu_count > 0 else None
     input_bound = s.stall_fraction >= MODERATE
-    contended = contention_advice(s.contention, s.host.get("sys_cpu_pct_mean"))
+    contended = contention_advice(s.contention)
     if contended:
         out.append(Recommendation("CPU_CONTENTION", contended))
 
