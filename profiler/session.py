@@ -7,8 +7,9 @@ the step (``h2d``, ``compute``, or any user name). Whatever the step spent outsi
 Invariants:
 - The hot path (``next()`` wrapper, phase enter/exit) does a ``perf_counter`` read, a list append, on
   CUDA an event record, and where schedstat is available one ``pread`` of the training thread's run-queue
-  counter (parsed when the step is resolved). Everything else (row building, store writes, analysis)
-  happens at step end or off-thread. Budget: < 20 us per phase on a 2-core CPU (``benchmarks/overhead.py`` measures it).
+  counter (bytes, parsed when the step is resolved). Everything else (row building, store writes,
+  analysis) happens at step end or off-thread. Budget: < 20 us per phase on a 2-core CPU
+  (``benchmarks/overhead.py`` measures it).
 - On CUDA, a step's record waits in a FIFO until its events have completed; it is resolved by polling
   ``Event.query()`` at later step ends, never by a per-step synchronize. Lag is bounded by ``max_lag``
   steps: past that, the oldest step is waited for. ``close()`` drains the FIFO.
