@@ -30,7 +30,7 @@ from profiler.store import RunRecord, StepRow
 
 # Training thread's run-queue wait / compute phase time at or above which CPU_CONTENTION is recommended.
 # docs/metrics.md "CPU contention" gives the measurements: on a quiet 2-core machine fashion-vgg measured 3-5%;
-# 11% came with no throughput loss; from 18% on, every run lost throughput (13% at 18%, 60% at 51%).
+# 11% came with no throughput loss; from 18% on, every run lost throughput (13% at 18%, 59% at 51%).
 THRESHOLD = 0.15
 SCHEDSTAT = "schedstat run delay"
 # CPU use (% of one core) that makes other processes or the loader workers a competitor worth naming
@@ -40,6 +40,8 @@ _WORKER = re.compile(r"sched\.(w\d+)\.runq_pct")
 
 @dataclass(frozen=True, slots=True)
 class Contention:
+    """The training thread's run-queue wait per part of the step, and the sampled waits beside it."""
+
     available: bool
     reason: str | None  # why the per-phase figures are missing, else None
     compute_runq_fraction: float  # training thread's run-queue wait in compute phases / compute phase time
