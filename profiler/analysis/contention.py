@@ -30,7 +30,7 @@ from profiler.store import RunRecord, StepRow
 
 # Training thread's run-queue wait / compute phase time at or above which CPU_CONTENTION is recommended.
 # docs/metrics.md "CPU contention" gives the measurements: on a quiet 2-core machine fashion-vgg measured 3-5%;
-# 11% came with no throughput loss; from 18% on, every run lost throughput (13% at 18%, 59% at 51%).
+# 11% came with no throughput loss; from 18% on, every run lost throughput (18% at 18%, 61% at 51%).
 THRESHOLD = 0.15
 SCHEDSTAT = "schedstat run delay"
 # CPU use (% of one core) that makes other processes or the loader workers a competitor worth naming
