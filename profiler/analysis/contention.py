@@ -247,7 +247,10 @@ def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
         "exit; summed over compute phases / compute phase time"
         if reason is None
         else f"not measured ({reason})",
-        "main_runq_pct": sampled.replace("summed over the threads", "main thread"),
+        "main_runq_pct": sampled.replace(
+            "task/*/schedstat field 2 (run delay), summed over the threads",
+            "task/<pid>/schedstat field 2 (run delay), main thread",
+        ),
         "process_runq_pct": sampled + "; 100% = one core",
         "workers_runq_pct": sampled + "; loader worker processes (as labelled by the host source); 100% = one core",
         "cpu_pct": "psutil means over the measured window: proc.main.cpu_pct, proc.children.cpu_pct, and for "
