@@ -1,7 +1,7 @@
 """Overhead of profiling a training loop with a Session.
 
 1. Throughput ratio: a small CPU training loop (conv net on in-memory tensors through a DataLoader) run
-   without and with a Session at the default sampling rate (10 Hz, host + NVML sources), paired in one
+   without and with a Session at the default sampling rate (10 Hz, host + sched + NVML sources), paired in one
    process, the order alternating between pairs so drift cancels; the figure is the median of the
    per-pair ratios. Target: >= 0.99.
 2. Live view: Session alone vs Session + the rich live view at 4 Hz, paired the same way.
@@ -191,7 +191,7 @@ def main() -> int:
         f"per-phase cost: {cost['phase_us_median']:.2f} us (median of 5 x 200k; worst batch "
         f"{cost['phase_us_max']:.2f} us; budget 20 us)   wrap per step: {cost['wrap_step_us_median']:.2f} us"
     )
-    print(f"Session (10 Hz, host+nvml sources) vs bare loop, {args.pairs} pairs of {args.steps} steps:", flush=True)
+    print(f"Session (10 Hz, default sources) vs bare loop, {args.pairs} pairs of {args.steps} steps:", flush=True)
     sess = session_vs_bare(args.pairs, args.steps)
     verdict = "meets" if sess["median_throughput_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
     print(

@@ -41,11 +41,14 @@ def log_warning(message: str) -> None:
 
 
 def default_sources(pid: int | None = None) -> list[Source]:
-    """The sources every run samples: host (psutil) for ``pid``'s process tree, and NVML."""
+    """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
+    threads and workers (schedstat; workers labelled as the host source labels them), and NVML."""
     from profiler.sources.host import HostSource
     from profiler.sources.nvml import NvmlSource
+    from profiler.sources.sched import SchedSource
 
-    return [HostSource(pid), NvmlSource()]
+    host = HostSource(pid)
+    return [host, SchedSource(pid, workers=host.pid_labels), NvmlSource()]
 
 
 class Recording:

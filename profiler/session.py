@@ -5,21 +5,26 @@ A step starts the moment the loop asks the loader for its batch and ends when it
 the step (``h2d``, ``compute``, or any user name). Whatever the step spent outside these is "other".
 
 Invariants:
-- The hot path (``next()`` wrapper, phase enter/exit) does a ``perf_counter`` read, a list append and, on
-  CUDA, an event record. Everything else (row building, store writes, analysis) happens at step end or
-  off-thread. Budget: < 20 us per phase on a 2-core CPU (``benchmarks/overhead.py`` measures it).
+- The hot path (``next()`` wrapper, phase enter/exit) does a ``perf_counter`` read, a list append, on
+  CUDA an event record, and where schedstat is available one ``pread`` of the training thread's run-queue
+  counter (bytes, parsed when the step is resolved). Everything else (row building, store writes,
+  analysis) happens at step end or off-thread. Budget: < 20 us per phase on a 2-core CPU
+  (``benchmarks/overhead.py`` measures it).
 - On CUDA, a step's record waits in a FIFO until its events have completed; it is resolved by polling
   ``Event.query()`` at later step ends, never by a per-step synchronize. Lag is bounded by ``max_lag``
   steps: past that, the oldest step is waited for. ``close()`` drains the FIFO.
 - Exiting the ``with`` block records a status: ``complete``; ``interrupted`` for KeyboardInterrupt or a
   signal the CLI turned into :class:`Interrupted`; ``failed`` (with where) for any other exception, which
   propagates unchanged. Every step recorded so far stays in the store.
+- Run-queue wait (``runq_s``) is that of the thread that iterates the first ``wrap()``; phases entered on
+  any other thread store NULL rather than another thread's figure.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import deque
@@ -31,11 +36,16 @@ from typing import TYPE_CHECKING, Any
 from profiler.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.recording import Recording
 from profiler.sampler import Sampler
+from profiler.sources import sched as schedstat
 from profiler.sources.base import Source
 from profiler.store import PhaseRow, RunStore, StepRow
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+
+# name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
+_PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
+_Raws = tuple[bytes | None, bytes | None, bytes | None]
 
 
 class Interrupted(BaseException):
@@ -69,7 +79,7 @@ def batch_len(batch: Any) -> int | None:
 
 
 class _Phase:
-    __slots__ = ("_ev0", "_name", "_s", "_t0")
+    __slots__ = ("_ev0", "_name", "_r0", "_s", "_t0")
 
     def __init__(self, session: Session, name: str) -> None:
         self._s = session
@@ -79,12 +89,16 @@ class _Phase:
         s = self._s
         s._stack.append(self._name)
         self._ev0 = s._timer.mark() if s._timer is not None else None
+        rq = s._runq
+        self._r0 = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
         self._t0 = s._clock()
         return self
 
     def __exit__(self, *exc: object) -> None:
         s = self._s
         t1 = s._clock()
+        rq = s._runq
+        r1 = rq.raw() if rq is not None and self._r0 is not None else None
         ev1 = s._timer.mark() if s._timer is not None else None
         stack = s._stack
         if not stack or stack[-1] != self._name:
@@ -95,7 +109,7 @@ class _Phase:
         if s._step < 0:  # before the first batch or after the loop: no step to charge it to
             s._unattributed += 1
             return
-        s._phases.append((name, depth, self._t0, t1, self._ev0, ev1))
+        s._phases.append((name, depth, self._t0, t1, self._ev0, ev1, self._r0, r1))
 
 
 class Session:
@@ -145,12 +159,16 @@ class Session:
         }
         # hot-path state
         self._stack: list[str] = []
-        self._phases: list[tuple[str, int, float, float, Any, Any]] = []
+        self._phases: list[_PhaseRec] = []
         self._step = -1  # index of the open step, -1 when none is open
         self._step_t0 = 0.0
         self._step_wait = 0.0
         self._step_samples: int | None = None
-        self._pending: deque[tuple[StepRow, list[tuple[str, int, float, float, Any, Any]]]] = deque()
+        self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
+        # the training thread's schedstat reader (opened by the first wrap()), and raws at step start / data
+        self._runq: schedstat.ThreadSched | None = None
+        self._runq_reason: str | None = None
+        self._step_raws: tuple[bytes | None, bytes | None] = (None, None)
         self._next_index = 0
         self._unattributed = 0
         # live view: the newest resolved steps, bounded
@@ -198,6 +216,8 @@ class Session:
         )
         self._store = self._rec.start(t0=self._t0)
         self.sampler = self._rec.sampler
+        self._runq_reason = schedstat.probe()
+        self._store.put_meta(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
         return self
 
     def __enter__(self) -> Session:
@@ -231,8 +251,12 @@ class Session:
             return self.summary()
         self._status, self._error = status, error
         if self._step >= 0:
-            self._end_step(self._clock())
+            rq = self._runq
+            self._end_step(self._clock(), rq.raw() if rq is not None and rq.ident == threading.get_ident() else None)
         self._resolve(drain=True)
+        if self._runq is not None:
+            self._runq.close()
+            self._runq = None
         if self._unattributed:
             self._rec.event("warning", f"{self._unattributed} phase(s) ran outside any step", "session")
         return self._rec.close(status, error)
@@ -265,21 +289,26 @@ class Session:
         self._note_loader(iterable)
         count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
         clock = self._clock
+        rq = self._thread_runq()
+        raw = rq.raw if rq is not None else None
         t_iter: float | None = clock()
+        r_iter = raw() if raw else None
         # iter() is where a DataLoader starts its workers: that wait belongs to the first step
         it = iter(iterable)
         try:
             while True:
                 t0 = clock()
+                r0 = raw() if raw else None
                 if self._step >= 0:
-                    self._end_step(t0)
+                    self._end_step(t0, r0)
                 elif t_iter is not None:
-                    t0, t_iter = t_iter, None
+                    t0, t_iter, r0 = t_iter, None, r_iter
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
                 t1 = clock()
+                self._step_raws = (r0, raw() if raw else None)
                 self._step = self._next_index
                 self._next_index += 1
                 self._step_t0 = t0
@@ -289,13 +318,13 @@ class Session:
         finally:
             # the loop broke out or raised: the step in flight ends now
             if self._step >= 0 and self._status is None:
-                self._end_step(clock())
+                self._end_step(clock(), raw() if raw else None)
 
     def phase(self, name: str) -> _Phase:
         """Context manager timing a named part of the current step."""
         return _Phase(self, name)
 
-    def _end_step(self, t_end: float) -> None:
+    def _end_step(self, t_end: float, r_end: bytes | None = None) -> None:
         phases, self._phases = self._phases, []
         t0 = self._t0
         row = StepRow(
@@ -307,13 +336,13 @@ class Session:
             warmup=self._step < self.warmup,
         )
         self._step = -1
-        self._pending.append((row, phases))
+        self._pending.append((row, phases, (*self._step_raws, r_end)))
         self._resolve()
 
     def _resolve(self, drain: bool = False) -> None:
         timer, pending, t0 = self._timer, self._pending, self._t0
         while pending:
-            row, phases = pending[0]
+            row, phases, raws = pending[0]
             if timer is not None and phases:
                 last = phases[-1][5]
                 if not timer.done(last):
@@ -321,17 +350,38 @@ class Session:
                         return
                     timer.wait(last)
             pending.popleft()
+            row = step_runq(row, raws)
             out: list[PhaseRow] = []
-            for name, depth, a, b, ev0, ev1 in phases:
+            for name, depth, a, b, ev0, ev1, r0, r1 in phases:
+                rq = schedstat.delay_between(r0, r1)
                 if timer is not None and ev0 is not None:
-                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, timer.time_of(ev0), timer.time_of(ev1)))
+                    dev0, dev1 = timer.time_of(ev0), timer.time_of(ev1)
+                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, dev0, dev1, runq_s=rq))
                     timer.release(ev0)
                     timer.release(ev1)
                 else:
-                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0))
+                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, runq_s=rq))
             assert self._store is not None
             self._store.put_step(row, out)
             self.recent.append((row, out))
+
+    def _thread_runq(self) -> schedstat.ThreadSched | None:
+        """The run-queue reader of the thread that iterates the first ``wrap()``; None on any other thread
+        and where schedstat is unavailable (then the hot path does nothing extra)."""
+        rq = self._runq
+        if rq is not None:
+            return rq if rq.ident == threading.get_ident() else None
+        if self._runq_reason is not None:
+            return None
+        try:
+            rq = schedstat.ThreadSched()
+        except OSError as exc:
+            self._runq_reason = f"cannot open the training thread's schedstat: {exc.strerror or exc}"
+            self.annotate(schedstat=f"unavailable: {self._runq_reason}")
+            return None
+        self._runq = rq
+        self.annotate(schedstat_tid=rq.tid, schedstat_path=rq.path.replace("/self/", f"/{os.getpid()}/"))
+        return rq
 
     def _note_loader(self, loader: Any) -> None:
         """Take workers / pin_memory / batch_size from a DataLoader the user did not describe."""
@@ -342,6 +392,26 @@ class Session:
         }
         if found:
             self.annotate(**found)
+
+
+def step_runq(row: StepRow, raws: _Raws) -> StepRow:
+    """``row`` with its data-wait and whole-step run-queue wait from the raws at start, after next(), end."""
+    start, waited, end = raws
+    if start is None:
+        return row
+    delay = schedstat.run_delay_s
+    t0 = delay(start)
+    # the constructor, not dataclasses.replace: this runs once per step on the training thread (1 us vs 5 us)
+    return StepRow(
+        row.step,
+        row.t_start,
+        row.t_end,
+        row.data_wait_s,
+        row.samples,
+        row.warmup,
+        None if waited is None else delay(waited) - t0,
+        None if end is None else delay(end) - t0,
+    )
 
 
 def _where(exc: BaseException, tb: TracebackType | None) -> str:

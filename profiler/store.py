@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added phases.runq_s, steps.data_wait_runq_s and steps.runq_s
 STALE_HEARTBEAT_S = 10.0  # the writer commits (and refreshes the heartbeat) at least every second
 DB_NAME = "run.sqlite"
 STACKS_NAME = "pyspy.speedscope.json"  # written by py-spy beside the store; read with it
@@ -42,7 +42,9 @@ CREATE TABLE IF NOT EXISTS steps (
     t_end REAL NOT NULL,          -- s since run start: the loop asked for the next batch
     data_wait_s REAL NOT NULL,    -- host time blocked in next() on the loader
     samples INTEGER,              -- items in the batch (NULL: unknown)
-    warmup INTEGER NOT NULL       -- 1 for warm-up steps, excluded from the summary
+    warmup INTEGER NOT NULL,      -- 1 for warm-up steps, excluded from the summary
+    data_wait_runq_s REAL,        -- v2: training thread's run-queue wait inside next() (NULL: not measured)
+    runq_s REAL                   -- v2: training thread's run-queue wait over the whole step
 );
 CREATE TABLE IF NOT EXISTS phases (
     step INTEGER NOT NULL,
@@ -51,7 +53,8 @@ CREATE TABLE IF NOT EXISTS phases (
     t_start REAL NOT NULL,        -- host perf_counter, s since run start
     t_end REAL NOT NULL,
     dev_start REAL,               -- device (CUDA event) time on the same timeline; NULL on CPU
-    dev_end REAL
+    dev_end REAL,
+    runq_s REAL                   -- v2: training thread's run-queue wait inside the phase (schedstat)
 );
 CREATE INDEX IF NOT EXISTS phases_step ON phases(step);
 CREATE TABLE IF NOT EXISTS samples (
@@ -70,6 +73,12 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 
+STEP_COLS = "step, t_start, t_end, data_wait_s, samples, warmup, data_wait_runq_s, runq_s"
+PHASE_COLS = "step, name, depth, t_start, t_end, dev_start, dev_end, runq_s"
+# columns each schema version added: absent from an older store, they read as NULL
+_ADDED = {"steps": ("data_wait_runq_s", "runq_s"), "phases": ("runq_s",)}
+
+
 class StoreError(Exception):
     """The run store is missing, unreadable or not a stallscope store."""
 
@@ -82,6 +91,8 @@ class StepRow:
     data_wait_s: float
     samples: int | None
     warmup: bool
+    data_wait_runq_s: float | None = None  # schema v2; None: not measured, or a v1 store
+    runq_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +104,16 @@ class PhaseRow:
     t_end: float
     dev_start: float | None = None
     dev_end: float | None = None
+    runq_s: float | None = None  # schema v2; None: not measured, or a v1 store
+
+
+def _add_columns(con: sqlite3.Connection) -> None:
+    """Bring an older store in the same directory up to this schema (additive: new columns are NULL)."""
+    for table, cols in _ADDED.items():
+        have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+        for col in cols:
+            if col not in have:
+                con.execute(f"ALTER TABLE {table} ADD COLUMN {col} REAL")
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -119,6 +140,7 @@ class RunStore:
         self._con = _connect(self.path)
         with self._con:
             self._con.executescript(_SCHEMA)
+            _add_columns(self._con)
             self._con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             self._con.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in (meta or {}).items()]
@@ -240,13 +262,16 @@ class RunStore:
         if kind == "step":
             row, phases = item[1], item[2]
             con.execute(
-                "INSERT OR REPLACE INTO steps VALUES (?,?,?,?,?,?)",
-                (row.step, row.t_start, row.t_end, row.data_wait_s, row.samples, int(row.warmup)),
+                f"INSERT OR REPLACE INTO steps ({STEP_COLS}) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    *(row.step, row.t_start, row.t_end, row.data_wait_s, row.samples, int(row.warmup)),
+                    *(row.data_wait_runq_s, row.runq_s),
+                ),
             )
             if phases:
                 con.executemany(
-                    "INSERT INTO phases VALUES (?,?,?,?,?,?,?)",
-                    [(p.step, p.name, p.depth, p.t_start, p.t_end, p.dev_start, p.dev_end) for p in phases],
+                    f"INSERT INTO phases ({PHASE_COLS}) VALUES (?,?,?,?,?,?,?,?)",
+                    [(p.step, p.name, p.depth, p.t_start, p.t_end, p.dev_start, p.dev_end, p.runq_s) for p in phases],
                 )
             return
         if kind == "samples":
@@ -274,6 +299,17 @@ class RunRecord:
     samples: list[tuple[float, str, str, float | None]]
     events: list[tuple[float, str, str | None, str]]
     stacks_text: str | None = None  # py-spy's collapsed stacks (RUN_DIR/pyspy.txt), when recorded
+
+
+def _cols(con: sqlite3.Connection, table: str) -> str:
+    """The select list for ``table`` in StepRow / PhaseRow field order; columns an older store lacks read NULL."""
+    have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+    wanted = (STEP_COLS if table == "steps" else PHASE_COLS).split(", ")
+    return ", ".join(c if c in have or c not in _ADDED[table] else f"NULL AS {c}" for c in wanted)
+
+
+def _step(r: Sequence[Any]) -> StepRow:
+    return StepRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7])
 
 
 def resolve_db(run: str | os.PathLike[str]) -> Path:
@@ -304,10 +340,9 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
         if "schema_version" not in meta:
             raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
-        steps = [
-            StepRow(s, a, b, w, n, bool(wu)) for s, a, b, w, n, wu in con.execute("SELECT * FROM steps ORDER BY step")
-        ]
-        phases = [PhaseRow(*r) for r in con.execute("SELECT * FROM phases ORDER BY step, t_start")]
+        steps = [_step(r) for r in con.execute(f"SELECT {_cols(con, 'steps')} FROM steps ORDER BY step")]
+        phase_sql = f"SELECT {_cols(con, 'phases')} FROM phases ORDER BY step, t_start"
+        phases = [PhaseRow(*r) for r in con.execute(phase_sql)]
         samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
         events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
     except sqlite3.DatabaseError as exc:
@@ -348,9 +383,13 @@ class StoreTail:
         con = sqlite3.connect(self.db, timeout=10.0)
         try:
             meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
-            rows = con.execute("SELECT * FROM steps WHERE step > ? ORDER BY step", (self._last_step,)).fetchall()
+            rows = con.execute(
+                f"SELECT {_cols(con, 'steps')} FROM steps WHERE step > ? ORDER BY step", (self._last_step,)
+            ).fetchall()
             phases: dict[int, list[PhaseRow]] = {}
-            for r in con.execute("SELECT * FROM phases WHERE step > ? ORDER BY step, t_start", (self._last_step,)):
+            for r in con.execute(
+                f"SELECT {_cols(con, 'phases')} FROM phases WHERE step > ? ORDER BY step, t_start", (self._last_step,)
+            ):
                 phases.setdefault(r[0], []).append(PhaseRow(*r))
             grouped: dict[float, dict[str, float]] = {}
             for t, metric, value in con.execute(
@@ -361,7 +400,7 @@ class StoreTail:
             raise StoreError(f"'{self.db}' is not a readable stallscope run store: {exc}") from None
         finally:
             con.close()
-        steps = [(StepRow(s, a, b, w, n, bool(wu)), phases.get(s, [])) for s, a, b, w, n, wu in rows]
+        steps = [(_step(r), phases.get(r[0], [])) for r in rows]
         if steps:
             self._last_step = steps[-1][0].step
         if grouped:

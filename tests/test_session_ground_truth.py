@@ -43,7 +43,7 @@ def _run(
 
 
 def test_phase_times_and_stall_fraction_match_injected_sleeps(tmp_path: Path) -> None:
-    s, t = _run(tmp_path, wait=0.030, h2d=0.020, compute=0.040)  # default sources: host + nvml (unavailable)
+    s, t = _run(tmp_path, wait=0.030, h2d=0.020, compute=0.040)  # default sources: host + sched + nvml (unavailable)
     b = s.breakdown_ms_per_step
     assert s.steps == 20 and s.warmup_steps == 2
     for part in ("data_wait", "h2d", "compute"):

@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.parts import (
     CORE_PHASES,
     BadSamples,
@@ -83,6 +84,7 @@ class Summary:
     augment: str | None = None  # the augmentation spec the pipeline realised, in words
     bad_samples: BadSamples | None = None
     cost: Cost | None = None
+    contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -124,6 +126,7 @@ class Summary:
                 "augment": self.augment,
                 "bad_samples": self.bad_samples.to_dict() if self.bad_samples else None,
                 "cost": self.cost.to_dict() if self.cost else None,
+                "contention": self.contention.to_dict() if self.contention else None,
             }
         )
         return out
@@ -195,6 +198,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
     loader_only = bool(meta.get("loader_only"))
     device = RunDevice.from_meta(dict(meta.get("device") or {"kind": "cpu", "name": "unknown"}), sampler.source("nvml"))
+    contention = contention_of(rec)
     figures = Figures(
         step_time_ms=timing.step_time,
         breakdown=timing.breakdown,
@@ -208,6 +212,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stack_estimate=stack_est,
         loader_attribution=attribution,
         cpu_count=meta.get("cpu_count"),
+        contention=contention,
     )
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
     recommendations = () if math.isnan(stall) or loader_only else tuple(recommend(figures))
@@ -248,6 +253,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         augment=meta.get("augment"),
         bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
+        contention=contention,
     )
 
 

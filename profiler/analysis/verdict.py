@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from profiler.analysis.contention import Contention, contention_advice
 from profiler.analysis.parts import Breakdown, HostFigures, LoaderAttribution, SamplerHealth, StackEstimate, StepTimes
 
 HIGH = 0.20
@@ -43,6 +44,7 @@ class Figures:
     stack_estimate: StackEstimate | None = None
     loader_attribution: LoaderAttribution | None = None
     cpu_count: int | None = None  # the host's cores, when the run recorded them
+    contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
 
 
 def verdict_for(stall_fraction: float) -> str:
@@ -63,6 +65,9 @@ def recommend(s: Figures) -> list[Recommendation]:
     pct = s.stall_fraction * 100
     cores = _cores(s.cpu_count)
     input_bound = s.stall_fraction >= MODERATE
+    contended = contention_advice(s.contention)
+    if contended:
+        out.append(Recommendation("CPU_CONTENTION", contended))
 
     if input_bound and s.workers == 0:
         top = f"2-{cores}" if cores and cores > 2 else "2"
@@ -108,7 +113,17 @@ def recommend(s: Figures) -> list[Recommendation]:
                 "in s.phase('name') to see it by name.",
             )
         )
-    if not input_bound:
+    if not input_bound and contended and s.contention is not None:
+        lost = s.contention.compute_runq_fraction
+        out.append(
+            Recommendation(
+                "NOT_INPUT_BOUND",
+                f"Input stalls are {pct:.1f}% of step time (under 5%): batches arrive in time, but the training "
+                f"thread lost {lost:.0%} of its compute time waiting for a CPU (CPU_CONTENTION): remove that "
+                "contention first; beyond it, speed-ups must come from compute, not from the input pipeline.",
+            )
+        )
+    elif not input_bound:
         out.append(
             Recommendation(
                 "NOT_INPUT_BOUND",

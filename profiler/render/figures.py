@@ -67,7 +67,31 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
     else:
         rows.append(("NVML util", f"n/a ({s.device.nvml})"))
     rows.extend(_host_rows(s.host))
+    if s.contention is not None:
+        rows.append(("CPU contention", contention_text(s)))
     return rows
+
+
+def contention_text(s: Summary) -> str:
+    """The training thread's run-queue wait in compute, then the sampled process and worker figures."""
+    c = s.contention
+    if c is None:
+        return "not measured (no figures)"
+    if c.available:
+        text = (
+            f"training thread waited for a CPU {pct(c.compute_runq_fraction)} of compute time "
+            f"({num(c.runq_ms_per_step.get('compute'), '{:.1f}')} ms/step; schedstat run delay at phase boundaries)"
+        )
+    else:
+        text = f"not measured ({c.reason})"
+    sampled = []
+    if not math.isnan(c.process_runq_pct):
+        sampled.append(f"process {num(c.process_runq_pct, '{:.0f}')}%")
+    if not math.isnan(c.workers_runq_pct):
+        sampled.append(f"workers {num(c.workers_runq_pct, '{:.0f}')}% over {len(c.per_worker_runq_pct)}")
+    if sampled:
+        text += "  waiting: " + ", ".join(sampled) + " (sampled; 100% = one core)"
+    return text
 
 
 def _cost_row(c: Cost) -> tuple[str, str]:
