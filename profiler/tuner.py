@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
 from profiler.analysis.stats import finite_or_none, quantile
 from profiler.analysis.sweep import Config, SweepRow
 from profiler.session import Interrupted
@@ -47,8 +48,9 @@ DEFAULT_PIPELINE = "naive"
 # copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
 # throughput rule stop it long before this on most loaders
 WORKER_CAP = 64
-# a rejected step whose training thread waited for a CPU more than this share of its compute: worth saying
-RUNQ_NOTABLE = 0.1
+# a rejected step whose training thread waited for a CPU this share of its compute or more: said, with the
+# figure, by the same threshold as the report's CPU_CONTENTION
+RUNQ_NOTABLE = CONTENTION_THRESHOLD
 
 
 # (configuration, label for its run directory, role) -> the configuration's row
@@ -299,7 +301,7 @@ def _step(best: SweepRow, row: SweepRow, knob: str) -> str:
         else f"{what} was {-gain:.1%} slower than {ref} ({new:.1f} vs {old:.1f} samples/s)"
     )
     runq = row.runq_compute_fraction
-    if knob == "workers" and math.isfinite(runq) and runq > RUNQ_NOTABLE:
+    if knob == "workers" and math.isfinite(runq) and runq >= RUNQ_NOTABLE:
         text += f"; the training thread waited for a CPU {runq:.0%} of compute at {row.workers} workers"
     return text
 

@@ -31,7 +31,6 @@ from profiler.analysis.contention import (
     THRESHOLD,
     Contention,
     contention_advice,
-    contention_note,
     contention_of,
 )
 from profiler.render.report import render_report
@@ -408,17 +407,6 @@ def test_recommendation_stays_quiet_under_the_threshold() -> None:
     assert "CPU_CONTENTION" not in [r.code for r in s.recommendations]
     nib = next(r.text for r in s.recommendations if r.code == "NOT_INPUT_BOUND")
     assert "the loader keeps up" in nib
-    assert contention_note(s.contention) is None
-    assert contention_note(s.contention, threshold=0.0) is not None
-
-
-def test_contention_note_for_the_tuner() -> None:
-    c = contention_of(_record(0.31))
-    assert contention_note(c) == (
-        "training thread waited for a CPU 31% of compute (schedstat run delay); 2 worker(s) waited 45% of a core"
-    )
-    assert contention_note(None) is None
-    assert contention_note(contention_of(_record(0.5, meta={"schedstat": "unavailable: x"}))) is None
 
 
 def _render(summary: object) -> str:

@@ -3,6 +3,7 @@ of known cost (tests/data/scenarios/tune.py) against a full grid run through the
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -115,17 +116,6 @@ def test_worker_cpu_busy_is_the_mean_over_the_sampled_workers() -> None:
     assert math.isnan(worker_cpu_busy(host, 0)[0]) and math.isnan(worker_cpu_busy(HostFigures(), 2)[0])
 
 
-class _WithContention:
-    """A summary with the contention figure a later branch adds (``summary.contention``)."""
-
-    def __init__(self, summary: object, contention: object) -> None:
-        self._summary = summary
-        self.contention = contention
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._summary, name)
-
-
 def test_rows_carry_the_workers_cpu_and_the_run_queue_figure_when_present() -> None:
     from types import SimpleNamespace
 
@@ -138,9 +128,9 @@ def test_rows_carry_the_workers_cpu_and_the_run_queue_figure_when_present() -> N
     d = row.to_dict()
     assert {"worker_cpu_busy_fraction", "workers_sampled", "runq_compute_fraction"} <= d.keys()
     assert d["runq_compute_fraction"] is None
-    measured = _WithContention(s, SimpleNamespace(available=True, compute_runq_fraction=0.31))
+    measured = dataclasses.replace(s, contention=SimpleNamespace(available=True, compute_runq_fraction=0.31))
     assert row_from_summary(measured, **kw).runq_compute_fraction == pytest.approx(0.31)  # type: ignore[arg-type]
-    unmeasured = _WithContention(s, SimpleNamespace(available=False, compute_runq_fraction=0.0))
+    unmeasured = dataclasses.replace(s, contention=SimpleNamespace(available=False, compute_runq_fraction=0.0))
     assert math.isnan(row_from_summary(unmeasured, **kw).runq_compute_fraction)  # type: ignore[arg-type]
 
 

@@ -96,16 +96,6 @@ def contention_of(rec: RunRecord) -> Contention:
     )
 
 
-def contention_note(c: Contention | None, threshold: float = THRESHOLD) -> str | None:
-    """One line for the tuner (why more workers lost): None when not measured or under ``threshold``."""
-    if c is None or not c.available or not c.compute_runq_fraction >= threshold:
-        return None
-    note = f"training thread waited for a CPU {c.compute_runq_fraction:.0%} of compute ({SCHEDSTAT})"
-    if c.workers and not math.isnan(c.workers_runq_pct):
-        note += f"; {c.workers} worker(s) waited {c.workers_runq_pct:.0f}% of a core"
-    return note
-
-
 def contention_advice(c: Contention | None) -> str | None:
     """The CPU_CONTENTION recommendation's text, quoting the measured wait; None under :data:`THRESHOLD`.
 

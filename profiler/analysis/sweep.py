@@ -203,12 +203,9 @@ def worker_cpu_busy(host: HostFigures, workers: int) -> tuple[float, int]:
 
 
 def _runq(s: Summary) -> float:
-    """The run-queue share of compute when the summary carries a contention figure (``summary.contention``)."""
-    c = getattr(s, "contention", None)
-    if c is None or not getattr(c, "available", False):
-        return math.nan
-    value = getattr(c, "compute_runq_fraction", math.nan)
-    return float(value) if isinstance(value, (int, float)) else math.nan
+    """The training thread's run-queue share of compute (``summary.contention``); NaN where not measured."""
+    c = s.contention
+    return c.compute_runq_fraction if c is not None and c.available else math.nan
 
 
 @dataclass(frozen=True, slots=True)
