@@ -107,19 +107,25 @@ def test_copy_waiting_for_queued_compute_is_not_an_input_stall(tmp_path: Path) -
     # A compute-bound GPU job: 1 ms to launch a step whose kernels run 20 ms. A pageable copy blocks the
     # host until the queue drains, so the host sits ~19 ms in "h2d" though the loader is instant.
     s, stream = _session(tmp_path, {"work": [0.0, 0.001, 0.0, 0.020]})
+    exposed: list[float] = []  # per step: host time in h2d after the queue drained (the device idles then)
     with s:
         for _ in s.wrap(sleep_loader(16, 0.0)):
             with s.phase("h2d"):
-                time.sleep(max(0.0, stream.cursor - s._now()) + 0.001)  # drain the queue, then copy 1 ms
+                t_enter, drained = s._now(), stream.cursor
+                time.sleep(max(0.0, drained - t_enter) + 0.001)  # drain the queue, then copy 1 ms
+                exposed.append(s._now() - max(t_enter, drained))
             with s.phase("compute"):
                 time.sleep(0.001)
     summ = s.summary()
     b = summ.breakdown_ms_per_step
-    # host-time accounting would call this ~95% input-bound; only the real ~1 ms copy stalls the device
-    assert summ.stall_fraction < 0.08, (summ.stall_fraction, b, summ.stall_ms_per_step)
-    assert summ.stall_ms_per_step.h2d == pytest.approx(1.0, abs=0.6)
+    # the truth as it ran: ~1 ms a step, more where the sleeps overshot on a loaded machine
+    copy_ms = 1e3 * sum(exposed[s.warmup :]) / len(exposed[s.warmup :])
+    # host-time accounting would call this ~95% input-bound; only the exposed copy stalls the device
+    assert summ.stall_ms_per_step.h2d == pytest.approx(copy_ms, abs=0.6), (summ.stall_ms_per_step, copy_ms)
+    assert summ.stall_fraction == pytest.approx(copy_ms / summ.step_time_ms.mean, abs=0.03)
+    assert summ.stall_fraction < 0.25, (summ.stall_fraction, b, summ.stall_ms_per_step)
     assert b["compute"] > 15  # the drain is charged to compute
-    assert summ.device_busy_fraction > 0.85
+    assert summ.device_busy_fraction > 0.75
 
 
 def test_events_resolve_without_per_step_sync_and_lag_is_bounded(tmp_path: Path) -> None:

@@ -230,5 +230,10 @@ def test_cli_dali_on_a_scenario_without_image_files_exits_2(tmp_path: Path) -> N
     r = stallscope("run", "fashion-vgg", "--pipeline", "dali", "--no-live", "--out", str(tmp_path / "r"))
     assert r.returncode == 2, r.stderr
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
-    assert len(errors) == 1 and "needs an image-folder dataset" in errors[0] and "SyntheticFashion" in errors[0]
+    assert errors == [
+        "stallscope: error: --pipeline: dali cannot train scenario 'fashion-vgg': needs an image-folder or detection "
+        "dataset (a file-backed scenario); this one makes its data in memory; pipelines that can: naive, prefetch"
+    ]
+    assert r.stderr.splitlines() == errors  # one line: refused before any run (no banner, no run directory)
+    assert not (tmp_path / "r").exists()
     assert "Traceback" not in r.stderr

@@ -58,7 +58,8 @@ def test_terminal_report_shows_estimates_not_a_breakdown(run_dir: Path) -> None:
 
 
 def test_html_report_has_estimate_and_attribution_sections(run_dir: Path, tmp_path: Path) -> None:
-    page = write_html(run_dir, tmp_path / "r.html").read_text()
+    rec = load_run(run_dir)
+    page = write_html(summarize(rec), rec, tmp_path / "r.html").read_text()
     ids: set[str] = set()
 
     class Ids(HTMLParser):
