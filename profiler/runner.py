@@ -100,6 +100,8 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
                 loop.train()
             loop.finish()
     except Interrupted as exc:
+        if session.status is None:  # the signal landed while the session was starting: close what it recorded
+            session.close("interrupted", error=str(exc))
         raise RunStopped(exc.signame, session) from exc
     except Exception as exc:
         if session.status == "failed":

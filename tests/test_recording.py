@@ -96,3 +96,28 @@ def test_zero_code_returns_the_summary_it_wrote(tmp_path: Path) -> None:
     assert result.exit_code == 0 and result.summary is not None
     assert result.summary.mode == "zero-code"
     assert result.summary.to_dict() == summarize(load_run(tmp_path / "run")).to_dict()
+
+
+def test_a_signal_while_the_session_starts_still_closes_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ctrl-C can land between the store's creation and the end of Session.start(), before `with session:`
+    # is entered: the run must still be closed, reported and summarised as interrupted
+    import scenarios
+    from profiler.devices import resolve_device
+    from profiler.runner import RunConfig, RunStopped, run_scenario
+    from profiler.session import Interrupted
+
+    started = Recording.start
+
+    def start_then_signal(self: Recording, t0: float | None = None) -> object:
+        started(self, t0)
+        raise Interrupted("SIGINT")
+
+    monkeypatch.setattr(Recording, "start", start_then_signal)
+    cfg = RunConfig(out=tmp_path / "run", device=resolve_device("cpu"), steps=2, warmup=0)
+    with pytest.raises(RunStopped) as info:
+        run_scenario(scenarios.get("mlp-mnist"), cfg)
+    summary = info.value.session.summary()
+    assert summary is not None and summary.status == "interrupted" and summary.error == "stopped by SIGINT"
+    assert load_run(tmp_path / "run").meta["status"] == "interrupted"
