@@ -34,13 +34,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipelines
+from pipelines import usable_cores
 from pipelines.imagefolder import ImageFolderSource
 from profiler.devices import cpu_name, resolve_device
 from profiler.runner import RunConfig, run_scenario
-from scenarios.datagen import _cpu_count, make
+from scenarios.datagen import make
 from scenarios.imagenet import SCENARIO, augment_for
 
-CORES = _cpu_count()  # the cores this process may use, as many as the ceilings start processes
+CORES = usable_cores()  # the cores this process may use, as many as the ceilings start processes
 
 
 def _decode_pil(files: list[str]) -> int:

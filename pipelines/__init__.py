@@ -18,11 +18,22 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pipelines.base import BuiltLoader, LoaderSpec, Pipeline
+from pipelines.base import BuiltLoader, LoaderSpec, Pipeline, usable_cores
 
 # PIPELINES stays a module attribute, not in __all__: ruff RUF022 (isort order) and sorted() disagree on
 # where an ALL-CAPS name goes among CamelCase ones, and __all__ must satisfy both.
-__all__ = ["BuiltLoader", "LoaderSpec", "Pipeline", "PipelineError", "applicable", "get", "names", "require", "why_not"]
+__all__ = [
+    "BuiltLoader",
+    "LoaderSpec",
+    "Pipeline",
+    "PipelineError",
+    "applicable",
+    "get",
+    "names",
+    "require",
+    "usable_cores",
+    "why_not",
+]
 
 PIPELINES: dict[str, str] = {
     "dali": "pipelines.dali_pipeline:DaliPipeline",

@@ -11,6 +11,7 @@ A pipeline turns a scenario's dataset into batches on the target device. The run
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +38,16 @@ class LoaderSpec:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset, a cgroup cpuset), which can be fewer than
+    the machine's; ``os.cpu_count()`` where affinity is not available (macOS). Loader workers past these only
+    contend, unless their items wait rather than compute."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def pinned_device(device: str) -> torch.device:

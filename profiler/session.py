@@ -269,7 +269,7 @@ class Session:
         """Seconds of each measured (non-warm-up) step recorded so far, in order."""
         if self._store is None:
             return []
-        return [s.t_end - s.t_start for s in self._store.record().steps if not s.warmup]
+        return [s.t_end - s.t_start for s in self._store.steps() if not s.warmup]
 
     @property
     def recording(self) -> Recording | None:

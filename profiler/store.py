@@ -190,6 +190,10 @@ class RunStore:
         if not self._dead:
             self._q.put(("event", (t, kind, source, message)))
 
+    def steps(self) -> list[StepRow]:
+        """The step rows put so far, in order (without building the whole record)."""
+        return list(self._mirror.steps)
+
     def record(self) -> RunRecord:
         """Everything put so far, as :func:`load_run` would read it back (py-spy's stacks from their file):
         what Session and zero-code summarise at close instead of re-reading the store."""

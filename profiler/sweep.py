@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pipelines import PipelineError, applicable, require
+from pipelines import PipelineError, applicable, require, usable_cores
 from profiler.analysis.sweep import (
     MIN_STEPS,
     REL_CI,
@@ -318,15 +318,6 @@ def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[Swe
         final = result()
         write_json(out_dir / "sweep.json", final.to_dict())
     return final, stopped
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), which a container or taskset can make fewer
-    than the machine's."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no sched_getaffinity off Linux
-        return os.cpu_count() or 1
 
 
 def tune_pipelines(scenario: Scenario, asked: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:

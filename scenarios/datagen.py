@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from pipelines.base import usable_cores
 from pipelines.detection import ANNOTATIONS, IMAGES_DIR
 from scenarios.base import one_line
 
@@ -209,7 +210,7 @@ def make(
         if classes > count:
             raise DataError(f"classes {classes} is more than count {count}: allowed is 1 to count ({count})")
     if jobs is None:
-        jobs = _cpu_count()
+        jobs = usable_cores()
     _check_int("jobs", jobs, 1, "an integer >= 1")
     out = Path(out)
     params = {"kind": kind, "count": count, "classes": classes, "seed": seed, "generator_version": GENERATOR_VERSION}
@@ -386,15 +387,6 @@ def _generate(
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-
-
-def _cpu_count() -> int:
-    # The CPUs this process may run on (taskset, cgroup cpusets), not all the machine's: extra workers would
-    # only contend. os.cpu_count() where affinity is not available (macOS).
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _worker_init() -> None:

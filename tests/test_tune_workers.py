@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from conftest import ROOT
 
+from pipelines import usable_cores
 from profiler.cli import main
-from profiler.sweep import usable_cores
 
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
 ARGS = ["--pipelines", "naive", "--max-batch-size", "8", "--budget-s", "120", "--seconds", "1", "--no-live", "--json"]

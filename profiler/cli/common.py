@@ -265,7 +265,9 @@ def report_outcome(summary: Summary | None, run_dir: Path, as_json: bool, code: 
     """Print the Summary a run built at close; ``code`` stays the exit code. Without one (it could not be
     built: the error was logged), say where the store is."""
     if summary is None:
-        if (run_dir / "run.sqlite").exists():
+        from profiler.store import DB_NAME
+
+        if (run_dir / DB_NAME).exists():
             say(f"no summary could be built; the run store is kept: stallscope report {run_dir}")
         else:
             say("nothing was recorded: the run stopped before its store was created")

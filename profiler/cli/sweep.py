@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -199,7 +198,9 @@ def _harness(args: argparse.Namespace, training: Training, out: Path, what: str,
 
 
 def _default_workers() -> list[int]:
-    return sorted({0, min(2, os.cpu_count() or 1)})
+    from pipelines import usable_cores
+
+    return sorted({0, min(2, usable_cores())})
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -243,7 +244,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
     from profiler.render.sweep import tune_header
     from profiler.runner import TrainingError
-    from profiler.sweep import run_tune, tune_pipelines, usable_cores
+    from profiler.sweep import run_tune, tune_pipelines
     from profiler.tuner import WORKER_CAP
 
     _precheck(args.pipelines or pipelines.names(), args.out)
@@ -255,7 +256,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise BadInput(f"--pipelines: {exc}") from None
     max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
     max_workers = args.max_workers if args.max_workers is not None else WORKER_CAP
-    cores = usable_cores()
+    cores = pipelines.usable_cores()
     out = _out_dir(args.out, "tune", args.scenario)
     guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "tune", guard)
