@@ -31,7 +31,6 @@ from profiler.analysis.contention import (
     THRESHOLD,
     Contention,
     contention_advice,
-    contention_of,
 )
 from profiler.render.report import render_report
 from profiler.sources import sched
@@ -350,8 +349,15 @@ def _record(
     return RunRecord({**base, **(meta or {})}, steps, phases, samples, [(0.0, "source", "sched", "available")])
 
 
+def _contention(rec: RunRecord) -> Contention:
+    """The contention part of the record's summary (built from the summary's own host figures)."""
+    c = summarize(rec).contention
+    assert c is not None
+    return c
+
+
 def test_contention_figures_from_a_record() -> None:
-    c = contention_of(_record(0.4))
+    c = _contention(_record(0.4))
     assert c.available and c.reason is None
     assert c.compute_runq_fraction == pytest.approx(0.4)
     assert c.runq_ms_per_step == pytest.approx({"data_wait": 0.5, "h2d": 0.0, "compute": 35.2, "other": 1.0})
@@ -395,7 +401,7 @@ def test_recommendation_fires_with_the_measured_figure() -> None:
 def test_recommendation_advice_follows_what_was_measured(
     workers: int, threads: int, cpu: tuple[float, float, float], expected: str
 ) -> None:
-    c = contention_of(_record(0.3, workers=workers, threads=threads, cpu=cpu))
+    c = _contention(_record(0.3, workers=workers, threads=threads, cpu=cpu))
     text = contention_advice(c) or ""
     assert text.startswith("The training thread waited for a CPU 30% of its compute time") and expected in text
     assert ("fewer loader workers" in text) == expected.startswith("Use fewer loader workers")
@@ -458,7 +464,7 @@ def _pinned_loop(tmp: Path, cpu: int, steps: int = 12, burn_s: float = 0.02) -> 
                     truth["wall"] += w
     finally:
         os.sched_setaffinity(0, before)
-    return contention_of(load_run(tmp)), truth
+    return _contention(load_run(tmp)), truth
 
 
 @needs_schedstat

@@ -11,7 +11,7 @@ Pure: a :class:`profiler.store.RunRecord` in, a :class:`Contention` out; no cloc
 Invariants:
 - Only measured (non-warm-up) steps count, and a step or phase whose wait was not measured (NULL) is left
   out of both the numerator and the denominator, never counted as zero wait.
-- Sampled figures are means over the measured window, as the summary's host figures are.
+- Sampled figures are the summary's host figures (means over the measured window): read, not recomputed.
 - ``available`` is False, with a one-line ``reason``, when the per-phase figure was not measured (a kernel
   without schedstat, a store written before schema v2, no step timed on the training thread); every
   figure is then NaN rather than 0.
@@ -25,7 +25,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from profiler.analysis.stats import finite_or_none, mean
+from profiler.analysis.parts import HostFigures
+from profiler.analysis.stats import json_safe
 from profiler.store import RunRecord, StepRow
 
 # Training thread's run-queue wait / compute phase time at or above which CPU_CONTENTION is recommended.
@@ -61,16 +62,18 @@ class Contention:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``contention`` object of summary.json: NaN becomes null."""
-        return {k: _safe(v) for k, v in asdict(self).items()}
+        out: dict[str, Any] = json_safe(asdict(self))
+        return out
 
 
-def contention_of(rec: RunRecord) -> Contention:
-    """Contention figures of a stored run (measured steps only)."""
+def contention_of(rec: RunRecord, host: HostFigures) -> Contention:
+    """Contention figures of a stored run (measured steps only); ``host`` are its sampled means over the
+    measured window (the summary's host figures, which hold the ``sched`` source's metrics too)."""
     meta = rec.meta
     measured = [s for s in rec.steps if not s.warmup]
-    window = (measured[0].t_start, measured[-1].t_end) if measured else None
-    sampled, per_worker = _sampled(rec, window)
-    cpu = _cpu_use(rec, window, _int(meta.get("cpu_count")))
+    sampled = host.by_metric
+    per_worker = {w.group(1): v for m, v in sampled.items() if (w := _WORKER.fullmatch(m)) is not None}
+    cpu = _cpu_use(host, _int(meta.get("workers")), _int(meta.get("cpu_count")))
     reason = _unavailable(meta, measured)
     timed = [s for s in measured if s.runq_s is not None]
     fraction, per_step = math.nan, dict[str, float]()
@@ -191,31 +194,14 @@ def _phase_figures(rec: RunRecord, timed: list[StepRow]) -> tuple[float, dict[st
     return (compute_runq / compute_wall if compute_wall > 0 else math.nan), out
 
 
-def _sampled(rec: RunRecord, window: tuple[float, float] | None) -> tuple[dict[str, float], dict[str, float]]:
-    series: dict[str, list[float]] = defaultdict(list)
-    for t, source, metric, value in rec.samples:
-        if source != "sched" or value is None or (window is not None and not window[0] <= t <= window[1]):
-            continue
-        series[metric].append(value)
-    means = {m: mean(v) for m, v in series.items()}
-    per_worker = {w.group(1): v for m, v in sorted(means.items()) if (w := _WORKER.fullmatch(m)) is not None}
-    return means, per_worker
-
-
-def _cpu_use(rec: RunRecord, window: tuple[float, float] | None, cores: int | None) -> dict[str, float]:
+def _cpu_use(host: HostFigures, workers: int | None, cores: int | None) -> dict[str, float]:
     """Mean CPU use over the window, % of one core; empty without host samples or a core count."""
-    series: dict[str, list[float]] = defaultdict(list)
-    for t, source, metric, value in rec.samples:
-        if source == "host" and value is not None and (window is None or window[0] <= t <= window[1]):
-            series[metric].append(value)
-    main, kids, system = (
-        mean(series.get(m, [])) for m in ("proc.main.cpu_pct", "proc.children.cpu_pct", "sys.cpu_pct")
-    )
+    main, kids, system = host.main_cpu_pct, host.children_cpu_pct, host.sys_cpu_pct
     if not cores or math.isnan(main) or math.isnan(system):
         return {}
     kids = 0.0 if math.isnan(kids) else kids
     out = {"training process": main}
-    if _int(rec.meta.get("workers")):
+    if workers:
         out["workers"] = kids
     # psutil's system figure counts 100% as every core busy; sampling skew can make the rest slightly negative
     out["other processes"] = max(0.0, system * cores - main - kids)
@@ -250,11 +236,3 @@ def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
 
 def _int(x: Any) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None
-
-
-def _safe(x: Any) -> Any:
-    if isinstance(x, float):
-        return finite_or_none(x)
-    if isinstance(x, dict):
-        return {k: _safe(v) for k, v in x.items()}
-    return x

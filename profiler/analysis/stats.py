@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 Interval = tuple[float, float]
 
@@ -68,3 +69,14 @@ def subtract(intervals: Sequence[Interval], holes: Sequence[Interval]) -> list[I
 
 def finite_or_none(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) or math.isinf(x) else x
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` with NaN/inf floats as None, recursively: JSON has no NaN."""
+    if isinstance(x, float):
+        return finite_or_none(x)
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x

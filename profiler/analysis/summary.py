@@ -39,7 +39,7 @@ from profiler.analysis.parts import (
     is_peak,
 )
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
-from profiler.analysis.stats import Interval, clip, finite_or_none, mean, quantile, subtract, total, union
+from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Figures, Recommendation, recommend, verdict_for
 from profiler.store import PhaseRow, RunRecord, StepRow, run_status
 
@@ -132,17 +132,6 @@ class Summary:
         return out
 
 
-def json_safe(x: Any) -> Any:
-    """``x`` with NaN/inf floats as None, recursively: JSON has no NaN."""
-    if isinstance(x, float):
-        return finite_or_none(x)
-    if isinstance(x, dict):
-        return {k: json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    return x
-
-
 @dataclass(frozen=True, slots=True)
 class _Measured:
     """The measured (non-warm-up) steps and their phases: what every timed figure is computed over."""
@@ -198,7 +187,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
     loader_only = bool(meta.get("loader_only"))
     device = RunDevice.from_meta(dict(meta.get("device") or {"kind": "cpu", "name": "unknown"}), sampler.source("nvml"))
-    contention = contention_of(rec)
+    contention = contention_of(rec, host)
     figures = Figures(
         step_time_ms=timing.step_time,
         breakdown=timing.breakdown,

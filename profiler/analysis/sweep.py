@@ -34,8 +34,8 @@ from itertools import pairwise
 from typing import Any
 
 from profiler.analysis.parts import HostFigures
-from profiler.analysis.stats import mean
-from profiler.analysis.summary import Summary, json_safe
+from profiler.analysis.stats import json_safe, mean
+from profiler.analysis.summary import Summary
 
 MIN_STEPS = 5
 REL_CI = 0.05
