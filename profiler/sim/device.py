@@ -1,0 +1,247 @@
+"""The simulated accelerator: two streams with CUDA's ordering, on the host's own clock.
+
+Only the model's arithmetic is simulated; the host waits for the device exactly where a CUDA training loop
+waits, and nowhere else:
+
+- ``h2d(pinned=False)``: a copy from pageable memory on the compute (default) stream. As ``tensor.to(cuda)``
+  does (``cudaMemcpyAsync`` then a stream synchronize), it starts after the work already queued on that
+  stream, and the host blocks until it has finished.
+- ``h2d(pinned=True, side_stream=True)``: a ``non_blocking`` copy from pinned memory on a copy stream. The host
+  returns at once; the next compute waits for it (``wait_stream``), not for the host.
+- ``step()``: one training step's kernels queue on the compute stream after the work there and the last
+  side-stream copy. The host spends the launches' time (``kernels x LAUNCH_S``, see docs/sim.md) and returns
+  as it does after queueing kernels. Once ``QUEUE_LIMIT`` launches are in flight the host blocks until the
+  oldest step is done: CUDA's launch queue is finite (about a thousand entries).
+- Device time of one step is ``FLOPs / (peak x efficiency)`` (``profiler.sim.cost``, ``profiler.sim.specs``).
+
+Times are ``clock()`` readings (``time.perf_counter`` by default): the simulated device runs on the same
+timeline as the host, so a stall is real wall time that the host really spent waiting. :class:`SimTimer` puts
+the device behind the Session's device-timer interface (``mark/done/wait/time_of``), so the device busy
+fraction and the stall come from the same code as on CUDA. The observation methods (``busy_s``,
+``copied_bytes``, ``memory_bytes``) serve the simulated NVML source and tests; they are thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from profiler.sim.cost import StepCost
+from profiler.sim.specs import SimConfig
+
+# Host time to launch one kernel from eager PyTorch (Python, dispatcher, CUDA driver): an estimate, see docs/sim.md.
+LAUNCH_S = 10e-6
+# Kernel launches CUDA queues before a launch blocks the host (the driver's pushbuffer: about 1,024 entries).
+QUEUE_LIMIT = 1024
+# Device memory taken before the model's tensors: CUDA context, cuDNN/cuBLAS workspaces (an estimate).
+CONTEXT_BYTES = 512 << 20
+_GIB = float(1 << 30)
+
+
+class SimOutOfMemory(RuntimeError):
+    """The step needs more device memory than the simulated accelerator has: the configuration fails, as it
+    would on the real device."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimOp:
+    """One operation the simulated device executed: ``[start, end)`` on ``stream`` (clock seconds)."""
+
+    stream: str  # "compute" | "copy"
+    kind: str  # "step" | "h2d"
+    start: float
+    end: float
+    nbytes: int = 0
+    busy_s: float = 0.0  # time kernels executed within [start, end): the whole op, or less when launch-bound
+
+
+class SimDevice:
+    """One simulated accelerator running the training loop's work. See the module docstring."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+        launch_s: float = LAUNCH_S,
+        queue_limit: int = QUEUE_LIMIT,
+        history: int = 65536,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self._sleep = sleep
+        self.launch_s = launch_s
+        self.queue_limit = queue_limit
+        self.cost: StepCost | None = None
+        self._lock = threading.Lock()
+        self._compute_tail = -math.inf
+        self._copy_tail = -math.inf
+        self._copy_ready = -math.inf  # end of the last side-stream copy the next step must wait for
+        self._in_flight: deque[float] = deque()  # ends of queued steps, oldest first
+        self._ops: deque[SimOp] = deque(maxlen=history)
+        self.steps = 0
+        self.busy_total_s = 0.0
+        self.copied_total = 0
+
+    # -- set-up -----------------------------------------------------------------------------------------
+    @property
+    def memory_total_bytes(self) -> int:
+        return int(self.config.spec.memory_gib * _GIB)
+
+    def load(self, cost: StepCost) -> None:
+        """Place the model: from now on ``step()`` costs ``cost``. SimOutOfMemory when it does not fit."""
+        need = cost.memory_bytes + CONTEXT_BYTES
+        if need > self.memory_total_bytes:
+            raise SimOutOfMemory(
+                f"simulated out of memory: batch {cost.batch_size} needs about {need / _GIB:.1f} GiB on the "
+                f"{self.config.spec.name} (weights {cost.param_bytes / _GIB:.2f}, gradients "
+                f"{cost.grad_bytes / _GIB:.2f}, optimizer {cost.optimizer_bytes / _GIB:.2f}, activations "
+                f"{cost.activation_bytes / _GIB:.2f}, CUDA context {CONTEXT_BYTES / _GIB:.1f}) of "
+                f"{self.config.spec.memory_gib:g} GiB (estimated, docs/sim.md)"
+            )
+        self.cost = cost
+
+    def step_s(self) -> float:
+        """Device time of one step's kernels: FLOPs / (peak x efficiency)."""
+        if self.cost is None:
+            raise RuntimeError("SimDevice.step() before load(): the step's cost is not known")
+        return self.cost.flops / self.config.achieved_flops
+
+    def launch_total_s(self) -> float:
+        """Host time to launch one step's kernels."""
+        return (self.cost.kernels if self.cost is not None else 0) * self.launch_s
+
+    def h2d_s(self, nbytes: int, *, pinned: bool) -> float:
+        spec = self.config.spec
+        return nbytes / ((spec.h2d_pinned_gbps if pinned else spec.h2d_pageable_gbps) * 1e9)
+
+    # -- what the training loop does ------------------------------------------------------------------
+    def h2d(self, nbytes: int, *, pinned: bool = False, side_stream: bool = False) -> None:
+        """Copy ``nbytes`` host-to-device; blocks the host unless it is a pinned copy on the side stream."""
+        d = self.h2d_s(nbytes, pinned=pinned)
+        with self._lock:
+            now = self.clock()
+            if pinned and side_stream:
+                start = max(now, self._copy_tail)
+                end = self._copy_tail = self._copy_ready = start + d
+                self._record(SimOp("copy", "h2d", start, end, nbytes, d))
+                return
+            start = max(now, self._compute_tail)
+            end = self._compute_tail = start + d
+            self._record(SimOp("compute", "h2d", start, end, nbytes, d))
+        self.wait_until(end)
+
+    def step(self) -> None:
+        """Queue one training step (forward, backward, optimizer) and spend its launch time on the host."""
+        work, launch = self.step_s(), self.launch_total_s()
+        kernels = max(1, self.cost.kernels if self.cost is not None else 1)
+        ahead = max(1, self.queue_limit // kernels)  # steps the launch queue holds
+        while True:
+            with self._lock:
+                now = self.clock()
+                while self._in_flight and self._in_flight[0] <= now:
+                    self._in_flight.popleft()
+                if len(self._in_flight) < ahead:
+                    break
+                oldest = self._in_flight[0]
+            self.wait_until(oldest)
+        with self._lock:
+            start = max(now, self._compute_tail, self._copy_ready)
+            # launch-bound: the last kernel cannot start before the host has launched it
+            end = max(start + work, now + launch + work / kernels)
+            self._compute_tail = end
+            self._in_flight.append(end)
+            self.steps += 1
+            self._record(SimOp("compute", "step", start, end, 0, work))
+        self.wait_until(now + launch)
+
+    def synchronize(self) -> None:
+        """Block the host until everything queued has finished (``torch.cuda.synchronize``)."""
+        with self._lock:
+            end = max(self._compute_tail, self._copy_tail)
+        self.wait_until(end)
+
+    def tail(self) -> float:
+        """When the compute stream's queued work ends (now, when it is idle)."""
+        with self._lock:
+            return max(self.clock(), self._compute_tail)
+
+    def _record(self, op: SimOp) -> None:
+        self._ops.append(op)
+        self.busy_total_s += op.busy_s if op.kind == "step" else 0.0
+        self.copied_total += op.nbytes
+
+    def wait_until(self, t: float) -> None:
+        """Block the host until ``clock()`` reaches ``t``."""
+        while (left := t - self.clock()) > 0:
+            self._sleep(left)
+
+    # -- observation (the simulated NVML source, tests) -----------------------------------------------
+    def ops(self) -> list[SimOp]:
+        with self._lock:
+            return list(self._ops)
+
+    def busy_s(self, t0: float, t1: float) -> float:
+        """Seconds within ``[t0, t1)`` during which a kernel of a step executed (what NVML's utilisation counts;
+        copies run on the copy engines and do not count). A launch-bound step's kernels are spread evenly
+        over it."""
+        total = 0.0
+        for op in self.ops():
+            if op.kind != "step" or op.end <= t0 or op.start >= t1:
+                continue
+            overlap = min(op.end, t1) - max(op.start, t0)
+            total += overlap * (op.busy_s / (op.end - op.start)) if op.end > op.start else 0.0
+        return total
+
+    def copied_bytes(self, t0: float, t1: float) -> float:
+        """Host-to-device bytes moved within ``[t0, t1)``, a copy's bytes spread evenly over its duration."""
+        total = 0.0
+        for op in self.ops():
+            if op.kind != "h2d" or op.end <= t0 or op.start >= t1:
+                continue
+            span = op.end - op.start
+            total += op.nbytes * ((min(op.end, t1) - max(op.start, t0)) / span) if span > 0 else 0.0
+        return total
+
+    def memory_bytes(self) -> int:
+        """Device memory in use: the CUDA context, and the step's tensors once the model is loaded."""
+        return CONTEXT_BYTES + (self.cost.memory_bytes if self.cost is not None else 0)
+
+    def timer(self) -> SimTimer:
+        return SimTimer(self)
+
+
+class SimTimer:
+    """The Session's device-timer interface over a :class:`SimDevice`: an event is the time at which the
+    compute stream reaches it, as a CUDA event recorded on the current stream completes."""
+
+    kind = "sim-events"
+
+    def __init__(self, device: SimDevice) -> None:
+        self._dev = device
+        self._origin = 0.0
+
+    def bind(self, now: Callable[[], float]) -> None:
+        """Put events on the run's timeline: ``now()`` is the run's clock (seconds since its start)."""
+        self._origin = self._dev.clock() - now()
+
+    def mark(self) -> Any:
+        return self._dev.tail()
+
+    def done(self, ev: Any) -> bool:
+        return bool(self._dev.clock() >= ev)
+
+    def wait(self, ev: Any) -> None:
+        self._dev.wait_until(float(ev))
+
+    def time_of(self, ev: Any) -> float:
+        return float(ev) - self._origin
+
+    def release(self, ev: Any) -> None:
+        return None
