@@ -297,6 +297,8 @@ class _Loop:
         batches = session.wrap(built.batches)
         progressed = False
         for batch in batches:
+            if not progressed and "batch_bytes" not in session.meta:  # what one batch moves to the device
+                session.annotate(batch_bytes=tensor_bytes(batch))
             progressed = True
             with session.phase("h2d"):
                 x, y = built.to_device(batch)
