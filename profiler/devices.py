@@ -86,7 +86,7 @@ def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
     if not has_cuda:
         raise DeviceError(
             f"--device {spec} asked for CUDA but torch.cuda.is_available() is False on this machine: "
-            "allowed here auto or cpu"
+            "allowed here auto, cpu or sim:NAME (a simulated accelerator)"
         )
     index = int(spec.split(":")[1]) if ":" in spec else 0
     count = int(torch_mod.cuda.device_count())
