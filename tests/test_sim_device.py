@@ -15,7 +15,7 @@ import pytest
 from profiler.devices import DeviceError, DeviceInfo, resolve_device
 from profiler.sim.cost import StepCost
 from profiler.sim.device import CONTEXT_BYTES, SimDevice, SimOutOfMemory
-from profiler.sim.specs import AcceleratorSpec, SimConfig
+from profiler.sim.specs import PUBLISHED, AcceleratorSpec, Published, SimConfig, parse
 
 GB = 1e9
 
@@ -199,3 +199,31 @@ def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int
     assert sim["stall"] == pytest.approx(cpu["stall"], abs=0.05), (cpu, sim)
     assert sim["compute_s"] == pytest.approx(cpu["compute_s"], rel=0.05), (cpu, sim)  # the simulated device time
     assert not math.isnan(sim["stall"])
+
+
+# -- ground truth: NVIDIA's published ResNet-50 training throughput --------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", PUBLISHED, ids=lambda r: f"{r.accelerator}-{r.precision}-b{r.batch_size}")
+def test_device_bound_resnet50_is_within_25_percent_of_nvidia_published(row: Published) -> None:
+    """The whole model (FLOPs counted on the meta device at the published batch, the launch cost, the default
+    efficiency of the precision) against NVIDIA's published images/s (profiler.sim.specs.PUBLISHED cites each)."""
+    import torch
+
+    from profiler.sim.cost import measure_step
+    from scenarios import imagenet
+
+    cost = measure_step(
+        imagenet.resnet50, (torch.zeros(3, 224, 224), 0), row.batch_size, precision=row.precision,
+        loss=imagenet.cross_entropy,
+    )  # fmt: skip
+    clock = FakeClock()
+    dev = SimDevice(parse(f"sim:{row.accelerator},precision={row.precision}"), clock=clock, sleep=clock.sleep)
+    dev.load(cost)
+    t0 = clock()
+    for _ in range(10):  # a device-bound loop: no input wait, the host only launches
+        dev.step()
+    dev.synchronize()
+    images_per_s = 10 * row.batch_size / (clock() - t0)
+    assert images_per_s == pytest.approx(row.images_per_s, rel=0.25), (images_per_s, row)
