@@ -117,16 +117,7 @@ def recommend(s: Figures) -> list[Recommendation]:
                 f"{busy}: {advice}." + idle,
             )
         )
-    # a simulated device models pageable copies (blocking, staged) against pinned side-stream ones as CUDA has them
-    if s.device_kind in EVENT_TIMERS and s.pin_memory is False and h2d >= PIN_SHARE * step:
-        copies = f"Simulated host-to-device copies to the {_sim_name(s)}" if s.simulated else "Host-to-device copies"
-        out.append(
-            Recommendation(
-                "PIN_MEMORY",
-                f"{copies} block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
-                "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
-            )
-        )
+    out.extend(_pin_memory(s, h2d, step))
     if other >= OTHER_MIN_MS and other >= OTHER_SHARE * step:
         out.append(
             Recommendation(
@@ -157,6 +148,20 @@ def recommend(s: Figures) -> list[Recommendation]:
         )
     _sampler_slow(s, out)
     return out
+
+
+def _pin_memory(s: Figures, h2d: float, step: float) -> list[Recommendation]:
+    # a simulated device models pageable copies (blocking, staged) against pinned side-stream ones as CUDA has them
+    if s.device_kind not in EVENT_TIMERS or s.pin_memory is not False or h2d < PIN_SHARE * step:
+        return []
+    copies = f"Simulated host-to-device copies to the {_sim_name(s)}" if s.simulated else "Host-to-device copies"
+    return [
+        Recommendation(
+            "PIN_MEMORY",
+            f"{copies} block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
+            "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
+        )
+    ]
 
 
 def _sim_name(s: Figures) -> str:
