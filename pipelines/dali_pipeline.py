@@ -16,6 +16,8 @@ class DaliPipeline:
     """DALI reader + decoder + augmentation in native threads; mixed (GPU) decoding on CUDA."""
 
     name = "dali"
+    # how batches reach an accelerator, for the simulated device: DALI CPU path, decoded images from pageable memory
+    accelerator_copy = "pageable"
 
     def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
         if isinstance(dataset, DetectionDataset):

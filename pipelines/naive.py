@@ -79,6 +79,8 @@ class NaivePipeline:
     """``DataLoader`` with pageable memory and a blocking copy."""
 
     name = "naive"
+    # how batches reach an accelerator, for the simulated device: a blocking copy from pageable memory
+    accelerator_copy = "pageable"
 
     def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
         batches, skips, knobs = data_loader(dataset, spec, pin_memory=False, persistent_workers=False)

@@ -353,6 +353,8 @@ class PrefetchPipeline:
     """Persistent (pinned on CUDA) ``DataLoader`` + a prefetch thread + side-stream copies on CUDA."""
 
     name = "prefetch"
+    # how batches reach an accelerator, for the simulated device: pinned memory, copied ahead on a side stream
+    accelerator_copy = "pinned-async"
 
     def __init__(self, depth: int = DEPTH) -> None:
         if depth < 1:

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|sim:.*)$")
+ALLOWED = "auto, cpu, cuda, cuda:N, sim:NAME[,precision=fp32|tf32|amp][,efficiency=E]"
 
 
 class DeviceError(ValueError):
@@ -29,13 +30,25 @@ class DeviceError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    kind: str  # "cpu" | "cuda"
+    """Where the model trains. A simulated accelerator (``kind == "sim"``) trains nowhere: its tensors stay on
+    the host (``torch_device`` "cpu") and ``sim`` (a ``profiler.sim.specs.SimConfig``) models the device."""
+
+    kind: str  # "cpu" | "cuda" | "sim"
     torch_device: str  # "cpu", "cuda:0"
     name: str
     index: int | None = None
+    sim: Any = None
+
+    @property
+    def accelerator(self) -> bool:
+        """A CUDA device or a simulated one: scenarios use their accelerator settings (image size) on it."""
+        return self.kind in ("cuda", "sim")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "torch_device": self.torch_device, "name": self.name, "index": self.index}
+        out = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name, "index": self.index}
+        if self.sim is not None:
+            out["sim"] = {"device": self.sim.label(), **self.sim.to_dict()}
+        return out
 
 
 def cpu_name() -> str:
@@ -50,11 +63,19 @@ def cpu_name() -> str:
 
 
 def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
-    """``auto|cpu|cuda|cuda:N`` -> DeviceInfo; DeviceError naming the value and what is allowed."""
+    """``auto|cpu|cuda|cuda:N|sim:NAME[,...]`` -> DeviceInfo; DeviceError naming the value and what is allowed."""
     if not isinstance(spec, str) or not _DEVICE_RE.match(spec):
-        raise DeviceError(f"--device {spec!r} is not valid: allowed auto, cpu, cuda, cuda:N")
+        raise DeviceError(f"--device {spec!r} is not valid: allowed {ALLOWED}")
     if spec == "cpu":
         return DeviceInfo("cpu", "cpu", cpu_name())
+    if spec.startswith("sim:"):
+        from profiler.sim.specs import SimSpecError, parse
+
+        try:
+            config = parse(spec)
+        except SimSpecError as exc:
+            raise DeviceError(str(exc)) from None
+        return DeviceInfo("sim", "cpu", f"{config.spec.full_name} (simulated)", sim=config)
     if torch_mod is None:
         import torch as torch_mod
     has_cuda = bool(torch_mod.cuda.is_available())
@@ -65,7 +86,7 @@ def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
     if not has_cuda:
         raise DeviceError(
             f"--device {spec} asked for CUDA but torch.cuda.is_available() is False on this machine: "
-            "allowed here auto or cpu"
+            "allowed here auto, cpu or sim:NAME (a simulated accelerator)"
         )
     index = int(spec.split(":")[1]) if ":" in spec else 0
     count = int(torch_mod.cuda.device_count())

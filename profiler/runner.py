@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
@@ -22,7 +22,12 @@ from pipelines.imagefolder import BadSampleError, DataSourceError
 from profiler.devices import DeviceInfo
 from profiler.feeds import Monitor, SessionFeed
 from profiler.session import Interrupted, Session
+from profiler.sim.cost import CostModelError
+from profiler.sources.base import Source
 from scenarios import DataOptions, Scenario
+
+if TYPE_CHECKING:
+    from profiler.sim.device import SimDevice
 
 StopWhen = Callable[[Session], bool]  # the session after a measured step -> stop now
 
@@ -91,8 +96,9 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
 
     torch.manual_seed(cfg.seed)
     plan = _plan(scenario, cfg)
-    session = _session(scenario, cfg, plan)
-    loop = _Loop(session, scenario, cfg, plan)
+    sim = _sim_device(cfg)
+    session = _session(scenario, cfg, plan, sim)
+    loop = _Loop(session, scenario, cfg, plan, sim)
     try:
         with session:
             loop.set_up()
@@ -140,7 +146,25 @@ def _plan(scenario: Scenario, cfg: RunConfig) -> _Plan:
     )
 
 
-def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan) -> Session:
+def _sim_device(cfg: RunConfig) -> SimDevice | None:
+    """The simulated accelerator of a ``sim:`` device, else None."""
+    if cfg.device.kind != "sim":
+        return None
+    from profiler.sim.device import SimDevice
+
+    return SimDevice(cfg.device.sim)
+
+
+def _sim_sources(sim: SimDevice) -> list[Source]:
+    """What a run on the simulated device samples: the host as always, and the simulated NVML in place of NVML."""
+    from profiler.recording import default_sources
+    from profiler.sim.nvml import SimNvmlSource
+
+    real = [s for s in default_sources(os.getpid()) if s.name != "nvml"]
+    return [*real, SimNvmlSource(sim)]
+
+
+def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None) -> Session:
     """The Session starts before set-up, so that a dataset or model that fails to build leaves a reportable
     run (status "failed", no steps) and set-up's host load is on the record too."""
     import torch
@@ -150,6 +174,8 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan) -> Session:
         cfg.out,
         sample_hz=cfg.sample_hz,
         device=cfg.device,
+        timer=sim.timer() if sim is not None else None,
+        sources=_sim_sources(sim) if sim is not None else None,
         warmup=plan.warmup,
         scenario=scenario.name,
         pipeline=cfg.pipeline,
@@ -171,13 +197,16 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan) -> Session:
 class _Loop:
     """One run's set-up, training loop and tear-down, in the order ``run_scenario`` calls them."""
 
-    def __init__(self, session: Session, scenario: Scenario, cfg: RunConfig, plan: _Plan) -> None:
-        self.session, self.scenario, self.cfg, self.plan = session, scenario, cfg, plan
+    def __init__(
+        self, session: Session, scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None
+    ) -> None:
+        self.session, self.scenario, self.cfg, self.plan, self.sim = session, scenario, cfg, plan, sim
         self.dataset: Any = None
         self.built: BuiltLoader | None = None
         self.model: Any = None
         self.opt: Any = None
         self.loss: Any = None
+        self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
 
     def set_up(self) -> None:
         """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
@@ -205,7 +234,9 @@ class _Loop:
             epoch_samples=_epoch_samples(dataset),
             **({"augment": augment.describe()} if hasattr(augment, "describe") else {}),
         )
-        if not cfg.loader_only:
+        if self.sim is not None:
+            self._load_sim(self.sim)
+        elif not cfg.loader_only:
             self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))
             self.model.train()
             self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
@@ -217,6 +248,31 @@ class _Loop:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )
+
+    def _load_sim(self, sim: SimDevice) -> None:
+        """The simulated device gets the step's cost, counted on the meta device from one item of the dataset;
+        the host holds no model (its arithmetic is what the simulator replaces)."""
+        from profiler.sim.cost import measure_step
+
+        scenario, plan = self.scenario, self.plan
+        self.copy = getattr(plan.pipeline, "accelerator_copy", "pageable")
+        self.session.annotate(sim_copy=self.copy)
+        if self.cfg.loader_only:
+            return
+        cost = measure_step(
+            plan.model_factory,
+            self.dataset[0],
+            plan.batch_size,
+            precision=sim.config.precision,
+            loss=scenario.loss,
+            cost_forward=scenario.cost_forward,
+            targets_in_forward=scenario.targets_in_forward,
+        )
+        self.session.annotate(sim_cost=cost.to_dict())
+        sim.load(cost)  # SimOutOfMemory: the configuration fails, as on the device
+        self.session.annotate(
+            sim_step_ms=sim.step_s() * 1e3, sim_launch_ms=sim.launch_total_s() * 1e3, params=cost.param_bytes // 4
+        )
 
     def train(self) -> None:
         """Epochs of the loader until the planned steps ran (or the stop rule fired)."""
@@ -237,14 +293,23 @@ class _Loop:
         """One pass over the loader: h2d then compute per batch; (steps done, total, any batch seen)."""
         assert self.built is not None
         session, built, scenario, cfg = self.session, self.built, self.scenario, self.cfg
-        model, opt = self.model, self.opt
+        model, opt, sim = self.model, self.opt, self.sim
         batches = session.wrap(built.batches)
         progressed = False
         for batch in batches:
+            if not progressed and "batch_bytes" not in session.meta:  # what one batch moves to the device
+                session.annotate(batch_bytes=tensor_bytes(batch))
             progressed = True
             with session.phase("h2d"):
                 x, y = built.to_device(batch)
-            if model is not None and opt is not None:
+                if sim is not None:
+                    sim.h2d(
+                        tensor_bytes(batch), pinned=self.copy != "pageable", side_stream=self.copy == "pinned-async"
+                    )
+            if sim is not None and sim.cost is not None:
+                with session.phase("compute"):
+                    sim.step()
+            elif model is not None and opt is not None:
                 with session.phase("compute"):
                     out = model(x, y) if scenario.targets_in_forward else model(x)
                     self.loss = loss = scenario.loss(out, y)
@@ -281,13 +346,15 @@ def _data_options(scenario: Scenario, cfg: RunConfig) -> DataOptions | None:
         from scenarios.datagen import ensure_default
 
         root = ensure_default(scenario.data, scenario.data_count, seed=0)
-    return DataOptions(root=Path(root), on_bad_sample=cfg.on_bad_sample, device_type=cfg.device.kind)
+    # a simulated accelerator gets the scenario's accelerator settings (imagenet's 224 px crop, not the CPU's 112)
+    device_type = "cuda" if cfg.device.accelerator else "cpu"
+    return DataOptions(root=Path(root), on_bad_sample=cfg.on_bad_sample, device_type=device_type)
 
 
 def _bad_input(exc: BaseException) -> str | None:
     """The one-line message when ``exc`` is the user's data at fault (also when re-raised by a worker)."""
     # PipelineError: dali on a scenario without image files, or DALI not installed
-    if isinstance(exc, (DataSourceError, PipelineError, AugmentEpochsError)):
+    if isinstance(exc, (DataSourceError, PipelineError, AugmentEpochsError, CostModelError)):
         return str(exc)
     if isinstance(exc, BadSampleError):
         # a DataLoader worker re-raises with the worker's traceback in the message: keep the error's own line
@@ -301,3 +368,14 @@ def _epoch_samples(dataset: Any) -> int | None:
         return len(dataset)
     except TypeError:  # an iterable-style dataset has no length
         return None
+
+
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of every tensor in ``batch`` (nested tuples, lists, dicts): what a copy to the device moves."""
+    if hasattr(batch, "element_size") and hasattr(batch, "numel"):
+        return int(batch.element_size() * batch.numel())
+    if isinstance(batch, dict):
+        return sum(tensor_bytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(tensor_bytes(v) for v in batch)
+    return 0

@@ -207,6 +207,8 @@ class Session:
         self._t0 = self._clock()
         if self._timer is None:
             self._timer = make_timer(self.device, self._now)
+        elif callable(bind := getattr(self._timer, "bind", None)):
+            bind(self._now)  # a timer given to the Session (the simulated device's) joins the run's clock
         self._rec = Recording(
             self.out_dir,
             meta={**self._meta, "device_timer": self._timer.kind if self._timer is not None else "host-perf-counter"},

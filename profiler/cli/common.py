@@ -86,7 +86,11 @@ def positive_hz(text: str) -> float:
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
     """The flags ``run``, ``sweep`` and ``tune`` share."""
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="auto | cpu | cuda | cuda:N | sim:NAME[,precision=P][,efficiency=E] (default auto; docs/sim.md)",
+    )
     p.add_argument("--warmup", type=bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
     p.add_argument(
         "--sample-hz", type=positive_hz, default=10.0, help=f"sampler rate, 0 < HZ <= {MAX_HZ:g} (default 10)"

@@ -1,13 +1,17 @@
 """Accelerators the simulator knows, from their datasheets, and the ``sim:NAME[,key=value]`` device string.
 
-Each figure names its source in ``SOURCES`` (and in docs/sim.md). Peak throughput is the datasheet's dense
-figure per precision (no structured sparsity). ``EFFICIENCY`` is the achieved fraction of that peak in
-training, one default per precision, calibrated against NVIDIA's published ResNet-50 training throughput
-(docs/sim.md shows the fit per device); ``efficiency=E`` overrides it.
+Every figure of an ``AcceleratorSpec`` names its source in ``spec.sources`` (figure -> citation with URL;
+docs/sim-devices.md tabulates them). Peak throughput is the datasheet's dense figure per precision (no
+structured sparsity). ``EFFICIENCY`` is the achieved fraction of that peak in training, one default per
+precision shared by every device, calibrated by ``calibrate`` against NVIDIA's published ResNet-50 v1.5
+training throughput (``PUBLISHED``); ``efficiency=E`` overrides it. Invariant: ``EFFICIENCY`` is
+``calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE)`` rounded to two significant digits.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,18 +78,251 @@ class SimConfig:
         }
 
 
-# Provisional figures; docs/sim.md cites each one.
+# Where each figure comes from. Datasheet figures are NVIDIA's; the host-to-device rates are achieved copy
+# rates (bandwidthTest / nvbandwidth), not link peaks; idle power is what nvidia-smi reads at 0 % utilisation,
+# which no datasheet states (each source string says how firm it is).
+_DS_K80 = (
+    "NVIDIA Tesla K80 datasheet (board of 2x GK210: 8.73 TFLOPS FP32 with GPU Boost, 24 GB, 300 W), halved per GPU "
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-product-literature/TeslaK80-datasheet.pdf"
+)
+_DS_P100 = (
+    "NVIDIA Tesla P100 PCIe datasheet (16 GB: 9.3 TFLOPS FP32, 18.7 TFLOPS FP16, 250 W) "
+    "https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-PCIe-datasheet.pdf"
+)
+_DS_V100 = (
+    "NVIDIA Tesla V100 datasheet, SXM2 column (15.7 TFLOPS FP32, 125 TFLOPS tensor, 16/32 GB, 300 W) "
+    "https://images.nvidia.com/content/technologies/volta/pdf/tesla-volta-v100-datasheet-letter-fnl-web.pdf"
+)
+_DS_T4 = (
+    "NVIDIA T4 datasheet (8.1 TFLOPS FP32, 65 TFLOPS mixed FP16/FP32, 16 GB GDDR6, 70 W, PCIe Gen3 x16) "
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
+)
+_DS_A100 = (
+    "NVIDIA A100 datasheet, A100 80GB SXM column (19.5 TFLOPS FP32; tensor TF32 156, FP16 312 dense, the starred "
+    "figures are with sparsity; 80 GB; 400 W; PCIe Gen4 host link) "
+    "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+)
+_DS_H100 = (
+    "NVIDIA H100 datasheet, H100 SXM column (67 TFLOPS FP32, 80 GB, up to 700 W, PCIe Gen5 host link) "
+    "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+)
+_WP_H100 = (
+    "NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5 dense tensor peaks (TF32 494.7, FP16 989.4 "
+    "TFLOPS; the datasheet's 989 / 1,979 are with sparsity) "
+    "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
+)
+_PCIE3 = (
+    "PCIe 3.0 x16 achieved from pinned memory, ~12 GB/s: bandwidthTest H2D pinned 12150.7 MB/s on a Tesla "
+    "P100-PCIE-16GB https://github.com/mpicbg-scicomp/gearshifft/pull/82 ; V100 ingress measured at 12 GB/s "
+    "https://github.com/ZaidQureshi/bam/issues/54"
+)
+_PCIE4 = (
+    "PCIe 4.0 x16 achieved from pinned memory, ~25 GB/s: nvbandwidth host_to_device 25.13 GB/s on an A100-SXM4 "
+    "https://github.com/NVIDIA/nvbandwidth/issues/42 ; A100 measured peak 25 GB/s "
+    "https://github.com/ZaidQureshi/bam/issues/54"
+)
+_PCIE5 = (
+    "PCIe 5.0 x16 achieved from pinned memory, ~50 GB/s: nvbandwidth on H100 nodes read 52.8 GB/s device-to-host "
+    "(and 35 GB/s host-to-device with SM copies) https://github.com/NVIDIA/nvbandwidth/issues/24 ; the 50 for a "
+    "copy-engine H2D copy is an estimate, no H100 copy-engine H2D figure was found"
+)
+_PAGEABLE = (
+    "estimate, half the pinned rate: the driver stages a pageable copy through a pinned buffer (an extra host "
+    "memcpy), NVIDIA 'How to Optimize Data Transfers in CUDA C/C++' "
+    "https://developer.nvidia.com/blog/how-optimize-data-transfers-cuda-cc/ ; PyTorch 'A guide on good usage of "
+    "non_blocking and pin_memory()' https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"
+)
+_IDLE_LOGS = "estimate from public nvidia-smi logs of idle {gpu}: {reading}; no single citable source"
+
+
+def _spec(
+    name: str,
+    full_name: str,
+    peaks: dict[str, float],
+    *,
+    memory_gib: float,
+    pinned_gbps: float,
+    tdp_w: float,
+    idle_w: float,
+    sources: dict[str, str],
+) -> AcceleratorSpec:
+    """Pageable host-to-device is half the pinned rate on every device (see _PAGEABLE)."""
+    srcs = {f"peak_tflops.{p}": sources.get(f"peak_tflops.{p}", sources["peak"]) for p in peaks}
+    srcs |= {k: v for k, v in sources.items() if k != "peak" and not k.startswith("peak_tflops.")}
+    srcs["h2d_pageable_gbps"] = _PAGEABLE
+    return AcceleratorSpec(name, full_name, peaks, memory_gib, pinned_gbps, pinned_gbps / 2, tdp_w, idle_w, srcs)
+
+
 ACCELERATORS: dict[str, AcceleratorSpec] = {
-    "k80": AcceleratorSpec("k80", "NVIDIA Tesla K80 (one GK210 of the board)", {"fp32": 4.37}, 12.0, 10.0, 6.0, 150.0, 25.0),
-    "p100": AcceleratorSpec("p100", "NVIDIA Tesla P100-PCIE-16GB", {"fp32": 9.3, "amp": 18.7}, 16.0, 12.0, 6.0, 250.0, 30.0),
-    "v100": AcceleratorSpec("v100", "NVIDIA Tesla V100-SXM2-16GB", {"fp32": 15.7, "amp": 125.0}, 16.0, 12.0, 6.0, 300.0, 40.0),
-    "t4": AcceleratorSpec("t4", "NVIDIA T4", {"fp32": 8.1, "amp": 65.0}, 16.0, 12.0, 6.0, 70.0, 10.0),
-    "a100": AcceleratorSpec("a100", "NVIDIA A100-SXM4-80GB", {"fp32": 19.5, "tf32": 156.0, "amp": 312.0}, 80.0, 24.0, 10.0, 400.0, 50.0),
-    "h100": AcceleratorSpec("h100", "NVIDIA H100-SXM5-80GB", {"fp32": 67.0, "tf32": 494.7, "amp": 989.4}, 80.0, 50.0, 15.0, 700.0, 70.0),
+    "k80": _spec(
+        "k80",
+        "NVIDIA Tesla K80 (one GK210 GPU of the dual-GPU board)",
+        {"fp32": 4.37},
+        memory_gib=12.0,
+        pinned_gbps=12.0,
+        tdp_w=150.0,
+        idle_w=57.0,
+        sources={
+            "peak": _DS_K80,
+            "memory_gib": _DS_K80,
+            "h2d_pinned_gbps": _PCIE3 + " ; the board's two GPUs share one x16 link, no K80-specific measurement found",
+            "tdp_w": _DS_K80 + " ; nvidia-smi caps each GK210 at 149 W",
+            "idle_w": _IDLE_LOGS.format(gpu="K80 GPUs", reading="57-66 W at P0, ~27 W at P8"),
+        },
+    ),
+    "p100": _spec(
+        "p100",
+        "NVIDIA Tesla P100-PCIE-16GB",
+        {"fp32": 9.3, "amp": 18.7},
+        memory_gib=16.0,
+        pinned_gbps=12.0,
+        tdp_w=250.0,
+        idle_w=30.0,
+        sources={
+            "peak": _DS_P100,
+            "peak_tflops.amp": _DS_P100 + " ; no tensor cores, amp runs at the FP16 rate",
+            "memory_gib": _DS_P100,
+            "h2d_pinned_gbps": _PCIE3,
+            "tdp_w": _DS_P100,
+            "idle_w": _IDLE_LOGS.format(gpu="P100-PCIE GPUs", reading="27-30 W at P0"),
+        },
+    ),
+    "v100": _spec(
+        "v100",
+        "NVIDIA Tesla V100-SXM2-16GB",
+        {"fp32": 15.7, "amp": 125.0},
+        memory_gib=16.0,
+        pinned_gbps=12.0,
+        tdp_w=300.0,
+        idle_w=53.0,
+        sources={
+            "peak": _DS_V100,
+            "memory_gib": _DS_V100,
+            "h2d_pinned_gbps": _PCIE3 + " ; SXM2 boards reach the host over PCIe 3.0 x16",
+            "tdp_w": _DS_V100,
+            "idle_w": "nvidia-smi of a Tesla V100-SXM2 at 0 % utilisation, P0, context open: 53 W / 300 W "
+            "https://github.com/zai-org/GLM-130B/issues/32",
+        },
+    ),
+    "t4": _spec(
+        "t4",
+        "NVIDIA T4 (PCIe, 16 GB)",
+        {"fp32": 8.1, "amp": 65.0},
+        memory_gib=16.0,
+        pinned_gbps=12.0,
+        tdp_w=70.0,
+        idle_w=26.0,
+        sources={
+            "peak": _DS_T4,
+            "memory_gib": _DS_T4,
+            "h2d_pinned_gbps": _PCIE3,
+            "tdp_w": _DS_T4,
+            "idle_w": _IDLE_LOGS.format(gpu="T4 GPUs", reading="16-31 W at P0, 9-10 W at P8"),
+        },
+    ),
+    "a100": _spec(
+        "a100",
+        "NVIDIA A100-SXM4-80GB",
+        {"fp32": 19.5, "tf32": 156.0, "amp": 312.0},
+        memory_gib=80.0,
+        pinned_gbps=25.0,
+        tdp_w=400.0,
+        idle_w=55.0,
+        sources={
+            "peak": _DS_A100,
+            "memory_gib": _DS_A100,
+            "h2d_pinned_gbps": _PCIE4,
+            "tdp_w": _DS_A100,
+            "idle_w": _IDLE_LOGS.format(gpu="A100-SXM4 GPUs", reading="50-70 W at P0"),
+        },
+    ),
+    "h100": _spec(
+        "h100",
+        "NVIDIA H100-SXM5-80GB",
+        {"fp32": 67.0, "tf32": 494.7, "amp": 989.4},
+        memory_gib=80.0,
+        pinned_gbps=50.0,
+        tdp_w=700.0,
+        idle_w=140.0,
+        sources={
+            "peak": _WP_H100,
+            "peak_tflops.fp32": _DS_H100,
+            "memory_gib": _DS_H100,
+            "h2d_pinned_gbps": _PCIE5,
+            "tdp_w": _DS_H100,
+            "idle_w": "nvidia-smi of H100 80GB HBM3 GPUs at 0-4 % utilisation, P0, memory held: 140-145 W / 700 W "
+            "https://github.com/wilicc/gpu-burn/issues/114",
+        },
+    ),
 }
 
-# achieved fraction of peak in training, per precision (calibrated: docs/sim.md)
-EFFICIENCY: dict[str, float] = {"fp32": 0.57, "tf32": 0.13, "amp": 0.2}
+
+# ResNet-50 training, forward + backward + SGD step, per 224-px image, as torch.utils.flop_counter counts it
+# (FlopCounterMode over one meta-device step of torchvision resnet50; 2 FLOPs per multiply-add).
+RESNET50_TRAIN_FLOPS_PER_IMAGE = 24.30e9
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """One published single-GPU training throughput, the ground truth ``EFFICIENCY`` is calibrated on."""
+
+    model: str
+    accelerator: str  # a key of ACCELERATORS, the same SKU as the published system's GPU
+    precision: str  # fp32 | tf32 | amp (NVIDIA's "mixed precision")
+    batch_size: int  # per GPU
+    images_per_s: float
+    source: str  # framework, container, table and URL
+
+
+_DLE_RN50 = (
+    "NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5, pytorch-21.03 NGC container, README 'Training performance "
+    "results', 1-GPU row of the {table} table; batch size from configs.yml ({platform} {prec}) "
+    "https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/resnet50v1.5"
+)
+_V100_T = "'NVIDIA DGX-1 16GB (8x V100 16GB)'"
+_A100_T = "'NVIDIA DGX A100 (8x A100 80GB)'"
+
+PUBLISHED: tuple[Published, ...] = (
+    Published(
+        "resnet50v1.5", "v100", "fp32", 112, 367.0, _DLE_RN50.format(table=_V100_T, platform="DGX1V", prec="FP32")
+    ),
+    Published(
+        "resnet50v1.5", "v100", "amp", 256, 1200.0, _DLE_RN50.format(table=_V100_T, platform="DGX1V", prec="AMP")
+    ),
+    Published(
+        "resnet50v1.5", "a100", "tf32", 256, 938.0, _DLE_RN50.format(table=_A100_T, platform="DGXA100", prec="TF32")
+    ),
+    Published(
+        "resnet50v1.5", "a100", "amp", 256, 2470.0, _DLE_RN50.format(table=_A100_T, platform="DGXA100", prec="AMP")
+    ),
+)
+
+
+def implied_efficiency(row: Published, flops_per_image: float, accelerators: Mapping[str, AcceleratorSpec]) -> float:
+    """The fraction of the device's dense peak that the published throughput implies: images/s * F / peak."""
+    peak = accelerators[row.accelerator].peak_tflops[row.precision] * 1e12
+    return row.images_per_s * flops_per_image / peak
+
+
+def calibrate(
+    published: Iterable[Published],
+    flops_per_image: float,
+    accelerators: Mapping[str, AcceleratorSpec] | None = None,
+) -> dict[str, float]:
+    """Per precision, the median over its published rows of the implied efficiency (unrounded).
+
+    The model is device-bound: images/s = efficiency * peak / F, launch overhead and input stalls ignored
+    (the published figures use synthetic or DALI input, which keeps the device fed).
+    """
+    specs = ACCELERATORS if accelerators is None else accelerators
+    by_precision: dict[str, list[float]] = {}
+    for row in published:
+        by_precision.setdefault(row.precision, []).append(implied_efficiency(row, flops_per_image, specs))
+    return {p: statistics.median(v) for p, v in sorted(by_precision.items())}
+
+
+# calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE), two significant digits (docs/sim-devices.md)
+EFFICIENCY: dict[str, float] = {"fp32": 0.57, "tf32": 0.15, "amp": 0.21}
 
 
 def names() -> list[str]:
@@ -95,7 +332,9 @@ def names() -> list[str]:
 def parse(text: str) -> SimConfig:
     """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E]`` -> SimConfig; SimSpecError naming what is allowed."""
     if not text.startswith("sim:"):
-        raise SimSpecError(f"--device {text!r} is not a simulated device: allowed sim:NAME[,precision=P][,efficiency=E]")
+        raise SimSpecError(
+            f"--device {text!r} is not a simulated device: allowed sim:NAME[,precision=P][,efficiency=E]"
+        )
     name, *options = text[4:].split(",")
     spec = ACCELERATORS.get(name.strip().lower())
     if spec is None:

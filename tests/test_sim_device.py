@@ -1,0 +1,195 @@
+"""The simulated device's CUDA semantics, on a fake clock, and a known-cost scenario against its sim twin.
+
+Ground truth: a fake clock advanced only by the device's own sleeps, so every host wait is exact; and the
+``io-wait`` scenario file, whose loader and forward are sleeps of known length, run on the CPU and on a
+simulated device made to take the forward's time per step.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from profiler.devices import DeviceError, DeviceInfo, resolve_device
+from profiler.sim.cost import StepCost
+from profiler.sim.device import CONTEXT_BYTES, SimDevice, SimOutOfMemory
+from profiler.sim.specs import AcceleratorSpec, SimConfig
+
+GB = 1e9
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += max(s, 0.0)
+
+
+def _spec(peak_tflops: float = 1.0, memory_gib: float = 16.0) -> AcceleratorSpec:
+    return AcceleratorSpec("test", "Test Accelerator", {"fp32": peak_tflops}, memory_gib, 10.0, 5.0, 300.0, 50.0)
+
+
+def _cost(flops: float = 0.1e12, kernels: int = 100, activation: int = 1 << 30, batch: int = 32) -> StepCost:
+    return StepCost(batch, flops, kernels, 1 << 28, 1 << 28, 1 << 28, activation, "fp32")
+
+
+def _device(
+    flops: float = 0.1e12, kernels: int = 100, launch_s: float = 1e-4, queue_limit: int = 1024
+) -> tuple[SimDevice, FakeClock]:
+    clock = FakeClock()
+    dev = SimDevice(
+        SimConfig(_spec(), "fp32", 1.0), clock=clock, sleep=clock.sleep, launch_s=launch_s, queue_limit=queue_limit
+    )
+    dev.load(_cost(flops, kernels))
+    return dev, clock
+
+
+def test_step_time_is_flops_over_achieved_peak_and_the_host_only_pays_the_launches() -> None:
+    dev, clock = _device(flops=0.1e12, kernels=100, launch_s=1e-4)  # 0.1 TFLOP at 1 TFLOPS: 100 ms
+    assert dev.step_s() == pytest.approx(0.1)
+    t0 = clock()
+    dev.step()
+    assert clock() - t0 == pytest.approx(0.01)  # 100 launches x 100 us; the kernels run on
+    assert dev.tail() == pytest.approx(t0 + 0.1)
+    dev.synchronize()
+    assert clock() - t0 == pytest.approx(0.1)
+    assert dev.busy_s(t0, clock()) == pytest.approx(0.1)
+
+
+def test_a_pageable_copy_waits_for_queued_compute_and_blocks_the_host() -> None:
+    dev, clock = _device()
+    t0 = clock()
+    dev.step()  # 100 ms of kernels queued
+    dev.h2d(int(0.5 * GB), pinned=False)  # 0.5 GB at 5 GB/s pageable: 100 ms, after the step
+    assert clock() - t0 == pytest.approx(0.2)
+    ops = dev.ops()
+    assert [(o.stream, o.kind) for o in ops] == [("compute", "step"), ("compute", "h2d")]
+    assert ops[1].start == pytest.approx(t0 + 0.1)
+
+
+def test_a_pinned_side_stream_copy_returns_at_once_and_the_next_step_waits_for_it() -> None:
+    dev, clock = _device(launch_s=0.0)
+    t0 = clock()
+    dev.h2d(int(1 * GB), pinned=True, side_stream=True)  # 1 GB at 10 GB/s pinned: 100 ms on the copy stream
+    assert clock() == t0
+    dev.step()
+    step = dev.ops()[-1]
+    assert step.start == pytest.approx(t0 + 0.1) and step.end == pytest.approx(t0 + 0.2)
+    assert dev.copied_bytes(t0, t0 + 0.05) == pytest.approx(0.5 * GB)  # spread evenly over the copy
+
+
+def test_the_launch_queue_bounds_how_far_the_host_runs_ahead() -> None:
+    dev, clock = _device(kernels=400, launch_s=0.0, queue_limit=1024)  # 1024 // 400 = 2 steps in flight
+    t0 = clock()
+    dev.step()
+    dev.step()
+    assert clock() == t0  # two steps queue without blocking
+    dev.step()  # the third waits for the first to finish
+    assert clock() - t0 == pytest.approx(0.1)
+    assert dev.tail() == pytest.approx(t0 + 0.3)
+
+
+def test_a_launch_bound_step_takes_the_launch_time_and_is_busy_only_its_kernel_time() -> None:
+    dev, clock = _device(flops=0.001e12, kernels=100, launch_s=1e-4)  # 1 ms of kernels, 10 ms of launches
+    t0 = clock()
+    dev.step()
+    dev.synchronize()
+    assert clock() - t0 == pytest.approx(0.01 + 0.001 / 100)
+    assert dev.busy_s(t0, clock()) == pytest.approx(0.001)
+
+
+def test_a_step_that_does_not_fit_fails_with_what_it_needs() -> None:
+    clock = FakeClock()
+    dev = SimDevice(SimConfig(_spec(memory_gib=2.0), "fp32", 1.0), clock=clock, sleep=clock.sleep)
+    with pytest.raises(SimOutOfMemory, match=r"simulated out of memory: batch 32 needs about 2\.2 GiB .* of 2 GiB"):
+        dev.load(_cost(activation=1 << 30))
+    assert dev.memory_bytes() == CONTEXT_BYTES and dev.cost is None
+    with pytest.raises(RuntimeError, match="before load"):
+        dev.step()
+
+
+def test_the_timer_puts_events_on_the_run_clock_in_stream_order() -> None:
+    dev, clock = _device(launch_s=0.0)
+    timer = dev.timer()
+    start = clock()
+    timer.bind(lambda: clock() - start)  # the run's clock: seconds since its start
+    before = timer.mark()
+    dev.step()
+    after = timer.mark()
+    assert timer.time_of(before) == pytest.approx(0.0) and timer.time_of(after) == pytest.approx(0.1)
+    assert timer.done(before) and not timer.done(after)
+    timer.wait(after)
+    assert timer.done(after) and clock() - start == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("sim:h200", "unknown accelerator 'h200': allowed sim:"),
+        ("sim:v100,precision=tf32", "the v100 has no tf32 peak: allowed fp32, amp"),
+        ("sim:a100,efficiency=0", "efficiency '0' is not a number in (0, 1]"),
+        ("sim:a100,efficiency=1.5", "efficiency '1.5' is not a number in (0, 1]"),
+        ("sim:a100,flops=3", "unknown option 'flops=3': allowed precision=P, efficiency=E"),
+        ("gpu", "allowed auto, cpu, cuda, cuda:N, sim:NAME"),
+    ],
+)
+def test_bad_sim_devices_are_one_line_naming_what_is_allowed(text: str, message: str) -> None:
+    with pytest.raises(DeviceError) as info:
+        resolve_device(text)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_sim_device_resolves_labelled_simulated() -> None:
+    d = resolve_device("sim:v100,precision=amp")
+    assert (d.kind, d.torch_device, d.accelerator) == ("sim", "cpu", True)
+    assert d.name.endswith("(simulated)")
+    out = d.to_dict()
+    assert out["kind"] == "sim" and out["sim"]["device"].startswith("sim:v100,precision=amp,efficiency=")
+
+
+# -- ground truth: a known-cost scenario on the CPU and on its sim twin ---------------------------------------
+
+IO_WAIT = Path(__file__).parent / "data" / "scenarios" / "io_wait.py"
+
+
+def _run(tmp: Path, device: DeviceInfo, workers: int) -> dict[str, float]:
+    import scenarios
+    from profiler.runner import RunConfig, run_scenario
+
+    scenario = scenarios.get(str(IO_WAIT))
+    cfg = RunConfig(
+        out=tmp, device=device, pipeline="prefetch", batch_size=8, workers=workers, steps=16, warmup=3,
+        attribution=False, sample_hz=5.0,
+    )  # fmt: skip
+    s = run_scenario(scenario, cfg).summary()
+    assert s is not None
+    return {"throughput": s.throughput_samples_per_s, "stall": s.stall_fraction}
+
+
+def _twin(forward_s: float, tmp: Path) -> DeviceInfo:
+    """A simulated device whose step takes ``forward_s``: peak set from the scenario's counted FLOPs."""
+    import scenarios
+    from profiler.sim.cost import measure_step
+
+    scenario = scenarios.get(str(IO_WAIT))
+    flops = measure_step(scenario.model, scenario.dataset()[0], 8, loss=scenario.loss).flops
+    config = SimConfig(_spec(peak_tflops=flops / forward_s / 1e12), "fp32", 1.0)
+    return DeviceInfo("sim", "cpu", "io-wait twin (simulated)", sim=config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 8], ids=["input-bound", "model-bound"])
+def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int) -> None:
+    """io-wait's forward sleeps 20 ms; its twin's step takes 20 ms of simulated device time. With 0 workers the
+    prefetch thread loads a batch in 160 ms (input-bound, stall 7/8), with 8 in about 20 ms (model-bound)."""
+    cpu = _run(tmp_path / "cpu", resolve_device("cpu"), workers)
+    sim = _run(tmp_path / "sim", _twin(0.020, tmp_path), workers)
+    assert sim["throughput"] == pytest.approx(cpu["throughput"], rel=0.05), (cpu, sim)
+    assert sim["stall"] == pytest.approx(cpu["stall"], abs=0.05), (cpu, sim)
+    assert not math.isnan(sim["stall"])
