@@ -243,7 +243,7 @@ def test_report_labels_every_device_figure_simulated() -> None:
     assert re.search(
         r"│ NVML gpu0 +memory max 1200 of 81920 MiB  power mean 152 W  \(simulated; power is an estimate", text
     )
-    assert "compute (simulated)" in text and "compute is SIMULATED device time" in text
+    assert "compute (simulated)" in text and "compute runs on the SIMULATED device" in text
     assert "sat idle 72% of the time (simulated device busy 28%" in text
 
 

@@ -467,9 +467,9 @@ def _figure_sources(events: str | None, busy_source: str, nvml: str, *, simulate
     dev = "queued simulated device compute (sim-events)" if simulated else "queued device compute (CUDA events)"
     if simulated:
         compute = (
-            "SIMULATED device time: host perf_counter around the compute phase, which waits for the simulated "
+            "SIMULATED: host perf_counter around the compute phase, which waits for the simulated "
             "device (sim-events, the model of docs/sim.md), plus the copy's wait for queued simulated compute; "
-            "device time: device_ms_per_step"
+            "simulated device time: device_ms_per_step"
         )
     else:
         compute = "host perf_counter around the compute phase" + (

@@ -39,7 +39,7 @@ def simulated_line(s: Summary) -> str | None:
 
 
 def breakdown_title(s: Summary) -> str:
-    sim = "; compute is SIMULATED device time" if s.device.simulated else ""
+    sim = "; compute runs on the SIMULATED device" if s.device.simulated else ""
     return f"Per-step breakdown (measured steps, mean{sim})"
 
 
