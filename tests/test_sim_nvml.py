@@ -113,10 +113,12 @@ def test_pcie_rx_is_the_host_to_device_bytes_of_the_last_period() -> None:
     dev, clock = device()
     src = SimNvmlSource(dev, window_s=W)
     clock.t = 0.2  # inside [1/6, 2/6)
-    dev.h2d(50_000_000, pinned=True, side_stream=True)  # 1 ms at 50 GB/s, returns at once
+    dev.h2d(50_000_000, pinned=True, side_stream=True)  # a few ms: returns at once
+    assert clock.t == 0.2
     clock.t = 0.25
-    dev.h2d(15_000_000)  # pageable: 1 ms at 15 GB/s, the host blocks
-    assert clock.t == pytest.approx(0.251)
+    dev.h2d(15_000_000)  # pageable: the host blocks until it is done
+    assert clock.t == pytest.approx(0.25 + dev.h2d_s(15_000_000, pinned=False))
+    assert clock.t < 2 / 6
     clock.t = 0.4  # the last completed period is [1/6, 2/6)
     m = src.read()
     assert m["gpu0.pcie_rx_mbps"] == pytest.approx(65_000_000 / W / MIB)
