@@ -109,6 +109,51 @@ def with_gpu(rec: RunRecord, events: bool) -> RunRecord:
     )
 
 
+def sim_device() -> dict[str, Any]:
+    """The device object a ``--device sim:h100`` run records (profiler.devices.DeviceInfo.to_dict), written out so
+    that a recalibrated spec table does not move the golden file."""
+    return {
+        "kind": "sim",
+        "torch_device": "cpu",
+        "name": "NVIDIA H100-SXM5-80GB (simulated)",
+        "index": None,
+        "sim": {
+            "device": "sim:h100,precision=tf32,efficiency=0.13",
+            "accelerator": "h100",
+            "full_name": "NVIDIA H100-SXM5-80GB",
+            "precision": "tf32",
+            "efficiency": 0.13,
+            "efficiency_source": "default for the precision (docs/sim.md)",
+            "peak_tflops": 494.7,
+            "memory_gib": 80.0,
+            "h2d_pinned_gbps": 50.0,
+            "h2d_pageable_gbps": 15.0,
+            "tdp_w": 700.0,
+        },
+    }
+
+
+def with_sim(rec: RunRecord) -> RunRecord:
+    """``rec`` on a simulated H100: the CUDA-event record's device times, as the simulated device's events, and
+    its NVML samples from the simulated source (``nvml-sim``: no memory-controller figure, an estimated power)."""
+    gpu = with_gpu(rec, events=True)
+    samples = [
+        (t, "nvml-sim" if src == "nvml" else src, m, v) for t, src, m, v in gpu.samples if m != "gpu0.mem_util_pct"
+    ]
+    samples += [
+        (t, "nvml-sim", "gpu0.power_w", 15.0 + 6.85 * v)
+        for t, src, m, v in samples
+        if m == "gpu0.util_pct" and v is not None
+    ]
+    events = [(t, k, "nvml-sim" if src == "nvml" else src, msg) for t, k, src, msg in gpu.events]
+    return dataclasses.replace(
+        gpu,
+        meta={**gpu.meta, "device": sim_device(), "sampler_stats": {"missed_deadlines": 0, "sources": {}}},
+        samples=sorted(samples, key=lambda s: s[0]),
+        events=events,
+    )
+
+
 def unknown_batches() -> RunRecord:
     rec = known()
     steps = [dataclasses.replace(s, samples=None) if s.step == 5 else s for s in rec.steps]
@@ -138,6 +183,7 @@ CASES: dict[str, Callable[[Path], RunRecord]] = {
     "known-sampler-slow": lambda _: known(sample_hz=50.0),
     "known-cuda-pageable": lambda _: with_gpu(known(), events=False),
     "known-cuda-events": lambda _: with_gpu(known(pin_memory=True, workers=2), events=True),
+    "known-sim-events": lambda _: with_sim(known(workers=2)),
     "known-loader-only": lambda _: known(loader_only=True, model="resnet18", augment="flip, crop 32"),
     "known-cost": lambda _: known(price_per_hour=2.5, epoch_samples=50_000, bad_samples=BAD),
     "known-cost-no-epoch": lambda _: known(price_per_hour=3, model="default"),

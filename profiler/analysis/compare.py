@@ -24,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from profiler.analysis.parts import device_where
 from profiler.analysis.summary import Summary
 
 SAME_PCT = 1.0  # |B - A| under 1% of A reads "same"
@@ -114,6 +115,7 @@ class _Run:
     breakdown: dict[str, Any]  # part -> ms per step, in report order
     device_busy_fraction: Any
     verdict: Any
+    simulated: bool = False  # a simulated accelerator: its device figures are predictions, labelled so
 
 
 _FACTS = ("run id", "scenario", "pipeline", "batch size", "workers", "device", "status", "measured steps")
@@ -132,10 +134,19 @@ def _run(s: Summary | dict[str, Any], which: str) -> _Run:
         )
         step = {"mean": st.mean, "p50": st.p50, "p90": st.p90}
         parts = dict(s.breakdown_ms_per_step.items())
-        return _Run(facts, s.throughput_samples_per_s, step, s.stall_fraction, parts, s.device_busy_fraction, s.verdict)
+        return _Run(
+            facts,
+            s.throughput_samples_per_s,
+            step,
+            s.stall_fraction,
+            parts,
+            s.device_busy_fraction,
+            s.verdict,
+            dev.simulated,
+        )
     if isinstance(s, dict):
         d = _sub(s, "device")
-        device = _device(d.get("torch_device") or d.get("kind"), d.get("name")) if d else None
+        device = _device(device_where(d), d.get("name")) if d else None
         facts = _facts(
             s.get("run_id"),
             s.get("scenario"),
@@ -154,6 +165,7 @@ def _run(s: Summary | dict[str, Any], which: str) -> _Run:
             _sub(s, "breakdown_ms_per_step"),
             s.get("device_busy_fraction"),
             s.get("verdict"),
+            d.get("kind") == "sim",
         )
     raise TypeError(f"run {which} must be a Summary or a summary.json dict, got {type(s).__name__}")
 
@@ -191,6 +203,15 @@ def _figure(metric: str, a: Any, b: Any, *, unit: str, higher_is_better: bool, s
 
 def _fact(metric: str, a: Any, b: Any) -> Row:
     return Row(metric, a, b, None, None, SAME if a == b else CHANGED, "", "config")
+
+
+def _simulated_in(a: _Run, b: _Run) -> str:
+    """`` (simulated)`` / `` (simulated in A)`` / ...: the suffix of a device figure that is a simulator's."""
+    if a.simulated and b.simulated:
+        return " (simulated)"
+    if a.simulated or b.simulated:
+        return f" (simulated in {'A' if a.simulated else 'B'})"
+    return ""
 
 
 def _device(where: Any, name: Any) -> str:
@@ -240,10 +261,12 @@ def compare(
     )
     rows.append(stall)
     ba, bb = ra.breakdown, rb.breakdown
+    sim = _simulated_in(ra, rb)
     for name in _phase_names(ba, bb):
-        rows.append(_figure(f"{name} / step", ba.get(name), bb.get(name), unit="ms", higher_is_better=False))
+        label = f"{name} / step" + (sim if name == "compute" else "")
+        rows.append(_figure(label, ba.get(name), bb.get(name), unit="ms", higher_is_better=False))
     busy_a, busy_b = ra.device_busy_fraction, rb.device_busy_fraction
-    rows.append(_figure("device busy", busy_a, busy_b, unit="%", higher_is_better=True, scale=100.0))
+    rows.append(_figure("device busy" + sim, busy_a, busy_b, unit="%", higher_is_better=True, scale=100.0))
     rows.append(_verdict(ra.verdict, rb.verdict))
 
     regressions: list[Regression] = []

@@ -21,7 +21,32 @@ from typing import Any
 
 CORE_PHASES = ("h2d", "compute")  # always in the breakdown, even when never entered
 STACK_PHASES = ("data_wait", "h2d", "compute", "other")
+# Device kinds whose phases carry device-event times, and that instrument's name: the simulated accelerator's
+# events (``profiler.sim.device.SimTimer``) enter every figure through the same code as CUDA's.
+EVENT_TIMERS = {"cuda": "cuda-events", "sim": "sim-events"}
+SIMULATED = "sim"  # the device kind of a simulated accelerator: every figure from it is labelled simulated
 _NAN = math.nan
+
+
+def event_timer(kind: object) -> str | None:
+    """``cuda-events`` / ``sim-events`` for a device kind whose phases carry event times, else None."""
+    return EVENT_TIMERS.get(kind) if isinstance(kind, str) else None
+
+
+def nvml_source(kind: object) -> str:
+    """The name of the sampled source whose figures are the device's NVML figures (``nvml-sim`` when simulated)."""
+    return "nvml-sim" if kind == SIMULATED else "nvml"
+
+
+def device_where(device: dict[str, Any]) -> str | None:
+    """Where a recorded device ran: ``sim:NAME`` for a simulated one (its tensors sit on the host, so its
+    ``torch_device`` would say ``cpu``), else ``cuda:0`` / ``cpu``, else the kind."""
+    if device.get("kind") == SIMULATED:
+        sim = device.get("sim")
+        name = sim.get("accelerator") if isinstance(sim, dict) else None
+        return f"sim:{name}" if name else "sim"
+    where = device.get("torch_device") or device.get("kind")
+    return None if where is None else str(where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +141,31 @@ class RunDevice:
 
     @property
     def where(self) -> str | None:
-        """``cuda:0`` / ``cpu``, or the kind where no torch device was recorded."""
-        return self.torch_device if self.torch_device is not None else self.kind
+        """``cuda:0`` / ``cpu`` / ``sim:NAME``, or the kind where no torch device was recorded."""
+        return device_where(dict(self.recorded) or {"kind": self.kind, "torch_device": self.torch_device})
+
+    @property
+    def simulated(self) -> bool:
+        return self.kind == SIMULATED
+
+    @property
+    def sim(self) -> dict[str, Any]:
+        """The simulated accelerator's recorded options (``device``, ``accelerator``, ``full_name``, ...); {}
+        for a real device."""
+        sim = dict(self.recorded).get("sim")
+        return dict(sim) if self.simulated and isinstance(sim, dict) else {}
+
+    @property
+    def sim_label(self) -> str:
+        """``sim:h100,precision=tf32,efficiency=0.13`` (what ``--device`` was), or ``sim:h100`` when not recorded."""
+        return str(self.sim.get("device") or self.where or "sim")
+
+    @property
+    def short_name(self) -> str:
+        """What a sentence calls the device: ``H100`` for ``sim:h100``, else the recorded name."""
+        if self.simulated and self.sim.get("accelerator"):
+            return str(self.sim["accelerator"]).upper()
+        return self.name or self.where or "device"
 
     def to_dict(self) -> dict[str, Any]:
         return {**dict(self.recorded), "nvml": self.nvml}
@@ -184,9 +232,13 @@ class HostFigures:
 
 @dataclass(frozen=True, slots=True)
 class NvmlFigures:
-    """NVML figures over the measured window, per ``gpuN.*`` metric: the mean (the max for memory)."""
+    """NVML figures over the measured window, per ``gpuN.*`` metric: the mean (the max for memory).
+
+    ``simulated``: they came from the simulated accelerator's NVML source (``nvml-sim``), never from a GPU;
+    every renderer says so."""
 
     by_metric: dict[str, float] = field(default_factory=dict)  # sorted by metric name
+    simulated: bool = False
 
     @property
     def util_pct(self) -> dict[str, float]:

@@ -36,7 +36,9 @@ from profiler.analysis.parts import (
     Sources,
     StackEstimate,
     StepTimes,
+    event_timer,
     is_peak,
+    nvml_source,
 )
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
@@ -138,7 +140,11 @@ class _Measured:
 
     steps: list[StepRow]
     phases: list[PhaseRow]
-    on_cuda: bool  # a CUDA device whose phases carry event times
+    events: str | None  # "cuda-events" | "sim-events": a device whose phases carry event times; else None
+
+    @property
+    def on_device_events(self) -> bool:
+        return self.events is not None
 
     @property
     def n(self) -> int:
@@ -167,7 +173,7 @@ class _Timing:
     device_ms: DeviceTimes | None
     stall_fraction: float
     busy_fraction: float
-    busy_source: str  # "cuda-events" | "host-compute-phase" | "none"
+    busy_source: str  # "cuda-events" | "sim-events" | "host-compute-phase" | "none"
 
 
 def summarize(rec: RunRecord, now: float | None = None) -> Summary:
@@ -181,12 +187,13 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     sampler = sampler_health(rec)
     mode = str(meta.get("mode") or "instrumented")
     stack_est, attribution = stack_estimates(rec)
-    sources = _figure_sources(m.on_cuda, timing.busy_source, sampler)
+    recorded = dict(meta.get("device") or {"kind": "cpu", "name": "unknown"})
+    device = RunDevice.from_meta(recorded, sampler.source(nvml_source(recorded.get("kind"))))
+    sources = _figure_sources(m.events, timing.busy_source, device.nvml, simulated=device.simulated)
     stall, workers = timing.stall_fraction, meta.get("workers")
     if mode == "zero-code":
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
     loader_only = bool(meta.get("loader_only"))
-    device = RunDevice.from_meta(dict(meta.get("device") or {"kind": "cpu", "name": "unknown"}), sampler.source("nvml"))
     contention = contention_of(rec, host)
     figures = Figures(
         step_time_ms=timing.step_time,
@@ -195,6 +202,9 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         workers=workers,
         device_kind=device.kind,
         pin_memory=meta.get("pin_memory"),
+        device=device,
+        device_busy_fraction=timing.busy_fraction,
+        nvml=nvml,
         host=host,
         sampler=sampler,
         mode=mode,
@@ -252,8 +262,8 @@ def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
         notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")
     ids = {s.step for s in measured}
     phases = [p for p in rec.phases if p.step in ids]
-    kind = (rec.meta.get("device") or {}).get("kind")
-    return _Measured(measured, phases, kind == "cuda" and any(p.dev_start is not None for p in phases))
+    events = event_timer((rec.meta.get("device") or {}).get("kind"))
+    return _Measured(measured, phases, events if events and any(p.dev_start is not None for p in phases) else None)
 
 
 def _timing(m: _Measured) -> _Timing:
@@ -264,7 +274,7 @@ def _timing(m: _Measured) -> _Timing:
     user = sorted({name for sums in per_step.values() for name in sums} - set(CORE_PHASES))
     for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
         parts[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
-    if m.on_cuda and n:
+    if m.on_device_events and n:
         wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases)
         # a pageable copy first waits for the compute already queued: that host time is compute, not input
         parts["h2d"] -= drained / n * 1e3
@@ -277,7 +287,9 @@ def _timing(m: _Measured) -> _Timing:
     step_mean = mean(step_s)
     stall = (stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
     busy, busy_source = _busy_fraction(m, per_step)
-    device_ms = DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_cuda else None
+    device_ms = (
+        DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_device_events else None
+    )
     return _Timing(
         step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
         breakdown=Breakdown(
@@ -391,8 +403,8 @@ def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]]) -> tuple
     wall = m.wall
     if wall <= 0:
         return math.nan, "none"
-    if m.on_cuda:
-        return total(clip(union(_dev(m.phases)), *m.window)) / wall, "cuda-events"
+    if m.events is not None:
+        return total(clip(union(_dev(m.phases)), *m.window)) / wall, m.events
     compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps)
     return compute / wall, "host-compute-phase"
 
@@ -411,7 +423,8 @@ def sample_figures(rec: RunRecord, window: Interval | None) -> tuple[HostFigures
     for metric, vals in sorted(series.items()):
         target = nvml if metric.startswith("gpu") else host
         target[metric] = max(vals) if is_peak(metric) else mean(vals)
-    return HostFigures(host), NvmlFigures(nvml)
+    simulated = any(source == nvml_source("sim") for _t, source, _m, _v in rec.samples)
+    return HostFigures(host), NvmlFigures(nvml, simulated=simulated)
 
 
 def sampler_health(rec: RunRecord) -> SamplerHealth:
@@ -448,25 +461,49 @@ def sampler_health(rec: RunRecord) -> SamplerHealth:
     )
 
 
-def _figure_sources(on_cuda: bool, busy_source: str, sampler: SamplerHealth) -> Sources:
-    nvml = sampler.source("nvml")
+def _figure_sources(events: str | None, busy_source: str, nvml: str, *, simulated: bool = False) -> Sources:
+    """Each headline figure's instrument in words; a simulated device's figures say SIMULATED (docs/metrics.md)."""
+    on_events = events is not None
+    dev = "queued simulated device compute (sim-events)" if simulated else "queued device compute (CUDA events)"
+    if simulated:
+        compute = (
+            "SIMULATED: host perf_counter around the compute phase, which waits for the simulated "
+            "device (sim-events, the model of docs/sim.md), plus the copy's wait for queued simulated compute; "
+            "simulated device time: device_ms_per_step"
+        )
+    else:
+        compute = "host perf_counter around the compute phase" + (
+            ", plus the copy's wait for queued compute; device time: device_ms_per_step" if on_events else ""
+        )
+    if not on_events:
+        stall = "(data wait + h2d) / step time, host perf_counter"
+    elif simulated:
+        stall = (
+            "(data wait + copy time, host-blocked or simulated, not overlapped by simulated device compute) / step time"
+        )
+    else:
+        stall = "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time"
+    if nvml != "available":
+        nvml_how = f"not measured ({nvml})"
+    elif simulated:
+        nvml_how = (
+            "SIMULATED NVML (nvml-sim): utilization.gpu as NVML defines it, the simulated device's kernel-busy share "
+            "of each completed sample period, sampled"
+        )
+    else:
+        nvml_how = "NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
     return Sources(
         step_time="host perf_counter, from one next() call on the loader to the next",
         data_wait="host perf_counter around next() on the loader",
-        h2d="host perf_counter around the copy"
-        + (", less the time it waited for queued device compute (CUDA events)" if on_cuda else ""),
-        compute="host perf_counter around the compute phase"
-        + (", plus the copy's wait for queued compute; device time: device_ms_per_step" if on_cuda else ""),
-        stall_fraction="(data wait + h2d) / step time, host perf_counter"
-        if not on_cuda
-        else "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time",
+        h2d="host perf_counter around the copy" + (f", less the time it waited for {dev}" if on_events else ""),
+        compute=compute,
+        stall_fraction=stall,
         device_busy_fraction={
             "cuda-events": "union of CUDA-event intervals of all phases / wall time",
+            "sim-events": "SIMULATED: union of the simulated device's event intervals of all phases / wall time",
             "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",
             "none": "not measured",
         }[busy_source],
         host="psutil, sampled by the background sampler",
-        nvml="NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
-        if nvml == "available"
-        else f"not measured ({nvml})",
+        nvml=nvml_how,
     )

@@ -31,6 +31,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from profiler.analysis.parts import event_timer
 from profiler.analysis.stats import Interval, quantile, subtract, total, union
 from profiler.store import PhaseRow, RunRecord, StepRow
 
@@ -91,7 +92,7 @@ class StallBucket:
 class Timeline:
     duration_s: float  # last timestamp of any step or sample (0.0 for an empty run)
     warmup_end_s: float | None  # t_end of the last warm-up step; None when there was none
-    on_cuda: bool  # CUDA-event intervals entered the breakdown and the stall
+    on_cuda: bool  # CUDA-event (or simulated sim-event) intervals entered the breakdown and the stall
     parts: tuple[str, ...]  # breakdown parts in order: data_wait, h2d, compute, user phases (sorted), other
     steps: tuple[StepBar, ...]  # one per recorded step, warm-up included
     bars: tuple[StepBar, ...]  # ``steps`` grouped ``bar_group`` at a time: at most ``max_bars`` (2 if it is 1)
@@ -145,9 +146,9 @@ def build_timeline(rec: RunRecord, *, bucket_s: float | None = None, max_bars: i
 
 
 def _on_cuda(rec: RunRecord) -> bool:
-    """Same rule as the Summary: a CUDA device whose phases carry event times."""
+    """Same rule as the Summary: a CUDA or simulated device whose phases carry event times."""
     device = rec.meta.get("device") or {}
-    return device.get("kind") == "cuda" and any(p.dev_start is not None for p in rec.phases)
+    return event_timer(device.get("kind")) is not None and any(p.dev_start is not None for p in rec.phases)
 
 
 def _parts(rec: RunRecord) -> tuple[str, ...]:

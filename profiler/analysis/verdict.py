@@ -2,6 +2,8 @@
 
 Every recommendation quotes the measured figure that triggered it, so a reader can check the reasoning
 against the breakdown. Bands are TensorFlow input-pipeline analyzer's: >= 20% highly, >= 5% moderately.
+On a simulated accelerator (device kind ``sim``) every device figure a recommendation quotes says
+"simulated", and the input-bound ones quote how long the simulated device sat idle.
 
 The rules read :class:`Figures`, gathered from the Summary's parts before the Summary is built, so the
 Summary is built once with its recommendations and this module never imports it (no import circle).
@@ -13,7 +15,17 @@ import math
 from dataclasses import dataclass
 
 from profiler.analysis.contention import Contention, contention_advice
-from profiler.analysis.parts import Breakdown, HostFigures, LoaderAttribution, SamplerHealth, StackEstimate, StepTimes
+from profiler.analysis.parts import (
+    EVENT_TIMERS,
+    Breakdown,
+    HostFigures,
+    LoaderAttribution,
+    NvmlFigures,
+    RunDevice,
+    SamplerHealth,
+    StackEstimate,
+    StepTimes,
+)
 
 HIGH = 0.20
 MODERATE = 0.05
@@ -45,6 +57,13 @@ class Figures:
     loader_attribution: LoaderAttribution | None = None
     cpu_count: int | None = None  # the host's cores, when the run recorded them
     contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
+    device: RunDevice | None = None
+    device_busy_fraction: float = math.nan
+    nvml: NvmlFigures | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.device is not None and self.device.simulated
 
 
 def verdict_for(stall_fraction: float) -> str:
@@ -69,6 +88,7 @@ def recommend(s: Figures) -> list[Recommendation]:
     if contended:
         out.append(Recommendation("CPU_CONTENTION", contended))
 
+    idle = _simulated_idle(s)
     if input_bound and s.workers == 0:
         top = f"2-{cores}" if cores and cores > 2 else "2"
         out.append(
@@ -77,7 +97,8 @@ def recommend(s: Figures) -> list[Recommendation]:
                 f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers=0: the "
                 f"training process loads and augments every batch itself. Set num_workers={top}"
                 + (f" (this machine has {cores} cores)" if cores else "")
-                + " so batches are prepared in parallel.",
+                + " so batches are prepared in parallel."
+                + idle,
             )
         )
     elif input_bound and isinstance(s.workers, int) and s.workers > 0:
@@ -93,17 +114,10 @@ def recommend(s: Figures) -> list[Recommendation]:
             Recommendation(
                 "LOADER_TOO_SLOW",
                 f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
-                f"{busy}: {advice}.",
+                f"{busy}: {advice}." + idle,
             )
         )
-    if s.device_kind == "cuda" and s.pin_memory is False and h2d >= PIN_SHARE * step:
-        out.append(
-            Recommendation(
-                "PIN_MEMORY",
-                f"Host-to-device copies block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
-                "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
-            )
-        )
+    out.extend(_pin_memory(s, h2d, step))
     if other >= OTHER_MIN_MS and other >= OTHER_SHARE * step:
         out.append(
             Recommendation(
@@ -128,11 +142,53 @@ def recommend(s: Figures) -> list[Recommendation]:
             Recommendation(
                 "NOT_INPUT_BOUND",
                 f"Input stalls are {pct:.1f}% of step time (under 5%): the loader keeps up. Speed-ups must come from "
-                "compute (mixed precision, a larger batch, a faster model), not from the input pipeline.",
+                "compute (mixed precision, a larger batch, a faster model), not from the input pipeline."
+                + _simulated_busy(s),
             )
         )
     _sampler_slow(s, out)
     return out
+
+
+def _pin_memory(s: Figures, h2d: float, step: float) -> list[Recommendation]:
+    # a simulated device models pageable copies (blocking, staged) against pinned side-stream ones as CUDA has them
+    if s.device_kind not in EVENT_TIMERS or s.pin_memory is not False or h2d < PIN_SHARE * step:
+        return []
+    copies = f"Simulated host-to-device copies to the {_sim_name(s)}" if s.simulated else "Host-to-device copies"
+    return [
+        Recommendation(
+            "PIN_MEMORY",
+            f"{copies} block {h2d:.1f} ms of a {step:.1f} ms step ({h2d / step:.0%}) from pageable "
+            "memory: set pin_memory=True and copy with non_blocking=True (or prefetch on a side stream).",
+        )
+    ]
+
+
+def _sim_name(s: Figures) -> str:
+    return f"simulated {s.device.short_name}" if s.device is not None else "simulated device"
+
+
+def _simulated_util(s: Figures) -> str:
+    utils = [v for v in (s.nvml.util_pct.values() if s.nvml and s.nvml.simulated else ()) if math.isfinite(v)]
+    return f"; simulated NVML utilisation {sum(utils) / len(utils):.0f}%" if utils else ""
+
+
+def _simulated_idle(s: Figures) -> str:
+    """For a simulated device: how long it sat idle, quoted from its simulated busy fraction and NVML figure."""
+    busy = s.device_busy_fraction
+    if not s.simulated or not math.isfinite(busy):
+        return ""
+    return (
+        f" The {_sim_name(s)} sat idle {1 - busy:.0%} of the time (simulated device busy {busy:.0%}, sim-events"
+        f"{_simulated_util(s)})."
+    )
+
+
+def _simulated_busy(s: Figures) -> str:
+    busy = s.device_busy_fraction
+    if not s.simulated or not math.isfinite(busy):
+        return ""
+    return f" The {_sim_name(s)} was busy {busy:.0%} of the time (simulated, sim-events{_simulated_util(s)})."
 
 
 def _cores(cpu_count: object) -> int | None:

@@ -1,7 +1,8 @@
 """The summary's headline figures as (label, text) rows, formatted once for every renderer.
 
 The terminal report and the HTML report print the same digits and the same source labels because both take
-their rows from here. No rich, no HTML: plain strings.
+their rows from here. No rich, no HTML: plain strings. A simulated accelerator's figures (device busy, device
+time, NVML) say "simulated" in their row, and :func:`simulated_line` is the line both put near the top.
 """
 
 from __future__ import annotations
@@ -23,6 +24,28 @@ def num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
 
 def pct(x: Any) -> str:
     return num(None if x is None else x * 100, "{:.1f}", "%")
+
+
+def simulated_line(s: Summary) -> str | None:
+    """``NAME (SIMULATED: sim:..., ...)`` for a run on a simulated accelerator; None for a real device."""
+    dev = s.device
+    if not dev.simulated:
+        return None
+    name = dev.sim.get("full_name") or dev.name or dev.where
+    return (
+        f"{name} (SIMULATED: {dev.sim_label} — device times are predicted by the model in docs/sim.md, "
+        "the input pipeline ran for real)"
+    )
+
+
+def breakdown_title(s: Summary) -> str:
+    sim = "; compute runs on the SIMULATED device" if s.device.simulated else ""
+    return f"Per-step breakdown (measured steps, mean{sim})"
+
+
+def part_label(s: Summary, part: str) -> str:
+    """A breakdown part's name as shown: a simulated device's compute says so."""
+    return f"{part} (simulated)" if part == "compute" and s.device.simulated else part
 
 
 def figure_rows(s: Summary) -> list[tuple[str, str]]:
@@ -53,22 +76,42 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
     if s.bad_samples and (s.bad_samples.skipped or s.bad_samples.policy == "skip"):
         rows.append(_bad_samples_row(s.bad_samples))
     rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.stall_fraction}"))
+    sim = s.device.simulated
     if timed:
-        rows.append(("device busy", f"{pct(s.device_busy_fraction)}  {s.sources.device_busy_fraction}"))
+        busy = pct(s.device_busy_fraction) + ("  (simulated, sim-events)" if sim else "")
+        rows.append(("device busy", f"{busy}  {s.sources.device_busy_fraction}"))
     if s.device_ms_per_step:
         times = "  ".join(f"{k} {num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
-        rows.append(("device time", times + "  (CUDA events)"))
+        rows.append(("device time", times + ("  (simulated, sim-events)" if sim else "  (CUDA events)")))
     if s.command_exit_code is not None:
         rows.append(("command", f"exited with code {s.command_exit_code}"))
-    utils = s.nvml.util_pct
-    if utils:
-        line = "  ".join(f"{gpu} {num(v, '{:.0f}')}%" for gpu, v in utils.items())
-        rows.append(("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)"))
-    else:
-        rows.append(("NVML util", f"n/a ({s.device.nvml})"))
+    rows.extend(_nvml_rows(s))
     rows.extend(_host_rows(s.host))
     if s.contention is not None:
         rows.append(("CPU contention", contention_text(s)))
+    return rows
+
+
+def _nvml_rows(s: Summary) -> list[tuple[str, str]]:
+    utils = s.nvml.util_pct
+    sim = s.device.simulated or s.nvml.simulated
+    if not utils:
+        return [("NVML util", f"n/a ({'simulated NVML: ' if sim else ''}{s.device.nvml})")]
+    line = "  ".join(f"{gpu} {num(v, '{:.0f}')}%" for gpu, v in utils.items())
+    if not sim:
+        return [("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)")]
+    rows = [("NVML util", line + "  (simulated; utilization.gpu as NVML defines it, over each sample period)")]
+    by = s.nvml.by_metric
+    for gpu in utils:
+        used, total = by.get(f"{gpu}.mem_used_mb", math.nan), by.get(f"{gpu}.mem_total_mb", math.nan)
+        power = by.get(f"{gpu}.power_w", math.nan)
+        rows.append(
+            (
+                f"NVML {gpu}",
+                f"memory max {num(used, '{:.0f}')} of {num(total, '{:.0f}', ' MiB')}  power mean "
+                f"{num(power, '{:.0f}', ' W')}  (simulated; power is an estimate, linear in utilisation)",
+            )
+        )
     return rows
 
 

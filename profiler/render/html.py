@@ -9,7 +9,8 @@ Formats figures; computes none: every number comes from a :class:`~profiler.anal
 - Figures are formatted exactly as the terminal report formats them (``_num``/``_pct``); a figure that was not
   measured is "n/a" with its reason, never 0.
 - Each section has a stable ``id`` (header, verdict, figures, breakdown, recommendations, plots, sampler,
-  notes) so tests and readers can find it; a run that did not complete gets a banner at the top.
+  notes) so tests and readers can find it; a run that did not complete gets a banner at the top, and a run on
+  a simulated accelerator a ``simulated`` banner under the header (its figures say "simulated" one by one).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from profiler.analysis import Summary
 from profiler.analysis.parts import STACK_PHASES, Estimate
 from profiler.analysis.timeline import Series, Timeline, build_timeline
-from profiler.render.figures import figure_rows
+from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
@@ -56,6 +57,7 @@ header dl div.wide{grid-column:span 2}header dt{color:#666;font-size:12px}header
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
 .s-complete{background:#e2f3e6;color:#1b6b2f}.s-interrupted,.s-failed,.s-running{background:#fbe3e1;color:#a4160b}
 .banner{margin:16px 0;padding:10px 14px;border-left:6px solid #c62828;background:#fdecea;font-weight:600}
+.banner.sim{border-left-color:#6a1b9a;background:#f3e5f5}
 .verdict{font-size:20px;font-weight:700;margin:4px 0}
 .v-high{color:#c62828}.v-moderate{color:#b26a00}.v-ok{color:#1b6b2f}
 table{border-collapse:collapse;margin:6px 0}th,td{text-align:left;padding:3px 10px;vertical-align:top}
@@ -99,6 +101,9 @@ def _header(s: Summary, title: str) -> str:
         f'<div{wide_attr if wide else ""}><dt>{k}</dt><dd data-field="{k}">{v}</dd></div>' for k, v, wide in fields
     )
     out = f'<header id="header"><h1>{_e(title)}</h1><dl>{dl}</dl></header>'
+    sim = simulated_line(s)
+    if sim:
+        out += f'<div id="simulated" class="banner sim" role="note">Device: {_e(sim)}</div>'
     if s.status != "complete":
         text = _STATUS_TEXT.get(s.status, f"Run status: {s.status}.")
         out += f'<div id="status-banner" class="banner" role="alert">{_e(text)}'
@@ -134,7 +139,8 @@ def _breakdown(s: Summary) -> str:
         )
         bar = f'<i style="width:{min(100.0, share * 100):.1f}%"></i>' if math.isfinite(share) and share > 0 else ""
         rows.append(
-            f'<tr data-part="{_e(name)}"><th>{_e(name)}</th><td class="num ms">{_e(_num(value, "{:.2f}"))}</td>'
+            f'<tr data-part="{_e(name)}"><th>{_e(part_label(s, name))}</th>'
+            f'<td class="num ms">{_e(_num(value, "{:.2f}"))}</td>'
             f'<td class="num share">{bar}<span>{_e(_pct(share))}</span></td><td class="src">{_e(how)}</td></tr>'
         )
     rows.append(
@@ -144,7 +150,7 @@ def _breakdown(s: Summary) -> str:
     head = "<thead><tr><th>phase</th><th>ms/step</th><th>share</th><th>measured by</th></tr></thead>"
     return _section(
         "breakdown",
-        "Per-step breakdown (measured steps, mean)",
+        breakdown_title(s),
         f'<table class="grid">{head}<tbody>{"".join(rows)}</tbody></table>',
     )
 
@@ -242,8 +248,9 @@ def _rate(s: Summary) -> str:
 
 
 def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
+    sim = " (simulated)" if s.device.simulated or s.nvml.simulated else ""
     lines = [
-        Line(f"{g.label} utilization.gpu", g.t, g.values, _GPU_COLORS[i % len(_GPU_COLORS)])
+        Line(f"{g.label} utilization.gpu{sim}", g.t, g.values, _GPU_COLORS[i % len(_GPU_COLORS)])
         for i, g in enumerate(tl.gpu_util)
     ]
     stall_x = [x for b in tl.stall for x in (b.t_start, b.t_end)]
@@ -253,7 +260,12 @@ def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
     if tl.host_cpu is not None:
         lines.append(Line("host CPU, all cores", tl.host_cpu.t, tl.host_cpu.values, "#555555", dashed=True))
     stall_how = s.sources.stall_fraction or "(data wait + h2d) / step time, host perf_counter"
-    if tl.gpu_util:
+    if tl.gpu_util and sim:
+        gpu = (
+            f"GPU utilisation: SIMULATED NVML utilization.gpu ({_rate(s)}): the simulated device's kernel-busy share "
+            "of each completed sample period, as NVML defines it; no GPU was measured."
+        )
+    elif tl.gpu_util:
         gpu = f"GPU utilisation: NVML utilization.gpu ({_rate(s)}; the driver averages it over 1/6 s to 1 s)."
     else:
         gpu = f'GPU utilisation: not shown; the NVML source reported "{s.device.nvml}".'
@@ -279,21 +291,24 @@ def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
     )
 
 
-def _plot_steps(tl: Timeline) -> str:
+def _plot_steps(tl: Timeline, *, simulated: bool = False) -> str:
     bars = tl.bars
     colors = iter(_EXTRA_COLORS)
     stacks = [Stack(p, [b.parts_ms[p] for b in bars], _PART_COLORS.get(p) or next(colors, "#777777")) for p in tl.parts]
     warm = [b for b in bars if b.warmup]
     bands = [Band(warm[0].first_step, warm[-1].last_step + 1, "warm-up (excluded from figures)")] if warm else []
     grouped = f" Each bar is the mean of {tl.bar_group} consecutive steps." if tl.bar_group > 1 else ""
+    on = "on the simulated device, h2d host time spent under simulated compute (sim-events)"
     caption = (
         "Per-step time split, from the host perf_counter records: data_wait around next() on the loader, "
         "h2d and compute (and any own phases) around their phases"
         + (
-            "; on CUDA, h2d host time spent under device compute (CUDA events) is counted as compute"
+            f"; {on if simulated else 'on CUDA, h2d host time spent under device compute (CUDA events)'} is counted "
+            "as compute"
             if tl.on_cuda
             else ""
         )
+        + ("; compute is the SIMULATED device's time" if simulated else "")
         + "; other is the remainder of the step. Warm-up steps are drawn pale on a grey band."
         + grouped
     )
@@ -354,7 +369,7 @@ def _plots(s: Summary, tl: Timeline) -> str:
     return _section(
         "plots",
         "Plots",
-        _plot_utilisation(s, tl, warm) + _plot_steps(tl) + _plot_process_cpu(s, tl, warm),
+        _plot_utilisation(s, tl, warm) + _plot_steps(tl, simulated=s.device.simulated) + _plot_process_cpu(s, tl, warm),
     )
 
 

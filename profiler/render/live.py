@@ -4,7 +4,8 @@ elsewhere (a pipe, CI, nohup: rich ``Live`` off a TTY prints only its last frame
 Both read a :class:`profiler.feeds.LiveFeed` on their own thread and fold it through
 ``analysis.live.LiveAggregator``; the training thread never waits on them. Both write to stderr so that
 stdout keeps the report (or, with ``--json``, the summary alone). ``frame()`` and ``status_line()`` are
-pure functions of a snapshot, so tests compare their text exactly.
+pure functions of a snapshot, so tests compare their text exactly. On a simulated accelerator (device kind
+``sim``) the head line says SIMULATED and every GPU figure says "simulated".
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rich.live import Live
 from rich.text import Text
 
 from profiler.analysis.live import LiveAggregator, LiveSnapshot
+from profiler.analysis.parts import SIMULATED, device_where
 from profiler.feeds import LiveFeed
 
 Tb = TracebackType | None
@@ -58,7 +60,12 @@ def _progress(snap: LiveSnapshot, total: int | None) -> str:
     return f"step {st.steps_total}{of}" + (" (warm-up)" if st.warmup else "")
 
 
-def status_line(snap: LiveSnapshot, total_steps: int | None = None) -> str | None:
+def _simulated(meta: dict[str, Any] | None) -> bool:
+    dev = (meta or {}).get("device")
+    return isinstance(dev, dict) and dev.get("kind") == SIMULATED
+
+
+def status_line(snap: LiveSnapshot, total_steps: int | None = None, meta: dict[str, Any] | None = None) -> str | None:
     st = snap.stats
     if st is None:
         return None
@@ -70,20 +77,25 @@ def status_line(snap: LiveSnapshot, total_steps: int | None = None) -> str | Non
     m = snap.latest
     line += f"  cpu {_f(m.get('proc.total.cpu_pct', math.nan), '.0f')}%"
     util = m.get("gpu0.util_pct", math.nan)
-    return line + ("" if math.isnan(util) else f"  gpu0 {util:.0f}%")
+    sim = " (simulated)" if _simulated(meta) else ""
+    return line + ("" if math.isnan(util) else f"  gpu0 {util:.0f}%{sim}")
 
 
 def frame(snap: LiveSnapshot, meta: dict[str, Any], total_steps: int | None = None) -> Group:
     """One frame of the dashboard."""
     dev = meta.get("device") or {}
+    sim = _simulated(meta)
+    where = device_where(dev) if sim else dev.get("torch_device", "?")
     head = Text.assemble(
         ("stallscope ", "bold"),
         f"{meta.get('scenario') or 'run'}  pipeline={meta.get('pipeline') or '?'}"
         f"  batch={meta.get('batch_size') or '?'}  workers={_or_q(meta.get('workers'))}"
-        f"  device={dev.get('torch_device', '?')}  ",
+        f"  device={where}  ",
+        ("SIMULATED device  " if sim else "", "bold magenta"),
         (_progress(snap, total_steps), "bold"),
         f"  t={snap.latest_t:.0f}s",
     )
+    simulated = "  simulated" if sim else ""
     # Fixed-width Text lines, not a Table: a grid costs ~4 ms to lay out per frame on this CPU, lines ~0.6 ms,
     # and the frame is redrawn 4 times a second beside the training it must not slow.
     rows: list[Text] = []
@@ -105,13 +117,13 @@ def frame(snap: LiveSnapshot, meta: dict[str, Any], total_steps: int | None = No
     m = snap.latest
     if snap.util_history:
         for gpu, hist in snap.util_history.items():
-            row(f"{gpu} util", _f(hist[-1], ".0f", "%"), Text(sparkline(hist), style="green"))
+            row(f"{gpu} util", _f(hist[-1], ".0f", "%"), Text.assemble((sparkline(hist), "green"), simulated))
             used, tot = m.get(f"{gpu}.mem_used_mb", math.nan), m.get(f"{gpu}.mem_total_mb", math.nan)
             rx, tx = m.get(f"{gpu}.pcie_rx_mbps", math.nan), m.get(f"{gpu}.pcie_tx_mbps", math.nan)
             row(
                 f"{gpu} mem",
                 f"{_f(used, '.0f')}/{_f(tot, '.0f')} MiB",
-                f"PCIe rx {_f(rx, '.0f')} tx {_f(tx, '.0f')} MB/s",
+                f"PCIe rx {_f(rx, '.0f')} tx {_f(tx, '.0f')} MB/s{simulated}",
             )
     else:
         row("gpu util", "n/a", "NVML not sampled (no driver or no GPU): see the report")
@@ -170,7 +182,7 @@ class PlainLive(_Monitor):
         self._stream = stream or sys.stderr
 
     def _show(self, snap: LiveSnapshot) -> None:
-        line = status_line(snap, self._total)
+        line = status_line(snap, self._total, self._feed.meta())
         if line:
             print(line, file=self._stream, flush=True)
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from profiler.analysis import Summary
-from profiler.render.figures import figure_rows
+from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 
@@ -41,7 +41,7 @@ def header(s: Summary) -> Text:
 def breakdown_table(s: Summary) -> Table:
     b = s.breakdown_ms_per_step
     step = s.step_time_ms.mean
-    table = Table(title="Per-step breakdown (measured steps, mean)", title_justify="left", expand=False)
+    table = Table(title=breakdown_title(s), title_justify="left", expand=False)
     table.add_column("phase")
     table.add_column("ms/step", justify="right")
     table.add_column("share", justify="right")
@@ -51,7 +51,7 @@ def breakdown_table(s: Summary) -> Table:
         how = s.sources.part(name) or (
             "remainder: step time minus the phases above" if name == "other" else "host perf_counter"
         )
-        table.add_row(name, _num(value, "{:.2f}"), _pct(share), how)
+        table.add_row(part_label(s, name), _num(value, "{:.2f}"), _pct(share), how)
     table.add_row("step", _num(step, "{:.2f}"), "100%", s.sources.step_time, style="bold")
     return table
 
@@ -104,6 +104,9 @@ def render_report(s: Summary, console: Console) -> None:
     est, att = s.stack_estimate, s.loader_attribution
     zero_code = s.mode == "zero-code"
     body: list[Any] = [header(s), figures_table(s)]
+    sim = simulated_line(s)
+    if sim:
+        body.insert(1, Text.assemble(("Device: ", "bold"), (sim, "bold magenta")))
     overall = est.overall if est else None
     if zero_code:
         if est and est.overall:
@@ -117,7 +120,7 @@ def render_report(s: Summary, console: Console) -> None:
         body.append(attribution_table(att))
     body += [verdict_block(s), sampler_block(s)]
     if s.error:
-        body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))
+        body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))  # above everything but the header
     body.extend(Text(f"note: {n}", style="yellow") for n in s.notes)
     console.print(Panel(Group(*body), title="stallscope report", title_align="left"))
 

@@ -54,7 +54,8 @@ def sweep_table(result: SweepResult, title: str | None = None) -> Table:
     slower = {(s.pipeline, s.workers, s.batch_size): s for s in result.slowdowns}
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
     # figures never wrap; only the note column gives way on a narrow terminal
-    for name in ("pipeline", "batch", "workers", "samples/s", "stall", "busy", "p50\nms", "p90\nms"):
+    busy = "busy\n(sim)" if result.device.startswith("sim:") else "busy"
+    for name in ("pipeline", "batch", "workers", "samples/s", "stall", busy, "p50\nms", "p90\nms"):
         t.add_column(name, justify="left" if name == "pipeline" else "right", no_wrap=True)
     if result.priced:
         t.add_column("cost\n/1k", justify="right", no_wrap=True)
@@ -87,8 +88,9 @@ def sweep_table(result: SweepResult, title: str | None = None) -> Table:
 def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = None) -> None:
     title = f"Sweep of {result.scenario} on {result.device}: {len(result.rows)} of {result.planned} configurations"
     parts: list[Text | Table] = [sweep_table(result, title)]
+    busy = "SIMULATED device busy fraction (sim-events)" if result.device.startswith("sim:") else "device busy fraction"
     legend = (
-        "busy: device busy fraction; p50/p90: step time; steps: measured, * = stopped early once the mean step "
+        f"busy: {busy}; p50/p90: step time; steps: measured, * = stopped early once the mean step "
         f"time was known to ±{REL_CI:.0%} (95% CI)"
     )
     if result.priced:

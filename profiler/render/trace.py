@@ -14,6 +14,9 @@ process (pid = the training process's pid from the store's meta, else 1):
 - counter ("C") tracks, one per metric family: ``gpu<i> utilization.gpu %``, ``gpu<i> memory used MiB``,
   ``gpu<i> PCIe MB/s``, ``host CPU %`` and ``host RSS MiB``. Each sampled series is one arg of its family.
 - instant ("i") events for the store's events (source status, read errors, warnings).
+- A run on a simulated accelerator (device kind ``sim``) says so wherever a device figure appears: the process
+  name (``stallscope: SCENARIO [SIMULATED sim:...]``), its device tracks (``device (SIMULATED, sim-events)``),
+  the ``gpu<i>`` counter tracks (``... (simulated)``), the device slices' ``args.simulated`` and the metadata.
 
 Invariants (tests/test_trace.py checks them):
 - ``ts``/``dur`` are microseconds on the run timeline (the store's seconds since run start x 1e6), rounded
@@ -39,12 +42,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profiler.analysis.parts import device_where
 from profiler.store import PhaseRow, RunRecord, StepRow, run_status
 
+SIM_SOURCE = "nvml-sim"  # the simulated accelerator's NVML source (profiler.sim.nvml)
 TID_TRAINING = 1
 TID_DEVICE = 2  # first device lane; further lanes take 3, 4, ...
 TRAINING_THREAD = "training loop"
 DEVICE_THREAD = "device (CUDA events)"
+SIM_DEVICE_THREAD = "device (SIMULATED, sim-events)"
 
 # Sort rank of each event kind at one timestamp: names first, then slices, then instants and counters.
 _RANK = {"M": 0, "X": 1, "i": 2, "C": 3}
@@ -112,12 +118,13 @@ def _counter_family(metric: str) -> tuple[str, str] | None:
 def _counters(record: RunRecord) -> dict[tuple[int, str], dict[str, float]]:
     """(ns, family) -> {series: value}: the readings one sampler tick took, grouped by family."""
     out: dict[tuple[int, str], dict[str, float]] = {}
-    for t, _source, metric, value in record.samples:
+    for t, source, metric, value in record.samples:
         if value is None or not math.isfinite(value) or not math.isfinite(t):
             continue
         fam = _counter_family(metric)
         if fam is not None:
-            out.setdefault((_ns(t), fam[0]), {})[fam[1]] = float(value)
+            family = f"{fam[0]} (simulated)" if source == SIM_SOURCE else fam[0]
+            out.setdefault((_ns(t), family), {})[fam[1]] = float(value)
     return out
 
 
@@ -200,7 +207,7 @@ def _encloses(outer: _Slice, inner: _Slice) -> bool:
     )
 
 
-def _device_lanes(phases: list[PhaseRow]) -> list[list[_Slice]]:
+def _device_lanes(phases: list[PhaseRow], *, simulated: bool = False) -> list[list[_Slice]]:
     """Device intervals, each in the first lane that is free at its start or open on its own parent phase.
 
     A slice drawn inside another reads as its child, so only a phase's own nested phases go inside it: the
@@ -213,7 +220,14 @@ def _device_lanes(phases: list[PhaseRow]) -> list[list[_Slice]]:
         if not _finite(p.dev_start, p.dev_end, p.t_start, p.t_end):
             continue
         a = _ns(p.dev_start)
-        args = {"step": p.step, "phase": p.name, "depth": p.depth, "host_us": _us(_ns(p.t_end) - _ns(p.t_start))}
+        args: dict[str, Any] = {
+            "step": p.step,
+            "phase": p.name,
+            "depth": p.depth,
+            "host_us": _us(_ns(p.t_end) - _ns(p.t_start)),
+        }
+        if simulated:
+            args["simulated"] = True
         slices.append(_Slice(a, max(a, _ns(p.dev_end)), p.name.rsplit("/", 1)[-1], "device", p.depth, args))
     lanes: list[list[_Slice]] = []
     stacks: list[list[_Slice]] = []
@@ -270,7 +284,10 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
 
     for s in _nest(_host_slices(record.steps, record.phases)):
         x_event(s, TID_TRAINING)
-    lanes = _device_lanes(record.phases)
+    recorded = meta.get("device")
+    device: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    simulated = device.get("kind") == "sim"
+    lanes = _device_lanes(record.phases, simulated=simulated)
     for k, lane in enumerate(lanes):
         for s in lane:
             x_event(s, TID_DEVICE + k)
@@ -298,10 +315,15 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
     keyed.sort(key=lambda kv: kv[0])
     origin = min(0, keyed[0][0][0]) if keyed else 0
     scenario = meta.get("scenario") or meta.get("run_id") or "run"
+    dev_thread = SIM_DEVICE_THREAD if simulated else DEVICE_THREAD
     threads = [(TID_TRAINING, TRAINING_THREAD)] + [
-        (TID_DEVICE + k, DEVICE_THREAD if k == 0 else f"{DEVICE_THREAD} lane {k + 1}") for k in range(len(lanes))
+        (TID_DEVICE + k, dev_thread if k == 0 else f"{dev_thread} lane {k + 1}") for k in range(len(lanes))
     ]
-    names = [_meta_event("process_name", pid, TID_TRAINING, origin, {"name": f"stallscope: {scenario}"})]
+    process = f"stallscope: {scenario}"
+    if simulated:
+        sim = device.get("sim")
+        process += f" [SIMULATED {(sim.get('device') if isinstance(sim, dict) else None) or device_where(device)}]"
+    names = [_meta_event("process_name", pid, TID_TRAINING, origin, {"name": process})]
     for tid, thread in threads:
         names.append(_meta_event("thread_name", pid, tid, origin, {"name": thread}))
         names.append(_meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}))
@@ -343,6 +365,12 @@ def _metadata(record: RunRecord, pid: int, device_lanes: int) -> dict[str, Any]:
         "event times on the same timeline",
         "device_lanes": device_lanes,
     }
+    if (meta.get("device") or {}).get("kind") == "sim":
+        out["simulated"] = True
+        out["timeline"] = (
+            "ts/dur in microseconds since the run started (host perf_counter); device slices are SIMULATED device "
+            "times (sim-events, the model of docs/sim.md) on the same timeline; gpu counters are simulated NVML"
+        )
     safe: dict[str, Any] = _json_safe(out)
     return safe
 
