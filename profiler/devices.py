@@ -50,7 +50,8 @@ class DeviceInfo:
         return f"sim:{self.sim.spec.name} (simulated)" if self.sim is not None else self.torch_device
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name, "index": self.index}
+        out: dict[str, Any] = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name}
+        out["index"] = self.index
         if self.sim is not None:
             out["sim"] = {"device": self.sim.label(), **self.sim.to_dict()}
         return out

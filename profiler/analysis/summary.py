@@ -22,6 +22,8 @@ from typing import Any
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.parts import (
     CORE_PHASES,
+    EVENT_TIMERS,
+    SIMULATED,
     BadSamples,
     Breakdown,
     Cost,
@@ -290,6 +292,9 @@ def _timing(m: _Measured) -> _Timing:
     device_ms = (
         DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_device_events else None
     )
+    if device_ms is not None and m.events == EVENT_TIMERS[SIMULATED]:
+        # a simulated device's compute is its device time (DESIGN): it runs while the host waits for the next batch
+        parts["compute"] = device_ms.compute
     return _Timing(
         step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
         breakdown=Breakdown(
@@ -467,9 +472,8 @@ def _figure_sources(events: str | None, busy_source: str, nvml: str, *, simulate
     dev = "queued simulated device compute (sim-events)" if simulated else "queued device compute (CUDA events)"
     if simulated:
         compute = (
-            "SIMULATED: host perf_counter around the compute phase, which waits for the simulated "
-            "device (sim-events, the model of docs/sim.md), plus the copy's wait for queued simulated compute; "
-            "simulated device time: device_ms_per_step"
+            "SIMULATED device time of the compute phase (sim-events: FLOPs / (peak x efficiency), docs/sim.md); "
+            "it overlaps the host's wait for the next batch, so the parts can add up to more than the step"
         )
     else:
         compute = "host perf_counter around the compute phase" + (
