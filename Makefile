@@ -9,7 +9,7 @@ PINS   := torch==2.14.1 torchvision==0.29.1
 # package (the `dali` extra), installed here so that all three pipelines are tested.
 DALI   := nvidia-dali-cuda130==2.4.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/zerocode.py
 	$(BIN)/python benchmarks/loaders.py
 	$(BIN)/python benchmarks/sweep.py
+
+# On a machine with an NVIDIA GPU: the gpu-marked tests, then every scenario x pipeline on cuda and on its
+# simulated twin (benchmarks/gpu_check.py). Exit 0 all passed, 1 any failed, 3 no CUDA device here.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf runs .pytest_cache
