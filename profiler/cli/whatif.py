@@ -275,7 +275,7 @@ class _StepCosts:
         pinned = getattr(pipelines.get(pipeline), "accelerator_copy", "pageable") != "pageable"
         gbps = config.spec.h2d_pinned_gbps if pinned else config.spec.h2d_pageable_gbps
         return Target(
-            device=config.label(),
+            device=short_label(config),
             pipeline=pipeline,
             workers=workers,
             batch_size=batch_size,
@@ -285,6 +285,14 @@ class _StepCosts:
             memory_bytes=cost.memory_bytes + CONTEXT_BYTES,
             memory_total_bytes=int(config.spec.memory_gib * (1 << 30)),
         )
+
+
+def short_label(config: Any) -> str:
+    """``sim:v100``, with the precision and efficiency only where they are not the defaults."""
+    out = f"sim:{config.spec.name}"
+    if config.precision != config.spec.default_precision():
+        out += f",precision={config.precision}"
+    return out + (f",efficiency={config.efficiency:g}" if config.efficiency_given else "")
 
 
 def check_label(p: Any) -> str:
@@ -298,7 +306,7 @@ def _check_all(src: _Source, predictions: list[Any], devices: list[Any]) -> tupl
     """Each prediction beside a run of its configuration; the exit code (1: a check failed unexpectedly)."""
     from profiler.whatif import Checked
 
-    by_label = {d.sim.label(): d for d in devices}
+    by_label = {short_label(d.sim): d for d in devices}
     checked, code = [], EXIT_OK
     for i, p in enumerate(predictions, 1):
         out = src.run_dir / "whatif" / check_label(p)
