@@ -154,19 +154,10 @@ def _scenario(meta: dict[str, Any], run_dir: str) -> Any:
         raise BadInput(f"{run_dir}: its scenario cannot be rebuilt ({exc})") from None
 
 
-def _targets(args: argparse.Namespace, src: _Source) -> list[Any]:
-    """The sim configs to predict, each resolved (BadInput naming a bad one)."""
+def _resolve(names: Sequence[str]) -> list[Any]:
+    """The simulated devices named (BadInput naming a bad one, or one that is not simulated)."""
     from profiler.devices import DeviceError, resolve_device
 
-    own = src.meta.get("device") or {}
-    if args.device:
-        names = args.device
-    elif own.get("kind") == "sim":
-        names = [own["sim"]["device"]]
-        say(f"--device: the run's own, {names[0]}")
-    else:
-        names = list(DEFAULT_TARGETS)
-        say(f"--device: the run is on {own.get('kind', '?')}; predicting the defaults {', '.join(names)}")
     devices = []
     for name in names:
         if not name.startswith("sim:"):
@@ -178,11 +169,24 @@ def _targets(args: argparse.Namespace, src: _Source) -> list[Any]:
     return devices
 
 
+def _default_targets(src: _Source) -> list[Any]:
+    """Without --device: the run's own simulated device, else the defaults (said on stderr)."""
+    own = src.meta.get("device") or {}
+    if own.get("kind") == "sim":
+        names = [own["sim"]["device"]]
+        say(f"--device: the run's own, {names[0]}")
+    else:
+        names = list(DEFAULT_TARGETS)
+        say(f"--device: the run is on {own.get('kind', '?')}; predicting the defaults {', '.join(names)}")
+    return _resolve(names)
+
+
 def cmd_whatif(args: argparse.Namespace) -> int:
     from profiler.whatif import WhatIf, WhatIfError, host_of, loader_cost, predict
 
+    given = _resolve(args.device) if args.device else None  # checked before the run is read
     src = _read_run(args.run_dir)
-    devices = _targets(args, src)
+    devices = given if given is not None else _default_targets(src)
     m = src.measured
     try:
         cost = loader_cost(m)
