@@ -44,6 +44,11 @@ class DeviceInfo:
         """A CUDA device or a simulated one: scenarios use their accelerator settings (image size) on it."""
         return self.kind in ("cuda", "sim")
 
+    @property
+    def label(self) -> str:
+        """How a message names the device: ``cuda:0``, ``cpu``, ``sim:h100 (simulated)``."""
+        return f"sim:{self.sim.spec.name} (simulated)" if self.sim is not None else self.torch_device
+
     def to_dict(self) -> dict[str, Any]:
         out = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name, "index": self.index}
         if self.sim is not None:

@@ -40,6 +40,14 @@ class Scenario:
     augmentation already applied per item (so the cost lands where a real loader pays it: in
     ``__getitem__``, on the main process or a worker). ``model()`` returns an ``nn.Module``;
     ``loss(output, target)`` returns a scalar tensor.
+
+    ``cost_forward(model, images)`` is for the simulated accelerator (``profiler.sim.cost``), which counts
+    one training step's FLOPs, kernels and memory by running it on the meta device (shapes, no values). A
+    model whose step needs values there (a detector's loss matches boxes to anchors by IoU) cannot run as
+    is: ``cost_forward`` then runs the part that does the arithmetic on a meta batch ``[N, *input shape]``
+    and returns a tensor, or a sequence or mapping of tensors; the simulator sums their elements as the
+    loss and counts forward, backward and the optimizer step from that. None: the step is counted as the
+    runner runs it (``model`` and ``loss``).
     """
 
     name: str
@@ -63,6 +71,8 @@ class Scenario:
     # Detection-style models take the targets in forward (torchvision's SSD returns its losses in train
     # mode): the runner then calls ``model(x, y)`` and ``loss(output, y)`` reduces what it returned.
     targets_in_forward: bool = False
+    # How the simulator counts a step whose loss cannot run on the meta device (see the class docstring).
+    cost_forward: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -15,7 +15,7 @@ import pytest
 from profiler.devices import DeviceError, DeviceInfo, resolve_device
 from profiler.sim.cost import StepCost
 from profiler.sim.device import CONTEXT_BYTES, SimDevice, SimOutOfMemory
-from profiler.sim.specs import AcceleratorSpec, SimConfig
+from profiler.sim.specs import PUBLISHED, AcceleratorSpec, Published, SimConfig, parse
 
 GB = 1e9
 
@@ -169,7 +169,11 @@ def _run(tmp: Path, device: DeviceInfo, workers: int) -> dict[str, float]:
     )  # fmt: skip
     s = run_scenario(scenario, cfg).summary()
     assert s is not None
-    return {"throughput": s.throughput_samples_per_s, "stall": s.stall_fraction}
+    return {
+        "throughput": s.throughput_samples_per_s,
+        "stall": s.stall_fraction,
+        "compute_s": s.breakdown_ms_per_step.compute / 1e3,
+    }
 
 
 def _twin(forward_s: float, tmp: Path) -> DeviceInfo:
@@ -186,10 +190,40 @@ def _twin(forward_s: float, tmp: Path) -> DeviceInfo:
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 8], ids=["input-bound", "model-bound"])
 def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int) -> None:
-    """io-wait's forward sleeps 20 ms; its twin's step takes 20 ms of simulated device time. With 0 workers the
-    prefetch thread loads a batch in 160 ms (input-bound, stall 7/8), with 8 in about 20 ms (model-bound)."""
+    """io-wait's forward sleeps 20 ms; on the CPU a step's compute (the sleep, the small model's arithmetic and
+    torch's own overhead) is measured, and the twin's device takes that long per step. With 0 workers the
+    prefetch thread loads a batch in 160 ms (input-bound, stall about 7/8), with 8 in about 20 ms (model-bound)."""
     cpu = _run(tmp_path / "cpu", resolve_device("cpu"), workers)
-    sim = _run(tmp_path / "sim", _twin(0.020, tmp_path), workers)
+    sim = _run(tmp_path / "sim", _twin(cpu["compute_s"], tmp_path), workers)
     assert sim["throughput"] == pytest.approx(cpu["throughput"], rel=0.05), (cpu, sim)
     assert sim["stall"] == pytest.approx(cpu["stall"], abs=0.05), (cpu, sim)
+    assert sim["compute_s"] == pytest.approx(cpu["compute_s"], rel=0.05), (cpu, sim)  # the simulated device time
     assert not math.isnan(sim["stall"])
+
+
+# -- ground truth: NVIDIA's published ResNet-50 training throughput --------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", PUBLISHED, ids=lambda r: f"{r.accelerator}-{r.precision}-b{r.batch_size}")
+def test_device_bound_resnet50_is_within_25_percent_of_nvidia_published(row: Published) -> None:
+    """The whole model (FLOPs counted on the meta device at the published batch, the launch cost, the default
+    efficiency of the precision) against NVIDIA's published images/s (profiler.sim.specs.PUBLISHED cites each)."""
+    import torch
+
+    from profiler.sim.cost import measure_step
+    from scenarios import imagenet
+
+    cost = measure_step(
+        imagenet.resnet50, (torch.zeros(3, 224, 224), 0), row.batch_size, precision=row.precision,
+        loss=imagenet.cross_entropy,
+    )  # fmt: skip
+    clock = FakeClock()
+    dev = SimDevice(parse(f"sim:{row.accelerator},precision={row.precision}"), clock=clock, sleep=clock.sleep)
+    dev.load(cost)
+    t0 = clock()
+    for _ in range(10):  # a device-bound loop: no input wait, the host only launches
+        dev.step()
+    dev.synchronize()
+    images_per_s = 10 * row.batch_size / (clock() - t0)
+    assert images_per_s == pytest.approx(row.images_per_s, rel=0.25), (images_per_s, row)

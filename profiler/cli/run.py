@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"
-        say(f"{what} {t.scenario.name} ({args.pipeline}, device {t.device.torch_device}) -> {out}")
+        say(f"{what} {t.scenario.name} ({args.pipeline}, device {t.device.label}) -> {out}")
     try:
         with SignalStop():
             session = run_scenario(t.scenario, cfg, live_monitor(args.no_live, t.warmup + steps))

@@ -197,7 +197,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = _out_dir(args.out, "sweep", args.scenario)
     guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "sweep", guard)
-    say(f"sweeping {scenario.name}: {len(configs)} configurations on {training.device.torch_device} -> {out}")
+    say(f"sweeping {scenario.name}: {len(configs)} configurations on {training.device.label} -> {out}")
     try:
         with guard:
             result, stopped = run_sweep(h, configs, out)
@@ -243,7 +243,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         scenario.name, pipelines=names, left_out=left_out, max_batch=max_batch, max_workers=max_workers, cores=cores,
         budget_s=args.budget_s,
     )  # fmt: skip
-    say(f"{header} on {training.device.torch_device} -> {out}")
+    say(f"{header} on {training.device.label} -> {out}")
     try:
         with guard:
             result = run_tune(
