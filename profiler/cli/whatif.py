@@ -173,7 +173,12 @@ def _default_targets(src: _Source) -> list[Any]:
     """Without --device: the run's own simulated device, else the defaults (said on stderr)."""
     own = src.meta.get("device") or {}
     if own.get("kind") == "sim":
-        names = [own["sim"]["device"]]
+        sim = own["sim"]
+        given = sim.get("efficiency_source") == "given"
+        names = [
+            f"sim:{sim['accelerator']},precision={sim['precision']}"
+            + (f",efficiency={sim['efficiency']:g}" if given else "")
+        ]
         say(f"--device: the run's own, {names[0]}")
     else:
         names = list(DEFAULT_TARGETS)
