@@ -16,7 +16,11 @@ from conftest import ROOT
 PACKAGES = ("profiler", "pipelines", "scenarios")
 # Reading a store back is what `report` (once, also for --html and --trace), `watch` and `compare` are for; a run
 # prints the Summary its Recording built at close.
-STORE_READERS = {"profiler.cli.report", "profiler.feeds"}
+STORE_READERS = {
+    "profiler.cli.report",
+    "profiler.feeds",
+    "profiler.cli.whatif",  # predicts from a measured run, and reads back a --check run it already measured
+}
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 80
 

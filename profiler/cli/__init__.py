@@ -2,7 +2,7 @@
 
 One module per group of commands, each exporting ``add_parsers(subparsers)`` and ``HANDLERS`` (command name
 -> handler): ``run`` (run, run -- CMD, attach), ``report`` (report, compare, watch, scenarios), ``sweep``
-(sweep, tune), ``data``. What they share (bad input, exit codes, training options, run directories, the
+(sweep, tune), ``data``, ``whatif``. What they share (bad input, exit codes, training options, run directories, the
 signal guard) is ``common``. Submodules import ``common`` only, never each other or this package.
 """
 
@@ -13,10 +13,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from profiler.cli import data, report, run, sweep
+from profiler.cli import data, report, run, sweep, whatif
 from profiler.cli.common import EXIT_BAD_INPUT, BadInput, Handler, Parser, say
 
-_GROUPS = (run, report, data, sweep)
+_GROUPS = (run, report, data, sweep, whatif)
 
 
 def build_parser() -> argparse.ArgumentParser:

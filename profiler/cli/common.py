@@ -74,6 +74,28 @@ def bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str) 
     return parse
 
 
+def int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
+    """Parser of a comma-separated list of integers in lo..hi: sorted, duplicates dropped."""
+    allowed = f"allowed a comma-separated list of integers {lo}..{hi}, e.g. 8,16,32"
+
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in text.split(",")]
+        if not text.strip() or any(not t for t in items):
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item: {allowed}")
+        out = set()
+        for t in items:
+            try:
+                v = int(t)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{t!r} in {text!r} is not an integer: {allowed}") from None
+            if not lo <= v <= hi:
+                raise argparse.ArgumentTypeError(f"{v} in {text!r} is out of range: {allowed}")
+            out.add(v)
+        return sorted(out)
+
+    return parse
+
+
 def positive_hz(text: str) -> float:
     try:
         hz = float(text)
@@ -220,6 +242,8 @@ def resolve_training(
     else:
         data = default_data(scenario)
     meta: dict[str, Any] = {}
+    if args.scenario.endswith(".py"):  # a run names its scenario; `whatif` rebuilds a file's from this path
+        meta["scenario_source"] = str(Path(args.scenario).resolve())
     if args.price_per_hour is not None:
         meta["price_per_hour"] = args.price_per_hour
     return Training(scenario, device, data, meta, scenario.warmup if args.warmup is None else args.warmup)

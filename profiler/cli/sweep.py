@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from profiler.cli.common import (
     base_run_config,
     bounded,
     exit_signal,
+    int_list,
     live_monitor,
     prepare_out,
     resolve_training,
@@ -41,28 +42,6 @@ from profiler.cli.common import (
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
 MAX_BATCH_FACTOR = 8  # tune's default --max-batch-size: 8x the scenario's batch
-
-
-def _int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
-    """Parser of a comma-separated list of integers in lo..hi: sorted, duplicates dropped."""
-    allowed = f"allowed a comma-separated list of integers {lo}..{hi}, e.g. 8,16,32"
-
-    def parse(text: str) -> list[int]:
-        items = [t.strip() for t in text.split(",")]
-        if not text.strip() or any(not t for t in items):
-            raise argparse.ArgumentTypeError(f"{text!r} has an empty item: {allowed}")
-        out = set()
-        for t in items:
-            try:
-                v = int(t)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{t!r} in {text!r} is not an integer: {allowed}") from None
-            if not lo <= v <= hi:
-                raise argparse.ArgumentTypeError(f"{v} in {text!r} is out of range: {allowed}")
-            out.add(v)
-        return sorted(out)
-
-    return parse
 
 
 def _name_list(text: str) -> list[str]:
@@ -103,13 +82,13 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--pipelines", type=_name_list, default=["naive"], help="comma-separated (default naive)")
     s.add_argument(
         "--batch-sizes",
-        type=_int_list(1, MAX_BATCH),
+        type=int_list(1, MAX_BATCH),
         metavar="B,B,...",
         help="comma-separated (default: half, once and twice the scenario's batch size)",
     )
     s.add_argument(
         "--workers",
-        type=_int_list(0, MAX_WORKERS),
+        type=int_list(0, MAX_WORKERS),
         metavar="W,W,...",
         help="comma-separated DataLoader worker counts (default 0 and min(2, cores))",
     )

@@ -1,0 +1,103 @@
+"""The what-if model's truth check (#11): predictions from one measured run against runs of what they predict.
+
+For each scenario (default imagenet and ssd): one measured run on the first simulated device with 0 workers, then
+``stallscope whatif RUN --device sim:v100,sim:h100 --workers 0,1,2 --check --json``, which predicts every
+configuration from that one run and then trains each for real on its simulated device (the measured run's steps
+and warm-up). Prints each prediction's relative error of throughput (predicted / measured - 1), the stalls beside
+it, and the worst |error| over all of them. Run as a user runs it (``stallscope`` in a fresh interpreter).
+
+Run: ``.venv/bin/python benchmarks/whatif.py [--scenarios imagenet,ssd] [--devices sim:v100,sim:h100]
+[--workers 0,1,2] [--steps 8] [--warmup 2] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stallscope(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "profiler", *args], capture_output=True, text=True, check=False, env=env, cwd=ROOT
+    )
+
+
+def check(scenario: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """One scenario: measure, predict, check. The whatif JSON, or {"error": ...}."""
+    run_dir = tmp / scenario
+    first = args.devices.split(",")[0]
+    res = stallscope(
+        "run", scenario, "--device", first, "--workers", "0", "--steps", str(args.steps), "--warmup",
+        str(args.warmup), "--out", str(run_dir), "--no-live", "--json",
+    )  # fmt: skip
+    if res.returncode != 0:
+        return {"error": f"run failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
+    res = stallscope("whatif", str(run_dir), "--device", args.devices, "--workers", args.workers, "--check", "--json")
+    if res.returncode not in (0, 1) or not res.stdout.strip():
+        return {"error": f"whatif failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
+    out: dict[str, Any] = json.loads(res.stdout)
+    return out
+
+
+def _f(x: Any, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--scenarios", default="imagenet,ssd")
+    ap.add_argument("--devices", default="sim:v100,sim:h100")
+    ap.add_argument("--workers", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for scenario in args.scenarios.split(","):
+            print(f"whatif benchmark: {scenario} ...", file=sys.stderr, flush=True)
+            results[scenario] = check(scenario, args, Path(tmp))
+    wall = time.perf_counter() - t0
+    errors = [
+        abs(r["relative_error"])
+        for out in results.values()
+        for r in out.get("predictions", [])
+        if r.get("relative_error") is not None
+    ]
+    worst = max(errors) if errors else None
+    if args.json:
+        print(json.dumps({"results": results, "worst_relative_error": worst, "wall_s": wall}, indent=2))
+        return 0 if errors else 1
+    for scenario, out in results.items():
+        if "error" in out:
+            print(f"{scenario}: {out['error']}")
+            continue
+        cost = out["measured"]["loader_cost"]
+        print(f"{scenario}: loader cost {cost['seconds_per_sample'] * 1e3:.2f} ms/sample ({cost['method']})")
+        print(
+            f"  {'device':<26} {'w':>2} {'pred/s':>8} {'meas/s':>8} {'error':>7} {'pred stall':>10} {'meas stall':>10}"
+        )
+        for r in out["predictions"]:
+            pred = "OOM" if r["status"] == "OOM" else _f(r["predicted_throughput_samples_per_s"], ".1f")
+            print(
+                f"  {r['device']:<26} {r['workers']:>2} {pred:>8} "
+                f"{_f(r['measured_throughput_samples_per_s'], '.1f'):>8} {_f(r['relative_error'], '+.1%'):>7} "
+                f"{_f(r['predicted_stall_fraction'], '.0%'):>10} {_f(r['measured_stall_fraction'], '.0%'):>10}"
+            )
+    print(f"worst |error| over {len(errors)} predictions: {_f(worst, '.1%')} (wall {wall:.0f} s)")
+    return 0 if errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

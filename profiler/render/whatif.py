@@ -1,0 +1,138 @@
+"""Terminal output of ``stallscope whatif``: the predictions (and with ``--check`` the measured beside them).
+
+Formats what ``profiler.whatif`` computed; computes no figure. Every predicted column says "predicted", and a
+header line names the run and the measured loader cost the predictions come from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from profiler.whatif import Checked, Prediction, WhatIf, worst_error
+
+
+def _n(x: float, fmt: str = ".1f") -> str:
+    return "n/a" if math.isnan(x) else format(x, fmt)
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.0%}"
+
+
+def _pct1(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.1%}"
+
+
+def _err(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.1%}"
+
+
+def _config(p: Prediction) -> str:
+    t = p.target
+    return f"{t.pipeline} b{t.batch_size} w{t.workers}"
+
+
+def _devices(predictions: Sequence[Prediction]) -> list[str]:
+    return list(dict.fromkeys(p.target.device for p in predictions))
+
+
+def _oom(p: Prediction) -> str:
+    t = p.target
+    return f"OOM: {t.memory_bytes / (1 << 30):.1f} of {t.memory_total_bytes / (1 << 30):.0f} GiB"
+
+
+def _table(title: str, columns: list[tuple[str, str]]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+    for name, justify in columns:
+        table.add_column(name, justify="right" if justify == "r" else "left", no_wrap=name == "configuration")
+    return table
+
+
+def prediction_table(device: str, predictions: Sequence[Prediction]) -> Table:
+    table = _table(
+        f"{device} (simulated): PREDICTED",
+        [
+            ("configuration", "l"),
+            ("samples/s", "r"),
+            ("step ms", "r"),
+            ("stall", "r"),
+            ("device\nutil", "r"),
+            ("bound", "l"),
+            ("to feed it:\nw / cores", "r"),
+        ],
+    )
+    for p in predictions:
+        if p.status == "OOM":
+            table.add_row(_config(p), _oom(p), "", "", "", "memory", "")
+            continue
+        feed = f"{p.workers_needed} / {p.cores_needed}" if p.workers_needed is not None else "n/a"
+        table.add_row(
+            _config(p),
+            _n(p.samples_per_s),
+            _n(p.step_ms, ".2f"),
+            _pct(p.stall_fraction),
+            _pct(p.device_utilisation),
+            p.binding,
+            feed,
+        )
+    return table
+
+
+def check_table(device: str, checked: Sequence[Checked]) -> Table:
+    table = _table(
+        f"{device} (simulated): PREDICTED against MEASURED (--check)",
+        [
+            ("configuration", "l"),
+            ("pred.\nsamples/s", "r"),
+            ("measured\nsamples/s", "r"),
+            ("error", "r"),
+            ("pred.\nstall", "r"),
+            ("measured\nstall", "r"),
+            ("pred.\nbound", "l"),
+        ],
+    )
+    for c in checked:
+        p = c.prediction
+        predicted = _oom(p) if p.status == "OOM" else _n(p.samples_per_s)
+        if math.isnan(c.measured_samples_per_s):
+            table.add_row(_config(p), predicted, c.status, "", _pct(p.stall_fraction), "", p.binding)
+            continue
+        table.add_row(
+            _config(p),
+            predicted,
+            _n(c.measured_samples_per_s),
+            _err(c.error),
+            _pct(p.stall_fraction),
+            _pct(c.measured_stall_fraction),
+            p.binding,
+        )
+    return table
+
+
+def render_whatif(result: WhatIf, console: Console) -> None:
+    parts: list[Text | Table] = [Text(result.header, style="bold")]
+    for device in _devices(result.predictions):
+        parts.append(prediction_table(device, [p for p in result.predictions if p.target.device == device]))
+    parts.append(
+        Text(
+            "stall: the share of the step the device does not compute; bound: the largest part of the step "
+            "(loader; device; launch: the host's kernel launches and loop overhead; host link: the copy); to feed "
+            "it: ceil(batch x loader cost per sample / step time with an instant loader)",
+            style="dim",
+        )
+    )
+    if result.checked:
+        worst = worst_error(list(result.checked))
+        for device in _devices(result.predictions):
+            parts.append(check_table(device, [c for c in result.checked if c.prediction.target.device == device]))
+        parts.append(Text(f"worst |error| of predicted against measured throughput: {_pct1(worst)}", style="bold"))
+        parts.append(Text(f"check runs: {Path(result.run_dir) / 'whatif'}/<configuration>", style="dim"))
+    parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
+    console.print(Group(*parts))

@@ -1,0 +1,354 @@
+"""What-if: the throughput, stall and device utilisation a training job would have on another (simulated) device,
+worker count or batch size, predicted from one measured run. Pure: dataclasses in, dataclasses out, no I/O.
+
+Inputs, each measured once from the run (:class:`MeasuredRun`, built by the CLI from the run's Summary and meta):
+
+- the loader's cost per sample ``c`` (wall seconds of one loader worker per sample) and its CPU part ``c_cpu``
+  (:func:`loader_cost`, which says which measurement it used);
+- the host (:class:`Host`): usable cores, what other processes took during the run, the loop's own overhead;
+- per target device and batch size (:class:`Target`): the device time of one step ``D`` (FLOPs / (peak x
+  efficiency)), the host's launch time ``K`` (kernels x LAUNCH_S), the copy time ``H`` of one batch (batch bytes
+  / the link's rate: pageable for naive and dali, pinned for prefetch) and the memory the step needs.
+
+The steady-state step period ``P`` per pipeline (docs/whatif.md derives it from profiler/sim/device.py's CUDA
+semantics), with ``L = B c`` one batch's loading by one thread, ``D' = max(D, K)`` the device's step time
+(launch-bound when the host cannot launch the kernels as fast as they run) and ``o`` the loop's overhead:
+
+- naive, 0 workers (serial): the host loads, then the pageable copy waits for the previous step and blocks,
+  then the host launches: ``P = H + max(L + o + K, D')``;
+- naive with ``w`` workers, dali with ``w`` CPU threads: the loader delivers one batch every
+  ``T_L = max(L / w, B c_cpu / free cores)``; ``P = max(T_L, H + max(o + K, D'))``;
+- prefetch: the copy is pinned and on a side stream, so it overlaps compute; the prefetch thread loads
+  (0 workers: ``T_L = L``): ``P = max(T_L, o + K, D', H)``.
+
+Throughput ``B / P``; device utilisation ``D / P``; stall ``1 - D' / P`` (the time the device is not computing a
+step, as the stall fraction counts it on a CUDA or simulated device); binding constraint: the largest part.
+Workers to keep the device fed: ``ceil(B c / P_device)``, ``P_device`` being ``P`` with an instant loader;
+cores: ``ceil(B c_cpu / P_device)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# A loader-bound run: the share of the step the loop waited for data (data wait / step time) from which the
+# delivery rate, not the CPU use, measures the loader (the TensorFlow "highly input-bound" band's 20%)
+LOADER_BOUND = 0.20
+# Workers whose summed CPU use reaches this share of the free cores were limited by the cores, not by their count
+CORES_SATURATED = 0.85
+
+NAIVE, PREFETCH, DALI = "naive", "prefetch", "dali"
+
+
+class WhatIfError(ValueError):
+    """A run that the model cannot use (no measured steps, no batch size); the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    """What the model takes from one measured run (per-step figures are means over its measured steps)."""
+
+    run_id: str
+    pipeline: str
+    device_kind: str  # cpu | cuda | sim
+    batch_size: int
+    workers: int
+    steps: int
+    throughput: float  # samples/s
+    step_ms: float
+    data_wait_ms: float
+    h2d_ms: float
+    compute_ms: float
+    other_ms: float
+    batch_bytes: int  # what one batch moves to the device
+    main_cpu_pct: float  # the training process, % of one core (NaN: not sampled)
+    workers_cpu_pct: float  # all loader worker processes together, % of one core (NaN: none or not sampled)
+    other_processes_cpu_pct: float  # the rest of the machine, % of one core (NaN: not sampled)
+    usable_cores: int
+
+    @property
+    def bytes_per_sample(self) -> float:
+        return self.batch_bytes / self.batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderCost:
+    """Seconds of one loader worker (or thread) per sample, and the CPU seconds within them."""
+
+    wall_s: float  # c
+    cpu_s: float  # c_cpu <= c: what the cores limit
+    method: str  # which measurement gave c, in words
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds_per_sample": self.wall_s, "cpu_seconds_per_sample": self.cpu_s, "method": self.method}
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    usable_cores: int
+    other_cores: float  # cores other processes took during the measured run
+    overhead_s: float  # o: the loop's own time per step (the breakdown's "other")
+
+    @property
+    def free_cores(self) -> float:
+        return max(1.0, self.usable_cores - (0.0 if math.isnan(self.other_cores) else self.other_cores))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "usable_cores": self.usable_cores,
+            "other_processes_cores": None if math.isnan(self.other_cores) else self.other_cores,
+            "free_cores": self.free_cores,
+            "loop_overhead_ms": self.overhead_s * 1e3,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One configuration to predict: the device's figures at this batch size come from its StepCost."""
+
+    device: str  # sim:NAME[,...]
+    pipeline: str
+    workers: int
+    batch_size: int
+    device_s: float  # D
+    launch_s: float  # K
+    h2d_s: float  # H: one batch's copy on this pipeline's path (pageable or pinned)
+    memory_bytes: int  # the step's tensors plus the CUDA context
+    memory_total_bytes: int
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.memory_total_bytes
+
+    @property
+    def label(self) -> str:
+        return f"{self.device} {self.pipeline} b{self.batch_size} w{self.workers}"
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The predicted steady state of one :class:`Target`; ``status`` "OOM" leaves every figure NaN."""
+
+    target: Target
+    status: str  # "ok" | "OOM"
+    samples_per_s: float = math.nan
+    step_ms: float = math.nan
+    stall_fraction: float = math.nan
+    device_utilisation: float = math.nan
+    binding: str = ""  # loader | device | host link | launch
+    workers_needed: int | None = None
+    cores_needed: int | None = None
+    parts_ms: dict[str, float] | None = None  # loader, device, launch, host link: ms per step
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.target
+
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return {
+            "device": t.device,
+            "pipeline": t.pipeline,
+            "batch_size": t.batch_size,
+            "workers": t.workers,
+            "status": self.status,
+            "predicted_throughput_samples_per_s": num(self.samples_per_s),
+            "predicted_step_time_ms": num(self.step_ms),
+            "predicted_stall_fraction": num(self.stall_fraction),
+            "predicted_device_utilisation": num(self.device_utilisation),
+            "binding": self.binding or None,
+            "workers_needed": self.workers_needed,
+            "cores_needed": self.cores_needed,
+            "parts_ms_per_step": self.parts_ms,
+            "memory_bytes": t.memory_bytes,
+            "memory_total_bytes": t.memory_total_bytes,
+        }
+
+
+def _nan0(x: float) -> float:
+    return 0.0 if math.isnan(x) else x
+
+
+def loader_threads(pipeline: str, workers: int) -> int:
+    """Threads or processes that load batches in parallel with the loop: 0 for naive without workers (the
+    loop itself loads), the prefetch thread when prefetch has no workers, DALI's CPU threads (at least 1)."""
+    if pipeline == DALI:
+        return max(1, workers)
+    if pipeline == PREFETCH:
+        return max(1, workers)
+    return workers
+
+
+def loader_cost(run: MeasuredRun) -> LoaderCost:
+    """The loader's cost per sample, from whichever of the run's measurements shows it.
+
+    - naive with 0 workers: the loop loads each batch inside ``next()``, so the data wait per sample *is* the
+      loader's wall time per sample; its CPU part is the training process's CPU per sample less the compute
+      phase on a CPU device (on a simulated or CUDA device the host does not compute), at most the wall time.
+    - a run with loader threads (workers, the prefetch thread, DALI threads) that was loader-bound (data wait
+      >= LOADER_BOUND of the step): the loader's delivery rate is the throughput, so ``c = n_eff / throughput``,
+      where ``n_eff`` is the threads, or the free cores when the threads' CPU use filled them (then the cores,
+      not the count, set the rate). This also measures a loader that waits (I/O, a remote store) rather than
+      computes, whose CPU use is near nothing.
+    - a run with loader threads that was not loader-bound: the threads idled on full queues part of the time,
+      so the delivery rate overstates the cost; the workers' CPU seconds per sample (host sampler) are then the
+      measure: a lower bound for a loader that also waits, exact for a CPU-bound one. Without a CPU reading,
+      the delivery-rate bound is used and labelled so.
+    """
+    if run.steps < 1 or not run.throughput > 0 or run.batch_size < 1:
+        raise WhatIfError(f"run {run.run_id} has no measured steps with a known batch size: nothing to predict from")
+    b, step_s, t = run.batch_size, run.step_ms / 1e3, run.throughput
+    threads = loader_threads(run.pipeline, run.workers)
+    main_cpu_s = _nan0(run.main_cpu_pct) / 100 * step_s / b
+    if threads == 0:
+        wall = run.data_wait_ms / 1e3 / b
+        host_compute = run.compute_ms / 1e3 / b if run.device_kind == "cpu" else 0.0
+        cpu = min(wall, max(0.0, main_cpu_s - host_compute)) if not math.isnan(run.main_cpu_pct) else wall
+        return LoaderCost(wall, cpu, "naive 0-worker run: the loop's data wait per sample")
+    # threads in the training process (prefetch thread, DALI) show in its CPU; worker processes in theirs
+    in_process = run.workers == 0 or run.pipeline == DALI
+    cpu_pct = run.main_cpu_pct if in_process else run.workers_cpu_pct
+    cpu = _nan0(cpu_pct) / 100 / t if not math.isnan(cpu_pct) else math.nan
+    free = max(1.0, run.usable_cores - _nan0(run.other_processes_cpu_pct) / 100)
+    saturated = not math.isnan(cpu_pct) and cpu_pct / 100 >= CORES_SATURATED * min(threads, free)
+    n_eff = min(float(threads), free) if saturated else float(threads)
+    bound_rate = n_eff / t
+    loader_bound = run.data_wait_ms >= LOADER_BOUND * run.step_ms
+    what = f"{threads} loader {'thread' if in_process else 'worker'}{'s' if threads != 1 else ''}"
+    if loader_bound or math.isnan(cpu):
+        why = "loader-bound run" if loader_bound else "no CPU reading: an upper bound"
+        return LoaderCost(
+            bound_rate,
+            min(bound_rate, cpu) if not math.isnan(cpu) else bound_rate,
+            f"{why}: delivery rate x {n_eff:g} effective of {what}",
+        )
+    return LoaderCost(cpu, cpu, f"not loader-bound: CPU seconds per sample of {what} (host sampler)")
+
+
+def host_of(run: MeasuredRun) -> Host:
+    return Host(run.usable_cores, run.other_processes_cpu_pct / 100, max(0.0, _nan0(run.other_ms)) / 1e3)
+
+
+def _period(pipeline: str, threads: int, loader: float, *, dev: float, launch: float, h2d: float) -> float:
+    """The step period ``P`` for the given loader period (``L`` when serial, else ``T_L``); see the module."""
+    if pipeline == PREFETCH:
+        return max(loader, launch, dev, h2d)
+    if threads == 0:
+        return h2d + max(loader + launch, dev)
+    return max(loader, h2d + max(launch, dev))
+
+
+def predict(cost: LoaderCost, host: Host, t: Target) -> Prediction:
+    """The steady state of ``t`` (see the module docstring for the equations)."""
+    if not t.fits:
+        return Prediction(t, "OOM")
+    b = t.batch_size
+    threads = loader_threads(t.pipeline, t.workers)
+    batch_load, batch_cpu = b * cost.wall_s, b * cost.cpu_s
+    loader = batch_load if threads == 0 else max(batch_load / threads, batch_cpu / host.free_cores)
+    launch = host.overhead_s + t.launch_s  # the host's own part of the step: loop overhead + kernel launches
+    dev = max(t.device_s, t.launch_s)  # D'
+    period = _period(t.pipeline, threads, loader, dev=dev, launch=launch, h2d=t.h2d_s)
+    fed = _period(
+        t.pipeline, max(threads, 1), 0.0, dev=dev, launch=launch, h2d=t.h2d_s
+    )  # the same with an instant loader
+    parts = {"loader": loader, "device": t.device_s, "launch": launch, "host link": t.h2d_s}
+    binding = max(parts, key=lambda k: parts[k])
+    return Prediction(
+        t,
+        "ok",
+        samples_per_s=b / period,
+        step_ms=period * 1e3,
+        stall_fraction=min(1.0, max(0.0, 1.0 - dev / period)),
+        device_utilisation=min(1.0, t.device_s / period),
+        binding=binding,
+        workers_needed=math.ceil(batch_load / fed - 1e-9) if fed > 0 else None,
+        cores_needed=math.ceil(batch_cpu / fed - 1e-9) if fed > 0 else None,
+        parts_ms={k: v * 1e3 for k, v in parts.items()},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A prediction beside the run that measured its configuration (``measured`` None: the run failed)."""
+
+    prediction: Prediction
+    measured_samples_per_s: float
+    measured_stall_fraction: float
+    run_dir: str
+    status: str  # the check run's status, or why it did not run
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured throughput; NaN when either is missing. An OOM predicted for a
+        configuration that failed out of memory is 0."""
+        p, m = self.prediction.samples_per_s, self.measured_samples_per_s
+        if math.isnan(p) or math.isnan(m) or m <= 0:
+            return math.nan
+        return (p - m) / m
+
+    def to_dict(self) -> dict[str, Any]:
+        m, s, e = self.measured_samples_per_s, self.measured_stall_fraction, self.error
+        return {
+            **self.prediction.to_dict(),
+            "measured_throughput_samples_per_s": None if math.isnan(m) else m,
+            "measured_stall_fraction": None if math.isnan(s) else s,
+            "relative_error": None if math.isnan(e) else e,
+            "check_run": self.run_dir,
+            "check_status": self.status,
+        }
+
+
+def worst_error(checked: list[Checked]) -> float:
+    """The largest |relative error| of throughput over the checks that have one (NaN: none)."""
+    errors = [abs(c.error) for c in checked if not math.isnan(c.error)]
+    return max(errors) if errors else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """Every prediction from one measured run, and with ``--check`` the runs that measured them."""
+
+    run_dir: str
+    run: MeasuredRun
+    cost: LoaderCost
+    host: Host
+    predictions: tuple[Prediction, ...]
+    checked: tuple[Checked, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def header(self) -> str:
+        """The line that says where every predicted figure comes from."""
+        c = self.cost
+        return (
+            f"PREDICTED by the model in docs/whatif.md from run {self.run_dir}'s measured loader cost "
+            f"{c.wall_s * 1e3:.3g} ms/sample ({c.cpu_s * 1e3:.3g} ms CPU; {c.method}), "
+            f"{self.run.bytes_per_sample:,.0f} bytes/sample to the device, {self.host.free_cores:g} free of "
+            f"{self.host.usable_cores} usable cores"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [c.to_dict() for c in self.checked] if self.checked else [p.to_dict() for p in self.predictions]
+        worst = worst_error(list(self.checked))
+        return {
+            "run_dir": self.run_dir,
+            "run_id": self.run.run_id,
+            "model": "docs/whatif.md",
+            "header": self.header,
+            "measured": {
+                "pipeline": self.run.pipeline,
+                "device_kind": self.run.device_kind,
+                "batch_size": self.run.batch_size,
+                "workers": self.run.workers,
+                "throughput_samples_per_s": self.run.throughput,
+                "bytes_per_sample": self.run.bytes_per_sample,
+                "loader_cost": self.cost.to_dict(),
+                "host": self.host.to_dict(),
+            },
+            "predictions": rows,
+            **({"worst_relative_error": None if math.isnan(worst) else worst} if self.checked else {}),
+            "notes": list(self.notes),
+        }
