@@ -143,6 +143,11 @@ class _Measured:
     steps: list[StepRow]
     phases: list[PhaseRow]
     events: str | None  # "cuda-events" | "sim-events": a device whose phases carry event times; else None
+    # device work still queued when the window opened (from warm-up) and when it closed: the host runs ahead
+    queued_in: float = 0.0
+    queued_out: float = 0.0
+    # every phase of the run, warm-up included: queued warm-up compute also overlaps the measured data waits
+    all_phases: list[PhaseRow] = field(default_factory=list)
 
     @property
     def on_device_events(self) -> bool:
@@ -159,6 +164,12 @@ class _Measured:
     @property
     def wall(self) -> float:
         return math.fsum(self.step_s)
+
+    @property
+    def device_wall(self) -> float:
+        """The measured steps' wall time as the device lived it: on an asynchronous device the host runs ahead,
+        so the window's work ends when the device finishes it, not when the host queued it."""
+        return self.wall + self.queued_out - self.queued_in
 
     @property
     def window(self) -> Interval:
@@ -237,7 +248,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         status=run_status(meta, now),
         sources=sources,
         error=meta.get("error"),
-        measured_s=m.wall,
+        measured_s=m.device_wall,
         samples_measured=samples_total,
         pin_memory=meta.get("pin_memory"),
         device_ms_per_step=timing.device_ms,
@@ -265,7 +276,16 @@ def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
     ids = {s.step for s in measured}
     phases = [p for p in rec.phases if p.step in ids]
     events = event_timer((rec.meta.get("device") or {}).get("kind"))
-    return _Measured(measured, phases, events if events and any(p.dev_start is not None for p in phases) else None)
+    if not (events and any(p.dev_start is not None for p in phases)):
+        return _Measured(measured, phases, None)
+    queued_in = queued_out = 0.0
+    if measured:
+        first, last = measured[0], measured[-1]
+        before = [p.dev_end for p in rec.phases if p.step == first.step - 1 and p.dev_end is not None]
+        after = [p.dev_end for p in phases if p.step == last.step and p.dev_end is not None]
+        queued_in = max(0.0, max(before, default=first.t_start) - first.t_start)
+        queued_out = max(0.0, max(after, default=last.t_end) - last.t_end)
+    return _Measured(measured, phases, events, queued_in, queued_out, rec.phases)
 
 
 def _timing(m: _Measured) -> _Timing:
@@ -277,7 +297,7 @@ def _timing(m: _Measured) -> _Timing:
     for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
         parts[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
     if m.on_device_events and n:
-        wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases)
+        wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases, m.all_phases)
         # a pageable copy first waits for the compute already queued: that host time is compute, not input
         parts["h2d"] -= drained / n * 1e3
         parts["compute"] += drained / n * 1e3
@@ -312,7 +332,7 @@ def _throughput(m: _Measured, notes: list[str]) -> tuple[float, int]:
     """Samples per second over the measured steps, and the samples counted (NaN unless every step's is known)."""
     counted = [s.samples for s in m.steps if s.samples is not None]
     samples_total = sum(counted)
-    wall = m.wall
+    wall = m.device_wall
     if m.n and len(counted) < m.n:
         notes.append("batch sizes were not known for every step: throughput is not reported")
     return (samples_total / wall if wall > 0 and len(counted) == m.n else math.nan), samples_total
@@ -386,7 +406,9 @@ def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:
     ]
 
 
-def _cuda_stalls(steps: list[StepRow], phases: list[PhaseRow]) -> tuple[float, float, float]:
+def _cuda_stalls(
+    steps: list[StepRow], phases: list[PhaseRow], all_phases: list[PhaseRow] | None = None
+) -> tuple[float, float, float]:
     """Input stall seconds on an asynchronous device (data wait, h2d), and host h2d seconds spent draining
     queued compute.
 
@@ -394,7 +416,7 @@ def _cuda_stalls(steps: list[StepRow], phases: list[PhaseRow]) -> tuple[float, f
     compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
     time under device compute or already counted as data wait.
     """
-    compute = union(_dev(phases, "compute"))
+    compute = union(_dev(all_phases or phases, "compute"))
     waits = union((s.t_start, s.t_start + s.data_wait_s) for s in steps)
     host_h2d = union((p.t_start, p.t_end) for p in phases if p.name == "h2d" and p.depth == 0)
     copies = union(host_h2d + _dev(phases, "h2d"))

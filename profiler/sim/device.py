@@ -41,6 +41,7 @@ QUEUE_LIMIT = 1024
 # Device memory taken before the model's tensors: CUDA context, cuDNN/cuBLAS workspaces (an estimate).
 CONTEXT_BYTES = 512 << 20
 _GIB = float(1 << 30)
+_LOOKBACK_S = 60.0
 
 
 class SimOutOfMemory(RuntimeError):
@@ -183,16 +184,26 @@ class SimDevice:
             self._sleep(left)
 
     # -- observation (the simulated NVML source, tests) -----------------------------------------------
-    def ops(self) -> list[SimOp]:
+    def ops(self, since: float = -math.inf) -> list[SimOp]:
+        """The operations recorded, oldest first; with ``since``, only those issued after ``since - 60 s`` (an op
+        is never queued more than a minute ahead, so every op still running at ``since`` is among them): the
+        simulated NVML source reads a window without walking the whole run."""
         with self._lock:
-            return list(self._ops)
+            if since == -math.inf:
+                return list(self._ops)
+            recent: list[SimOp] = []
+            for op in reversed(self._ops):
+                if op.end < since - _LOOKBACK_S:
+                    break
+                recent.append(op)
+            return recent[::-1]
 
     def busy_s(self, t0: float, t1: float) -> float:
         """Seconds within ``[t0, t1)`` during which a kernel of a step executed (what NVML's utilisation counts;
         copies run on the copy engines and do not count). A launch-bound step's kernels are spread evenly
         over it."""
         total = 0.0
-        for op in self.ops():
+        for op in self.ops(since=t0):
             if op.kind != "step" or op.end <= t0 or op.start >= t1:
                 continue
             overlap = min(op.end, t1) - max(op.start, t0)
@@ -202,7 +213,7 @@ class SimDevice:
     def copied_bytes(self, t0: float, t1: float) -> float:
         """Host-to-device bytes moved within ``[t0, t1)``, a copy's bytes spread evenly over its duration."""
         total = 0.0
-        for op in self.ops():
+        for op in self.ops(since=t0):
             if op.kind != "h2d" or op.end <= t0 or op.start >= t1:
                 continue
             span = op.end - op.start
