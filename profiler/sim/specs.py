@@ -1,7 +1,7 @@
 """Accelerators the simulator knows, from their datasheets, and the ``sim:NAME[,key=value]`` device string.
 
 Every figure of an ``AcceleratorSpec`` names its source in ``spec.sources`` (figure -> citation with URL;
-docs/sim-devices.md tabulates them). Peak throughput is the datasheet's dense figure per precision (no
+docs/sim.md tabulates them). Peak throughput is the datasheet's dense figure per precision (no
 structured sparsity). ``EFFICIENCY`` is the achieved fraction of that peak in training, one default per
 precision shared by every device, calibrated by ``calibrate`` against NVIDIA's published ResNet-50 v1.5
 training throughput (``PUBLISHED``); ``efficiency=E`` overrides it. Invariant: ``EFFICIENCY`` is
@@ -321,7 +321,7 @@ def calibrate(
     return {p: statistics.median(v) for p, v in sorted(by_precision.items())}
 
 
-# calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE), two significant digits (docs/sim-devices.md)
+# calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE), two significant digits (docs/sim.md)
 EFFICIENCY: dict[str, float] = {"fp32": 0.57, "tf32": 0.15, "amp": 0.21}
 
 
