@@ -222,7 +222,7 @@ def loader_cost(run: MeasuredRun) -> LoaderCost:
         return LoaderCost(
             bound_rate,
             min(bound_rate, cpu) if not math.isnan(cpu) else bound_rate,
-            f"{why}: delivery rate x {n_eff:g} effective of {what}",
+            f"{why}: delivery rate x {n_eff:.2g} effective of {what}",
         )
     return LoaderCost(cpu, cpu, f"not loader-bound: CPU seconds per sample of {what} (host sampler)")
 
@@ -326,7 +326,7 @@ class WhatIf:
         return (
             f"PREDICTED by the model in docs/whatif.md from run {self.run_dir}'s measured loader cost "
             f"{c.wall_s * 1e3:.3g} ms/sample ({c.cpu_s * 1e3:.3g} ms CPU; {c.method}), "
-            f"{self.run.bytes_per_sample:,.0f} bytes/sample to the device, {self.host.free_cores:g} free of "
+            f"{self.run.bytes_per_sample:,.0f} bytes/sample to the device, {self.host.free_cores:.2g} free of "
             f"{self.host.usable_cores} usable cores"
         )
 
