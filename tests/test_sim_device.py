@@ -227,3 +227,18 @@ def test_device_bound_resnet50_is_within_25_percent_of_nvidia_published(row: Pub
     dev.synchronize()
     images_per_s = 10 * row.batch_size / (clock() - t0)
     assert images_per_s == pytest.approx(row.images_per_s, rel=0.25), (images_per_s, row)
+
+
+def test_a_model_that_cannot_be_traced_on_meta_is_bad_input(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    scenario = Path(__file__).parent / "data" / "scenarios" / "untraceable.py"
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "profiler", "run", str(scenario), "--device", "sim:v100", "--no-live"]
+    args = [*cmd, "--steps", "2", "--out", str(out)]
+    done = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("stallscope: error: cannot trace ReadsAValue on the meta device: RuntimeError: ")
+    assert "Traceback" not in done.stderr
