@@ -502,3 +502,13 @@ def test_runq_matches_wall_minus_cpu_alone_and_contended(tmp_path: Path) -> None
     # two busy processes on the core leave the loop about a third of it: a wait near 2/3 of compute time
     assert busy.compute_runq_fraction >= 0.3, busy
     assert busy.compute_runq_fraction >= alone.compute_runq_fraction + 0.2, (alone, busy)
+
+
+def test_a_simulated_device_gets_no_contention_advice() -> None:
+    """On ``--device sim:NAME`` the host's compute phase only launches kernels the simulator times: its wait for a
+    CPU is no loss of the model's compute, so the recommendation is not made (the figure is still shown)."""
+    sim = {"kind": "sim", "torch_device": "cpu", "name": "NVIDIA H100-SXM5-80GB (simulated)", "index": None}
+    s = summarize(_record(0.3, meta={"device": sim}))
+    assert s.contention.compute_runq_fraction == pytest.approx(0.3)
+    assert "CPU_CONTENTION" not in [r.code for r in s.recommendations]
+    assert "CPU_CONTENTION" in [r.code for r in summarize(_record(0.3)).recommendations]

@@ -84,7 +84,9 @@ def recommend(s: Figures) -> list[Recommendation]:
     pct = s.stall_fraction * 100
     cores = _cores(s.cpu_count)
     input_bound = s.stall_fraction >= MODERATE
-    contended = contention_advice(s.contention)
+    # a simulated device's compute phase is the host launching kernels it does not run: its wait for a CPU is
+    # no loss of the model's compute, which the simulator times (docs/sim.md)
+    contended = None if s.simulated else contention_advice(s.contention)
     if contended:
         out.append(Recommendation("CPU_CONTENTION", contended))
 
