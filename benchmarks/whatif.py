@@ -37,7 +37,7 @@ def check(scenario: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     run_dir = tmp / scenario
     first = args.devices.split(",")[0]
     res = stallscope(
-        "run", scenario, "--device", first, "--workers", "0", "--steps", str(args.steps), "--warmup",
+        "run", scenario, "--device", first, "--workers", str(args.from_workers), "--steps", str(args.steps), "--warmup",
         str(args.warmup), "--out", str(run_dir), "--no-live", "--json",
     )  # fmt: skip
     if res.returncode != 0:
@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default="imagenet,ssd")
     ap.add_argument("--devices", default="sim:v100,sim:h100")
     ap.add_argument("--workers", default="0,1,2")
+    ap.add_argument("--from-workers", type=int, default=0, help="workers of the measured run (default 0)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", action="store_true")
