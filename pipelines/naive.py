@@ -37,6 +37,18 @@ def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return batch
 
 
+def tensor_bytes(batch: Any) -> int:
+    """Bytes of every tensor in ``batch`` (the tensors ``map_tensors`` visits): what a copy to the device moves."""
+    sizes: list[int] = []
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        sizes.append(t.element_size() * t.numel())
+        return t
+
+    map_tensors(batch, count)
+    return sum(sizes)
+
+
 def move(batch: Any, device: torch.device) -> Any:
     """Copy every tensor in ``batch`` (nested tuples, lists, dicts) to ``device``, blocking."""
     return map_tensors(batch, lambda t: t.to(device))

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
+from pipelines.naive import tensor_bytes
 from profiler.devices import DeviceInfo
 from profiler.feeds import Monitor, SessionFeed
 from profiler.session import Interrupted, Session
@@ -207,6 +208,7 @@ class _Loop:
         self.opt: Any = None
         self.loss: Any = None
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
+        self.batch_bytes: int | None = None
 
     def set_up(self) -> None:
         """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
@@ -297,15 +299,15 @@ class _Loop:
         batches = session.wrap(built.batches)
         progressed = False
         for batch in batches:
-            if not progressed and "batch_bytes" not in session.meta:  # what one batch moves to the device
-                session.annotate(batch_bytes=tensor_bytes(batch))
+            if self.batch_bytes is None:  # what one batch moves to the device, recorded once
+                self.batch_bytes = tensor_bytes(batch)
+                session.annotate(batch_bytes=self.batch_bytes)
             progressed = True
             with session.phase("h2d"):
                 x, y = built.to_device(batch)
                 if sim is not None:
-                    sim.h2d(
-                        tensor_bytes(batch), pinned=self.copy != "pageable", side_stream=self.copy == "pinned-async"
-                    )
+                    nbytes = tensor_bytes(batch)
+                    sim.h2d(nbytes, pinned=self.copy != "pageable", side_stream=self.copy == "pinned-async")
             if sim is not None and sim.cost is not None:
                 with session.phase("compute"):
                     sim.step()
@@ -368,14 +370,3 @@ def _epoch_samples(dataset: Any) -> int | None:
         return len(dataset)
     except TypeError:  # an iterable-style dataset has no length
         return None
-
-
-def tensor_bytes(batch: Any) -> int:
-    """Bytes of every tensor in ``batch`` (nested tuples, lists, dicts): what a copy to the device moves."""
-    if hasattr(batch, "element_size") and hasattr(batch, "numel"):
-        return int(batch.element_size() * batch.numel())
-    if isinstance(batch, dict):
-        return sum(tensor_bytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(tensor_bytes(v) for v in batch)
-    return 0

@@ -242,3 +242,14 @@ def test_a_model_that_cannot_be_traced_on_meta_is_bad_input(tmp_path: Path) -> N
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("stallscope: error: cannot trace ReadsAValue on the meta device: RuntimeError: ")
     assert "Traceback" not in done.stderr
+
+
+def test_tensor_bytes_counts_every_tensor_a_copy_moves() -> None:
+    import torch
+
+    from pipelines.naive import tensor_bytes
+
+    images = torch.zeros(4, 3, 8, 8)  # 768 floats
+    targets = [{"boxes": torch.zeros(2, 4), "labels": torch.zeros(2, dtype=torch.int64)}] * 4
+    assert tensor_bytes((images, targets)) == 768 * 4 + 4 * (8 * 4 + 2 * 8)
+    assert tensor_bytes((images, [1, 2])) == 768 * 4
