@@ -267,7 +267,7 @@ class _StepCosts:
                     batch_size,
                     precision=precision,
                     loss=sc.loss,
-                    cost_forward=getattr(sc, "cost_forward", None),
+                    cost_forward=sc.cost_forward,
                     targets_in_forward=sc.targets_in_forward,
                 )
             except CostModelError as exc:
@@ -276,23 +276,22 @@ class _StepCosts:
 
     def target(self, device: Any, pipeline: str, workers: int, batch_size: int, bytes_per_sample: float) -> Any:
         import pipelines
-        from profiler.sim.device import CONTEXT_BYTES, LAUNCH_S
+        from profiler.sim.device import SimDevice
         from profiler.whatif import Target
 
-        config = device.sim
-        cost = self.cost(config.precision, batch_size)
+        sim = SimDevice(device.sim)  # its cost figures only: nothing runs on it
+        cost = self.cost(sim.config.precision, batch_size)
         pinned = getattr(pipelines.get(pipeline), "accelerator_copy", "pageable") != "pageable"
-        gbps = config.spec.h2d_pinned_gbps if pinned else config.spec.h2d_pageable_gbps
         return Target(
-            device=short_label(config),
+            device=short_label(sim.config),
             pipeline=pipeline,
             workers=workers,
             batch_size=batch_size,
-            device_s=cost.flops / config.achieved_flops,
-            launch_s=cost.kernels * LAUNCH_S,
-            h2d_s=bytes_per_sample * batch_size / (gbps * 1e9),
-            memory_bytes=cost.memory_bytes + CONTEXT_BYTES,
-            memory_total_bytes=int(config.spec.memory_gib * (1 << 30)),
+            device_s=sim.step_s(cost),
+            launch_s=sim.launch_total_s(cost),
+            h2d_s=sim.h2d_s(round(bytes_per_sample * batch_size), pinned=pinned),
+            memory_bytes=sim.memory_needed(cost),
+            memory_total_bytes=sim.memory_total_bytes,
         )
 
 

@@ -95,9 +95,14 @@ class SimDevice:
     def memory_total_bytes(self) -> int:
         return int(self.config.spec.memory_gib * _GIB)
 
+    @staticmethod
+    def memory_needed(cost: StepCost) -> int:
+        """Device memory a step of ``cost`` takes: its tensors and the CUDA context."""
+        return cost.memory_bytes + CONTEXT_BYTES
+
     def load(self, cost: StepCost) -> None:
         """Place the model: from now on ``step()`` costs ``cost``. SimOutOfMemory when it does not fit."""
-        need = cost.memory_bytes + CONTEXT_BYTES
+        need = self.memory_needed(cost)
         if need > self.memory_total_bytes:
             raise SimOutOfMemory(
                 f"simulated out of memory: batch {cost.batch_size} needs about {need / _GIB:.1f} GiB on the "
@@ -108,15 +113,17 @@ class SimDevice:
             )
         self.cost = cost
 
-    def step_s(self) -> float:
-        """Device time of one step's kernels: FLOPs / (peak x efficiency)."""
-        if self.cost is None:
+    def step_s(self, cost: StepCost | None = None) -> float:
+        """Device time of one step's kernels (``cost``, else the loaded one): FLOPs / (peak x efficiency)."""
+        cost = cost or self.cost
+        if cost is None:
             raise RuntimeError("SimDevice.step() before load(): the step's cost is not known")
-        return self.cost.flops / self.config.achieved_flops
+        return cost.flops / self.config.achieved_flops
 
-    def launch_total_s(self) -> float:
-        """Host time to launch one step's kernels."""
-        return (self.cost.kernels if self.cost is not None else 0) * self.launch_s
+    def launch_total_s(self, cost: StepCost | None = None) -> float:
+        """Host time to launch one step's kernels (``cost``, else the loaded one)."""
+        cost = cost or self.cost
+        return (cost.kernels if cost is not None else 0) * self.launch_s
 
     def h2d_s(self, nbytes: int, *, pinned: bool) -> float:
         spec = self.config.spec
