@@ -46,8 +46,10 @@ class DeviceInfo:
 
     @property
     def label(self) -> str:
-        """How a message names the device: ``cuda:0``, ``cpu``, ``sim:h100 (simulated)``."""
-        return f"sim:{self.sim.spec.name} (simulated)" if self.sim is not None else self.torch_device
+        """How messages and tables name the device: ``cuda:0``, ``cpu``, or for a simulated one the string that
+        makes it again (``sim:h100,precision=tf32,efficiency=0.15 (simulated)``: its tensors sit on the host, so its
+        torch device would say ``cpu``)."""
+        return f"{self.sim.label()} (simulated)" if self.sim is not None else self.torch_device
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name}

@@ -279,15 +279,6 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _device_label(device: Any) -> str:
-    """What the sweep table's title calls the device: ``cuda:0``, ``cpu``, or ``sim:NAME,...`` for a simulated one
-    (whose tensors sit on the host, so its torch device would say ``cpu``)."""
-    sim = getattr(device, "sim", None)
-    if getattr(device, "kind", None) == "sim" and sim is not None:
-        return f"{sim.label()} (simulated)"
-    return str(device.torch_device)
-
-
 def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[SweepResult, str | None]:
     """Every configuration in order into ``out_dir``; the analysed table and the signal that stopped it, if any."""
     rows: list[SweepRow] = []
@@ -298,7 +289,7 @@ def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[Swe
         return analyse_sweep(
             rows,
             scenario=h.scenario.name,
-            device=_device_label(h.base.device),
+            device=h.base.device.label,
             planned=n,
             status="interrupted" if stopped else "complete",
         )
