@@ -62,6 +62,29 @@ def test_step_time_is_flops_over_achieved_peak_and_the_host_only_pays_the_launch
     assert dev.busy_s(t0, clock()) == pytest.approx(0.1)
 
 
+def test_ring_allreduce_time_and_the_part_backward_does_not_hide() -> None:
+    dev, clock = _device(flops=0.1e12)  # 100 ms step: backward 66.7 ms; link 10 GB/s (the spec's pinned rate)
+    assert dev.allreduce_s(10**9, 1) == 0.0
+    assert dev.allreduce_s(10**9, 4) == pytest.approx(6 / 4 * 0.1 + 6 * 10e-6)  # 2(N-1)/N of the bytes, 2(N-1) hops
+    grads = 1 << 28  # 268 MB: 26.8 ms at world 2, hidden behind backward but for the last 25 MiB bucket
+    assert dev.exposed_allreduce_s(2) == pytest.approx(dev.allreduce_s(25 << 20, 2))
+    slow = _device(flops=0.01e12)[0]  # 10 ms step: backward hides 6.7 ms of the 26.8 ms all-reduce
+    assert slow.exposed_allreduce_s(2) == pytest.approx(dev.allreduce_s(grads, 2) - 2 / 3 * 0.01)
+    assert dev.exposed_allreduce_s(1) == 0.0
+
+
+def test_an_allreduce_queues_waits_for_the_slowest_rank_and_counts_as_busy() -> None:
+    dev, clock = _device(flops=0.1e12, launch_s=0.0)
+    t0 = clock()
+    dev.step()  # compute until t0 + 0.1
+    end = dev.allreduce(2, not_before=t0 + 0.3)  # the other rank's backward ends 200 ms after ours
+    assert clock() == t0  # the host does not wait: NCCL's kernel is queued
+    assert end == pytest.approx(t0 + 0.3 + dev.exposed_allreduce_s(2)) and dev.tail() == end
+    dev.synchronize()
+    assert dev.busy_s(t0, clock()) == pytest.approx(end - t0)  # the spinning all-reduce kernel reads busy
+    assert dev.allreduce(2, not_before=0.0) == pytest.approx(clock() + dev.exposed_allreduce_s(2))
+
+
 def test_a_pageable_copy_waits_for_queued_compute_and_blocks_the_host() -> None:
     dev, clock = _device()
     t0 = clock()

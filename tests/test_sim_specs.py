@@ -19,7 +19,7 @@ from profiler.sim.specs import (
     parse,
 )
 
-FIGURES = ("memory_gib", "h2d_pinned_gbps", "h2d_pageable_gbps", "tdp_w", "idle_w")
+FIGURES = ("memory_gib", "h2d_pinned_gbps", "h2d_pageable_gbps", "tdp_w", "idle_w", "nvlink_gbps")
 
 
 def _error(text: str) -> str:
@@ -84,7 +84,21 @@ def test_table_sanity_and_every_figure_is_sourced(spec: specs.AcceleratorSpec) -
     wanted = {f"peak_tflops.{p}" for p in spec.peak_tflops} | set(FIGURES)
     assert set(spec.sources) == wanted
     assert all(spec.sources[k].strip() for k in wanted)
-    assert all("http" in spec.sources[k] or spec.sources[k].startswith("estimate") for k in wanted)
+    sourced = [k for k in wanted if not (k == "nvlink_gbps" and spec.nvlink_gbps is None)]
+    assert all("http" in spec.sources[k] or spec.sources[k].startswith("estimate") for k in sourced)
+    # a board without NVLink says so, and its all-reduce crosses PCIe
+    assert spec.nvlink_gbps is not None or spec.sources["nvlink_gbps"].startswith("none")
+
+
+def test_nvlink_only_on_sxm_boards_and_the_link_option() -> None:
+    assert [n for n, s in ACCELERATORS.items() if s.nvlink_gbps] == ["v100", "a100", "h100"]
+    assert parse("sim:p100").link == "pcie" and parse("sim:p100").link_gbps == 12.0
+    assert parse("sim:v100").link == "nvlink" and parse("sim:v100").link_gbps == 150.0
+    pcie = parse("sim:v100,link=pcie")
+    assert pcie.link_gbps == ACCELERATORS["v100"].h2d_pinned_gbps and pcie.label().endswith(",link=pcie")
+    assert parse(pcie.label()).link == "pcie"
+    assert "has no NVLink: allowed link=pcie" in _error("sim:t4,link=nvlink")
+    assert "link 'ib' is not one of pcie, nvlink" in _error("sim:a100,link=ib")
 
 
 def test_tf32_only_on_ampere_and_later_and_no_amp_on_k80() -> None:

@@ -40,6 +40,12 @@ LAUNCH_S = 10e-6
 QUEUE_LIMIT = 1024
 # Device memory taken before the model's tensors: CUDA context, cuDNN/cuBLAS workspaces (an estimate).
 CONTEXT_BYTES = 512 << 20
+# Per-hop latency of a ring all-reduce step (NCCL over PCIe or NVLink: a few microseconds; an estimate).
+HOP_LATENCY_S = 10e-6
+# DistributedDataParallel's gradient bucket (bucket_cap_mb=25): the last bucket's all-reduce cannot overlap backward.
+BUCKET_BYTES = 25 << 20
+# Backward's share of a training step's device time: backward costs about twice the forward's FLOPs.
+BACKWARD_SHARE = 2.0 / 3.0
 _GIB = float(1 << 30)
 _LOOKBACK_S = 60.0
 
@@ -54,7 +60,7 @@ class SimOp:
     """One operation the simulated device executed: ``[start, end)`` on ``stream`` (clock seconds)."""
 
     stream: str  # "compute" | "copy"
-    kind: str  # "step" | "h2d"
+    kind: str  # "step" | "h2d" | "allreduce"
     start: float
     end: float
     nbytes: int = 0
@@ -129,6 +135,26 @@ class SimDevice:
         spec = self.config.spec
         return nbytes / ((spec.h2d_pinned_gbps if pinned else spec.h2d_pageable_gbps) * 1e9)
 
+    def allreduce_s(self, nbytes: int, world: int) -> float:
+        """A ring all-reduce of ``nbytes`` over ``world`` devices: each moves ``2 (N-1)/N`` of the bytes over its
+        link (``config.link_gbps``) in ``2 (N-1)`` steps of HOP_LATENCY_S; 0 for one device."""
+        if world < 2:
+            return 0.0
+        hops = 2 * (world - 1)
+        return hops / world * nbytes / (self.config.link_gbps * 1e9) + hops * HOP_LATENCY_S
+
+    def exposed_allreduce_s(self, world: int, cost: StepCost | None = None) -> float:
+        """The part of one step's gradient all-reduce that backward does not hide. DistributedDataParallel
+        all-reduces a bucket as soon as backward has produced its gradients, so all but the last bucket overlap
+        the rest of backward (BACKWARD_SHARE of the step's device time): ``max(T(grads) - backward, T(last
+        bucket))``."""
+        cost = cost or self.cost
+        if cost is None or world < 2:
+            return 0.0
+        total = self.allreduce_s(cost.grad_bytes, world)
+        last = self.allreduce_s(min(cost.grad_bytes, BUCKET_BYTES), world)
+        return max(total - BACKWARD_SHARE * self.step_s(cost), last)
+
     # -- what the training loop does ------------------------------------------------------------------
     def h2d(self, nbytes: int, *, pinned: bool = False, side_stream: bool = False) -> None:
         """Copy ``nbytes`` host-to-device; blocks the host unless it is a pinned copy on the side stream."""
@@ -169,6 +195,21 @@ class SimDevice:
             self._record(SimOp("compute", "step", start, end, 0, work))
         self.wait_until(now + launch)
 
+    def allreduce(self, world: int, *, not_before: float) -> float:
+        """Queue this step's gradient all-reduce on the compute stream, as NCCL does: the host returns at once.
+        The kernel starts when the stream reaches it and cannot finish before every rank's backward has
+        (``not_before``, a ``clock()`` time the ranks agreed on); its exposed part (:meth:`exposed_allreduce_s`)
+        runs after that. Until then it spins waiting for its peers, and NVML counts a spinning kernel as busy,
+        so the whole op is busy time (a rank waiting for a straggler reads high utilisation, as on real GPUs).
+        Returns when it ends."""
+        d = self.exposed_allreduce_s(world)
+        with self._lock:
+            start = max(self.clock(), self._compute_tail)
+            end = self._compute_tail = max(start, not_before) + d
+            start = min(start, end)
+            self._record(SimOp("compute", "allreduce", start, end, 0, end - start))
+        return end
+
     def synchronize(self) -> None:
         """Block the host until everything queued has finished (``torch.cuda.synchronize``)."""
         with self._lock:
@@ -182,7 +223,7 @@ class SimDevice:
 
     def _record(self, op: SimOp) -> None:
         self._ops.append(op)
-        self.busy_total_s += op.busy_s if op.kind == "step" else 0.0
+        self.busy_total_s += op.busy_s if op.kind != "h2d" else 0.0
         self.copied_total += op.nbytes
 
     def wait_until(self, t: float) -> None:
@@ -206,12 +247,12 @@ class SimDevice:
             return recent[::-1]
 
     def busy_s(self, t0: float, t1: float) -> float:
-        """Seconds within ``[t0, t1)`` during which a kernel of a step executed (what NVML's utilisation counts;
-        copies run on the copy engines and do not count). A launch-bound step's kernels are spread evenly
+        """Seconds within ``[t0, t1)`` during which a kernel executed, a step's or an all-reduce's (what NVML's
+        utilisation counts; copies run on the copy engines and do not count). A launch-bound step's kernels are spread evenly
         over it."""
         total = 0.0
         for op in self.ops(since=t0):
-            if op.kind != "step" or op.end <= t0 or op.start >= t1:
+            if op.kind == "h2d" or op.end <= t0 or op.start >= t1:
                 continue
             overlap = min(op.end, t1) - max(op.start, t0)
             total += overlap * (op.busy_s / (op.end - op.start)) if op.end > op.start else 0.0

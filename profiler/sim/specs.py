@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PRECISIONS = ("fp32", "tf32", "amp")
+LINKS = ("pcie", "nvlink")
 
 
 class SimSpecError(ValueError):
@@ -35,6 +36,16 @@ class AcceleratorSpec:
     tdp_w: float
     idle_w: float
     sources: dict[str, str] = field(default_factory=dict)  # figure -> where it comes from
+    # GPU-to-GPU link for the gradient all-reduce of multi-rank training, GB/s per direction per GPU: NVLink on SXM
+    # boards (None: the GPUs talk over PCIe, at the pinned host-link rate)
+    nvlink_gbps: float | None = None
+
+    def default_link(self) -> str:
+        """nvlink where the board has it (SXM), else pcie."""
+        return "nvlink" if self.nvlink_gbps else "pcie"
+
+    def link_gbps(self, link: str) -> float:
+        return self.nvlink_gbps if link == "nvlink" and self.nvlink_gbps else self.h2d_pinned_gbps
 
     def default_precision(self) -> str:
         """tf32 where the device has it (PyTorch runs convolutions in TF32 by default there), else fp32."""
@@ -43,12 +54,17 @@ class AcceleratorSpec:
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """A parsed ``sim:NAME[,precision=P][,efficiency=E]``."""
+    """A parsed ``sim:NAME[,precision=P][,efficiency=E][,link=L]``."""
 
     spec: AcceleratorSpec
     precision: str
     efficiency: float
     efficiency_given: bool = False
+    link: str = "pcie"  # pcie | nvlink: what the gradient all-reduce of a multi-rank run crosses
+
+    @property
+    def link_gbps(self) -> float:
+        return self.spec.link_gbps(self.link)
 
     @property
     def peak_flops(self) -> float:
@@ -60,7 +76,8 @@ class SimConfig:
 
     def label(self) -> str:
         """``sim:v100,precision=fp32,efficiency=0.57``: the string that makes this config again."""
-        return f"sim:{self.spec.name},precision={self.precision},efficiency={self.efficiency:g}"
+        link = f",link={self.link}" if self.link != self.spec.default_link() else ""
+        return f"sim:{self.spec.name},precision={self.precision},efficiency={self.efficiency:g}{link}"
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
@@ -75,6 +92,8 @@ class SimConfig:
             "h2d_pinned_gbps": s.h2d_pinned_gbps,
             "h2d_pageable_gbps": s.h2d_pageable_gbps,
             "tdp_w": s.tdp_w,
+            "link": self.link,
+            "link_gbps": self.link_gbps,
         }
 
 
@@ -132,6 +151,12 @@ _PAGEABLE = (
     "https://developer.nvidia.com/blog/how-optimize-data-transfers-cuda-cc/ ; PyTorch 'A guide on good usage of "
     "non_blocking and pin_memory()' https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html"
 )
+_NVLINK = (
+    "{ds} total NVLink bandwidth {total} GB/s (both directions), halved: {half} GB/s per direction, the rate a "
+    "ring all-reduce moves data at; a datasheet peak, so all-reduce times over NVLink are optimistic (NCCL's "
+    "achieved bus bandwidth is lower)"
+)
+_NO_NVLINK = "none: the GPUs exchange gradients over PCIe, at the pinned host-link rate (h2d_pinned_gbps)"
 _IDLE_LOGS = "estimate from public nvidia-smi logs of idle {gpu}: {reading}; no single citable source"
 
 
@@ -145,12 +170,16 @@ def _spec(
     tdp_w: float,
     idle_w: float,
     sources: dict[str, str],
+    nvlink_gbps: float | None = None,
 ) -> AcceleratorSpec:
     """Pageable host-to-device is half the pinned rate on every device (see _PAGEABLE)."""
     srcs = {f"peak_tflops.{p}": sources.get(f"peak_tflops.{p}", sources["peak"]) for p in peaks}
     srcs |= {k: v for k, v in sources.items() if k != "peak" and not k.startswith("peak_tflops.")}
     srcs["h2d_pageable_gbps"] = _PAGEABLE
-    return AcceleratorSpec(name, full_name, peaks, memory_gib, pinned_gbps, pinned_gbps / 2, tdp_w, idle_w, srcs)
+    srcs["nvlink_gbps"] = sources.get("nvlink_gbps", _NO_NVLINK)
+    return AcceleratorSpec(
+        name, full_name, peaks, memory_gib, pinned_gbps, pinned_gbps / 2, tdp_w, idle_w, srcs, nvlink_gbps
+    )
 
 
 ACCELERATORS: dict[str, AcceleratorSpec] = {
@@ -199,10 +228,12 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
             "peak": _DS_V100,
             "memory_gib": _DS_V100,
             "h2d_pinned_gbps": _PCIE3 + " ; SXM2 boards reach the host over PCIe 3.0 x16",
+            "nvlink_gbps": _NVLINK.format(ds=_DS_V100, total=300, half=150),
             "tdp_w": _DS_V100,
             "idle_w": "nvidia-smi of a Tesla V100-SXM2 at 0 % utilisation, P0, context open: 53 W / 300 W "
             "https://github.com/zai-org/GLM-130B/issues/32",
         },
+        nvlink_gbps=150.0,
     ),
     "t4": _spec(
         "t4",
@@ -232,9 +263,11 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
             "peak": _DS_A100,
             "memory_gib": _DS_A100,
             "h2d_pinned_gbps": _PCIE4,
+            "nvlink_gbps": _NVLINK.format(ds=_DS_A100, total=600, half=300),
             "tdp_w": _DS_A100,
             "idle_w": _IDLE_LOGS.format(gpu="A100-SXM4 GPUs", reading="50-70 W at P0"),
         },
+        nvlink_gbps=300.0,
     ),
     "h100": _spec(
         "h100",
@@ -249,10 +282,12 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
             "peak_tflops.fp32": _DS_H100,
             "memory_gib": _DS_H100,
             "h2d_pinned_gbps": _PCIE5,
+            "nvlink_gbps": _NVLINK.format(ds=_DS_H100, total=900, half=450),
             "tdp_w": _DS_H100,
             "idle_w": "nvidia-smi of H100 80GB HBM3 GPUs at 0-4 % utilisation, P0, memory held: 140-145 W / 700 W "
             "https://github.com/wilicc/gpu-burn/issues/114",
         },
+        nvlink_gbps=450.0,
     ),
 }
 
@@ -330,7 +365,8 @@ def names() -> list[str]:
 
 
 def parse(text: str) -> SimConfig:
-    """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E]`` -> SimConfig; SimSpecError naming what is allowed."""
+    """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink]`` -> SimConfig; SimSpecError naming
+    what is allowed."""
     if not text.startswith("sim:"):
         raise SimSpecError(
             f"--device {text!r} is not a simulated device: allowed sim:NAME[,precision=P][,efficiency=E]"
@@ -339,7 +375,7 @@ def parse(text: str) -> SimConfig:
     spec = ACCELERATORS.get(name.strip().lower())
     if spec is None:
         raise SimSpecError(f"--device {text!r}: unknown accelerator {name!r}: allowed sim:{'|'.join(ACCELERATORS)}")
-    precision, efficiency, given = spec.default_precision(), None, False
+    precision, efficiency, given, link = spec.default_precision(), None, False, spec.default_link()
     for option in options:
         key, sep, value = option.partition("=")
         key, value = key.strip(), value.strip()
@@ -358,6 +394,18 @@ def parse(text: str) -> SimConfig:
             if not 0.0 < efficiency <= 1.0:
                 raise SimSpecError(f"--device {text!r}: efficiency {value!r} is not a number in (0, 1]")
             given = True
+        elif key == "link" and sep:
+            link = _link(text, spec, value)
         else:
-            raise SimSpecError(f"--device {text!r}: unknown option {option!r}: allowed precision=P, efficiency=E")
-    return SimConfig(spec, precision, efficiency if efficiency is not None else EFFICIENCY[precision], given)
+            raise SimSpecError(
+                f"--device {text!r}: unknown option {option!r}: allowed precision=P, efficiency=E, link=pcie|nvlink"
+            )
+    return SimConfig(spec, precision, efficiency if efficiency is not None else EFFICIENCY[precision], given, link)
+
+
+def _link(text: str, spec: AcceleratorSpec, value: str) -> str:
+    if value not in LINKS:
+        raise SimSpecError(f"--device {text!r}: link {value!r} is not one of {', '.join(LINKS)}")
+    if value == "nvlink" and not spec.nvlink_gbps:
+        raise SimSpecError(f"--device {text!r}: the {spec.name} has no NVLink: allowed link=pcie")
+    return value
