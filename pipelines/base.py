@@ -32,8 +32,14 @@ class LoaderSpec:
     shuffle: bool = True
     seed: int = 0
     drop_last: bool = True
+    # data-parallel training: this rank loads shard ``shard`` of ``num_shards`` (DistributedSampler; DALI's
+    # shard_id / num_shards), a disjoint part of every epoch
+    shard: int = 0
+    num_shards: int = 1
 
     def __post_init__(self) -> None:
+        if not 0 <= self.shard < self.num_shards:
+            raise ValueError(f"shard must be in [0, num_shards={self.num_shards}), got {self.shard}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         if self.batch_size < 1:

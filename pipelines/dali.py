@@ -213,7 +213,8 @@ def reader_options(spec: LoaderSpec) -> dict[str, Any]:
     shuffle: dict[str, Any] = (
         {"shuffle_after_epoch": True, "shuffle_after_epoch_seed": spec.seed} if spec.shuffle else {}
     )
-    return {"pad_last_batch": True, "seed": spec.seed, "name": READER, **shuffle}
+    shard = {"shard_id": spec.shard, "num_shards": spec.num_shards} if spec.num_shards > 1 else {}
+    return {"pad_last_batch": True, "seed": spec.seed, "name": READER, **shuffle, **shard}
 
 
 def _build_pipe(dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: LoaderSpec, cuda: int | None) -> Any:
@@ -418,6 +419,7 @@ def build_loader(
             "decoder": "cpu" if cuda is None else "mixed",
             "prefetch_queue_depth": PREFETCH_QUEUE_DEPTH,
             "shuffle": "full permutation per epoch (shuffle_after_epoch)" if spec.shuffle else False,
+            **({"shard": f"{spec.shard} of {spec.num_shards} (reader shard_id)"} if spec.num_shards > 1 else {}),
             "dali": str(dali.__version__),
         },
         skips=SkipLog.for_dataset(dataset),

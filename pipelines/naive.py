@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from pipelines.base import BuiltLoader, LoaderSpec
 from pipelines.imagefolder import SkipCollate, SkipLog
@@ -54,6 +54,17 @@ def move(batch: Any, device: torch.device) -> Any:
     return map_tensors(batch, lambda t: t.to(device))
 
 
+class EpochShards(DistributedSampler[Any]):
+    """A ``DistributedSampler`` that moves to the next epoch by itself at every ``iter()``, as a shuffling
+    DataLoader does: the loop need not call ``set_epoch``, and every rank draws the same permutation of the
+    epoch (seeded by ``spec.seed``) and keeps its own disjoint shard of it."""
+
+    def __iter__(self) -> Any:
+        it = super().__iter__()
+        self.set_epoch(self.epoch + 1)
+        return it
+
+
 def data_loader(
     dataset: Any, spec: LoaderSpec, *, pin_memory: bool, persistent_workers: bool
 ) -> tuple[Any, SkipLog | None, dict[str, Any]]:
@@ -72,10 +83,18 @@ def data_loader(
     skips = SkipLog.for_dataset(dataset)
     # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor)
     collate = getattr(dataset, "collate_fn", None)
+    sampler = (
+        EpochShards(dataset, spec.num_shards, spec.shard, shuffle=spec.shuffle, seed=spec.seed, drop_last=True)
+        if spec.num_shards > 1
+        else None
+    )
+    if sampler is not None:
+        knobs["shard"] = f"{spec.shard} of {spec.num_shards} (DistributedSampler)"
     loader: DataLoader[Any] = DataLoader(
         dataset,
         batch_size=spec.batch_size,
-        shuffle=spec.shuffle,
+        shuffle=spec.shuffle if sampler is None else None,
+        sampler=sampler,
         num_workers=knobs["workers"],
         pin_memory=knobs["pin_memory"],
         drop_last=spec.drop_last,

@@ -20,6 +20,7 @@ from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
+from profiler.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
 from profiler.devices import DeviceInfo
 from profiler.feeds import Monitor, SessionFeed
 from profiler.session import Interrupted, Session
@@ -82,6 +83,7 @@ class RunConfig:
     loader_only: bool = False  # iterate the pipeline and the copy, no model: the loader's prep rate
     stop_when: StopWhen | None = None  # checked after every measured step (sweeps stop once stable)
     augment_epochs: int | None = None  # augment the first N epochs only (scenarios whose dataset supports it)
+    dist: DistInfo | None = None  # a rank of a data-parallel job (profiler.launch): DDP, a shard of the data
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -165,6 +167,20 @@ def _sim_sources(sim: SimDevice) -> list[Source]:
     return [*real, SimNvmlSource(sim)]
 
 
+def _rank_sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
+    """A rank of a job samples its own device only (its simulated NVML, or NVML of its CUDA device): the node's
+    sampler (profiler.launch) covers the host and every rank's process tree once."""
+    if sim is not None:
+        from profiler.sim.nvml import SimNvmlSource
+
+        return [SimNvmlSource(sim)]
+    if cfg.device.kind == "cuda":
+        from profiler.sources.nvml import NvmlSource
+
+        return [NvmlSource(device_indices=[cfg.device.index or 0])]
+    return []
+
+
 def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None) -> Session:
     """The Session starts before set-up, so that a dataset or model that fails to build leaves a reportable
     run (status "failed", no steps) and set-up's host load is on the record too."""
@@ -176,7 +192,7 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         sample_hz=cfg.sample_hz,
         device=cfg.device,
         timer=sim.timer() if sim is not None else None,
-        sources=_sim_sources(sim) if sim is not None else None,
+        sources=_rank_sources(cfg, sim) if cfg.dist is not None else _sim_sources(sim) if sim is not None else None,
         warmup=plan.warmup,
         scenario=scenario.name,
         pipeline=cfg.pipeline,
@@ -190,6 +206,7 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
             "model": cfg.model or scenario.model_name,
             "loader_only": cfg.loader_only,
             **({"data_root": str(data.root), "on_bad_sample": cfg.on_bad_sample} if data else {}),
+            **(cfg.dist.to_meta() if cfg.dist is not None else {}),
             **cfg.extra_meta,
         },
     )
@@ -209,6 +226,7 @@ class _Loop:
         self.loss: Any = None
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
         self.batch_bytes: int | None = None
+        self.sync: SyncTimer | None = None  # a rank under DDP: times the all-reduce wait after backward
 
     def set_up(self) -> None:
         """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
@@ -224,8 +242,14 @@ class _Loop:
                 )
             dataset.augment_epochs = cfg.augment_epochs
             session.annotate(augment_epochs=cfg.augment_epochs)
+        shard = (cfg.dist.rank, cfg.dist.world_size) if cfg.dist is not None else (0, 1)
         spec = LoaderSpec(
-            batch_size=self.plan.batch_size, workers=cfg.workers, device=cfg.device.torch_device, seed=cfg.seed
+            batch_size=self.plan.batch_size,
+            workers=cfg.workers,
+            device=cfg.device.torch_device,
+            seed=cfg.seed,
+            shard=shard[0],
+            num_shards=shard[1],
         )
         self.built = built = self.plan.pipeline.build(dataset, spec)
         augment: Any = getattr(dataset, "augment", None)
@@ -241,8 +265,10 @@ class _Loop:
         elif not cfg.loader_only:
             self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))
             self.model.train()
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
             session.annotate(params=sum(p.numel() for p in self.model.parameters()))
+            if cfg.dist is not None:
+                self.model, self.sync = wrap_ddp(self.model, cfg.dist, cfg.device.torch_device, session.clock)
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
         # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
         rec = session.recording
         processes = int(built.config.get("worker_processes", built.config.get("workers", 0)))
@@ -311,13 +337,11 @@ class _Loop:
             if sim is not None and sim.cost is not None:
                 with session.phase("compute"):
                     sim.step()
+                if cfg.dist is not None:
+                    sim_sync(session, sim, cfg.dist.world_size)
             elif model is not None and opt is not None:
                 with session.phase("compute"):
-                    out = model(x, y) if scenario.targets_in_forward else model(x)
-                    self.loss = loss = scenario.loss(out, y)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
+                    self._train_step(model, opt, x, y)
             done += 1
             if done >= total:
                 break
@@ -326,6 +350,20 @@ class _Loop:
                 break
         batches.close()  # ends the step in flight now, not at garbage collection
         return done, total, progressed
+
+    def _train_step(self, model: Any, opt: Any, x: Any, y: Any) -> None:
+        """Forward, loss, backward, optimizer step; under DDP the all-reduce wait after backward is the nested
+        phase "compute/sync" (profiler.ddp)."""
+        session, sync = self.session, self.sync
+        out = model(x, y) if self.scenario.targets_in_forward else model(x)
+        self.loss = loss = self.scenario.loss(out, y)
+        opt.zero_grad(set_to_none=True)
+        if sync is not None:
+            sync.start_step()
+        loss.backward()
+        if sync is not None and (ready := sync.sync_since()) is not None:
+            session.span("sync", ready, session.clock())
+        opt.step()
 
     def finish(self) -> None:
         if self.loss is not None:

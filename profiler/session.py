@@ -326,6 +326,26 @@ class Session:
         """Context manager timing a named part of the current step."""
         return _Phase(self, name)
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock that times steps and phases (``time.perf_counter`` unless given): :meth:`span` takes its
+        readings."""
+        return self._clock
+
+    def span(self, name: str, t_start: float, t_end: float) -> None:
+        """Record a part of the current step that was timed elsewhere, from two :attr:`clock` readings (a DDP
+        communication hook's, for the "sync" a rank spent waiting for the others' gradients). It nests in the
+        innermost open phase ("compute/sync"), or is top-level when none is open. Host-timed: it carries no
+        device times."""
+        if not t_start <= t_end:
+            raise ValueError(f"span {name!r} ends ({t_end}) before it starts ({t_start})")
+        if self._step < 0:
+            self._unattributed += 1
+            return
+        stack = self._stack
+        full = "/".join([*stack, name]) if stack else name
+        self._phases.append((full, len(stack), t_start, t_end, None, None, None, None))
+
     def _end_step(self, t_end: float, r_end: bytes | None = None) -> None:
         phases, self._phases = self._phases, []
         t0 = self._t0
@@ -345,8 +365,8 @@ class Session:
         timer, pending, t0 = self._timer, self._pending, self._t0
         while pending:
             row, phases, raws = pending[0]
-            if timer is not None and phases:
-                last = phases[-1][5]
+            last = next((p[5] for p in reversed(phases) if p[5] is not None), None) if timer is not None else None
+            if timer is not None and last is not None:
                 if not timer.done(last):
                     if not drain and len(pending) <= self._max_lag:
                         return

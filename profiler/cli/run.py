@@ -32,6 +32,7 @@ from profiler.cli.common import (
     say,
     stem,
 )
+from profiler.cli.job import add_job_options, check_job_options, cmd_job
 
 
 def add_parsers(sub: Any) -> None:
@@ -77,6 +78,7 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="with --workers > 0: do not sample the workers with py-spy for the loader attribution",
     )
+    add_job_options(r)
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
 
     at = sub.add_parser("attach", help="profile a running training process from outside (py-spy + sampler)")
@@ -108,11 +110,16 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
         raise BadInput("nothing after `--`: give the command to profile, e.g. `stallscope run -- python train.py`")
     if args.scenario is not None:
         raise BadInput(f"give a scenario ({args.scenario!r}) or a command after `--`, not both")
+    if args.nproc is not None:
+        raise BadInput("--nproc launches a scenario's ranks; for your own job: stallscope run -- torchrun ...")
     args.command_argv = command
     args.command = "run-command"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    check_job_options(args)
+    if args.nproc is not None:
+        return cmd_job(args)
     t = resolve_training(args, [args.pipeline])
     out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}")
     from profiler.runner import RunStopped, TrainingError, run_scenario

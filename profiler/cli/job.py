@@ -1,0 +1,115 @@
+"""``stallscope run SCENARIO --nproc N``: a multi-rank job (profiler.launch); its flags and handler."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from profiler.cli.common import (
+    DEFAULT_PYSPY_RATE,
+    EXIT_FAILED,
+    EXIT_OK,
+    BadInput,
+    base_run_config,
+    bounded,
+    prepare_out,
+    resolve_training,
+    say,
+    stem,
+)
+
+MAX_NPROC = 64
+MAX_NODES = 1024
+
+
+def add_job_options(p: argparse.ArgumentParser) -> None:
+    """The flags of a multi-rank run (torchrun's names)."""
+    p.add_argument(
+        "--nproc",
+        type=bounded(int, 1, MAX_NPROC, "an integer"),
+        metavar="N",
+        help="ranks on this node, launched with torch.distributed's elastic launcher (DDP; docs/multi-rank.md)",
+    )
+    p.add_argument("--nnodes", type=bounded(int, 1, MAX_NODES, "an integer"), default=1, metavar="M")
+    p.add_argument("--node-rank", type=bounded(int, 0, MAX_NODES - 1, "an integer"), default=0, metavar="K")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous of a job on several nodes")
+    p.add_argument("--rdzv-id", metavar="ID", help="the job's id on every node (default: derived from the endpoint)")
+    p.add_argument("--baseline", metavar="DIR", help="a run of this scenario on one rank: scaling efficiency")
+
+
+def check_job_options(args: argparse.Namespace) -> None:
+    """BadInput for multi-rank flags that do not go together."""
+    multi = args.nnodes != 1 or args.node_rank != 0 or args.rdzv_endpoint or args.rdzv_id or args.baseline
+    if args.nproc is None:
+        if multi:
+            raise BadInput("--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id and --baseline need --nproc N")
+        return
+    from profiler.launch import JobError, parse_endpoint
+
+    if args.node_rank >= args.nnodes:
+        raise BadInput(f"--node-rank {args.node_rank}: allowed 0 to {args.nnodes - 1} for --nnodes {args.nnodes}")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise BadInput(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if args.rdzv_endpoint:
+        try:
+            parse_endpoint(args.rdzv_endpoint)
+        except JobError as exc:
+            raise BadInput(str(exc)) from None
+    if args.baseline and not Path(args.baseline, "run.sqlite").exists():
+        raise BadInput(f"--baseline {args.baseline!r} holds no run: allowed a run directory (a run on one rank)")
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from profiler.launch import JobSpec, job_id_for, run_job
+
+    t = resolve_training(args, [args.pipeline])
+    if t.device.kind == "cuda":
+        import torch
+
+        if args.nproc > torch.cuda.device_count():
+            raise BadInput(f"--nproc {args.nproc}: this node has {torch.cuda.device_count()} CUDA device(s)")
+    out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}-x{args.nproc * args.nnodes}")
+    cfg = replace(
+        base_run_config(args, t, out),
+        pipeline=args.pipeline,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        steps=args.steps or t.scenario.steps,
+        attribution=not args.no_attribution,
+        pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
+        loader_only=args.loader_only,
+        augment_epochs=args.augment_epochs,
+    )
+    scenario = str(Path(args.scenario).resolve()) if args.scenario.endswith(".py") else args.scenario
+    job = JobSpec(
+        scenario=scenario,
+        run=cfg,
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        job_id=job_id_for(args.rdzv_endpoint, scenario, args.nnodes, args.rdzv_id),
+        baseline=str(Path(args.baseline).resolve()) if args.baseline else None,
+    )
+    if not args.json:
+        say(
+            f"training {t.scenario.name} on {job.world_size} ranks ({args.nproc} here, node {args.node_rank} of "
+            f"{args.nnodes}; {args.pipeline}, device {t.device.label}, {job.backend}) -> {out}"
+        )
+    result = run_job(job)
+    return _report(result, args)
+
+
+def _report(result: Any, args: argparse.Namespace) -> int:
+    if result.error:
+        say(f"job {result.status}: {result.error}; every rank's store is kept: stallscope report {result.job_dir}")
+    import json
+
+    for rank_dir in sorted(Path(result.job_dir).glob("rank-*")):
+        path = rank_dir / "summary.json"
+        if path.exists():
+            d = json.loads(path.read_text())
+            say(f"{rank_dir.name}: {d['throughput_samples_per_s']:.1f} samples/s {d['breakdown_ms_per_step']}")
+    return EXIT_OK if result.status == "complete" else EXIT_FAILED

@@ -1,0 +1,314 @@
+"""Multi-rank jobs: ``stallscope run SCENARIO --nproc N`` on torch.distributed's elastic launcher (torchrun's
+engine), one node at a time.
+
+The launcher process (this module's :func:`run_job`):
+
+1. writes ``JOB_DIR/job.json`` (what was launched, status "running"; docs/multi-rank.md has the keys);
+2. starts the node's sampler: a :class:`~profiler.recording.Recording` in ``JOB_DIR/node-K/`` whose
+   :class:`~profiler.sources.ranks.RankTreeSource` covers the host and every rank's process tree;
+3. launches ``nproc`` ranks with ``torch.distributed.launcher.api.elastic_launch`` (c10d rendezvous, no
+   restarts: a rank that dies ends the job, as it does under torchrun by default). Each rank runs
+   :func:`rank_main`: it joins the process group (gloo on CPU and simulated devices, nccl on CUDA), builds the
+   scenario again and trains it with the ordinary runner under DistributedDataParallel and a shard of the data,
+   recording its own store ``JOB_DIR/rank-R/``;
+4. when the ranks end (or one fails, or a signal stops the job: the elastic agent then stops every rank with
+   SIGTERM, and each rank closes its store "interrupted"), closes the node store and rewrites job.json with
+   the status and the ranks that failed, first one first.
+
+Several nodes: every node runs the same command with ``--nnodes M --node-rank K --rdzv-endpoint HOST:PORT``;
+each writes its own job directory (its node-K and its ranks' rank-R), and ``stallscope report DIR1 DIR2``
+merges them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from profiler.ddp import DistInfo
+from profiler.runner import RunConfig
+
+JOB_FILE = "job.json"
+PID_FILE = "rank.pid"
+# How often the elastic agent looks at its ranks (seconds): how soon a rank's death stops the others.
+MONITOR_S = 0.2
+# The elastic agent's wait for ranks to stop after SIGTERM before SIGKILL.
+SHUTDOWN_S = 15.0
+
+
+class JobError(ValueError):
+    """A job that cannot be launched as asked (bad rendezvous endpoint, more CUDA ranks than devices); the
+    message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What every rank of the node runs, and how the node joins the job."""
+
+    scenario: str  # a built-in name, or a scenario file's absolute path: each rank builds the scenario again
+    run: RunConfig  # out: the job directory; device: as resolved in the launcher (cuda: rank r takes cuda:r)
+    nproc: int
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT; None on one node: a free local port
+    job_id: str = ""
+    baseline: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.run.device.kind == "cuda" else "gloo"
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job_dir: Path
+    status: str  # complete | failed | interrupted
+    rank_exits: list[dict[str, Any]]
+    error: str | None = None
+
+
+def job_id_for(endpoint: str | None, scenario: str, nnodes: int, given: str | None = None) -> str:
+    """The job's id: ``given``; on several nodes one every node derives alike from what they share (the
+    endpoint, scenario and node count), so their directories merge; else a fresh one."""
+    if given:
+        return given
+    if nnodes > 1 and endpoint:
+        return hashlib.sha1(f"{endpoint}|{scenario}|{nnodes}".encode()).hexdigest()[:12]
+    return uuid.uuid4().hex[:12]
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); JobError naming the value and what is allowed."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise JobError(f"--rdzv-endpoint {text!r}: allowed HOST:PORT with a port in 1-65535")
+    return host, int(port)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(job: JobSpec) -> JobResult:
+    """Launch the node's ranks and record the job (see the module docstring)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from profiler.recording import Recording
+    from profiler.sources.ranks import RankTreeSource
+
+    out = Path(job.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    endpoint = job.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    record = _job_record(job, endpoint)
+    write_job(out, record)
+    node = Recording(
+        out / f"node-{job.node_rank}",
+        meta={"job_id": job.job_id, "node_rank": job.node_rank, "role": "node sampler", "scenario": None},
+        sample_hz=job.run.sample_hz,
+        sources=[RankTreeSource(os.getpid(), announced=lambda: announced_ranks(out))],
+    )
+    node.start()
+    config = LaunchConfig(
+        min_nodes=job.nnodes,
+        max_nodes=job.nnodes,
+        nproc_per_node=job.nproc,
+        run_id=job.job_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        max_restarts=0,
+        monitor_interval=MONITOR_S,
+        start_method="spawn",
+        shutdown_timeout=SHUTDOWN_S,
+    )
+    status, exits, error = "complete", [], None
+    t0 = time.time()
+    try:
+        with _quiet_elastic():
+            elastic_launch(config, rank_main)(job)
+    except ChildFailedError as exc:
+        exits = rank_exits(exc.failures, t0, job.nproc * job.node_rank)
+        status, error = "failed", _failure_line(exits)
+    except BaseException as exc:  # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
+        status, error = "interrupted", f"stopped by {type(exc).__name__}: {exc}"
+        _finish(node, out, record, status, exits, error)
+        raise
+    _finish(node, out, record, status, exits, error)
+    return JobResult(out, status, exits, error)
+
+
+def _finish(
+    node: Any, out: Path, record: dict[str, Any], status: str, exits: list[dict[str, Any]], error: str | None
+) -> None:
+    node.close("complete" if status == "complete" else status, error=error)
+    record.update(
+        status=status,
+        ended_at=time.time(),
+        rank_exits=exits,
+        first_failure=exits[0] if exits else None,
+        error=error,
+    )
+    write_job(out, record)
+
+
+def _job_record(job: JobSpec, endpoint: str) -> dict[str, Any]:
+    run = job.run
+    first = job.nproc * job.node_rank
+    return {
+        "job_id": job.job_id,
+        "nproc_per_node": job.nproc,
+        "nnodes": job.nnodes,
+        "node_rank": job.node_rank,
+        "world_size": job.world_size,
+        "backend": job.backend,
+        "rdzv_endpoint": endpoint,
+        "scenario": job.scenario,
+        "pipeline": run.pipeline,
+        "device": run.device.label,
+        "batch_size": run.batch_size,
+        "workers": run.workers,
+        "ranks": list(range(first, first + job.nproc)),
+        "started_at": time.time(),
+        "ended_at": None,
+        "status": "running",
+        "rank_exits": [],
+        "first_failure": None,
+        "baseline": job.baseline,
+        **job.extra,
+    }
+
+
+def announced_ranks(out: Path) -> dict[int, int]:
+    """pid -> rank of the ranks that have announced themselves in ``out`` (:func:`announce`)."""
+    found: dict[int, int] = {}
+    for path in out.glob(f"rank-*/{PID_FILE}"):
+        with contextlib.suppress(OSError, ValueError):
+            found[int(path.read_text())] = int(path.parent.name.removeprefix("rank-"))
+    return found
+
+
+def announce(rank_dir: Path) -> None:
+    """Tell the node's sampler this process is a rank: its pid in ``rank_dir`` (the launcher's function
+    entrypoints set RANK after they start, so /proc/PID/environ does not show it)."""
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    (rank_dir / PID_FILE).write_text(str(os.getpid()))
+
+
+def write_job(out: Path, record: dict[str, Any]) -> None:
+    """job.json, replaced atomically (a reader never sees half a file)."""
+    tmp = out / f".{JOB_FILE}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, out / JOB_FILE)
+
+
+def rank_exits(failures: dict[int, Any], t0: float, first_rank: int) -> list[dict[str, Any]]:
+    """The elastic agent's failures as job.json's ``rank_exits``, in the order they happened."""
+    rows = []
+    for local_rank, failure in failures.items():
+        code = int(failure.exitcode)
+        sig = _signal_name(-code) if code < 0 else None
+        rows.append(
+            {
+                "rank": first_rank + int(local_rank),
+                "local_rank": int(local_rank),
+                "pid": int(failure.pid),
+                "exitcode": code,
+                "signal": sig,
+                "t_s": max(0.0, float(failure.timestamp) - t0),  # whole seconds: the agent's own resolution
+                "message": str(failure.message)[:500],
+            }
+        )
+    return sorted(rows, key=lambda r: (r["t_s"], r["rank"]))
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def _failure_line(exits: list[dict[str, Any]]) -> str:
+    if not exits:
+        return "a rank failed"
+    first = exits[0]
+    how = f"killed by {first['signal']}" if first["signal"] else f"exited with code {first['exitcode']}"
+    return f"rank {first['rank']} {how}; the launcher stopped the other ranks"
+
+
+@contextlib.contextmanager
+def _quiet_elastic() -> Any:
+    """The elastic agent logs every failure with a traceback at ERROR level; the job's own line says it once."""
+    log = logging.getLogger("torch.distributed.elastic")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Any:
+    """SIGTERM (the elastic agent stopping the job) and SIGINT (Ctrl-C reaches every process of the terminal's
+    group) raise Interrupted in the rank, so its Session closes its store "interrupted"."""
+    from profiler.session import Interrupted
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def rank_main(job: JobSpec) -> dict[str, Any] | None:
+    """One rank: join the process group, train the scenario on this rank's shard, record ``rank-R/``. Runs in a
+    process the elastic agent spawned; raises (a non-zero exit: the agent stops the job) when training fails."""
+    import torch.distributed as dist
+
+    import scenarios
+    from profiler.devices import resolve_device
+    from profiler.runner import run_scenario
+
+    info = DistInfo.from_env(backend=job.backend, job_id=job.job_id)
+    device = job.run.device
+    if device.kind == "cuda":
+        device = resolve_device(f"cuda:{info.local_rank}")
+    cfg = replace(job.run, out=Path(job.run.out) / f"rank-{info.rank}", device=device, dist=info)
+    announce(cfg.out)
+    if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks share the node's cores
+        import torch
+
+        from pipelines.base import usable_cores
+
+        torch.set_num_threads(max(1, usable_cores() // job.nproc))
+    with _stop_on_signals():
+        dist.init_process_group(job.backend)
+        try:
+            session = run_scenario(scenarios.get(job.scenario), cfg)
+        finally:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+    summary = session.summary()
+    return summary.to_dict() if summary is not None else None
