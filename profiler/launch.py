@@ -43,7 +43,7 @@ PID_FILE = "rank.pid"
 # How often the elastic agent looks at its ranks (seconds): how soon a rank's death stops the others.
 MONITOR_S = 0.2
 # The elastic agent's wait for ranks to stop after SIGTERM before SIGKILL.
-SHUTDOWN_S = 15.0
+SHUTDOWN_S = 15
 
 
 class JobError(ValueError):
@@ -148,14 +148,14 @@ def run_job(job: JobSpec) -> JobResult:
         status, error = "failed", _failure_line(exits)
     except BaseException as exc:  # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
         status, error = "interrupted", f"stopped by {type(exc).__name__}: {exc}"
-        _finish(node, out, record, status, exits, error)
+        _finish(node, out, record, status, exits=exits, error=error)
         raise
-    _finish(node, out, record, status, exits, error)
+    _finish(node, out, record, status, exits=exits, error=error)
     return JobResult(out, status, exits, error)
 
 
 def _finish(
-    node: Any, out: Path, record: dict[str, Any], status: str, exits: list[dict[str, Any]], error: str | None
+    node: Any, out: Path, record: dict[str, Any], status: str, *, exits: list[dict[str, Any]], error: str | None
 ) -> None:
     node.close("complete" if status == "complete" else status, error=error)
     record.update(

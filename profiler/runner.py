@@ -320,7 +320,7 @@ class _Loop:
     def _epoch(self, done: int, total: int) -> tuple[int, int, bool]:
         """One pass over the loader: h2d then compute per batch; (steps done, total, any batch seen)."""
         assert self.built is not None
-        session, built, scenario, cfg = self.session, self.built, self.scenario, self.cfg
+        session, built, cfg = self.session, self.built, self.cfg
         model, opt, sim = self.model, self.opt, self.sim
         batches = session.wrap(built.batches)
         progressed = False

@@ -366,11 +366,10 @@ class Session:
         while pending:
             row, phases, raws = pending[0]
             last = next((p[5] for p in reversed(phases) if p[5] is not None), None) if timer is not None else None
-            if timer is not None and last is not None:
-                if not timer.done(last):
-                    if not drain and len(pending) <= self._max_lag:
-                        return
-                    timer.wait(last)
+            if timer is not None and last is not None and not timer.done(last):
+                if not drain and len(pending) <= self._max_lag:
+                    return
+                timer.wait(last)
             pending.popleft()
             row = step_runq(row, raws)
             out: list[PhaseRow] = []

@@ -248,8 +248,8 @@ class SimDevice:
 
     def busy_s(self, t0: float, t1: float) -> float:
         """Seconds within ``[t0, t1)`` during which a kernel executed, a step's or an all-reduce's (what NVML's
-        utilisation counts; copies run on the copy engines and do not count). A launch-bound step's kernels are spread evenly
-        over it."""
+        utilisation counts; copies run on the copy engines and do not count). A launch-bound step's kernels are
+        spread evenly over it."""
         total = 0.0
         for op in self.ops(since=t0):
             if op.kind == "h2d" or op.end <= t0 or op.start >= t1:

@@ -3,8 +3,9 @@
 The launcher (profiler.launch) is the parent of the node's ranks; each rank is the parent of its loader workers.
 A rank is a descendant whose environment has ``RANK`` and whose parent's has not (its workers inherit the
 variable), or, for ranks that set ``RANK`` after they started (the elastic launcher's function entrypoints, whose
-``/proc/PID/environ`` does not show it), a pid the ``announced`` callable maps to its rank. Each rank's tree is read by its own :class:`~profiler.sources.host.HostSource` (cached psutil
-objects, children rescanned every ``children_refresh_s``), and its metrics are renamed per rank:
+``/proc/PID/environ`` does not show it), a pid the ``announced`` callable maps to its rank. Each rank's tree is
+read by its own :class:`~profiler.sources.host.HostSource` (cached psutil objects, children rescanned every
+second), and its metrics are renamed per rank:
 
 - ``rank{R}.cpu_pct`` (rank process + its workers), ``rank{R}.main.cpu_pct``, ``rank{R}.workers.cpu_pct``,
   ``rank{R}.rss_mb`` (the tree), all % of one core / MiB as the host source's;
