@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -108,6 +109,7 @@ def free_port() -> int:
 
 def run_job(job: JobSpec) -> JobResult:
     """Launch the node's ranks and record the job (see the module docstring)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -119,11 +121,12 @@ def run_job(job: JobSpec) -> JobResult:
     endpoint = job.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     record = _job_record(job, endpoint)
     write_job(out, record)
+    tree = RankTreeSource(os.getpid(), announced=lambda: announced_ranks(out))
     node = Recording(
         out / f"node-{job.node_rank}",
         meta={"job_id": job.job_id, "node_rank": job.node_rank, "role": "node sampler", "scenario": None},
         sample_hz=job.run.sample_hz,
-        sources=[RankTreeSource(os.getpid(), announced=lambda: announced_ranks(out))],
+        sources=[tree],
     )
     node.start()
     config = LaunchConfig(
@@ -144,11 +147,12 @@ def run_job(job: JobSpec) -> JobResult:
         with _quiet_elastic():
             elastic_launch(config, rank_main)(job)
     except ChildFailedError as exc:
-        exits = rank_exits(exc.failures, t0, job.nproc * job.node_rank)
+        exits = rank_exits(exc.failures, t0, job.nproc * job.node_rank, tree.ended())
         status, error = "failed", _failure_line(exits)
-    except BaseException as exc:  # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
-        status, error = "interrupted", f"stopped by {type(exc).__name__}: {exc}"
-        _finish(node, out, record, status, exits=exits, error=error)
+    except SignalException as exc:  # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
+        status, error = "interrupted", f"stopped by {_signal_name(int(exc.sigval)) or exc.sigval}"
+    except BaseException as exc:
+        _finish(node, out, record, "failed", exits=exits, error=f"the launcher failed: {type(exc).__name__}: {exc}")
         raise
     _finish(node, out, record, status, exits=exits, error=error)
     return JobResult(out, status, exits, error)
@@ -218,20 +222,25 @@ def write_job(out: Path, record: dict[str, Any]) -> None:
     os.replace(tmp, out / JOB_FILE)
 
 
-def rank_exits(failures: dict[int, Any], t0: float, first_rank: int) -> list[dict[str, Any]]:
-    """The elastic agent's failures as job.json's ``rank_exits``, in the order they happened."""
+def rank_exits(
+    failures: dict[int, Any], t0: float, first_rank: int, ended: dict[int, float] | None = None
+) -> list[dict[str, Any]]:
+    """The elastic agent's failures as job.json's ``rank_exits``, in the order they happened. When a rank ended
+    is the node sampler's reading (``ended``: rank -> time.time(), within one sampling period) where it has one,
+    else the agent's timestamp (whole seconds)."""
     rows = []
     for local_rank, failure in failures.items():
-        code = int(failure.exitcode)
-        sig = _signal_name(-code) if code < 0 else None
+        code, rank = int(failure.exitcode), first_rank + int(local_rank)
+        seen = (ended or {}).get(rank)
         rows.append(
             {
-                "rank": first_rank + int(local_rank),
+                "rank": rank,
                 "local_rank": int(local_rank),
                 "pid": int(failure.pid),
                 "exitcode": code,
-                "signal": sig,
-                "t_s": max(0.0, float(failure.timestamp) - t0),  # whole seconds: the agent's own resolution
+                "signal": _signal_name(-code) if code < 0 else None,
+                "t_s": max(0.0, (seen if seen is not None else float(failure.timestamp)) - t0),
+                "t_from": "node sampler" if seen is not None else "elastic agent (whole seconds)",
                 "message": str(failure.message)[:500],
             }
         )
@@ -256,13 +265,15 @@ def _failure_line(exits: list[dict[str, Any]]) -> str:
 @contextlib.contextmanager
 def _quiet_elastic() -> Any:
     """The elastic agent logs every failure with a traceback at ERROR level; the job's own line says it once."""
-    log = logging.getLogger("torch.distributed.elastic")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
+    logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -272,6 +283,8 @@ def _stop_on_signals() -> Any:
     from profiler.session import Interrupted
 
     def handler(signum: int, _frame: Any) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):  # the first signal stops the rank; its store must close
+            signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -289,7 +302,7 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
 
     import scenarios
     from profiler.devices import resolve_device
-    from profiler.runner import run_scenario
+    from profiler.runner import RunStopped, TrainingError, run_scenario
 
     info = DistInfo.from_env(backend=job.backend, job_id=job.job_id)
     device = job.run.device
@@ -307,6 +320,11 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
         dist.init_process_group(job.backend)
         try:
             session = run_scenario(scenarios.get(job.scenario), cfg)
+        except RunStopped as exc:  # the job is being stopped: the store is closed "interrupted"
+            session = exc.session
+        except TrainingError as exc:  # one line, not a traceback; the store says where; exit 1 stops the job
+            print(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}", file=sys.stderr)
+            raise SystemExit(1) from None
         finally:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()

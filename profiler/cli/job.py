@@ -14,6 +14,7 @@ from profiler.cli.common import (
     BadInput,
     base_run_config,
     bounded,
+    exit_signal,
     prepare_out,
     resolve_training,
     say,
@@ -112,4 +113,6 @@ def _report(result: Any, args: argparse.Namespace) -> int:
         if path.exists():
             d = json.loads(path.read_text())
             say(f"{rank_dir.name}: {d['throughput_samples_per_s']:.1f} samples/s {d['breakdown_ms_per_step']}")
+    if result.status == "interrupted":
+        return exit_signal(result.error.rsplit(" ", 1)[-1] if result.error else None)
     return EXIT_OK if result.status == "complete" else EXIT_FAILED

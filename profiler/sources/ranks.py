@@ -71,7 +71,7 @@ class RankTreeSource:
         self._launcher: HostSource | None = None
         self._ranks: dict[int, HostSource] = {}  # rank -> its tree's source, while it runs
         self._pids: dict[int, int] = {}  # rank -> pid (kept after it ends)
-        self._gone: set[int] = set()
+        self._gone: dict[int, float] = {}  # rank -> time.time() when first found gone
         self._last_scan = -math.inf
         self._lock = threading.Lock()
 
@@ -115,6 +115,11 @@ class RankTreeSource:
             if self._launcher is not None:
                 self._launcher.close()
 
+    def ended(self) -> dict[int, float]:
+        """Rank -> when (``time.time()``) the sampler first found its process gone."""
+        with self._lock:
+            return dict(self._gone)
+
     def rank_pids(self) -> dict[int, int]:
         """Rank -> pid of every rank found so far (ended ones included)."""
         with self._lock:
@@ -148,4 +153,4 @@ class RankTreeSource:
         source = self._ranks.pop(rank, None)
         if source is not None:
             source.close()
-        self._gone.add(rank)
+        self._gone.setdefault(rank, time.time())

@@ -1,0 +1,91 @@
+"""Known-cost scenario for multi-rank jobs: a straggler, and a rank that dies, injected through the environment.
+
+Each item costs BASE_MS of sleep; on rank STALLSCOPE_TEST_STRAGGLER (default none) it costs EXTRA_MS more
+(STALLSCOPE_TEST_EXTRA_MS, default 5). The model's forward sleeps FORWARD_MS, so compute is known and does
+not depend on what else the CPU runs; its one Linear layer gives DDP gradients to all-reduce. Sleeps are the
+costs, so two ranks on two cores do not slow each other down.
+
+Ground truth: when STALLSCOPE_TEST_TRUTH names a directory, the straggler writes there (at exit) the extra
+sleep it really slept (perf_counter around each sleep) and the items it slept for: truth-rank{R}.json.
+STALLSCOPE_TEST_KILL_RANK / STALLSCOPE_TEST_KILL_AT: that rank SIGKILLs itself when it loads item number
+KILL_AT (counting its own loads), as the OOM killer would.
+"""
+
+import atexit
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from scenarios import Scenario
+
+BASE_MS = 1.0
+FORWARD_MS = 30.0
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
+class Items(torch.utils.data.Dataset):
+    def __init__(self):
+        self.rank = _env_int("RANK")
+        straggler = _env_int("STALLSCOPE_TEST_STRAGGLER")
+        self.extra_s = float(os.environ.get("STALLSCOPE_TEST_EXTRA_MS", "5")) / 1e3 if straggler == self.rank else 0.0
+        self.kill_at = (
+            _env_int("STALLSCOPE_TEST_KILL_AT") if _env_int("STALLSCOPE_TEST_KILL_RANK") == self.rank else None
+        )
+        self.loads = 0
+        self.slept = 0.0
+        truth = os.environ.get("STALLSCOPE_TEST_TRUTH")
+        if truth and self.extra_s:
+            atexit.register(self._write_truth, Path(truth))
+
+    def _write_truth(self, where):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / f"truth-rank{self.rank}.json").write_text(json.dumps({"extra_s": self.slept, "items": self.loads}))
+
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        self.loads += 1
+        if self.kill_at is not None and self.loads >= self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(BASE_MS / 1e3)
+        if self.extra_s:
+            t0 = time.perf_counter()
+            time.sleep(self.extra_s)
+            self.slept += time.perf_counter() - t0
+        return torch.full((4,), float(i % 7)), i % 3
+
+
+class Timed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        time.sleep(FORWARD_MS / 1e3)
+        return self.lin(x)
+
+
+def squared_error(out, y):
+    return (out - y.unsqueeze(1).float()).square().mean()
+
+
+scenario = Scenario(
+    name="ranks",
+    dataset=Items,
+    model=Timed,
+    loss=squared_error,
+    batch_size=8,
+    steps=20,
+    warmup=3,
+    description="sleep-timed items and model; a straggler rank or a dying rank injected through the environment",
+)
