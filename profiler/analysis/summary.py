@@ -23,7 +23,9 @@ from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.parts import (
     CORE_PHASES,
     EVENT_TIMERS,
+    NESTED_SYNC,
     SIMULATED,
+    SYNC_PHASE,
     BadSamples,
     Breakdown,
     Cost,
@@ -293,9 +295,13 @@ def _timing(m: _Measured) -> _Timing:
     n, step_s = m.n, m.step_s
     per_step = _phase_sums(m.steps, m.phases)
     parts = {"data_wait": mean([s.data_wait_s for s in m.steps]) * 1e3}
-    user = sorted({name for sums in per_step.values() for name in sums} - set(CORE_PHASES))
-    for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
+    user = sorted({name for sums in per_step.values() for name in sums} - {*CORE_PHASES, SYNC_PHASE})
+    for name in (*CORE_PHASES, SYNC_PHASE, *user):  # h2d, compute and sync always present, even when never entered
         parts[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
+    # sync nested in compute is the ranks' wait inside it: it moves from compute to sync (no double count)
+    nested_ms = total([(p.t_start, p.t_end) for p in m.phases if p.name == NESTED_SYNC]) / n * 1e3 if n else 0.0
+    parts["compute"] -= nested_ms
+    parts[SYNC_PHASE] += nested_ms
     if m.on_device_events and n:
         wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases, m.all_phases)
         # a pageable copy first waits for the compute already queued: that host time is compute, not input
@@ -308,17 +314,27 @@ def _timing(m: _Measured) -> _Timing:
     other = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
     step_mean = mean(step_s)
     stall = (stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
-    busy, busy_source = _busy_fraction(m, per_step)
+    busy, busy_source = _busy_fraction(m, per_step, nested_ms * n / 1e3)
     device_ms = (
         DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_device_events else None
     )
     if device_ms is not None and m.events == EVENT_TIMERS[SIMULATED]:
-        # a simulated device's compute is its device time (DESIGN): it runs while the host waits for the next batch
-        parts["compute"] = device_ms.compute
+        # a simulated device's compute is its device time (DESIGN): it runs while the host waits for the next batch;
+        # its sync is the device's idle time in the sync phases (they start when the queued compute ends)
+        nested_dev = total(_dev(m.phases, NESTED_SYNC)) / n * 1e3
+        parts["compute"] = device_ms.compute - nested_dev
+        parts[SYNC_PHASE] = total(_dev(m.phases, SYNC_PHASE)) / n * 1e3 + nested_dev
+    recorded = any(p.name in (SYNC_PHASE, NESTED_SYNC) for p in m.phases)
     return _Timing(
         step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
         breakdown=Breakdown(
-            parts["data_wait"], parts["h2d"], parts["compute"], other, tuple((k, parts[k]) for k in user)
+            parts["data_wait"],
+            parts["h2d"],
+            parts["compute"],
+            other,
+            tuple((k, parts[k]) for k in user),
+            sync=parts[SYNC_PHASE] if n else 0.0,
+            sync_recorded=recorded,
         ),
         stall_ms=stall_ms,
         device_ms=device_ms,
@@ -426,13 +442,19 @@ def _cuda_stalls(
     return wait_stall, h2d_stall, drained
 
 
-def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]]) -> tuple[float, str]:
+def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_sync_s: float) -> tuple[float, str]:
+    """Busy share of the measured wall time. A sync phase is the device waiting for the other ranks, not working:
+    its device interval (a simulated device's idle time until the ranks meet) is not busy time, and on a CPU
+    device the sync nested in compute is taken out of compute."""
     wall = m.wall
     if wall <= 0:
         return math.nan, "none"
     if m.events is not None:
-        return total(clip(union(_dev(m.phases)), *m.window)) / wall, m.events
-    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps)
+        working = [p for p in m.phases if p.name != SYNC_PHASE]
+        return total(clip(subtract(union(_dev(working)), union(_dev(m.phases, NESTED_SYNC))), *m.window)) / wall, (
+            m.events
+        )
+    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps) - nested_sync_s
     return compute / wall, "host-compute-phase"
 
 
