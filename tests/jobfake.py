@@ -35,7 +35,7 @@ def loader(plan: RankPlan, n: int) -> Any:
         yield [0] * 8
 
 
-def run_rank(out: Path, rank: int, world: int, plan: RankPlan, job_id: str, node_rank: int = 0) -> None:
+def run_rank(out: Path, rank: int, world: int, plan: RankPlan, job_id: str, *, node_rank: int = 0) -> None:
     meta = {"rank": rank, "world_size": world, "local_rank": rank, "node_rank": node_rank, "job_id": job_id}
     with Session(out, sample_hz=5, device="cpu", warmup=WARMUP, sources=[], scenario="fake", meta=meta) as s:
         for _batch in s.wrap(loader(plan, STEPS + WARMUP)):
@@ -51,7 +51,9 @@ def run_rank(out: Path, rank: int, world: int, plan: RankPlan, job_id: str, node
 
 def run_ranks(job_dir: Path, plans: dict[int, RankPlan], world: int, job_id: str, node_rank: int = 0) -> None:
     threads = [
-        threading.Thread(target=run_rank, args=(job_dir / f"rank-{r}", r, world, p, job_id, node_rank))
+        threading.Thread(
+            target=run_rank, args=(job_dir / f"rank-{r}", r, world, p, job_id), kwargs={"node_rank": node_rank}
+        )
         for r, p in plans.items()
     ]
     for t in threads:
