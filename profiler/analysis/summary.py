@@ -428,11 +428,12 @@ def _cuda_stalls(
     """Input stall seconds on an asynchronous device (data wait, h2d), and host h2d seconds spent draining
     queued compute.
 
-    The device is stalled on input only while it is not computing. So: data wait counts where no device
-    compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
+    The device is stalled on input only while it is not computing (or running a sync phase's all-reduce). So:
+    data wait counts where no device compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
     time under device compute or already counted as data wait.
     """
-    compute = union(_dev(all_phases or phases, "compute"))
+    # a sync phase's device time is the all-reduce on the compute stream: device work, as compute is
+    compute = union(_dev(all_phases or phases, "compute") + _dev(all_phases or phases, SYNC_PHASE))
     waits = union((s.t_start, s.t_start + s.data_wait_s) for s in steps)
     host_h2d = union((p.t_start, p.t_end) for p in phases if p.name == "h2d" and p.depth == 0)
     copies = union(host_h2d + _dev(phases, "h2d"))
@@ -443,17 +444,15 @@ def _cuda_stalls(
 
 
 def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_sync_s: float) -> tuple[float, str]:
-    """Busy share of the measured wall time. A sync phase is the device waiting for the other ranks, not working:
-    its device interval (a simulated device's idle time until the ranks meet) is not busy time, and on a CPU
-    device the sync nested in compute is taken out of compute."""
+    """Busy share of the measured wall time. With device events, every phase's device interval counts, sync
+    phases included: an all-reduce's kernel spins on the device while it waits for the other ranks, and NVML
+    counts it busy too (the job report's sync column is what shows that wait). On a CPU device it is the
+    compute share, and compute excludes the sync nested in it."""
     wall = m.wall
     if wall <= 0:
         return math.nan, "none"
     if m.events is not None:
-        working = [p for p in m.phases if p.name != SYNC_PHASE]
-        return total(clip(subtract(union(_dev(working)), union(_dev(m.phases, NESTED_SYNC))), *m.window)) / wall, (
-            m.events
-        )
+        return total(clip(union(_dev(m.phases)), *m.window)) / wall, m.events
     compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps) - nested_sync_s
     return compute / wall, "host-compute-phase"
 
