@@ -429,8 +429,8 @@ def _cuda_stalls(
     queued compute.
 
     The device is stalled on input only while it is not computing (or running a sync phase's all-reduce). So:
-    data wait counts where no device compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
-    time under device compute or already counted as data wait.
+    data wait counts where no device compute overlaps it; h2d counts where the host blocked in the copy or the
+    device ran the copy, less the time under device compute or already counted as data wait.
     """
     # a sync phase's device time is the all-reduce on the compute stream: device work, as compute is
     compute = union(_dev(all_phases or phases, "compute") + _dev(all_phases or phases, SYNC_PHASE))
