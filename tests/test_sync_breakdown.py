@@ -57,3 +57,16 @@ def test_a_copy_waiting_for_the_queued_all_reduce_is_not_input_stall() -> None:
     # step 0 has no all-reduce before it: its 20 ms wait and its copy are stall; steps 1-4 only their 1 ms copies
     assert s.stall_ms_per_step.h2d == pytest.approx((21.0 + 4 * 1.0) / 5)
     assert b.sync == pytest.approx(40.0) and b.compute == pytest.approx(59.0)
+
+
+def test_timeline_rows_split_sync_as_the_summary_does() -> None:
+    """The HTML plots' per-step rows: nested sync leaves compute for a sync part, as in the breakdown (CPU)."""
+    from profiler.analysis.timeline import step_rows
+
+    rec = record(nested=True)
+    cpu = RunRecord({**rec.meta, "device": {"kind": "cpu", "name": "cpu"}}, rec.steps, rec.phases, [], [])
+    rows = step_rows(cpu)
+    b = summarize(cpu).breakdown_ms_per_step
+    assert list(rows[0].parts_ms) == ["data_wait", "h2d", "compute", "sync", "other"]
+    for part in ("compute", "sync"):
+        assert sum(r.parts_ms[part] for r in rows) / len(rows) == pytest.approx(b[part])
