@@ -19,6 +19,7 @@ PACKAGES = ("profiler", "pipelines", "scenarios")
 STORE_READERS = {
     "profiler.cli.report",
     "profiler.feeds",
+    "profiler.jobdir",  # `report` on a job directory reads each rank's and node's store through it
     "profiler.cli.whatif",  # predicts from a measured run, and reads back a --check run it already measured
 }
 MAX_MODULE_LINES = 800

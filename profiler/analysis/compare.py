@@ -133,7 +133,7 @@ def _run(s: Summary | dict[str, Any], which: str) -> _Run:
             s.run_id, s.scenario, s.pipeline, s.batch_size, s.workers, _device(dev.where, dev.name), s.status, s.steps
         )
         step = {"mean": st.mean, "p50": st.p50, "p90": st.p90}
-        parts = dict(s.breakdown_ms_per_step.items())
+        parts = dict(s.breakdown_ms_per_step.parts())
         return _Run(
             facts,
             s.throughput_samples_per_s,
@@ -229,10 +229,12 @@ def _verdict(a: Any, b: Any) -> Row:
 
 
 def _phase_names(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """data_wait, h2d, compute, user phases (A's order, then B's new ones), other last."""
+    """data_wait, h2d, compute, sync, user phases (A's order, then B's new ones), other last. Sync only when
+    either run waited in it (summary.json has it, 0.0, for every single-process run)."""
     names: list[str] = []
+    no_sync = not any(_num(d.get("sync")) for d in (a, b))
     for name in [*a, *b]:
-        if name not in names and name != "other":
+        if name not in names and name != "other" and not (name == "sync" and no_sync):
             names.append(name)
     return [*names, "other"] if "other" in a or "other" in b else names
 

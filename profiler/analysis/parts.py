@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CORE_PHASES = ("h2d", "compute")  # always in the breakdown, even when never entered
+SYNC_PHASE = "sync"  # a top-level phase of that name, or "compute/sync" nested in compute: the breakdown's sync
+NESTED_SYNC = "compute/sync"
 STACK_PHASES = ("data_wait", "h2d", "compute", "other")
 # Device kinds whose phases carry device-event times, and that instrument's name: the simulated accelerator's
 # events (``profiler.sim.device.SimTimer``) enter every figure through the same code as CUDA's.
@@ -63,10 +65,15 @@ class StepTimes:
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """Mean ms per measured step: data wait, h2d, compute, the user's own top-level phases, and the rest.
+    """Mean ms per measured step: data wait, h2d, compute, sync, the user's own top-level phases, and the rest.
 
-    ``user`` holds the phases named with ``s.phase(name)`` beyond h2d and compute, in name order. A part
+    ``user`` holds the phases named with ``s.phase(name)`` beyond h2d, compute and sync, in name order. A part
     can be read by name (``b["compute"]``, ``b.get(name)``) because user phases have no field of their own.
+
+    ``sync`` is the time blocked waiting for the other ranks of a data-parallel job (a top-level phase ``sync``
+    or a phase ``compute/sync`` nested in compute; docs/metrics.md): 0.0 when the run recorded none, and then
+    ``sync_recorded`` is False. ``to_dict()`` (summary.json) always has the key; ``items()`` (what reports
+    print) lists it only for a run that recorded a sync phase, so a single-process report has no empty row.
     """
 
     data_wait: float
@@ -74,26 +81,34 @@ class Breakdown:
     compute: float
     other: float
     user: tuple[tuple[str, float], ...] = ()
+    sync: float = 0.0
+    sync_recorded: bool = False
 
     def items(self) -> list[tuple[str, float]]:
-        """(part, ms) in report order: data_wait, h2d, compute, user phases, other."""
+        """(part, ms) in report order: data_wait, h2d, compute, sync (when recorded), user phases, other."""
         core = [("data_wait", self.data_wait), ("h2d", self.h2d), ("compute", self.compute)]
+        sync = [("sync", self.sync)] if self.sync_recorded else []
+        return [*core, *sync, *self.user, ("other", self.other)]
+
+    def parts(self) -> list[tuple[str, float]]:
+        """(part, ms) of every part summary.json has: ``items()`` with ``sync`` always in it."""
+        core = [("data_wait", self.data_wait), ("h2d", self.h2d), ("compute", self.compute), ("sync", self.sync)]
         return [*core, *self.user, ("other", self.other)]
 
     def get(self, name: str, default: float = _NAN) -> float:
-        return next((v for k, v in self.items() if k == name), default)
+        return next((v for k, v in self.parts() if k == name), default)
 
     def __getitem__(self, name: str) -> float:
-        for k, v in self.items():
+        for k, v in self.parts():
             if k == name:
                 return v
         raise KeyError(name)
 
     def __contains__(self, name: object) -> bool:
-        return any(k == name for k, _ in self.items())
+        return any(k == name for k, _ in self.parts())
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.items())
+        return dict(self.parts())
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,10 +320,14 @@ class Sources:
     host: str
     nvml: str
     workers: str | None = None  # zero-code runs only: how the workers were counted
+    sync: str = (
+        "host perf_counter around the sync phase (a top-level 'sync', or 'compute/sync' nested in compute): "
+        "time blocked waiting for the other ranks"
+    )
 
     def part(self, name: str) -> str | None:
         """The instrument of a breakdown part; None for user phases and ``other`` (the reader says why)."""
-        return {"data_wait": self.data_wait, "h2d": self.h2d, "compute": self.compute}.get(name)
+        return {"data_wait": self.data_wait, "h2d": self.h2d, "compute": self.compute, "sync": self.sync}.get(name)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -316,6 +335,7 @@ class Sources:
             "data_wait": self.data_wait,
             "h2d": self.h2d,
             "compute": self.compute,
+            "sync": self.sync,
             "stall_fraction": self.stall_fraction,
             "device_busy_fraction": self.device_busy_fraction,
             "host": self.host,

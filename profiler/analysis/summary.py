@@ -23,7 +23,9 @@ from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.parts import (
     CORE_PHASES,
     EVENT_TIMERS,
+    NESTED_SYNC,
     SIMULATED,
+    SYNC_PHASE,
     BadSamples,
     Breakdown,
     Cost,
@@ -293,9 +295,13 @@ def _timing(m: _Measured) -> _Timing:
     n, step_s = m.n, m.step_s
     per_step = _phase_sums(m.steps, m.phases)
     parts = {"data_wait": mean([s.data_wait_s for s in m.steps]) * 1e3}
-    user = sorted({name for sums in per_step.values() for name in sums} - set(CORE_PHASES))
-    for name in (*CORE_PHASES, *user):  # h2d and compute always present, even when never entered
+    user = sorted({name for sums in per_step.values() for name in sums} - {*CORE_PHASES, SYNC_PHASE})
+    for name in (*CORE_PHASES, SYNC_PHASE, *user):  # h2d, compute and sync always present, even when never entered
         parts[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
+    # sync nested in compute is the ranks' wait inside it: it moves from compute to sync (no double count)
+    nested_ms = total([(p.t_start, p.t_end) for p in m.phases if p.name == NESTED_SYNC]) / n * 1e3 if n else 0.0
+    parts["compute"] -= nested_ms
+    parts[SYNC_PHASE] += nested_ms
     if m.on_device_events and n:
         wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases, m.all_phases)
         # a pageable copy first waits for the compute already queued: that host time is compute, not input
@@ -308,17 +314,27 @@ def _timing(m: _Measured) -> _Timing:
     other = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
     step_mean = mean(step_s)
     stall = (stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
-    busy, busy_source = _busy_fraction(m, per_step)
+    busy, busy_source = _busy_fraction(m, per_step, nested_ms * n / 1e3)
     device_ms = (
         DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_device_events else None
     )
     if device_ms is not None and m.events == EVENT_TIMERS[SIMULATED]:
-        # a simulated device's compute is its device time (DESIGN): it runs while the host waits for the next batch
-        parts["compute"] = device_ms.compute
+        # a simulated device's compute is its device time (DESIGN): it runs while the host waits for the next batch;
+        # its sync is the device's idle time in the sync phases (they start when the queued compute ends)
+        nested_dev = total(_dev(m.phases, NESTED_SYNC)) / n * 1e3
+        parts["compute"] = device_ms.compute - nested_dev
+        parts[SYNC_PHASE] = total(_dev(m.phases, SYNC_PHASE)) / n * 1e3 + nested_dev
+    recorded = any(p.name in (SYNC_PHASE, NESTED_SYNC) for p in m.phases)
     return _Timing(
         step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
         breakdown=Breakdown(
-            parts["data_wait"], parts["h2d"], parts["compute"], other, tuple((k, parts[k]) for k in user)
+            parts["data_wait"],
+            parts["h2d"],
+            parts["compute"],
+            other,
+            tuple((k, parts[k]) for k in user),
+            sync=parts[SYNC_PHASE] if n else 0.0,
+            sync_recorded=recorded,
         ),
         stall_ms=stall_ms,
         device_ms=device_ms,
@@ -412,11 +428,12 @@ def _cuda_stalls(
     """Input stall seconds on an asynchronous device (data wait, h2d), and host h2d seconds spent draining
     queued compute.
 
-    The device is stalled on input only while it is not computing. So: data wait counts where no device
-    compute overlaps it; h2d counts where the host blocked in the copy or the device ran the copy, less the
-    time under device compute or already counted as data wait.
+    The device is stalled on input only while it is not computing (or running a sync phase's all-reduce). So:
+    data wait counts where no device compute overlaps it; h2d counts where the host blocked in the copy or the
+    device ran the copy, less the time under device compute or already counted as data wait.
     """
-    compute = union(_dev(all_phases or phases, "compute"))
+    # a sync phase's device time is the all-reduce on the compute stream: device work, as compute is
+    compute = union(_dev(all_phases or phases, "compute") + _dev(all_phases or phases, SYNC_PHASE))
     waits = union((s.t_start, s.t_start + s.data_wait_s) for s in steps)
     host_h2d = union((p.t_start, p.t_end) for p in phases if p.name == "h2d" and p.depth == 0)
     copies = union(host_h2d + _dev(phases, "h2d"))
@@ -426,13 +443,17 @@ def _cuda_stalls(
     return wait_stall, h2d_stall, drained
 
 
-def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]]) -> tuple[float, str]:
+def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_sync_s: float) -> tuple[float, str]:
+    """Busy share of the measured wall time. With device events, every phase's device interval counts, sync
+    phases included: an all-reduce's kernel spins on the device while it waits for the other ranks, and NVML
+    counts it busy too (the job report's sync column is what shows that wait). On a CPU device it is the
+    compute share, and compute excludes the sync nested in it."""
     wall = m.wall
     if wall <= 0:
         return math.nan, "none"
     if m.events is not None:
         return total(clip(union(_dev(m.phases)), *m.window)) / wall, m.events
-    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps)
+    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps) - nested_sync_s
     return compute / wall, "host-compute-phase"
 
 

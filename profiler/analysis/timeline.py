@@ -31,7 +31,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from profiler.analysis.parts import event_timer
+from profiler.analysis.parts import NESTED_SYNC, SYNC_PHASE, event_timer
 from profiler.analysis.stats import Interval, quantile, subtract, total, union
 from profiler.store import PhaseRow, RunRecord, StepRow
 
@@ -152,8 +152,17 @@ def _on_cuda(rec: RunRecord) -> bool:
 
 
 def _parts(rec: RunRecord) -> tuple[str, ...]:
-    user = sorted({p.name for p in rec.phases if p.depth == 0} - set(CORE_PARTS))
-    return (*CORE_PARTS, *user, "other")
+    """data_wait, h2d, compute, the top-level phases (sorted; ``sync`` among them also when it is only nested in
+    compute), other."""
+    names = {p.name for p in rec.phases if p.depth == 0}
+    if any(p.name == NESTED_SYNC for p in rec.phases):
+        names.add(SYNC_PHASE)
+    return (*CORE_PARTS, *sorted(names - set(CORE_PARTS)), "other")
+
+
+def _device_work(phases: list[PhaseRow]) -> list[Interval]:
+    """When the device was working: compute phases and sync phases (an all-reduce runs on the compute stream)."""
+    return union(_dev(phases, "compute") + _dev(phases, SYNC_PHASE))
 
 
 def _dev(phases: list[PhaseRow], name: str) -> list[Interval]:
@@ -171,7 +180,7 @@ def stall_intervals(rec: RunRecord) -> list[Interval]:
     waits = [(s.t_start, s.t_start + s.data_wait_s) for s in rec.steps]
     if not _on_cuda(rec):
         return union(waits + _host_h2d(rec.phases))
-    busy = union(_dev(rec.phases, "compute"))
+    busy = _device_work(rec.phases)
     return subtract(union(waits + _host_h2d(rec.phases) + _dev(rec.phases, "h2d")), busy)
 
 
@@ -196,7 +205,7 @@ def step_rows(rec: RunRecord) -> list[StepBar]:
     """One :class:`StepBar` per recorded step (warm-up included), in step order."""
     parts = _parts(rec)
     on_cuda = _on_cuda(rec)
-    busy = union(_dev(rec.phases, "compute")) if on_cuda else []
+    busy = _device_work(rec.phases) if on_cuda else []
     by_step: dict[int, list[PhaseRow]] = defaultdict(list)
     for p in rec.phases:
         by_step[p.step].append(p)
@@ -210,6 +219,9 @@ def step_rows(rec: RunRecord) -> list[StepBar]:
         for p in phases:
             if p.depth == 0:
                 ms[p.name] += (p.t_end - p.t_start) * 1e3
+            elif p.name == NESTED_SYNC:  # as in the Summary: compute excludes the sync nested in it
+                ms["compute"] -= (p.t_end - p.t_start) * 1e3
+                ms[SYNC_PHASE] += (p.t_end - p.t_start) * 1e3
         if on_cuda:
             host = union(_host_h2d(phases))
             drained = (total(host) - total(subtract(host, busy))) * 1e3

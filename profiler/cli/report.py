@@ -22,9 +22,15 @@ from profiler.cli.common import (
 
 def add_parsers(sub: Any) -> None:
     """Register ``report``, ``compare``, ``watch`` and ``scenarios``."""
-    rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way)")
-    rep.add_argument("run_dir")
+    rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way) or of a job")
+    rep.add_argument("run_dir", help="a run directory, or a job directory (job.json, rank-R/)")
+    rep.add_argument(
+        "more_dirs", nargs="*", metavar="RUN_DIR2", help="the other nodes' directories of the same job (merged)"
+    )
     rep.add_argument("--json", action="store_true", help="print the summary JSON")
+    rep.add_argument(
+        "--baseline", metavar="RUN_DIR", help="job directories: the run scaling efficiency is measured against"
+    )
     rep.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     rep.add_argument("--trace", metavar="FILE", help="also write a Chrome/Perfetto trace-event JSON file")
 
@@ -68,10 +74,38 @@ def load_summary(run_dir: str | Path) -> Any:
     return load(run_dir)[1]
 
 
+def load_job_summary(dirs: list[str], baseline: str | None = None) -> Any:
+    """The JobSummary of the job in ``dirs`` (its nodes' directories) and the job as read; BadInput naming what is
+    wrong."""
+    from profiler.analysis.job import summarize_job
+    from profiler.jobdir import JobDirError, load_job
+
+    try:
+        job = load_job(dirs, baseline)
+    except JobDirError as exc:
+        raise BadInput(str(exc)) from None
+    return summarize_job(job), job
+
+
+def _is_job(path: str) -> bool:
+    from profiler.jobdir import is_job_dir
+
+    return is_job_dir(path)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from profiler.render.html import write_html
     from profiler.render.trace import write_trace
 
+    dirs = [args.run_dir, *args.more_dirs]
+    if any(_is_job(d) for d in dirs):
+        return _report_job(args, dirs)
+    if args.more_dirs:
+        raise BadInput(
+            f"'{args.more_dirs[0]}': report takes one RUN_DIR, or several job directories (the nodes of one job)"
+        )
+    if args.baseline is not None:
+        raise BadInput(f"--baseline '{args.baseline}': allowed only with a job directory (job.json, rank-R/)")
     rec, summary = load(args.run_dir)
     for flag, target in (("--html", args.html), ("--trace", args.trace)):
         if target is None:
@@ -85,10 +119,40 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _report_job(args: argparse.Namespace, dirs: list[str]) -> int:
+    from profiler.render.html import write_job_html
+    from profiler.render.trace import write_job_trace
+
+    job_summary, job = load_job_summary(dirs, args.baseline)
+    for flag, target in (("--html", args.html), ("--trace", args.trace)):
+        if target is None:
+            continue
+        try:
+            written = write_job_html(job_summary, target) if flag == "--html" else write_job_trace(job, target)
+        except (OSError, ValueError) as exc:
+            raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
+        say(f"wrote {written}")
+    if args.json:
+        print(json.dumps(job_summary.to_dict(), indent=2))
+    else:
+        from profiler.render.job import render_job
+        from profiler.render.report import make_console
+
+        render_job(job_summary, make_console())
+    return EXIT_OK
+
+
+def _compared(run_dir: str) -> Any:
+    """What ``compare`` reads of a directory: a run's Summary, or a job's summary dict (its single-run keys)."""
+    if _is_job(run_dir):
+        return load_job_summary([run_dir])[0].to_dict()
+    return load_summary(run_dir)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from profiler.analysis.compare import compare
 
-    a, b = load_summary(args.run_a), load_summary(args.run_b)
+    a, b = _compared(args.run_a), _compared(args.run_b)
     result = compare(
         a, b, max_stall_increase_pp=args.max_stall_increase, max_throughput_drop_pct=args.max_throughput_drop
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
+from profiler.analysis.job import JobSummary, RankRow
 from profiler.analysis.parts import BadSamples, Cost, HostFigures
 
 
@@ -163,3 +164,72 @@ def _host_rows(h: HostFigures) -> list[tuple[str, str]]:
         line += f"  workers {num(h.children_cpu_pct, '{:.0f}')}% over {len(workers)}"
     line += f"  (psutil; 100% = one core)  system {num(h.sys_cpu_pct, '{:.0f}')}% of all cores"
     return [("host CPU", line), ("host RSS", f"max {num(h.total_rss_mb_max, '{:.0f}', ' MiB')} (main + workers)")]
+
+
+# -- a multi-rank job (terminal and HTML print the same cells) ----------------------------------------
+
+
+def rank_cells(r: RankRow) -> list[str]:
+    """The table row of one rank, as text (shared with the HTML report)."""
+    return [
+        str(r.rank),
+        num(r.node_rank, "{}"),
+        r.status,
+        num(r.figure("throughput"), "{:.1f}"),
+        pct(r.figure("stall")),
+        num(r.data_wait_ms[0], "{:.1f}"),
+        num(r.data_wait_ms[1], "{:.1f}"),
+        num(r.figure("sync"), "{:.1f}"),
+        num(r.cpu_pct, "{:.0f}", "%"),
+    ]
+
+
+def rank_columns(j: JobSummary) -> list[str]:
+    sim = " (simulated)" if j.simulated else ""
+    return [
+        "rank",
+        "node",
+        "status",
+        "samples/s",
+        "stall",
+        "data wait p50 ms",
+        "p90 ms",
+        f"sync ms/step{sim}",
+        "CPU (rank + workers)",
+    ]
+
+
+def job_lines(j: JobSummary) -> list[tuple[str, str]]:
+    """(label, text) lines under the table: throughput, step, scaling, straggler, verdict, first failure."""
+    measured = len(j.measured_ranks)
+    st = j.step_time_ms
+    out = [
+        (
+            "job throughput",
+            f"{num(j.throughput_samples_per_s, '{:.1f}', ' samples/s')}  (sum over {measured} measured rank"
+            f"{'s' if measured != 1 else ''})",
+        ),
+        (
+            "step time",
+            f"mean {num(st.mean, '{:.1f}')} ms  p50 {num(st.p50, '{:.1f}')} ms  p90 {num(st.p90, '{:.1f}')} ms"
+            + (f"  (slowest rank: {j.slowest_rank})" if j.slowest_rank is not None else ""),
+        ),
+    ]
+    sc = j.scaling
+    if sc is not None:
+        out.append(
+            (
+                "scaling efficiency",
+                f"{pct(sc.ratio)}  ({sc.job_throughput:.1f} samples/s / ({sc.world_size} x "
+                f"{sc.baseline_throughput:.1f} samples/s of the baseline {sc.baseline_run}))",
+            )
+        )
+    else:
+        out.append(("scaling efficiency", "n/a (no baseline: give --baseline RUN_DIR, e.g. a --nproc 1 run)"))
+    s = j.straggler
+    out.append(("straggler", s.evidence if s else f"none named ({j.straggler_rule})"))
+    f = j.first_failure
+    if f is not None:
+        node = f" on node {f.node_rank}" if f.node_rank is not None else ""
+        out.append(("first failure", f"rank {f.rank}{node} {f.describe()} after the job started"))
+    return out

@@ -24,9 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
+from profiler.analysis.job import JobSummary
 from profiler.analysis.parts import STACK_PHASES, Estimate
 from profiler.analysis.timeline import Series, Timeline, build_timeline
-from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
+from profiler.render.figures import (
+    breakdown_title,
+    figure_rows,
+    job_lines,
+    part_label,
+    rank_cells,
+    rank_columns,
+    simulated_line,
+)
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
@@ -417,7 +426,10 @@ def write_html(summary: Summary, rec: RunRecord, path: str | os.PathLike[str]) -
     """
     target = Path(path)
     _check_target(target)
-    text = render_html(summary, build_timeline(rec))
+    return _write(render_html(summary, build_timeline(rec)), target)
+
+
+def _write(text: str, target: Path) -> Path:
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -433,3 +445,67 @@ def write_html(summary: Summary, rec: RunRecord, path: str | os.PathLike[str]) -
             # the rename did not happen; the temporary file is ours to remove, and its absence is fine
             Path(tmp).unlink(missing_ok=True)
     return target
+
+
+# -- a multi-rank job ------------------------------------------------------------------------------------
+
+
+def render_job_html(j: JobSummary) -> str:
+    """The job report as one HTML document: header, verdict, the per-rank table (``id="ranks"``, a row per rank
+    with ``data-rank``), the job figures and the notes. Same cells as the terminal report."""
+    title = f"stallscope job report: {j.scenario or 'job'}" + ("" if j.status == "complete" else f" [{j.status}]")
+    fields = [
+        ("scenario", j.scenario or "job"),
+        ("pipeline", j.pipeline or "?"),
+        ("batch per rank", j.batch_size or "?"),
+        ("workers per rank", _num(j.workers, "{}")),
+        ("world size", f"{j.world_size} ({j.nnodes} node{'s' if j.nnodes != 1 else ''})"),
+        ("job id", j.job_id or "?"),
+    ]
+    dl = "".join(f'<div><dt>{k}</dt><dd data-field="{k}">{_e(v)}</dd></div>' for k, v in fields)
+    status = f'<span class="badge s-{_e(j.status)}">{_e(j.status)}</span>'
+    head = f'<header id="header"><h1>{_e(title)}</h1><dl>{dl}<div><dt>status</dt><dd>{status}</dd></div></dl></header>'
+    if j.simulated:
+        head += (
+            '<div id="simulated" class="banner sim" role="note">Device: SIMULATED (docs/sim.md): compute and sync '
+            "are the simulated device&#x27;s times; the input pipeline and the ranks&#x27; waits ran for real</div>"
+        )
+    cls = "v-high" if j.verdict.startswith("input") else "v-ok"
+    verdict = _section("verdict", "Verdict", f'<p class="verdict {cls}">{_e(j.verdict)}</p>')
+    cols = "".join(f"<th>{_e(c)}</th>" for c in rank_columns(j))
+    rows = "".join(
+        f'<tr data-rank="{r.rank}">'
+        + "".join(f'<td class="{"" if i == 2 else "num"}">{_e(c)}</td>' for i, c in enumerate(rank_cells(r)))
+        + "</tr>"
+        for r in j.ranks
+    )
+    table = _section(
+        "ranks", "Per rank", f'<table class="grid"><thead><tr>{cols}</tr></thead><tbody>{rows}</tbody></table>'
+    )
+    lines = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in job_lines(j))
+    figures = _section("figures", "Job figures", f'<table class="figures">{lines}</table>')
+    notes = (
+        _section("notes", "Notes", "<ul>" + "".join(f"<li>{_e(n)}</li>" for n in j.notes) + "</ul>") if j.notes else ""
+    )
+    body = (
+        head
+        + verdict
+        + table
+        + figures
+        + notes
+        + "<footer>Written by stallscope from the job&#x27;s stores alone.</footer>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="generator" content="stallscope"><title>{_e(title)}</title><style>{_CSS}</style></head>'
+        f'<body class="status-{_e(j.status)}">{body}</body></html>\n'
+    )
+
+
+def write_job_html(j: JobSummary, path: str | os.PathLike[str]) -> Path:
+    """Write the job's HTML report to ``path`` (the same checks and atomic write as :func:`write_html`)."""
+    target = Path(path)
+    _check_target(target)
+    return _write(render_job_html(j), target)

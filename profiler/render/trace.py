@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profiler.analysis.job import JobInput
 from profiler.analysis.parts import device_where
 from profiler.store import PhaseRow, RunRecord, StepRow, run_status
 
@@ -93,6 +94,7 @@ _COUNTER_RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[str,
     (re.compile(r"proc\.(main|w\d+|total)\.cpu_pct"), lambda m: ("host CPU %", m[1])),
     (re.compile(r"sys\.cpu_pct"), lambda m: ("host CPU %", "system")),
     (re.compile(r"proc\.(main|w\d+|total)\.rss_mb"), lambda m: ("host RSS MiB", m[1])),
+    (re.compile(r"rank(\d+)\.cpu_pct"), lambda m: ("rank CPU %", f"rank{m[1]}")),  # a job's node sampler
 ]
 
 
@@ -386,6 +388,66 @@ def write_trace(rec: RunRecord, path: str | os.PathLike[str]) -> Path:
         out = out / "trace.json"
     doc = trace_events(rec)
     text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+# -- a multi-rank job --------------------------------------------------------------------------------
+
+
+def job_trace_events(job: JobInput) -> dict[str, Any]:
+    """One trace of a job: each rank's trace (as :func:`trace_events` makes it) as its own process, pid
+    ``rank + 1``, named ``rank R (node K): ...`` and sorted by rank, then each node sampler's counters as a process
+    after them. Every store's times move onto one timeline by its meta ``started_at`` (unix seconds): ts 0 is the
+    earliest store's start. A rank without a store has no process; the metadata lists it."""
+    parts: list[tuple[int, str, RunRecord]] = [
+        (r.rank + 1, f"rank {r.rank}" + (f" (node {r.node_rank})" if r.node_rank is not None else ""), r.record)
+        for r in job.ranks
+        if r.record is not None
+    ]
+    base = len(job.ranks) + 1
+    parts += [
+        (base + i, f"node sampler {n.job.get('node_rank', i)}", n.record) for i, n in enumerate(job.nodes) if n.record
+    ]
+    starts = [
+        float(rec.meta["started_at"]) for _, _, rec in parts if isinstance(rec.meta.get("started_at"), (int, float))
+    ]
+    t0 = min(starts, default=0.0)
+    events: list[dict[str, Any]] = []
+    for sort_index, (pid, label, rec) in enumerate(parts):
+        started = rec.meta.get("started_at")
+        shift_ns = _ns(float(started) - t0) if isinstance(started, (int, float)) else 0
+        doc = trace_events(rec)
+        for ev in doc["traceEvents"]:
+            ev["pid"] = pid
+            ev["ts"] = _us(round(ev["ts"] * 1000) + shift_ns)
+            if ev["ph"] == "M" and ev["name"] == "process_name":
+                ev["args"] = {"name": f"{label}: {ev['args']['name']}"}
+            events.append(ev)
+        events.append(_meta_event("process_sort_index", pid, TID_TRAINING, 0, {"sort_index": sort_index}))
+    named = [e for e in events if e["ph"] == "M"]
+    timed = sorted((e for e in events if e["ph"] != "M"), key=lambda e: (e["ts"], _RANK[e["ph"]], -e.get("dur", 0)))
+    missing = [r.rank for r in job.ranks if r.record is None]
+    metadata = {
+        "producer": "stallscope",
+        "job_id": next((n.job.get("job_id") for n in job.nodes if n.job.get("job_id")), None),
+        "ranks": [r.rank for r in job.ranks],
+        "ranks_without_store": missing,
+        "started_at_unix_s": t0,
+        "timeline": "ts/dur in microseconds since the earliest store started; each rank is a process (pid rank + 1), "
+        "aligned by its store's started_at",
+    }
+    return {"traceEvents": [*named, *timed], "displayTimeUnit": "ms", "metadata": _json_safe(metadata)}
+
+
+def write_job_trace(job: JobInput, path: str | os.PathLike[str]) -> Path:
+    """Export the job to ``path`` (a directory gets ``trace.json``) as :func:`write_trace` does for one run."""
+    out = Path(path)
+    if out.is_dir():
+        out = out / "trace.json"
+    text = json.dumps(job_trace_events(job), allow_nan=False, separators=(",", ":"))
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
