@@ -323,7 +323,7 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
         except RunStopped as exc:  # the job is being stopped: the store is closed "interrupted"
             session = exc.session
         except TrainingError as exc:  # one line, not a traceback; the store says where; exit 1 stops the job
-            print(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}", file=sys.stderr)
+            sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}\n")
             raise SystemExit(1) from None
         finally:
             with contextlib.suppress(Exception):

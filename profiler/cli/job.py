@@ -106,13 +106,9 @@ def cmd_job(args: argparse.Namespace) -> int:
 def _report(result: Any, args: argparse.Namespace) -> int:
     if result.error:
         say(f"job {result.status}: {result.error}; every rank's store is kept: stallscope report {result.job_dir}")
-    import json
+    from profiler.cli.report import load_job_summary, print_job
 
-    for rank_dir in sorted(Path(result.job_dir).glob("rank-*")):
-        path = rank_dir / "summary.json"
-        if path.exists():
-            d = json.loads(path.read_text())
-            say(f"{rank_dir.name}: {d['throughput_samples_per_s']:.1f} samples/s {d['breakdown_ms_per_step']}")
+    print_job(load_job_summary([str(result.job_dir)], args.baseline)[0], args.json)
     if result.status == "interrupted":
         return exit_signal(result.error.rsplit(" ", 1)[-1] if result.error else None)
     return EXIT_OK if result.status == "complete" else EXIT_FAILED

@@ -132,14 +132,19 @@ def _report_job(args: argparse.Namespace, dirs: list[str]) -> int:
         except (OSError, ValueError) as exc:
             raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
         say(f"wrote {written}")
-    if args.json:
-        print(json.dumps(job_summary.to_dict(), indent=2))
-    else:
-        from profiler.render.job import render_job
-        from profiler.render.report import make_console
-
-        render_job(job_summary, make_console())
+    print_job(job_summary, args.json)
     return EXIT_OK
+
+
+def print_job(job_summary: Any, as_json: bool) -> None:
+    """The job report on stdout (or the job summary JSON alone with ``--json``)."""
+    if as_json:
+        print(json.dumps(job_summary.to_dict(), indent=2))
+        return
+    from profiler.render.job import render_job
+    from profiler.render.report import make_console
+
+    render_job(job_summary, make_console())
 
 
 def _compared(run_dir: str) -> Any:
