@@ -147,7 +147,7 @@ def run_job(job: JobSpec) -> JobResult:
         with _quiet_elastic():
             elastic_launch(config, rank_main)(job)
     except ChildFailedError as exc:
-        exits = rank_exits(exc.failures, t0, job.nproc * job.node_rank, tree.ended())
+        exits = rank_exits(exc.failures, t0, announced_ranks(out), tree.ended())
         status, error = "failed", _failure_line(exits)
     except SignalException as exc:  # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
         status, error = "interrupted", f"stopped by {_signal_name(int(exc.sigval)) or exc.sigval}"
@@ -163,6 +163,7 @@ def _finish(
 ) -> None:
     node.close("complete" if status == "complete" else status, error=error)
     record.update(
+        ranks=sorted(announced_ranks(out).values()),
         status=status,
         ended_at=time.time(),
         rank_exits=exits,
@@ -174,7 +175,6 @@ def _finish(
 
 def _job_record(job: JobSpec, endpoint: str) -> dict[str, Any]:
     run = job.run
-    first = job.nproc * job.node_rank
     return {
         "job_id": job.job_id,
         "nproc_per_node": job.nproc,
@@ -188,7 +188,9 @@ def _job_record(job: JobSpec, endpoint: str) -> dict[str, Any]:
         "device": run.device.label,
         "batch_size": run.batch_size,
         "workers": run.workers,
-        "ranks": list(range(first, first + job.nproc)),
+        # the global ranks c10d's rendezvous gives this node (in the order nodes join, not by --node-rank): known
+        # once the ranks have announced themselves, so filled in at the end
+        "ranks": [],
         "started_at": time.time(),
         "ended_at": None,
         "status": "running",
@@ -223,15 +225,16 @@ def write_job(out: Path, record: dict[str, Any]) -> None:
 
 
 def rank_exits(
-    failures: dict[int, Any], t0: float, first_rank: int, ended: dict[int, float] | None = None
+    failures: dict[int, Any], t0: float, ranks: dict[int, int], ended: dict[int, float] | None = None
 ) -> list[dict[str, Any]]:
     """The elastic agent's failures as job.json's ``rank_exits``, in the order they happened. When a rank ended
     is the node sampler's reading (``ended``: rank -> time.time(), within one sampling period) where it has one,
-    else the agent's timestamp (whole seconds)."""
+    else the agent's timestamp (whole seconds). ``ranks``: pid -> global rank, as the ranks announced; a rank that
+    died before announcing itself is named by its local rank (rank null)."""
     rows = []
     for local_rank, failure in failures.items():
-        code, rank = int(failure.exitcode), first_rank + int(local_rank)
-        seen = (ended or {}).get(rank)
+        code, rank = int(failure.exitcode), ranks.get(int(failure.pid))
+        seen = (ended or {}).get(rank) if rank is not None else None
         rows.append(
             {
                 "rank": rank,
@@ -244,7 +247,7 @@ def rank_exits(
                 "message": str(failure.message)[:500],
             }
         )
-    return sorted(rows, key=lambda r: (r["t_s"], r["rank"]))
+    return sorted(rows, key=lambda r: (r["t_s"], r["local_rank"]))
 
 
 def _signal_name(number: int) -> str | None:
@@ -258,8 +261,9 @@ def _failure_line(exits: list[dict[str, Any]]) -> str:
     if not exits:
         return "a rank failed"
     first = exits[0]
+    who = f"rank {first['rank']}" if first["rank"] is not None else f"local rank {first['local_rank']}"
     how = f"killed by {first['signal']}" if first["signal"] else f"exited with code {first['exitcode']}"
-    return f"rank {first['rank']} {how}; the launcher stopped the other ranks"
+    return f"{who} {how}; the launcher stopped the other ranks"
 
 
 @contextlib.contextmanager
@@ -304,7 +308,8 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
     from profiler.devices import resolve_device
     from profiler.runner import RunStopped, TrainingError, run_scenario
 
-    info = DistInfo.from_env(backend=job.backend, job_id=job.job_id)
+    # node_rank: the node's --node-rank (its directory's name), not c10d's order of arrival (GROUP_RANK)
+    info = replace(DistInfo.from_env(backend=job.backend, job_id=job.job_id), node_rank=job.node_rank)
     device = job.run.device
     if device.kind == "cuda":
         device = resolve_device(f"cuda:{info.local_rank}")

@@ -1,0 +1,226 @@
+"""Multi-rank jobs end to end (`stallscope run SCENARIO --nproc N`): ranks on torch.distributed's elastic launcher
+with gloo, checked against the known costs of tests/data/scenarios/ranks.py (sleeps, timed by the scenario
+itself), plus the launcher's faults (a rank SIGKILLed, Ctrl-C), two nodes on localhost and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope, wait_until
+
+from profiler.ddp import DistInfo
+from profiler.launch import JobError, announced_ranks, job_id_for, parse_endpoint, rank_exits
+from profiler.store import load_run
+
+RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
+STEPS, WARMUP, BATCH = 20, 3, 8
+
+
+def job(out: Path, *extra: str, env: dict[str, str] | None = None, nproc: int = 2) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "profiler", "run", RANKS, "--nproc", str(nproc), "--device", "cpu", "--out", str(out)]
+    return subprocess.run(
+        [*args, "--steps", str(STEPS), "--warmup", str(WARMUP), "--no-live", *extra],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+def job_json(out: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((out / "job.json").read_text())
+    return data
+
+
+def test_injected_straggler_is_named_and_the_others_sync_matches_its_excess(tmp_path: Path) -> None:
+    truth = tmp_path / "truth"
+    res = job(tmp_path / "job", "--json", env={"STALLSCOPE_TEST_STRAGGLER": "1", "STALLSCOPE_TEST_TRUTH": str(truth)})
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    facts = json.loads((truth / "truth-rank1.json").read_text())
+    excess_ms = facts["extra_s"] / facts["items"] * BATCH * 1e3  # the extra sleep rank 1 really slept per step
+    assert 35 < excess_ms < 60  # 8 x 5 ms asked
+    straggler = summary["straggler"]
+    assert straggler is not None and straggler["rank"] == 1 and straggler["others"] == [0]
+    assert straggler["others_sync_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
+    assert straggler["data_wait_excess_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
+    rows = {r["rank"]: r for r in summary["ranks"]}
+    assert rows[0]["sync_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
+    for row in rows.values():  # data wait + h2d + compute + sync + other = the step, within 2%
+        parts = row["breakdown_ms_per_step"]
+        assert sum(parts.values()) == pytest.approx(row["step_time_ms"]["mean"], rel=0.02)
+        assert row["cpu_pct"] is not None  # from the node's sampler
+    record = job_json(tmp_path / "job")
+    assert record["status"] == "complete" and record["ranks"] == [0, 1] and record["rank_exits"] == []
+    assert summary["job"]["world_size"] == 2
+    for rank in (0, 1):  # every rank's store is a run of its own, readable alone
+        meta = load_run(tmp_path / "job" / f"rank-{rank}").meta
+        assert (meta["rank"], meta["world_size"], meta["backend"], meta["status"]) == (rank, 2, "gloo", "complete")
+        assert stallscope("report", str(tmp_path / "job" / f"rank-{rank}")).returncode == 0
+
+
+def test_no_straggler_and_scaling_efficiency_against_a_one_rank_run(tmp_path: Path) -> None:
+    base = stallscope("run", RANKS, "--device", "cpu", "--out", str(tmp_path / "one"), "--steps", str(STEPS),
+                      "--warmup", str(WARMUP), "--no-live", "--json")  # fmt: skip
+    assert base.returncode == 0, base.stderr
+    res = job(tmp_path / "two", "--json", "--baseline", str(tmp_path / "one"))
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["straggler"] is None
+    one = json.loads(base.stdout)["throughput_samples_per_s"]
+    total = sum(r["throughput_samples_per_s"] for r in summary["ranks"])
+    assert summary["throughput_samples_per_s"] == pytest.approx(total)
+    assert summary["scaling_efficiency"]["ratio"] == pytest.approx(total / (2 * one), rel=1e-9)
+    # each rank trained a disjoint half of the data: the same batches per step, half the epoch each
+    assert all(r["status"] == "complete" for r in summary["ranks"])
+
+
+def test_a_sigkilled_rank_ends_the_job_and_every_store_stays_readable(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    res = job(out, env={"STALLSCOPE_TEST_KILL_RANK": "1", "STALLSCOPE_TEST_KILL_AT": "80"})
+    assert res.returncode == 1, res.stderr
+    assert "rank 1 killed by SIGKILL" in res.stderr and "Traceback" not in res.stderr
+    record = job_json(out)
+    first = record["first_failure"]
+    assert record["status"] == "failed" and first["rank"] == 1 and first["signal"] == "SIGKILL"
+    assert first["t_from"] == "node sampler" and 0 < first["t_s"] < time.time() - record["started_at"]
+    killed = load_run(out / "rank-1")  # no summary.json: it was killed; the store is read back
+    assert not (out / "rank-1" / "summary.json").exists() and len(killed.steps) >= 1
+    assert load_run(out / "rank-0").meta["status"] in {"failed", "interrupted"}
+    report = stallscope("report", str(out), "--json")
+    assert report.returncode == 0, report.stderr
+    rows = {r["rank"]: r for r in json.loads(report.stdout)["ranks"]}
+    assert rows[1]["exit"]["signal"] == "SIGKILL"
+
+
+def test_ctrl_c_stops_every_rank_and_keeps_the_stores(tmp_path: Path) -> None:
+    out = tmp_path / "job"
+    args = [sys.executable, "-m", "profiler", "run", RANKS, "--nproc", "2", "--device", "cpu", "--out", str(out),
+            "--steps", "100000", "--no-live"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+    def stepping() -> bool:
+        return all(len(load_run(out / f"rank-{r}").steps) > WARMUP for r in (0, 1) if (out / f"rank-{r}").exists())
+
+    try:
+        assert wait_until(lambda: (out / "rank-1" / "run.sqlite").exists() and stepping(), timeout=180, every=0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert job_json(out)["status"] == "interrupted"
+    for rank in (0, 1):
+        assert load_run(out / f"rank-{rank}").meta["status"] == "interrupted"
+    assert stallscope("report", str(out)).returncode == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_two_nodes_on_localhost_merge_into_one_job(tmp_path: Path) -> None:
+    endpoint = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "profiler", "run", RANKS, "--nproc", "1", "--nnodes", "2", "--node-rank", str(k),
+             "--rdzv-endpoint", endpoint, "--device", "cpu", "--out", str(tmp_path / f"n{k}"), "--steps", "8",
+             "--warmup", "2", "--no-live", "--json"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for k in (0, 1)
+    ]
+    for p in procs:
+        _o, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    ids = {job_json(tmp_path / f"n{k}")["job_id"] for k in (0, 1)}
+    assert len(ids) == 1  # both nodes derived the same job id from what they share
+    assert sorted(r for k in (0, 1) for r in job_json(tmp_path / f"n{k}")["ranks"]) == [0, 1]
+    res = stallscope("report", str(tmp_path / "n0"), str(tmp_path / "n1"), "--json")
+    assert res.returncode == 0, res.stderr
+    merged = json.loads(res.stdout)
+    assert merged["job"]["nnodes"] == 2 and sorted(r["rank"] for r in merged["ranks"]) == [0, 1]
+    assert sorted(r["node_rank"] for r in merged["ranks"]) == [0, 1]
+
+
+def test_ranks_on_a_simulated_device_sync_through_the_modelled_allreduce(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    res = stallscope("run", "mlp-mnist", "--nproc", "2", "--device", "sim:p100", "--steps", "8", "--warmup", "2",
+                     "--out", str(out), "--no-live", "--json")  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["device"]["kind"] == "sim"
+    for rank in (0, 1):
+        run = load_run(out / f"rank-{rank}")
+        syncs = [p for p in run.phases if p.name == "sync" and p.depth == 0]
+        assert len(syncs) == 10 and all(p.dev_end is not None and p.dev_end >= p.dev_start for p in syncs)
+        assert run.meta["device"]["kind"] == "sim"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc", "0"], "--nproc: 0 is out of range: allowed 1..64"),
+        (["--nproc", "2", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (["--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", "host"], "allowed HOST:PORT with a port in 1-65535"),
+        (["--nproc", "1", "--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "allowed 0 to 1"),
+        (["--node-rank", "1"], "need --nproc N"),
+        (["--nproc", "2", "--baseline", "/nonexistent"], "--baseline '/nonexistent' holds no run"),
+    ],
+)
+def test_bad_multi_rank_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    res = stallscope("run", "mlp-mnist", *args)
+    assert res.returncode == 2 and message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_nproc_with_a_zero_code_command_is_refused() -> None:
+    res = stallscope("run", "--nproc", "2", "--", sys.executable, "-c", "pass")
+    assert res.returncode == 2 and "stallscope run -- torchrun" in res.stderr
+
+
+def test_launch_helpers() -> None:
+    assert parse_endpoint("127.0.0.1:29500") == ("127.0.0.1", 29500)
+    with pytest.raises(JobError, match="port in 1-65535"):
+        parse_endpoint("127.0.0.1:70000")
+    assert job_id_for("h:1", "s", 2) == job_id_for("h:1", "s", 2) != job_id_for("h:2", "s", 2)
+    assert job_id_for(None, "s", 1) != job_id_for(None, "s", 1) and job_id_for(None, "s", 1, "mine") == "mine"
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+    info = DistInfo.from_env(backend="gloo", job_id="j", env=env)
+    assert (info.rank, info.world_size, info.local_rank, info.node_rank, info.nnodes) == (3, 4, 1, 1, 2)
+
+    class Failure:
+        def __init__(self, pid: int, code: int, ts: float) -> None:
+            self.pid, self.exitcode, self.timestamp, self.message = pid, code, ts, "m"
+
+    rows = rank_exits({0: Failure(10, 1, 105), 1: Failure(11, -9, 103)}, 100.0, {10: 2, 11: 3}, {3: 102.5})
+    assert [(r["rank"], r["signal"], r["t_s"], r["t_from"]) for r in rows] == [
+        (3, "SIGKILL", 2.5, "node sampler"),
+        (2, None, 5.0, "elastic agent (whole seconds)"),
+    ]
+
+
+def test_ranks_announce_their_pid(tmp_path: Path) -> None:
+    from profiler.launch import announce
+
+    announce(tmp_path / "rank-3")
+    (tmp_path / "rank-4").mkdir()
+    (tmp_path / "rank-4" / "rank.pid").write_text("garbage")
+    assert announced_ranks(tmp_path) == {os.getpid(): 3}
