@@ -1,13 +1,20 @@
 """Terminal tables for figures estimated from py-spy stack samples: the main thread's phases (zero-code runs)
 and where the loader workers' CPU goes (any run with workers). Formats only; every share shows its 95%
-interval and sample count, because these are estimates."""
+interval and sample count, because these are estimates; and the ranks of a job profiled from outside."""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from profiler.analysis.parts import Estimate, LoaderAttribution, PhaseShares, StackEstimate
+
+if TYPE_CHECKING:
+    from profiler.analysis.ranks import ZeroCodeJob
 
 _PHASE_LABEL = {
     "data_wait": "waiting for data (DataLoader / DALI iterator)",
@@ -77,3 +84,59 @@ def attribution_table(att: LoaderAttribution) -> Table:
         t.caption = att.headline
         t.caption_justify = "left"
     return t
+
+
+def rank_table(job: ZeroCodeJob) -> Table:
+    """One row per rank of a zero-code job: the estimated data wait, CPU and the busiest loader frames."""
+    t = Table(
+        title=f"Ranks: {len(job.ranks)} of world size {job.world_size or '?'}, seen from outside "
+        "(estimated from py-spy samples; no step figures)",
+        title_justify="left",
+    )
+    for name in ("rank", "pid", "data wait", "95% interval", "samples", "verdict"):
+        t.add_column(name, justify="left" if name == "verdict" else "right")
+    t.add_column("main CPU", justify="right")
+    t.add_column("workers CPU", justify="right")
+    t.add_column("top loader frames (share of busy worker samples)", style="dim")
+    for r in job.ranks:
+        dw = r.data_wait
+        o = r.estimate.overall
+        share, interval = _pct(dw) if dw else ("n/a", "")
+        top = ", ".join(f"{f} {x:.0%}" for _c, f, x in r.top_loader_frames(2)) or "no worker samples"
+        t.add_row(
+            str(r.rank),
+            str(r.pid),
+            share,
+            interval,
+            str(o.samples if o else 0),
+            r.verdict,
+            _cpu(r.main_cpu_pct),
+            f"{_cpu(r.workers_cpu_pct)} over {r.workers}",
+            top,
+        )
+    lines = [job.straggler_evidence() or "no rank's data wait stands apart from the others' (95% intervals overlap)"]
+    lines.append(f"{job.input_bound_ranks} of {len(job.ranks)} ranks input-bound (estimated stall >= 5%)")
+    lines.append(
+        "CPU: psutil means, 100% = one core. Not measured from outside: throughput, step time, data wait in "
+        "ms, sync (instrument with `stallscope run SCENARIO --nproc N`)"
+    )
+    t.caption = "\n".join(lines)
+    t.caption_justify = "left"
+    return t
+
+
+def render_job(job: ZeroCodeJob, console: Console) -> None:
+    """The ranks table of a zero-code job, with what the report above means for a launcher."""
+    console.print(rank_table(job))
+    if job.launcher_pid is not None:
+        console.print(
+            Text(
+                f"note: in the report above, 'main' CPU is the launcher (pid {job.launcher_pid}) and its 'workers' "
+                "are every process under it; the main-thread estimate and the loader attribution pool every rank",
+                style="yellow",
+            )
+        )
+
+
+def _cpu(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0f}%"
