@@ -95,7 +95,8 @@ class RankRow:
             "status": None,  # a rank is the launcher's child, not ours: its exit is not seen
             **dict.fromkeys(_STEP_KEYS),
             "stall_fraction": self.stall_fraction,
-            "data_wait_fraction": dw.to_dict() if dw else None,
+            "data_wait_fraction": dw.to_dict() if dw else None,  # its "samples": those in the loader
+            "main_thread_samples": self.estimate.overall.samples if self.estimate.overall else 0,
             "verdict": self.verdict,
             "cpu_pct": self.cpu_pct,
             "main_cpu_pct": self.main_cpu_pct,

@@ -89,40 +89,37 @@ def attribution_table(att: LoaderAttribution) -> Table:
 def rank_table(job: ZeroCodeJob) -> Table:
     """One row per rank of a zero-code job: the estimated data wait, CPU and the busiest loader frames."""
     t = Table(
-        title=f"Ranks: {len(job.ranks)} of world size {job.world_size or '?'}, seen from outside "
-        "(estimated from py-spy samples; no step figures)",
+        title=f"Ranks ({len(job.ranks)} of world size {job.world_size or '?'}), seen from outside: data wait "
+        "estimated from py-spy samples, no step figures",
         title_justify="left",
     )
-    for name in ("rank", "pid", "data wait", "95% interval", "samples", "verdict"):
-        t.add_column(name, justify="left" if name == "verdict" else "right")
-    t.add_column("main CPU", justify="right")
-    t.add_column("workers CPU", justify="right")
-    t.add_column("top loader frames (share of busy worker samples)", style="dim")
+    t.add_column("rank", justify="right")
+    t.add_column("pid", justify="right")
+    t.add_column("data wait (95%)", justify="right")
+    t.add_column("samples", justify="right")
+    t.add_column("verdict")
+    t.add_column("CPU main / workers", justify="right")
+    t.add_column("top loader frames (of busy worker samples)", style="dim")
     for r in job.ranks:
-        dw = r.data_wait
-        o = r.estimate.overall
-        share, interval = _pct(dw) if dw else ("n/a", "")
-        top = ", ".join(f"{f} {x:.0%}" for _c, f, x in r.top_loader_frames(2)) or "no worker samples"
-        t.add_row(
-            str(r.rank),
-            str(r.pid),
-            share,
-            interval,
-            str(o.samples if o else 0),
-            r.verdict,
-            _cpu(r.main_cpu_pct),
-            f"{_cpu(r.workers_cpu_pct)} over {r.workers}",
-            top,
-        )
+        dw, o = r.data_wait, r.estimate.overall
+        wait = f"{dw.fraction:.0%} ({dw.low:.0%}-{dw.high:.0%})" if dw else "n/a"
+        top = ", ".join(f"{_bare(f)} {x:.0%}" for _c, f, x in r.top_loader_frames(2)) or "no worker samples"
+        cpu = f"{_cpu(r.main_cpu_pct)} / {_cpu(r.workers_cpu_pct)} ({r.workers})"
+        t.add_row(str(r.rank), str(r.pid), wait, str(o.samples if o else 0), r.verdict.split(":")[0], cpu, top)
     lines = [job.straggler_evidence() or "no rank's data wait stands apart from the others' (95% intervals overlap)"]
     lines.append(f"{job.input_bound_ranks} of {len(job.ranks)} ranks input-bound (estimated stall >= 5%)")
     lines.append(
-        "CPU: psutil means, 100% = one core. Not measured from outside: throughput, step time, data wait in "
-        "ms, sync (instrument with `stallscope run SCENARIO --nproc N`)"
+        "CPU: psutil means, 100% = one core, (n) worker processes. Not measured from outside: throughput, step "
+        "time, data wait in ms, sync (instrument with `stallscope run SCENARIO --nproc N`)"
     )
     t.caption = "\n".join(lines)
     t.caption_justify = "left"
     return t
+
+
+def _bare(function: str) -> str:
+    """``Items.__getitem__ (train.py)`` -> ``Items.__getitem__``: the table is narrow, the JSON has the file."""
+    return function.split(" (", 1)[0]
 
 
 def render_job(job: ZeroCodeJob, console: Console) -> None:

@@ -32,7 +32,8 @@ def slow_read(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def augment(x: np.ndarray) -> np.ndarray:
+def augment(i: int) -> np.ndarray:
+    x = np.random.default_rng(i).standard_normal(32768).astype(np.float32)
     for _ in range(4):
         x = np.sqrt(np.abs(x * 1.0001 + 0.5))
     return x
@@ -48,7 +49,7 @@ class Items(Dataset[tuple[torch.Tensor, int]]):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if self.sleep_s:
             slow_read(self.sleep_s)
-        x = augment(np.random.default_rng(i).standard_normal(32768).astype(np.float32))
+        x = augment(i)
         return torch.from_numpy(x[:64].copy()), i % 4
 
 
