@@ -20,7 +20,9 @@ import pytest
 from conftest import ROOT, stallscope
 from rich.console import Console
 
+from profiler.analysis import summarize
 from profiler.analysis.ranks import zero_code_job
+from profiler.render.html import write_html
 from profiler.render.sampled import render_job
 from profiler.store import load_run
 
@@ -116,3 +118,6 @@ def test_the_ranks_table_is_rebuilt_from_the_store(job: dict[str, Any]) -> None:
     assert "Ranks (2 of world size 2)" in text and "no step figures" in text
     assert "rank 1's main thread waited for data an estimated" in text
     assert "slow_read" in text and "augment" in text
+    rec = load_run(job["out"])
+    page = write_html(summarize(rec), rec, job["out"] / "report.html").read_text()
+    assert '<section id="ranks">' in page and 'data-rank="1"' in page and "slow_read" in page

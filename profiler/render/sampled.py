@@ -97,7 +97,7 @@ def rank_table(job: ZeroCodeJob) -> Table:
     t.add_column("pid", justify="right")
     t.add_column("data wait (95%)", justify="right")
     t.add_column("samples", justify="right")
-    t.add_column("verdict")
+    t.add_column("input-bound")
     t.add_column("CPU main / workers", justify="right")
     t.add_column("top loader frames (of busy worker samples)", style="dim")
     for r in job.ranks:
@@ -105,7 +105,7 @@ def rank_table(job: ZeroCodeJob) -> Table:
         wait = f"{dw.fraction:.0%} ({dw.low:.0%}-{dw.high:.0%})" if dw else "n/a"
         top = ", ".join(f"{_bare(f)} {x:.0%}" for _c, f, x in r.top_loader_frames(2)) or "no worker samples"
         cpu = f"{_cpu(r.main_cpu_pct)} / {_cpu(r.workers_cpu_pct)} ({r.workers})"
-        t.add_row(str(r.rank), str(r.pid), wait, str(o.samples if o else 0), r.verdict.split(":")[0], cpu, top)
+        t.add_row(str(r.rank), str(r.pid), wait, str(o.samples if o else 0), _bound(r.verdict), cpu, top)
     lines = [job.straggler_evidence() or "no rank's data wait stands apart from the others' (95% intervals overlap)"]
     lines.append(f"{job.input_bound_ranks} of {len(job.ranks)} ranks input-bound (estimated stall >= 5%)")
     lines.append(
@@ -115,6 +115,12 @@ def rank_table(job: ZeroCodeJob) -> Table:
     t.caption = "\n".join(lines)
     t.caption_justify = "left"
     return t
+
+
+def _bound(verdict: str) -> str:
+    """The verdict in one word: ``highly input-bound`` -> ``highly``, ``not input-bound`` -> ``no``."""
+    word = verdict.split(maxsplit=1)[0]
+    return {"not": "no", "unknown:": "n/a"}.get(word, word)
 
 
 def _bare(function: str) -> str:
