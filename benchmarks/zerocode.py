@@ -5,7 +5,10 @@ with alternating order; the figure is the median of the per-pair throughput rati
 The throughput is the script's own: steps / the seconds its training loop took (it writes both with --truth),
 so start-up and the profiler's attach time are not counted against either side.
 
-Run: ``.venv/bin/python benchmarks/zerocode.py [--pairs 5] [--steps 120] [--rate 10]``.
+With ``--nproc 2`` the script runs under torchrun as 2 DDP ranks (each with its 2 workers), profiled through
+the launcher (every rank and worker under one py-spy, plus the ranks source); rank 0's steps/s is the job's.
+
+Run: ``.venv/bin/python benchmarks/zerocode.py [--pairs 5] [--steps 120] [--rate 10] [--nproc 1]``.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "train.py")
 
 
-def one(steps: int, profiled: bool, rate: int, tmp: Path, tag: str) -> float:
-    truth = tmp / f"{tag}.json"
-    script = [sys.executable, EXAMPLE, "--steps", str(steps), "--workers", "2", "--truth", str(truth)]
+def one(steps: int, profiled: bool, rate: int, tmp: Path, tag: str, *, nproc: int = 1) -> float:
+    truth = tmp / f"{tag}-rank{{rank}}.json"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else []
+    script = [*launch, *([] if launch else [sys.executable]), EXAMPLE, "--steps", str(steps), "--workers", "2",
+              "--truth", str(truth)]  # fmt: skip
     if profiled:
         cmd = [sys.executable, "-m", "profiler", "run", "--no-live", "--json", "--pyspy-rate", str(rate),
                "--out", str(tmp / tag), "--", *script]  # fmt: skip
@@ -33,7 +38,7 @@ def one(steps: int, profiled: bool, rate: int, tmp: Path, tag: str) -> float:
         cmd = script
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    got = json.loads(truth.read_text())
+    got = json.loads(Path(str(truth).format(rank=0)).read_text())
     return float(got["steps"] / got["seconds"])
 
 
@@ -42,13 +47,14 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--rate", type=int, default=10)
+    ap.add_argument("--nproc", type=int, default=1, help="ranks under torchrun (1: a plain process)")
     args = ap.parse_args()
     ratios = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for i in range(args.pairs):
             order = (False, True) if i % 2 == 0 else (True, False)
-            got = {p: one(args.steps, p, args.rate, tmp, f"{i}{'p' if p else 'b'}") for p in order}
+            got = {p: one(args.steps, p, args.rate, tmp, f"{i}{'p' if p else 'b'}", nproc=args.nproc) for p in order}
             ratios.append(got[True] / got[False])
             print(
                 f"  pair {i + 1}: alone {got[False]:.2f} steps/s, profiled {got[True]:.2f} steps/s, "

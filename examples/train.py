@@ -1,6 +1,9 @@
 """A plain PyTorch training script, with no stallscope code in it, to try zero-code profiling on:
 
     stallscope run -- python examples/train.py --workers 2 --steps 200
+    stallscope run -- torchrun --nproc-per-node 2 examples/train.py --steps 60
+
+Under torchrun (WORLD_SIZE set) it trains data-parallel: gloo, a DistributedSampler, DistributedDataParallel.
 
 Its Dataset decodes a JPEG and augments it per item (the usual CPU-bound input pipeline) and its loop
 times its own data wait, which it prints at the end (and writes with --truth FILE): the ground truth the
@@ -12,10 +15,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from PIL import Image
 from torch import nn
 from torchvision.transforms import v2
@@ -69,14 +74,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--image-size", type=int, default=320)
     ap.add_argument("--crop", type=int, default=64)
-    ap.add_argument("--truth", help="write the loop's own measured data-wait fraction to this JSON file")
+    ap.add_argument("--truth", help="write the loop's own data-wait fraction to this JSON file ({rank}: the rank)")
     args = ap.parse_args()
     torch.manual_seed(0)
+    distributed = "WORLD_SIZE" in os.environ  # started by torchrun
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    data = JpegDataset(make_jpegs(64, args.image_size), args.crop)
+    sampler = torch.utils.data.DistributedSampler(data) if distributed else None
     loader = torch.utils.data.DataLoader(
-        JpegDataset(make_jpegs(64, args.image_size), args.crop),
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        shuffle=True,
+        data, batch_size=args.batch_size, num_workers=args.workers, shuffle=sampler is None, sampler=sampler
     )
     model = nn.Sequential(
         nn.Conv2d(3, 32, 3, padding=1),
@@ -88,6 +96,8 @@ def main() -> None:
         nn.Flatten(),
         nn.Linear(64, 10),
     )
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     wait = 0.0
     start = time.perf_counter()
@@ -100,13 +110,16 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step % 50 == 0:
+        if step % 50 == 0 and rank == 0:
             print(f"step {step} loss {loss.item():.3f}", flush=True)
     total = time.perf_counter() - start
-    print(f"data wait fraction (measured by the script itself): {wait / total:.3f} over {total:.1f} s")
+    who = f"rank {rank} " if distributed else ""
+    print(f"{who}data wait fraction (measured by the script itself): {wait / total:.3f} over {total:.1f} s")
     if args.truth:
-        with open(args.truth, "w") as fh:
+        with open(args.truth.format(rank=rank), "w") as fh:
             json.dump({"data_wait_fraction": wait / total, "seconds": total, "steps": args.steps}, fh)
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -114,14 +114,14 @@ def run_job(job: JobSpec) -> JobResult:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from profiler.recording import Recording
-    from profiler.sources.ranks import RankTreeSource
+    from profiler.sources.ranks import RankSource
 
     out = Path(job.run.out)
     out.mkdir(parents=True, exist_ok=True)
     endpoint = job.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     record = _job_record(job, endpoint)
     write_job(out, record)
-    tree = RankTreeSource(os.getpid(), announced=lambda: announced_ranks(out))
+    tree = RankSource(os.getpid(), refresh_s=0.5, announced=lambda: announced_ranks(out))
     node = Recording(
         out / f"node-{job.node_rank}",
         meta={"job_id": job.job_id, "node_rank": job.node_rank, "role": "node sampler", "scenario": None},

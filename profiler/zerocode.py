@@ -12,12 +12,13 @@ the reason and its fix in the store and on stderr. The store is closed whatever 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -25,9 +26,11 @@ from profiler.feeds import Monitor, StoreFeed
 from profiler.pyspy import DEFAULT_RATE
 from profiler.recording import Recording, default_sources, log_warning
 from profiler.session import Interrupted
+from profiler.sources.ranks import RankSource
 from profiler.store import pid_alive
 
 if TYPE_CHECKING:
+    from profiler.analysis.ranks import ZeroCodeJob
     from profiler.analysis.summary import Summary
 
 
@@ -38,6 +41,7 @@ class ZeroCodeResult:
     pyspy_problem: str | None
     status: str
     summary: Summary | None  # built once at close (None only if it could not be built)
+    job: ZeroCodeJob | None = None  # the ranks, when the command was a launcher (torchrun) of several
 
 
 def profile_external(
@@ -59,9 +63,16 @@ def profile_external(
     child = _start(command, child_stdout) if command is not None else None
     target = child.pid if child is not None else pid
     assert target is not None
+    # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
+    ranks = RankSource(target)
     rec = Recording(
-        out, meta=_meta(command, target, pyspy_rate), sample_hz=sample_hz, sources=default_sources(target), warn=warn
+        out,
+        meta=_meta(command, target, pyspy_rate),
+        sample_hz=sample_hz,
+        sources=[*default_sources(target), ranks],
+        warn=warn,
     )
+    note_ranks = _RankNotes(rec, ranks)
     exit_code: int | None = None
     status, error = "complete", None
     try:
@@ -73,7 +84,7 @@ def profile_external(
             unavailable="{problem}; the run goes on with the host and NVML sampler only",
         )
         with monitor(StoreFeed(out)) if monitor else nullcontext():
-            exit_code = _wait(child, target, duration_s)
+            exit_code = _wait(child, target, duration_s, note_ranks)
         if exit_code:
             status, error = "failed", f"the command exited with code {exit_code}"
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -81,8 +92,22 @@ def profile_external(
         if child is not None:
             exit_code = _reap(child)
     finally:
+        note_ranks()
         summary = rec.close(status, error, command_exit_code=exit_code)
-    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary)
+    job = _job(rec, summary)
+    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job)
+
+
+def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
+    """The job view of a run that found ranks; its keys join summary.json (the single-run keys stay as they are)."""
+    from profiler.analysis.ranks import zero_code_job
+
+    if rec.store is None or summary is None:
+        return None
+    job = zero_code_job(rec.store.record())
+    if job is not None:
+        (rec.out_dir / "summary.json").write_text(json.dumps(job.summary_dict(summary), indent=2) + "\n")
+    return job
 
 
 def _start(command: list[str], child_stdout: IO[Any] | int | None) -> subprocess.Popen[bytes]:
@@ -95,7 +120,7 @@ def _start(command: list[str], child_stdout: IO[Any] | int | None) -> subprocess
 def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, Any]:
     return {
         "mode": "zero-code",
-        "scenario": Path(command[1]).name if command and len(command) > 1 else f"pid {pid}",
+        "scenario": _script_name(command) if command and len(command) > 1 else f"pid {pid}",
         "command": command,
         "target_pid": pid,
         "pyspy_rate": pyspy_rate,
@@ -103,6 +128,12 @@ def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, Any
         "cpu_count": os.cpu_count(),
         "device": {"kind": "unknown", "name": "chosen by the profiled program", "torch_device": "?"},
     }
+
+
+def _script_name(command: list[str]) -> str:
+    """The first ``.py`` argument's name (``torchrun --nproc-per-node 2 train.py`` -> ``train.py``), else the
+    first argument's."""
+    return next((Path(a).name for a in command[1:] if a.endswith(".py")), Path(command[1]).name)
 
 
 def _copy_sites(command: list[str] | None) -> list[list[Any]]:
@@ -120,9 +151,27 @@ def _copy_sites(command: list[str] | None) -> list[list[Any]]:
     return [list(s) for s in sorted(sites)]
 
 
-def _wait(child: subprocess.Popen[bytes] | None, pid: int, duration_s: float | None) -> int | None:
+@dataclass
+class _RankNotes:
+    """Keeps the ranks seen so far in the run's meta (``ranks``) as they appear, so a killed run has them."""
+
+    rec: Recording
+    source: RankSource
+    written: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self) -> None:
+        found = [r.to_meta() for r in self.source.ranks()]
+        if found and found != self.written:
+            self.rec.annotate(ranks=found)
+            self.written = found
+
+
+def _wait(
+    child: subprocess.Popen[bytes] | None, pid: int, duration_s: float | None, tick: Callable[[], None]
+) -> int | None:
     deadline = None if duration_s is None else time.monotonic() + duration_s
     while True:
+        tick()
         if child is not None:
             code = child.poll()
             if code is not None:

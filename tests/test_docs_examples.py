@@ -27,9 +27,10 @@ The convention (the docs follow it; ``test_docs_follow_the_convention`` enforces
 
 Commands run in document order with bash, in one fresh directory per doc file, in which ``examples/``, the
 recorded runs and scenarios of ``tests/data/`` and every ``write=`` file are present. ``stallscope`` is this
-checkout's ``python -m profiler`` and ``python`` this interpreter. ``$STALLSCOPE_DATA`` is one directory
-for the session, so a default data set is generated once. A command selected alone (``-k``) first runs the
-commands above it in its doc, since they make what it reads (``report runs/x`` after ``run --out runs/x``).
+checkout's ``python -m profiler``, ``python`` this interpreter and ``torchrun`` its ``-m torch.distributed.run``.
+``$STALLSCOPE_DATA`` is one directory for the session, so a default data set is generated once. A command
+selected alone (``-k``) first runs the commands above it in its doc, since they make what it reads
+(``report runs/x`` after ``run --out runs/x``).
 """
 
 from __future__ import annotations
@@ -392,7 +393,12 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     root = tmp_path_factory.mktemp("docs-examples")
     shims = root / "bin"
     shims.mkdir()
-    for name, argv in (("stallscope", f'"{sys.executable}" -m profiler'), ("python", f'"{sys.executable}"')):
+    shimmed = (
+        ("stallscope", f'"{sys.executable}" -m profiler'),
+        ("python", f'"{sys.executable}"'),
+        ("torchrun", f'"{sys.executable}" -m torch.distributed.run'),
+    )
+    for name, argv in shimmed:
         shim = shims / name
         shim.write_text(f'#!/bin/sh\nexec {argv} "$@"\n')
         shim.chmod(0o755)

@@ -9,10 +9,14 @@ an estimate and says how good one.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from profiler.analysis.attribution import (
     CATEGORIES,
     PHASES,
+    PhaseEstimate,
     PhaseFractions,
     Share,
     WorkerAttribution,
@@ -20,6 +24,7 @@ from profiler.analysis.attribution import (
     classify_main,
     classify_main_sample,
     headline,
+    share,
 )
 from profiler.analysis.parts import (
     CategoryShare,
@@ -69,19 +74,97 @@ def parse_stacks(text: str) -> tuple[list[StackSample], StackParse]:
     return samples, stats
 
 
+@dataclass(frozen=True, slots=True)
+class RankStacks:
+    """One rank's figures from the stacks of its process and the processes under it (its loader workers)."""
+
+    rank: int
+    pid: int
+    estimate: StackEstimate
+    attribution: LoaderAttribution | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    samples: list[StackSample]
+    stats: StackParse
+    rate: float
+    root_pid: int | None
+    sites: list[tuple[str, int]]
+
+
+def _parsed(rec: RunRecord) -> _Parsed:
+    meta = rec.meta
+    root = meta.get("target_pid") or meta.get("pid")
+    samples, stats = parse_stacks(rec.stacks_text or "")
+    return _Parsed(
+        samples,
+        stats,
+        float(meta.get("pyspy_rate") or 10),
+        int(root) if isinstance(root, int) else None,
+        [(str(f), int(ln)) for f, ln in meta.get("h2d_sites") or []],
+    )
+
+
+def rank_pids(meta: dict[str, Any]) -> list[tuple[int, int]]:
+    """(rank, pid) of every rank process a zero-code run found under its target (meta ``ranks``), by rank."""
+    out = []
+    for r in meta.get("ranks") or []:
+        if isinstance(r, dict) and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int):
+            out.append((int(r["rank"]), int(r["pid"])))
+    return sorted(out)
+
+
+def of_process(samples: list[StackSample], pid: int) -> list[StackSample]:
+    """The samples of process ``pid`` and of every process py-spy saw under it."""
+    return [s for s in samples if s.pid == pid or pid in s.parent_pids]
+
+
 def stack_estimates(rec: RunRecord) -> tuple[StackEstimate | None, LoaderAttribution | None]:
-    """(main-thread phase estimate, worker attribution) from the run's py-spy stacks; (None, None) without."""
+    """(main-thread phase estimate, worker attribution) from the run's py-spy stacks; (None, None) without.
+
+    A job of several ranks (meta ``ranks``): the estimate pools every rank's main thread (each rank's own is
+    :func:`rank_stacks`'), and the attribution covers every rank's workers; the launcher itself is no rank.
+    """
     if not rec.stacks_text:
         return None, None
-    meta = rec.meta
-    rate = float(meta.get("pyspy_rate") or 10)
-    root = meta.get("target_pid") or meta.get("pid")
-    root_pid = int(root) if isinstance(root, int) else None
-    samples, stats = parse_stacks(rec.stacks_text)
-    if not samples:
-        return StackEstimate(stats, note="py-spy recorded no usable samples"), None
+    p = _parsed(rec)
+    if not p.samples:
+        return StackEstimate(p.stats, note="py-spy recorded no usable samples"), None
+    ranks = rank_pids(rec.meta)
+    if not ranks:
+        main, att, _ = _estimate(p.samples, p, p.root_pid)
+        return main, att
+    per = [_estimate(of_process(p.samples, pid), p, pid) for _rank, pid in ranks]
+    mine = [s for _r, pid in ranks for s in of_process(p.samples, pid)]
+    workers = attribute_workers(mine, root_pid=p.root_pid, rate_hz=p.rate)
+    pooled = _pooled([e for e, _a, _p in per], [f for _e, _a, f in per], [r for r, _ in ranks], p)
+    return pooled, _attribution(workers) if workers.worker_pids else None
+
+
+def rank_stacks(rec: RunRecord) -> list[RankStacks]:
+    """Each rank's estimate and worker attribution (empty unless the run found ranks, see :func:`rank_pids`)."""
+    ranks = rank_pids(rec.meta)
+    if not ranks or not rec.stacks_text:
+        return []
+    p = _parsed(rec)
+    out = []
+    for rank, pid in ranks:
+        mine = of_process(p.samples, pid)
+        if not mine:
+            out.append(RankStacks(rank, pid, StackEstimate(p.stats, note=f"py-spy has no sample of pid {pid}"), None))
+            continue
+        est, att, _ = _estimate(mine, p, pid)
+        out.append(RankStacks(rank, pid, est, att))
+    return out
+
+
+def _estimate(
+    samples: list[StackSample], p: _Parsed, root_pid: int | None
+) -> tuple[StackEstimate, LoaderAttribution | None, PhaseEstimate]:
+    """The main-thread estimate and worker attribution of one process (``root_pid``) and those under it."""
+    rate, sites = p.rate, p.sites
     ordered = all(s.order is not None for s in samples)
-    sites = [(str(f), int(ln)) for f, ln in meta.get("h2d_sites") or []]
     trimmed = 0
     if ordered:
         samples, trimmed = _training_span(samples, root_pid, sites)
@@ -93,7 +176,7 @@ def stack_estimates(rec: RunRecord) -> tuple[StackEstimate | None, LoaderAttribu
         else ()
     )
     main = StackEstimate(
-        stats,
+        p.stats,
         overall=_fractions(est.overall),
         method=f"py-spy stack samples of the main thread at {rate:g} Hz (--idle, --nonblocking); "
         "fractions with Wilson 95% intervals",
@@ -105,7 +188,40 @@ def stack_estimates(rec: RunRecord) -> tuple[StackEstimate | None, LoaderAttribu
         notes=tuple(est.notes),
     )
     att = attribute_workers(samples, root_pid=root_pid, rate_hz=rate)
-    return main, _attribution(att) if att.worker_pids else None
+    return main, _attribution(att) if att.worker_pids else None, est
+
+
+def _pool(parts: Sequence[PhaseFractions], rate: float) -> PhaseFractions:
+    counts = {ph: sum(f.shares[ph].count for f in parts) for ph in PHASES}
+    n = sum(counts.values())
+    excluded = sum(f.excluded for f in parts)
+    return PhaseFractions(n, excluded, (n + excluded) / rate, {ph: share(counts[ph], n) for ph in PHASES})
+
+
+def _pooled(ests: list[StackEstimate], phases: list[PhaseEstimate], ranks: list[int], p: _Parsed) -> StackEstimate:
+    """One estimate for a job: every rank's main-thread samples counted together (so about the mean over ranks
+    when they ran for as long), windows pooled by index."""
+    width = max((len(e.windows) for e in phases), default=0)
+    pooled_windows = [_pool([e.windows[i] for e in phases if i < len(e.windows)], p.rate) for i in range(width)]
+    ordered = any(e.windows for e in ests)
+    notes = [n for e in ests for n in e.notes]
+    notes.append(f"pooled over the main threads of ranks {', '.join(map(str, ranks))}; each rank's own is in `ranks`")
+    return StackEstimate(
+        p.stats,
+        overall=_fractions(_pool([e.overall for e in phases], p.rate)),
+        method=f"py-spy stack samples of each rank's main thread at {p.rate:g} Hz (--idle, --nonblocking), "
+        "pooled over ranks; fractions with Wilson 95% intervals",
+        rate_hz=p.rate,
+        windows=tuple(
+            StackWindow(i * WINDOW_S, (i + 1) * WINDOW_S, _fractions(w)) for i, w in enumerate(pooled_windows) if w.n
+        )
+        if ordered
+        else (),
+        main_thread_rule=", ".join(sorted({e.main_thread_rule for e in ests})),
+        trimmed_outside_training=sum(e.trimmed_outside_training for e in ests),
+        pin_memory_thread_samples=sum(e.pin_memory_thread_samples for e in ests),
+        notes=tuple(dict.fromkeys(notes)),
+    )
 
 
 def _training_span(

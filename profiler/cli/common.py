@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from profiler.sampler import MAX_HZ
 
 if TYPE_CHECKING:
+    from profiler.analysis.ranks import ZeroCodeJob
     from profiler.analysis.summary import Summary
     from profiler.feeds import Monitor
     from profiler.runner import RunConfig
@@ -279,17 +280,25 @@ def default_data(scenario: Any) -> Path:
         raise BadInput(str(exc)) from None
 
 
-def print_summary(summary: Summary, as_json: bool) -> None:
-    """The report on stdout (or the summary JSON alone with ``--json``)."""
+def print_summary(summary: Summary, as_json: bool, job: ZeroCodeJob | None = None) -> None:
+    """The report on stdout (or the summary JSON alone with ``--json``); ``job``: a zero-code job's ranks,
+    whose keys join the JSON and whose table follows the report."""
     if as_json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        print(json.dumps(job.summary_dict(summary) if job else summary.to_dict(), indent=2))
         return
     from profiler.render.report import make_console, render_report
 
-    render_report(summary, make_console())
+    console = make_console()
+    render_report(summary, console)
+    if job is not None:
+        from profiler.render.sampled import render_job
+
+        render_job(job, console)
 
 
-def report_outcome(summary: Summary | None, run_dir: Path, as_json: bool, code: int) -> int:
+def report_outcome(
+    summary: Summary | None, run_dir: Path, as_json: bool, code: int, job: ZeroCodeJob | None = None
+) -> int:
     """Print the Summary a run built at close; ``code`` stays the exit code. Without one (it could not be
     built: the error was logged), say where the store is."""
     if summary is None:
@@ -300,7 +309,7 @@ def report_outcome(summary: Summary | None, run_dir: Path, as_json: bool, code: 
         else:
             say("nothing was recorded: the run stopped before its store was created")
         return code if code != EXIT_OK else EXIT_FAILED
-    print_summary(summary, as_json)
+    print_summary(summary, as_json, job)
     return code
 
 

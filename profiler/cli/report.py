@@ -115,7 +115,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
         say(f"wrote {written}")
-    print_summary(summary, args.json)
+    from profiler.analysis.ranks import zero_code_job
+
+    print_summary(summary, args.json, zero_code_job(rec))
     return EXIT_OK
 
 

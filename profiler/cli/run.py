@@ -181,7 +181,7 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
     if result.exit_code:
         say(f"the command exited with code {result.exit_code}; report of what was measured follows")
     code = EXIT_FAILED if result.exit_code else exit_signal(None) if result.status == "interrupted" else EXIT_OK
-    return report_outcome(result.summary, out, args.json, code)
+    return report_outcome(result.summary, out, args.json, code, result.job)
 
 
 def cmd_run_command(args: argparse.Namespace) -> int:

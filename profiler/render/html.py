@@ -26,6 +26,7 @@ from typing import Any
 from profiler.analysis import Summary
 from profiler.analysis.job import JobSummary
 from profiler.analysis.parts import STACK_PHASES, Estimate
+from profiler.analysis.ranks import NOT_MEASURED, ZeroCodeJob, zero_code_job
 from profiler.analysis.timeline import Series, Timeline, build_timeline
 from profiler.render.figures import (
     breakdown_title,
@@ -382,8 +383,39 @@ def _plots(s: Summary, tl: Timeline) -> str:
     )
 
 
-def render_html(summary: Summary, timeline: Timeline, *, title: str | None = None) -> str:
-    """The whole report as one HTML document (str)."""
+def _ranks(job: ZeroCodeJob | None) -> str:
+    """A zero-code job's ranks: each rank's estimated data wait, CPU and busiest loader frames."""
+    if job is None:
+        return ""
+    head = (
+        "<thead><tr><th>rank</th><th>pid</th><th>data wait (estimated)</th><th>95% interval</th>"
+        "<th>main-thread samples</th><th>verdict</th><th>main CPU</th><th>workers CPU</th>"
+        "<th>top loader frames</th></tr></thead>"
+    )
+    rows = "".join(
+        f'<tr data-rank="{r.rank}"><th>{r.rank}</th><td class="num">{r.pid}</td>'
+        f'<td class="num">{_e(_pct(r.data_wait.fraction if r.data_wait else math.nan))}</td>'
+        f'<td class="num">{_e(_pct(r.data_wait.low) + "-" + _pct(r.data_wait.high) if r.data_wait else "")}</td>'
+        f'<td class="num">{r.estimate.overall.samples if r.estimate.overall else 0}</td><td>{_e(r.verdict)}</td>'
+        f'<td class="num">{_e(_num(r.main_cpu_pct, "{:.0f}", "%"))}</td>'
+        f'<td class="num">{_e(_num(r.workers_cpu_pct, "{:.0f}", "%"))} over {r.workers}</td>'
+        f'<td class="src">{_e(", ".join(f"{f} {x:.0%}" for _c, f, x in r.top_loader_frames()))}</td></tr>'
+        for r in job.ranks
+    )
+    evidence = job.straggler_evidence() or "No rank's data wait stands apart from the others' (intervals overlap)."
+    return _section(
+        "ranks",
+        f"Ranks ({len(job.ranks)} of world size {job.world_size or '?'}), seen from outside",
+        f'<table class="grid">{head}<tbody>{rows}</tbody></table><p>{_e(evidence)}</p>'
+        f'<p class="muted">{_e(NOT_MEASURED)}. CPU: psutil means, 100% = one core. The main-thread estimate and '
+        "loader attribution above pool every rank; the host 'main' CPU is the launcher's.</p>",
+    )
+
+
+def render_html(
+    summary: Summary, timeline: Timeline, *, title: str | None = None, job: ZeroCodeJob | None = None
+) -> str:
+    """The whole report as one HTML document (str); ``job``: a zero-code job's ranks (a section of their own)."""
     s = summary
     # a tab title that already says a run did not finish
     title = title or f"stallscope report: {s.scenario or 'run'}" + ("" if s.status == "complete" else f" [{s.status}]")
@@ -392,6 +424,7 @@ def render_html(summary: Summary, timeline: Timeline, *, title: str | None = Non
         + _verdict(s)
         + _figures(s)
         + ("" if s.mode == "zero-code" else _breakdown(s))
+        + _ranks(job)
         + _sampled(s)
         + _recommendations(s)
         + _plots(s, timeline)
@@ -426,7 +459,7 @@ def write_html(summary: Summary, rec: RunRecord, path: str | os.PathLike[str]) -
     """
     target = Path(path)
     _check_target(target)
-    return _write(render_html(summary, build_timeline(rec)), target)
+    return _write(render_html(summary, build_timeline(rec), job=zero_code_job(rec)), target)
 
 
 def _write(text: str, target: Path) -> Path:

@@ -1,13 +1,20 @@
 """Terminal tables for figures estimated from py-spy stack samples: the main thread's phases (zero-code runs)
 and where the loader workers' CPU goes (any run with workers). Formats only; every share shows its 95%
-interval and sample count, because these are estimates."""
+interval and sample count, because these are estimates; and the ranks of a job profiled from outside."""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from profiler.analysis.parts import Estimate, LoaderAttribution, PhaseShares, StackEstimate
+
+if TYPE_CHECKING:
+    from profiler.analysis.ranks import ZeroCodeJob
 
 _PHASE_LABEL = {
     "data_wait": "waiting for data (DataLoader / DALI iterator)",
@@ -77,3 +84,62 @@ def attribution_table(att: LoaderAttribution) -> Table:
         t.caption = att.headline
         t.caption_justify = "left"
     return t
+
+
+def rank_table(job: ZeroCodeJob) -> Table:
+    """One row per rank of a zero-code job: the estimated data wait, CPU and the busiest loader frames."""
+    t = Table(
+        title=f"Ranks ({len(job.ranks)} of world size {job.world_size or '?'}), seen from outside: data wait "
+        "estimated from py-spy samples, no step figures",
+        title_justify="left",
+    )
+    t.add_column("rank", justify="right")
+    t.add_column("pid", justify="right")
+    t.add_column("data wait (95%)", justify="right")
+    t.add_column("samples", justify="right")
+    t.add_column("input-bound")
+    t.add_column("CPU main / workers", justify="right")
+    t.add_column("top loader frames (of busy worker samples)", style="dim")
+    for r in job.ranks:
+        dw, o = r.data_wait, r.estimate.overall
+        wait = f"{dw.fraction:.0%} ({dw.low:.0%}-{dw.high:.0%})" if dw else "n/a"
+        top = ", ".join(f"{_bare(f)} {x:.0%}" for _c, f, x in r.top_loader_frames(2)) or "no worker samples"
+        cpu = f"{_cpu(r.main_cpu_pct)} / {_cpu(r.workers_cpu_pct)} ({r.workers})"
+        t.add_row(str(r.rank), str(r.pid), wait, str(o.samples if o else 0), _bound(r.verdict), cpu, top)
+    lines = [job.straggler_evidence() or "no rank's data wait stands apart from the others' (95% intervals overlap)"]
+    lines.append(f"{job.input_bound_ranks} of {len(job.ranks)} ranks input-bound (estimated stall >= 5%)")
+    lines.append(
+        "CPU: psutil means, 100% = one core, (n) worker processes. Not measured from outside: throughput, step "
+        "time, data wait in ms, sync (instrument with `stallscope run SCENARIO --nproc N`)"
+    )
+    t.caption = "\n".join(lines)
+    t.caption_justify = "left"
+    return t
+
+
+def _bound(verdict: str) -> str:
+    """The verdict in one word: ``highly input-bound`` -> ``highly``, ``not input-bound`` -> ``no``."""
+    word = verdict.split(maxsplit=1)[0]
+    return {"not": "no", "unknown:": "n/a"}.get(word, word)
+
+
+def _bare(function: str) -> str:
+    """``Items.__getitem__ (train.py)`` -> ``Items.__getitem__``: the table is narrow, the JSON has the file."""
+    return function.split(" (", 1)[0]
+
+
+def render_job(job: ZeroCodeJob, console: Console) -> None:
+    """The ranks table of a zero-code job, with what the report above means for a launcher."""
+    console.print(rank_table(job))
+    if job.launcher_pid is not None:
+        console.print(
+            Text(
+                f"note: in the report above, 'main' CPU is the launcher (pid {job.launcher_pid}) and its 'workers' "
+                "are every process under it; the main-thread estimate and the loader attribution pool every rank",
+                style="yellow",
+            )
+        )
+
+
+def _cpu(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.0f}%"

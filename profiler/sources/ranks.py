@@ -1,79 +1,116 @@
-"""The node's sampler of a multi-rank job: the host, and every rank's process tree, from one thread.
+"""Ranks of a torch.distributed job found from outside, and their CPU: the processes of a launcher's tree
+(torchrun's agent, ``mpirun``, a shell script) that torch.distributed would call rank R.
 
-The launcher (profiler.launch) is the parent of the node's ranks; each rank is the parent of its loader workers.
-A rank is a descendant whose environment has ``RANK`` and whose parent's has not (its workers inherit the
-variable), or, for ranks that set ``RANK`` after they started (the elastic launcher's function entrypoints, whose
-``/proc/PID/environ`` does not show it), a pid the ``announced`` callable maps to its rank. Each rank's tree is
-read by its own :class:`~profiler.sources.host.HostSource` (cached psutil objects, children rescanned every
-second), and its metrics are renamed per rank:
+A rank is known by its environment, the only place a launcher writes it: torchrun (and the elastic agent
+under it) start every rank with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``GROUP_RANK`` (the node rank)
+set, which ``/proc/PID/environ`` shows to a process of the same user. A rank's DataLoader workers are forked
+from it and inherit the same environment, so a *rank process* is a process under the root whose ``RANK``
+environment differs from its parent's (the agent has none), and everything under a rank process belongs to
+that rank.
 
-- ``rank{R}.cpu_pct`` (rank process + its workers), ``rank{R}.main.cpu_pct``, ``rank{R}.workers.cpu_pct``,
-  ``rank{R}.rss_mb`` (the tree), all % of one core / MiB as the host source's;
-- ``rank{R}.alive``: 1 while the rank's process runs, 0 from the first reading after it is gone (so the store
-  says when, within one sampling period, each rank ended: the job report names the first to die);
-- ``sys.cpu_pct``, ``sys.mem_used_pct`` and the launcher's own ``proc.main.*``, from a host source on the
-  launcher.
+``stallscope run SCENARIO --nproc N`` launches its ranks as the elastic launcher's *function* entrypoints,
+which set ``RANK`` after they started, so ``/proc/PID/environ`` does not show it: such ranks announce their pid
+(profiler.launch), and the ``announced`` callable maps those pids to their ranks.
 
-Invariant: a rank found once keeps its label R (its global rank) for the whole run.
+Metrics, per rank R (names as in the multi-rank contract, so a zero-code job and a launched one read alike):
+``rank{R}.main.cpu_pct`` (the rank process), ``rank{R}.workers.cpu_pct`` (everything under it),
+``rank{R}.cpu_pct`` (both) and ``rank{R}.rss_mb`` (both, MiB); ``rank{R}.alive``: 1 while the rank process
+runs, 0 from the first reading after it is gone (so the store says when, within one sampling period, each rank
+ended; :meth:`RankSource.ended` has the same as wall-clock times).
+CPU % as :mod:`profiler.sources.host` means it (100 = one core; a process's first reading is NaN, and a sum
+with an unknown term is unknown).
+
+Invariants: the tree is rescanned at most every ``refresh_s`` seconds and a process's environment is read
+once; a process that is gone or unreadable is dropped, never an error; only the loss of the root raises
+:class:`~profiler.sources.base.SourceLost`. Without ranks the source reads nothing (an empty reading).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 from profiler.sources.base import SourceLost
-from profiler.sources.host import HostSource
 
-_RENAME = {
-    "proc.total.cpu_pct": "cpu_pct",
-    "proc.main.cpu_pct": "main.cpu_pct",
-    "proc.children.cpu_pct": "workers.cpu_pct",
-    "proc.total.rss_mb": "rss_mb",
-}
+_MIB = float(1 << 20)
+# What makes two processes the same rank: a worker forked from rank R carries exactly its environment
+_IDENTITY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+             "TORCHELASTIC_RESTART_COUNT")  # fmt: skip
 
 
-def environ_rank(proc: Any) -> int | None:
-    """The ``RANK`` in a process's environment (torch.distributed's launcher sets it), None when it has none or
-    the environment cannot be read."""
-    try:
-        value = proc.environ().get("RANK")
-    except Exception:  # noqa: BLE001 - gone, no permission, a zombie: not a rank we can read
-        return None
+def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:
         return None
 
 
-class RankTreeSource:
-    """:class:`~profiler.sources.base.Source` over a launcher's ranks; see the module docstring."""
+@dataclass(frozen=True, slots=True)
+class RankProcess:
+    """One rank process as its environment names it; ``worker_pids``: the processes seen under it."""
+
+    rank: int
+    pid: int
+    local_rank: int | None = None
+    world_size: int | None = None
+    node_rank: int | None = None  # torchrun's GROUP_RANK
+    worker_pids: tuple[int, ...] = field(default_factory=tuple)
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "node_rank": self.node_rank,
+            "worker_pids": list(self.worker_pids),
+        }
+
+
+def rank_identity(environ: Mapping[str, str]) -> tuple[str | None, ...] | None:
+    """The environment variables that name a rank, or None when ``environ`` has no integer ``RANK``."""
+    if _int(environ.get("RANK")) is None:
+        return None
+    return tuple(environ.get(k) for k in _IDENTITY)
+
+
+@dataclass
+class _Proc:
+    handle: Any
+    ppid: int
+    identity: tuple[str | None, ...] | None
+    environ: dict[str, str]
+    primed: bool = False
+
+
+class RankSource:
+    """psutil-backed :class:`~profiler.sources.base.Source` of the ranks under ``root_pid`` (see the module)."""
 
     name = "ranks"
 
     def __init__(
         self,
-        pid: int | None = None,
+        root_pid: int,
         *,
+        refresh_s: float = 1.0,
         announced: Callable[[], dict[int, int]] | None = None,
-        refresh_s: float = 0.5,
         psutil_module: ModuleType | None = None,
     ) -> None:
-        self._pid = os.getpid() if pid is None else pid
+        self._root_pid = root_pid
         self._announced = announced
+        self._ended: dict[int, float] = {}  # rank -> time.time() when its process was first found gone
         self._refresh_s = refresh_s
         self._ps: Any = psutil_module
-        self._launcher: HostSource | None = None
-        self._ranks: dict[int, HostSource] = {}  # rank -> its tree's source, while it runs
-        self._pids: dict[int, int] = {}  # rank -> pid (kept after it ends)
-        self._gone: dict[int, float] = {}  # rank -> time.time() when first found gone
-        self._last_scan = -math.inf
-        self._lock = threading.Lock()
+        self._root: Any = None
+        self._procs: dict[int, _Proc] = {}
+        self._seen: dict[int, RankProcess] = {}  # rank pid -> the rank, kept after it exits
+        self._last_refresh = -math.inf
+        self._lock = threading.Lock()  # ranks() is called from another thread than read()
 
     def open(self) -> str | None:
         if self._ps is None:
@@ -82,75 +119,150 @@ class RankTreeSource:
             except ImportError:
                 return "psutil not installed"
             self._ps = psutil
-        self._launcher = HostSource(self._pid, psutil_module=self._ps)
-        return self._launcher.open()
+        try:
+            self._root = self._ps.Process(self._root_pid)
+        except self._ps.NoSuchProcess:
+            return f"process {self._root_pid} not found"
+        return None
+
+    def ended(self) -> dict[int, float]:
+        """Rank -> when (``time.time()``) its process was first found gone."""
+        with self._lock:
+            return dict(self._ended)
+
+    def ranks(self) -> list[RankProcess]:
+        """Every rank process seen so far (exited ones included), by rank then pid."""
+        with self._lock:
+            return sorted(self._seen.values(), key=lambda r: (r.rank, r.pid))
 
     def read(self) -> dict[str, float]:
-        launcher = self._launcher
-        if launcher is None:
-            raise RuntimeError("RankTreeSource.read() called before a successful open()")
-        base = launcher.read()  # SourceLost when the launcher itself is gone
-        out = {k: v for k, v in base.items() if k.startswith(("sys.", "proc.main."))}
+        if self._root is None:
+            raise RuntimeError("RankSource.read() called before a successful open()")
         with self._lock:
             now = time.monotonic()
-            if now - self._last_scan >= self._refresh_s:
-                self._scan(now)
-            for rank, source in list(self._ranks.items()):
-                try:
-                    values = source.read()
-                except SourceLost:
-                    self._end(rank)
+            if now - self._last_refresh >= self._refresh_s:
+                self._refresh(now)
+            owner = self._owners()
+            out: dict[str, float] = {}
+            for pid, rank_pid in owner.items():
+                reading = self._read(pid)
+                if reading is None:
                     continue
-                out |= {f"rank{rank}.{new}": values[old] for old, new in _RENAME.items() if old in values}
-                out[f"rank{rank}.alive"] = 1.0
-            for rank in self._gone:
-                out[f"rank{rank}.alive"] = 0.0
+                r = self._seen[rank_pid].rank
+                part = "main" if pid == rank_pid else "workers"
+                cpu, rss = reading
+                for key, value in (
+                    (f"rank{r}.{part}.cpu_pct", cpu),
+                    (f"rank{r}.cpu_pct", cpu),
+                    (f"rank{r}.rss_mb", rss),
+                ):
+                    out[key] = out.get(key, 0.0) + value
+            for rank_pid in set(owner.values()):
+                out.setdefault(f"rank{self._seen[rank_pid].rank}.workers.cpu_pct", 0.0)
+            for rank_pid, rank in self._seen.items():
+                alive = rank_pid in self._procs
+                if not alive:
+                    self._ended.setdefault(rank.rank, time.time())
+                out[f"rank{rank.rank}.alive"] = 1.0 if alive else 0.0
         return out
 
     def close(self) -> None:
         with self._lock:
-            for source in self._ranks.values():
-                source.close()
-            self._ranks.clear()
-            if self._launcher is not None:
-                self._launcher.close()
+            self._root = None
+            self._procs.clear()
 
-    def ended(self) -> dict[int, float]:
-        """Rank -> when (``time.time()``) the sampler first found its process gone."""
-        with self._lock:
-            return dict(self._gone)
-
-    def rank_pids(self) -> dict[int, int]:
-        """Rank -> pid of every rank found so far (ended ones included)."""
-        with self._lock:
-            return dict(self._pids)
-
-    def _scan(self, now: float) -> None:
-        self._last_scan = now
+    def _read(self, pid: int) -> tuple[float, float] | None:
+        p = self._procs[pid]
         ps = self._ps
         try:
-            procs = ps.Process(self._pid).children(recursive=True)
+            with p.handle.oneshot():
+                if p.handle.status() == ps.STATUS_ZOMBIE:
+                    raise ps.ZombieProcess(pid)
+                cpu = float(p.handle.cpu_percent(None))
+                rss = p.handle.memory_info().rss / _MIB
         except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+            del self._procs[pid]
+            return None
+        first, p.primed = not p.primed, True
+        return (math.nan if first else cpu), rss
+
+    def _owners(self) -> dict[int, int]:
+        """Live pid -> the pid of the rank process it belongs to (itself for a rank process)."""
+        owner: dict[int, int] = {}
+        for pid in self._procs:
+            cur, hops = pid, 0
+            while cur in self._procs and hops < 64:
+                if cur in self._seen:
+                    owner[pid] = cur
+                    break
+                cur, hops = self._procs[cur].ppid, hops + 1
+        return owner
+
+    def _refresh(self, now: float) -> None:
+        ps = self._ps
+        self._last_refresh = now
+        try:
+            listed = self._root.children(recursive=True)
+        except (ps.NoSuchProcess, ps.ZombieProcess) as exc:
+            raise SourceLost(f"process {self._root_pid} exited") from exc
+        except ps.AccessDenied:
             return
+        live = {p.pid for p in listed}
+        for pid in set(self._procs) - live:
+            del self._procs[pid]
         told = self._announced() if self._announced is not None else {}
-        ranks = {p.pid: told[p.pid] if p.pid in told else environ_rank(p) for p in procs}
-        for proc in procs:
-            rank = ranks[proc.pid]
-            if rank is None or rank in self._pids:
+        for proc in listed:
+            known = self._procs.get(proc.pid)
+            if known is not None and known.handle == proc:
+                if known.identity is None and proc.pid in told:  # it announced itself since the last scan
+                    known.environ = {**known.environ, "RANK": str(told[proc.pid])}
+                    known.identity = rank_identity(known.environ)
                 continue
             try:
-                parent = proc.ppid()
+                environ = proc.environ()
+                ppid = proc.ppid()
+                proc.cpu_percent(None)
             except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
                 continue
-            if ranks.get(parent) is not None:
-                continue  # a loader worker of a rank: it inherited RANK
-            source = HostSource(proc.pid, psutil_module=ps)
-            if source.open() is None:
-                self._ranks[rank] = source
-                self._pids[rank] = proc.pid
+            if proc.pid in told and _int(environ.get("RANK")) is None:  # a rank that set RANK after it started
+                environ = {**environ, "RANK": str(told[proc.pid])}
+            self._procs[proc.pid] = _Proc(proc, ppid, rank_identity(environ), environ)
+        for pid, p in self._procs.items():
+            parent = self._procs.get(p.ppid)
+            if (
+                p.identity is not None
+                and pid not in self._seen
+                and (parent is None or parent.identity != p.identity)
+                and not self._under_rank(pid)
+            ):
+                env = p.environ
+                self._seen[pid] = RankProcess(
+                    rank=int(env["RANK"]),
+                    pid=pid,
+                    local_rank=_int(env.get("LOCAL_RANK")),
+                    world_size=_int(env.get("WORLD_SIZE")),
+                    node_rank=_int(env.get("GROUP_RANK")),
+                )
+        for rank_pid, pids in self._workers().items():
+            old = self._seen[rank_pid]
+            merged = tuple(sorted(set(old.worker_pids) | pids))
+            if merged != old.worker_pids:
+                self._seen[rank_pid] = RankProcess(
+                    old.rank, old.pid, old.local_rank, old.world_size, old.node_rank, merged
+                )
 
-    def _end(self, rank: int) -> None:
-        source = self._ranks.pop(rank, None)
-        if source is not None:
-            source.close()
-        self._gone.setdefault(rank, time.time())
+    def _under_rank(self, pid: int) -> bool:
+        """Whether a rank process is among ``pid``'s ancestors (then ``pid`` is one of its workers)."""
+        cur, hops = self._procs[pid].ppid, 0
+        while cur in self._procs and hops < 64:
+            if cur in self._seen:
+                return True
+            cur, hops = self._procs[cur].ppid, hops + 1
+        return False
+
+    def _workers(self) -> dict[int, set[int]]:
+        out: dict[int, set[int]] = {}
+        for pid, rank_pid in self._owners().items():
+            if pid != rank_pid:
+                out.setdefault(rank_pid, set()).add(pid)
+        return out
