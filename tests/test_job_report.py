@@ -255,3 +255,32 @@ def test_single_run_options_stay_single(
     assert main(["report", rank0, str(d / "rank-1")]) == 2
     assert main(["report", rank0, "--json"]) == 0
     assert "ranks" not in json.loads(capsys.readouterr().out)
+
+
+def _with_loaders(rows: tuple, cpu_ms: dict[int, float]) -> list:  # type: ignore[type-arg]
+    """The rows as if each rank had 1 loader worker spending ``cpu_ms[R]`` of CPU per sample delivered."""
+    from dataclasses import replace
+
+    out = []
+    for r in rows:
+        s = replace(r.summary, workers=1)
+        out.append(replace(r, summary=s, workers_cpu_pct=cpu_ms[r.rank] / 1e3 * s.throughput_samples_per_s * 100))
+    return out
+
+
+def test_equally_slow_loaders_in_lock_step_name_no_straggler(
+    straggler_job: tuple[Path, dict[int, RankPlan]],
+) -> None:
+    """The timing of lock-step ranks with equally slow loader workers looks like a straggler's (the last to arrive
+    waits for data, the others' workers load during sync); equal loader CPU per sample says it is not one."""
+    from profiler.analysis.job import find_straggler, phase_note
+
+    rows = summarize_job(load_job([str(straggler_job[0])])).ranks
+    alike = _with_loaders(rows, {0: 20.0, 1: 21.0, 2: 20.0, 3: 19.0})
+    assert alike[1].loader_cpu_ms_per_sample == pytest.approx(21.0)
+    assert find_straggler(alike)[0] is None
+    note = phase_note(alike)
+    assert note is not None and "rank 1's data wait" in note and "no straggler is named" in note
+    slower = _with_loaders(rows, {0: 10.0, 1: 21.0, 2: 10.0, 3: 10.0})  # rank 1's loader costs twice as much
+    named = find_straggler(slower)[0]
+    assert named is not None and named.rank == 1 and phase_note(slower) is None

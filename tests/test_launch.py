@@ -140,10 +140,36 @@ def test_two_nodes_on_localhost_merge_into_one_job(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "profiler", "run", RANKS, "--nproc", "1", "--nnodes", "2", "--node-rank", str(k),
-             "--rdzv-endpoint", endpoint, "--device", "cpu", "--out", str(tmp_path / f"n{k}"), "--steps", "8",
-             "--warmup", "2", "--no-live", "--json"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "profiler",
+                "run",
+                RANKS,
+                "--nproc",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(k),
+                "--rdzv-endpoint",
+                endpoint,
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / f"n{k}"),
+                "--steps",
+                "8",
+                "--warmup",
+                "2",
+                "--no-live",
+                "--json",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for k in (0, 1)
     ]

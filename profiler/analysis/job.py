@@ -35,6 +35,9 @@ STRAGGLER_STEP_SHARE = 0.10  # a 10%-of-step excess makes the whole job >= 10% s
 # (in data-parallel training every rank waits at the all-reduce for the last one to arrive; a data wait that
 # the others do not wait for is not holding the job back).
 STRAGGLER_SYNC_SHARE = 0.5
+# Loader workers of the other ranks spending at least this share of a candidate's CPU per sample: the loaders are
+# alike, and the candidate's extra data wait is lock-step phase, not a slower pipeline (loaders_alike)
+LOADERS_ALIKE = 0.85
 INPUT_BOUND = ("highly input-bound", "moderately input-bound")
 _STATUS_ORDER = ("failed", "interrupted", "running", "complete")
 
@@ -115,6 +118,15 @@ class RankRow:
     data_wait_ms: tuple[float, float]  # p50, p90 over the measured steps
     cpu_pct: float  # mean of the node sampler's rank{R}.cpu_pct over the rank's measured window; NaN: not sampled
     exit: RankExit | None = None
+    workers_cpu_pct: float = math.nan  # the same for rank{R}.workers.cpu_pct: its loader worker processes
+
+    @property
+    def loader_cpu_ms_per_sample(self) -> float:
+        """CPU its loader worker processes spent per sample delivered (NaN: no workers, or not sampled)."""
+        s, t = self.summary, self.figure("throughput")
+        if s is None or not (s.workers or 0) > 0 or math.isnan(self.workers_cpu_pct) or not t > 0:
+            return math.nan
+        return self.workers_cpu_pct / 100 / t * 1e3
 
     def figure(self, name: str) -> float:
         """A headline figure of the rank's summary by name; NaN when it has none."""
@@ -308,6 +320,8 @@ def summarize_job(job: JobInput) -> JobSummary:
     slowest = max(measured, key=lambda r: r.figure("step"), default=None)
     throughput = math.fsum(r.figure("throughput") for r in measured) if measured else math.nan
     straggler, rule = find_straggler(rows)
+    if straggler is None and (note := phase_note(rows)) is not None:
+        notes.append(note)
     device = _device(rows, jobs)
     return JobSummary(
         job_id=_first(jobs, "job_id") or _rank_meta(job.ranks, "job_id"),
@@ -396,14 +410,16 @@ def _rank_row(r: RankInput, job: JobInput, exit_: RankExit | None) -> RankRow:
         data_wait_ms=(quantile(waits, 0.5), quantile(waits, 0.9)),
         cpu_pct=rank_cpu(r, job.nodes),
         exit=exit_,
+        workers_cpu_pct=rank_cpu(r, job.nodes, "workers.cpu_pct"),
     )
 
 
-def rank_cpu(r: RankInput, nodes: tuple[NodeInput, ...]) -> float:
-    """Mean ``rank{R}.cpu_pct`` (the rank's process and its loader workers, % of one core) from the node sampler,
-    over the rank's measured window put on the node's clock through both stores' ``started_at``; over all the
-    node's samples when the rank has no measured step; NaN when no node sampled it."""
-    metric = f"rank{r.rank}.cpu_pct"
+def rank_cpu(r: RankInput, nodes: tuple[NodeInput, ...], what: str = "cpu_pct") -> float:
+    """Mean ``rank{R}.cpu_pct`` (the rank's process and its loader workers, % of one core; ``what``
+    "workers.cpu_pct": the workers alone) from the node sampler, over the rank's measured window put on the node's
+    clock through both stores' ``started_at``; over all the node's samples when the rank has no measured step;
+    NaN when no node sampled it."""
+    metric = f"rank{r.rank}.{what}"
     rec = r.record
     for node in nodes:
         n = node.record
@@ -458,27 +474,68 @@ def straggler_rule() -> str:
 
 def find_straggler(rows: tuple[RankRow, ...] | list[RankRow]) -> tuple[Straggler | None, str]:
     """The rank whose input pipeline holds the job back (the largest qualifying excess), and the rule in words."""
-    rule = straggler_rule()
+    named = [c for c in _candidates(rows) if not loaders_alike(c.rank_row, c.other_rows)]
+    best = max(named, key=lambda c: c.straggler.data_wait_excess_ms_per_step, default=None)
+    return (best.straggler if best else None), straggler_rule()
+
+
+def phase_note(rows: tuple[RankRow, ...] | list[RankRow]) -> str | None:
+    """When a rank's timing alone looks like a straggler's but every rank's loader costs the same (loaders_alike),
+    the sentence that says so; else None."""
+    for c in _candidates(rows):
+        if loaders_alike(c.rank_row, c.other_rows):
+            costs = ", ".join(f"{o.loader_cpu_ms_per_sample:.0f}" for o in (c.rank_row, *c.other_rows))
+            return (
+                f"{c.straggler.evidence}, but the loader workers of every rank spend about the same CPU per sample "
+                f"({costs} ms, ranks {c.rank_row.rank}, {', '.join(str(o.rank) for o in c.other_rows)}): every "
+                f"rank's input pipeline is the limit, and the wait falls on rank {c.rank_row.rank} by the ranks' "
+                "phase, not a slower loader; no straggler is named"
+            )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    rank_row: RankRow
+    other_rows: list[RankRow]
+    straggler: Straggler
+
+
+def _candidates(rows: tuple[RankRow, ...] | list[RankRow]) -> list[_Candidate]:
+    """Every rank whose data wait per step is above the others' median by more than the threshold while the
+    others wait at least STRAGGLER_SYNC_SHARE of that excess in sync."""
     measured = [r for r in rows if r.measured]
     if len(measured) < 2:
-        return None, rule
+        return []
     step = median([r.figure("step") for r in measured])
     threshold = max(STRAGGLER_MIN_MS, STRAGGLER_STEP_SHARE * step)
-    best: Straggler | None = None
+    found = []
     for r in measured:
         others = [o for o in measured if o.rank != r.rank]
         excess = r.figure("data_wait") - median([o.figure("data_wait") for o in others])
         sync = median([o.figure("sync") for o in others])
         if excess <= threshold or sync < STRAGGLER_SYNC_SHARE * excess:
             continue
-        if best is None or excess > best.data_wait_excess_ms_per_step:
-            names = tuple(o.rank for o in others)
-            who = f"ranks {', '.join(map(str, names))} wait" if len(names) > 1 else f"rank {names[0]} waits"
-            evidence = (
-                f"rank {r.rank}'s data wait is {excess:.0f} ms/step above the others'; {who} {sync:.0f} ms/step in sync"
-            )
-            best = Straggler(r.rank, excess, sync, threshold, names, evidence)
-    return best, rule
+        names = tuple(o.rank for o in others)
+        who = f"ranks {', '.join(map(str, names))} wait" if len(names) > 1 else f"rank {names[0]} waits"
+        evidence = (
+            f"rank {r.rank}'s data wait is {excess:.0f} ms/step above the others'; {who} {sync:.0f} ms/step in sync"
+        )
+        found.append(_Candidate(r, others, Straggler(r.rank, excess, sync, threshold, names, evidence)))
+    return found
+
+
+def loaders_alike(r: RankRow, others: list[RankRow]) -> bool:
+    """Whether the other ranks' loader workers spend as much CPU per sample as ``r``'s (at least LOADERS_ALIKE of
+    it). Ranks stepping in lock-step with equally slow loaders share the wait by phase, not by cause: the rank
+    that arrives last waits for data, and the workers of the others load their next batch while they wait in
+    sync; so the timing alone looks like a straggler. Equal loader CPU per sample says every rank's input
+    pipeline is the limit. False when a figure is missing (no workers: the data wait is the loader's whole cost)."""
+    mine = r.loader_cpu_ms_per_sample
+    theirs = [o.loader_cpu_ms_per_sample for o in others]
+    if math.isnan(mine) or not theirs or any(math.isnan(t) for t in theirs):
+        return False
+    return median(theirs) >= LOADERS_ALIKE * mine
 
 
 def job_verdict(rows: tuple[RankRow, ...] | list[RankRow]) -> str:
