@@ -170,7 +170,7 @@ def test_two_nodes_on_localhost_merge_into_one_job(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for k in (0, 1)
     ]
     for p in procs:
