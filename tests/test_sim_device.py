@@ -63,7 +63,7 @@ def test_step_time_is_flops_over_achieved_peak_and_the_host_only_pays_the_launch
 
 
 def test_ring_allreduce_time_and_the_part_backward_does_not_hide() -> None:
-    dev, clock = _device(flops=0.1e12)  # 100 ms step: backward 66.7 ms; link 10 GB/s (the spec's pinned rate)
+    dev, _clock = _device(flops=0.1e12)  # 100 ms step: backward 66.7 ms; link 10 GB/s (the spec's pinned rate)
     assert dev.allreduce_s(10**9, 1) == 0.0
     assert dev.allreduce_s(10**9, 4) == pytest.approx(6 / 4 * 0.1 + 6 * 10e-6)  # 2(N-1)/N of the bytes, 2(N-1) hops
     grads = 1 << 28  # 268 MB: 26.8 ms at world 2, hidden behind backward but for the last 25 MiB bucket
