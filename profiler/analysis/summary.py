@@ -87,6 +87,7 @@ class Summary:
     notes: tuple[str, ...] = ()
     model: str | None = None
     loader_only: bool = False  # no model ran: throughput is the loader's prep rate
+    synthetic_input: bool = False  # one batch on the device every step: the input pipeline was not measured
     augment: str | None = None  # the augmentation spec the pipeline realised, in words
     bad_samples: BadSamples | None = None
     cost: Cost | None = None
@@ -129,6 +130,7 @@ class Summary:
                 "notes": list(self.notes),
                 "model": self.model,
                 "loader_only": self.loader_only,
+                "synthetic_input": self.synthetic_input,
                 "augment": self.augment,
                 "bad_samples": self.bad_samples.to_dict() if self.bad_samples else None,
                 "cost": self.cost.to_dict() if self.cost else None,
@@ -209,6 +211,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     if mode == "zero-code":
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
     loader_only = bool(meta.get("loader_only"))
+    synthetic = bool(meta.get("synthetic_input"))
     contention = contention_of(rec, host)
     figures = Figures(
         step_time_ms=timing.step_time,
@@ -229,7 +232,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         contention=contention,
     )
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
-    recommendations = () if math.isnan(stall) or loader_only else tuple(recommend(figures))
+    recommendations = () if math.isnan(stall) or loader_only or synthetic else tuple(recommend(figures))
     return Summary(
         run_id=meta.get("run_id"),
         scenario=meta.get("scenario"),
@@ -244,7 +247,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=stall,
         device_busy_fraction=timing.busy_fraction,
-        verdict=_verdict(stall, loader_only),
+        verdict=_verdict(stall, loader_only, synthetic),
         recommendations=recommendations,
         sampler=sampler,
         status=run_status(meta, now),
@@ -264,6 +267,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         notes=tuple(notes),
         model=meta.get("model"),
         loader_only=loader_only,
+        synthetic_input=synthetic,
         augment=meta.get("augment"),
         bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
@@ -354,9 +358,11 @@ def _throughput(m: _Measured, notes: list[str]) -> tuple[float, int]:
     return (samples_total / wall if wall > 0 and len(counted) == m.n else math.nan), samples_total
 
 
-def _verdict(stall: float, loader_only: bool) -> str:
+def _verdict(stall: float, loader_only: bool, synthetic: bool = False) -> str:
     if loader_only:
         return "loader only (no model): throughput is the pipeline's prep rate"
+    if synthetic:
+        return "synthetic input (one batch reused): the input pipeline was not measured"
     return verdict_for(stall) if not math.isnan(stall) else "unknown: no measured steps"
 
 
@@ -451,8 +457,12 @@ def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_s
     wall = m.wall
     if wall <= 0:
         return math.nan, "none"
-    if m.events is not None:
-        return total(clip(union(_dev(m.phases)), *m.window)) / wall, m.events
+    if m.events is not None:  # the window as the device lived it: the host may run ahead of the device
+        lo, hi = m.window
+        lived = m.device_wall
+        if lived <= 0:
+            return math.nan, "none"
+        return total(clip(union(_dev(m.phases)), lo + m.queued_in, hi + m.queued_out)) / lived, m.events
     compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps) - nested_sync_s
     return compute / wall, "host-compute-phase"
 

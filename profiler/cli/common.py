@@ -135,6 +135,12 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
         help="a corrupt or non-image file in --data: fail (exit 2 naming it) or skip (counted and listed)",
     )
     p.add_argument(
+        "--synthetic-input",
+        action="store_true",
+        help="train on the loader's first batch, kept on the device, every step: the device's own rate "
+        "(docs/multi-rank.md)",
+    )
+    p.add_argument(
         "--price-per-hour",
         type=bounded(float, 0, 1e6, "a number"),
         metavar="P",
@@ -263,6 +269,7 @@ def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConf
         data=t.data,
         on_bad_sample=args.on_bad_sample,
         model=args.model,
+        synthetic_input=args.synthetic_input,
         extra_meta=t.extra_meta,
     )
 

@@ -72,6 +72,8 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(_cost_row(s.cost))
     if s.model and s.model != "default":
         rows.append(("model", s.model + ("  (not run: --loader-only)" if s.loader_only else "")))
+    if s.synthetic_input:
+        rows.append(("input", "SYNTHETIC: the loader's first batch, on the device, every step (--synthetic-input)"))
     if s.augment:
         rows.append(("augment", s.augment))
     if s.bad_samples and (s.bad_samples.skipped or s.bad_samples.policy == "skip"):
