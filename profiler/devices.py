@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|sim:.*)$")
-ALLOWED = "auto, cpu, cuda, cuda:N, sim:NAME[,precision=fp32|tf32|amp][,efficiency=E]"
+ALLOWED = "auto, cpu, cuda, cuda:N, sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink]"
 
 
 class DeviceError(ValueError):

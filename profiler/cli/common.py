@@ -112,7 +112,7 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
         default="auto",
-        help="auto | cpu | cuda | cuda:N | sim:NAME[,precision=P][,efficiency=E] (default auto; docs/sim.md)",
+        help="auto | cpu | cuda | cuda:N | sim:NAME[,precision=P][,efficiency=E][,link=L] (default auto; docs/sim.md)",
     )
     p.add_argument("--warmup", type=bounded(int, 0, None, "an integer"), help="warm-up steps, not measured")
     p.add_argument(

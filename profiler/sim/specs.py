@@ -369,7 +369,7 @@ def parse(text: str) -> SimConfig:
     what is allowed."""
     if not text.startswith("sim:"):
         raise SimSpecError(
-            f"--device {text!r} is not a simulated device: allowed sim:NAME[,precision=P][,efficiency=E]"
+            f"--device {text!r} is not a simulated device: allowed sim:NAME[,precision=P][,efficiency=E][,link=L]"
         )
     name, *options = text[4:].split(",")
     spec = ACCELERATORS.get(name.strip().lower())
