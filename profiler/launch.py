@@ -183,7 +183,9 @@ def _job_record(job: JobSpec, endpoint: str) -> dict[str, Any]:
         "world_size": job.world_size,
         "backend": job.backend,
         "rdzv_endpoint": endpoint,
-        "scenario": job.scenario,
+        # a scenario file's name is its stem, as a single run's directory names it; each rank loads the file's path
+        "scenario": Path(job.scenario).stem if job.scenario.endswith(".py") else job.scenario,
+        **({"scenario_source": job.scenario} if job.scenario.endswith(".py") else {}),
         "pipeline": run.pipeline,
         "device": run.device.label,
         "batch_size": run.batch_size,
