@@ -6,9 +6,10 @@ inside a worker against 6.8 ms in the main process, both at one intra-op thread 
 threads took the same), so the gap is not torch's intra-op threads; it is the worker process itself (a second
 busy process on a small host, its own cold caches and heap, and the collated batch's trip through shared
 memory). Rather than a constant, :func:`measure_gap` times it for the run's own dataset: ``rounds`` interleaved
-rounds, each loading the same ``samples`` items (the same shuffled order) through the naive pipeline's
-``DataLoader`` in the main process (at the run's intra-op thread count) and through one worker, timed from the
-first batch delivered (so the worker's start-up is not counted: a run's steady state does not pay it per step).
+rounds, each loading the same items (up to ``samples``, or what ``budget_s`` allows; the same shuffled order)
+through the naive pipeline's ``DataLoader`` in the main process (at the run's intra-op thread count) and then
+through one worker, timed from the first batch delivered (so the worker's start-up is not counted: a run's
+steady state does not pay it per step).
 
 Invariants: the process's intra-op thread count is restored; the items and their order are the same both ways.
 """
@@ -24,12 +25,23 @@ from profiler.whatif import LoaderGap, gap_from_rounds
 
 DEFAULT_SAMPLES = 64
 DEFAULT_ROUNDS = 3
+# each timing stops after this many seconds (at least one batch), so a slow loader (20 ms an item) is not timed
+# for long: the rounds, not the length of one, are what the noise of a shared host is fought with
+DEFAULT_BUDGET_S = 1.0
 
 
 def _seconds_per_sample(
-    dataset: Any, batch_size: int, workers: int, batches: int, *, seed: int, clock: Callable[[], float]
-) -> float:
-    """Seconds per sample of ``batches`` batches after the first, loaded with ``workers`` (0: in-process)."""
+    dataset: Any,
+    batch_size: int,
+    workers: int,
+    batches: int,
+    *,
+    seed: int,
+    budget_s: float,
+    clock: Callable[[], float],
+) -> tuple[float, int]:
+    """(seconds per sample, samples timed) of up to ``batches`` batches after the first (fewer when
+    ``budget_s`` runs out), loaded with ``workers`` (0: in-process)."""
     from pipelines.base import LoaderSpec
     from pipelines.naive import data_loader
 
@@ -40,18 +52,21 @@ def _seconds_per_sample(
         next(it)  # start-up (a worker's fork and first batch) is not the steady state
         t0 = clock()
         n = 0
+        elapsed = 0.0
         for _ in range(batches):
             try:
                 next(it)
             except StopIteration:
                 break
             n += 1
-        elapsed = clock() - t0
+            elapsed = clock() - t0
+            if elapsed >= budget_s:
+                break
     finally:
         del it
     if n < 1:
         raise ValueError(f"the dataset has too few items to time {batch_size * 2} of them")
-    return elapsed / (n * batch_size)
+    return elapsed / (n * batch_size), n * batch_size
 
 
 def measure_gap(
@@ -62,6 +77,7 @@ def measure_gap(
     samples: int = DEFAULT_SAMPLES,
     rounds: int = DEFAULT_ROUNDS,
     seed: int = 0,
+    budget_s: float = DEFAULT_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
 ) -> LoaderGap:
     """The worker / main-process cost ratio of ``dataset`` at ``batch_size`` (see the module docstring).
@@ -74,13 +90,20 @@ def measure_gap(
     before = torch.get_num_threads()
     main_s: list[float] = []
     worker_s: list[float] = []
+    timed = 0
     try:
         for r in range(rounds):
             if threads:
                 torch.set_num_threads(threads)
-            main_s.append(_seconds_per_sample(dataset, batch_size, 0, batches, seed=seed + r, clock=clock))
+            s, n = _seconds_per_sample(dataset, batch_size, 0, batches, seed=seed + r, budget_s=budget_s, clock=clock)
+            main_s.append(s)
             torch.set_num_threads(before)
-            worker_s.append(_seconds_per_sample(dataset, batch_size, 1, batches, seed=seed + r, clock=clock))
+            # the worker loads the items the main process just loaded, in the same order
+            s, m = _seconds_per_sample(
+                dataset, batch_size, 1, n // batch_size, seed=seed + r, budget_s=math.inf, clock=clock
+            )
+            worker_s.append(s)
+            timed += n + m
     finally:
         torch.set_num_threads(before)
-    return gap_from_rounds(main_s, worker_s, batches * batch_size * rounds)
+    return gap_from_rounds(main_s, worker_s, timed // 2)
