@@ -48,8 +48,14 @@ def _oom(p: Prediction) -> str:
     return f"OOM: {t.memory_bytes / (1 << 30):.1f} of {t.memory_total_bytes / (1 << 30):.0f} GiB"
 
 
-def _table(title: str, columns: list[tuple[str, str]]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+def _table(title: str, columns: list[tuple[str, str]], *, padding: int = 2) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=title,
+        title_justify="left",
+        padding=(0, padding // 2, 0, padding - padding // 2),
+        pad_edge=padding == 2,
+    )
     for name, justify in columns:
         table.add_column(name, justify="right" if justify == "r" else "left", no_wrap=name == "configuration")
     return table
@@ -92,13 +98,14 @@ def check_table(device: str, checked: Sequence[Checked], repeat: int = 1) -> Tab
         [
             ("configuration", "l"),
             ("pred.\nsamples/s", "r"),
-            ("measured\nsamples/s", "r"),
-            ("runs: min-max", "r"),
+            ("meas.\nsamples/s", "r"),
+            ("runs\nmin-max", "r"),
             ("error", "r"),
             ("pred.\nstall", "r"),
-            ("measured\nstall", "r"),
+            ("meas.\nstall", "r"),
             ("pred.\nbound", "l"),
         ],
+        padding=1,  # eight columns in 80
     )
     for c in checked:
         p = c.prediction
@@ -111,7 +118,7 @@ def check_table(device: str, checked: Sequence[Checked], repeat: int = 1) -> Tab
             _config(p),
             predicted,
             _n(c.measured_samples_per_s),
-            f"{len(c.runs) or 1}: {_n(lo)}-{_n(hi)}",
+            f"{_n(lo)}-{_n(hi)}",
             _err(c.error),
             _pct(p.stall_fraction),
             _pct(c.measured_stall_fraction),
