@@ -49,6 +49,9 @@ LOADER_BOUND = 0.20
 CORES_SATURATED = 0.85
 
 NAIVE, PREFETCH, DALI = "naive", "prefetch", "dali"
+# The worker gap's rounds agree within this ratio on a quiet host (ssd, imagenet: 1.0-1.35); beyond it the
+# measurement is flagged as taken on a busy host
+GAP_UNSTEADY = 1.5
 
 
 class WhatIfError(ValueError):
@@ -118,6 +121,11 @@ class LoaderGap:
     samples: int = 0  # items timed each way, over all rounds
     rounds: tuple[float, ...] = ()  # each round's ratio
 
+    @property
+    def unsteady(self) -> bool:
+        """The rounds disagree by more than GAP_UNSTEADY: something else took the host's cores meanwhile."""
+        return len(self.rounds) > 1 and max(self.rounds) > GAP_UNSTEADY * min(self.rounds)
+
     def scale(self, source_place: str, target_place: str) -> float:
         """The factor that takes a cost measured at ``source_place`` to ``target_place``."""
         if source_place == target_place or not self.factor > 0:
@@ -135,6 +143,7 @@ class LoaderGap:
             "worker_seconds_per_sample": num(self.worker_s),
             "samples": self.samples,
             "round_factors": list(self.rounds),
+            "unsteady": self.unsteady,
         }
 
 
@@ -458,6 +467,12 @@ class WhatIf:
             f"worker vs main-process loading cost: x{g.factor:.3g} MEASURED ({g.main_s * 1e3:.3g} ms/sample in the "
             f"main process, {g.worker_s * 1e3:.3g} in one worker; {g.source}; {spread}), applied where a "
             f"prediction loads elsewhere than the run ({self.measured_at})"
+            + (
+                f"; UNSTEADY: its rounds differ by more than {GAP_UNSTEADY:g}x, the host was busy (see the load "
+                "average) and the factor is not to be trusted"
+                if g.unsteady
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -240,6 +240,12 @@ def test_the_header_says_where_the_gap_came_from_and_its_value() -> None:
     assert d["worker_gap"]["factor"] == pytest.approx(1.2)
     assert d["worker_gap"]["samples"] == 192
     assert d["measured"]["loaded_in"] == MAIN
+    assert not gap.unsteady
+    assert "UNSTEADY" not in w.gap_line
+    busy = replace(w, gap=gap_from_rounds([0.010, 0.010, 0.010], [0.012, 0.004, 0.013], samples=192))
+    assert busy.gap.unsteady
+    assert "UNSTEADY" in busy.gap_line
+    assert busy.to_dict()["worker_gap"]["unsteady"] is True
     bare = replace(w, gap=NO_GAP)
     assert "x1 (not measured" in bare.gap_line
 
