@@ -1,13 +1,18 @@
 """The what-if model's truth check (#11): predictions from one measured run against runs of what they predict.
 
-For each scenario (default imagenet and ssd): one measured run on the first simulated device with 0 workers, then
-``stallscope whatif RUN --device sim:v100,sim:h100 --workers 0,1,2 --check --json``, which predicts every
-configuration from that one run and then trains each for real on its simulated device (the measured run's steps
-and warm-up). Prints each prediction's relative error of throughput (predicted / measured - 1), the stalls beside
-it, and the worst |error| over all of them. Run as a user runs it (``stallscope`` in a fresh interpreter).
+For each scenario (default imagenet and ssd): one measured run on the first simulated device with
+``--from-workers`` workers (default 0) and ``--steps``/``--warmup``, then ``stallscope whatif RUN --device
+sim:v100,sim:h100 --workers 0,1,2 --check --repeat N [--steps S --warmup W] --json``, which predicts every
+configuration from that one run (measuring the worker vs main-process gap of its dataset where a prediction
+crosses between them) and then trains each configuration N times on its simulated device; the median of those
+runs is the measured figure. Prints each prediction's relative error of throughput (predicted / median measured
+- 1), the runs' spread, the stalls, the worst |error| over all of them, and the host's /proc/loadavg before and
+after each scenario (other users of a small host move every measured figure). Run as a user runs it
+(``stallscope`` in a fresh interpreter).
 
 Run: ``.venv/bin/python benchmarks/whatif.py [--scenarios imagenet,ssd] [--devices sim:v100,sim:h100]
-[--workers 0,1,2] [--steps 8] [--warmup 2] [--json]``.
+[--workers 0,1,2] [--from-workers 0] [--steps 8] [--warmup 2] [--repeat 1] [--check-steps S]
+[--check-warmup W] [--json]``.
 """
 
 from __future__ import annotations
@@ -42,11 +47,24 @@ def check(scenario: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     )  # fmt: skip
     if res.returncode != 0:
         return {"error": f"run failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
-    res = stallscope("whatif", str(run_dir), "--device", args.devices, "--workers", args.workers, "--check", "--json")
+    window = [] if args.check_steps is None else ["--steps", str(args.check_steps)]
+    window += [] if args.check_warmup is None else ["--warmup", str(args.check_warmup)]
+    res = stallscope(
+        "whatif", str(run_dir), "--device", args.devices, "--workers", args.workers, "--check", "--repeat",
+        str(args.repeat), *window, "--json",
+    )  # fmt: skip
     if res.returncode not in (0, 1) or not res.stdout.strip():
         return {"error": f"whatif failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
     out: dict[str, Any] = json.loads(res.stdout)
     return out
+
+
+def loadavg() -> str:
+    """The host's 1, 5 and 15 minute load averages (other users of the host show here)."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
 
 
 def _f(x: Any, fmt: str) -> str:
@@ -61,6 +79,9 @@ def main() -> int:
     ap.add_argument("--from-workers", type=int, default=0, help="workers of the measured run (default 0)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1, help="check runs per configuration; the median is measured")
+    ap.add_argument("--check-steps", type=int, default=None, help="steps of each check run (default --steps)")
+    ap.add_argument("--check-warmup", type=int, default=None, help="warm-up of each check run (default --warmup)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results: dict[str, Any] = {}
@@ -68,7 +89,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for scenario in args.scenarios.split(","):
             print(f"whatif benchmark: {scenario} ...", file=sys.stderr, flush=True)
+            before = loadavg()
+            t1 = time.perf_counter()
             results[scenario] = check(scenario, args, Path(tmp))
+            results[scenario]["loadavg"] = {"before": before, "after": loadavg()}
+            results[scenario]["wall_s"] = time.perf_counter() - t1
     wall = time.perf_counter() - t0
     errors = [
         abs(r["relative_error"])
@@ -84,16 +109,22 @@ def main() -> int:
         if "error" in out:
             print(f"{scenario}: {out['error']}")
             continue
-        cost = out["measured"]["loader_cost"]
+        cost, gap = out["measured"]["loader_cost"], out["worker_gap"]
         print(f"{scenario}: loader cost {cost['seconds_per_sample'] * 1e3:.2f} ms/sample ({cost['method']})")
+        print(f"  worker gap x{gap['factor']:.3f} ({gap['source']}; rounds {gap['round_factors']})")
+        print(f"  loadavg before {out['loadavg']['before']}, after {out['loadavg']['after']} ({out['wall_s']:.0f} s)")
         print(
-            f"  {'device':<26} {'w':>2} {'pred/s':>8} {'meas/s':>8} {'error':>7} {'pred stall':>10} {'meas stall':>10}"
+            f"  {'device':<26} {'w':>2} {'pred/s':>8} {'meas/s':>8} {'runs min-max':>14} {'error':>7} "
+            f"{'pred stall':>10} {'meas stall':>10}"
         )
         for r in out["predictions"]:
             pred = "OOM" if r["status"] == "OOM" else _f(r["predicted_throughput_samples_per_s"], ".1f")
+            spread = r.get("measured_spread")
+            runs = "n/a" if not spread else f"{spread[0]:.1f}-{spread[1]:.1f}"
             print(
                 f"  {r['device']:<26} {r['workers']:>2} {pred:>8} "
-                f"{_f(r['measured_throughput_samples_per_s'], '.1f'):>8} {_f(r['relative_error'], '+.1%'):>7} "
+                f"{_f(r['measured_throughput_samples_per_s'], '.1f'):>8} {runs:>14} "
+                f"{_f(r['relative_error'], '+.1%'):>7} "
                 f"{_f(r['predicted_stall_fraction'], '.0%'):>10} {_f(r['measured_stall_fraction'], '.0%'):>10}"
             )
     print(f"worst |error| over {len(errors)} predictions: {_f(worst, '.1%')} (wall {wall:.0f} s)")

@@ -21,6 +21,13 @@ semantics), with ``L = B c`` one batch's loading by one thread, ``D' = max(D, K)
 - prefetch: the copy is pinned and on a side stream, so it overlaps compute; the prefetch thread loads
   (0 workers: ``T_L = L``): ``P = max(T_L, o + K, D', H)``.
 
+Where the loading runs: in the training process (naive with 0 workers, the prefetch thread) or in DataLoader
+worker processes (naive and prefetch with workers). The same item costs a worker more than the main process
+(measured 1.15-1.35x on the 2-core host; not torch's intra-op threads, which do not change the main process's
+cost): a prediction that moves the loading from one place to the other scales ``c`` and ``c_cpu`` by a
+:class:`LoaderGap` measured for the run's dataset (``profiler.loadergap``), never by a constant. DALI's threads
+keep the run's cost.
+
 Throughput ``B / P``; device utilisation ``D / P``; stall ``1 - D' / P`` (the time the device is not computing a
 step, as the stall fraction counts it on a CUDA or simulated device); binding constraint: the largest part.
 Workers to keep the device fed: ``ceil(B c / P_device)``, ``P_device`` being ``P`` with an instant loader;
@@ -30,6 +37,8 @@ cores: ``ceil(B c_cpu / P_device)``.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +49,9 @@ LOADER_BOUND = 0.20
 CORES_SATURATED = 0.85
 
 NAIVE, PREFETCH, DALI = "naive", "prefetch", "dali"
+# The worker gap's rounds agree within this ratio on a quiet host (ssd, imagenet: 1.0-1.35); beyond it the
+# measurement is flagged as taken on a busy host
+GAP_UNSTEADY = 1.5
 
 
 class WhatIfError(ValueError):
@@ -83,6 +95,78 @@ class LoaderCost:
 
     def to_dict(self) -> dict[str, Any]:
         return {"seconds_per_sample": self.wall_s, "cpu_seconds_per_sample": self.cpu_s, "method": self.method}
+
+
+MAIN, WORKER = "main process", "worker processes"
+
+
+def loader_place(pipeline: str, workers: int) -> str:
+    """Where a configuration loads: the training process (naive without workers, the prefetch thread, DALI's
+    threads) or DataLoader worker processes."""
+    return WORKER if workers > 0 and pipeline != DALI else MAIN
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderGap:
+    """How much more one sample costs a DataLoader worker process than the training process, measured.
+
+    ``factor`` = worker seconds per sample / main-process seconds per sample over the same items; 1.0 with
+    ``source`` saying why when it was not measured.
+    """
+
+    factor: float
+    source: str  # how it was measured (or why it is 1)
+    main_s: float = math.nan  # seconds per sample loaded in the training process
+    worker_s: float = math.nan  # seconds per sample delivered by one worker
+    samples: int = 0  # items timed each way, over all rounds
+    rounds: tuple[float, ...] = ()  # each round's ratio
+
+    @property
+    def unsteady(self) -> bool:
+        """The rounds disagree by more than GAP_UNSTEADY: something else took the host's cores meanwhile."""
+        return len(self.rounds) > 1 and max(self.rounds) > GAP_UNSTEADY * min(self.rounds)
+
+    def scale(self, source_place: str, target_place: str) -> float:
+        """The factor that takes a cost measured at ``source_place`` to ``target_place``."""
+        if source_place == target_place or not self.factor > 0:
+            return 1.0
+        return self.factor if target_place == WORKER else 1.0 / self.factor
+
+    def to_dict(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return {
+            "factor": self.factor,
+            "source": self.source,
+            "main_process_seconds_per_sample": num(self.main_s),
+            "worker_seconds_per_sample": num(self.worker_s),
+            "samples": self.samples,
+            "round_factors": list(self.rounds),
+            "unsteady": self.unsteady,
+        }
+
+
+NO_GAP = LoaderGap(1.0, "not measured: no prediction moves the loading between the main process and workers")
+
+
+def gap_from_rounds(main_s: list[float], worker_s: list[float], samples: int) -> LoaderGap:
+    """The gap from interleaved rounds of timing (seconds per sample in the main process and in one worker,
+    one pair per round): the ratio of the medians, so that one round hit by another process's burst does not
+    set it. Each round's own ratio is kept to show the spread."""
+    if not main_s or len(main_s) != len(worker_s) or min(main_s) <= 0 or min(worker_s) <= 0:
+        raise ValueError("gap_from_rounds needs one positive main and worker time per round")
+    m, w = statistics.median(main_s), statistics.median(worker_s)
+    rounds = tuple(b / a for a, b in zip(main_s, worker_s, strict=True))
+    return LoaderGap(
+        w / m,
+        f"measured: {samples} samples of the run's dataset loaded in the main process and in one worker, "
+        f"median of {len(main_s)} interleaved rounds",
+        m,
+        w,
+        samples,
+        rounds,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +225,7 @@ class Prediction:
     workers_needed: int | None = None
     cores_needed: int | None = None
     parts_ms: dict[str, float] | None = None  # loader, device, launch, host link: ms per step
+    loader_scale: float = 1.0  # the LoaderGap factor applied to the measured loader cost (1: same place)
 
     def to_dict(self) -> dict[str, Any]:
         t = self.target
@@ -162,6 +247,7 @@ class Prediction:
             "workers_needed": self.workers_needed,
             "cores_needed": self.cores_needed,
             "parts_ms_per_step": self.parts_ms,
+            "loader_cost_scale": self.loader_scale,
             "memory_bytes": t.memory_bytes,
             "memory_total_bytes": t.memory_total_bytes,
         }
@@ -240,13 +326,15 @@ def _period(pipeline: str, threads: int, loader: float, *, dev: float, launch: f
     return max(loader, h2d + max(launch, dev))
 
 
-def predict(cost: LoaderCost, host: Host, t: Target) -> Prediction:
-    """The steady state of ``t`` (see the module docstring for the equations)."""
+def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, measured_at: str = MAIN) -> Prediction:
+    """The steady state of ``t`` (see the module docstring for the equations). ``cost`` was measured with the
+    loading at ``measured_at``; ``gap`` takes it to where ``t`` loads."""
     if not t.fits:
         return Prediction(t, "OOM")
     b = t.batch_size
     threads = loader_threads(t.pipeline, t.workers)
-    batch_load, batch_cpu = b * cost.wall_s, b * cost.cpu_s
+    scale = gap.scale(measured_at, loader_place(t.pipeline, t.workers))
+    batch_load, batch_cpu = b * cost.wall_s * scale, b * cost.cpu_s * scale
     loader = batch_load if threads == 0 else max(batch_load / threads, batch_cpu / host.free_cores)
     launch = host.overhead_s + t.launch_s  # the host's own part of the step: loop overhead + kernel launches
     dev = max(t.device_s, t.launch_s)  # D'
@@ -267,18 +355,47 @@ def predict(cost: LoaderCost, host: Host, t: Target) -> Prediction:
         workers_needed=math.ceil(batch_load / fed - 1e-9) if fed > 0 else None,
         cores_needed=math.ceil(batch_cpu / fed - 1e-9) if fed > 0 else None,
         parts_ms={k: v * 1e3 for k, v in parts.items()},
+        loader_scale=scale,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class Checked:
-    """A prediction beside the run that measured its configuration (``measured`` None: the run failed)."""
+    """A prediction beside the runs that measured its configuration (NaN measured: the runs failed).
+
+    With several runs (``--check --repeat N``) the measured figures are their medians and ``runs`` keeps every
+    run's throughput, so the spread shows beside the median; :meth:`of_runs` builds one.
+    """
 
     prediction: Prediction
     measured_samples_per_s: float
     measured_stall_fraction: float
     run_dir: str
-    status: str  # the check run's status, or why it did not run
+    status: str  # the check runs' status, or why they did not run
+    runs: tuple[float, ...] = ()  # each check run's throughput, in the order measured
+
+    @classmethod
+    def of_runs(
+        cls, prediction: Prediction, throughputs: Sequence[float], stalls: Sequence[float], run_dir: str, status: str
+    ) -> Checked:
+        """The median of the runs' throughputs and stalls as the measured figures, every run kept."""
+        if not throughputs or len(throughputs) != len(stalls):
+            raise ValueError("of_runs needs one throughput and one stall per run")
+        return cls(
+            prediction,
+            statistics.median(throughputs),
+            statistics.median(stalls),
+            run_dir,
+            status,
+            tuple(throughputs),
+        )
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """(min, max) of the runs' throughputs; (median, median) for one run, NaN for none."""
+        if not self.runs:
+            return (self.measured_samples_per_s, self.measured_samples_per_s)
+        return (min(self.runs), max(self.runs))
 
     @property
     def error(self) -> float:
@@ -291,9 +408,12 @@ class Checked:
 
     def to_dict(self) -> dict[str, Any]:
         m, s, e = self.measured_samples_per_s, self.measured_stall_fraction, self.error
+        lo, hi = self.spread
         return {
             **self.prediction.to_dict(),
             "measured_throughput_samples_per_s": None if math.isnan(m) else m,
+            "measured_runs": list(self.runs) if self.runs else ([] if math.isnan(m) else [m]),
+            "measured_spread": None if math.isnan(lo) else [lo, hi],
             "measured_stall_fraction": None if math.isnan(s) else s,
             "relative_error": None if math.isnan(e) else e,
             "check_run": self.run_dir,
@@ -318,6 +438,12 @@ class WhatIf:
     predictions: tuple[Prediction, ...]
     checked: tuple[Checked, ...] = ()
     notes: tuple[str, ...] = ()
+    gap: LoaderGap = NO_GAP
+    repeat: int = 1  # check runs per configuration
+
+    @property
+    def measured_at(self) -> str:
+        return loader_place(self.run.pipeline, self.run.workers)
 
     @property
     def header(self) -> str:
@@ -325,9 +451,28 @@ class WhatIf:
         c = self.cost
         return (
             f"PREDICTED by the model in docs/whatif.md from run {self.run_dir}'s measured loader cost "
-            f"{c.wall_s * 1e3:.3g} ms/sample ({c.cpu_s * 1e3:.3g} ms CPU; {c.method}), "
-            f"{self.run.bytes_per_sample:,.0f} bytes/sample to the device, {self.host.free_cores:.2g} free of "
-            f"{self.host.usable_cores} usable cores"
+            f"{c.wall_s * 1e3:.3g} ms/sample ({c.cpu_s * 1e3:.3g} ms CPU; {c.method}; loaded in the "
+            f"{self.measured_at}), {self.run.bytes_per_sample:,.0f} bytes/sample to the device, "
+            f"{self.host.free_cores:.2g} free of {self.host.usable_cores} usable cores"
+        )
+
+    @property
+    def gap_line(self) -> str:
+        """Where the worker vs main-process factor came from and its value."""
+        g = self.gap
+        if not g.samples:
+            return f"worker vs main-process loading cost: x{g.factor:.3g} ({g.source})"
+        spread = f"rounds {min(g.rounds):.3g}-{max(g.rounds):.3g}" if g.rounds else ""
+        return (
+            f"worker vs main-process loading cost: x{g.factor:.3g} MEASURED ({g.main_s * 1e3:.3g} ms/sample in the "
+            f"main process, {g.worker_s * 1e3:.3g} in one worker; {g.source}; {spread}), applied where a "
+            f"prediction loads elsewhere than the run ({self.measured_at})"
+            + (
+                f"; UNSTEADY: its rounds differ by more than {GAP_UNSTEADY:g}x, the host was busy (see the load "
+                "average) and the factor is not to be trusted"
+                if g.unsteady
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -338,6 +483,7 @@ class WhatIf:
             "run_id": self.run.run_id,
             "model": "docs/whatif.md",
             "header": self.header,
+            "worker_gap_line": self.gap_line,
             "measured": {
                 "pipeline": self.run.pipeline,
                 "device_kind": self.run.device_kind,
@@ -346,8 +492,11 @@ class WhatIf:
                 "throughput_samples_per_s": self.run.throughput,
                 "bytes_per_sample": self.run.bytes_per_sample,
                 "loader_cost": self.cost.to_dict(),
+                "loaded_in": self.measured_at,
                 "host": self.host.to_dict(),
             },
+            "worker_gap": self.gap.to_dict(),
+            **({"check_repeat": self.repeat} if self.checked else {}),
             "predictions": rows,
             **({"worst_relative_error": None if math.isnan(worst) else worst} if self.checked else {}),
             "notes": list(self.notes),

@@ -8,19 +8,27 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, stallscope
 
 from profiler.cli import main
 from profiler.whatif import (
+    MAIN,
+    NO_GAP,
+    WORKER,
     Checked,
     Host,
     LoaderCost,
+    LoaderGap,
     MeasuredRun,
     Target,
+    WhatIf,
     WhatIfError,
+    gap_from_rounds,
     loader_cost,
+    loader_place,
     predict,
     worst_error,
 )
@@ -160,6 +168,88 @@ def test_worst_error_and_the_check_json_carry_both_throughputs() -> None:
     assert d["measured_throughput_samples_per_s"] == 180.0
 
 
+def test_repeated_checks_measure_the_median_and_keep_every_run() -> None:
+    p = predict(cost(10), HOST, target(workers=2))  # 200 samples/s predicted
+    c = Checked.of_runs(p, [150.0, 210.0, 190.0], [0.9, 0.8, 0.7], "x", "complete")
+    assert c.measured_samples_per_s == 190.0  # the median, not the mean (183.3) nor the first
+    assert c.measured_stall_fraction == pytest.approx(0.8)
+    assert c.spread == (150.0, 210.0)
+    assert c.error == pytest.approx(200 / 190 - 1)
+    d = c.to_dict()
+    assert d["measured_runs"] == [150.0, 210.0, 190.0]
+    assert d["measured_spread"] == [150.0, 210.0]
+    assert d["measured_throughput_samples_per_s"] == 190.0
+    even = Checked.of_runs(p, [100.0, 300.0], [0.5, 0.7], "x", "complete")
+    assert even.measured_samples_per_s == 200.0
+    assert even.error == pytest.approx(0.0)
+    one = Checked(p, 180.0, 0.9, "x", "complete")  # a single run, as before --repeat
+    assert one.spread == (180.0, 180.0)
+    assert one.to_dict()["measured_runs"] == [180.0]
+    with pytest.raises(ValueError, match="one throughput"):
+        Checked.of_runs(p, [], [], "x", "complete")
+
+
+def test_the_gap_is_the_ratio_of_the_medians_of_the_rounds() -> None:
+    g = gap_from_rounds([0.010, 0.011, 0.030], [0.012, 0.013, 0.012], samples=96)
+    assert g.factor == pytest.approx(0.012 / 0.011)  # the 30 ms round (a burst) does not set it
+    assert g.rounds == pytest.approx((1.2, 13 / 11, 0.4))
+    assert g.samples == 96
+    assert "measured" in g.source
+    with pytest.raises(ValueError, match="one positive"):
+        gap_from_rounds([0.01], [], samples=1)
+
+
+def test_where_each_configuration_loads() -> None:
+    assert loader_place("naive", 0) == MAIN
+    assert loader_place("prefetch", 0) == MAIN  # its thread runs in the training process
+    assert loader_place("naive", 2) == WORKER
+    assert loader_place("prefetch", 1) == WORKER
+    assert loader_place("dali", 4) == MAIN  # DALI's threads, not worker processes
+
+
+def test_the_gap_applies_only_where_the_loading_moves() -> None:
+    gap = LoaderGap(1.25, "injected")
+    # measured in the main process (a 0-worker run), c = 10 ms: workers pay 12.5 ms
+    same = predict(cost(10), HOST, target(workers=0), gap, MAIN)
+    assert same.step_ms == pytest.approx(83.0)  # no crossing: as without the gap
+    assert same.loader_scale == 1.0
+    moved = predict(cost(10), HOST, target(workers=2), gap, MAIN)
+    assert moved.step_ms == pytest.approx(8 * 12.5 / 2)
+    assert moved.loader_scale == 1.25
+    assert moved.to_dict()["loader_cost_scale"] == 1.25
+    # the cores' limit scales too: a worker's CPU per sample is what the cores have to supply
+    host = Host(usable_cores=2, other_cores=1.0, overhead_s=0.0)
+    assert predict(cost(10), host, target(workers=4), gap, MAIN).step_ms == pytest.approx(8 * 12.5)
+    # measured in workers, predicted for the main process: divided
+    back = predict(cost(12.5), HOST, target(workers=0), gap, WORKER)
+    assert back.step_ms == pytest.approx(2 + 8 * 10 + 1)
+    assert predict(cost(12.5), HOST, target(workers=1), gap, WORKER).step_ms == pytest.approx(100.0)
+    # dali's threads keep the run's cost; without a measured gap nothing changes
+    assert predict(cost(10), HOST, target("dali", workers=2), gap, MAIN).loader_scale == 1.0
+    assert predict(cost(10), HOST, target(workers=2), NO_GAP, MAIN).step_ms == pytest.approx(40.0)
+
+
+def test_the_header_says_where_the_gap_came_from_and_its_value() -> None:
+    gap = gap_from_rounds([0.010, 0.010, 0.010], [0.012, 0.012, 0.013], samples=192)
+    m = run()
+    w = WhatIf("runs/x", m, loader_cost(m), HOST, (predict(cost(10), HOST, target(workers=2), gap, MAIN),), gap=gap)
+    assert "x1.2 MEASURED" in w.gap_line
+    assert "10 ms/sample in the main process, 12 in one worker" in w.gap_line
+    assert "loaded in the main process" in w.header
+    d = w.to_dict()
+    assert d["worker_gap"]["factor"] == pytest.approx(1.2)
+    assert d["worker_gap"]["samples"] == 192
+    assert d["measured"]["loaded_in"] == MAIN
+    assert not gap.unsteady
+    assert "UNSTEADY" not in w.gap_line
+    busy = replace(w, gap=gap_from_rounds([0.010, 0.010, 0.010], [0.012, 0.004, 0.013], samples=192))
+    assert busy.gap.unsteady
+    assert "UNSTEADY" in busy.gap_line
+    assert busy.to_dict()["worker_gap"]["unsteady"] is True
+    bare = replace(w, gap=NO_GAP)
+    assert "x1 (not measured" in bare.gap_line
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -171,6 +261,10 @@ def test_worst_error_and_the_check_json_carry_both_throughputs() -> None:
         (["whatif", "no/such/run"], "no/such/run"),
         (["whatif", "tests/data/runs/cpu-workers"], "batch_bytes"),
         (["whatif", "tests/data/runs/cpu-workers", "--device", "sim:nope"], "unknown accelerator"),
+        (["whatif", "tests/data/runs/cpu-workers", "--repeat", "3"], "add --check"),
+        (["whatif", "tests/data/runs/cpu-workers", "--steps", "30"], "add --check"),
+        (["whatif", "tests/data/runs/cpu-workers", "--check", "--repeat", "0"], "out of range"),
+        (["whatif", "tests/data/runs/cpu-workers", "--check", "--warmup", "x"], "'x'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -224,3 +318,48 @@ def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Pat
         "delivery" in out["measured"]["loader_cost"]["method"]
         or "data wait" in out["measured"]["loader_cost"]["method"]
     )
+
+
+class _PlaceCost:
+    """A dataset whose item costs ``main_ms`` in the training process and ``worker_ms`` in a DataLoader worker:
+    a known gap for :func:`profiler.loadergap.measure_gap` to measure."""
+
+    def __init__(self, main_ms: float, worker_ms: float, n: int = 256) -> None:
+        self.main_ms, self.worker_ms, self.n = main_ms, worker_ms, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import time
+
+        import torch
+        from torch.utils.data import get_worker_info
+
+        time.sleep((self.main_ms if get_worker_info() is None else self.worker_ms) / 1e3)
+        return torch.zeros(4), i
+
+
+@pytest.mark.parametrize(("main_ms", "worker_ms"), [(10.0, 20.0), (10.0, 10.0)])
+def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: float) -> None:
+    # items of 10 ms or more, so that the scheduling delays of a shared 2-core host (a few ms a wake-up at a
+    # load of 6) stay inside the tolerance; the median of 5 rounds drops a round that a burst hit
+    from profiler.loadergap import measure_gap
+
+    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=24, rounds=5, threads=1)
+    assert gap.factor == pytest.approx(worker_ms / main_ms, rel=0.2), gap
+    assert gap.main_s == pytest.approx(main_ms / 1e3, rel=0.5)
+    assert gap.samples == 5 * 24
+    assert len(gap.rounds) == 5
+
+
+def test_the_calibration_restores_the_thread_count_and_refuses_a_tiny_dataset() -> None:
+    import torch
+
+    from profiler.loadergap import measure_gap
+
+    before = torch.get_num_threads()
+    measure_gap(_PlaceCost(0.1, 0.1, n=16), 4, samples=8, rounds=1, threads=before + 1)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="too few"):
+        measure_gap(_PlaceCost(0.1, 0.1, n=5), 4)

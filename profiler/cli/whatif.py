@@ -27,12 +27,14 @@ from profiler.cli.common import (
     BadInput,
     Handler,
     SignalStop,
+    bounded,
     exit_signal,
     int_list,
     say,
 )
 
 DEFAULT_TARGETS = ("sim:v100", "sim:h100")
+MAX_REPEAT = 20
 _DEVICE_START = re.compile(r"^(sim:|cpu$|cuda|auto$)")
 
 
@@ -77,6 +79,33 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="also train each configuration on its simulated device (the run's steps and warm-up) into "
         "RUN_DIR/whatif/<label>/ and print predicted against measured",
+    )
+    w.add_argument(
+        "--repeat",
+        type=bounded(int, 1, MAX_REPEAT, "an integer"),
+        default=1,
+        metavar="N",
+        help="with --check: measure each configuration N times; the median throughput is the measured figure and "
+        "the spread (min-max) is shown beside it (default 1)",
+    )
+    w.add_argument(
+        "--steps",
+        type=bounded(int, 1, None, "an integer"),
+        metavar="N",
+        help="with --check: measured steps of each check run (default the run's)",
+    )
+    w.add_argument(
+        "--warmup",
+        type=bounded(int, 0, None, "an integer"),
+        metavar="N",
+        help="with --check: warm-up steps of each check run (default the run's)",
+    )
+    w.add_argument(
+        "--worker-gap",
+        choices=("measure", "off"),
+        default="measure",
+        help="measure how much more a sample costs a worker process than the main process on the run's dataset, "
+        "and apply it where a prediction moves the loading between them (default); off: assume the same cost",
     )
     w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
 
@@ -186,10 +215,23 @@ def _default_targets(src: _Source) -> list[Any]:
     return _resolve(names)
 
 
+@dataclass(frozen=True, slots=True)
+class CheckPlan:
+    """How each configuration is checked: runs per configuration, and each run's steps and warm-up (None: the
+    measured run's)."""
+
+    repeat: int = 1
+    steps: int | None = None
+    warmup: int | None = None
+
+
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from profiler.whatif import WhatIf, WhatIfError, host_of, loader_cost, predict
+    from profiler.whatif import NO_GAP, WhatIf, WhatIfError, host_of, loader_cost, loader_place, predict
 
     given = _resolve(args.device) if args.device else None  # checked before the run is read
+    plan = CheckPlan(repeat=args.repeat, steps=args.steps, warmup=args.warmup)
+    if not args.check and (plan.repeat != 1 or plan.steps is not None or plan.warmup is not None):
+        raise BadInput("--repeat, --steps and --warmup set how --check measures: add --check")
     src = _read_run(args.run_dir)
     devices = given if given is not None else _default_targets(src)
     m = src.measured
@@ -201,17 +243,20 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     workers: Sequence[int] = args.workers if args.workers is not None else [m.workers]
     batches: Sequence[int] = args.batch_size if args.batch_size is not None else [m.batch_size]
     steps = _StepCosts(src)
-    predictions = [
-        predict(cost, host, steps.target(dev, m.pipeline, w, b, m.bytes_per_sample))
-        for dev in devices
-        for b in batches
-        for w in workers
+    targets = [
+        steps.target(dev, m.pipeline, w, b, m.bytes_per_sample) for dev in devices for b in batches for w in workers
     ]
-    result = WhatIf(str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(_notes(src)))
+    measured_at = loader_place(m.pipeline, m.workers)
+    crossing = [t for t in targets if t.fits and loader_place(t.pipeline, t.workers) != measured_at]
+    gap = NO_GAP
+    if crossing:
+        gap = _measure_gap(src) if args.worker_gap == "measure" else replace(NO_GAP, source="--worker-gap off")
+    predictions = [predict(cost, host, t, gap, measured_at) for t in targets]
+    result = WhatIf(str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(_notes(src)), gap=gap)
     code = EXIT_OK
     if args.check:
-        checked, code = _check_all(src, predictions, devices)
-        result = replace(result, checked=tuple(checked))
+        checked, code = _check_all(src, predictions, devices, plan)
+        result = replace(result, checked=tuple(checked), repeat=plan.repeat)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -220,6 +265,27 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
         render_whatif(result, make_console())
     return code
+
+
+def _measure_gap(src: _Source) -> Any:
+    """The worker vs main-process cost of the run's dataset (profiler.loadergap), or 1 with the reason."""
+    from profiler.loadergap import DEFAULT_ROUNDS, DEFAULT_SAMPLES, measure_gap
+    from profiler.whatif import NO_GAP
+    from scenarios import DataOptions
+
+    root, m = src.data_root, src.measured
+    device_type = "cpu" if m.device_kind == "cpu" else "cuda"
+    options = None if root is None else DataOptions(root=root, on_bad_sample="skip", device_type=device_type)
+    threads = src.meta.get("torch_threads")
+    say(
+        f"measuring the worker vs main-process loading cost: {DEFAULT_SAMPLES} samples x {DEFAULT_ROUNDS} rounds "
+        f"each way (main process at {threads or 'the current'} intra-op threads)"
+    )
+    try:
+        dataset = src.scenario.build_dataset(options)
+        return measure_gap(dataset, m.batch_size, threads=threads if isinstance(threads, int) else None)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return replace(NO_GAP, source=f"could not be measured ({exc}): assumed 1")
 
 
 def _notes(src: _Source) -> list[str]:
@@ -303,34 +369,58 @@ def short_label(config: Any) -> str:
     return out + (f",efficiency={config.efficiency:g}" if config.efficiency_given else "")
 
 
-def check_label(p: Any) -> str:
-    """A configuration's directory name under RUN_DIR/whatif/: sim-v100-amp-naive-b8-w2."""
+def check_label(p: Any, steps: int | None = None, warmup: int | None = None, rep: int = 1) -> str:
+    """A configuration's directory name under RUN_DIR/whatif/: sim-v100-amp-naive-b8-w2, with
+    ``-steps30-warmup5`` when the check's window is not the run's and ``-r2`` for its second run."""
     t = p.target
     device = re.sub(r"[^A-Za-z0-9.]+", "-", t.device.replace("precision=", "").replace("efficiency=", "e"))
-    return f"{device.strip('-')}-{t.pipeline}-b{t.batch_size}-w{t.workers}"
+    out = f"{device.strip('-')}-{t.pipeline}-b{t.batch_size}-w{t.workers}"
+    if steps is not None or warmup is not None:
+        out += f"-steps{'' if steps is None else steps}-warmup{'' if warmup is None else warmup}"
+    return out + (f"-r{rep}" if rep > 1 else "")
 
 
-def _check_all(src: _Source, predictions: list[Any], devices: list[Any]) -> tuple[list[Any], int]:
-    """Each prediction beside a run of its configuration; the exit code (1: a check failed unexpectedly)."""
+def _check_all(src: _Source, predictions: list[Any], devices: list[Any], plan: CheckPlan) -> tuple[list[Any], int]:
+    """Each prediction beside ``plan.repeat`` runs of its configuration, the repetitions interleaved (every
+    configuration once, then again) so that a burst of load on the host does not fall on one configuration's
+    runs alone; the exit code (1: a check failed unexpectedly)."""
     from profiler.whatif import Checked
 
     by_label = {short_label(d.sim): d for d in devices}
+    results: list[list[tuple[Any, str]]] = [[] for _ in predictions]
+    total = len(predictions) * plan.repeat
+    for rep in range(1, plan.repeat + 1):
+        for i, p in enumerate(predictions):
+            out = src.run_dir / "whatif" / check_label(p, plan.steps, plan.warmup, rep)
+            n = (rep - 1) * len(predictions) + i + 1
+            say(f"check [{n}/{total}] {p.target.label} -> {out}")
+            if rep > 1 and results[i] and results[i][0][0] is None:
+                continue  # the first run failed: the others would fail the same way
+            results[i].append(_measure(src, p, by_label[p.target.device], out, plan))
     checked, code = [], EXIT_OK
-    for i, p in enumerate(predictions, 1):
-        out = src.run_dir / "whatif" / check_label(p)
-        say(f"check [{i}/{len(predictions)}] {p.target.label} -> {out}")
-        summary, status = _measure(src, p, by_label[p.target.device], out)
-        if summary is None or summary.steps < 1:
+    for p, runs in zip(predictions, results, strict=True):
+        first = str(src.run_dir / "whatif" / check_label(p, plan.steps, plan.warmup))
+        good = [s for s, _ in runs if s is not None and s.steps >= 1]
+        if len(good) < len(runs) or not good:
+            status = next(st for s, st in runs if s is None or s.steps < 1)
             oom = p.status == "OOM" and "out of memory" in status
             if not oom:
                 code = EXIT_FAILED
-            checked.append(Checked(p, math.nan, math.nan, str(out), "OOM as predicted" if oom else status))
+            checked.append(Checked(p, math.nan, math.nan, first, "OOM as predicted" if oom else status))
             continue
-        checked.append(Checked(p, summary.throughput_samples_per_s, summary.stall_fraction, str(out), summary.status))
+        checked.append(
+            Checked.of_runs(
+                p,
+                [s.throughput_samples_per_s for s in good],
+                [s.stall_fraction for s in good],
+                first,
+                good[0].status,
+            )
+        )
     return checked, code
 
 
-def _measure(src: _Source, p: Any, device: Any, out: Path) -> tuple[Any, str]:
+def _measure(src: _Source, p: Any, device: Any, out: Path, plan: CheckPlan) -> tuple[Any, str]:
     """(the Summary of the configuration's run, its status or error): read back when already measured."""
     from profiler.runner import RunConfig, RunStopped, TrainingError, run_scenario
     from profiler.store import DB_NAME
@@ -354,8 +444,8 @@ def _measure(src: _Source, p: Any, device: Any, out: Path) -> tuple[Any, str]:
         pipeline=t.pipeline,
         batch_size=t.batch_size,
         workers=t.workers,
-        steps=src.summary.steps,
-        warmup=src.summary.warmup_steps,
+        steps=plan.steps if plan.steps is not None else src.summary.steps,
+        warmup=plan.warmup if plan.warmup is not None else src.summary.warmup_steps,
         seed=int(meta.get("seed", 0) or 0),
         data=src.data_root,
         model=meta.get("model"),

@@ -48,8 +48,14 @@ def _oom(p: Prediction) -> str:
     return f"OOM: {t.memory_bytes / (1 << 30):.1f} of {t.memory_total_bytes / (1 << 30):.0f} GiB"
 
 
-def _table(title: str, columns: list[tuple[str, str]]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+def _table(title: str, columns: list[tuple[str, str]], *, padding: int = 2) -> Table:
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        title=title,
+        title_justify="left",
+        padding=(0, padding // 2, 0, padding - padding // 2),
+        pad_edge=padding == 2,
+    )
     for name, justify in columns:
         table.add_column(name, justify="right" if justify == "r" else "left", no_wrap=name == "configuration")
     return table
@@ -85,29 +91,34 @@ def prediction_table(device: str, predictions: Sequence[Prediction]) -> Table:
     return table
 
 
-def check_table(device: str, checked: Sequence[Checked]) -> Table:
+def check_table(device: str, checked: Sequence[Checked], repeat: int = 1) -> Table:
+    measured = "MEASURED (--check)" if repeat == 1 else f"MEASURED (--check, median of {repeat} runs)"
     table = _table(
-        f"{device} (simulated): PREDICTED against MEASURED (--check)",
+        f"{device} (simulated): PREDICTED against {measured}",
         [
             ("configuration", "l"),
             ("pred.\nsamples/s", "r"),
-            ("measured\nsamples/s", "r"),
+            ("meas.\nsamples/s", "r"),
+            ("runs\nmin-max", "r"),
             ("error", "r"),
             ("pred.\nstall", "r"),
-            ("measured\nstall", "r"),
+            ("meas.\nstall", "r"),
             ("pred.\nbound", "l"),
         ],
+        padding=1,  # eight columns in 80
     )
     for c in checked:
         p = c.prediction
         predicted = _oom(p) if p.status == "OOM" else _n(p.samples_per_s)
         if math.isnan(c.measured_samples_per_s):
-            table.add_row(_config(p), predicted, c.status, "", _pct(p.stall_fraction), "", p.binding)
+            table.add_row(_config(p), predicted, c.status, "", "", _pct(p.stall_fraction), "", p.binding)
             continue
+        lo, hi = c.spread
         table.add_row(
             _config(p),
             predicted,
             _n(c.measured_samples_per_s),
+            f"{_n(lo)}-{_n(hi)}",
             _err(c.error),
             _pct(p.stall_fraction),
             _pct(c.measured_stall_fraction),
@@ -117,7 +128,7 @@ def check_table(device: str, checked: Sequence[Checked]) -> Table:
 
 
 def render_whatif(result: WhatIf, console: Console) -> None:
-    parts: list[Text | Table] = [Text(result.header, style="bold")]
+    parts: list[Text | Table] = [Text(result.header, style="bold"), Text(result.gap_line)]
     for device in _devices(result.predictions):
         parts.append(prediction_table(device, [p for p in result.predictions if p.target.device == device]))
     parts.append(
@@ -131,7 +142,8 @@ def render_whatif(result: WhatIf, console: Console) -> None:
     if result.checked:
         worst = worst_error(list(result.checked))
         for device in _devices(result.predictions):
-            parts.append(check_table(device, [c for c in result.checked if c.prediction.target.device == device]))
+            rows = [c for c in result.checked if c.prediction.target.device == device]
+            parts.append(check_table(device, rows, result.repeat))
         parts.append(Text(f"worst |error| of predicted against measured throughput: {_pct1(worst)}", style="bold"))
         parts.append(Text(f"check runs: {Path(result.run_dir) / 'whatif'}/<configuration>", style="dim"))
     parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
