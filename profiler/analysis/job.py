@@ -29,6 +29,11 @@ from profiler.store import RunRecord
 
 # Straggler rule (docs/multi-rank.md): a rank's data wait must exceed the median of the other ranks' by more than
 # max(STRAGGLER_MIN_MS, STRAGGLER_STEP_SHARE x the median step time) ...
+# Ranks seen ending within this many seconds of the first are told apart by their stores, not their times: the node
+# sampler sees a death within one period (0.1 s at 10 Hz), and a rank that loses its peer fails a few ms later
+FAILURE_TIE_S = 0.5
+# What a rank's error says when it failed because another rank went away (gloo, NCCL, the c10d store)
+PEER_LOSS = ("closed by peer", "connection reset", "broken pipe", "remote worker", "nccl", "peer", "timed out")
 STRAGGLER_MIN_MS = 5.0  # below this, per-step jitter of a loaded host (a few ms on 2 cores) reads as a straggler
 STRAGGLER_STEP_SHARE = 0.10  # a 10%-of-step excess makes the whole job >= 10% slower: worth naming
 # ... and the others must wait for it in sync: their median sync per step at least this share of the excess
@@ -344,7 +349,7 @@ def summarize_job(job: JobInput) -> JobSummary:
         verdict=job_verdict(rows),
         straggler=straggler,
         scaling=_scaling(job.baseline, world, throughput, notes),
-        first_failure=min(exits.values(), key=lambda e: e.t_s, default=None),
+        first_failure=first_failure(exits, rows),
         run_dirs=tuple(n.run_dir for n in job.nodes),
         notes=tuple(notes),
         straggler_rule=rule,
@@ -523,6 +528,30 @@ def _candidates(rows: tuple[RankRow, ...] | list[RankRow]) -> list[_Candidate]:
         )
         found.append(_Candidate(r, others, Straggler(r.rank, excess, sync, threshold, names, evidence)))
     return found
+
+
+def first_failure(exits: dict[int, RankExit], rows: tuple[RankRow, ...]) -> RankExit | None:
+    """The rank that failed first. The earliest end the launcher recorded, except that among the ranks that ended
+    within FAILURE_TIE_S of it, the cause comes first: a rank that died without closing its store (killed: status
+    interrupted with no error), then one that failed for a reason of its own, then one that failed because it lost
+    a peer (gloo's "Connection closed by peer") or was stopped by a signal."""
+    if not exits:
+        return None
+    t_first = min(e.t_s for e in exits.values())
+    tied = [e for e in exits.values() if e.t_s <= t_first + FAILURE_TIE_S]
+    by_rank = {r.rank: r for r in rows}
+
+    def consequence(e: RankExit) -> int:
+        row = by_rank.get(e.rank)
+        s = row.summary if row is not None else None
+        if e.signal == "SIGKILL" or (s is not None and s.status == "interrupted" and not s.error):
+            return 0
+        error = (s.error or "").lower() if s is not None else ""
+        if s is not None and s.status == "failed" and not any(p in error for p in PEER_LOSS):
+            return 1
+        return 2
+
+    return min(tied, key=lambda e: (consequence(e), e.t_s, e.rank))
 
 
 def loaders_alike(r: RankRow, others: list[RankRow]) -> bool:

@@ -126,8 +126,21 @@ class RankSource:
         return None
 
     def ended(self) -> dict[int, float]:
-        """Rank -> when (``time.time()``) its process was first found gone."""
+        """Rank -> when (``time.time()``) its process was first found gone. Checks every rank seen so far now, so
+        a death since the last reading is not missed (it is then timed now, at most one period late)."""
+        ps = self._ps
         with self._lock:
+            for rank_pid, rank in self._seen.items():
+                if rank.rank in self._ended or ps is None:
+                    continue
+                try:
+                    gone = ps.Process(rank_pid).status() == ps.STATUS_ZOMBIE
+                except (ps.NoSuchProcess, ps.ZombieProcess):
+                    gone = True
+                except ps.AccessDenied:
+                    gone = False
+                if gone:
+                    self._ended[rank.rank] = time.time()
             return dict(self._ended)
 
     def ranks(self) -> list[RankProcess]:

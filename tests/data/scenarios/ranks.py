@@ -5,13 +5,14 @@ Each item costs BASE_MS of sleep; on rank STALLSCOPE_TEST_STRAGGLER (default non
 not depend on what else the CPU runs; its one Linear layer gives DDP gradients to all-reduce. Sleeps are the
 costs, so two ranks on two cores do not slow each other down.
 
-Ground truth: when STALLSCOPE_TEST_TRUTH names a directory, the straggler writes there (at exit) the extra
-sleep it really slept (perf_counter around each sleep) and the items it slept for: truth-rank{R}.json.
+Ground truth: when STALLSCOPE_TEST_TRUTH names a directory, the straggler writes there, after every 8th item,
+the extra sleep it really slept so far (perf_counter around each sleep) and the items it slept for:
+truth-rank{R}.json (not at exit: a rank forked by the launcher's fork server ends with os._exit, and atexit
+handlers do not run).
 STALLSCOPE_TEST_KILL_RANK / STALLSCOPE_TEST_KILL_AT: that rank SIGKILLs itself when it loads item number
 KILL_AT (counting its own loads), as the OOM killer would.
 """
 
-import atexit
 import json
 import os
 import signal
@@ -43,12 +44,12 @@ class Items(torch.utils.data.Dataset):
         self.loads = 0
         self.slept = 0.0
         truth = os.environ.get("STALLSCOPE_TEST_TRUTH")
-        if truth and self.extra_s:
-            atexit.register(self._write_truth, Path(truth))
+        self.truth = Path(truth) if truth and self.extra_s else None
 
-    def _write_truth(self, where):
-        where.mkdir(parents=True, exist_ok=True)
-        (where / f"truth-rank{self.rank}.json").write_text(json.dumps({"extra_s": self.slept, "items": self.loads}))
+    def _write_truth(self):
+        self.truth.mkdir(parents=True, exist_ok=True)
+        facts = json.dumps({"extra_s": self.slept, "items": self.loads})
+        (self.truth / f"truth-rank{self.rank}.json").write_text(facts)
 
     def __len__(self):
         return 100_000
@@ -62,6 +63,8 @@ class Items(torch.utils.data.Dataset):
             t0 = time.perf_counter()
             time.sleep(self.extra_s)
             self.slept += time.perf_counter() - t0
+            if self.truth is not None and self.loads % 8 == 0:
+                self._write_truth()
         return torch.full((4,), float(i % 7)), i % 3
 
 
