@@ -281,7 +281,7 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
     status: str | None = None
     error: str | None = None
     stopped: str | None = None
-    with _handlers_kept():  # the agent installs its own and leaves them; the sweep's must come back
+    with handlers_kept():  # the agent installs its own and leaves them; the sweep's must come back
         try:
             result = run_job(spec)
             if result.status == "interrupted":
@@ -304,7 +304,7 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
 
 
 @contextlib.contextmanager
-def _handlers_kept() -> Iterator[None]:
+def handlers_kept() -> Iterator[None]:
     """Restore the handlers of the signals torch's elastic agent takes over (it never gives them back)."""
     if threading.current_thread() is not threading.main_thread():
         yield
