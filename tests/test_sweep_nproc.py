@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,21 +81,29 @@ def test_speedup_and_scaling_efficiency_are_the_ratio_of_measured_throughputs() 
     assert not single.multi_rank and "speedup" not in single.to_dict()["rules"]
 
 
-def test_the_table_shows_nproc_sync_and_speedup_only_when_a_row_is_a_job() -> None:
+def test_the_table_shows_nproc_and_sync_only_when_a_row_is_a_job() -> None:
     def text(rows: list[SweepRow]) -> str:
         out = io.StringIO()
-        render_sweep(analyse_sweep(rows, scenario="s", device="cpu", planned=len(rows)), Console(file=out, width=200))
+        result = analyse_sweep(rows, scenario="prefetch", device="cpu", planned=len(rows))
+        render_sweep(result, Console(file=out, width=80, color_system=None))
         return out.getvalue()
 
-    failed = SweepRow("naive", 16, 0, "failed", None, "rank 1 killed by SIGKILL", nproc=2)
-    jobs = text([row(8, 200.0), row(8, 350.0, 2), failed])
-    header = jobs.split("──")[0]  # the column titles take two lines
-    assert "nproc" in header and "sync" in header and "speed" in header and "scaling" in header
-    job_line = next(line for line in jobs.splitlines() if "350.0" in line)
-    assert " 2 " in job_line and "x1.75" in job_line and "87.5%" in job_line
-    assert "naive-b16-w0-x2 failed: rank 1 killed by SIGKILL" in jobs
+    failed = SweepRow("prefetch", 16, 0, "failed", None, "rank 1 killed by SIGKILL", nproc=2)
+    rows = [replace(r, pipeline="prefetch", workers=16) for r in (row(8, 200.0), row(8, 1350.5, 2))]
+    jobs = text([*rows, failed])
+    table, _, below = jobs.partition("busy: ")
+    header = table.split("──")[0]  # the column titles take two lines
+    assert "nproc" in header and "sync" in header and "p90" not in header
+    assert "…" not in table  # still fits 80 columns
+    job_line = next(line for line in table.splitlines() if "1350.5" in line)
+    assert job_line.split()[:4] == ["prefetch", "8", "16", "2"] and " 0.0 " in job_line  # nproc, sync
+    assert (
+        "Scaling (prefetch, 16 workers, batch 8/rank): 2 ranks 1350.5 samples/s vs 1 rank 200.0: speed-up x6.75, "
+        "scaling efficiency 337.6%" in " ".join(below.split())
+    )
+    assert "prefetch-b16-w0-x2 failed: rank 1 killed by SIGKILL" in " ".join(below.split())
     plain = text([row(8, 200.0), row(16, 300.0)])
-    assert "nproc" not in plain and "sync" not in plain and "speed" not in plain
+    assert "nproc" not in plain and "sync" not in plain and "Scaling" not in plain and "p90" in plain
     assert "sum over 2 ranks" in row_line(row(8, 350.0, 2, steps=10, wall_s=3.0))
 
 
@@ -137,7 +146,7 @@ def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
     ]
     header = res.stdout.split("──")[0]
     assert "nproc" in header and "sync" in header
-    assert f"x{ratio:.2f}" in res.stdout
+    assert f"speed-up x{two['speedup']:.2f}" in res.stdout
 
 
 def test_a_failed_job_is_a_failed_row_and_the_sweep_goes_on(tmp_path: Path) -> None:

@@ -62,13 +62,13 @@ def sweep_table(result: SweepResult, title: str | None = None) -> Table:
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
     # figures never wrap; only the note column gives way on a narrow terminal
     busy = "busy\n(sim)" if result.device.startswith("sim:") else "busy"
+    # with jobs: nproc and sync columns, and p90 left to sweep.json, so that the table still fits 80 columns
     jobs = result.multi_rank
     names = ("pipeline", "batch", "workers", *(("nproc",) if jobs else ()), "samples/s", "stall", busy)
-    for name in (*names, *(("sync\nms",) if jobs else ()), "p50\nms", "p90\nms"):
+    for name in (*names, *(("sync\nms",) if jobs else ("p50\nms", "p90\nms"))):
         t.add_column(name, justify="left" if name == "pipeline" else "right", no_wrap=True)
     if jobs:
-        t.add_column("speed\nup", justify="right", no_wrap=True)
-        t.add_column("scaling\neff", justify="right", no_wrap=True)
+        t.add_column("p50\nms", justify="right", no_wrap=True)
     if result.priced:
         t.add_column("cost\n/1k", justify="right", no_wrap=True)
     t.add_column("steps", justify="right", no_wrap=True)
@@ -83,10 +83,9 @@ def sweep_table(result: SweepResult, title: str | None = None) -> Table:
         cells = [r.pipeline, str(r.batch_size), str(r.workers), *([str(r.nproc)] if jobs else [])]
         cells += [num(r.throughput_samples_per_s), pct(r.stall_fraction), pct(r.device_busy_fraction)]
         if jobs:
-            cells.append(num(r.sync_ms_per_step) if r.nproc > 1 else "")
-        cells += [num(r.step_time_ms.get("p50")), num(r.step_time_ms.get("p90"))]
-        if jobs:
-            cells += _scaling_cells(r)
+            cells += [num(r.sync_ms_per_step) if r.nproc > 1 else "", num(r.step_time_ms.get("p50"))]
+        else:
+            cells += [num(r.step_time_ms.get("p50")), num(r.step_time_ms.get("p90"))]
         if result.priced:
             cells.append(num(r.cost_per_1k_samples, "{:.4f}"))
         cells += [_steps(r), ", ".join(note)]
@@ -94,13 +93,23 @@ def sweep_table(result: SweepResult, title: str | None = None) -> Table:
     return t
 
 
-def _scaling_cells(r: SweepRow) -> list[str]:
-    """Speed-up and scaling efficiency of a job row ("" on a single-rank row, n/a without its nproc 1 row)."""
-    if r.nproc == 1:
-        return ["", ""]
-    if not r.ok:
-        return ["n/a", "n/a"]
-    return [num(r.speedup, "x{:.2f}"), pct(r.scaling_efficiency)]
+def scaling_lines(result: SweepResult) -> list[Text]:
+    """One line per completed job row with its nproc 1 row: the measured speed-up and scaling efficiency."""
+    base = {r.name: r for r in result.rows}
+    out = []
+    for r in result.rows:
+        b = base.get(r.speedup_baseline or "")
+        if b is None or not math.isfinite(r.speedup):
+            continue
+        out.append(
+            Text.assemble(
+                ("Scaling ", "bold"),
+                f"({line_label(r.pipeline, r.workers)}, batch {r.batch_size}/rank): {r.nproc} ranks "
+                f"{num(r.throughput_samples_per_s)} samples/s vs 1 rank {num(b.throughput_samples_per_s)}: ",
+                (f"speed-up x{r.speedup:.2f}, scaling efficiency {pct(r.scaling_efficiency)}", "bold"),
+            )
+        )
+    return out
 
 
 def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = None) -> None:
@@ -112,14 +121,15 @@ def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = N
         f"time was known to ±{REL_CI:.0%} (95% CI)"
     )
     if result.multi_rank:
+        legend = legend.replace("p50/p90: step time", "p50: step time (p90 in sweep.json)")
         legend += (
-            "; nproc: ranks of a job (batch and workers per rank, samples/s summed over ranks, p50/p90 the "
-            "slowest rank's, --steps fixed); sync: ms/step waiting for the other ranks; speed up: samples/s over "
-            "nproc 1's of the same pipeline, batch and workers; scaling eff: speed up / nproc"
+            "; nproc: ranks of a job (batch and workers per rank, samples/s the sum over ranks, p50 the slowest "
+            "rank's, a fixed --steps); sync: ms/step waiting for the other ranks"
         )
     if result.priced:
         legend += "; cost/1k: per 1,000 samples at --price-per-hour"
     parts.append(Text(legend, style="dim"))
+    parts.extend(scaling_lines(result))
     if result.knee is not None:
         parts.append(Text.assemble(("Knee: ", "bold"), result.knee.text))
     for k in result.knees:
