@@ -121,7 +121,7 @@ def test_the_agents_signal_handlers_are_given_back() -> None:
 def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
     out = tmp_path / "sw"
     res = stallscope("sweep", RANKS, "--nproc", "1,2", "--workers", "0", "--batch-sizes", "8", "--device", "cpu",
-                     "--steps", "10", "--warmup", "2", "--no-live", "--out", str(out))  # fmt: skip
+                     "--steps", "30", "--warmup", "3", "--no-live", "--out", str(out))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     assert "stallscope: sweep [2/2] naive-b8-w0-x2" in res.stderr and "sum over 2 ranks" in res.stderr
@@ -133,7 +133,7 @@ def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
     assert two["speedup"] == pytest.approx(ratio, rel=1e-12) and ratio > 1.5
     assert two["scaling_efficiency"] == pytest.approx(ratio / 2, rel=1e-12)
     assert two["speedup_baseline"] == "naive-b8-w0"
-    assert two["steps"] == 10 and two["stop_reason"] == "steps"  # a job runs the --steps cap
+    assert two["steps"] == 30 and two["stop_reason"] == "steps"  # a job runs the --steps cap
     assert set(two["breakdown_ms_per_step"]) == {"data_wait", "h2d", "compute", "other", "sync"}
     assert two["sync_ms_per_step"] == two["breakdown_ms_per_step"]["sync"]
     # the job's throughput is the sum over its ranks, as the job directory's own report says
