@@ -297,7 +297,7 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
     # a signal before the agent's handlers were in place only reached the sweep's: the job ran to its end, and
     # the sweep ends after it
     signame = stopped or _requested(h)
-    row = _job_row(cfg, out, status=status, error=error, wall_s=time.perf_counter() - t0)
+    row = _job_row(h, cfg, out, status=status, error=error, wall_s=time.perf_counter() - t0)
     if signame is not None:
         raise ConfigStopped(signame, row)
     return row
@@ -317,7 +317,7 @@ def handlers_kept() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _job_row(cfg: Config, out: Path, *, status: str | None, error: str | None, wall_s: float) -> SweepRow:
+def _job_row(h: Harness, cfg: Config, out: Path, *, status: str | None, error: str | None, wall_s: float) -> SweepRow:
     """The job configuration's row from its directory read back (as ``stallscope report`` reads it)."""
     from profiler.analysis.job import summarize_job
     from profiler.jobdir import JobDirError, load_job
@@ -332,7 +332,10 @@ def _job_row(cfg: Config, out: Path, *, status: str | None, error: str | None, w
     js = summarize_job(job)
     slowest = next((r for r in job.ranks if r.rank == js.slowest_rank and r.record is not None), None)
     step_s = [s.t_end - s.t_start for s in slowest.record.steps if not s.warmup] if slowest and slowest.record else []
-    return row_from_job(js, cfg, run_dir=str(out), step_s=step_s, wall_s=wall_s, status=status, error=error)
+    price = h.base.extra_meta.get("price_per_hour")
+    return row_from_job(
+        js, cfg, run_dir=str(out), step_s=step_s, wall_s=wall_s, status=status, error=error, price_per_hour=price
+    )
 
 
 def _row(

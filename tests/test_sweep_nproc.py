@@ -121,7 +121,8 @@ def test_the_agents_signal_handlers_are_given_back() -> None:
 def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
     out = tmp_path / "sw"
     res = stallscope("sweep", RANKS, "--nproc", "1,2", "--workers", "0", "--batch-sizes", "8", "--device", "cpu",
-                     "--steps", "30", "--warmup", "3", "--no-live", "--out", str(out))  # fmt: skip
+                     "--steps", "30", "--warmup", "3", "--no-live", "--price-per-hour", "3.6",
+                     "--out", str(out))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "Traceback" not in res.stderr
     assert "stallscope: sweep [2/2] naive-b8-w0-x2" in res.stderr and "sum over 2 ranks" in res.stderr
@@ -136,6 +137,8 @@ def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
     assert two["steps"] == 30 and two["stop_reason"] == "steps"  # a job runs the --steps cap
     assert set(two["breakdown_ms_per_step"]) == {"data_wait", "h2d", "compute", "other", "sync"}
     assert two["sync_ms_per_step"] == two["breakdown_ms_per_step"]["sync"]
+    # 3.6 per hour = 0.001 per second: the node's cost per 1k samples at the job's throughput
+    assert two["cost_per_1k_samples"] == pytest.approx(1 / two["throughput_samples_per_s"], rel=1e-6)
     # the job's throughput is the sum over its ranks, as the job directory's own report says
     job_dir = out / "naive-b8-w0-x2"
     assert two["run_dir"] == str(job_dir) and json.loads((job_dir / "job.json").read_text())["status"] == "complete"

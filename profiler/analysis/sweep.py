@@ -36,7 +36,7 @@ from typing import Any
 from profiler.analysis.job import JobSummary
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe, mean
-from profiler.analysis.summary import Summary
+from profiler.analysis.summary import Summary, cost_figures
 
 MIN_STEPS = 5
 REL_CI = 0.05
@@ -209,15 +209,18 @@ def row_from_job(
     wall_s: float,
     status: str | None = None,
     error: str | None = None,
+    price_per_hour: float | None = None,
 ) -> SweepRow:
     """A job configuration's row from its job summary (``nproc`` > 1): throughput the job's (the sum over ranks),
     step time the slowest rank's, stall / busy fractions and breakdown (sync included) the means over ranks.
     ``step_s``: the slowest rank's measured step durations (for the CI). A job runs a fixed number of steps, so
-    its stop reason is "steps"."""
+    its stop reason is "steps". ``price_per_hour``: the node's, so the cost per 1,000 samples is at the job's
+    throughput."""
     status = status or js.status
     figures = status == "complete" and math.isfinite(js.throughput_samples_per_s)
     parts = js.breakdown_ms_per_step.to_dict()
     measured = [r.summary for r in js.ranks if r.measured and r.summary is not None]
+    cost = cost_figures(price_per_hour, js.throughput_samples_per_s, None)
     return SweepRow(
         pipeline=cfg.pipeline,
         batch_size=cfg.batch_size,
@@ -234,6 +237,7 @@ def row_from_job(
         warmup_steps=measured[0].warmup_steps if measured else 0,
         stop_reason="steps" if figures else None,
         step_time_rel_ci=relative_ci(step_s) if step_s else math.nan,
+        cost_per_1k_samples=cost.per_1k_samples if figures and cost else None,
         wall_s=wall_s,
         nproc=cfg.nproc,
         sync_ms_per_step=parts.get("sync", math.nan) if figures else math.nan,
@@ -515,7 +519,8 @@ def analyse_sweep(
     if len(rows) < planned:
         notes.append(f"{len(rows)} of {planned} configurations ran ({status})")
     if not knees:
-        notes.append("no pipeline x workers line has two completed batch sizes: no knee")
+        line = "pipeline x workers x nproc" if any(r.nproc > 1 for r in rows) else "pipeline x workers"
+        notes.append(f"no {line} line has two completed batch sizes: no knee")
     rows, missing = with_speedups(rows)
     if missing:
         notes.append(
