@@ -290,6 +290,8 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
                 status, error = result.status, result.error
         except SignalException as exc:  # landed while the launcher was finishing
             stopped = signal.Signals(int(exc.sigval)).name
+        except (Interrupted, KeyboardInterrupt) as exc:  # a second signal before the agent's handlers were in place
+            stopped = getattr(exc, "signame", "SIGINT")
         except Exception as exc:  # noqa: BLE001 - the launcher failed: a failed row, not the end of the sweep
             status, error = "failed", f"{type(exc).__name__}: {exc}"
     if stopped is not None:
@@ -314,7 +316,8 @@ def handlers_kept() -> Iterator[None]:
         yield
     finally:
         for s, handler in kept.items():
-            signal.signal(s, handler)
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
 
 
 def _job_row(h: Harness, cfg: Config, out: Path, *, status: str | None, error: str | None, wall_s: float) -> SweepRow:

@@ -144,7 +144,8 @@ class Config:
         return config_name(self.pipeline, self.batch_size, self.workers, self.nproc)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers, "nproc": self.nproc}
+        out: dict[str, Any] = {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
+        return out | ({"nproc": self.nproc} if self.nproc > 1 else {})  # tune.json's configurations stay as they were
 
 
 def config_name(pipeline: str, batch_size: int, workers: int, nproc: int = 1) -> str:
