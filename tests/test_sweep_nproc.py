@@ -147,6 +147,9 @@ def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
         (0, 2, "naive-b8-w0-x2"),
         (1, 2, "naive-b8-w0-x2"),
     ]
+    report = stallscope("report", str(job_dir), "--json")  # the row is the job's own report
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["throughput_samples_per_s"] == pytest.approx(two["throughput_samples_per_s"])
     header = res.stdout.split("──")[0]
     assert "nproc" in header and "sync" in header
     assert f"speed-up x{two['speedup']:.2f}" in res.stdout
