@@ -65,7 +65,8 @@ def sweep_table(result: SweepResult, title: str | None = None) -> Table:
     # with jobs: nproc and sync columns, and p90 left to sweep.json, so that the table still fits 80 columns
     jobs = result.multi_rank
     names = ("pipeline", "batch", "workers", *(("nproc",) if jobs else ()), "samples/s", "stall", busy)
-    for name in (*names, *(("sync\nms",) if jobs else ("p50\nms", "p90\nms"))):
+    sync = "sync\n(sim)" if result.device.startswith("sim:") else "sync\nms"
+    for name in (*names, *((sync,) if jobs else ("p50\nms", "p90\nms"))):
         t.add_column(name, justify="left" if name == "pipeline" else "right", no_wrap=True)
     if jobs:
         t.add_column("p50\nms", justify="right", no_wrap=True)
@@ -125,6 +126,11 @@ def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = N
         legend += (
             "; nproc: ranks of a job (batch and workers per rank, samples/s the sum over ranks, p50 the slowest "
             "rank's, a fixed --steps); sync: ms/step waiting for the other ranks"
+            + (
+                " (SIMULATED: the simulated device's time in the sync phase)"
+                if result.device.startswith("sim:")
+                else ""
+            )
         )
     if result.priced:
         legend += "; cost/1k: per 1,000 samples at --price-per-hour"
