@@ -1,13 +1,18 @@
 """Sweep and tune orchestration: run configurations of one scenario into one directory, stopping each early.
 
 A sweep directory holds one run store per configuration (``<pipeline>-b<batch>-w<workers>/``, the same
-store ``stallscope run`` writes, so ``stallscope report`` works on each) and ``sweep.json``, the table and
-its analysis. A tune directory holds one run store per trial (``tNN-<config>/``) and per final re-run
+store ``stallscope run`` writes, so ``stallscope report`` works on each), one job directory per configuration of
+N > 1 ranks (``...-xN/``, what ``stallscope run --nproc N`` writes) and ``sweep.json``, the table and its
+analysis. A tune directory holds one run store per trial (``tNN-<config>/``) and per final re-run
 (``finalN-<role>-<config>/``) and ``tune.json``.
 
 Invariants:
 - Every configuration runs through :func:`profiler.runner.run_scenario`, the loop ``stallscope run`` uses,
-  with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader).
+  with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader); a
+  configuration of N > 1 ranks through :func:`profiler.launch.run_job` (each rank runs that loop), for exactly
+  ``Limits.steps`` measured steps: the stop rule cannot reach ranks in other processes.
+- While a job's ranks run, torch's elastic agent holds SIGINT/SIGTERM/SIGHUP/SIGQUIT in this process (a signal
+  stops the ranks and the job returns "interrupted"); the sweep's handlers are put back after each job.
 - A configuration ends at whichever comes first: the early-stop rule (``analysis.sweep.is_stable``), the
   ``steps`` cap or the ``seconds`` cap on its measured steps; neither of the first two before
   ``Limits.min_seconds`` of measured time. A tune trial measures at least ``TRIAL_MIN_S`` unless ``--steps``

@@ -18,6 +18,9 @@ Definitions (docs/sweep-and-tune.md states them for users):
   The cause is the part of the step whose time *per sample* grew most between the two batch sizes:
   input (data wait + blocking copy), compute, or other. Those three add up to the growth of the step
   time per sample, i.e. of 1/throughput, so the cause named explains most of the slowdown by construction.
+- A row of N > 1 ranks (a job, ``row_from_job``) is on its own line (pipeline, workers, nproc); its ``speedup``
+  is its throughput (the sum over ranks) / that of the nproc 1 row of the same pipeline, batch and workers, and
+  its ``scaling_efficiency`` that / N: ratios of measured throughputs, NaN without such a row.
 - Worker CPU busy fraction of a row: the loader workers' mean sampled CPU use (psutil, 100% = one core) over
   the measured window, as a fraction of one core, i.e. a worker's CPU time per item over its wall time per
   item. It is averaged over the workers the sampler saw (``workers_sampled``; workers are alike, so those
