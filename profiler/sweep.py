@@ -1,13 +1,18 @@
 """Sweep and tune orchestration: run configurations of one scenario into one directory, stopping each early.
 
 A sweep directory holds one run store per configuration (``<pipeline>-b<batch>-w<workers>/``, the same
-store ``stallscope run`` writes, so ``stallscope report`` works on each) and ``sweep.json``, the table and
-its analysis. A tune directory holds one run store per trial (``tNN-<config>/``) and per final re-run
+store ``stallscope run`` writes, so ``stallscope report`` works on each), one job directory per configuration of
+N > 1 ranks (``...-xN/``, what ``stallscope run --nproc N`` writes) and ``sweep.json``, the table and its
+analysis. A tune directory holds one run store per trial (``tNN-<config>/``) and per final re-run
 (``finalN-<role>-<config>/``) and ``tune.json``.
 
 Invariants:
 - Every configuration runs through :func:`profiler.runner.run_scenario`, the loop ``stallscope run`` uses,
-  with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader).
+  with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader); a
+  configuration of N > 1 ranks through :func:`profiler.launch.run_job` (each rank runs that loop), for exactly
+  ``Limits.steps`` measured steps: the stop rule cannot reach ranks in other processes.
+- While a job's ranks run, torch's elastic agent holds SIGINT/SIGTERM/SIGHUP/SIGQUIT in this process (a signal
+  stops the ranks and the job returns "interrupted"); the sweep's handlers are put back after each job.
 - A configuration ends at whichever comes first: the early-stop rule (``analysis.sweep.is_stable``), the
   ``steps`` cap or the ``seconds`` cap on its measured steps; neither of the first two before
   ``Limits.min_seconds`` of measured time. A tune trial measures at least ``TRIAL_MIN_S`` unless ``--steps``
@@ -29,13 +34,16 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,6 +56,7 @@ from profiler.analysis.sweep import (
     SweepResult,
     SweepRow,
     analyse_sweep,
+    row_from_job,
     row_from_summary,
     t95,
 )
@@ -68,6 +77,10 @@ TRIAL_MIN_S = 1.0
 # so that a budget holds a few trials and the final comparison (4 runs) even where a step takes seconds
 # and the early-stop rule would wait for a precision a loaded machine does not give: 120 s -> 10 s a trial
 TRIAL_SHARE = 12
+
+# The signals torch's elastic agent handles in the launcher while a job's ranks run (its default
+# TORCHELASTIC_SIGNALS_TO_HANDLE): it sets their handlers and leaves them set when the job ends
+AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
 OnFinish = Callable[[SweepRow], None]
@@ -193,8 +206,11 @@ class StopRule:
 
 
 def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> SweepRow:
-    """Train one configuration into run store ``out``; its row. Raises ConfigStopped on a signal and
-    TrainingError for bad user data; any other failure is a row with status "failed"."""
+    """Train one configuration into run store ``out`` (a job directory when ``cfg.nproc`` > 1); its row. Raises
+    ConfigStopped on a signal and TrainingError for bad user data; any other failure is a row with status
+    "failed"."""
+    if cfg.nproc > 1:
+        return run_job_config(h, cfg, out)
     t0 = time.perf_counter()
     rule = StopRule(h.limits, stop_requested=h.stop_requested)
     run_cfg = replace(
@@ -237,6 +253,97 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
 
 def _requested(h: Harness) -> str | None:
     return h.stop_requested() if h.stop_requested is not None else None
+
+
+def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
+    """Train a configuration of ``cfg.nproc`` ranks as a job (:func:`profiler.launch.run_job`) into job directory
+    ``out``; its row from the job summary. Each rank runs ``h.limits.steps`` measured steps: the early-stop rule
+    and the seconds cap cannot stop ranks in other processes. A job that fails is a failed row; a signal (the
+    elastic agent's handlers take SIGINT/SIGTERM while its ranks run and stop them) raises ConfigStopped with the
+    row of what the ranks recorded."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from profiler.launch import JobSpec, job_id_for, run_job
+
+    t0 = time.perf_counter()
+    source = str(h.base.extra_meta.get("scenario_source") or h.scenario.name)
+    spec = JobSpec(
+        scenario=source,
+        run=replace(
+            h.base,
+            out=out,
+            pipeline=cfg.pipeline,
+            batch_size=cfg.batch_size,
+            workers=cfg.workers,
+            steps=h.limits.steps,
+            attribution=False,
+            stop_when=None,
+            extra_meta={**h.base.extra_meta, "sweep_config": cfg.name},
+        ),
+        nproc=cfg.nproc,
+        job_id=job_id_for(None, source, 1),
+    )
+    status: str | None = None
+    error: str | None = None
+    stopped: str | None = None
+    with handlers_kept():  # the agent installs its own and leaves them; the sweep's must come back
+        try:
+            result = run_job(spec)
+            if result.status == "interrupted":
+                stopped = (result.error or "SIGINT").rsplit(" ", 1)[-1]
+            if result.status != "complete":
+                status, error = result.status, result.error
+        except SignalException as exc:  # landed while the launcher was finishing
+            stopped = signal.Signals(int(exc.sigval)).name
+        except (Interrupted, KeyboardInterrupt) as exc:  # a second signal before the agent's handlers were in place
+            stopped = getattr(exc, "signame", "SIGINT")
+        except Exception as exc:  # noqa: BLE001 - the launcher failed: a failed row, not the end of the sweep
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+    if stopped is not None:
+        status, error = "interrupted", f"stopped by {stopped}"
+    # a signal before the agent's handlers were in place only reached the sweep's: the job ran to its end, and
+    # the sweep ends after it
+    signame = stopped or _requested(h)
+    row = _job_row(h, cfg, out, status=status, error=error, wall_s=time.perf_counter() - t0)
+    if signame is not None:
+        raise ConfigStopped(signame, row)
+    return row
+
+
+@contextlib.contextmanager
+def handlers_kept() -> Iterator[None]:
+    """Restore the handlers of the signals torch's elastic agent takes over (it never gives them back)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
+
+
+def _job_row(h: Harness, cfg: Config, out: Path, *, status: str | None, error: str | None, wall_s: float) -> SweepRow:
+    """The job configuration's row from its directory read back (as ``stallscope report`` reads it)."""
+    from profiler.analysis.job import summarize_job
+    from profiler.jobdir import JobDirError, load_job
+
+    try:
+        job = load_job([out], with_baseline=False)
+    except (JobDirError, OSError) as exc:
+        return SweepRow(
+            cfg.pipeline, cfg.batch_size, cfg.workers, status or "failed", str(out), error or str(exc), wall_s=wall_s,
+            nproc=cfg.nproc,
+        )  # fmt: skip
+    js = summarize_job(job)
+    slowest = next((r for r in job.ranks if r.rank == js.slowest_rank and r.record is not None), None)
+    step_s = [s.t_end - s.t_start for s in slowest.record.steps if not s.warmup] if slowest and slowest.record else []
+    price = h.base.extra_meta.get("price_per_hour")
+    return row_from_job(
+        js, cfg, run_dir=str(out), step_s=step_s, wall_s=wall_s, status=status, error=error, price_per_hour=price
+    )
 
 
 def _row(

@@ -18,6 +18,9 @@ Definitions (docs/sweep-and-tune.md states them for users):
   The cause is the part of the step whose time *per sample* grew most between the two batch sizes:
   input (data wait + blocking copy), compute, or other. Those three add up to the growth of the step
   time per sample, i.e. of 1/throughput, so the cause named explains most of the slowdown by construction.
+- A row of N > 1 ranks (a job, ``row_from_job``) is on its own line (pipeline, workers, nproc); its ``speedup``
+  is its throughput (the sum over ranks) / that of the nproc 1 row of the same pipeline, batch and workers, and
+  its ``scaling_efficiency`` that / N: ratios of measured throughputs, NaN without such a row.
 - Worker CPU busy fraction of a row: the loader workers' mean sampled CPU use (psutil, 100% = one core) over
   the measured window, as a fraction of one core, i.e. a worker's CPU time per item over its wall time per
   item. It is averaged over the workers the sampler saw (``workers_sampled``; workers are alike, so those
@@ -29,13 +32,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
+from profiler.analysis.job import JobSummary
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe, mean
-from profiler.analysis.summary import Summary
+from profiler.analysis.summary import Summary, cost_figures
 
 MIN_STEPS = 5
 REL_CI = 0.05
@@ -102,10 +106,16 @@ class SweepRow:
     workers_sampled: int = 0  # worker processes with a CPU sample in the measured window
     # share of compute time the training thread waited for a CPU (run queue), when the run measured it
     runq_compute_fraction: float = math.nan
+    nproc: int = 1  # ranks of a data-parallel job (profiler.launch); throughput is then the sum over ranks
+    sync_ms_per_step: float = math.nan  # a job's mean over ranks of the time blocked waiting for the others
+    # a job against nproc 1 of the same pipeline / batch / workers (analyse_sweep fills them in, measured ratios):
+    speedup: float = math.nan  # throughput / that row's throughput
+    scaling_efficiency: float = math.nan  # speedup / nproc
+    speedup_baseline: str | None = None  # the config name of that row
 
     @property
     def config(self) -> Config:
-        return Config(self.pipeline, self.batch_size, self.workers)
+        return Config(self.pipeline, self.batch_size, self.workers, self.nproc)
 
     @property
     def name(self) -> str:
@@ -124,23 +134,27 @@ class SweepRow:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """One point of a sweep or a tune: the three knobs a run is configured by."""
+    """One point of a sweep or a tune: the knobs a run is configured by (``nproc`` > 1: a multi-rank job, sweep
+    only; batch size and workers are then per rank)."""
 
     pipeline: str
     batch_size: int
     workers: int
+    nproc: int = 1
 
     @property
     def name(self) -> str:
-        return config_name(self.pipeline, self.batch_size, self.workers)
+        return config_name(self.pipeline, self.batch_size, self.workers, self.nproc)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
+        out: dict[str, Any] = {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
+        return out | ({"nproc": self.nproc} if self.nproc > 1 else {})  # tune.json's configurations stay as they were
 
 
-def config_name(pipeline: str, batch_size: int, workers: int) -> str:
-    """The directory name of a configuration's run store, e.g. ``naive-b16-w2``."""
-    return f"{pipeline}-b{batch_size}-w{workers}"
+def config_name(pipeline: str, batch_size: int, workers: int, nproc: int = 1) -> str:
+    """The directory name of a configuration's run store, e.g. ``naive-b16-w2``; a job of N > 1 ranks (its job
+    directory) ends ``-xN``: ``naive-b16-w2-x4``."""
+    return f"{pipeline}-b{batch_size}-w{workers}" + (f"-x{nproc}" if nproc > 1 else "")
 
 
 def row_from_summary(
@@ -190,6 +204,50 @@ def row_from_summary(
 _PARTS = ("data_wait", "h2d", "compute", "other")
 
 
+def row_from_job(
+    js: JobSummary,
+    cfg: Config,
+    *,
+    run_dir: str,
+    step_s: Sequence[float],
+    wall_s: float,
+    status: str | None = None,
+    error: str | None = None,
+    price_per_hour: float | None = None,
+) -> SweepRow:
+    """A job configuration's row from its job summary (``nproc`` > 1): throughput the job's (the sum over ranks),
+    step time the slowest rank's, stall / busy fractions and breakdown (sync included) the means over ranks.
+    ``step_s``: the slowest rank's measured step durations (for the CI). A job runs a fixed number of steps, so
+    its stop reason is "steps". ``price_per_hour``: the node's, so the cost per 1,000 samples is at the job's
+    throughput."""
+    status = status or js.status
+    figures = status == "complete" and math.isfinite(js.throughput_samples_per_s)
+    parts = js.breakdown_ms_per_step.to_dict()
+    measured = [r.summary for r in js.ranks if r.measured and r.summary is not None]
+    cost = cost_figures(price_per_hour, js.throughput_samples_per_s, None)
+    return SweepRow(
+        pipeline=cfg.pipeline,
+        batch_size=cfg.batch_size,
+        workers=cfg.workers,
+        status=status,
+        run_dir=run_dir,
+        error=error,
+        throughput_samples_per_s=js.throughput_samples_per_s if figures else math.nan,
+        stall_fraction=js.stall_fraction if figures else math.nan,
+        device_busy_fraction=js.device_busy_fraction if figures else math.nan,
+        step_time_ms=js.step_time_ms.to_dict() if figures else {},
+        breakdown_ms_per_step={k: parts.get(k, math.nan) for k in (*_PARTS, "sync")} if figures else {},
+        steps=min((s.steps for s in measured), default=0),
+        warmup_steps=measured[0].warmup_steps if measured else 0,
+        stop_reason="steps" if figures else None,
+        step_time_rel_ci=relative_ci(step_s) if step_s else math.nan,
+        cost_per_1k_samples=cost.per_1k_samples if figures and cost else None,
+        wall_s=wall_s,
+        nproc=cfg.nproc,
+        sync_ms_per_step=parts.get("sync", math.nan) if figures else math.nan,
+    )
+
+
 def worker_cpu_busy(host: HostFigures, workers: int) -> tuple[float, int]:
     """The workers' CPU busy fraction from a summary's ``host`` figures, and how many workers it averages."""
     if workers < 1:
@@ -218,6 +276,7 @@ class Knee:
     best_throughput: float
     tolerance: float
     text: str
+    nproc: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +291,7 @@ class Slowdown:
     cause: str  # "loader" | "compute" | "other"
     added_ms_per_sample: dict[str, float]  # input, compute, other: growth of each part's time per sample
     text: str
+    nproc: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +306,11 @@ class SweepResult:
     slowdowns: list[Slowdown]
     priced: bool
     notes: list[str]
+
+    @property
+    def multi_rank(self) -> bool:
+        """Some configuration is a job of several ranks: the table shows nproc, sync and speed-up."""
+        return any(r.nproc > 1 for r in self.rows)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``sweep.json`` object (and ``sweep --json``): NaN becomes null."""
@@ -264,17 +329,25 @@ class SweepResult:
                 "knee": f"smallest batch within {KNEE_TOLERANCE:.0%} of the best throughput of its pipeline x workers",
                 "slowdown": f"throughput more than {SLOWDOWN_MIN_DROP:.0%} below the next smaller batch of its "
                 "pipeline x workers",
+                **(
+                    {
+                        "speedup": "a job's throughput (the sum over its ranks) / the throughput of nproc 1 of the "
+                        "same pipeline, batch and workers; scaling_efficiency = speedup / nproc",
+                    }
+                    if self.multi_rank
+                    else {}
+                ),
             },
             "notes": list(self.notes),
         }
 
 
-def lines(rows: Sequence[SweepRow]) -> dict[tuple[str, int], list[SweepRow]]:
-    """Completed rows by (pipeline, workers), each list sorted by batch size, in first-seen line order."""
-    out: dict[tuple[str, int], list[SweepRow]] = defaultdict(list)
+def lines(rows: Sequence[SweepRow]) -> dict[tuple[str, int, int], list[SweepRow]]:
+    """Completed rows by (pipeline, workers, nproc), each list sorted by batch size, in first-seen line order."""
+    out: dict[tuple[str, int, int], list[SweepRow]] = defaultdict(list)
     for r in rows:
         if r.ok:
-            out[(r.pipeline, r.workers)].append(r)
+            out[(r.pipeline, r.workers, r.nproc)].append(r)
     return {k: sorted(v, key=lambda r: r.batch_size) for k, v in out.items()}
 
 
@@ -285,7 +358,7 @@ def knee_of(line: Sequence[SweepRow], tolerance: float = KNEE_TOLERANCE) -> Knee
     best = max(line, key=lambda r: r.throughput_samples_per_s)
     floor = best.throughput_samples_per_s * (1 - tolerance)
     knee = next(r for r in line if r.throughput_samples_per_s >= floor)
-    where = f"{knee.pipeline}, {knee.workers} worker{'' if knee.workers == 1 else 's'}"
+    where = line_label(knee.pipeline, knee.workers, knee.nproc)
     if knee.batch_size == best.batch_size:
         text = (
             f"knee ({where}): batch {knee.batch_size}, the best at {knee.throughput_samples_per_s:.1f} samples/s; "
@@ -306,7 +379,14 @@ def knee_of(line: Sequence[SweepRow], tolerance: float = KNEE_TOLERANCE) -> Knee
         best_throughput=best.throughput_samples_per_s,
         tolerance=tolerance,
         text=text,
+        nproc=knee.nproc,
     )
+
+
+def line_label(pipeline: str, workers: int, nproc: int = 1) -> str:
+    """``naive, 2 workers`` (``, 4 ranks`` for a job line)."""
+    ranks = f", {nproc} ranks" if nproc > 1 else ""
+    return f"{pipeline}, {workers} worker{'' if workers == 1 else 's'}{ranks}"
 
 
 def explain_slowdown(small: SweepRow, large: SweepRow) -> Slowdown:
@@ -367,6 +447,7 @@ def explain_slowdown(small: SweepRow, large: SweepRow) -> Slowdown:
         cause=cause,
         added_ms_per_sample=added,
         text=head + body + tail,
+        nproc=large.nproc,
     )
 
 
@@ -425,7 +506,9 @@ def analyse_sweep(
     knee = None
     if ok:
         top = max(ok, key=lambda r: r.throughput_samples_per_s)
-        knee = next((k for k in knees if (k.pipeline, k.workers) == (top.pipeline, top.workers)), None)
+        knee = next(
+            (k for k in knees if (k.pipeline, k.workers, k.nproc) == (top.pipeline, top.workers, top.nproc)), None
+        )
     unresolved: list[str] = []
     slow = [s for line in by_line.values() for s in slowdowns_of(line, slowdown_min_drop, unresolved)]
     notes = []
@@ -440,7 +523,14 @@ def analyse_sweep(
     if len(rows) < planned:
         notes.append(f"{len(rows)} of {planned} configurations ran ({status})")
     if not knees:
-        notes.append("no pipeline x workers line has two completed batch sizes: no knee")
+        line = "pipeline x workers x nproc" if any(r.nproc > 1 for r in rows) else "pipeline x workers"
+        notes.append(f"no {line} line has two completed batch sizes: no knee")
+    rows, missing = with_speedups(rows)
+    if missing:
+        notes.append(
+            "no speed-up for " + ", ".join(missing) + ": nproc 1 of the same pipeline, batch and workers did not "
+            "complete in this sweep"
+        )
     return SweepResult(
         scenario=scenario,
         device=device,
@@ -453,3 +543,21 @@ def analyse_sweep(
         priced=any(r.cost_per_1k_samples is not None for r in rows),
         notes=notes,
     )
+
+
+def with_speedups(rows: Sequence[SweepRow]) -> tuple[list[SweepRow], list[str]]:
+    """``rows`` with every completed job row's ``speedup`` (its throughput / the throughput of nproc 1 of the same
+    pipeline, batch and workers) and ``scaling_efficiency`` (speedup / nproc) filled in: ratios of the two measured
+    throughputs. Also the names of the completed job rows that have no such single-rank row."""
+    single = {(r.pipeline, r.batch_size, r.workers): r for r in rows if r.ok and r.nproc == 1}
+    out, missing = [], []
+    for r in rows:
+        base = single.get((r.pipeline, r.batch_size, r.workers))
+        if r.nproc > 1 and r.ok and base is not None:
+            speedup = r.throughput_samples_per_s / base.throughput_samples_per_s
+            out.append(replace(r, speedup=speedup, scaling_efficiency=speedup / r.nproc, speedup_baseline=base.name))
+            continue
+        if r.nproc > 1 and r.ok:
+            missing.append(r.name)
+        out.append(r)
+    return out, missing

@@ -38,6 +38,7 @@ from profiler.cli.common import (
     say,
     stem,
 )
+from profiler.cli.job import MAX_NPROC
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
@@ -92,6 +93,14 @@ def add_parsers(sub: Any) -> None:
         metavar="W,W,...",
         help="comma-separated DataLoader worker counts (default 0 and min(2, cores))",
     )
+    s.add_argument(
+        "--nproc",
+        type=int_list(1, MAX_NPROC),
+        default=[1],
+        metavar="N,N,...",
+        help="comma-separated rank counts (default 1); N > 1 trains a data-parallel job of N ranks for --steps "
+        "steps (docs/sweep-and-tune.md)",
+    )
     _limit_options(s, "configuration")
     add_training_options(s)
     s.add_argument("--json", action="store_true", help='print only {"rows", "knee", "slowdowns", ...} on stdout')
@@ -125,6 +134,7 @@ def add_parsers(sub: Any) -> None:
     )
     _limit_options(t, "trial")
     add_training_options(t)
+    t.add_argument("--nproc", help=argparse.SUPPRESS)  # refused with a pointer to sweep --nproc (cmd_tune)
     t.add_argument("--json", action="store_true", help='print only {"recommended", "default", "speedup", ...}')
 
 
@@ -193,11 +203,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     b = scenario.batch_size
     batch_sizes: Sequence[int] = args.batch_sizes or sorted({max(1, b // 2), b, b * 2})
     workers: Sequence[int] = args.workers if args.workers is not None else _default_workers()
-    configs = [Config(p, bs, w) for p in args.pipelines for w in workers for bs in batch_sizes]
+    _check_nproc(args, training)
+    configs = [Config(p, bs, w, n) for p in args.pipelines for w in workers for n in args.nproc for bs in batch_sizes]
     out = _out_dir(args.out, "sweep", args.scenario)
     guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "sweep", guard)
-    say(f"sweeping {scenario.name}: {len(configs)} configurations on {training.device.label} -> {out}")
+    ranks = f" (rank counts {','.join(map(str, args.nproc))})" if max(args.nproc) > 1 else ""
+    say(f"sweeping {scenario.name}: {len(configs)} configurations{ranks} on {training.device.label} -> {out}")
     try:
         with guard:
             result, stopped = run_sweep(h, configs, out)
@@ -219,6 +231,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK if any(r.ok for r in result.rows) else EXIT_FAILED
 
 
+def _check_nproc(args: argparse.Namespace, training: Training) -> None:
+    """BadInput for rank counts this sweep cannot run: a job needs a step cap, and a CUDA rank a device."""
+    jobs = max(args.nproc) > 1
+    if jobs and args.seconds is not None and args.steps is None:
+        raise BadInput(
+            f"--nproc {','.join(map(str, args.nproc))} with --seconds alone: a job of several ranks runs a fixed "
+            "number of steps, allowed --steps N (with or without --seconds)"
+        )
+    if jobs and training.device.kind == "cuda":
+        import torch
+
+        if max(args.nproc) > torch.cuda.device_count():
+            raise BadInput(f"--nproc {max(args.nproc)}: this node has {torch.cuda.device_count()} CUDA device(s)")
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
     from profiler.render.sweep import tune_header
@@ -226,6 +253,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from profiler.sweep import run_tune, tune_pipelines
     from profiler.tuner import WORKER_CAP
 
+    if args.nproc is not None:
+        raise BadInput(
+            f"--nproc {args.nproc}: tune searches single-rank configurations; allowed: stallscope sweep SCENARIO "
+            "--nproc 1,2,4 to measure rank counts"
+        )
     _precheck(args.pipelines or pipelines.names(), args.out)
     training = resolve_training(args, args.pipelines or (), "--pipelines")
     scenario = training.scenario

@@ -15,7 +15,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from profiler.analysis.sweep import REL_CI, Config, SweepResult, SweepRow, lines
+from profiler.analysis.sweep import REL_CI, Config, SweepResult, SweepRow, line_label, lines
 from profiler.render.figures import num, pct
 from profiler.render.svg import PALETTE, Line, line_chart
 from profiler.tuner import TuneResult
@@ -24,9 +24,10 @@ from profiler.tuner import TuneResult
 def start_line(index: int, planned: int | None, cfg: Config, run_dir: Path, what: str) -> str:
     """The header printed to stderr before a configuration starts (and before its live view)."""
     of = f"{index}/{planned}" if planned else f"{index}"
+    ranks = f" nproc={cfg.nproc} (a job: batch and workers per rank)" if cfg.nproc > 1 else ""
     return (
         f"stallscope: {what} [{of}] {cfg.name}: pipeline={cfg.pipeline} batch={cfg.batch_size} "
-        f"workers={cfg.workers} -> {run_dir}"
+        f"workers={cfg.workers}{ranks} -> {run_dir}"
     )
 
 
@@ -36,6 +37,12 @@ def row_line(row: SweepRow) -> str:
         return f"stallscope:   {row.name}: {row.status}: {row.error or 'no throughput measured'}"
     ci = row.step_time_rel_ci
     precision = f", step time ±{ci:.1%}" if math.isfinite(ci) else ""
+    if row.nproc > 1:
+        return (
+            f"stallscope:   {row.name}: {row.throughput_samples_per_s:.1f} samples/s (sum over {row.nproc} ranks), "
+            f"stall {pct(row.stall_fraction)}, sync {num(row.sync_ms_per_step)} ms/step, {row.steps} steps "
+            f"(fixed{precision}) in {row.wall_s:.1f} s"
+        )
     return (
         f"stallscope:   {row.name}: {row.throughput_samples_per_s:.1f} samples/s, stall {pct(row.stall_fraction)}, "
         f"{row.steps} steps (stopped: {row.stop_reason or '?'}{precision}) in {row.wall_s:.1f} s"
@@ -50,39 +57,60 @@ def _steps(row: SweepRow) -> str:
 
 
 def sweep_table(result: SweepResult, title: str | None = None) -> Table:
-    knees = {(k.pipeline, k.workers, k.batch_size) for k in result.knees}
-    slower = {(s.pipeline, s.workers, s.batch_size): s for s in result.slowdowns}
+    knees = {(k.pipeline, k.workers, k.nproc, k.batch_size) for k in result.knees}
+    slower = {(s.pipeline, s.workers, s.nproc, s.batch_size): s for s in result.slowdowns}
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
     # figures never wrap; only the note column gives way on a narrow terminal
     busy = "busy\n(sim)" if result.device.startswith("sim:") else "busy"
-    for name in ("pipeline", "batch", "workers", "samples/s", "stall", busy, "p50\nms", "p90\nms"):
+    # with jobs: nproc and sync columns, and p90 left to sweep.json, so that the table still fits 80 columns
+    jobs = result.multi_rank
+    names = ("pipeline", "batch", "workers", *(("nproc",) if jobs else ()), "samples/s", "stall", busy)
+    sync = "sync\n(sim)" if result.device.startswith("sim:") else "sync\nms"
+    for name in (*names, *((sync,) if jobs else ("p50\nms", "p90\nms"))):
         t.add_column(name, justify="left" if name == "pipeline" else "right", no_wrap=True)
+    if jobs:
+        t.add_column("p50\nms", justify="right", no_wrap=True)
     if result.priced:
         t.add_column("cost\n/1k", justify="right", no_wrap=True)
     t.add_column("steps", justify="right", no_wrap=True)
     t.add_column("note", overflow="fold")  # knee / slower: the lines under the table say why
     for r in result.rows:
-        key = (r.pipeline, r.workers, r.batch_size)
+        key = (r.pipeline, r.workers, r.nproc, r.batch_size)
         note = []
         if key in knees:
             note.append("knee")
         if key in slower:
             note.append("slower")
-        cells = [
-            r.pipeline,
-            str(r.batch_size),
-            str(r.workers),
-            num(r.throughput_samples_per_s),
-            pct(r.stall_fraction),
-            pct(r.device_busy_fraction),
-            num(r.step_time_ms.get("p50")),
-            num(r.step_time_ms.get("p90")),
-        ]
+        cells = [r.pipeline, str(r.batch_size), str(r.workers), *([str(r.nproc)] if jobs else [])]
+        cells += [num(r.throughput_samples_per_s), pct(r.stall_fraction), pct(r.device_busy_fraction)]
+        if jobs:
+            cells += [num(r.sync_ms_per_step) if r.nproc > 1 else "", num(r.step_time_ms.get("p50"))]
+        else:
+            cells += [num(r.step_time_ms.get("p50")), num(r.step_time_ms.get("p90"))]
         if result.priced:
             cells.append(num(r.cost_per_1k_samples, "{:.4f}"))
         cells += [_steps(r), ", ".join(note)]
         t.add_row(*cells, style=None if r.ok else "red")
     return t
+
+
+def scaling_lines(result: SweepResult) -> list[Text]:
+    """One line per completed job row with its nproc 1 row: the measured speed-up and scaling efficiency."""
+    base = {r.name: r for r in result.rows}
+    out = []
+    for r in result.rows:
+        b = base.get(r.speedup_baseline or "")
+        if b is None or not math.isfinite(r.speedup):
+            continue
+        out.append(
+            Text.assemble(
+                ("Scaling ", "bold"),
+                f"({line_label(r.pipeline, r.workers)}, batch {r.batch_size}/rank): {r.nproc} ranks "
+                f"{num(r.throughput_samples_per_s)} samples/s vs 1 rank {num(b.throughput_samples_per_s)}: ",
+                (f"speed-up x{r.speedup:.2f}, scaling efficiency {pct(r.scaling_efficiency)}", "bold"),
+            )
+        )
+    return out
 
 
 def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = None) -> None:
@@ -93,9 +121,21 @@ def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = N
         f"busy: {busy}; p50/p90: step time; steps: measured, * = stopped early once the mean step "
         f"time was known to ±{REL_CI:.0%} (95% CI)"
     )
+    if result.multi_rank:
+        legend = legend.replace("p50/p90: step time", "p50: step time (p90 in sweep.json)")
+        legend += (
+            "; nproc: ranks of a job (batch and workers per rank, samples/s the sum over ranks, p50 the slowest "
+            "rank's, a fixed --steps); sync: ms/step waiting for the other ranks"
+            + (
+                " (SIMULATED: the simulated device's time in the sync phase)"
+                if result.device.startswith("sim:")
+                else ""
+            )
+        )
     if result.priced:
         legend += "; cost/1k: per 1,000 samples at --price-per-hour"
     parts.append(Text(legend, style="dim"))
+    parts.extend(scaling_lines(result))
     if result.knee is not None:
         parts.append(Text.assemble(("Knee: ", "bold"), result.knee.text))
     for k in result.knees:
@@ -115,10 +155,10 @@ def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = N
 def sweep_svg(result: SweepResult) -> str:
     """A standalone SVG file: throughput against batch size, one line per pipeline x workers."""
     chart_lines = []
-    for i, ((pipeline, workers), rows) in enumerate(lines(result.rows).items()):
+    for i, ((pipeline, workers, nproc), rows) in enumerate(lines(result.rows).items()):
         chart_lines.append(
             Line(
-                label=f"{pipeline}, {workers} worker{'' if workers == 1 else 's'}",
+                label=line_label(pipeline, workers, nproc),
                 xs=[float(r.batch_size) for r in rows],
                 ys=[r.throughput_samples_per_s for r in rows],
                 color=PALETTE[i % len(PALETTE)],

@@ -37,7 +37,9 @@ class Items(torch.utils.data.Dataset):
     def __init__(self):
         self.rank = _env_int("RANK")
         straggler = _env_int("STALLSCOPE_TEST_STRAGGLER")
-        self.extra_s = float(os.environ.get("STALLSCOPE_TEST_EXTRA_MS", "5")) / 1e3 if straggler == self.rank else 0.0
+        # outside a job RANK is unset: None == None must not make a lone run the straggler
+        on_straggler = straggler is not None and straggler == self.rank
+        self.extra_s = float(os.environ.get("STALLSCOPE_TEST_EXTRA_MS", "5")) / 1e3 if on_straggler else 0.0
         self.kill_at = (
             _env_int("STALLSCOPE_TEST_KILL_AT") if _env_int("STALLSCOPE_TEST_KILL_RANK") == self.rank else None
         )
