@@ -159,10 +159,14 @@ class JobFeed:
         return status
 
     def meta(self) -> dict[str, Any]:
-        """job.json's record, its ``device`` the ranks' recorded device (kind, simulated options) once known."""
+        """job.json's record; once a rank has recorded its meta, the scenario's name, pipeline, batch size and
+        workers and the device (kind, simulated options) as that rank recorded them."""
         out = dict(self._job)
-        device = next((m["device"] for _, m in sorted(self._metas.items()) if isinstance(m.get("device"), dict)), None)
         out["device_label"] = self._job.get("device")
-        if device is not None:
-            out["device"] = device
+        first = next((m for _, m in sorted(self._metas.items()) if isinstance(m.get("device"), dict)), None)
+        if first is not None:  # what a rank recorded: the scenario's name and defaults, the resolved device
+            out.update(
+                {k: first[k] for k in ("scenario", "pipeline", "batch_size", "workers") if first.get(k) is not None}
+            )
+            out["device"] = first["device"]
         return out

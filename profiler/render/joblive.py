@@ -116,8 +116,8 @@ def job_frame(snap: JobLive, meta: dict[str, Any], total_steps: int | None = Non
     lines.append(
         Text.assemble(
             ("job         ", "bold"),
-            f"{_f(snap.throughput_recent, '.1f')} samples/s over each rank's last {snap.horizon_s:g} s; "
-            f"{_f(snap.throughput_so_far, '.1f')} samples/s so far (measured steps, sum over ranks)",
+            f"{_f(snap.throughput_recent, '.1f')} samples/s (sum over ranks, last {snap.horizon_s:g} s);  "
+            f"{_f(snap.throughput_so_far, '.1f')} samples/s so far (measured steps)",
         )
     )
     style = "bold red" if snap.straggler is not None else ""
