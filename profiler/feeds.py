@@ -1,5 +1,6 @@
 """Live data feeds: the newest steps and samples of a run, from the Session in this process or from a run
-store another process is writing. Both hand the same shapes to ``analysis.live.LiveAggregator``.
+store another process is writing. Both hand the same shapes to ``analysis.live.LiveAggregator``. A job's feed
+(:class:`JobFeed`) hands each rank's steps and the node sampler's readings to ``analysis.joblive``.
 
 Feeds only move data; they compute nothing. ``poll()`` may return rows already returned before (the
 aggregator takes each step and sample once), never blocks on the training thread, and never raises for a

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, stallscope, wait_until
+from conftest import ROOT, wait_until
 from jobfake import WARMUP, RankPlan, job_json, run_ranks
 from rich.console import Console
 
@@ -214,9 +214,10 @@ WRITER = textwrap.dedent("""
     from jobfake import RankPlan, job_json, run_ranks
     d = Path(sys.argv[1])
     job_json(d, status="running", ranks=[])
-    time.sleep(2.0)
     run_ranks(d, {0: RankPlan(sync_s=0.04), 1: RankPlan(wait_s=0.04)}, world=2, job_id="job-a")
-    time.sleep(1.0)
+    deadline = time.monotonic() + 120
+    while not (d / "watching").exists() and time.monotonic() < deadline:  # the job runs until it is watched
+        time.sleep(0.05)
     job_json(d, status="complete")
 """)
 
@@ -226,10 +227,17 @@ def test_watch_follows_a_job_to_its_end(tmp_path: Path) -> None:
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(ROOT / "tests")], cwd=ROOT, env=env)
     try:
         assert wait_until((tmp_path / "job.json").exists, timeout=30)
-        res = stallscope("watch", str(tmp_path), "--json", timeout=120)
+        watch = subprocess.Popen(
+            [sys.executable, "-m", "profiler", "watch", str(tmp_path), "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+        )  # fmt: skip
+        assert watch.stderr is not None
+        first = watch.stderr.readline()  # written before it follows the job
+        (tmp_path / "watching").touch()
+        out, err = watch.communicate(timeout=120)
     finally:
-        writer.wait(timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert "watching job" in res.stderr
-    summary = json.loads(res.stdout)
+        writer.wait(timeout=120)
+    assert watch.returncode == 0, err
+    assert first.startswith("stallscope: watching job")
+    summary = json.loads(out)
     assert summary["mode"] == "job" and summary["status"] == "complete" and summary["straggler"]["rank"] == 1
