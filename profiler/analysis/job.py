@@ -18,9 +18,10 @@ Invariants:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
+from typing import Any, Protocol
 
 from profiler.analysis.parts import Breakdown, StepTimes
 from profiler.analysis.stats import json_safe, mean, quantile
@@ -109,6 +110,22 @@ class RankExit:
             "t_s": self.t_s,
             "node_rank": self.node_rank,
         }
+
+
+class RankFigures(Protocol):
+    """What the straggler rule reads of a rank: a :class:`RankRow` (the whole run) or a live view's row (its
+    recent steps, ``analysis.joblive``), so both name a straggler by one rule."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def measured(self) -> bool: ...
+
+    @property
+    def loader_cpu_ms_per_sample(self) -> float: ...
+
+    def figure(self, name: str) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,7 +494,7 @@ def straggler_rule() -> str:
     )
 
 
-def find_straggler(rows: tuple[RankRow, ...] | list[RankRow]) -> tuple[Straggler | None, str]:
+def find_straggler(rows: Sequence[RankFigures]) -> tuple[Straggler | None, str]:
     """The rank whose input pipeline holds the job back (the largest qualifying excess), and the rule in words."""
     named = [c for c in _candidates(rows) if not loaders_alike(c.rank_row, c.other_rows)]
     best = max(named, key=lambda c: c.straggler.data_wait_excess_ms_per_step, default=None)
@@ -501,12 +518,12 @@ def phase_note(rows: tuple[RankRow, ...] | list[RankRow]) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class _Candidate:
-    rank_row: RankRow
-    other_rows: list[RankRow]
+    rank_row: RankFigures
+    other_rows: list[RankFigures]
     straggler: Straggler
 
 
-def _candidates(rows: tuple[RankRow, ...] | list[RankRow]) -> list[_Candidate]:
+def _candidates(rows: Sequence[RankFigures]) -> list[_Candidate]:
     """Every rank whose data wait per step is above the others' median by more than the threshold while the
     others wait at least STRAGGLER_SYNC_SHARE of that excess in sync."""
     measured = [r for r in rows if r.measured]
@@ -554,7 +571,7 @@ def first_failure(exits: dict[int, RankExit], rows: tuple[RankRow, ...]) -> Rank
     return min(tied, key=lambda e: (consequence(e), e.t_s, e.rank))
 
 
-def loaders_alike(r: RankRow, others: list[RankRow]) -> bool:
+def loaders_alike(r: RankFigures, others: Sequence[RankFigures]) -> bool:
     """Whether the other ranks' loader workers spend as much CPU per sample as ``r``'s (at least LOADERS_ALIKE of
     it). Ranks stepping in lock-step with equally slow loaders share the wait by phase, not by cause: the rank
     that arrives last waits for data, and the workers of the others load their next batch while they wait in
@@ -608,6 +625,7 @@ __all__ = [
     "JobSummary",
     "NodeInput",
     "RankExit",
+    "RankFigures",
     "RankInput",
     "RankRow",
     "Scaling",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,19 @@ def cmd_job(args: argparse.Namespace) -> int:
             f"training {t.scenario.name} on {job.world_size} ranks ({args.nproc} here, node {args.node_rank} of "
             f"{args.nnodes}; {args.pipeline}, device {t.device.label}, {job.backend}) -> {out}"
         )
-    result = run_job(job)
+    with _live(args, out, (cfg.steps or 0) + t.warmup):
+        result = run_job(job)
     return _report(result, args)
+
+
+def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.AbstractContextManager[Any]:
+    """The job's live view beside the launcher, read from the rank stores (docs/live.md); none with --no-live."""
+    if args.no_live:
+        return contextlib.nullcontext()
+    from profiler.feeds import JobFeed
+    from profiler.render.joblive import job_monitor_for
+
+    return job_monitor_for(JobFeed(out), total_steps=total_steps)
 
 
 def _report(result: Any, args: argparse.Namespace) -> int:

@@ -51,8 +51,10 @@ def add_parsers(sub: Any) -> None:
     )
     cmp.add_argument("--json", action="store_true", help="print the comparison JSON")
 
-    w = sub.add_parser("watch", help="follow a run another process is writing, live, from its store")
-    w.add_argument("run_dir")
+    w = sub.add_parser(
+        "watch", help="follow a run (or a multi-rank job) another process is writing, live, from its store"
+    )
+    w.add_argument("run_dir", help="a run directory, or a job directory (job.json, rank-R/)")
     w.add_argument("--json", action="store_true", help="at the end, print the summary JSON instead of the report")
 
     sub.add_parser("scenarios", help="list the built-in scenarios")
@@ -178,6 +180,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     from profiler.render.live import watch
     from profiler.store import StoreError, resolve_db
 
+    if _is_job(args.run_dir):
+        return _watch_job(args)
     try:
         resolve_db(args.run_dir)
         feed = StoreFeed(args.run_dir)
@@ -191,6 +195,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
     print_summary(load_summary(args.run_dir), args.json)
+    return EXIT_OK
+
+
+def _watch_job(args: argparse.Namespace) -> int:
+    """``watch JOB_DIR``: the job's live view from its rank stores until the launcher's status leaves running."""
+    from profiler.feeds import JobFeed
+    from profiler.render.joblive import watch_job
+
+    feed = JobFeed(args.run_dir)
+    feed.poll()
+    if feed.status() == "running":
+        say(f"watching job {args.run_dir} (Ctrl-C stops watching, not the job)")
+        try:
+            watch_job(feed)
+        except KeyboardInterrupt:
+            return exit_signal("SIGINT")
+    print_job(load_job_summary([args.run_dir])[0], args.json)
     return EXIT_OK
 
 
