@@ -119,29 +119,38 @@ def test_plain_live_prints_lines_from_a_session(tmp_path: Path) -> None:
 
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from profiler import Session
+    # trains until the test says stop (a file appears), at most 60 s: the watcher must start before the run ends
     with Session(sys.argv[1], scenario="watched", batch_size=4, sources=[]) as s:
-        end = time.perf_counter() + 3.0
+        end = time.perf_counter() + 60.0
         for _ in s.wrap(iter(lambda: [0] * 4, None)):
             with s.phase("compute"):
                 time.sleep(0.01)
-            if time.perf_counter() > end:
+            if time.perf_counter() > end or os.path.exists(sys.argv[2]):
                 break
 """)
 
 
 def test_watch_follows_a_run_to_its_end(tmp_path: Path) -> None:
-    run = tmp_path / "run"
+    run, stop, err = tmp_path / "run", tmp_path / "stop", tmp_path / "watch.err"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    writer = subprocess.Popen([sys.executable, "-c", CHILD, str(run)], cwd=ROOT, env=env)
+    writer = subprocess.Popen([sys.executable, "-c", CHILD, str(run), str(stop)], cwd=ROOT, env=env)
     try:
         assert wait_until((run / "run.sqlite").exists, timeout=30)
-        res = stallscope("watch", str(run), "--json", timeout=60)
+        with err.open("w") as err_file:
+            watcher = subprocess.Popen(
+                [sys.executable, "-m", "profiler", "watch", str(run), "--json"],
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True,
+            )  # fmt: skip
+            assert wait_until(lambda: "watching" in err.read_text(), timeout=60)  # it follows the run in progress
+            stop.touch()
+            stdout, _ = watcher.communicate(timeout=60)
     finally:
+        stop.touch()
         writer.wait(timeout=30)
+    res = subprocess.CompletedProcess(watcher.args, watcher.returncode, stdout, err.read_text())
     assert res.returncode == 0, res.stderr
-    assert "watching" in res.stderr
     import json
 
     summary = json.loads(res.stdout)

@@ -12,19 +12,17 @@ On a simulated device (kind ``sim``) the head line says SIMULATED and the sync c
 from __future__ import annotations
 
 import math
-import sys
-import threading
-import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TextIO
 
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Group
 from rich.text import Text
 
 from profiler.analysis.joblive import JobLive, JobLiveAggregator, RankLive
 from profiler.analysis.parts import SIMULATED, device_where
 from profiler.feeds import JobFeed
+from profiler.render.live import Monitor, PlainLines, choose, follow
 
 Tb = TracebackType | None
 
@@ -148,103 +146,45 @@ def job_status_line(snap: JobLive, total_steps: int | None = None, meta: dict[st
     )
 
 
-class _JobMonitor:
-    """Polls a job feed on a thread every ``interval_s`` and hands each snapshot to ``_show``."""
+def job_source(feed: JobFeed) -> Callable[[], JobLive]:
+    """A job's snapshots: each rank's new steps and the node samplers' samples, folded."""
+    agg = JobLiveAggregator()
 
-    def __init__(self, feed: JobFeed, interval_s: float, total_steps: int | None) -> None:
-        self._feed = feed
-        self._interval = interval_s
-        self._total = total_steps
-        self._agg = JobLiveAggregator()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="stallscope-job-live", daemon=True)
-        self.frames = 0
-        self.error: BaseException | None = None  # what stopped the view (the job itself goes on)
-
-    def _tick(self) -> None:
-        steps, samples = self._feed.poll()
+    def poll() -> JobLive:
+        steps, samples = feed.poll()
         for rank, rows in steps.items():
-            self._agg.add_rank(rank, rows, self._feed.rank_meta().get(rank), self._feed.rank_status(rank))
-        self._agg.add_node_samples(samples)
-        self._show(self._agg.snapshot())
-        self.frames += 1
+            agg.add_rank(rank, rows, feed.rank_meta().get(rank), feed.rank_status(rank))
+        agg.add_node_samples(samples)
+        return agg.snapshot()
 
-    def _loop(self) -> None:
-        while not self._done.wait(self._interval):
-            try:
-                self._tick()
-            except Exception as exc:  # noqa: BLE001 - a view that fails stops showing (said at exit), never the job
-                self.error = exc
-                return
-
-    def _show(self, snap: JobLive) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> _JobMonitor:
-        self._thread.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Tb) -> None:
-        self._done.set()
-        self._thread.join(timeout=max(2.0, 2 * self._interval))
-        if self.error is not None:
-            sys.stderr.write(f"stallscope: the live view stopped: {type(self.error).__name__}: {self.error}\n")
+    return poll
 
 
-class JobPlainLive(_JobMonitor):
-    """One plain status line every ``interval_s`` seconds."""
+class JobPlainLive(PlainLines):
+    """A job's plain status line every ``interval_s`` seconds."""
 
     def __init__(
         self, feed: JobFeed, *, interval_s: float = 5.0, stream: TextIO | None = None, total_steps: int | None = None
     ) -> None:
-        super().__init__(feed, interval_s, total_steps)
-        self._stream = stream or sys.stderr
-
-    def _show(self, snap: JobLive) -> None:
-        line = job_status_line(snap, self._total, self._feed.meta())
-        if line:
-            print(line, file=self._stream, flush=True)
-
-
-class JobLiveView(_JobMonitor):
-    """The rich dashboard, redrawn about ``refresh_hz`` times a second (transient: the job report follows it)."""
-
-    def __init__(
-        self, feed: JobFeed, *, refresh_hz: float = 4.0, console: Console | None = None, total_steps: int | None = None
-    ) -> None:
-        super().__init__(feed, 1.0 / refresh_hz, total_steps)
-        self._console = console or Console(stderr=True)
-        self._live = Live(console=self._console, auto_refresh=False, transient=True)
-
-    def _show(self, snap: JobLive) -> None:
-        self._live.update(job_frame(snap, self._feed.meta(), self._total), refresh=True)
-
-    def __enter__(self) -> JobLiveView:
-        self._live.start()
-        super().__enter__()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Tb) -> None:
-        super().__exit__(exc_type, exc, tb)
-        self._live.stop()
+        super().__init__(
+            job_source(feed), lambda snap: job_status_line(snap, total_steps, feed.meta()), interval_s=interval_s,
+            stream=stream,
+        )  # fmt: skip
 
 
 def job_monitor_for(
     feed: JobFeed, *, tty: bool | None = None, total_steps: int | None = None, plain_interval_s: float = 5.0
-) -> _JobMonitor:
-    """The dashboard on a terminal, plain lines otherwise (decided by stderr, where both write)."""
-    if tty is None:
-        tty = sys.stderr.isatty()
-    if tty:
-        return JobLiveView(feed, total_steps=total_steps)
-    return JobPlainLive(feed, interval_s=plain_interval_s, total_steps=total_steps)
+) -> Monitor:
+    """A job's live view: the dashboard on a terminal, plain lines otherwise."""
+    return choose(
+        job_source(feed),
+        lambda snap: job_status_line(snap, total_steps, feed.meta()),
+        lambda snap: job_frame(snap, feed.meta(), total_steps),
+        tty=tty,
+        plain_interval_s=plain_interval_s,
+    )
 
 
 def watch_job(feed: JobFeed, *, tty: bool | None = None, poll_s: float = 0.25) -> str:
     """Follow a job another process runs until its status leaves "running"; returns the final status."""
-    with job_monitor_for(feed, tty=tty):
-        while True:
-            status = feed.status()
-            if status != "running":
-                return status
-            time.sleep(poll_s)
+    return follow(job_monitor_for(feed, tty=tty), feed.status, poll_s)

@@ -14,11 +14,11 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, TextIO
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
@@ -137,70 +137,86 @@ def frame(snap: LiveSnapshot, meta: dict[str, Any], total_steps: int | None = No
     return Group(head, *rows)
 
 
-class _Monitor:
-    """Polls a feed on a thread every ``interval_s`` and hands each snapshot to ``_show``."""
+class Monitor:
+    """Calls ``source()`` (poll a feed, fold it, return a snapshot) on a thread every ``interval_s`` and hands each
+    snapshot to ``_show``. A view that fails stops showing and says so once at exit (``error``); the training it
+    watches never sees the failure."""
 
-    def __init__(self, feed: LiveFeed, interval_s: float, total_steps: int | None) -> None:
-        self._feed = feed
+    def __init__(self, source: Callable[[], Any], interval_s: float) -> None:
+        self._source = source
         self._interval = interval_s
-        self._total = total_steps
-        self._agg = LiveAggregator(horizon_s=HISTORY_S)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stallscope-live", daemon=True)
         self.frames = 0
+        self.error: BaseException | None = None
 
     def _tick(self) -> None:
-        steps, samples = self._feed.poll()
-        self._agg.add_steps(steps)
-        self._agg.add_samples(samples)
-        self._show(self._agg.snapshot())
+        self._show(self._source())
         self.frames += 1
 
     def _loop(self) -> None:
         while not self._done.wait(self._interval):
-            self._tick()
+            try:
+                self._tick()
+            except Exception as exc:  # noqa: BLE001 - a view that fails stops showing (said at exit), never the run
+                self.error = exc
+                return
 
-    def _show(self, snap: LiveSnapshot) -> None:
+    def _show(self, snap: Any) -> None:
         raise NotImplementedError
 
-    def __enter__(self) -> _Monitor:
+    def __enter__(self) -> Monitor:
         self._thread.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Tb) -> None:
         self._done.set()
         self._thread.join(timeout=max(2.0, 2 * self._interval))
+        if self.error is not None:
+            sys.stderr.write(f"stallscope: the live view stopped: {type(self.error).__name__}: {self.error}\n")
 
 
-class PlainLive(_Monitor):
-    """One plain status line every ``interval_s`` seconds."""
+class PlainLines(Monitor):
+    """One plain status line (``line(snapshot)``; None: nothing to say yet) every ``interval_s`` seconds."""
 
     def __init__(
-        self, feed: LiveFeed, *, interval_s: float = 5.0, stream: TextIO | None = None, total_steps: int | None = None
+        self,
+        source: Callable[[], Any],
+        line: Callable[[Any], str | None],
+        *,
+        interval_s: float = 5.0,
+        stream: TextIO | None = None,
     ) -> None:
-        super().__init__(feed, interval_s, total_steps)
+        super().__init__(source, interval_s)
+        self._line = line
         self._stream = stream or sys.stderr
 
-    def _show(self, snap: LiveSnapshot) -> None:
-        line = status_line(snap, self._total, self._feed.meta())
+    def _show(self, snap: Any) -> None:
+        line = self._line(snap)
         if line:
             print(line, file=self._stream, flush=True)
 
 
-class LiveView(_Monitor):
-    """The rich dashboard, redrawn about ``refresh_hz`` times a second (transient: the report follows it)."""
+class Dashboard(Monitor):
+    """The rich dashboard (``draw(snapshot)``), redrawn about ``refresh_hz`` times a second; transient: the report
+    follows it."""
 
     def __init__(
-        self, feed: LiveFeed, *, refresh_hz: float = 4.0, console: Console | None = None, total_steps: int | None = None
+        self,
+        source: Callable[[], Any],
+        draw: Callable[[Any], RenderableType],
+        *,
+        refresh_hz: float = 4.0,
+        console: Console | None = None,
     ) -> None:
-        super().__init__(feed, 1.0 / refresh_hz, total_steps)
-        self._console = console or Console(stderr=True)
-        self._live = Live(console=self._console, auto_refresh=False, transient=True)
+        super().__init__(source, 1.0 / refresh_hz)
+        self._draw = draw
+        self._live = Live(console=console or Console(stderr=True), auto_refresh=False, transient=True)
 
-    def _show(self, snap: LiveSnapshot) -> None:
-        self._live.update(frame(snap, self._feed.meta(), self._total), refresh=True)
+    def _show(self, snap: Any) -> None:
+        self._live.update(self._draw(snap), refresh=True)
 
-    def __enter__(self) -> LiveView:
+    def __enter__(self) -> Dashboard:
         self._live.start()
         super().__enter__()
         return self
@@ -210,22 +226,68 @@ class LiveView(_Monitor):
         self._live.stop()
 
 
-def monitor_for(
-    feed: LiveFeed, *, tty: bool | None = None, total_steps: int | None = None, plain_interval_s: float = 5.0
-) -> _Monitor:
+def choose(
+    source: Callable[[], Any],
+    line: Callable[[Any], str | None],
+    draw: Callable[[Any], RenderableType],
+    *,
+    tty: bool | None = None,
+    plain_interval_s: float = 5.0,
+) -> Monitor:
     """The dashboard on a terminal, plain lines otherwise (decided by stderr, where both write)."""
     if tty is None:
         tty = sys.stderr.isatty()
-    if tty:
-        return LiveView(feed, total_steps=total_steps)
-    return PlainLive(feed, interval_s=plain_interval_s, total_steps=total_steps)
+    return Dashboard(source, draw) if tty else PlainLines(source, line, interval_s=plain_interval_s)
+
+
+def follow(monitor: Monitor, status: Callable[[], str], poll_s: float = 0.25) -> str:
+    """Show ``monitor`` until ``status()`` leaves "running"; returns the final status."""
+    with monitor:
+        while True:
+            now = status()
+            if now != "running":
+                return now
+            time.sleep(poll_s)
+
+
+def run_source(feed: LiveFeed) -> Callable[[], LiveSnapshot]:
+    """A single run's snapshots: the feed's new steps and samples folded into the last minute."""
+    agg = LiveAggregator(horizon_s=HISTORY_S)
+
+    def poll() -> LiveSnapshot:
+        steps, samples = feed.poll()
+        agg.add_steps(steps)
+        agg.add_samples(samples)
+        return agg.snapshot()
+
+    return poll
+
+
+class PlainLive(PlainLines):
+    """A single run's plain status line every ``interval_s`` seconds."""
+
+    def __init__(
+        self, feed: LiveFeed, *, interval_s: float = 5.0, stream: TextIO | None = None, total_steps: int | None = None
+    ) -> None:
+        super().__init__(
+            run_source(feed), lambda snap: status_line(snap, total_steps, feed.meta()), interval_s=interval_s,
+            stream=stream,
+        )  # fmt: skip
+
+
+def monitor_for(
+    feed: LiveFeed, *, tty: bool | None = None, total_steps: int | None = None, plain_interval_s: float = 5.0
+) -> Monitor:
+    """A single run's live view: the dashboard on a terminal, plain lines otherwise."""
+    return choose(
+        run_source(feed),
+        lambda snap: status_line(snap, total_steps, feed.meta()),
+        lambda snap: frame(snap, feed.meta(), total_steps),
+        tty=tty,
+        plain_interval_s=plain_interval_s,
+    )
 
 
 def watch(feed: LiveFeed, *, tty: bool | None = None, poll_s: float = 0.25) -> str:
     """Follow a run another process writes until its status leaves "running"; returns the final status."""
-    with monitor_for(feed, tty=tty):
-        while True:
-            status = feed.status()
-            if status != "running":
-                return status
-            time.sleep(poll_s)
+    return follow(monitor_for(feed, tty=tty), feed.status, poll_s)
