@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -151,7 +152,7 @@ def run_job(job: JobSpec) -> JobResult:
     status, exits, error = "complete", list[dict[str, Any]](), None
     t0 = time.time()
     try:
-        with _quiet_elastic():
+        with _quiet_elastic(), handlers_kept():
             elastic_launch(config, rank_main)(job)
     except ChildFailedError as exc:
         exits = rank_exits(exc.failures, t0, announced_ranks(out), tree.ended())
@@ -303,10 +304,32 @@ def _failure_line(exits: list[dict[str, Any]]) -> str:
     return f"{', '.join(seen)}; the launcher stopped the other ranks"
 
 
+# The signals torch's elastic agent takes over while ranks run (and never gives back)
+AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@contextlib.contextmanager
+def handlers_kept() -> Any:
+    """Put back the caller's handlers of the signals the elastic agent takes over (a sweep's, the CLI's)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in AGENT_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
+
+
 @contextlib.contextmanager
 def _quiet_elastic() -> Any:
-    """The elastic agent logs every failure with a traceback at ERROR level; the job's own line says it once."""
-    logs = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.multiprocessing")]
+    """The elastic agent logs every failure with a traceback at ERROR level, and its own shutdown at WARNING; the
+    job's own line says it once. torch sets levels on its modules' loggers, so each of them is quietened."""
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(prefixes)]
+    logs = [logging.getLogger(name) for name in {*prefixes, *names}]
     levels = [log.level for log in logs]
     for log in logs:
         log.setLevel(logging.CRITICAL)

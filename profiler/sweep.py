@@ -34,16 +34,13 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import signal
-import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -80,8 +77,6 @@ TRIAL_SHARE = 12
 
 # The signals torch's elastic agent handles in the launcher while a job's ranks run (its default
 # TORCHELASTIC_SIGNALS_TO_HANDLE): it sets their handlers and leaves them set when the job ends
-AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
 OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
 OnFinish = Callable[[SweepRow], None]
 
@@ -261,7 +256,6 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
     and the seconds cap cannot stop ranks in other processes. A job that fails is a failed row; a signal (the
     elastic agent's handlers take SIGINT/SIGTERM while its ranks run and stop them) raises ConfigStopped with the
     row of what the ranks recorded."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     from profiler.launch import JobSpec, job_id_for, run_job
 
@@ -286,19 +280,16 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
     status: str | None = None
     error: str | None = None
     stopped: str | None = None
-    with handlers_kept():  # the agent installs its own and leaves them; the sweep's must come back
-        try:
-            result = run_job(spec)
-            if result.status == "interrupted":
-                stopped = (result.error or "SIGINT").rsplit(" ", 1)[-1]
-            if result.status != "complete":
-                status, error = result.status, result.error
-        except SignalException as exc:  # landed while the launcher was finishing
-            stopped = signal.Signals(int(exc.sigval)).name
-        except (Interrupted, KeyboardInterrupt) as exc:  # a second signal before the agent's handlers were in place
-            stopped = getattr(exc, "signame", "SIGINT")
-        except Exception as exc:  # noqa: BLE001 - the launcher failed: a failed row, not the end of the sweep
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
+    try:  # run_job puts the sweep's signal handlers back after the elastic agent's
+        result = run_job(spec)
+        if result.status == "interrupted":
+            stopped = (result.error or "SIGINT").rsplit(" ", 1)[-1]
+        if result.status != "complete":
+            status, error = result.status, result.error
+    except (Interrupted, KeyboardInterrupt) as exc:  # a second signal before the agent's handlers were in place
+        stopped = getattr(exc, "signame", "SIGINT")
+    except Exception as exc:  # noqa: BLE001 - the launcher failed: a failed row, not the end of the sweep
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
     if stopped is not None:
         status, error = "interrupted", f"stopped by {stopped}"
     # a signal before the agent's handlers were in place only reached the sweep's: the job ran to its end, and
@@ -308,21 +299,6 @@ def run_job_config(h: Harness, cfg: Config, out: Path) -> SweepRow:
     if signame is not None:
         raise ConfigStopped(signame, row)
     return row
-
-
-@contextlib.contextmanager
-def handlers_kept() -> Iterator[None]:
-    """Restore the handlers of the signals torch's elastic agent takes over (it never gives them back)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    kept = {s: signal.getsignal(s) for s in AGENT_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in kept.items():
-            if handler is not None:  # None: a handler not set from Python, which cannot be put back
-                signal.signal(s, handler)
 
 
 def _job_row(h: Harness, cfg: Config, out: Path, *, status: str | None, error: str | None, wall_s: float) -> SweepRow:
