@@ -462,7 +462,8 @@ def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_s
         lived = m.device_wall
         if lived <= 0:
             return math.nan, "none"
-        return total(clip(union(_dev(m.phases)), lo + m.queued_in, hi + m.queued_out)) / lived, m.events
+        busy = total(clip(union(_dev(m.phases)), lo + m.queued_in, hi + m.queued_out)) / lived
+        return min(1.0, busy), m.events  # a share: float sums of the same span may exceed 1 by an ulp
     compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps) - nested_sync_s
     return compute / wall, "host-compute-phase"
 
