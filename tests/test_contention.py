@@ -498,7 +498,10 @@ def test_runq_matches_wall_minus_cpu_alone_and_contended(tmp_path: Path) -> None
         # the GIL hand-offs left at the phase edges and the microseconds between two clocks' reads
         inner = max(truth["inner"] - truth["steal"], 0.0)
         assert inner - 0.02 * truth["wall"] - 0.001 <= measured <= truth["outer"] + 0.001, (measured, truth)
-        assert c.compute_runq_fraction == pytest.approx(inner / truth["wall"], abs=0.05), (c, truth)
+        # the fraction is as good as its truth: an interval, since the core's steal time is known for the core and
+        # not for this thread (the run-queue wait lies between the inner clock's less the steal and the outer's)
+        lo, hi = inner / truth["wall"] - 0.05, truth["outer"] / truth["wall"] + 0.05
+        assert lo <= c.compute_runq_fraction <= hi, (c, truth)
     # two busy processes on the core leave the loop about a third of it: a wait near 2/3 of compute time
     assert busy.compute_runq_fraction >= 0.3, busy
     assert busy.compute_runq_fraction >= alone.compute_runq_fraction + 0.2, (alone, busy)

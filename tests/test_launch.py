@@ -53,10 +53,13 @@ def test_injected_straggler_is_named_and_the_others_sync_matches_its_excess(tmp_
     assert 35 < excess_ms < 60  # 8 x 5 ms asked
     straggler = summary["straggler"]
     assert straggler is not None and straggler["rank"] == 1 and straggler["others"] == [0]
-    assert straggler["others_sync_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
     assert straggler["data_wait_excess_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
     rows = {r["rank"]: r for r in summary["ranks"]}
-    assert rows[0]["sync_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
+    # a rank's sync is its wait for the others plus the all-reduce every rank pays; the straggler, last to
+    # arrive, pays only the all-reduce: the difference is rank 0's wait for rank 1
+    assert straggler["others_sync_ms_per_step"] == rows[0]["sync_ms_per_step"] >= excess_ms * 0.9
+    waited = rows[0]["sync_ms_per_step"] - rows[1]["sync_ms_per_step"]
+    assert waited == pytest.approx(excess_ms, rel=0.10), (rows[0]["sync_ms_per_step"], rows[1]["sync_ms_per_step"])
     for row in rows.values():  # the measured parts (not the remainder "other") make the step, within 2%
         parts = row["breakdown_ms_per_step"]
         measured = parts["data_wait"] + parts["h2d"] + parts["compute"] + parts["sync"]
@@ -89,7 +92,8 @@ def test_no_straggler_and_scaling_efficiency_against_a_one_rank_run(tmp_path: Pa
 
 def test_a_sigkilled_rank_ends_the_job_and_every_store_stays_readable(tmp_path: Path) -> None:
     out = tmp_path / "job"
-    res = job(out, env={"STALLSCOPE_TEST_KILL_RANK": "1", "STALLSCOPE_TEST_KILL_AT": "80"})
+    # killed at its 240th item (step 30 of 63): well after its store has committed steps (it writes in batches)
+    res = job(out, "--steps", "60", env={"STALLSCOPE_TEST_KILL_RANK": "1", "STALLSCOPE_TEST_KILL_AT": "240"})
     assert res.returncode == 1, res.stderr
     assert "job failed: " in res.stderr and "Traceback" not in res.stderr
     record = job_json(out)

@@ -170,7 +170,8 @@ def test_a_failed_job_is_a_failed_row_and_the_sweep_goes_on(tmp_path: Path) -> N
         ("naive-b4-w0-x2", "failed"),
         ("naive-b8-w0-x2", "failed"),
     ]
-    assert all("rank 1 killed by SIGKILL" in r["error"] for r in d["rows"])
+    # the launcher's line: what it saw end (the agent may report rank 0, which lost its peer, before rank 1)
+    assert all("the launcher stopped the other ranks" in r["error"] and "rank " in r["error"] for r in d["rows"])
     assert d["rows"][0]["throughput_samples_per_s"] is None and d["rows"][0]["speedup"] is None
 
 
