@@ -25,9 +25,9 @@ from rich.console import Console
 from test_cli import assert_one_line_error
 
 from profiler.analysis.sweep import Config, SweepRow, analyse_sweep, config_name
+from profiler.launch import AGENT_SIGNALS, handlers_kept
 from profiler.render.sweep import render_sweep, row_line
 from profiler.store import load_run
-from profiler.sweep import AGENT_SIGNALS, handlers_kept
 
 RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
