@@ -173,10 +173,10 @@ def test_table_text() -> None:
     ]
     assert gc.table(cells).splitlines() == [
         "scenario   pipeline  device    samples/s  stall %  busy   NVML util  h2d ms/step  verdict             result",
-        "mlp-mnist  naive     cuda      80         34.0     0.970  56%        5.000        highly input-bound  PASS",
+        "mlp-mnist  naive     cuda      80         34.0     1.000  56%        5.000        highly input-bound  PASS",
         "mlp-mnist  naive     sim:h100  -          -        -      -          -            -                   "
         "FAIL: exit code 2; no summary.json",
-        "ssd        dali      cuda      80         34.0     0.970  -          5.000        highly input-bound  "
+        "ssd        dali      cuda      80         34.0     1.000  -          5.000        highly input-bound  "
         "FAIL: no NVML figure (run again with --steps 40)",
     ]
 

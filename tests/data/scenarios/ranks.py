@@ -5,10 +5,12 @@ Each item costs BASE_MS of sleep; on rank STALLSCOPE_TEST_STRAGGLER (default non
 not depend on what else the CPU runs; its one Linear layer gives DDP gradients to all-reduce. Sleeps are the
 costs, so two ranks on two cores do not slow each other down.
 
-Ground truth: when STALLSCOPE_TEST_TRUTH names a directory, the straggler writes there, after every 8th item,
-the extra sleep it really slept so far (perf_counter around each sleep) and the items it slept for:
-truth-rank{R}.json (not at exit: a rank forked by the launcher's fork server ends with os._exit, and atexit
-handlers do not run).
+Ground truth: when STALLSCOPE_TEST_TRUTH names a directory, every rank writes there, after every 8th item, what
+its loading really took so far (perf_counter around each item's whole work, and around the straggler's extra
+sleep) and the items: truth-rank{R}.json (not at exit: a rank forked by the launcher's fork server ends with
+os._exit, and atexit handlers do not run). The injected excess per step is the difference of the ranks' loading
+time per item times the batch: it includes what a busy host adds to the slower rank's sleeps, which the extra
+sleep's own timing alone does not.
 STALLSCOPE_TEST_KILL_RANK / STALLSCOPE_TEST_KILL_AT: that rank SIGKILLs itself when it loads item number
 KILL_AT (counting its own loads), as the OOM killer would.
 """
@@ -46,17 +48,19 @@ class Items(torch.utils.data.Dataset):
         self.loads = 0
         self.slept = 0.0
         truth = os.environ.get("STALLSCOPE_TEST_TRUTH")
-        self.truth = Path(truth) if truth and self.extra_s else None
+        self.truth = Path(truth) if truth and self.rank is not None else None
+        self.load_s = 0.0
 
     def _write_truth(self):
         self.truth.mkdir(parents=True, exist_ok=True)
-        facts = json.dumps({"extra_s": self.slept, "items": self.loads})
+        facts = json.dumps({"extra_s": self.slept, "load_s": self.load_s, "items": self.loads})
         (self.truth / f"truth-rank{self.rank}.json").write_text(facts)
 
     def __len__(self):
         return 100_000
 
     def __getitem__(self, i):
+        start = time.perf_counter()
         self.loads += 1
         if self.kill_at is not None and self.loads >= self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -65,9 +69,11 @@ class Items(torch.utils.data.Dataset):
             t0 = time.perf_counter()
             time.sleep(self.extra_s)
             self.slept += time.perf_counter() - t0
-            if self.truth is not None and self.loads % 8 == 0:
-                self._write_truth()
-        return torch.full((4,), float(i % 7)), i % 3
+        item = torch.full((4,), float(i % 7)), i % 3
+        self.load_s += time.perf_counter() - start
+        if self.truth is not None and self.loads % 8 == 0:
+            self._write_truth()
+        return item
 
 
 class Timed(nn.Module):
