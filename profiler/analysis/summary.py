@@ -529,8 +529,13 @@ LOST = "lost: "  # the sampler's status for a source it retired: "lost: <reason>
 
 def stopped_notes(rec: RunRecord) -> list[str]:
     """One note per NVML source the sampler retired mid-run (GPU lost, driver gone, a hung call), and per other
-    source whose call hung: when it stopped and why. A run's own process exiting is its end, not a fault."""
+    source whose call hung: when it stopped and why (a run's own process exiting is its end, not a fault); and
+    why py-spy, when asked for, recorded no stacks or stopped mid-run."""
     notes = []
+    problem = rec.meta.get("pyspy_problem")
+    if problem:
+        lost = "stall estimate or loader attribution" if rec.meta.get("mode") == "zero-code" else "loader attribution"
+        notes.append(f"{problem}: no {lost} from py-spy's stacks; the run went on with the sampler alone")
     for t, kind, src, message in rec.events:
         if kind != "source" or src is None or not message.startswith(LOST):
             continue
