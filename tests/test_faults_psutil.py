@@ -21,7 +21,7 @@ from conftest import sleep_loader, wait_until
 
 from profiler import Session
 from profiler.cli import main
-from profiler.sampler import Sampler
+from profiler.recording import Recording
 from profiler.sources.host import HostSource
 from profiler.sources.ranks import RankSource
 from profiler.store import integrity_ok, load_run
@@ -116,7 +116,11 @@ def test_workers_that_exit_or_lose_permission_mid_read_leave_the_others_recordin
 
 
 def test_ranks_that_exit_or_deny_reads_mid_read_leave_the_others_recording(
-    spawn: Callable[..., subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    spawn: Callable[..., subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     env = dict(os.environ)
     _rank0, denies, exits = (spawn({**env, "RANK": str(r), "WORLD_SIZE": "3"}) for r in range(3))
@@ -130,27 +134,41 @@ def test_ranks_that_exit_or_deny_reads_mid_read_leave_the_others_recording(
         return real_environ(self)
 
     monkeypatch.setattr(psutil.Process, "environ", environ)
-    rows: list[tuple[float, str, str, float | None]] = []
     ranks = RankSource(os.getpid(), refresh_s=0.1)
-    s = Sampler([ranks], HZ, sink=rows.extend)
+    out = tmp_path / "run"
+    rec = Recording(out, meta={"mode": "zero-code"}, sample_hz=HZ, sources=[ranks])
     caplog.set_level(logging.DEBUG)
-    s.start()
+    rec.start()
+    s = rec.sampler
+    assert s is not None and rec.store is not None
+    store = rec.store
+
+    def rows() -> list[tuple[float, str, str, float | None]]:
+        return store.record().samples
+
     try:
         assert wait_until(lambda: calls[exits.pid] >= 5, timeout=10)
         exits.kill()  # the rank that failed mid-read now really exits
         exits.wait()
-        assert wait_until(lambda: any(m == "rank2.alive" and v == 0.0 for _t, _s, m, v in rows), timeout=10)
+        assert wait_until(lambda: any(m == "rank2.alive" and v == 0.0 for _t, _s, m, v in rows()), timeout=10)
         n = s.stats.samples
         assert wait_until(lambda: s.stats.samples >= n + 10, timeout=10)  # sampling goes on after the loss
     finally:
-        s.stop()
+        summary = rec.close("complete")
+    assert summary is not None and summary.status == "complete"
     assert s.stats.sources["ranks"].status == "available" and s.stats.sources["ranks"].errors == 0
     assert [r.rank for r in ranks.ranks()] == [0, 1, 2]
     assert set(ranks.ended()) == {2}  # the rank that denies reads is alive, not ended
-    last = rows[-1][0]
-    late = {m for t, _s, m, v in rows if t > last - 0.1 and v is not None}
+    assert integrity_ok(out)
+    samples = load_run(out).samples
+    last = samples[-1][0]
+    late = {m for t, _s, m, v in samples if t > last - 0.1 and v is not None}
     assert {"rank0.cpu_pct", "rank0.rss_mb"} <= late  # the surviving rank is read to the end
     assert not {"rank1.cpu_pct", "rank2.cpu_pct"} & late
-    alive1 = {v for t, _s, m, v in rows if m == "rank1.alive" and t > last - 0.5}
+    alive1 = {v for t, _s, m, v in samples if m == "rank1.alive" and t > last - 0.5}
     assert alive1 == {1.0}
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    capsys.readouterr()
+    assert main(["report", str(out), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert js["status"] == "complete" and js["sampler"]["sources"]["ranks"] == "available"
