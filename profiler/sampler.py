@@ -6,10 +6,11 @@ Invariants:
   skipped and counted, never caught up in a burst.
 - Nothing raised by a source reaches the caller. Each exception is counted per source with its last
   reason; :class:`~profiler.sources.base.SourceLost` retires the source for the rest of the run.
-- Every call into a source (open, read, close) runs on that source's own thread and is waited for at most
-  ``call_timeout_s`` (``open_timeout_s`` for the probe), so a hardware call that never returns (a hung NVML
-  read) holds up only its own thread: the sampler retires that source as lost, the other sources go on, and
-  ``start``/``stop`` (the training thread's calls) return within those bounds whatever a source does.
+- Every call into a source (open, read, close) runs on that source's own thread, so a hardware call that
+  never returns (a hung NVML read) holds up only that thread. A round waits at most half a period for a
+  read; a read out for ``call_timeout_s`` retires its source as lost while the other sources go on. The
+  training thread's calls are bounded too: ``start`` waits at most ``open_timeout_s`` for the probes, and
+  ``stop`` at most ``call_timeout_s`` for the closes, never for a source with a read still out.
 - ``start``/``stop`` are idempotent and serialised by a lock; every ``start`` gets a fresh thread; ``stop``
   is noticed within one wait because the thread waits on an Event, never in a bare sleep.
 - Memory is bounded: the live view reads a ``deque(maxlen=...)``; the full record goes to ``sink``.
@@ -41,16 +42,15 @@ _POLL_S = 0.05  # how often a wait on a slow call checks for a stop
 
 
 class _Result:
-    """One call's outcome, handed from a source's thread to the waiting thread; ``t`` is the sample time it
-    belongs to and ``since`` when it was queued (``time.monotonic``)."""
+    """One call's outcome, handed from a source's thread to the waiting thread; ``since`` is when it was
+    queued (``time.monotonic``)."""
 
-    __slots__ = ("done", "error", "since", "t", "value")
+    __slots__ = ("done", "error", "since", "value")
 
-    def __init__(self, t: float = math.nan) -> None:
+    def __init__(self) -> None:
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
-        self.t = t
         self.since = time.monotonic()
 
 
@@ -67,8 +67,8 @@ class _SourceThread:
         self._thread.start()
         self.pending: _Result | None = None  # the read in flight, until collected
 
-    def submit(self, fn: Callable[[], Any], t: float = math.nan) -> _Result:
-        result = _Result(t)
+    def submit(self, fn: Callable[[], Any]) -> _Result:
+        result = _Result()
         self._q.put((fn, result))
         return result
 
@@ -261,15 +261,15 @@ class Sampler:
         rows: list[SampleRow] = []
         read_start = self._clock()
         # Every source reads at once, each on its own thread. A read not back within half a period is left
-        # out of this round and not waited for again: it is collected at a later round (with its own sample
-        # time) or, once out for call_timeout_s, retires its source. So a slow source costs the others one
-        # half period of lateness, once.
+        # out of this round and not waited for again: it is collected at a later round (stamped with that
+        # round's time, so stored samples stay in time order) or, once out for call_timeout_s, retires its
+        # source. So a slow source costs the others one half period of lateness, once.
         give_up = time.monotonic() + 0.5 * self.period
         fresh: set[int] = set()
         for src in self._active:
             worker = self._threads[id(src)]
             if worker.pending is None:
-                worker.pending = worker.submit(src.read, t)
+                worker.pending = worker.submit(src.read)
                 fresh.add(id(src))
         for src in list(self._active):
             worker = self._threads[id(src)]
@@ -282,7 +282,7 @@ class Sampler:
                 continue
             values = self._outcome(src, res)
             merged.update(values)
-            rows.extend((res.t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
+            rows.extend((t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
         read_s = self._clock() - read_start
         rows.append((t, "sampler", "sampler.lateness_ms", lateness * 1e3))
         rows.append((t, "sampler", "sampler.read_ms", read_s * 1e3))
