@@ -285,7 +285,8 @@ def command_lines(draw: st.DrawFn, command: str, w: dict[str, str]) -> list[str]
 SEEN = {"cases": 0, "bounded": 0}
 
 
-def check(argv: list[str], base: Path) -> None:
+def check(argv: list[str], base: Path) -> Any:
+    """Run one command line; returns its exit code (None when it stopped at a Bounded point)."""
     for reset in RESET:
         reset()
     cwd = Path(tempfile.mkdtemp(dir=base))
@@ -300,7 +301,7 @@ def check(argv: list[str], base: Path) -> None:
                 code = exc.code
             except Bounded:
                 SEEN["bounded"] += 1
-                return
+                return None
     finally:
         os.chdir(old)
         SEEN["cases"] += 1
@@ -315,6 +316,7 @@ def check(argv: list[str], base: Path) -> None:
         left = sorted(p.name for p in cwd.iterdir())
         assert not left, f"{argv!r}: exit 2 left {left} behind\n{text}"
     shutil.rmtree(cwd, ignore_errors=True)
+    return code
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
@@ -326,5 +328,97 @@ def test_command_line_fuzz(command: str, world: dict[str, str], tmp_path: Path) 
         @given(argv=command_lines(command, world))
         def fuzz(argv: list[str]) -> None:
             check(argv, tmp_path)
+
+        fuzz()
+
+
+# -- scenario files with random attribute values and types ------------------------------------------------------
+
+SCENARIO_FILE = """
+import torch
+from torch import nn
+from scenarios import Scenario
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.full((4,), float(i % 7)), i % 3
+
+def model():
+    return nn.Linear(4, 3)
+
+scenario = Scenario({fields})
+"""
+GOOD = {
+    "name": '"fuzz"', "dataset": "Items", "model": "model", "loss": "nn.functional.cross_entropy",
+    "batch_size": "8", "steps": "3", "warmup": "1",
+}  # fmt: skip
+# Values of the right type and range (the run may still fail on them: exit 1 or 2, never a traceback)
+ODD = {
+    "name": ['"<script>alert(1)</script>"', '"a\\nb"', '"\\u202eevil"', '"x" * 300'],
+    "batch_size": ["64", "65", "10**30"],
+    "steps": ["1", "10**30"],
+    "warmup": ["0", "10**30"],
+    "lr": ["1e300", "1e-300"],
+    "description": ['""', '"</style>-->"'],
+    "extra": ['{"a": float("nan")}', "{1: object()}"],
+    "models": ['{"other": model}'],
+    "model_name": ['"other"'],
+    "data": ['"no-such-kind"'],
+    "data_count": ["3"],
+}
+BAD = {
+    "name": ['""', "0", "None", '["x"]'],
+    "dataset": ["5", "None", '"Items"'],
+    "model": ["5", "None"],
+    "loss": ["None", '"mse"'],
+    "batch_size": ["0", "-1", "1.5", '"8"', "True", "None", 'float("nan")'],
+    "steps": ["0", "-3", "2.5", '"10"', "None"],
+    "warmup": ["-1", "1.5", '"1"', "None"],
+    "lr": ['float("nan")', 'float("inf")', "-0.1", "0", '"0.01"', "None"],
+    "description": ["5", "None"],
+    "synthetic": ['"yes"', "None"],
+    "extra": ["[]", '"x"'],
+    "models": ["[]", '{"a": 5}', "{5: model}"],
+    "model_name": ['""', "5"],
+    "targets_in_forward": ['"yes"'],
+    "cost_forward": ["5"],
+    "data": ["5", '""'],
+    "data_count": ["-1", '"3"'],
+}  # fmt: skip
+
+
+@st.composite
+def scenario_files(draw: st.DrawFn) -> tuple[str, bool]:
+    """The source of a scenario file with some fields odd or wrong, and whether any is wrong."""
+    fields = dict(GOOD)
+    bad = False
+    for attr in draw(st.lists(st.sampled_from(sorted({*ODD, *BAD})), max_size=3, unique=True)):
+        wrong = attr in BAD and (attr not in ODD or draw(st.booleans()))
+        fields[attr] = draw(st.sampled_from(BAD[attr] if wrong else ODD[attr]))
+        bad = bad or wrong
+    if fields.get("data_count") == "3" and "data" not in fields:
+        fields["data"] = '"imagenet-like"'
+    if "data" in fields and "data_count" not in fields:
+        bad = True  # data set with no count
+    order = draw(st.permutations(sorted(fields)))
+    return SCENARIO_FILE.format(fields=", ".join(f"{k}={fields[k]}" for k in order)), bad
+
+
+def test_scenario_file_fuzz(world: dict[str, str], tmp_path: Path) -> None:
+    """A scenario file with random field values and types: a wrong one is exit 2 with one line naming it."""
+    with pytest.MonkeyPatch.context() as mp, bounded_world(mp, Path(world["root"])):
+
+        @FUZZ
+        @given(case=scenario_files())
+        def fuzz(case: tuple[str, bool]) -> None:
+            source, bad = case
+            path = Path(tempfile.mkdtemp(dir=tmp_path)) / "user_scenario.py"
+            path.write_text(source)
+            argv = ["run", str(path), "--steps", "1", "--warmup", "0", "--no-live", "--device", "cpu"]
+            code = check([*argv, "--out", "fresh"], tmp_path)
+            if bad:
+                assert code == 2, f"a wrong field ran with exit {code}:\n{source}"
 
         fuzz()
