@@ -34,7 +34,7 @@ import profiler.cli
 from profiler.cli import build_parser
 
 RUNS = Path(__file__).parent / "data" / "runs"
-EXAMPLES = 30  # per command: the whole file runs in about 35 s on the 2-core CI host
+EXAMPLES = 25  # per command and for scenario files: 275 cases, about 14 s of CPU (wall: 20-60 s as the host is loaded)
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -87,6 +87,7 @@ COMMANDS = subcommands()
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("fuzz-world")
     (root / "tiny.py").write_text(TINY)
+    (root / "t\udcffny.py").write_text(TINY)  # a file name that is not UTF-8, as a shell passes b"t\xffny.py"
     (root / "broken.py").write_text("raise RuntimeError('boom\\n<b>')\n")
     (root / "afile.txt").write_text("not a run")
     (root / "emptydir").mkdir()
@@ -100,6 +101,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         assert code == 0, "the fixture run failed"
     yield {
         "tiny": str(root / "tiny.py"),
+        "odd": str(root / "t\udcffny.py"),
         "broken": str(root / "broken.py"),
         "file": str(root / "afile.txt"),
         "empty": str(root / "emptydir"),
@@ -192,7 +194,7 @@ def main_quiet(argv: list[str]) -> int:
 
 # -- values ------------------------------------------------------------------------------------------------------
 
-FRESH = ("fresh", "fresh/a/b", "new.html", "trace.json", "sub/")
+FRESH = ("fresh", "fresh/a/b", "new.html", "trace.json", "sub/", "fr\udcffsh")
 READ_ONLY = ("/proc/self/stallscope-fuzz", "/proc/1/x/y")
 TEXT = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=12)
 NUMBERS = st.one_of(
@@ -219,7 +221,7 @@ def values(w: dict[str, str]) -> st.SearchStrategy[str]:
 def positional(dest: str, w: dict[str, str]) -> st.SearchStrategy[str]:
     """Mostly a value that gets the command going (so the flags are checked further), else a bad one."""
     good, bad = {
-        "scenario": ([w["tiny"]], [w["broken"], "nope.py", "mlp-mnist", "no-such", w["empty"] + ".py"]),
+        "scenario": ([w["tiny"], w["tiny"], w["odd"]], [w["broken"], "nope.py", "mlp-mnist", "no", w["empty"] + ".py"]),
         "run_dir": ([w["tinyrun"], w["run"]], [w["interrupted"], w["corrupt"], w["empty"], w["file"], "fresh"]),
         "run_a": ([w["tinyrun"], w["run"]], [w["interrupted"], w["corrupt"], w["empty"], w["file"], "fresh"]),
         "run_b": ([w["tinyrun"], w["run"]], [w["interrupted"], w["corrupt"], w["empty"], w["file"], "fresh"]),
@@ -291,7 +293,9 @@ def check(argv: list[str], base: Path) -> Any:
         reset()
     cwd = Path(tempfile.mkdtemp(dir=base))
     old = os.getcwd()
-    out, err = io.StringIO(), io.StringIO()
+    # strict UTF-8 like a terminal's stdout under en_US.UTF-8, where a surrogate cannot be printed
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -305,7 +309,8 @@ def check(argv: list[str], base: Path) -> Any:
     finally:
         os.chdir(old)
         SEEN["cases"] += 1
-    text = err.getvalue()
+    err.flush()
+    text = err.buffer.getvalue().decode()  # type: ignore[attr-defined]
     assert code in (0, 1, 2), f"{argv!r}: exit {code!r}\n{text}"
     assert "Traceback (most recent call last)" not in text, f"{argv!r}: traceback\n{text}"
     if code == 2:

@@ -9,6 +9,7 @@ it the test is skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -88,13 +89,11 @@ class DevTools:
     def settle(self, seconds: float) -> None:
         """Collect events for ``seconds`` more (a late request or error of the page)."""
         deadline = time.monotonic() + seconds
-        with_deadline = True
-        while with_deadline and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             ready, _, _ = select.select([self._r], [], [], max(0.0, deadline - time.monotonic()))
-            if ready:
-                self.events += self._read(deadline)
-            else:
-                with_deadline = False
+            if not ready:
+                break
+            self.events += self._read(deadline + TIMEOUT_S)
 
     def _read(self, deadline: float) -> list[dict[str, Any]]:
         while b"\0" not in self._buf:
@@ -109,13 +108,10 @@ class DevTools:
         return [json.loads(m) for m in msgs]
 
     def close(self) -> None:
-        with_timeout = 5
-        try:
+        with contextlib.suppress(AssertionError):  # it may close the pipe before it answers
             self.call("Browser.close")
-        except AssertionError:
-            pass
         try:
-            self.proc.wait(timeout=with_timeout)
+            self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

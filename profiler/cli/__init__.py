@@ -32,6 +32,11 @@ def handlers() -> dict[str, Handler]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # a path that is not UTF-8 (undecodable bytes arrive as surrogates) is printed escaped, never a traceback
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     args_in, command = run.split_command(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(args_in)
