@@ -39,6 +39,7 @@ FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
     derandomize=True,
+    database=None,  # nothing written into the repository (.hypothesis/)
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 TINY = """

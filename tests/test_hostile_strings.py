@@ -187,7 +187,13 @@ HOSTILE_TEXT = st.lists(
 ).map("".join)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(names=st.lists(HOSTILE_TEXT.filter(lambda s: folded(s) != "" and s.strip(" .") != ""), min_size=3, max_size=3))
 def test_hostile_strings_fuzz(names: list[str], tmp_path_factory: Any) -> None:
     """Random strings built from markup pieces, as the scenario name, pipeline and error of a run."""
