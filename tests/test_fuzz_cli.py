@@ -34,7 +34,9 @@ import profiler.cli
 from profiler.cli import build_parser
 
 RUNS = Path(__file__).parent / "data" / "runs"
-EXAMPLES = 25  # per command and for scenario files: 275 cases, about 14 s of CPU (wall: 20-60 s as the host is loaded)
+# per command and for scenario files: 275 cases, about 14 s of CPU (wall 20-60 s as the host is loaded);
+# STALLSCOPE_FUZZ_EXAMPLES=500 runs a longer campaign by hand
+EXAMPLES = int(os.environ.get("STALLSCOPE_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
