@@ -32,7 +32,7 @@ $(CHROMIUM):
 	else echo "no chromium (needs root and apt-get): tests/test_html_chromium.py will be skipped"; fi
 
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check profiler pipelines scenarios tests benchmarks examples
