@@ -348,7 +348,8 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
             raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
         steps = [_step(r) for r in con.execute(f"SELECT {_cols(con, 'steps')} FROM steps ORDER BY step")]
         # Sorted here, not by SQL: the rows are stored nearly in order, which Python's sort takes in one pass,
-        # while ORDER BY step, t_start walks the step index row by row and sorts again (3x the time at 100k steps).
+        # while ORDER BY step, t_start walks the step index row by row and sorts again (200,000 phases: 0.31 s
+        # of CPU this way, 0.38 s that way).
         phases = list(starmap(PhaseRow, con.execute(f"SELECT {_cols(con, 'phases')} FROM phases")))
         phases.sort(key=attrgetter("step", "t_start"))
         samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
