@@ -121,7 +121,8 @@ def build_timeline(
     if bucket_s is not None and not (bucket_s > 0 and math.isfinite(bucket_s)):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s}")
     on_cuda = _on_cuda(rec)
-    steps = step_rows(rec)
+    stalled = stall_intervals(rec)  # once: the union of every step's waits is most of a long run's cost here
+    steps = step_rows(rec, stalled=stalled)
     group = max(1, math.ceil(len(steps) / max_bars))
     bars = group_steps(steps, group)
     # groups never straddle the warm-up boundary, which can cost a bar or two more than len / group
@@ -141,7 +142,7 @@ def build_timeline(
         bars=tuple(bars),
         bar_group=group,
         bucket_s=width,
-        stall=tuple(rolling_stall(rec, width)),
+        stall=tuple(rolling_stall(rec, width, stalled=stalled)),
         series=series,
         gpu_util=tuple(
             sorted(
@@ -210,8 +211,9 @@ def _per_step_totals(intervals: list[Interval], steps: list[StepRow]) -> list[fl
     return out
 
 
-def step_rows(rec: RunRecord) -> list[StepBar]:
-    """One :class:`StepBar` per recorded step (warm-up included), in step order."""
+def step_rows(rec: RunRecord, *, stalled: list[Interval] | None = None) -> list[StepBar]:
+    """One :class:`StepBar` per recorded step (warm-up included), in step order; ``stall`` is
+    ``stall_intervals(rec)`` when the caller has it already."""
     parts = _parts(rec)
     on_cuda = _on_cuda(rec)
     busy = _device_work(rec.phases) if on_cuda else []
@@ -219,7 +221,7 @@ def step_rows(rec: RunRecord) -> list[StepBar]:
     for p in rec.phases:
         by_step[p.step].append(p)
     steps = sorted(rec.steps, key=lambda s: s.t_start)
-    stall_s = _per_step_totals(stall_intervals(rec), steps)
+    stall_s = _per_step_totals(stall_intervals(rec) if stalled is None else stalled, steps)
     out = []
     for s, stall in zip(steps, stall_s, strict=True):
         phases = by_step.get(s.step, [])
@@ -329,8 +331,9 @@ def _bucket_totals(intervals: list[Interval], start: float, width: float, n: int
     return out
 
 
-def rolling_stall(rec: RunRecord, bucket_s: float) -> list[StallBucket]:
-    """Time-weighted stall fraction per bucket of ``bucket_s`` s, over the span of the recorded steps."""
+def rolling_stall(rec: RunRecord, bucket_s: float, *, stalled: list[Interval] | None = None) -> list[StallBucket]:
+    """Time-weighted stall fraction per bucket of ``bucket_s`` s, over the span of the recorded steps; ``stalled``
+    is ``stall_intervals(rec)`` when the caller has it already."""
     if not rec.steps:
         return []
     first = min(s.t_start for s in rec.steps)
@@ -338,14 +341,14 @@ def rolling_stall(rec: RunRecord, bucket_s: float) -> list[StallBucket]:
     start = math.floor(first / bucket_s) * bucket_s
     n = max(1, math.ceil((last - start) / bucket_s - 1e-9))
     covered = _bucket_totals(union((s.t_start, s.t_end) for s in rec.steps), start, bucket_s, n)
-    stalled = _bucket_totals(stall_intervals(rec), start, bucket_s, n)
+    in_stall = _bucket_totals(stall_intervals(rec) if stalled is None else stalled, start, bucket_s, n)
     return [
         StallBucket(
             t_start=start + k * bucket_s,
             t_end=start + (k + 1) * bucket_s,
             step_s=covered[k],
-            stall_s=min(stalled[k], covered[k]),
-            stall_fraction=min(stalled[k], covered[k]) / covered[k] if covered[k] > 0 else math.nan,
+            stall_s=min(in_stall[k], covered[k]),
+            stall_fraction=min(in_stall[k], covered[k]) / covered[k] if covered[k] > 0 else math.nan,
         )
         for k in range(n)
     ]
