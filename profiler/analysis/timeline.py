@@ -212,7 +212,7 @@ def _per_step_totals(intervals: list[Interval], steps: list[StepRow]) -> list[fl
 
 
 def step_rows(rec: RunRecord, *, stalled: list[Interval] | None = None) -> list[StepBar]:
-    """One :class:`StepBar` per recorded step (warm-up included), in step order; ``stall`` is
+    """One :class:`StepBar` per recorded step (warm-up included), in step order; ``stalled`` is
     ``stall_intervals(rec)`` when the caller has it already."""
     parts = _parts(rec)
     on_cuda = _on_cuda(rec)
