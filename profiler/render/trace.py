@@ -34,7 +34,7 @@ Invariants (tests/test_trace.py checks them):
   spaced windows are drawn in full (slices as above) and each run of steps between two windows is one
   ``summary`` slice on the training track (its step range, mean step and data-wait times in args); past
   ``MAX_COUNTER_TICKS`` ticks a counter family is averaged over consecutive ticks. ``metadata.decimation`` says
-  what was drawn. A 100,000-step run exports ~45,000 events, ~6 MB (benchmarks/soak.py).
+  what was drawn. A 100,000-step run (two phases a step) exports ~43,000 events, ~6 MB (benchmarks/soak.py).
 """
 
 from __future__ import annotations
