@@ -98,7 +98,7 @@ def _is_job(path: str) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from profiler.cli.sweep import report_table, table_file
+    from profiler.cli.tables import report_table, table_file
     from profiler.render.html import write_html
     from profiler.render.trace import write_trace
 
