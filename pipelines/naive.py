@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import re
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from functools import partial
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -79,18 +81,19 @@ def how_it_ended(exitcode: int | None) -> str:
 
 
 def _quiet_worker_threads(_worker_id: int) -> None:
-    """``worker_init_fn``: in a worker, drop the traceback multiprocessing's resource-sharer thread prints
-    when the main process stops reading mid-transfer (it does so when another worker died): the main process
-    reports that death in one line, and a second process's traceback on the same stderr only hides it."""
-    default = threading.excepthook
+    """``worker_init_fn``: in a worker, drop the traceback multiprocessing's resource-sharer thread prints (through
+    ``sys.excepthook``) when the main process stops reading mid-transfer, as it does when another worker died:
+    the main process reports that death in one line, and a second process's traceback on the same stderr only
+    hides it. Any other error still reaches the hook as before."""
+    default = sys.excepthook
 
-    def hook(args: threading.ExceptHookArgs) -> None:
-        thread = args.thread.name if args.thread is not None else ""
-        if issubclass(args.exc_type, (OSError, EOFError)) and thread.endswith("(_serve)"):
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        sharer = threading.current_thread().name.endswith("(_serve)")  # resource_sharer's Thread(target=_serve)
+        if sharer and issubclass(exc_type, (OSError, EOFError)):
             return
-        default(args)
+        default(exc_type, exc, tb)
 
-    threading.excepthook = hook
+    sys.excepthook = hook
 
 
 class WatchedLoader(DataLoader[Any]):
