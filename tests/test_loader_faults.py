@@ -61,7 +61,7 @@ def test_a_killed_worker_fails_the_run_naming_the_worker_and_the_step(
     _intact(out)
     _kept_before(out, step)
     assert main(["report", str(out)]) == 0  # in this process: the CLI itself is what the run above checked
-    text = " ".join(capsys.readouterr().out.split())
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())  # the box wraps lines at any word
     assert "status=failed" in text and "killed by SIGKILL" in text and f"at step {step}" in text
 
 
