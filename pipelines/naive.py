@@ -12,6 +12,7 @@ process that dies (SIGKILL from the kernel's out-of-memory killer, a crash in na
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -64,6 +65,10 @@ def move(batch: Any, device: torch.device) -> Any:
 # torch's messages for a worker that died: "DataLoader worker (pid 123) is killed by signal: Killed.",
 # "... (pid 123) exited unexpectedly with exit code 1", "... (pid(s) 123, 456) exited unexpectedly"
 _DEAD_WORKER = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\)")
+# torch's message for an exception raised in a worker: "Caught ValueError in DataLoader worker process 1." then
+# the worker's traceback, whose frames read 'File "/path/data.py", line 12, in __getitem__'
+_RAISED = re.compile(r"Caught \w+ in DataLoader worker process (\d+)\.")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 def how_it_ended(exitcode: int | None) -> str:
@@ -107,13 +112,18 @@ class WatchedLoader(DataLoader[Any]):
         return it
 
     def worker_failure(self, exc: BaseException) -> str | None:
-        """ "DataLoader worker 1 (pid 123) was killed by SIGKILL" when ``exc`` is torch's error for a worker
-        that died; None for any other exception."""
+        """One line naming the worker when ``exc`` is torch's error for a worker that died ("DataLoader worker 1
+        of 2 (pid 123) was killed by SIGKILL") or raised ("DataLoader worker 1 of 2 (pid 123) raised ValueError:
+        ... (at data.py:12 in __getitem__)", where torch's message holds the worker's whole traceback); None for
+        any other exception."""
+        procs = {w.pid: (i, w) for i, w in enumerate(getattr(self, "_watched", []))}
+        raised = _RAISED.search(str(exc))
+        if raised is not None:
+            return _raised(int(raised.group(1)), str(exc), procs)
         found = _DEAD_WORKER.search(str(exc))
         if found is None:
             return None
         pids = [int(p) for p in found.group(1).replace(",", " ").split()]
-        procs = {w.pid: (i, w) for i, w in enumerate(getattr(self, "_watched", []))}
         told = []
         for pid in pids:
             if pid not in procs:
@@ -122,6 +132,21 @@ class WatchedLoader(DataLoader[Any]):
             index, proc = procs[pid]
             told.append(f"DataLoader worker {index} of {len(procs)} (pid {pid}) {how_it_ended(proc.exitcode)}")
         return "; ".join(told)
+
+
+def _raised(index: int, message: str, procs: dict[int, tuple[int, Any]]) -> str:
+    """torch's "Caught X in DataLoader worker process N. Original Traceback ..." as one line: the worker, the
+    traceback's last line (the error) and its innermost frame."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    frames = [f for ln in lines if (f := _FRAME.match(ln)) is not None]
+    error = lines[-1] if len(lines) > 1 else message
+    where = (
+        f" (at {os.path.basename(frames[-1].group(1))}:{frames[-1].group(2)} in {frames[-1].group(3)})"
+        if frames
+        else ""
+    )
+    pid = next((f" (pid {pid})" for pid, (i, _) in procs.items() if i == index), "")
+    return f"DataLoader worker {index} of {len(procs) or '?'}{pid} raised {error}{where}"
 
 
 class EpochShards(DistributedSampler[Any]):

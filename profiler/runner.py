@@ -318,8 +318,9 @@ class _Loop:
     def train(self) -> None:
         """Epochs of the loader until the planned steps ran (or the stop rule fired).
 
-        A loader worker's death becomes a :class:`LoaderFailure` naming the worker and the step: torch raises
-        it from a SIGCHLD handler as well as from ``next()``, so anywhere in the step, hence caught here."""
+        A loader worker's death or error becomes a :class:`LoaderFailure` naming the worker and the step (torch
+        raises a death from a SIGCHLD handler as well as from ``next()``, so anywhere in the step, hence caught
+        here), unless the error is the user's data (a bad sample: ``_bad_input``)."""
         assert self.built is not None
         total, epoch, done = self.plan.total, 0, 0
         try:
@@ -336,7 +337,7 @@ class _Loop:
         except Exception as exc:
             explain = self.built.worker_failure
             failure = explain(exc) if explain is not None else None
-            if failure is None:
+            if failure is None or _bad_input(exc) is not None:  # bad data stays the user's (exit 2)
                 raise
             step, kept = self.done, f"steps 0-{self.done - 1} are kept" if self.done else "no step had finished"
             raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc

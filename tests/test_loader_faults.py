@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from pipelines.augment import AugmentSpec
@@ -131,3 +132,39 @@ def test_a_dali_operator_error_fails_the_run_naming_the_threads_and_the_step(
     capsys.readouterr()
     assert main(["report", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["error"] == err.where
+
+
+class _RaisingItems(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Worker 1 raises on its 3rd item (a corrupt record, a bug in the user's ``__getitem__``)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            self.made += 1
+            if self.made == 3:
+                raise ValueError(f"cannot parse record {i}")
+        return torch.full((4,), float(i % 7)), i % 3
+
+
+def test_an_error_raised_in_a_worker_is_one_line_naming_the_worker_and_the_step(tmp_path: Path) -> None:
+    """torch re-raises it as "Caught ValueError in DataLoader worker process 1." plus the worker's traceback;
+    the run's error is one line: the worker, its pid, the error and where it was raised."""
+    scenario = Scenario(name="raising", dataset=_RaisingItems, model=lambda: nn.Linear(4, 3),
+                        loss=nn.functional.cross_entropy, batch_size=4, steps=50, warmup=1)  # fmt: skip
+    cfg = RunConfig(out=tmp_path / "run", device=resolve_device("cpu"), workers=2, attribution=False)
+    with pytest.raises(TrainingError) as info:
+        run_scenario(scenario, cfg)
+    err = info.value
+    assert err.bad_input is None and "\n" not in err.where
+    pattern = (
+        r"the loader failed at step \d+ of 51 \(steps 0-\d+ are kept\): DataLoader worker 1 of 2 \(pid \d+\) "
+        r"raised ValueError: cannot parse record \d+ \(at test_loader_faults.py:\d+ in __getitem__\)$"
+    )
+    assert re.match(pattern, err.where), err.where
+    _intact(tmp_path / "run")
