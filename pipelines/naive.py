@@ -6,8 +6,9 @@ so on CUDA the whole copy shows up in the ``h2d`` phase; that is the stall the o
 
 Invariants: ``config`` states exactly the knobs passed to the ``DataLoader``; shuffling order and worker
 seeds derive from ``spec.seed`` alone (a dedicated ``torch.Generator``, never the global RNG). A worker
-process that dies (SIGKILL from the kernel's out-of-memory killer, a crash in native code) is named by
-``WatchedLoader.worker_failure``: its index, its pid and how it ended, which torch's own message does not say.
+process that dies (SIGKILL from the kernel's out-of-memory killer, a crash in native code) or raises is named
+in one line by ``WatchedLoader.worker_failure``: its index, its pid and how it ended, which torch's own
+messages do not say together (a death gives the pid alone, an exception the index and a whole traceback).
 """
 
 from __future__ import annotations
