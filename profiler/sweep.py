@@ -458,7 +458,8 @@ def run_tune(
         done.append(row)
         if h.on_finish is not None:
             h.on_finish(row)
-        write_json(out_dir / "tune.json", {"status": "running", "runs": [r.to_dict() for r in done]})
+        running = {"status": "running", "scenario": h.scenario.name, "device": h.base.device.label}
+        write_json(out_dir / "tune.json", {**running, "runs": [r.to_dict() for r in done]})
         return row
 
     result = tune(

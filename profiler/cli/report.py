@@ -24,7 +24,9 @@ from profiler.cli.common import (
 def add_parsers(sub: Any) -> None:
     """Register ``report``, ``compare``, ``watch`` and ``scenarios``."""
     rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way) or of a job")
-    rep.add_argument("run_dir", help="a run directory, or a job directory (job.json, rank-R/)")
+    rep.add_argument(
+        "run_dir", help="a run directory, a job directory (job.json, rank-R/), or a sweep or tune directory"
+    )
     rep.add_argument(
         "more_dirs", nargs="*", metavar="RUN_DIR2", help="the other nodes' directories of the same job (merged)"
     )
@@ -97,10 +99,13 @@ def _is_job(path: str) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from profiler.cli.tables import report_table, table_file
     from profiler.render.html import write_html
     from profiler.render.trace import write_trace
 
     dirs = [args.run_dir, *args.more_dirs]
+    if not args.more_dirs and (table := table_file(args.run_dir)) is not None:
+        return report_table(table, args)  # a sweep or tune directory
     if any(_is_job(d) for d in dirs):
         return _report_job(args, dirs)
     if args.more_dirs:
