@@ -149,6 +149,7 @@ def no_world_write(path: Path) -> None:
 
 _LOCKS: dict[str, list[int]] = {}  # resolved run directory -> [lock fd, stores using it]
 _LOCKS_GUARD = threading.Lock()
+_CLI_CLAIMS: set[str] = set()  # directories the CLI holds until the process exits
 
 
 def _lock_pid(lock: Path) -> int | None:
@@ -196,9 +197,6 @@ def unlock_run_dir(run_dir: Path) -> None:
         if held[1] == 0 and key not in _CLI_CLAIMS:
             os.close(held[0])
             del _LOCKS[key]
-
-
-_CLI_CLAIMS: set[str] = set()
 
 
 def claim_run_dir(run_dir: Path) -> None:

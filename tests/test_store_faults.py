@@ -134,6 +134,36 @@ def _steps(run_dir: Path) -> int:
         return 0
 
 
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs: a disk that really fills (ENOSPC). Mounting needs root; skipped where it cannot."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    made = os.geteuid() == 0 and shutil.which("mount") is not None
+    if made:
+        made = (
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=False).returncode == 0
+        )
+    if not made:
+        pytest.skip("cannot mount a small tmpfs here (needs root and mount)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_session_api_on_a_full_disk_trains_on_and_says_so_once(small_fs: Path) -> None:
+    out = small_fs / "own"
+    res = subprocess.run(
+        [sys.executable, "-c", LOOP.replace("AT_50", "pass"), str(out), "fail"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=ENV, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    _, trained, until = res.stdout.split()
+    assert trained == until and "Traceback" not in res.stderr
+    (line,) = _failure_lines(res.stderr)
+    assert "the disk is full" in line and "training goes on" in line
+    assert _reportable(out) > 0
+
+
 def test_session_whose_directory_is_removed_warns_once_and_trains_on(tmp_path: Path, caplog) -> None:
     out = tmp_path / "own"
     with Session(out, scenario="removed", sample_hz=20) as s:
