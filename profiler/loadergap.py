@@ -90,6 +90,10 @@ def measure_gap(
     before = torch.get_num_threads()
     main_s: list[float] = []
     worker_s: list[float] = []
+    together_s: list[float] = []
+    from pipelines.base import usable_cores
+
+    k = usable_cores()
     timed = 0
     try:
         for r in range(rounds):
@@ -104,6 +108,18 @@ def measure_gap(
             )
             worker_s.append(s)
             timed += n + m
+            if k > 1:  # k workers at once: how much the cores add together
+                s, _ = _seconds_per_sample(
+                    dataset, batch_size, k, max(k, n // batch_size), seed=seed + r, budget_s=math.inf, clock=clock
+                )
+                together_s.append(s)
     finally:
         torch.set_num_threads(before)
-    return gap_from_rounds(main_s, worker_s, timed // 2)
+    gap = gap_from_rounds(main_s, worker_s, timed // 2)
+    if together_s:
+        import dataclasses
+        import statistics
+
+        scaling = (statistics.median(worker_s) / statistics.median(together_s)) / k
+        gap = dataclasses.replace(gap, cores_scaling=min(1.0, scaling), cores_k=k)
+    return gap

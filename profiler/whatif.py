@@ -120,6 +120,17 @@ class LoaderGap:
     worker_s: float = math.nan  # seconds per sample delivered by one worker
     samples: int = 0  # items timed each way, over all rounds
     rounds: tuple[float, ...] = ()  # each round's ratio
+    # k workers at once deliver k x cores_scaling times one worker's rate (1: each core adds a whole one)
+    cores_scaling: float = 1.0
+    cores_k: int = 1
+
+    def parallel(self, workers: int) -> float:
+        """How many single workers' rates ``workers`` workers deliver together: ``workers`` scaled by the
+        measured efficiency at ``cores_k``, interpolated from 1 at one worker, held beyond ``cores_k``."""
+        if workers <= 1 or self.cores_k <= 1:
+            return float(max(workers, 0))
+        share = min(1.0, (workers - 1) / (self.cores_k - 1))
+        return workers * (1.0 - (1.0 - self.cores_scaling) * share)
 
     @property
     def unsteady(self) -> bool:
@@ -144,6 +155,8 @@ class LoaderGap:
             "samples": self.samples,
             "round_factors": list(self.rounds),
             "unsteady": self.unsteady,
+            "cores_scaling": self.cores_scaling,
+            "cores_k": self.cores_k,
         }
 
 
@@ -335,7 +348,8 @@ def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, me
     threads = loader_threads(t.pipeline, t.workers)
     scale = gap.scale(measured_at, loader_place(t.pipeline, t.workers))
     batch_load, batch_cpu = b * cost.wall_s * scale, b * cost.cpu_s * scale
-    loader = batch_load if threads == 0 else max(batch_load / threads, batch_cpu / host.free_cores)
+    eff = gap.parallel(threads) / threads if threads > 1 and loader_place(t.pipeline, t.workers) == WORKER else 1.0
+    loader = batch_load if threads == 0 else max(batch_load / (threads * eff), batch_cpu / (host.free_cores * eff))
     launch = host.overhead_s + t.launch_s  # the host's own part of the step: loop overhead + kernel launches
     dev = max(t.device_s, t.launch_s)  # D'
     period = _period(t.pipeline, threads, loader, dev=dev, launch=launch, h2d=t.h2d_s)
