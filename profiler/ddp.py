@@ -83,11 +83,8 @@ class SyncTimer:
         return allreduce_hook(state, bucket)
 
     def start_step(self) -> None:
+        """Forget the previous step's bucket; ``last_ready`` is then this step's (None: no hook ran)."""
         self.last_ready = None
-
-    def sync_since(self) -> float | None:
-        """When the last bucket was ready in this step's backward (None: no hook ran, e.g. no gradients)."""
-        return self.last_ready
 
 
 def wrap_ddp(model: Any, dist_info: DistInfo, device: str, clock: Callable[[], float]) -> tuple[Any, SyncTimer]:

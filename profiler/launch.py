@@ -5,7 +5,7 @@ The launcher process (this module's :func:`run_job`):
 
 1. writes ``JOB_DIR/job.json`` (what was launched, status "running"; docs/multi-rank.md has the keys);
 2. starts the node's sampler: a :class:`~profiler.recording.Recording` in ``JOB_DIR/node-K/`` whose
-   :class:`~profiler.sources.ranks.RankTreeSource` covers the host and every rank's process tree;
+   :class:`~profiler.sources.ranks.RankSource` covers every rank's process tree;
 3. launches ``nproc`` ranks with ``torch.distributed.launcher.api.elastic_launch`` (c10d rendezvous, no
    restarts: a rank that dies ends the job, as it does under torchrun by default). Each rank runs
    :func:`rank_main`: it joins the process group (gloo on CPU and simulated devices, nccl on CUDA), builds the

@@ -380,7 +380,7 @@ class _Loop:
         if sync is not None:
             sync.start_step()
         loss.backward()
-        if sync is not None and (ready := sync.sync_since()) is not None:
+        if sync is not None and (ready := sync.last_ready) is not None:
             session.span("sync", ready, session.clock())
         opt.step()
 
