@@ -296,7 +296,8 @@ def _measure_gap(src: _Source) -> Any:
     threads = src.meta.get("torch_threads")
     say(
         f"measuring the worker vs main-process loading cost: {DEFAULT_SAMPLES} samples x {DEFAULT_ROUNDS} rounds "
-        f"each way (main process at {threads or 'the current'} intra-op threads)"
+        f"each way (main process at {threads or 'the current'} intra-op threads), then as many workers as usable "
+        "cores together"
     )
     try:
         dataset = src.scenario.build_dataset(options)
