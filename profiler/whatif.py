@@ -32,7 +32,8 @@ rate over one worker's, per worker, is ``e`` (:meth:`LoaderGap.parallel`; 0.79-0
 
 Throughput ``B / P``; device utilisation ``D / P``; stall ``1 - D' / P`` (the time the device is not computing a
 step, as the stall fraction counts it on a CUDA or simulated device); binding constraint: the largest part.
-Workers to keep the device fed: ``ceil(B c / P_device)``, ``P_device`` being ``P`` with an instant loader;
+Workers to keep the device fed: the fewest ``w`` with ``W >= B c / P_device``, ``P_device`` being ``P`` with an
+instant loader;
 cores: ``ceil(B c_cpu / P_device)``.
 """
 
@@ -54,6 +55,8 @@ NAIVE, PREFETCH, DALI = "naive", "prefetch", "dali"
 # The worker gap's rounds agree within this ratio on a quiet host (ssd, imagenet: 1.0-1.35); beyond it the
 # measurement is flagged as taken on a busy host
 GAP_UNSTEADY = 1.5
+# The most workers (or cores) a prediction says a device needs: past it the count is no longer a plan
+NEEDED_MAX = 4096
 
 
 class WhatIfError(ValueError):
@@ -358,6 +361,14 @@ def _period(pipeline: str, threads: int, loader: float, *, dev: float, launch: f
     return max(loader, h2d + max(launch, dev))
 
 
+def _needed(gap: LoaderGap, rate: float) -> int:
+    """The fewest worker processes that deliver ``rate`` single workers' rates together (``gap``'s scaling)."""
+    n = max(0, math.ceil(rate - 1e-9))
+    while gap.parallel(n) < rate - 1e-9 and n < NEEDED_MAX:
+        n += 1
+    return n
+
+
 def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, measured_at: str = MAIN) -> Prediction:
     """The steady state of ``t`` (see the module docstring for the equations). ``cost`` was measured with the
     loading at ``measured_at``; ``gap`` takes it to where ``t`` loads."""
@@ -386,8 +397,8 @@ def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, me
         stall_fraction=min(1.0, max(0.0, 1.0 - dev / period)),
         device_utilisation=min(1.0, t.device_s / period),
         binding=binding,
-        workers_needed=math.ceil(batch_load / fed - 1e-9) if fed > 0 else None,
-        cores_needed=math.ceil(batch_cpu / fed - 1e-9) if fed > 0 else None,
+        workers_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_load / fed) if fed > 0 else None,
+        cores_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_cpu / fed) if fed > 0 else None,
         parts_ms={k: v * 1e3 for k, v in parts.items()},
         loader_scale=scale,
     )

@@ -433,3 +433,13 @@ def test_with_cores_is_the_ratio_of_the_medians_per_worker_at_most_one() -> None
     assert with_cores(NO_GAP, 2, [0.010], [0.004]).cores_scaling == 1.0  # faster than k single ones: noise
     with pytest.raises(ValueError):
         with_cores(NO_GAP, 1, [0.01], [0.01])
+
+
+def test_workers_needed_count_the_measured_scaling() -> None:
+    # 80 ms of loading a batch against a 7 ms fed step: 11.4 single workers' rates; at 0.75 each, 16 workers
+    gap = replace(NO_GAP, cores_scaling=0.75, cores_k=2)
+    p = predict(cost(10), HOST, target(workers=2), gap, WORKER)
+    assert p.workers_needed == math.ceil(80 / 7 / 0.75)
+    assert p.cores_needed == math.ceil(80 / 7 / 0.75)
+    assert predict(cost(10), HOST, target(workers=2), NO_GAP, WORKER).workers_needed == 12
+    assert predict(cost(10), HOST, target("dali", workers=2), gap, MAIN).workers_needed == 12  # threads: whole
