@@ -33,8 +33,7 @@ rate over one worker's, per worker, is ``e`` (:meth:`LoaderGap.parallel`; 0.79-0
 Throughput ``B / P``; device utilisation ``D / P``; stall ``1 - D' / P`` (the time the device is not computing a
 step, as the stall fraction counts it on a CUDA or simulated device); binding constraint: the largest part.
 Workers to keep the device fed: the fewest ``w`` with ``W >= B c / P_device``, ``P_device`` being ``P`` with an
-instant loader;
-cores: ``ceil(B c_cpu / P_device)``.
+instant loader; cores: the same with ``B c_cpu``.
 """
 
 from __future__ import annotations
