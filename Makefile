@@ -21,8 +21,18 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/stallscope run fashion-vgg
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+# Debian's chromium, for the headless-browser check of the HTML report (tests/test_html_chromium.py): installed
+# when missing, where apt-get runs as root; elsewhere that test is skipped, saying why.
+CHROMIUM := /usr/bin/chromium
+
+$(CHROMIUM):
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+		|| echo "chromium could not be installed: tests/test_html_chromium.py will be skipped"; \
+	else echo "no chromium (needs root and apt-get): tests/test_html_chromium.py will be skipped"; fi
+
+test: $(STAMP) $(CHROMIUM)
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check profiler pipelines scenarios tests benchmarks examples
@@ -35,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/loaders.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/whatif.py
+	$(BIN)/python benchmarks/soak.py
 
 # On a machine with an NVIDIA GPU: the gpu-marked tests, then every scenario x pipeline on cuda and on its
 # simulated twin (benchmarks/gpu_check.py). Exit 0 all passed, 1 any failed, 3 no CUDA device here.

@@ -12,7 +12,7 @@ A pipeline turns a scenario's dataset into batches on the target device. The run
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -78,6 +78,9 @@ class BuiltLoader:
     to_device: Any  # Callable[[batch], batch-on-device]
     config: dict[str, Any] = field(default_factory=dict)
     skips: SkipLog | None = None  # image-folder sources: the files left out under --on-bad-sample skip
+    # a loader error -> which of the loader's workers failed and how, in one line ("DataLoader worker 1 of 2
+    # (pid 123) was killed by SIGKILL"); None for an error that is not a worker's failure
+    worker_failure: Callable[[BaseException], str | None] | None = None
 
     def close(self) -> None:
         """Shut workers down if the loader owns any."""

@@ -42,7 +42,9 @@ and the pipeline is dead after a decode error. DALI 2.x's decoder error does not
 delivered first, then the rest, fully decoded with PIL within ``DIAGNOSE_BUDGET_S``; found, it raises
 ``BadSampleError("bad sample '<path>': ...")``, else a ``RuntimeError`` saying what happened. A file
 that vanishes after the scan is named by the reader's own message and becomes a ``BadSampleError`` too.
-naive/prefetch, by contrast, also skip decode-time failures.
+naive/prefetch, by contrast, also skip decode-time failures. Any other operator error is a
+``DaliPipelineError``; the loader's ``worker_failure`` words it for the run's error (DALI's threads, this
+process's pid, the operator DALI names).
 
 Invariants: DALI is imported only inside this module's functions (listing pipelines must not need it);
 every ``PipelineError`` message is one line; ``config`` states the knobs actually passed to DALI.
@@ -51,6 +53,8 @@ every ``PipelineError`` message is one line; ``config`` states the knobs actuall
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -237,15 +241,34 @@ def _build_pipe(dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: Lo
 
 
 def _dali_reason(message: str) -> str:
-    """The operator's own error from a DALI "Critical error in pipeline" message, on one line."""
+    """The operator's own error from a DALI "Critical error in pipeline" message, on one line (without the
+    Python frames DALI lists after "At:")."""
     lines = [ln.strip() for ln in message.splitlines()]
     if "encountered:" in lines:
         rest = [ln for ln in lines[lines.index("encountered:") + 1 :] if ln]
+        if "At:" in rest:
+            rest = rest[: rest.index("At:")]
         keep = [ln for ln in rest if not ln.startswith(("C++ context", "Current pipeline object"))]
         if keep:
             return " ".join(keep[:2])
     useful = [ln for ln in lines if ln and not ln.startswith(("Critical error", "Current pipeline object"))]
     return useful[-1] if useful else "unknown DALI error"
+
+
+def _dali_operator(message: str) -> str | None:
+    """The operator a DALI error names ("Error in CPU operator `nvidia.dali.fn.python_function`"), short."""
+    found = re.search(r"Error in (\w+) operator `([^`]+)`", message)
+    return f"{found.group(2).removeprefix('nvidia.dali.')} ({found.group(1)})" if found else None
+
+
+class DaliPipelineError(RuntimeError):
+    """An operator failed inside DALI's threads (not a file the decoder or reader named: that is a
+    ``BadSampleError``); the pipeline is dead. ``operator`` is the one DALI names, when it does."""
+
+    def __init__(self, reason: str, operator: str | None) -> None:
+        super().__init__(f"DALI pipeline failed: {reason}")
+        self.reason = reason
+        self.operator = operator
 
 
 def _pil_failure(path: str) -> str | None:
@@ -323,7 +346,7 @@ class DaliEpochs:
         if named is not None:
             return BadSampleError(f"bad sample {named!r}: {reason}{self._skip_note()}")
         if "decoders.image" not in message:
-            return RuntimeError(f"DALI pipeline failed: {reason}")
+            return DaliPipelineError(reason, _dali_operator(message))
         # The decoder does not say which file: check the likeliest ones first (not yet delivered this
         # epoch), then the rest, since prefetching may already have reached the next epoch.
         deadline = time.monotonic() + DIAGNOSE_BUDGET_S
@@ -344,6 +367,13 @@ class DaliEpochs:
             f"PIL decodes all {checked} of {len(files)} files checked in {DIAGNOSE_BUDGET_S:g} s: "
             "run with --pipeline naive to have the file named"
         )
+
+    def worker_failure(self, exc: BaseException) -> str | None:
+        """The ``BuiltLoader.worker_failure`` of a DALI loader: DALI's worker threads run in this process."""
+        if not isinstance(exc, DaliPipelineError):
+            return None
+        where = f" in operator {exc.operator}" if exc.operator else ""
+        return f"DALI's worker threads (in this process, pid {os.getpid()}) stopped{where}: {exc.reason}"
 
     def _skip_note(self) -> str:
         if self._source.on_bad_sample == "skip":
@@ -405,8 +435,9 @@ def build_loader(
     )
     n = len(source.files)
     per_epoch = n // spec.batch_size if spec.drop_last else math.ceil(n / spec.batch_size)
+    epochs = batches(pipe, iterator, per_epoch)
     return BuiltLoader(
-        batches=batches(pipe, iterator, per_epoch),
+        batches=epochs,
         # mixed decoding already left the images on the GPU: only labels or targets travel; on CPU a no-op
         to_device=partial(move, device=device),
         config={
@@ -423,6 +454,7 @@ def build_loader(
             "dali": str(dali.__version__),
         },
         skips=SkipLog.for_dataset(dataset),
+        worker_failure=epochs.worker_failure,
     )
 
 

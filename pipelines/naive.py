@@ -5,20 +5,29 @@ down after every epoch) and a blocking ``.to(device)`` per batch. Nothing overla
 so on CUDA the whole copy shows up in the ``h2d`` phase; that is the stall the other pipelines remove.
 
 Invariants: ``config`` states exactly the knobs passed to the ``DataLoader``; shuffling order and worker
-seeds derive from ``spec.seed`` alone (a dedicated ``torch.Generator``, never the global RNG).
+seeds derive from ``spec.seed`` alone (a dedicated ``torch.Generator``, never the global RNG). A worker
+process that dies (SIGKILL from the kernel's out-of-memory killer, a crash in native code) or raises is named
+in one line by ``WatchedLoader.worker_failure``: its index, its pid and how it ended, which torch's own
+messages do not say together (a death gives the pid alone, an exception the index and a whole traceback).
 """
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from functools import partial
+from types import TracebackType
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from pipelines.base import BuiltLoader, LoaderSpec
-from pipelines.imagefolder import SkipCollate, SkipLog
+from pipelines.imagefolder import SkipCollate, SkipLog, StrippedBatches
 
 # The DataLoader default, stated rather than implied so that ``config`` can quote it.
 PREFETCH_FACTOR = 2
@@ -54,6 +63,93 @@ def move(batch: Any, device: torch.device) -> Any:
     return map_tensors(batch, lambda t: t.to(device))
 
 
+# torch's messages for a worker that died: "DataLoader worker (pid 123) is killed by signal: Killed.",
+# "... (pid 123) exited unexpectedly with exit code 1", "... (pid(s) 123, 456) exited unexpectedly"
+_DEAD_WORKER = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\)")
+# torch's message for an exception raised in a worker: "Caught ValueError in DataLoader worker process 1." then
+# the worker's traceback, whose frames read 'File "/path/data.py", line 12, in __getitem__'
+_RAISED = re.compile(r"Caught \w+ in DataLoader worker process (\d+)\.")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A worker process's exit code in words: "was killed by SIGKILL", "exited with code 1"."""
+    if exitcode is None:
+        return "exited unexpectedly"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        oom = " (the kernel's out-of-memory killer sends SIGKILL: see `dmesg`)" if exitcode == -signal.SIGKILL else ""
+        return f"was killed by {name}{oom}"
+    return f"exited with code {exitcode}"
+
+
+def _quiet_worker_threads(_worker_id: int) -> None:
+    """``worker_init_fn``: in a worker, drop the traceback multiprocessing's resource-sharer thread prints (through
+    ``sys.excepthook``) when the main process stops reading mid-transfer, as it does when another worker died:
+    the main process reports that death in one line, and a second process's traceback on the same stderr only
+    hides it. Any other error still reaches the hook as before."""
+    default = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        sharer = threading.current_thread().name.endswith("(_serve)")  # resource_sharer's Thread(target=_serve)
+        if sharer and issubclass(exc_type, (OSError, EOFError)):
+            return
+        default(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+class WatchedLoader(DataLoader[Any]):
+    """A ``DataLoader`` that keeps the worker processes of its latest pass, so that a worker's death can be
+    told by worker index, pid and exit status (torch's message gives the pid alone, and no worker index)."""
+
+    def __iter__(self) -> Any:
+        it = super().__iter__()
+        # a private attribute, read defensively: the worker processes of this pass, by worker id
+        self._watched: list[Any] = list(getattr(it, "_workers", None) or [])
+        return it
+
+    def worker_failure(self, exc: BaseException) -> str | None:
+        """One line naming the worker when ``exc`` is torch's error for a worker that died ("DataLoader worker 1
+        of 2 (pid 123) was killed by SIGKILL") or raised ("DataLoader worker 1 of 2 (pid 123) raised ValueError:
+        ... (at data.py:12 in __getitem__)", where torch's message holds the worker's whole traceback); None for
+        any other exception."""
+        procs = {w.pid: (i, w) for i, w in enumerate(getattr(self, "_watched", []))}
+        raised = _RAISED.search(str(exc))
+        if raised is not None:
+            return _raised(int(raised.group(1)), str(exc), procs)
+        found = _DEAD_WORKER.search(str(exc))
+        if found is None:
+            return None
+        pids = [int(p) for p in found.group(1).replace(",", " ").split()]
+        told = []
+        for pid in pids:
+            if pid not in procs:
+                told.append(f"DataLoader worker (pid {pid}) exited unexpectedly")
+                continue
+            index, proc = procs[pid]
+            told.append(f"DataLoader worker {index} of {len(procs)} (pid {pid}) {how_it_ended(proc.exitcode)}")
+        return "; ".join(told)
+
+
+def _raised(index: int, message: str, procs: dict[int, tuple[int, Any]]) -> str:
+    """torch's "Caught X in DataLoader worker process N. Original Traceback ..." as one line: the worker, the
+    traceback's last line (the error) and its innermost frame."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    frames = [f for ln in lines if (f := _FRAME.match(ln)) is not None]
+    error = lines[-1] if len(lines) > 1 else message
+    where = (
+        f" (at {os.path.basename(frames[-1].group(1))}:{frames[-1].group(2)} in {frames[-1].group(3)})"
+        if frames
+        else ""
+    )
+    pid = next((f" (pid {pid})" for pid, (i, _) in procs.items() if i == index), "")
+    return f"DataLoader worker {index} of {len(procs) or '?'}{pid} raised {error}{where}"
+
+
 class EpochShards(DistributedSampler[Any]):
     """A ``DistributedSampler`` that moves to the next epoch by itself at every ``iter()``, as a shuffling
     DataLoader does: the loop need not call ``set_epoch``, and every rank draws the same permutation of the
@@ -72,7 +168,8 @@ def data_loader(
     knobs in effect (``workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``) for ``config``.
 
     Yields ``(x, y)`` batches either way: an image-folder dataset gets ``SkipCollate`` and a view that strips
-    and records the files skipped under ``--on-bad-sample skip``.
+    and records the files skipped under ``--on-bad-sample skip``. The ``DataLoader`` is a ``WatchedLoader``
+    (``watched_loader`` finds it behind the view).
     """
     knobs: dict[str, Any] = {
         "workers": spec.workers,
@@ -90,7 +187,7 @@ def data_loader(
     )
     if sampler is not None:
         knobs["shard"] = f"{spec.shard} of {spec.num_shards} (DistributedSampler)"
-    loader: DataLoader[Any] = DataLoader(
+    loader = WatchedLoader(
         dataset,
         batch_size=spec.batch_size,
         shuffle=spec.shuffle if sampler is None else None,
@@ -102,8 +199,16 @@ def data_loader(
         prefetch_factor=knobs["prefetch_factor"],
         generator=torch.Generator().manual_seed(spec.seed),
         collate_fn=SkipCollate(collate) if skips is not None else collate,
+        worker_init_fn=_quiet_worker_threads if spec.workers else None,
     )
     return (skips.wrap(loader) if skips is not None else loader), skips, knobs
+
+
+def watched_loader(batches: Any) -> WatchedLoader:
+    """The ``WatchedLoader`` that ``data_loader`` built, behind the skip view if there is one."""
+    loader = batches.loader if isinstance(batches, StrippedBatches) else batches
+    assert isinstance(loader, WatchedLoader)
+    return loader
 
 
 class NaivePipeline:
@@ -120,4 +225,5 @@ class NaivePipeline:
             to_device=partial(move, device=torch.device(spec.device)),
             config={"pipeline": self.name, **knobs},
             skips=skips,
+            worker_failure=watched_loader(batches).worker_failure,
         )

@@ -48,7 +48,7 @@ import torch
 
 from pipelines.base import BuiltLoader, LoaderSpec, pinned_device
 from pipelines.imagefolder import StrippedBatches
-from pipelines.naive import data_loader, map_tensors, move
+from pipelines.naive import data_loader, map_tensors, move, watched_loader
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +395,7 @@ class PrefetchPipeline:
                 "depth": self.depth,
             },
             skips=skips,
+            worker_failure=watched_loader(loader).worker_failure,
         )
 
 

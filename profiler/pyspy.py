@@ -14,7 +14,10 @@ Design decisions (measured on the 2-core machine, see docs/zero-code.md and benc
   be given per time window, not only for the whole run.
 
 Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
-returns a reason with a fix instead, and the run goes on with the sampler alone.
+returns a reason with a fix instead, and the run goes on with the sampler alone. Once attached, a watcher
+thread drains py-spy's stderr (so a full pipe can never stall it) and notices py-spy ending before ``stop``:
+killed or failed mid-run, it is reported once through ``on_exit`` with when and how; ending with code 0
+by itself (its target exited) is its normal end.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +68,19 @@ def attach_problem(stderr: str) -> str:
     return f"py-spy failed: {text[:200]}" if text else "py-spy exited without output"
 
 
+def exit_problem(returncode: int, stderr: str, at_s: float) -> str:
+    """One line for a py-spy that ended by itself mid-run: when, and killed by what or failing how."""
+    if returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    else:
+        text = " ".join(stderr.split())
+        how = f"exited with code {returncode}" + (f": {text[-160:]}" if text else "")
+    return f"py-spy stopped at {at_s:.1f} s ({how}); its stack samples are lost"
+
+
 @dataclass
 class PySpyRecorder:
     """One ``py-spy record`` attached to ``pid`` and its subprocesses, writing ``out``."""
@@ -75,6 +94,11 @@ class PySpyRecorder:
     started_at: float | None = None
     stopped_at: float | None = None
     args: list[str] = field(default_factory=list)
+    now: Callable[[], float] | None = None  # the run's seconds, to say when py-spy stopped (default: since start)
+    on_exit: Callable[[str], None] | None = None  # told once, from the watcher, when py-spy ends before stop()
+    _stopping: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _watcher: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def start(self, attach_timeout_s: float = 3.0) -> str | None:
         """Attach; None when recording, else the reason (and fix) it is not."""
@@ -93,15 +117,41 @@ class PySpyRecorder:
         self.started_at = time.time()
         deadline = time.monotonic() + attach_timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if (returncode := self.proc.poll()) is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                self.problem = attach_problem(err)
+                # killed (by a signal) while attaching says so; else py-spy's own output says why it could not
+                self.problem = exit_problem(returncode, err, self._at()) if returncode < 0 else attach_problem(err)
                 return self.problem
             time.sleep(0.05)
+        self._watcher = threading.Thread(target=self._watch, args=(self.proc,), name="stallscope-pyspy", daemon=True)
+        self._watcher.start()
         return None
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        tail: deque[bytes] = deque(maxlen=20)
+        if proc.stderr is not None:
+            tail.extend(proc.stderr)  # until py-spy closes it, at its exit
+            proc.stderr.close()
+        returncode = proc.wait()
+        at_s = self._at()
+        with self._lock:
+            if self._stopping or returncode == 0:
+                return
+            self.problem = exit_problem(returncode, b"".join(tail).decode(errors="replace"), at_s)
+            self.stopped_at = time.time()
+        if self.on_exit is not None:
+            self.on_exit(self.problem)
+
+    def _at(self) -> float:
+        """Now, in the run's seconds (or seconds since py-spy started)."""
+        if self.now is not None:
+            return self.now()
+        return time.time() - (self.started_at if self.started_at is not None else time.time())
 
     def stop(self, timeout_s: float = 20.0) -> str | None:
         """Let py-spy write its output and exit; returns a problem line if it could not."""
+        with self._lock:
+            self._stopping = True
         if self.proc is None or self.problem is not None:
             return self.problem
         if self.proc.poll() is None:
@@ -114,8 +164,8 @@ class PySpyRecorder:
             self.proc.wait()
             self.problem = f"py-spy did not stop within {timeout_s:.0f} s and was killed; its samples are lost"
         self.stopped_at = time.time()
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5.0)  # it closes py-spy's stderr once py-spy has exited
         if self.problem is None and not (self.out.exists() and self.out.stat().st_size > 0):
             self.problem = "py-spy wrote no samples (the process exited before the first sample?)"
         return self.problem

@@ -117,7 +117,9 @@ class Recording:
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """Record ``pid`` and its subprocesses with py-spy until close; None when it attached, else the
         reason, which is stored and shown as ``unavailable.format(problem=...)``."""
-        recorder = PySpyRecorder(pid, self.out_dir / OUTPUT, rate=rate)
+        recorder = PySpyRecorder(pid, self.out_dir / OUTPUT, rate=rate, now=self.now)
+        # py-spy killed or failing mid-run: said once, when it happens; the run goes on with the sampler
+        recorder.on_exit = lambda problem: self._pyspy_ended(unavailable.format(problem=problem), problem)
         problem = recorder.start(attach_timeout_s=attach_timeout_s)
         self.annotate(pyspy_rate=rate, pyspy_started_at=recorder.started_at, pyspy_args=recorder.args)
         if problem:
@@ -160,6 +162,12 @@ class Recording:
         """The Summary built at close (None before close)."""
         return self._summary
 
+    def _pyspy_ended(self, line: str, problem: str) -> None:
+        self._pyspy_problem = problem
+        self.event("warning", problem, "pyspy")
+        self.annotate(pyspy_problem=problem)
+        self._warn(line)
+
     def _stop_pyspy(self) -> None:
         recorder = self._pyspy
         if recorder is None:
@@ -167,7 +175,7 @@ class Recording:
                 self.annotate(pyspy_problem=self._pyspy_problem)
             return
         problem = recorder.stop()
-        if problem:
+        if problem and problem != self._pyspy_problem:  # not already said when py-spy ended mid-run
             self._pyspy_problem = problem
             self.event("warning", problem, "pyspy")
             self._warn(problem)

@@ -55,6 +55,11 @@ class TrainingError(Exception):
         self.session = session
 
 
+class LoaderFailure(RuntimeError):
+    """A loader worker died or failed mid-run (a DataLoader worker process killed, DALI's threads stopped by an
+    operator's error): says which worker, how, and at which step, in one line."""
+
+
 class RunStopped(Interrupted):
     """A signal (the CLI's :class:`Interrupted`) stopped the run; ``session`` (closed, status "interrupted")
     holds what it measured."""
@@ -108,8 +113,12 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     try:
         with session:
             loop.set_up()
-            with monitor(SessionFeed(session)) if monitor else contextlib.nullcontext():
-                loop.train()
+            try:
+                with monitor(SessionFeed(session)) if monitor else contextlib.nullcontext():
+                    loop.train()
+            except LoaderFailure as exc:  # recorded as said, without the "(at file:line)" of a bare exception
+                session.close("failed", error=str(exc))
+                raise
             loop.finish()
     except Interrupted as exc:
         if session.status is None:  # the signal landed while the session was starting: close what it recorded
@@ -230,6 +239,7 @@ class _Loop:
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
         self.batch_bytes: int | None = None
         self.sync: SyncTimer | None = None  # a rank under DDP: times the all-reduce wait after backward
+        self.done = 0  # steps finished (warm-up included): the index of the step in flight
 
     def set_up(self) -> None:
         """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
@@ -306,19 +316,31 @@ class _Loop:
         )
 
     def train(self) -> None:
-        """Epochs of the loader until the planned steps ran (or the stop rule fired)."""
+        """Epochs of the loader until the planned steps ran (or the stop rule fired).
+
+        A loader worker's death or error becomes a :class:`LoaderFailure` naming the worker and the step (torch
+        raises a death from a SIGCHLD handler as well as from ``next()``, so anywhere in the step, hence caught
+        here), unless the error is the user's data (a bad sample: ``_bad_input``)."""
         assert self.built is not None
         total, epoch, done = self.plan.total, 0, 0
-        while done < total:
-            if hasattr(self.dataset, "set_epoch"):
-                self.dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
-            epoch += 1
-            done, total, progressed = self._epoch(done, total)
-            if not progressed:
-                raise RuntimeError(
-                    f"the {self.cfg.pipeline} loader produced no batch (dataset too small for batch "
-                    f"{self.plan.batch_size}?)"
-                )
+        try:
+            while done < total:
+                if hasattr(self.dataset, "set_epoch"):
+                    self.dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
+                epoch += 1
+                done, total, progressed = self._epoch(done, total)
+                if not progressed:
+                    raise RuntimeError(
+                        f"the {self.cfg.pipeline} loader produced no batch (dataset too small for batch "
+                        f"{self.plan.batch_size}?)"
+                    )
+        except Exception as exc:
+            explain = self.built.worker_failure
+            failure = explain(exc) if explain is not None else None
+            if failure is None or _bad_input(exc) is not None:  # bad data stays the user's (exit 2)
+                raise
+            step, kept = self.done, f"steps 0-{self.done - 1} are kept" if self.done else "no step had finished"
+            raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc
 
     def _epoch(self, done: int, total: int) -> tuple[int, int, bool]:
         """One pass over the loader: h2d then compute per batch; (steps done, total, any batch seen)."""
@@ -350,6 +372,7 @@ class _Loop:
                 with session.phase("compute"):
                     self._train_step(model, opt, x, y)
             done += 1
+            self.done = done
             if done >= total:
                 break
             if cfg.stop_when is not None and done > self.plan.warmup and cfg.stop_when(session):

@@ -1,4 +1,4 @@
-"""Background sampler: reads every metric source on absolute deadlines from one thread.
+"""Background sampler: samples every metric source on absolute deadlines, paced by one thread.
 
 Invariants:
 - Deadlines are absolute (``t0 + k / hz``), so lateness never accumulates into drift. Each sample records
@@ -6,6 +6,11 @@ Invariants:
   skipped and counted, never caught up in a burst.
 - Nothing raised by a source reaches the caller. Each exception is counted per source with its last
   reason; :class:`~profiler.sources.base.SourceLost` retires the source for the rest of the run.
+- Every call into a source (open, read, close) runs on that source's own thread, so a hardware call that
+  never returns (a hung NVML read) holds up only that thread. A round waits at most half a period for a
+  read; a read out for ``call_timeout_s`` retires its source as lost while the other sources go on. The
+  training thread's calls are bounded too: ``start`` waits at most ``open_timeout_s`` for the probes, and
+  ``stop`` at most ``call_timeout_s`` for the closes, never for a source with a read still out.
 - ``start``/``stop`` are idempotent and serialised by a lock; every ``start`` gets a fresh thread; ``stop``
   is noticed within one wait because the thread waits on an Event, never in a bare sleep.
 - Memory is bounded: the live view reads a ``deque(maxlen=...)``; the full record goes to ``sink``.
@@ -15,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import math
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from profiler.sources.base import Source, SourceLost
 
@@ -29,6 +36,67 @@ MAX_HZ = 100.0
 SampleRow = tuple[float, str, str, float | None]
 SampleSink = Callable[[list[SampleRow]], None]
 EventSink = Callable[[float, str, str, str | None], None]
+CALL_TIMEOUT_S = 2.0  # a read that takes longer is hung: NVML's slowest query (PCIe) blocks ~20 ms per GPU
+OPEN_TIMEOUT_S = 10.0  # nvmlInit on a many-GPU machine without persistence mode can take seconds
+_POLL_S = 0.05  # how often a wait on a slow call checks for a stop
+
+
+class _Result:
+    """One call's outcome, handed from a source's thread to the waiting thread; ``since`` is when it was
+    queued (``time.monotonic``)."""
+
+    __slots__ = ("done", "error", "since", "value")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.since = time.monotonic()
+
+
+class _SourceThread:
+    """A thread that makes every call to one source, so a call that never returns blocks only that thread.
+
+    Calls run in order. A waiter gives up at its deadline and leaves the call ``pending``; the thread, a
+    daemon, finishes it whenever (if ever) it returns and then runs what was queued after it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[[], Any], _Result] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"stallscope-source-{name}", daemon=True)
+        self._thread.start()
+        self.pending: _Result | None = None  # the read in flight, until collected
+
+    def submit(self, fn: Callable[[], Any]) -> _Result:
+        result = _Result()
+        self._q.put((fn, result))
+        return result
+
+    def collect(self, until: float, stop: threading.Event) -> _Result | None:
+        """The pending read's outcome once back, waiting until ``until`` (monotonic) or a stop; else None."""
+        result = self.pending
+        if result is None:
+            return None
+        while not result.done.wait(min(_POLL_S, max(0.0, until - time.monotonic()))):
+            if time.monotonic() >= until or stop.is_set():
+                return None
+        self.pending = None
+        return result
+
+    def finish(self, fn: Callable[[], Any] | None = None) -> None:
+        """Queue a last call (never waited for) and let the thread end after it."""
+        if fn is not None:
+            self._q.put((fn, _Result()))
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            fn, result = item
+            try:
+                result.value = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which decides
+                result.error = exc
+            result.done.set()
 
 
 @dataclass(slots=True)
@@ -73,6 +141,7 @@ class Sampler:
     ``clock`` returns seconds (default ``time.perf_counter``, the same clock as the step timer) and
     ``t0`` is the run's origin, so sample times and step times share one timeline. ``wait(timeout)``
     blocks until the timeout or a stop and returns True when stopped; tests inject a fake clock and wait.
+    ``call_timeout_s`` bounds each read and close of a source, ``open_timeout_s`` its probe (real seconds).
     """
 
     def __init__(
@@ -86,6 +155,8 @@ class Sampler:
         t0: float | None = None,
         wait: Callable[[float], bool] | None = None,
         buffer_s: float = 60.0,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> None:
         if not 0 < hz <= MAX_HZ:
             raise ValueError(f"sample rate {hz} Hz is out of range: allowed 0 < hz <= {MAX_HZ:g}")
@@ -93,6 +164,9 @@ class Sampler:
         self.period = 1.0 / self.hz
         self._sources = list(sources)
         self._active: list[Source] = []
+        self._threads: dict[int, _SourceThread] = {}  # by id(source)
+        self._call_timeout_s = call_timeout_s
+        self._open_timeout_s = open_timeout_s
         self._sink = sink
         self._on_event = on_event
         self._clock = clock
@@ -120,13 +194,9 @@ class Sampler:
             if thread is None:
                 return
             self._stop.set()
+            # the loop notices the stop within one wait, or within one poll of a read it is waiting on
             thread.join(timeout=max(5.0, 3 * self.period))
-            for src in self._active:
-                try:
-                    src.close()
-                except Exception as exc:  # noqa: BLE001 - closing is best effort; the run's data is already recorded
-                    log.debug("closing source %s failed: %r", src.name, exc)
-            self._active = []
+            self._close_all()
 
     def _now(self) -> float:
         return self._clock() - self._t0
@@ -137,11 +207,24 @@ class Sampler:
 
     def _open_sources(self) -> None:
         self._active = []
+        self._threads = {}
+        # every probe runs at once on its source's thread; start() waits open_timeout_s for them all
+        probes = []
         for src in self._sources:
-            try:
-                reason = src.open()
-            except Exception as exc:  # noqa: BLE001 - a probe that raises is a probe that failed
-                reason = f"probe raised {type(exc).__name__}: {exc}"
+            worker = self._threads[id(src)] = _SourceThread(src.name)
+            probes.append((src, worker, worker.submit(src.open)))
+        deadline = time.monotonic() + self._open_timeout_s
+        for src, worker, probe in probes:
+            res = probe if probe.done.wait(max(0.0, deadline - time.monotonic())) else None
+            if res is None:
+                reason = f"its probe did not return within {self._open_timeout_s:g} s (the call hangs)"
+                del self._threads[id(src)]
+                worker.finish(src.close)
+            elif res.error is not None:
+                # a probe that raises is a probe that failed
+                reason = f"probe raised {type(res.error).__name__}: {res.error}"
+            else:
+                reason = res.value
             if reason is None:
                 self.stats.sources[src.name] = SourceHealth()
                 self._active.append(src)
@@ -177,20 +260,27 @@ class Sampler:
         merged: dict[str, float] = {}
         rows: list[SampleRow] = []
         read_start = self._clock()
+        # Every source reads at once, each on its own thread. A read not back within half a period is left
+        # out of this round and not waited for again: it is collected at a later round (stamped with that
+        # round's time, so stored samples stay in time order) or, once out for call_timeout_s, retires its
+        # source. So a slow source costs the others one half period of lateness, once.
+        give_up = time.monotonic() + 0.5 * self.period
+        fresh: set[int] = set()
+        for src in self._active:
+            worker = self._threads[id(src)]
+            if worker.pending is None:
+                worker.pending = worker.submit(src.read)
+                fresh.add(id(src))
         for src in list(self._active):
-            try:
-                values = src.read()
-            except SourceLost as exc:
-                self._retire(src, f"lost: {exc}")
+            worker = self._threads[id(src)]
+            res = worker.collect(give_up if id(src) in fresh else 0.0, self._stop)
+            if res is None:
+                pending = worker.pending
+                out_s = time.monotonic() - pending.since if pending is not None else 0.0
+                if out_s >= self._call_timeout_s and not self._stop.is_set():
+                    self._retire(src, f"lost: a read did not return within {self._call_timeout_s:g} s (the call hangs)")
                 continue
-            except Exception as exc:  # noqa: BLE001 - counted, reason kept, sampler goes on
-                health = stats.sources[src.name]
-                health.errors += 1
-                reason = f"{type(exc).__name__}: {exc}"
-                if reason != health.last_error:
-                    self._event("source_error", src.name, reason)
-                health.last_error = reason
-                continue
+            values = self._outcome(src, res)
             merged.update(values)
             rows.extend((t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
         read_s = self._clock() - read_start
@@ -206,6 +296,23 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 - a broken sink must not kill sampling for the live view
                 log.debug("sample sink failed: %r", exc)
 
+    def _outcome(self, src: Source, res: _Result) -> dict[str, float]:
+        """A read's values; an exception is counted with its reason (or retires the source), never raised."""
+        exc = res.error
+        if exc is None:
+            values: dict[str, float] = res.value
+            return values
+        if isinstance(exc, SourceLost):
+            self._retire(src, f"lost: {exc}")
+            return {}
+        health = self.stats.sources[src.name]
+        health.errors += 1
+        reason = f"{type(exc).__name__}: {exc}"
+        if reason != health.last_error:
+            self._event("source_error", src.name, reason)
+        health.last_error = reason
+        return {}
+
     def _retire(self, src: Source, status: str) -> None:
         self._active.remove(src)
         health = self.stats.sources[src.name]
@@ -213,11 +320,32 @@ class Sampler:
         health.errors += 1
         health.last_error = status
         self._event("source", src.name, status)
-        log.warning("stallscope: source %s %s; sampling goes on without it", src.name, status)
-        try:
-            src.close()
-        except Exception as exc:  # noqa: BLE001 - the source is already gone; nothing more to release
-            log.debug("closing lost source %s failed: %r", src.name, exc)
+        said = status.replace(": ", f" at {self._now():.1f} s: ", 1)  # "lost at 12.3 s: GPU 0: ..."
+        log.warning("stallscope: source %s %s; sampling goes on without it", src.name, said)
+        # the source is gone; its close is queued behind any call still hung on its thread, never waited for
+        self._threads.pop(id(src)).finish(src.close)
+
+    def _close_all(self) -> None:
+        """Close every active source on its own thread, waiting at most ``call_timeout_s`` in all; a source
+        with a read still out is not waited for (its close runs after that read, if it ever returns)."""
+        waits = []
+        for src in self._active:
+            worker = self._threads.pop(id(src))
+            if worker.pending is not None and not worker.pending.done.is_set():
+                worker.finish(src.close)
+                continue
+            waits.append((src, worker.submit(src.close)))
+            worker.finish()
+        deadline = time.monotonic() + self._call_timeout_s
+        for src, res in waits:
+            if not res.done.wait(max(0.0, deadline - time.monotonic())):
+                log.debug("closing source %s did not return in time; left to its thread", src.name)
+            elif res.error is not None:
+                # closing is best effort; the run's data is already recorded
+                log.debug("closing source %s failed: %r", src.name, res.error)
+        for worker in self._threads.values():
+            worker.finish()
+        self._active, self._threads = [], {}
 
     def latest(self) -> tuple[float, dict[str, float]] | None:
         """The newest sample (for live views); None before the first."""

@@ -47,8 +47,10 @@ from typing import Any
 
 from pipelines import PipelineError, applicable, require, usable_cores
 from profiler.analysis.sweep import (
+    DEFAULT_STEPS,
     MIN_STEPS,
     REL_CI,
+    SECONDS_ONLY_STEPS,
     Config,
     SweepResult,
     SweepRow,
@@ -64,8 +66,6 @@ from profiler.store import StepRow
 from profiler.tuner import TuneResult, tune
 from scenarios import Scenario
 
-DEFAULT_STEPS = 30  # cap on measured steps per configuration when neither --steps nor --seconds is given
-SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a configuration
 # A tune trial's least measured time (within its caps): the host source finds new loader workers on its
 # once-a-second rescan of the process tree and its first reading of each is a baseline, so a shorter
 # window can end before any worker's CPU use was sampled
@@ -458,7 +458,8 @@ def run_tune(
         done.append(row)
         if h.on_finish is not None:
             h.on_finish(row)
-        write_json(out_dir / "tune.json", {"status": "running", "runs": [r.to_dict() for r in done]})
+        running = {"status": "running", "scenario": h.scenario.name, "device": h.base.device.label}
+        write_json(out_dir / "tune.json", {**running, "runs": [r.to_dict() for r in done]})
         return row
 
     result = tune(

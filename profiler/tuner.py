@@ -38,7 +38,7 @@ from typing import Any
 
 from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
 from profiler.analysis.stats import finite_or_none, quantile
-from profiler.analysis.sweep import Config, SweepRow
+from profiler.analysis.sweep import Config, SweepRow, row_from_dict
 from profiler.session import Interrupted
 
 IMPROVE = 0.03
@@ -117,6 +117,34 @@ class TuneResult:
             },
             "notes": list(self.notes),
         }
+
+
+def tune_from_dict(d: dict[str, Any]) -> TuneResult:
+    """The tune as ``TuneResult.to_dict`` wrote it (``tune.json``): what ``stallscope report TUNE_DIR`` prints."""
+
+    def config(c: dict[str, Any] | None) -> Config | None:
+        return Config(c["pipeline"], c["batch_size"], c["workers"], c.get("nproc", 1)) if c else None
+
+    default = config(d["default"])
+    assert default is not None
+    unconfirmed = d.get("unconfirmed")
+    return TuneResult(
+        recommended=config(d.get("recommended")),
+        default=default,
+        speedup=d.get("speedup"),
+        trials=[row_from_dict(r) for r in d.get("trials", [])],
+        final=[row_from_dict(r) for r in d.get("final", [])],
+        budget_s=float(d.get("budget_s", math.nan)),
+        elapsed_s=float(d.get("elapsed_s", math.nan)),
+        status=str(d.get("status", "complete")),
+        unconfirmed=config(unconfirmed),
+        unconfirmed_speedup=unconfirmed.get("speedup") if unconfirmed else None,
+        notes=list(d.get("notes", [])),
+        stopped={p: dict(why) for p, why in d.get("stopped", {}).items()},
+        left_out=dict(d.get("left_out", {})),
+        cores=int(d.get("cores", 0)),
+        max_workers=int(d.get("max_workers", 0)),
+    )
 
 
 def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:

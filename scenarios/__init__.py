@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def _load_file(path: Path, *, shown: str) -> Scenario:
     # A stable, unique module name per file: the module must be in sys.modules while it executes
     # (dataclasses and pickling to DataLoader workers look classes up there), and two user files
     # with the same stem must not replace each other.
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(os.fsencode(resolved)).hexdigest()[:12]  # any path, UTF-8 or not
     module_name = f"stallscope_user_scenario_{resolved.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, resolved)
     if spec is None or spec.loader is None:

@@ -7,6 +7,7 @@ drives the loop. Factories are called lazily so that listing scenarios imports n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,13 +76,37 @@ class Scenario:
     cost_forward: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("Scenario.name must be a non-empty string")
-        if self.batch_size < 1:
-            raise ValueError(f"Scenario.batch_size must be >= 1, got {self.batch_size}")
+        # A scenario file is the user's: each field is checked here, so that a wrong type or range is one line
+        # naming the field when the file loads (exit 2), not an error deep in the loader or the optimizer.
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Scenario.name must be a non-empty string, got {self.name!r}")
+        for attr, lo in (("batch_size", 1), ("steps", 1), ("warmup", 0), ("data_count", 0)):
+            value = getattr(self, attr)
+            if not _is_int(value) or value < lo:
+                raise ValueError(f"Scenario.{attr} must be an integer >= {lo}, got {value!r}")
+        if not _is_number(self.lr) or not math.isfinite(self.lr) or self.lr <= 0:
+            raise ValueError(f"Scenario.lr must be a finite number > 0, got {self.lr!r}")
         for attr in ("dataset", "model", "loss"):
             if not callable(getattr(self, attr)):
-                raise ValueError(f"Scenario.{attr} must be callable")
+                raise ValueError(f"Scenario.{attr} must be callable, got {getattr(self, attr)!r}")
+        for attr, kind, what in (
+            ("description", str, "a string"),
+            ("synthetic", bool, "True or False"),
+            ("targets_in_forward", bool, "True or False"),
+            ("extra", dict, "a dict"),
+            ("models", dict, "a dict of name -> model factory"),
+        ):
+            if not isinstance(getattr(self, attr), kind):
+                raise ValueError(f"Scenario.{attr} must be {what}, got {getattr(self, attr)!r}")
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError(f"Scenario.model_name must be a non-empty string, got {self.model_name!r}")
+        for key, factory in self.models.items():
+            if not isinstance(key, str) or not key or not callable(factory):
+                raise ValueError(f"Scenario.models must map names to callables, got {key!r}: {factory!r}")
+        if self.cost_forward is not None and not callable(self.cost_forward):
+            raise ValueError(f"Scenario.cost_forward must be callable or None, got {self.cost_forward!r}")
+        if self.data is not None and (not isinstance(self.data, str) or not self.data):
+            raise ValueError(f"Scenario.data must be a data set kind (a string) or None, got {self.data!r}")
         if self.data is not None and self.data_count < 1:
             raise ValueError(f"Scenario.data_count must be >= 1 when data is set, got {self.data_count}")
 
@@ -106,6 +131,14 @@ class Scenario:
         if options is None:
             raise ValueError(f"scenario {self.name!r} reads files: give it DataOptions (a data directory)")
         return self.dataset(options)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def one_line(text: str) -> str:

@@ -21,7 +21,9 @@ Invariants:
 - Complete or not marked: every image is written under a temporary name and moved into place with
   ``os.replace``; the completion marker ``out/stallscope-data.json`` is written last. A directory with the
   marker and the expected files is complete and ``make`` leaves it untouched (it may be read-only). A
-  directory without the marker is resumed: files already in place are kept, missing ones generated.
+  directory without the marker is resumed: files already in place are kept, missing ones generated. A
+  ``make`` killed outright (SIGKILL) leaves only whole images, temporary files (deleted by the resume) and
+  the in-progress marker; its worker processes exit within ``ORPHAN_POLL_S`` of it.
 - Never clobbers: a marker (or an in-progress marker) with other parameters, or a non-empty directory that
   holds anything this module would not have written, is refused with a ``DataError``.
 - Every ``DataError`` message is one line naming the bad value and what is allowed.
@@ -38,6 +40,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -136,6 +139,9 @@ _LONG_MEDIAN, _LONG_SIGMA, _LONG_MIN, _LONG_MAX = 270.0, 0.40, 120, 800
 _SHORT_MIN = 64
 _VOC_SIDE = (300, 512)
 _VOC_OBJECTS = (1, 5)
+
+
+ORPHAN_POLL_S = 0.5  # how often a generator worker checks that the process that started it still runs
 
 
 class DataError(ValueError):
@@ -393,6 +399,18 @@ def _worker_init() -> None:
     # Ctrl-C reaches the whole process group: let only the parent handle it (cancel pending chunks, wait for
     # running ones, whose files land atomically) instead of every worker printing a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A parent killed outright (SIGKILL, OOM) cannot shut the pool down: its workers would wait on the task
+    # queue for ever. Each watches its parent and exits once it is gone; an image it was writing is left as a
+    # temporary file, which the next make (the resume) deletes.
+    threading.Thread(
+        target=_exit_with_parent, args=(os.getppid(),), name="stallscope-datagen-orphan", daemon=True
+    ).start()
+
+
+def _exit_with_parent(parent: int, every_s: float = ORPHAN_POLL_S) -> None:
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:

@@ -38,12 +38,36 @@ class Truth:
         return 1e3 * sum(xs) / len(xs) if xs else 0.0
 
 
+class _SleepLoader:
+    """``n`` batches, each ``next()`` blocking ``wait_s``; the whole ``next()`` is timed into ``truth``.
+
+    Timing the whole call, not only the sleep, puts in the truth whatever else happens inside the loader's
+    ``next()`` (the host preempting it, the iterator's own bookkeeping): that is data wait by definition, and a
+    truth that left it out read 0.004% against a measured 1.03% on a busy CI host.
+    """
+
+    def __init__(self, n: int, wait_s: float, batch: int, truth: Truth) -> None:
+        self.left, self.wait_s, self.batch, self.truth = n, wait_s, batch, truth
+
+    def __iter__(self) -> _SleepLoader:
+        return self
+
+    def __next__(self) -> list[int]:
+        t0 = time.perf_counter()
+        if self.left <= 0:
+            raise StopIteration
+        self.left -= 1
+        if self.wait_s:
+            time.sleep(self.wait_s)
+        out = [0] * self.batch
+        self.truth.spent.setdefault("data_wait", []).append(time.perf_counter() - t0)
+        return out
+
+
 def sleep_loader(n: int, wait_s: float, batch: int = 8, truth: Truth | None = None) -> Iterator[list[int]]:
-    """A loader whose every next() blocks ``wait_s``: the injected data wait (timed into ``truth``)."""
-    truth = truth if truth is not None else Truth()
-    for _ in range(n):
-        truth.sleep("data_wait", wait_s)
-        yield [0] * batch
+    """A loader whose every next() blocks ``wait_s``: the injected data wait (each whole next() timed into
+    ``truth``)."""
+    return _SleepLoader(n, wait_s, batch, truth if truth is not None else Truth())
 
 
 def near(measured_ms: float, truth_ms: float, rel: float = 0.03, abs_ms: float = 0.3) -> bool:

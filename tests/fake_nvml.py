@@ -17,6 +17,8 @@ Script (a dict, or the JSON in ``tests/data/nvml_script_h100.json``)::
       ],
       "init_error": "LibraryNotFound",   # optional: nvmlInit raises NVMLError_<this>
       "lost_after": 3,                   # optional: the 4th and later query of any feature -> GpuIsLost
+      "fail_after": 3, "fail_with": "Unknown",  # optional: the same, raising NVMLError_<fail_with>
+      "hang_after": 3,                   # optional: the 4th query of any feature blocks until released
       "not_supported": ["pcie"]          # optional: features raising NVMLError_NotSupported
     }
 
@@ -24,11 +26,14 @@ Invariant: each (device, feature) has its own cursor, advanced by each query of 
 n-th utilisation query of a device returns ``samples[n]["util"]`` whichever other features were skipped.
 Samples wrap around when exhausted. Calls made before ``nvmlInit`` or after the last ``nvmlShutdown``
 raise ``NVMLError_Uninitialized``, as the real library does. ``module.calls`` counts calls by name.
+A hanging query sets ``module.hanging`` and blocks until the test sets ``module.release`` (a call into a
+driver that never answers); every later query blocks too, as a stuck driver lock would.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, NoReturn
@@ -123,12 +128,17 @@ def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one
     samples = list(script.get("samples") or [])
     init_error = script.get("init_error")
     lost_after = script.get("lost_after")
+    fail_with = "GpuIsLost"
+    if script.get("fail_after") is not None:
+        lost_after, fail_with = script["fail_after"], str(script.get("fail_with", "Unknown"))
+    hang_after = script.get("hang_after")
     not_supported = set(script.get("not_supported") or ())
     unknown = not_supported - set(FEATURES)
     if unknown:
         raise ValueError(f"unknown features in not_supported: {sorted(unknown)}; known: {FEATURES}")
-    if init_error is not None and init_error not in _ERROR_CLASSES:
-        raise ValueError(f"unknown init_error {init_error!r}; known: {sorted(_ERROR_CLASSES)}")
+    for what, name in (("init_error", init_error), ("fail_with", fail_with)):
+        if name is not None and name not in _ERROR_CLASSES:
+            raise ValueError(f"unknown {what} {name!r}; known: {sorted(_ERROR_CLASSES)}")
 
     mod = ModuleType("fake_pynvml")
     mod.__dict__.update(_CONSTANTS)
@@ -142,8 +152,11 @@ def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one
     calls: Counter[str] = Counter()
     cursors: Counter[tuple[int, str]] = Counter()
     state = {"inits": 0}
+    hanging, release = threading.Event(), threading.Event()
     mod.calls = calls  # type: ignore[attr-defined]
     mod.state = state  # type: ignore[attr-defined]
+    mod.hanging = hanging  # type: ignore[attr-defined]
+    mod.release = release  # type: ignore[attr-defined]
 
     def need_init(fn: str) -> None:
         calls[fn] += 1
@@ -161,8 +174,11 @@ def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one
         if feature in not_supported:
             _fail("NotSupported")
         n = cursors[(index, fn)]
+        if hang_after is not None and n >= hang_after:
+            hanging.set()
+            release.wait(timeout=60)
         if lost_after is not None and n >= lost_after:
-            _fail("GpuIsLost")
+            _fail(fail_with)
         cursors[(index, fn)] += 1
         if not samples:
             raise ValueError("fake NVML script has no samples")

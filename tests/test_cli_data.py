@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
-from tests.conftest import stallscope
+from scenarios.datagen import MARKER, make
+from tests.conftest import ROOT, stallscope, wait_until
 
 
 def test_data_make_writes_then_is_a_no_op(tmp_path: Path) -> None:
@@ -42,3 +48,49 @@ def test_data_make_refuses_a_set_made_with_other_parameters(tmp_path: Path) -> N
     assert (out / "annotations.json").exists()
     r = stallscope("data", "make", "voc-like", "--out", str(out), "--count", "4")
     assert r.returncode == 2 and "use another --out" in r.stderr
+
+
+def test_data_make_killed_part_way_resumes_without_redoing_work(tmp_path: Path) -> None:
+    """``kill -9`` of ``data make`` (the parent alone, as the out-of-memory killer does): its workers exit too,
+    only whole images are left under image names, and the same command again generates just the missing ones
+    and says it resumed; the set then equals a fresh one."""
+    out = tmp_path / "set"
+    args = ["data", "make", "imagenet-like", "--out", str(out), "--count", "60", "--classes", "3", "--jobs", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    quiet = subprocess.DEVNULL
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profiler", *args], cwd=ROOT, env=env, stdout=quiet, stderr=quiet, start_new_session=True
+    )
+
+    def group_alive() -> bool:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    try:
+        assert wait_until(lambda: len(list(out.rglob("*.jpg"))) >= 10, timeout=120)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_until(lambda: not group_alive(), timeout=10)  # no orphaned worker left writing
+    finally:
+        if group_alive():
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (out / MARKER).exists() and (out / "stallscope-data.partial.json").exists()
+    kept = {p: p.stat().st_mtime_ns for p in out.rglob("*.jpg")}
+    assert 0 < len(kept) < 60
+    for p in kept:  # an image name only ever holds a whole image
+        with Image.open(p) as img:
+            img.load()
+
+    again = stallscope(*args)
+    assert again.returncode == 0, again.stderr
+    missing = 60 - len(kept)
+    assert f"resumed {out}: wrote the {missing} missing imagenet-like images ({len(kept)} were already" in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # finished work is not redone
+    assert (out / MARKER).exists() and not list(out.rglob("*.tmp")) and not list(out.rglob(".*"))
+    ref = make("imagenet-like", tmp_path / "ref", 6, classes=3, jobs=1)  # image i depends on (seed, i, label) only
+    for name in (p.relative_to(ref.root) for p in ref.root.rglob("*.jpg")):
+        assert (out / name).read_bytes() == (ref.root / name).read_bytes()
+    assert len(list(out.rglob("*.jpg"))) == 60

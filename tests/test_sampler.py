@@ -193,3 +193,81 @@ def test_bounded_buffer_keeps_the_newest() -> None:
     assert len(s.buffer) == 10
     latest = s.latest()
     assert latest is not None and latest[1]["a.value"] == 39.0
+
+
+class Hanging:
+    """A source whose read (or probe) blocks from its ``after``-th call until ``release`` is set."""
+
+    def __init__(self, name: str, after: int, *, hang_open: bool = False) -> None:
+        self.name = name
+        self.after = after
+        self.hang_open = hang_open
+        self.reads = 0
+        self.release = threading.Event()
+
+    def open(self) -> str | None:
+        if self.hang_open:
+            self.release.wait(30)
+        return None
+
+    def read(self) -> dict[str, float]:
+        self.reads += 1
+        if self.reads > self.after:
+            self.release.wait(30)
+        return {f"{self.name}.value": float(self.reads)}
+
+    def close(self) -> None:
+        pass
+
+
+class Quick:
+    name = "quick"
+
+    def open(self) -> str | None:
+        return None
+
+    def read(self) -> dict[str, float]:
+        return {"quick.value": 1.0}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_hung_read_retires_its_source_while_the_others_keep_their_rate() -> None:
+    import time
+
+    rows: list = []
+    hung = Hanging("gpu", after=3)
+    s = Sampler([hung, Quick()], 50.0, sink=rows.extend, call_timeout_s=0.4)
+    try:
+        s.start()
+        assert wait_until(lambda: s.stats.sources["gpu"].status.startswith("lost"), timeout=10)
+        assert wait_until(lambda: s.stats.samples >= 40, timeout=10)
+        t = time.perf_counter()
+        s.stop()
+        assert time.perf_counter() - t < 0.5
+    finally:
+        hung.release.set()
+    assert s.stats.sources["gpu"].status == "lost: a read did not return within 0.4 s (the call hangs)"
+    quick = [t for t, src, _m, _v in rows if src == "quick"]
+    gpu = [t for t, src, _m, _v in rows if src == "gpu"]
+    assert len(gpu) == 3
+    # while the read hung (0.4 s), the quick source went on at about the sampler's rate (50 Hz)
+    assert len([t for t in quick if gpu[-1] < t < gpu[-1] + 0.4]) >= 10
+
+
+def test_a_hung_probe_is_unavailable_and_start_returns() -> None:
+    import time
+
+    hung = Hanging("gpu", after=0, hang_open=True)
+    s = Sampler([hung, Quick()], 20.0, open_timeout_s=0.3)
+    try:
+        t = time.perf_counter()
+        s.start()
+        assert time.perf_counter() - t < 1.0
+        assert s.stats.sources["gpu"].status == "unavailable: its probe did not return within 0.3 s (the call hangs)"
+        assert wait_until(lambda: s.stats.samples >= 3, timeout=10)
+        s.stop()
+    finally:
+        hung.release.set()
+    assert hung.reads == 0

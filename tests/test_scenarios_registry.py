@@ -106,7 +106,7 @@ def test_file_that_raises_is_reported_on_one_line(tmp_path: Path) -> None:
 
     # A bad Scenario(...) call is a load error too: the file's author sees the validation message.
     path = write(tmp_path / "invalid.py", USER_FILE.replace("batch_size=4", "batch_size=0").format(name="v"))
-    with pytest.raises(ScenarioError, match=r"ValueError: Scenario\.batch_size must be >= 1"):
+    with pytest.raises(ScenarioError, match=r"ValueError: Scenario\.batch_size must be an integer >= 1, got 0"):
         scenarios.get(path)
 
 

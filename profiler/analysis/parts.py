@@ -286,12 +286,19 @@ class SamplerHealth:
     lateness_ms: Lateness
     read_ms_mean: float
     missed_deadlines: int | None  # written only at a clean close
-    sources: dict[str, str] = field(default_factory=dict)  # name -> "available" | "unavailable: <reason>"
+    sources: dict[str, str] = field(default_factory=dict)  # "available" | "unavailable: <why>" | "lost: <why>"
     errors: dict[str, int] = field(default_factory=dict)
     last_error: dict[str, str] = field(default_factory=dict)
+    stopped_at: dict[str, float] = field(default_factory=dict)  # name -> s into the run when a source was lost
 
     def source(self, name: str, default: str = "not sampled") -> str:
         return self.sources.get(name, default)
+
+    def status_at(self, name: str) -> str:
+        """A source's status with, for one lost mid-run, when: ``lost at 12.3 s: GPU 0: ...``."""
+        status = self.source(name)
+        t = self.stopped_at.get(name)
+        return status if t is None else status.replace("lost: ", f"lost at {t:.1f} s: ", 1)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -304,6 +311,7 @@ class SamplerHealth:
             "sources": dict(self.sources),
             "errors": dict(self.errors),
             "last_error": dict(self.last_error),
+            "stopped_at": dict(self.stopped_at),
         }
 
 

@@ -196,7 +196,7 @@ class _Timing:
 def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     """The run's Summary, in named steps: measured steps -> timing -> sampled figures -> verdict."""
     meta = rec.meta
-    notes: list[str] = []
+    notes = stopped_notes(rec)
     m = _measured(rec, notes)
     timing = _timing(m)
     throughput, samples_total = _throughput(m, notes)
@@ -496,11 +496,14 @@ def sampler_health(rec: RunRecord) -> SamplerHealth:
     sources: dict[str, str] = {}
     errors: dict[str, int] = defaultdict(int)
     last_error: dict[str, str] = {}
-    for _t, kind, src, message in rec.events:
+    stopped_at: dict[str, float] = {}
+    for t, kind, src, message in rec.events:
         if src is None:
             continue
         if kind == "source":
             sources[src] = message
+            if message.startswith(LOST):
+                stopped_at[src] = t
         elif kind == "source_error":
             errors[src] += 1
             last_error[src] = message
@@ -517,7 +520,33 @@ def sampler_health(rec: RunRecord) -> SamplerHealth:
         sources=sources,
         errors=dict(errors),
         last_error=last_error,
+        stopped_at=stopped_at,
     )
+
+
+LOST = "lost: "  # the sampler's status for a source it retired: "lost: <reason>"
+
+
+def stopped_notes(rec: RunRecord) -> list[str]:
+    """One note per NVML source the sampler retired mid-run (GPU lost, driver gone, a hung call), and per other
+    source whose call hung: when it stopped and why (a run's own process exiting is its end, not a fault); and
+    why py-spy, when asked for, recorded no stacks or stopped mid-run."""
+    notes = []
+    problem = rec.meta.get("pyspy_problem")
+    if problem:
+        lost = "stall estimate or loader attribution" if rec.meta.get("mode") == "zero-code" else "loader attribution"
+        notes.append(f"{problem}: no {lost} from py-spy's stacks; the run went on with the sampler alone")
+    for t, kind, src, message in rec.events:
+        if kind != "source" or src is None or not message.startswith(LOST):
+            continue
+        reason = message.removeprefix(LOST)
+        if src in ("nvml", "nvml-sim"):
+            notes.append(
+                f"NVML stopped at {t:.1f} s: {reason}; GPU figures cover the run before that, the other sources went on"
+            )
+        elif "did not return" in reason:
+            notes.append(f"source {src} stopped at {t:.1f} s: {reason}; the other sources went on")
+    return notes
 
 
 def _figure_sources(events: str | None, busy_source: str, nvml: str, *, simulated: bool = False) -> Sources:
@@ -541,7 +570,9 @@ def _figure_sources(events: str | None, busy_source: str, nvml: str, *, simulate
         )
     else:
         stall = "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time"
-    if nvml != "available":
+    if nvml.startswith("lost"):
+        nvml_how = f"NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled until NVML was {nvml}"
+    elif nvml != "available":
         nvml_how = f"not measured ({nvml})"
     elif simulated:
         nvml_how = (

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import pairwise
 from typing import Any
 
@@ -42,6 +42,10 @@ from profiler.analysis.stats import json_safe, mean
 from profiler.analysis.summary import Summary, cost_figures
 
 MIN_STEPS = 5
+# Defined here, not in profiler/sweep.py (which re-exports them), so that the command line can show them in
+# its help without importing the orchestration and, through it, torch (seconds added to every command).
+DEFAULT_STEPS = 30  # cap on measured steps per configuration when neither --steps nor --seconds is given
+SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a configuration
 REL_CI = 0.05
 KNEE_TOLERANCE = 0.05
 SLOWDOWN_MIN_DROP = 0.05
@@ -130,6 +134,29 @@ class SweepRow:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.name, **json_safe(asdict(self))}
         return out
+
+
+def row_from_dict(d: dict[str, Any]) -> SweepRow:
+    """A row as ``SweepRow.to_dict`` wrote it (``sweep.json``, ``tune.json``): null figures are NaN again, and
+    keys this version does not know (a newer stallscope's) are left out."""
+    known = {f.name: f for f in fields(SweepRow)}
+    values = {k: v for k, v in d.items() if k in known}
+    for name, f in known.items():
+        if values.get(name, 0) is None and isinstance(f.default, float) and math.isnan(f.default):
+            values[name] = math.nan
+    return SweepRow(**values)
+
+
+def sweep_from_dict(d: dict[str, Any]) -> SweepResult:
+    """The sweep as ``SweepResult.to_dict`` wrote it (``sweep.json``), re-analysed from its rows: what
+    ``stallscope report SWEEP_DIR`` prints, also for a sweep stopped part-way (its rows so far)."""
+    return analyse_sweep(
+        [row_from_dict(r) for r in d["rows"]],
+        scenario=str(d["scenario"]),
+        device=str(d["device"]),
+        planned=int(d["planned"]),
+        status=str(d["status"]),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,10 @@ Invariants:
 - Sampled values that could not be read (NULL in the store) are NaN, at their own timestamp, so a plot can
   show the gap; nothing missing is filled in.
 - Times are seconds since the run started, the store's timeline.
+- Bounded whatever the run's length (a plot is ~1,000 pixels wide): at most ``max_bars`` step bars and
+  ``MAX_BUCKETS`` stall buckets, and each sampled series at most ``max_points`` points; a longer series keeps, for
+  each of ``max_points // 2`` runs of consecutive readings, its lowest and its highest reading in time order, so
+  dips and peaks stay visible, and a run with no readable value stays a gap (one NaN).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ CORE_PARTS = ("data_wait", "h2d", "compute")
 STEPS_PER_BUCKET = 5
 MAX_BUCKETS = 200
 MAX_BARS = 400
+MAX_POINTS = 2000  # per sampled series: two per pixel of a ~1,000-pixel plot
 
 _UNITS = (
     ("_pct", "%"),
@@ -105,21 +110,26 @@ class Timeline:
     process_cpu: tuple[Series, ...]  # per-process CPU % (100% = one core): main, then w0, w1, ..., then others
 
 
-def build_timeline(rec: RunRecord, *, bucket_s: float | None = None, max_bars: int = MAX_BARS) -> Timeline:
+def build_timeline(
+    rec: RunRecord, *, bucket_s: float | None = None, max_bars: int = MAX_BARS, max_points: int = MAX_POINTS
+) -> Timeline:
     """Everything the HTML plots draw. ``bucket_s`` None picks one (see :func:`auto_bucket_s`)."""
     if max_bars < 1:
         raise ValueError(f"max_bars must be >= 1, got {max_bars}")
+    if max_points < 2:
+        raise ValueError(f"max_points must be >= 2, got {max_points}")
     if bucket_s is not None and not (bucket_s > 0 and math.isfinite(bucket_s)):
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s}")
     on_cuda = _on_cuda(rec)
-    steps = step_rows(rec)
+    stalled = stall_intervals(rec)  # once: the union of every step's waits is most of a long run's cost here
+    steps = step_rows(rec, stalled=stalled)
     group = max(1, math.ceil(len(steps) / max_bars))
     bars = group_steps(steps, group)
     # groups never straddle the warm-up boundary, which can cost a bar or two more than len / group
     while len(bars) > max_bars and group < len(steps):
         group += 1
         bars = group_steps(steps, group)
-    series = sample_series(rec)
+    series = {m: thin_series(s, max_points) for m, s in sample_series(rec).items()}
     ends = [s.t_end for s in rec.steps] + [t for t, *_ in rec.samples]
     warm = [s.t_end for s in rec.steps if s.warmup]
     width = auto_bucket_s(rec) if bucket_s is None else bucket_s
@@ -132,7 +142,7 @@ def build_timeline(rec: RunRecord, *, bucket_s: float | None = None, max_bars: i
         bars=tuple(bars),
         bar_group=group,
         bucket_s=width,
-        stall=tuple(rolling_stall(rec, width)),
+        stall=tuple(rolling_stall(rec, width, stalled=stalled)),
         series=series,
         gpu_util=tuple(
             sorted(
@@ -201,8 +211,9 @@ def _per_step_totals(intervals: list[Interval], steps: list[StepRow]) -> list[fl
     return out
 
 
-def step_rows(rec: RunRecord) -> list[StepBar]:
-    """One :class:`StepBar` per recorded step (warm-up included), in step order."""
+def step_rows(rec: RunRecord, *, stalled: list[Interval] | None = None) -> list[StepBar]:
+    """One :class:`StepBar` per recorded step (warm-up included), in step order; ``stalled`` is
+    ``stall_intervals(rec)`` when the caller has it already."""
     parts = _parts(rec)
     on_cuda = _on_cuda(rec)
     busy = _device_work(rec.phases) if on_cuda else []
@@ -210,7 +221,7 @@ def step_rows(rec: RunRecord) -> list[StepBar]:
     for p in rec.phases:
         by_step[p.step].append(p)
     steps = sorted(rec.steps, key=lambda s: s.t_start)
-    stall_s = _per_step_totals(stall_intervals(rec), steps)
+    stall_s = _per_step_totals(stall_intervals(rec) if stalled is None else stalled, steps)
     out = []
     for s, stall in zip(steps, stall_s, strict=True):
         phases = by_step.get(s.step, [])
@@ -320,8 +331,9 @@ def _bucket_totals(intervals: list[Interval], start: float, width: float, n: int
     return out
 
 
-def rolling_stall(rec: RunRecord, bucket_s: float) -> list[StallBucket]:
-    """Time-weighted stall fraction per bucket of ``bucket_s`` s, over the span of the recorded steps."""
+def rolling_stall(rec: RunRecord, bucket_s: float, *, stalled: list[Interval] | None = None) -> list[StallBucket]:
+    """Time-weighted stall fraction per bucket of ``bucket_s`` s, over the span of the recorded steps; ``stalled``
+    is ``stall_intervals(rec)`` when the caller has it already."""
     if not rec.steps:
         return []
     first = min(s.t_start for s in rec.steps)
@@ -329,14 +341,14 @@ def rolling_stall(rec: RunRecord, bucket_s: float) -> list[StallBucket]:
     start = math.floor(first / bucket_s) * bucket_s
     n = max(1, math.ceil((last - start) / bucket_s - 1e-9))
     covered = _bucket_totals(union((s.t_start, s.t_end) for s in rec.steps), start, bucket_s, n)
-    stalled = _bucket_totals(stall_intervals(rec), start, bucket_s, n)
+    in_stall = _bucket_totals(stall_intervals(rec) if stalled is None else stalled, start, bucket_s, n)
     return [
         StallBucket(
             t_start=start + k * bucket_s,
             t_end=start + (k + 1) * bucket_s,
             step_s=covered[k],
-            stall_s=min(stalled[k], covered[k]),
-            stall_fraction=min(stalled[k], covered[k]) / covered[k] if covered[k] > 0 else math.nan,
+            stall_s=min(in_stall[k], covered[k]),
+            stall_fraction=min(in_stall[k], covered[k]) / covered[k] if covered[k] > 0 else math.nan,
         )
         for k in range(n)
     ]
@@ -370,6 +382,30 @@ def sample_series(rec: RunRecord) -> dict[str, Series]:
         )
         for m in sorted(times)
     }
+
+
+def thin_series(s: Series, max_points: int = MAX_POINTS) -> Series:
+    """``s`` with at most ``max_points`` points: each of ``max_points // 2`` runs of consecutive readings gives its
+    lowest and highest reading (time order); a run with no finite value gives one NaN at its first time (a gap)."""
+    n = len(s.t)
+    if n <= max_points:
+        return s
+    runs = max_points // 2
+    t_out: list[float] = []
+    v_out: list[float] = []
+    for k in range(runs):
+        a, b = k * n // runs, (k + 1) * n // runs
+        finite = [i for i in range(a, b) if math.isfinite(s.values[i])]
+        if not finite:
+            t_out.append(s.t[a])
+            v_out.append(math.nan)
+            continue
+        lo = min(finite, key=lambda i: s.values[i])
+        hi = max(finite, key=lambda i: s.values[i])
+        for i in sorted({lo, hi}):
+            t_out.append(s.t[i])
+            v_out.append(s.values[i])
+    return Series(metric=s.metric, label=s.label, source=s.source, unit=s.unit, t=tuple(t_out), values=tuple(v_out))
 
 
 def _index(s: str) -> int:

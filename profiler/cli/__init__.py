@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from profiler.cli import data, report, run, sweep, whatif
-from profiler.cli.common import EXIT_BAD_INPUT, BadInput, Handler, Parser, say
+from profiler.cli.common import EXIT_BAD_INPUT, BadInput, Handler, Parser, discard_made, forget_made, say
 
 _GROUPS = (run, report, data, sweep, whatif)
 
@@ -32,16 +32,25 @@ def handlers() -> dict[str, Handler]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # a path that is not UTF-8 (undecodable bytes arrive as surrogates) is printed escaped, never a traceback
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     args_in, command = run.split_command(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(args_in)
+    forget_made()
     try:
         if command is not None:
             run.check_command(args, command)
-        return handlers()[args.command](args)
+        code = handlers()[args.command](args)
     except BadInput as exc:
         say(f"error: {exc}")
-        return EXIT_BAD_INPUT
+        code = EXIT_BAD_INPUT
+    if code == EXIT_BAD_INPUT:
+        discard_made()  # bad input leaves no half-made run directory behind
+    return code
 
 
 __all__ = ["build_parser", "main"]

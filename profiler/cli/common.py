@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -51,9 +52,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(EXIT_BAD_INPUT)
 
 
+# Line breaks and other control characters in a value quoted by a message (a path holding a newline) are shown
+# escaped, so that every message stays one line.
+_ESCAPED = {c: repr(chr(c))[1:-1] for c in (*range(32), 127, 0x85, 0x2028, 0x2029)}
+
+
 def say(message: str) -> None:
     """One progress or status line on stderr (stdout is kept for the report or the JSON)."""
-    print(f"stallscope: {message}", file=sys.stderr, flush=True)
+    print(f"stallscope: {message.translate(_ESCAPED)}", file=sys.stderr, flush=True)
 
 
 def exit_signal(name: str | None) -> int:
@@ -153,6 +159,11 @@ def stem(scenario: str) -> str:
     return Path(scenario).stem if scenario.endswith(".py") else scenario
 
 
+# The directories prepare_out created in this invocation (the topmost new one of each): an invocation that ends in
+# exit 2 removes them again, so bad input found after the run directory was made leaves nothing behind.
+_MADE: list[Path] = []
+
+
 def prepare_out(out: str | None, default_name: str) -> Path:
     """The run (or sweep, tune) directory, created and checked writable; ``out`` None: runs/<default_name>-<time>."""
     if out is None:
@@ -162,14 +173,44 @@ def prepare_out(out: str | None, default_name: str) -> Path:
         raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
     if path.exists() and not path.is_dir():
         raise BadInput(f"--out '{out}' is a file: allowed a directory that holds no run yet")
+    new = _topmost_missing(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
+        if new is not None:
+            _MADE.append(new)
         probe = path / ".stallscope-write-test"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
+        discard_made()
         raise BadInput(f"--out '{out}' is not writable: {exc.strerror or exc}") from None
     return path
+
+
+def _topmost_missing(path: Path) -> Path | None:
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            break
+        missing = p
+    return missing
+
+
+def keep_made(path: Path) -> None:
+    """``path`` holds recorded steps: an exit 2 keeps it (and the directories above it)."""
+    resolved = path.resolve()
+    _MADE[:] = [m for m in _MADE if m.resolve() != resolved and m.resolve() not in resolved.parents]
+
+
+def discard_made() -> None:
+    """Remove what prepare_out created in this invocation (it ends in exit 2: bad input writes nothing)."""
+    while _MADE:
+        shutil.rmtree(_MADE.pop(), ignore_errors=True)
+
+
+def forget_made() -> None:
+    """A new invocation: what an earlier one (in this process) created is no longer this one's to remove."""
+    _MADE.clear()
 
 
 class SignalStop:
@@ -224,7 +265,7 @@ def resolve_training(
     import scenarios
     from profiler.devices import resolve_device
 
-    args.scenario = args.scenario or DEFAULT_SCENARIO
+    args.scenario = DEFAULT_SCENARIO if args.scenario is None else args.scenario  # "" is an unknown name
     try:
         scenario = scenarios.get(args.scenario)
         for name in pipeline_names:  # an unknown name raises naming the allowed ones

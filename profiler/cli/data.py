@@ -36,6 +36,10 @@ def cmd_data(args: argparse.Namespace) -> int:
         raise BadInput(str(exc)) from None
     if info.generated == 0:
         print(f"stallscope: {args.out} already holds this {args.kind} set ({info.count} images): nothing to do")
+    elif info.generated < info.count:  # an earlier make was stopped or killed part-way (or files were removed)
+        kept = info.count - info.generated
+        print(f"stallscope: resumed {args.out}: wrote the {info.generated} missing {args.kind} images ({kept} were "
+              f"already in place; {info.count} in the set)")  # fmt: skip
     else:
         print(f"stallscope: wrote {info.generated} {args.kind} images to {args.out} ({info.count} in the set)")
     return EXIT_OK

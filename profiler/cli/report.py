@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from profiler.cli.common import (
 def add_parsers(sub: Any) -> None:
     """Register ``report``, ``compare``, ``watch`` and ``scenarios``."""
     rep = sub.add_parser("report", help="rebuild the report of a stored run (also one killed half-way) or of a job")
-    rep.add_argument("run_dir", help="a run directory, or a job directory (job.json, rank-R/)")
+    rep.add_argument(
+        "run_dir", help="a run directory, a job directory (job.json, rank-R/), or a sweep or tune directory"
+    )
     rep.add_argument(
         "more_dirs", nargs="*", metavar="RUN_DIR2", help="the other nodes' directories of the same job (merged)"
     )
@@ -96,10 +99,13 @@ def _is_job(path: str) -> bool:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from profiler.cli.tables import report_table, table_file
     from profiler.render.html import write_html
     from profiler.render.trace import write_trace
 
     dirs = [args.run_dir, *args.more_dirs]
+    if not args.more_dirs and (table := table_file(args.run_dir)) is not None:
+        return report_table(table, args)  # a sweep or tune directory
     if any(_is_job(d) for d in dirs):
         return _report_job(args, dirs)
     if args.more_dirs:
@@ -109,14 +115,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.baseline is not None:
         raise BadInput(f"--baseline '{args.baseline}': allowed only with a job directory (job.json, rank-R/)")
     rec, summary = load(args.run_dir)
-    for flag, target in (("--html", args.html), ("--trace", args.trace)):
-        if target is None:
-            continue
-        try:
-            written = write_html(summary, rec, target) if flag == "--html" else write_trace(rec, target)
-        except (OSError, ValueError) as exc:
-            raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
-        say(f"wrote {written}")
+    _write_files(args, lambda target: write_html(summary, rec, target), lambda target: write_trace(rec, target))
     from profiler.analysis.ranks import zero_code_job
 
     print_summary(summary, args.json, zero_code_job(rec))
@@ -128,16 +127,26 @@ def _report_job(args: argparse.Namespace, dirs: list[str]) -> int:
     from profiler.render.trace import write_job_trace
 
     job_summary, job = load_job_summary(dirs, args.baseline)
-    for flag, target in (("--html", args.html), ("--trace", args.trace)):
+    _write_files(args, lambda target: write_job_html(job_summary, target), lambda target: write_job_trace(job, target))
+    print_job(job_summary, args.json)
+    return EXIT_OK
+
+
+def _write_files(args: argparse.Namespace, html: Callable[[str], Path], trace: Callable[[str], Path]) -> None:
+    """``--html`` and ``--trace``; when the second cannot be written the first is removed again, so that an exit 2
+    leaves nothing behind."""
+    written: list[Path] = []
+    for flag, target, write in (("--html", args.html, html), ("--trace", args.trace, trace)):
         if target is None:
             continue
         try:
-            written = write_job_html(job_summary, target) if flag == "--html" else write_job_trace(job, target)
+            written.append(write(target))
         except (OSError, ValueError) as exc:
+            for path in written:
+                path.unlink(missing_ok=True)
             raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
-        say(f"wrote {written}")
-    print_job(job_summary, args.json)
-    return EXIT_OK
+    for path in written:
+        say(f"wrote {path}")
 
 
 def print_job(job_summary: Any, as_json: bool) -> None:

@@ -24,6 +24,7 @@ from profiler.cli.common import (
     base_run_config,
     bounded,
     exit_signal,
+    keep_made,
     live_monitor,
     positive_hz,
     prepare_out,
@@ -145,6 +146,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except TrainingError as exc:
         if exc.bad_input:
             say(f"error: {exc.bad_input}")
+            summary = exc.session.summary() if exc.session else None
+            if summary is not None and summary.steps > 0:  # found mid-run: what was measured is kept
+                keep_made(out)
+                say(f"the partial run is kept: stallscope report {out}")
             return EXIT_BAD_INPUT
         say(f"training failed: {exc.where}; the partial run is kept: stallscope report {out}")
         return report_outcome(exc.session.summary() if exc.session else None, out, args.json, EXIT_FAILED)

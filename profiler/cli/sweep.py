@@ -55,7 +55,7 @@ def _name_list(text: str) -> list[str]:
 
 
 def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
-    from profiler.sweep import DEFAULT_STEPS
+    from profiler.analysis.sweep import DEFAULT_STEPS
 
     p.add_argument(
         "--steps",
@@ -163,8 +163,9 @@ def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
 
 
 def _harness(args: argparse.Namespace, training: Training, out: Path, what: str, guard: SignalStop) -> Any:
+    from profiler.analysis.sweep import DEFAULT_STEPS, SECONDS_ONLY_STEPS
     from profiler.render.sweep import row_line, start_line
-    from profiler.sweep import DEFAULT_STEPS, SECONDS_ONLY_STEPS, Harness, Limits
+    from profiler.sweep import Harness, Limits
 
     steps = args.steps or (SECONDS_ONLY_STEPS if args.seconds is not None else DEFAULT_STEPS)
     total = training.warmup + steps if steps < SECONDS_ONLY_STEPS else None  # None: only --seconds bounds a run

@@ -13,7 +13,7 @@ from typing import Any
 
 from profiler.analysis import Summary
 from profiler.analysis.job import JobSummary, RankRow
-from profiler.analysis.parts import BadSamples, Cost, HostFigures
+from profiler.analysis.parts import BadSamples, Cost, HostFigures, nvml_source
 
 
 def num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
@@ -101,9 +101,15 @@ def _nvml_rows(s: Summary) -> list[tuple[str, str]]:
     if not utils:
         return [("NVML util", f"n/a ({'simulated NVML: ' if sim else ''}{s.device.nvml})")]
     line = "  ".join(f"{gpu} {num(v, '{:.0f}')}%" for gpu, v in utils.items())
+    if s.device.nvml.startswith("lost"):
+        # the figures above it cover the run until then; say when NVML stopped and why
+        stopped = [("NVML stopped", s.sampler.status_at(nvml_source(s.device.kind)).removeprefix("lost "))]
+    else:
+        stopped = []
     if not sim:
-        return [("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)")]
-    rows = [("NVML util", line + "  (simulated; utilization.gpu as NVML defines it, over each sample period)")]
+        return [("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)"), *stopped]
+    how = "  (simulated; utilization.gpu as NVML defines it, over each sample period)"
+    rows = [("NVML util", line + how), *stopped]
     by = s.nvml.by_metric
     for gpu in utils:
         used, total = by.get(f"{gpu}.mem_used_mb", math.nan), by.get(f"{gpu}.mem_total_mb", math.nan)

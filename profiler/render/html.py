@@ -231,7 +231,8 @@ def _sampler(s: Summary) -> str:
     src_rows = []
     errors = sm.errors
     last = sm.last_error
-    for name, status in sorted(sm.sources.items()):
+    for name in sorted(sm.sources):
+        status = sm.status_at(name)
         n = errors.get(name, 0)
         src_rows.append(
             f'<tr data-source="{_e(name)}"><th>{_e(name)}</th><td>{_e(status)}</td><td class="num">{_e(n)}</td>'

@@ -90,7 +90,8 @@ def sampler_block(s: Summary) -> Text:
         f"max {_num(lat.max, '{:.2f}')} ms, read cost {_num(sm.read_ms_mean, '{:.2f}')} ms, "
         f"missed deadlines {_num(sm.missed_deadlines, '{}')}"
     )
-    for name, status in sorted(sm.sources.items()):
+    for name in sorted(sm.sources):
+        status = sm.status_at(name)
         errors = sm.errors.get(name, 0)
         last = sm.last_error.get(name)
         detail = (f" ({errors} read errors" + (f", last: {last})" if last else ")")) if errors else ""

@@ -29,6 +29,12 @@ Invariants (tests/test_trace.py checks them):
   holds), so ts is monotonic on every (pid, tid).
 - No NaN or infinity anywhere (JSON has none): a reading that is missing is left out of its counter.
 - Exports whatever the store holds: an interrupted run gives a trace of the steps it recorded.
+- Bounded whatever the run's length, so that a viewer loads it (Perfetto's UI and chrome://tracing hold the
+  whole JSON in the browser's memory): past ``MAX_DETAILED_STEPS`` steps, the steps of ``DETAIL_WINDOWS`` evenly
+  spaced windows are drawn in full (slices as above) and each run of steps between two windows is one
+  ``summary`` slice on the training track (its step range, mean step and data-wait times in args); past
+  ``MAX_COUNTER_TICKS`` ticks a counter family is averaged over consecutive ticks. ``metadata.decimation`` says
+  what was drawn. A 100,000-step run (two phases a step) exports ~43,000 events, ~6 MB (benchmarks/soak.py).
 """
 
 from __future__ import annotations
@@ -55,6 +61,11 @@ SIM_DEVICE_THREAD = "device (SIMULATED, sim-events)"
 
 # Sort rank of each event kind at one timestamp: names first, then slices, then instants and counters.
 _RANK = {"M": 0, "X": 1, "i": 2, "C": 3}
+# Data volume caps (see the module docstring): at most this many steps drawn in full, in this many windows, and
+# this many points per counter family.
+MAX_DETAILED_STEPS = 10_000
+DETAIL_WINDOWS = 20
+MAX_COUNTER_TICKS = 5_000
 
 
 @dataclass(slots=True)
@@ -247,6 +258,81 @@ def _device_lanes(phases: list[PhaseRow], *, simulated: bool = False) -> list[li
     return lanes
 
 
+# -- data volume ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Detail:
+    """What the trace draws of a run's steps: those in full, their phases, and a summary slice per gap."""
+
+    steps: list[StepRow]
+    phases: list[PhaseRow]
+    summaries: list[_Slice]
+
+
+def _detail(steps: list[StepRow], phases: list[PhaseRow]) -> _Detail:
+    """All steps up to MAX_DETAILED_STEPS; past that, DETAIL_WINDOWS evenly spaced windows of consecutive steps
+    (the first and the last steps included) and one summary slice for each run of steps between two windows."""
+    n = len(steps)
+    if n <= MAX_DETAILED_STEPS:
+        return _Detail(steps, phases, [])
+    ordered = sorted(steps, key=lambda s: s.step)
+    length = MAX_DETAILED_STEPS // DETAIL_WINDOWS
+    kept: list[StepRow] = []
+    summaries: list[_Slice] = []
+    done = 0  # steps [0, done) are drawn or summarised
+    for i in range(DETAIL_WINDOWS):
+        start = max(done, round(i * (n - length) / (DETAIL_WINDOWS - 1)))
+        if start > done and (gap := _summary(ordered[done:start])) is not None:
+            summaries.append(gap)
+        kept.extend(ordered[start : start + length])
+        done = start + length
+    drawn = {s.step for s in kept}
+    return _Detail(kept, [p for p in phases if p.step in drawn], summaries)
+
+
+def _summary(run: list[StepRow]) -> _Slice | None:
+    """One slice over a run of consecutive steps not drawn in full (None when none has a place on the timeline)."""
+    timed = [s for s in run if _finite(s.t_start, s.t_end, s.data_wait_s)]
+    if not timed:
+        return None
+    a, b = _ns(min(s.t_start for s in timed)), _ns(max(s.t_end for s in timed))
+    first, last = run[0].step, run[-1].step
+    args = {
+        "steps": len(run),
+        "first_step": first,
+        "last_step": last,
+        "mean_step_ms": math.fsum(s.t_end - s.t_start for s in timed) / len(timed) * 1e3,
+        "mean_data_wait_ms": math.fsum(s.data_wait_s for s in timed) / len(timed) * 1e3,
+        "note": "steps not drawn one by one, to keep the trace loadable; `stallscope report` covers every step",
+    }
+    return _Slice(a, max(a, b), f"steps {first}-{last} (summarised)", "summary", 0, args)
+
+
+def _decimate(counters: dict[tuple[int, str], dict[str, float]]) -> tuple[dict[tuple[int, str], dict[str, float]], int]:
+    """Each counter family cut to at most MAX_COUNTER_TICKS points, each the mean of each series over that many
+    consecutive ticks (at the first tick's time); also returns the most ticks averaged into one point."""
+    by_family: dict[str, list[tuple[int, dict[str, float]]]] = {}
+    for (t_ns, family), values in counters.items():
+        by_family.setdefault(family, []).append((t_ns, values))
+    if all(len(ticks) <= MAX_COUNTER_TICKS for ticks in by_family.values()):
+        return counters, 1
+    out: dict[tuple[int, str], dict[str, float]] = {}
+    widest = 1
+    for family, ticks in by_family.items():
+        ticks.sort(key=lambda tv: tv[0])
+        k = -(-len(ticks) // MAX_COUNTER_TICKS)
+        widest = max(widest, k)
+        for i in range(0, len(ticks), k):
+            chunk = ticks[i : i + k]
+            series: dict[str, list[float]] = {}
+            for _t, values in chunk:
+                for name, v in values.items():
+                    series.setdefault(name, []).append(v)
+            out[(chunk[0][0], family)] = {name: math.fsum(vs) / len(vs) for name, vs in series.items()}
+    return out, widest
+
+
 # -- assembly ------------------------------------------------------------------------------------
 
 
@@ -284,17 +370,19 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
         }
         keyed.append(((s.start, _RANK["X"], -(s.end - s.start), s.level), ev))
 
-    for s in _nest(_host_slices(record.steps, record.phases)):
+    detail = _detail(record.steps, record.phases)
+    for s in _nest(_host_slices(detail.steps, detail.phases) + detail.summaries):
         x_event(s, TID_TRAINING)
     recorded = meta.get("device")
     device: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     simulated = device.get("kind") == "sim"
-    lanes = _device_lanes(record.phases, simulated=simulated)
+    lanes = _device_lanes(detail.phases, simulated=simulated)
     for k, lane in enumerate(lanes):
         for s in lane:
             x_event(s, TID_DEVICE + k)
 
-    for (t_ns, family), values in _counters(record).items():
+    counters, widest = _decimate(_counters(record))
+    for (t_ns, family), values in counters.items():
         series = {k: values[k] for k in sorted(values, key=_series_order)}
         counter = {"name": family, "cat": "sampler", "ph": "C", "ts": _us(t_ns), "pid": pid, "tid": TID_TRAINING}
         keyed.append(((t_ns, _RANK["C"], 0, 0), {**counter, "args": series}))
@@ -330,11 +418,14 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
         names.append(_meta_event("thread_name", pid, tid, origin, {"name": thread}))
         names.append(_meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}))
 
-    return {
-        "traceEvents": [*names, *(ev for _, ev in keyed)],
-        "displayTimeUnit": "ms",
-        "metadata": _metadata(record, pid, len(lanes)),
+    metadata = _metadata(record, pid, len(lanes))
+    metadata["decimation"] = {
+        "steps_drawn": len(detail.steps),
+        "steps_summarised": len(record.steps) - len(detail.steps),
+        "summary_slices": len(detail.summaries),
+        "counter_ticks_per_point": widest,
     }
+    return {"traceEvents": [*names, *(ev for _, ev in keyed)], "displayTimeUnit": "ms", "metadata": metadata}
 
 
 def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, Any]) -> dict[str, Any]:

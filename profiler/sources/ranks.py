@@ -193,8 +193,12 @@ class RankSource:
                     raise ps.ZombieProcess(pid)
                 cpu = float(p.handle.cpu_percent(None))
                 rss = p.handle.memory_info().rss / _MIB
-        except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+        except (ps.NoSuchProcess, ps.ZombieProcess):
             del self._procs[pid]
+            return None
+        except ps.AccessDenied:
+            # alive but unreadable: no figure this time, and not taken for ended (it would be found again at the
+            # next rescan and flap between alive and ended)
             return None
         first, p.primed = not p.primed, True
         return (math.nan if first else cpu), rss

@@ -1,0 +1,144 @@
+"""Scale: what the commands that read a store make of a long run stays bounded, whatever the run's length.
+
+Structural checks, not timings (benchmarks/soak.py times them): a 20,000-step store with 12,000 sampler ticks,
+written through the store API, gives a trace whose event count is capped (every step still accounted for,
+drawn or summarised), HTML plots with capped points per line, and a ``report`` that never imports torch (which
+alone took seconds and ~600 MiB, most of a command's time and memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiler.analysis import summarize
+from profiler.analysis.timeline import MAX_BARS, MAX_POINTS, Series, build_timeline, thin_series
+from profiler.render.html import render_html
+from profiler.render.trace import DETAIL_WINDOWS, MAX_COUNTER_TICKS, MAX_DETAILED_STEPS, TID_TRAINING, trace_events
+from profiler.store import PhaseRow, RunRecord, RunStore, StepRow, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 20_000
+TICKS = 12_000  # 10 Hz for 20 minutes: more than a counter family or a plotted line may hold
+METRICS = ("proc.main.cpu_pct", "sys.cpu_pct", "gpu0.util_pct")
+RUNS = ROOT / "tests" / "data" / "runs"
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete 20,000-step store (1 ms steps: 0.2 ms data wait, h2d, compute) with 12,000 sampler ticks."""
+    run = tmp_path_factory.mktemp("long") / "run"
+    store = RunStore(run, flush_s=1.0, meta={"run_id": "long", "scenario": "long", "status": "running", "pid": 1})
+    for i in range(STEPS):
+        t = i * 1e-3
+        store.put_step(
+            StepRow(i, t, t + 1e-3, 2e-4, 8, i < 5),
+            [PhaseRow(i, "h2d", 0, t + 2e-4, t + 3e-4), PhaseRow(i, "compute", 0, t + 3e-4, t + 9e-4)],
+        )
+    dt = STEPS * 1e-3 / TICKS
+    for k in range(TICKS):
+        value = None if 1000 <= k < 1100 else 50.0 + 40.0 * math.sin(k / 50)  # a gap of 100 unreadable ticks
+        store.put_samples([(k * dt, "host", m, value) for m in METRICS])
+    store.put_meta(status="complete")
+    store.close()
+    return run
+
+
+@pytest.fixture(scope="module")
+def record(long_run: Path) -> RunRecord:
+    return load_run(long_run)
+
+
+@pytest.fixture(scope="module")
+def trace(record: RunRecord) -> dict[str, Any]:
+    return trace_events(record)
+
+
+def test_trace_events_are_capped_and_every_step_is_drawn_or_summarised(trace: dict[str, Any]) -> None:
+    doc = trace
+    events = doc["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X" and e["cat"].startswith("step")]
+    summaries = [e for e in events if e["ph"] == "X" and e["cat"] == "summary"]
+    assert len(steps) == MAX_DETAILED_STEPS
+    assert len(summaries) == DETAIL_WINDOWS - 1
+    assert steps[0]["args"]["step"] == 0 and steps[-1]["args"]["step"] == STEPS - 1  # the run's both ends in full
+    # every step appears once: drawn, or inside exactly one summary
+    covered = sorted(
+        [e["args"]["step"] for e in steps]
+        + [i for s in summaries for i in range(s["args"]["first_step"], s["args"]["last_step"] + 1)]
+    )
+    assert covered == list(range(STEPS))
+    assert sum(s["args"]["steps"] for s in summaries) == STEPS - MAX_DETAILED_STEPS
+    assert doc["metadata"]["decimation"]["steps_drawn"] == MAX_DETAILED_STEPS
+    drawn = {e["args"]["step"] for e in steps}
+    phases = [e for e in events if e["ph"] == "X" and e["cat"] == "phase"]
+    assert {e["args"]["step"] for e in phases} == drawn and len(phases) == 2 * MAX_DETAILED_STEPS
+    per_family: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e["ph"] == "C":
+            per_family[e["name"]] += 1
+    assert per_family and max(per_family.values()) <= MAX_COUNTER_TICKS
+    # the cap, not the run's length, bounds the file: 4 slices per drawn step, the counters, a few others
+    assert len(events) <= 4 * MAX_DETAILED_STEPS + DETAIL_WINDOWS + len(per_family) * MAX_COUNTER_TICKS + 50
+    json.dumps(doc, allow_nan=False)
+
+
+def test_trace_training_track_nests_and_runs_forward(trace: dict[str, Any]) -> None:
+    track = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == TID_TRAINING]
+    assert [e["ts"] for e in track] == sorted(e["ts"] for e in track)
+    level0 = [e for e in track if e["cat"] in ("step", "step,warmup", "summary")]
+    for a, b in itertools.pairwise(level0):
+        assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (a, b)  # steps and summaries never overlap
+
+
+def test_html_plots_are_capped(record: RunRecord) -> None:
+    tl = build_timeline(record)
+    assert len(tl.bars) <= MAX_BARS
+    assert tl.series and all(len(s.t) <= MAX_POINTS for s in tl.series.values())
+    doc = render_html(summarize(record), tl)
+    points = [len(m.group(1).split()) for m in re.finditer(r'<polyline points="([^"]*)"', doc)]
+    assert points and max(points) <= MAX_POINTS
+    assert len(doc) < 1_000_000  # ~1.4 MB of polylines before the cap; the bars and figures are small
+
+
+def test_thin_series_keeps_extremes_and_gaps() -> None:
+    n = 10_000
+    values = [50.0 + 40.0 * math.sin(i / 30) for i in range(n)]
+    values[1234] = 0.0  # one dip, as a stall shows in GPU utilisation
+    values[7777] = 100.0
+    values[3000:3400] = [math.nan] * 400  # a stretch the source could not read
+    s = Series("gpu0.util_pct", "gpu0", "nvml", "%", tuple(i * 0.1 for i in range(n)), tuple(values))
+    thin = thin_series(s, 1000)
+    assert len(thin.t) <= 1000
+    assert list(thin.t) == sorted(thin.t)
+    finite = [v for v in thin.values if math.isfinite(v)]
+    assert min(finite) == 0.0 and max(finite) == 100.0
+    assert any(math.isnan(v) for v in thin.values)  # the gap is still a gap
+    assert thin_series(thin, 1000) is thin  # already within the cap: unchanged
+
+
+def test_report_html_trace_never_import_torch(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "cpu-workers", run)  # a copy: opening a WAL store can checkpoint it
+    code = (
+        "import contextlib, io, sys\nfrom profiler.cli import main\n"
+        "argv = sys.argv[1:]\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "    assert main(argv) == 0\n"
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
+    )
+    argv = ["report", str(run), "--html", str(tmp_path / "r.html"), "--trace", str(tmp_path / "t.json")]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
