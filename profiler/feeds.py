@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from profiler.session import Session
-from profiler.store import DB_NAME, PhaseRow, StepRow, StoreError, StoreTail, run_status
+from profiler.store import DB_NAME, PhaseRow, StepRow, StoreBusy, StoreError, StoreTail, run_status
 
 Steps = list[tuple[StepRow, Sequence[PhaseRow]]]
 Samples = list[tuple[float, dict[str, float]]]
@@ -64,7 +64,9 @@ class StoreFeed:
     def poll(self) -> tuple[Steps, Samples]:
         try:
             meta, steps, samples = self._tail.poll()
-        except sqlite3.OperationalError:  # "database is locked" for a moment: try again next poll
+        except StoreBusy:  # locked for a moment: try again next poll (the first read must succeed)
+            if not self._meta:
+                raise
             return [], []
         self._meta = meta
         return list(steps), samples

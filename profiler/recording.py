@@ -10,6 +10,10 @@ given (kept in memory by the store: nothing is read back) and written to ``summa
 Invariants:
 - ``close()`` is idempotent and returns the Summary (the same one on every call). A summary that cannot be
   built is logged, not raised: the store is the record, and the run's own outcome must not be hidden.
+- A run store that stops writing (disk full, over quota, the directory removed) never stops the training from
+  here: the store marks itself failed where it can, the writer thread says so once through ``warn`` (unless
+  ``store_errors="raise"``: then the owner, the CLI's runner, stops the run and says it), and close neither
+  repeats it nor writes a ``summary.json`` that would claim more than the store holds.
 - py-spy is started in one place (:meth:`Recording.start_pyspy`); a py-spy that cannot attach is a warning
   (stored as an event and shown through ``warn``), never a failure of the run.
 """
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.pyspy import OUTPUT, PySpyRecorder
 from profiler.sampler import Sampler
 from profiler.sources.base import Source
-from profiler.store import RunStore
+from profiler.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -63,8 +67,12 @@ class Recording:
         sources: Sequence[Source] | None = None,
         clock: Callable[[], float] = time.perf_counter,
         warn: Callable[[str], None] = log_warning,
+        store_errors: str = "warn",
     ) -> None:
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors must be 'warn' or 'raise', got {store_errors!r}")
         self.out_dir = Path(out_dir)
+        self._store_errors = store_errors
         self._meta = meta
         self._sample_hz = sample_hz
         self._sources = sources
@@ -94,6 +102,7 @@ class Recording:
                 "heartbeat": now,
                 "sample_hz": self._sample_hz,
             },
+            on_error=self._store_failed,
         )
         sources = list(self._sources) if self._sources is not None else default_sources()
         self.sampler = Sampler(
@@ -101,6 +110,12 @@ class Recording:
         )
         self.sampler.start()
         return store
+
+    def _store_failed(self, failure: StoreWriteError) -> None:
+        """The writer thread's one call when the store stops writing."""
+        if self._store_errors == "warn":
+            kept = f"steps up to {failure.last_kept} are kept" if failure.last_kept >= 0 else "no step was kept"
+            self._warn(f"{failure}; recording stopped, training goes on ({kept})")
 
     def now(self) -> float:
         """Seconds since the run's zero."""
@@ -147,8 +162,8 @@ class Recording:
             store.put_meta(sampler_stats=self.sampler.stats.to_meta())
         store.put_meta(status=status, error=error, ended_at=time.time(), **final_meta)
         store.close()
-        if store.error is not None:
-            log.error("stallscope: the run store stopped writing: %s", store.error)
+        for name in STACKS_NAMES:  # py-spy creates its file with its own mode
+            no_world_write(self.out_dir / name)
         self._summary = self._summarize(store)
         return self._summary
 
@@ -186,9 +201,15 @@ class Recording:
 
         try:
             summary = summarize(store.record())
-            (self.out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
         # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
         except Exception as exc:  # noqa: BLE001
-            log.error("stallscope: could not write summary.json: %s", exc)
+            log.error("stallscope: could not build the summary: %s", exc)
             return None
+        if store.failure is None:  # else the store holds less than this summary: `report` rebuilds it
+            path = self.out_dir / "summary.json"
+            try:
+                path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+                no_world_write(path)
+            except OSError as exc:  # a read-only or full directory: the store still holds the run
+                self._warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
         return summary

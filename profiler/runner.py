@@ -209,6 +209,7 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         scenario=scenario.name,
         pipeline=cfg.pipeline,
         batch_size=plan.batch_size,
+        store_errors="raise",  # a store that stops writing stops the run: training on would record nothing
         meta={
             "steps_requested": plan.steps,
             "synthetic_data": scenario.synthetic,

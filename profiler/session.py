@@ -16,6 +16,10 @@ Invariants:
 - Exiting the ``with`` block records a status: ``complete``; ``interrupted`` for KeyboardInterrupt or a
   signal the CLI turned into :class:`Interrupted`; ``failed`` (with where) for any other exception, which
   propagates unchanged. Every step recorded so far stays in the store.
+- A run store that stops writing (disk full, over quota, its directory removed): with ``store_errors="warn"``
+  (the default, a user's own loop) the training goes on and the store's writer says so once; with
+  ``"raise"`` (the CLI's runner) the next step raises :class:`~profiler.store.StoreWriteError` out of
+  ``wrap()``, naming the file, the step and the last step kept. One attribute read per step either way.
 - Run-queue wait (``runq_s``) is that of the thread that iterates the first ``wrap()``; phases entered on
   any other thread store NULL rather than another thread's figure.
 """
@@ -38,7 +42,7 @@ from profiler.recording import Recording
 from profiler.sampler import Sampler
 from profiler.sources import sched as schedstat
 from profiler.sources.base import Source
-from profiler.store import PhaseRow, RunStore, StepRow
+from profiler.store import PhaseRow, RunStore, StepRow, StoreWriteError
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -133,6 +137,7 @@ class Session:
         max_lag: int = 32,
         recent: int = 1024,
         timer: DeviceTimer | None = None,
+        store_errors: str = "warn",
     ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
@@ -177,6 +182,7 @@ class Session:
         self._rec: Recording | None = None
         self._store: RunStore | None = None
         self.sampler: Sampler | None = None
+        self._store_errors = store_errors
         self._t0 = 0.0
         self._status: str | None = None
         self._error: str | None = None
@@ -215,6 +221,7 @@ class Session:
             sample_hz=self.sample_hz,
             sources=self._sources,
             clock=self._clock,
+            store_errors=self._store_errors,
         )
         self._store = self._rec.start(t0=self._t0)
         self.sampler = self._rec.sampler
@@ -293,6 +300,8 @@ class Session:
         clock = self._clock
         rq = self._thread_runq()
         raw = rq.raw if rq is not None else None
+        store = self._store
+        halt = self._store_errors == "raise"
         t_iter: float | None = clock()
         r_iter = raw() if raw else None
         # iter() is where a DataLoader starts its workers: that wait belongs to the first step
@@ -303,6 +312,8 @@ class Session:
                 r0 = raw() if raw else None
                 if self._step >= 0:
                     self._end_step(t0, r0)
+                    if halt and store.failure is not None:
+                        raise self._stopped(store.failure)
                 elif t_iter is not None:
                     t0, t_iter, r0 = t_iter, None, r_iter
                 try:
@@ -321,6 +332,12 @@ class Session:
             # the loop broke out or raised: the step in flight ends now
             if self._step >= 0 and self._status is None:
                 self._end_step(clock(), raw() if raw else None)
+
+    def _stopped(self, failure: StoreWriteError) -> StoreWriteError:
+        kept = f"steps up to {failure.last_kept} kept" if failure.last_kept >= 0 else "no step kept"
+        return StoreWriteError(
+            f"{failure}; stopped at step {self._next_index}, {kept}", failure.path, failure.last_kept
+        )
 
     def phase(self, name: str) -> _Phase:
         """Context manager timing a named part of the current step."""

@@ -9,21 +9,34 @@ Invariants:
 - The writer wakes every ``flush_s`` (<= 1 s), writes everything queued in one transaction and commits, so
   a crash loses at most that much. ``meta.heartbeat`` is refreshed at each commit; a run whose status is still
   ``running`` but whose pid is gone, or whose heartbeat is stale, was interrupted.
-- Schema changes are additive; ``meta.schema_version`` says which tables and columns exist.
+- Schema changes are additive; ``meta.schema_version`` says which tables and columns exist. A store from a newer
+  stallscope (a higher version) is refused by the readers rather than misread.
+- A write that fails (disk full, over quota, the file size limit, the directory removed) stops the writer for
+  good: what was committed stays committed (the failed transaction is rolled back), the store is marked
+  ``status: failed`` with the reason where the disk still takes that much, and ``on_error`` is told once.
+  Each flush checks that ``run.sqlite`` is still the file it writes: a removed run directory is a failure,
+  not a silent write into an unlinked inode.
+- One writer per run directory: a ``.stallscope.lock`` file holding a POSIX lock (``lockf``) while a store or a
+  CLI run owns the directory; the kernel drops it with the process, so a stale lock never blocks a new run.
+- Files and directories are created with the user's umask, except that the world-write bit is always cleared.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
 import queue
+import resource
 import sqlite3
+import stat
 import threading
 import time
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import starmap
 from operator import attrgetter
@@ -35,6 +48,9 @@ STALE_HEARTBEAT_S = 10.0  # the writer commits (and refreshes the heartbeat) at 
 DB_NAME = "run.sqlite"
 STACKS_NAME = "pyspy.speedscope.json"  # written by py-spy beside the store; read with it
 STACKS_NAMES = (STACKS_NAME, "pyspy.txt")  # speedscope (ordered samples) or raw collapsed stacks
+ERROR_NAME = "store-error.txt"  # why the writer stopped, when the store itself had no room left to say it
+LOCK_NAME = ".stallscope.lock"  # held (lockf) by the process writing the run directory
+READ_TIMEOUT_S = 3.0  # a reader waits this long for a lock (WAL readers are not blocked by the writer's commits)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -85,6 +101,113 @@ class StoreError(Exception):
     """The run store is missing, unreadable or not a stallscope store."""
 
 
+class StoreBusy(StoreError):
+    """The run store is locked by another process past :data:`READ_TIMEOUT_S` (a writer holding it exclusively)."""
+
+
+class StoreWriteError(Exception):
+    """The run store could not be written (disk full, over quota, the file size limit, the directory removed).
+
+    ``last_kept`` is the last step the store holds (-1: none); everything committed before the failure is kept.
+    """
+
+    def __init__(self, message: str, path: Path, last_kept: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.last_kept = last_kept
+
+
+class RunDirBusy(Exception):
+    """Another live process writes this run directory; ``pid`` is its process id (None: unknown)."""
+
+    def __init__(self, run_dir: Path, pid: int | None) -> None:
+        who = f"a live run (pid {pid})" if pid is not None else "another live run"
+        super().__init__(f"'{run_dir}' is in use by {who}")
+        self.run_dir = run_dir
+        self.pid = pid
+
+
+def make_dir(path: Path) -> None:
+    """``mkdir -p`` with the umask respected, except that a directory it creates is never world-writable."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for d in missing:
+        no_world_write(d)
+
+
+def no_world_write(path: Path) -> None:
+    """Clear the world-write bit of a file or directory stallscope created (umask 000 would leave it set)."""
+    with contextlib.suppress(OSError):
+        mode = path.lstat().st_mode
+        if mode & stat.S_IWOTH and not stat.S_ISLNK(mode):
+            path.chmod(stat.S_IMODE(mode) & ~stat.S_IWOTH)
+
+
+_LOCKS: dict[str, list[int]] = {}  # resolved run directory -> [lock fd, stores using it]
+_LOCKS_GUARD = threading.Lock()
+_CLI_CLAIMS: set[str] = set()  # directories the CLI holds until the process exits
+
+
+def _lock_pid(lock: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(lock.read_text().split()[0])
+    return None
+
+
+def lock_run_dir(run_dir: Path, *, store: bool = False) -> bool:
+    """Claim ``run_dir`` for this process (RunDirBusy when another live process holds it); True when this
+    call took the lock. ``store``: a RunStore's claim, refused when another store of this process has it."""
+    key = os.path.realpath(run_dir)
+    with _LOCKS_GUARD:
+        held = _LOCKS.get(key)
+        if held is not None:
+            if store and held[1]:
+                raise RunDirBusy(run_dir, os.getpid())
+            held[1] += store
+            return False
+        lock = Path(key) / LOCK_NAME
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)  # our own lock on this file is not held: closing releases nothing of ours
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                raise RunDirBusy(run_dir, _lock_pid(lock)) from None
+            raise
+        no_world_write(lock)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _LOCKS[key] = [fd, int(store)]
+        return True
+
+
+def unlock_run_dir(run_dir: Path) -> None:
+    """A RunStore's release of :func:`lock_run_dir`; the lock itself goes when no store of this process uses it
+    (a CLI's claim, ``store=False``, lasts until the process exits)."""
+    key = os.path.realpath(run_dir)
+    with _LOCKS_GUARD:
+        held = _LOCKS.get(key)
+        if held is None:
+            return
+        held[1] = max(0, held[1] - 1)
+        if held[1] == 0 and key not in _CLI_CLAIMS:
+            os.close(held[0])
+            del _LOCKS[key]
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """The CLI's claim on a run (sweep, tune) directory for the rest of the process: RunDirBusy naming the pid
+    of the live run that holds it."""
+    lock_run_dir(run_dir)
+    _CLI_CLAIMS.add(os.path.realpath(run_dir))
+
+
 @dataclass(frozen=True, slots=True)
 class StepRow:
     step: int
@@ -129,24 +252,43 @@ class RunStore:
     """Writer side of a run directory's ``run.sqlite``."""
 
     def __init__(
-        self, run_dir: str | os.PathLike[str], *, flush_s: float = 0.5, meta: dict[str, Any] | None = None
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        flush_s: float = 0.5,
+        meta: dict[str, Any] | None = None,
+        on_error: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
-        """Create the schema and write ``meta`` before returning: a reader never sees a store without it."""
+        """Create the schema and write ``meta`` before returning: a reader never sees a store without it.
+        RunDirBusy when another live store writes ``run_dir``. ``on_error`` is called once, on the writer
+        thread, when a write fails (see the module docstring)."""
         if not 0 < flush_s <= 1.0:
             raise ValueError(f"flush_s must be in (0, 1], got {flush_s}")
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.run_dir)
+        lock_run_dir(self.run_dir, store=True)
+        try:
+            self._con = _connect(self.path)
+            with self._con:
+                self._con.executescript(_SCHEMA)
+                _add_columns(self._con)
+                self._con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                self._con.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [(k, json.dumps(v)) for k, v in (meta or {}).items()],
+                )
+            self._ino = self.path.stat().st_ino
+        except BaseException:
+            unlock_run_dir(self.run_dir)
+            raise
+        for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
+            no_world_write(self.run_dir / name)
         self._flush_s = flush_s
+        self._on_error = on_error
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._con = _connect(self.path)
-        with self._con:
-            self._con.executescript(_SCHEMA)
-            _add_columns(self._con)
-            self._con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            self._con.executemany(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in (meta or {}).items()]
-            )
+        self._kept = -1  # the last step committed
+        self._failure: StoreWriteError | None = None
         # The run's rows as written, kept in memory for the summary at close (no read back of the file), so
         # a run's printed report equals `stallscope report` on it. Samples, the bulk of a long run, are kept
         # as two float arrays per metric (16 bytes a reading: ~6 MB an hour at 10 Hz and 10 metrics).
@@ -221,6 +363,11 @@ class RunStore:
         """An exception that stopped the writer (disk full, unwritable), else None."""
         return self._error
 
+    @property
+    def failure(self) -> StoreWriteError | None:
+        """Why the store stopped writing (one line, and the last step it kept), else None."""
+        return self._failure
+
     def close(self) -> None:
         """Flush everything queued, commit, checkpoint the WAL. Idempotent."""
         if self._closed:
@@ -232,6 +379,7 @@ class RunStore:
         with contextlib.suppress(sqlite3.Error):
             self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._con.close()
+        unlock_run_dir(self.run_dir)
 
     # -- writer thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -250,17 +398,83 @@ class RunStore:
             if not items:
                 continue
             try:
-                for item in items:
-                    self._apply(con, item)
-                con.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (json.dumps(time.time()),))
-                con.commit()
-            except sqlite3.Error as exc:  # disk full, file removed: keep the reason, stop writing
-                self._error = exc
-                self._dead = True  # producers stop queueing; nothing grows without bound
-                # the connection itself may be broken; the error above is what matters
-                with contextlib.suppress(sqlite3.Error):
-                    con.rollback()
+                self._check_file()
+                self._commit(con, items)
+            except OSError as exc:  # the file is gone: keep the reason, stop writing
+                self._fail(con, exc)
                 return
+            except sqlite3.Error as exc:  # disk full, over quota, the file size limit
+                if not self._retry(con, items):
+                    self._fail(con, exc)
+                    return
+
+    def _commit(self, con: sqlite3.Connection, items: list[Any]) -> None:
+        kept = self._kept
+        for item in items:
+            self._apply(con, item)
+            if item[0] == "step":
+                kept = max(kept, item[1].step)
+        con.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (json.dumps(time.time()),))
+        con.commit()
+        self._kept = kept
+
+    def _retry(self, con: sqlite3.Connection, items: list[Any]) -> bool:
+        """After a failed commit: fold the WAL into the file (the WAL grows to ~4 MB between checkpoints, so a
+        file size limit or a nearly full disk can stop it while the file itself still has room) and try the
+        same rows once more. False when that fails too."""
+        try:
+            con.rollback()
+            busy = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            if busy:
+                return False
+            self._commit(con, items)
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                con.rollback()
+            return False
+        return True
+
+    def _check_file(self) -> None:
+        """OSError when ``run.sqlite`` is no longer the file this store writes (its directory was removed or
+        replaced): SQLite would go on writing the unlinked file, and nothing would be kept."""
+        try:
+            ino = self.path.stat().st_ino
+        except FileNotFoundError:
+            raise OSError(errno.ENOENT, f"the run directory was removed (no {DB_NAME} in it)") from None
+        if ino != self._ino:
+            raise OSError(errno.ENOENT, f"{DB_NAME} was replaced by another file")
+
+    def _fail(self, con: sqlite3.Connection, exc: BaseException) -> None:
+        """Stop writing for good: roll back, mark the store failed where the disk still allows, tell once."""
+        self._error = exc
+        self._dead = True  # producers stop queueing; nothing grows without bound
+        # the connection itself may be broken; the error above is what matters
+        with contextlib.suppress(sqlite3.Error):
+            con.rollback()
+        message = f"could not write the run store {self.path}: {write_failure(self.path, exc)}"
+        self._failure = failure = StoreWriteError(message, self.path, self._kept)
+        if not isinstance(exc, OSError):  # the file is still ours: record why it stopped, where it fits
+            self._mark_failed(con, message)
+        if self._on_error is not None:
+            self._on_error(failure)
+
+    def _mark_failed(self, con: sqlite3.Connection, message: str) -> None:
+        """``status: failed`` and the reason in meta; when even that does not fit (the WAL and the file both
+        full), in ``store-error.txt`` beside the store, which the readers apply to a store still ``running``."""
+        with contextlib.suppress(sqlite3.Error):
+            # folding the WAL into the file first frees the WAL's room (the file size limit is per file)
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        try:
+            with con:
+                con.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("status", json.dumps("failed")), ("error", json.dumps(message))],
+                )
+        except sqlite3.Error:
+            side = self.run_dir / ERROR_NAME
+            with contextlib.suppress(OSError):
+                side.write_text(message + "\n")
+                no_world_write(side)
 
     @staticmethod
     def _apply(con: sqlite3.Connection, item: tuple[Any, ...]) -> None:
@@ -290,6 +504,33 @@ class RunStore:
             con.executemany("INSERT OR REPLACE INTO meta VALUES (?,?)", item[1])
             return
         raise AssertionError(f"unknown store item {kind!r}")
+
+
+def write_failure(path: Path, exc: BaseException) -> str:
+    """What stopped the writes of ``path``, in words a user can act on: the file size limit, a full disk, a
+    removed directory, else SQLite's or the OS's own words."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    size = max((_size(path.with_name(path.name + sfx)) for sfx in ("", "-wal", "-journal")), default=0)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and size + 65536 >= limit:
+        return f"file too large: the file size limit (ulimit -f) of {limit} bytes was reached"
+    if not path.parent.is_dir():
+        return "the run directory was removed"
+    with contextlib.suppress(OSError):
+        vfs = os.statvfs(path.parent)
+        if vfs.f_bavail * vfs.f_frsize < 1 << 20:
+            return f"the disk is full ({exc})"
+    if getattr(exc, "sqlite_errorname", "") in ("SQLITE_FULL", "SQLITE_IOERR_WRITE"):
+        return f"{exc} (disk full or over quota)"
+    return str(exc)
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
 
 # -- reader side ---------------------------------------------------------------------------------
@@ -332,20 +573,9 @@ def resolve_db(run: str | os.PathLike[str]) -> Path:
 def load_run(run: str | os.PathLike[str]) -> RunRecord:
     """Read a whole run store (read-only; safe while another process is still writing it)."""
     db = resolve_db(run)
+    con = _open_read(db)
     try:
-        # Read-write open (nothing is written): after a SIGKILL it lets SQLite replay the WAL. A
-        # read-only file system falls back to mode=ro, which reads the WAL when its -shm exists.
-        con = (
-            sqlite3.connect(db, timeout=10.0)
-            if os.access(db.parent, os.W_OK)
-            else sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10.0)
-        )
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open '{db}': {exc}") from None
-    try:
-        meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
-        if "schema_version" not in meta:
-            raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
+        meta = read_meta(con, db)
         steps = [_step(r) for r in con.execute(f"SELECT {_cols(con, 'steps')} FROM steps ORDER BY step")]
         # Sorted here, not by SQL: the rows are stored nearly in order, which Python's sort takes in one pass,
         # while ORDER BY step, t_start walks the step index row by row and sorts again (200,000 phases: 0.31 s
@@ -355,12 +585,60 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
         samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
         events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
     except sqlite3.DatabaseError as exc:
-        raise StoreError(f"'{db}' is not a readable stallscope run store: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
+        raise _read_error(db, exc) from None
     finally:
         con.close()
     return RunRecord(meta, steps, phases, samples, events, read_stacks(db.parent))
+
+
+def _open_read(db: Path) -> sqlite3.Connection:
+    try:
+        if not os.access(db, os.R_OK):
+            raise StoreError(f"'{db}' is not readable (permission denied)")
+        # Read-write open (nothing is written): after a SIGKILL it lets SQLite replay the WAL. A
+        # read-only file system falls back to mode=ro, which reads the WAL when its -shm exists.
+        return (
+            sqlite3.connect(db, timeout=READ_TIMEOUT_S)
+            if os.access(db.parent, os.W_OK)
+            else sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=READ_TIMEOUT_S)
+        )
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open '{db}': {exc}") from None
+
+
+def _read_error(db: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """A reader's SQLite error as one line naming the file and what is wrong with it."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StoreBusy(
+            f"'{db}' is locked by another process (a writer holding it exclusively for over "
+            f"{READ_TIMEOUT_S:g} s): try again when it is done"
+        )
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc):
+        return StoreError(f"'{db}' is corrupt or truncated ({exc}): not a readable stallscope run store")
+    return StoreError(f"'{db}' is not a readable stallscope run store: {exc}")
+
+
+def read_meta(con: sqlite3.Connection, db: Path) -> dict[str, Any]:
+    """The meta table, checked: StoreError when it is not a stallscope store's, or one of a newer schema."""
+    try:
+        meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
+    version = meta.get("schema_version")
+    if version is None:
+        raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"'{db}' has a corrupt meta table: schema_version {version!r} is not a version number")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"'{db}' was written by a newer stallscope (store schema {version}; this one reads up to "
+            f"{SCHEMA_VERSION}): upgrade stallscope to read it"
+        )
+    if meta.get("status") == "running":  # its writer stopped with no room left in the store to say so
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            meta.update(status="failed", error=(db.parent / ERROR_NAME).read_text().strip())
+    return meta
 
 
 def read_stacks(run_dir: Path) -> str | None:
@@ -389,9 +667,9 @@ class StoreTail:
         self._last_t = -1.0
 
     def poll(self) -> tuple[dict[str, Any], list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
-        con = sqlite3.connect(self.db, timeout=10.0)
+        con = _open_read(self.db)
         try:
-            meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
+            meta = read_meta(con, self.db)
             rows = con.execute(
                 f"SELECT {_cols(con, 'steps')} FROM steps WHERE step > ? ORDER BY step", (self._last_step,)
             ).fetchall()
@@ -405,8 +683,8 @@ class StoreTail:
                 "SELECT t, metric, value FROM samples WHERE t > ? AND source != 'sampler' ORDER BY t", (self._last_t,)
             ):
                 grouped.setdefault(t, {})[metric] = math.nan if value is None else value
-        except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
-            raise StoreError(f"'{self.db}' is not a readable stallscope run store: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            raise _read_error(self.db, exc) from None
         finally:
             con.close()
         steps = [(_step(r), phases.get(r[0], [])) for r in rows]

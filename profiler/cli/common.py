@@ -168,22 +168,32 @@ def prepare_out(out: str | None, default_name: str) -> Path:
     """The run (or sweep, tune) directory, created and checked writable; ``out`` None: runs/<default_name>-<time>."""
     if out is None:
         out = os.path.join("runs", f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    from profiler.store import DB_NAME, RunDirBusy, claim_run_dir, make_dir
+
     path = Path(out)
-    if (path / "run.sqlite").exists():
-        raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
+    allowed = "allowed a directory that holds no run yet"
+    if path.is_symlink() and not path.exists():
+        raise BadInput(f"--out '{out}' is a dangling symlink (to '{os.readlink(path)}'): {allowed}")
     if path.exists() and not path.is_dir():
-        raise BadInput(f"--out '{out}' is a file: allowed a directory that holds no run yet")
+        raise BadInput(f"--out '{out}' is a file: {allowed}")
+    if path.is_dir() and not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise BadInput(f"--out '{out}' is not readable and writable by this user: {allowed}")
     new = _topmost_missing(path)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make_dir(path)
         if new is not None:
             _MADE.append(new)
         probe = path / ".stallscope-write-test"
         probe.write_text("")
         probe.unlink()
+        claim_run_dir(path)  # held until this process exits: a second run on the same directory is refused
+    except RunDirBusy as exc:
+        raise BadInput(f"--out '{out}' is in use by {_who(exc.pid)}: choose another directory") from None
     except OSError as exc:
         discard_made()
         raise BadInput(f"--out '{out}' is not writable: {exc.strerror or exc}") from None
+    if (path / DB_NAME).exists():
+        raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
     return path
 
 
@@ -211,6 +221,10 @@ def discard_made() -> None:
 def forget_made() -> None:
     """A new invocation: what an earlier one (in this process) created is no longer this one's to remove."""
     _MADE.clear()
+
+
+def _who(pid: int | None) -> str:
+    return f"a live run (pid {pid})" if pid is not None else "another live run"
 
 
 class SignalStop:

@@ -203,6 +203,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
             watch(feed)
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
+        except StoreError as exc:  # removed, replaced or damaged while watched
+            raise BadInput(str(exc)) from None
     print_summary(load_summary(args.run_dir), args.json)
     return EXIT_OK
 

@@ -144,22 +144,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         with SignalStop():
             session = run_scenario(t.scenario, cfg, live_monitor(args.no_live, t.warmup + steps))
     except TrainingError as exc:
-        if exc.bad_input:
-            say(f"error: {exc.bad_input}")
-            summary = exc.session.summary() if exc.session else None
-            if summary is not None and summary.steps > 0:  # found mid-run: what was measured is kept
-                keep_made(out)
-                say(f"the partial run is kept: stallscope report {out}")
-            return EXIT_BAD_INPUT
-        say(f"training failed: {exc.where}; the partial run is kept: stallscope report {out}")
-        return report_outcome(exc.session.summary() if exc.session else None, out, args.json, EXIT_FAILED)
+        return _training_failed(exc, out, args.json)
     except RunStopped as exc:
         say(f"stopped by {exc.signame}; reporting what was measured")
         return report_outcome(exc.session.summary(), out, args.json, exit_signal(exc.signame))
     except Exception as exc:  # noqa: BLE001 - set-up failed before any step: nothing was measured, say what
         say(f"training set-up failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
+    store = session.recording.store if session.recording is not None else None
+    if store is not None and store.failure is not None:  # its last writes, at close, failed
+        say(f"{store.failure}; the run ended, {_kept(store.failure.last_kept)}")
+        return EXIT_FAILED
     return report_outcome(session.summary(), out, args.json, EXIT_OK)
+
+
+def _kept(last: int) -> str:
+    return f"steps up to {last} kept" if last >= 0 else "no step kept"
+
+
+def _training_failed(exc: Any, out: Path, as_json: bool) -> int:
+    """A TrainingError's exit: bad input (2), the run store that could not be written (1, one line: what, and
+    which steps it kept; the report would claim steps the store lacks), or the training itself (1, report)."""
+    from profiler.store import StoreWriteError
+
+    if isinstance(exc.__cause__, StoreWriteError):
+        keep_made(out)  # what the store committed is the user's
+        say(str(exc.__cause__))
+        return EXIT_FAILED
+    if exc.bad_input:
+        say(f"error: {exc.bad_input}")
+        summary = exc.session.summary() if exc.session else None
+        if summary is not None and summary.steps > 0:  # found mid-run: what was measured is kept
+            keep_made(out)
+            say(f"the partial run is kept: stallscope report {out}")
+        return EXIT_BAD_INPUT
+    say(f"training failed: {exc.where}; the partial run is kept: stallscope report {out}")
+    return report_outcome(exc.session.summary() if exc.session else None, out, as_json, EXIT_FAILED)
 
 
 def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int | None, name: str) -> int:
