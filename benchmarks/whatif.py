@@ -1,17 +1,18 @@
 """The what-if model's truth check (#11): predictions from one measured run against runs of what they predict.
 
-For each scenario (default imagenet and ssd): one measured run on the first simulated device with
-``--from-workers`` workers (default 0) and ``--steps``/``--warmup``, then ``stallscope whatif RUN --device
-sim:v100,sim:h100 --workers 0,1,2 --check --repeat N [--steps S --warmup W] --json``, which predicts every
-configuration from that one run (measuring the worker vs main-process gap of its dataset where a prediction
-crosses between them) and then trains each configuration N times on its simulated device; the median of those
-runs is the measured figure. Prints each prediction's relative error of throughput (predicted / median measured
-- 1), the runs' spread, the stalls, the worst |error| over all of them, and the host's /proc/loadavg before and
-after each scenario (other users of a small host move every measured figure). Run as a user runs it
-(``stallscope`` in a fresh interpreter).
+For each scenario (default imagenet and ssd): one measured run on the first simulated device with ``--from-workers``
+workers (default 0) and ``--steps``/``--warmup`` (with ``--from-runs N``, N such runs and the one of median
+throughput: a host's run-to-run noise then does not pick the run the predictions start from), then ``stallscope
+whatif RUN --device sim:v100,sim:h100 --workers 0,1,2 --check --repeat N [--steps S --warmup W] --json``, which
+predicts every configuration from that one run (measuring the worker vs main-process gap of its dataset, and how
+much two workers deliver together, where a prediction needs them) and then trains each configuration N times on its
+simulated device; the median of those runs is the measured figure. Prints each prediction's relative error of
+throughput (predicted / median measured - 1), the runs' spread, the stalls, the worst |error| over all of them, and
+the host's /proc/loadavg before and after each scenario (other users of a small host move every measured figure).
+Run as a user runs it (``stallscope`` in a fresh interpreter).
 
 Run: ``.venv/bin/python benchmarks/whatif.py [--scenarios imagenet,ssd] [--devices sim:v100,sim:h100]
-[--workers 0,1,2] [--from-workers 0] [--steps 8] [--warmup 2] [--repeat 1] [--check-steps S]
+[--workers 0,1,2] [--from-workers 0] [--from-runs 1] [--steps 8] [--warmup 2] [--repeat 1] [--check-steps S]
 [--check-warmup W] [--json]``.
 """
 
@@ -37,16 +38,31 @@ def stallscope(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def check(scenario: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """One scenario: measure, predict, check. The whatif JSON, or {"error": ...}."""
-    run_dir = tmp / scenario
+def measure(scenario: str, args: argparse.Namespace, tmp: Path) -> tuple[Path, list[float]] | dict[str, Any]:
+    """The measured run(s): ``--from-runs`` runs of the source configuration, and the one of median throughput
+    (the run predictions are made from), or {"error": ...}."""
     first = args.devices.split(",")[0]
-    res = stallscope(
-        "run", scenario, "--device", first, "--workers", str(args.from_workers), "--steps", str(args.steps), "--warmup",
-        str(args.warmup), "--out", str(run_dir), "--no-live", "--json",
-    )  # fmt: skip
-    if res.returncode != 0:
-        return {"error": f"run failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
+    runs: list[tuple[float, Path]] = []
+    for i in range(args.from_runs):
+        run_dir = tmp / (scenario if i == 0 else f"{scenario}-m{i + 1}")
+        res = stallscope(
+            "run", scenario, "--device", first, "--workers", str(args.from_workers), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--out", str(run_dir), "--no-live", "--json",
+        )  # fmt: skip
+        if res.returncode != 0:
+            return {"error": f"run failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
+        runs.append((float(json.loads(res.stdout)["throughput_samples_per_s"]), run_dir))
+    ranked = sorted(runs)
+    return ranked[(len(ranked) - 1) // 2][1], [t for t, _ in runs]
+
+
+def check(scenario: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """One scenario: measure, predict, check. The whatif JSON (with every measured run's throughput), or
+    {"error": ...}."""
+    measured = measure(scenario, args, tmp)
+    if isinstance(measured, dict):
+        return measured
+    run_dir, throughputs = measured
     window = [] if args.check_steps is None else ["--steps", str(args.check_steps)]
     window += [] if args.check_warmup is None else ["--warmup", str(args.check_warmup)]
     res = stallscope(
@@ -56,6 +72,7 @@ def check(scenario: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     if res.returncode not in (0, 1) or not res.stdout.strip():
         return {"error": f"whatif failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}"}
     out: dict[str, Any] = json.loads(res.stdout)
+    out["measured_runs_throughput"] = throughputs
     return out
 
 
@@ -77,6 +94,12 @@ def main() -> int:
     ap.add_argument("--devices", default="sim:v100,sim:h100")
     ap.add_argument("--workers", default="0,1,2")
     ap.add_argument("--from-workers", type=int, default=0, help="workers of the measured run (default 0)")
+    ap.add_argument(
+        "--from-runs",
+        type=int,
+        default=1,
+        help="runs of the measured configuration; predictions come from the one of median throughput (default 1)",
+    )
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="check runs per configuration; the median is measured")
@@ -112,6 +135,8 @@ def main() -> int:
         cost, gap = out["measured"]["loader_cost"], out["worker_gap"]
         print(f"{scenario}: loader cost {cost['seconds_per_sample'] * 1e3:.2f} ms/sample ({cost['method']})")
         print(f"  worker gap x{gap['factor']:.3f} ({gap['source']}; rounds {gap['round_factors']})")
+        print(f"  cores' scaling {gap.get('cores_scaling')} at {gap.get('cores_k')} workers")
+        print(f"  measured runs (samples/s): {out['measured_runs_throughput']}, predicting from the median")
         print(f"  loadavg before {out['loadavg']['before']}, after {out['loadavg']['after']} ({out['wall_s']:.0f} s)")
         print(
             f"  {'device':<26} {'w':>2} {'pred/s':>8} {'meas/s':>8} {'runs min-max':>14} {'error':>7} "

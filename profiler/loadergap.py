@@ -9,7 +9,10 @@ memory). Rather than a constant, :func:`measure_gap` times it for the run's own 
 rounds, each loading the same items (up to ``samples``, or what ``budget_s`` allows; the same shuffled order)
 through the naive pipeline's ``DataLoader`` in the main process (at the run's intra-op thread count) and then
 through one worker, timed from the first batch delivered (so the worker's start-up is not counted: a run's
-steady state does not pay it per step).
+steady state does not pay it per step). Each round then times ``cores`` workers loading together (the usable
+cores by default): on the 2-core host two workers delivered 1.4-1.8x one worker's rate, not 2x (the training
+process, the workers and the host's other work share the cores), and the ratio of the medians is the cores'
+scaling that ``whatif`` applies to more than one worker.
 
 Invariants: the process's intra-op thread count is restored; the items and their order are the same both ways.
 """
@@ -21,13 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from profiler.whatif import LoaderGap, gap_from_rounds
+from profiler.whatif import LoaderGap, gap_from_rounds, with_cores
 
-DEFAULT_SAMPLES = 64
-DEFAULT_ROUNDS = 3
+DEFAULT_SAMPLES = 128
+DEFAULT_ROUNDS = 5
 # each timing stops after this many seconds (at least one batch), so a slow loader (20 ms an item) is not timed
 # for long: the rounds, not the length of one, are what the noise of a shared host is fought with
-DEFAULT_BUDGET_S = 1.0
+DEFAULT_BUDGET_S = 2.0
 
 
 def _seconds_per_sample(
@@ -78,18 +81,25 @@ def measure_gap(
     rounds: int = DEFAULT_ROUNDS,
     seed: int = 0,
     budget_s: float = DEFAULT_BUDGET_S,
+    cores: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> LoaderGap:
-    """The worker / main-process cost ratio of ``dataset`` at ``batch_size`` (see the module docstring).
-    ``threads``: the main process's intra-op threads while it loads (the measured run's; None: as it is)."""
+    """The worker / main-process cost ratio of ``dataset`` at ``batch_size``, and how much ``cores`` workers
+    deliver together (see the module docstring). ``threads``: the main process's intra-op threads while it
+    loads (the measured run's; None: as it is). ``cores``: how many workers to time together (None: the
+    usable cores; 1 or fewer: not timed)."""
     import torch
+
+    from pipelines.base import usable_cores
 
     if len(dataset) < 2 * batch_size:
         raise ValueError(f"the dataset has {len(dataset)} items: too few to time batches of {batch_size}")
+    k = usable_cores() if cores is None else cores
     batches = max(1, min(math.ceil(samples / batch_size), len(dataset) // batch_size - 1))
     before = torch.get_num_threads()
     main_s: list[float] = []
     worker_s: list[float] = []
+    together_s: list[float] = []
     timed = 0
     try:
         for r in range(rounds):
@@ -104,6 +114,11 @@ def measure_gap(
             )
             worker_s.append(s)
             timed += n + m
+            if k > 1:  # k workers at once, k batches each at least: what the cores add together
+                nk = min(max(k * (n // batch_size), 2 * k), len(dataset) // batch_size - 1)
+                s, _ = _seconds_per_sample(dataset, batch_size, k, nk, seed=seed + r, budget_s=math.inf, clock=clock)
+                together_s.append(s)
     finally:
         torch.set_num_threads(before)
-    return gap_from_rounds(main_s, worker_s, timed // 2)
+    gap = gap_from_rounds(main_s, worker_s, timed // 2)
+    return with_cores(gap, k, worker_s, together_s) if together_s else gap

@@ -17,7 +17,8 @@ semantics), with ``L = B c`` one batch's loading by one thread, ``D' = max(D, K)
 - naive, 0 workers (serial): the host loads, then the pageable copy waits for the previous step and blocks,
   then the host launches: ``P = H + max(L + o + K, D')``;
 - naive with ``w`` workers, dali with ``w`` CPU threads: the loader delivers one batch every
-  ``T_L = max(L / w, B c_cpu / free cores)``; ``P = max(T_L, H + max(o + K, D'))``;
+  ``T_L = max(L / W, B c_cpu / (e x free cores))``; ``P = max(T_L, H + max(o + K, D'))``, where ``W = e w``
+  is what ``w`` worker processes deliver together in single workers' rates, measured (``e`` = 1 for threads);
 - prefetch: the copy is pinned and on a side stream, so it overlaps compute; the prefetch thread loads
   (0 workers: ``T_L = L``): ``P = max(T_L, o + K, D', H)``.
 
@@ -26,12 +27,13 @@ worker processes (naive and prefetch with workers). The same item costs a worker
 (measured 1.15-1.35x on the 2-core host; not torch's intra-op threads, which do not change the main process's
 cost): a prediction that moves the loading from one place to the other scales ``c`` and ``c_cpu`` by a
 :class:`LoaderGap` measured for the run's dataset (``profiler.loadergap``), never by a constant. DALI's threads
-keep the run's cost.
+keep the run's cost. The same measurement times the usable cores' worth of workers loading together: their
+rate over one worker's, per worker, is ``e`` (:meth:`LoaderGap.parallel`; 0.79-0.98 on the 2-core host).
 
 Throughput ``B / P``; device utilisation ``D / P``; stall ``1 - D' / P`` (the time the device is not computing a
 step, as the stall fraction counts it on a CUDA or simulated device); binding constraint: the largest part.
-Workers to keep the device fed: ``ceil(B c / P_device)``, ``P_device`` being ``P`` with an instant loader;
-cores: ``ceil(B c_cpu / P_device)``.
+Workers to keep the device fed: the fewest ``w`` with ``W >= B c / P_device``, ``P_device`` being ``P`` with an
+instant loader; cores: the same with ``B c_cpu``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 # A loader-bound run: the share of the step the loop waited for data (data wait / step time) from which the
@@ -52,6 +54,8 @@ NAIVE, PREFETCH, DALI = "naive", "prefetch", "dali"
 # The worker gap's rounds agree within this ratio on a quiet host (ssd, imagenet: 1.0-1.35); beyond it the
 # measurement is flagged as taken on a busy host
 GAP_UNSTEADY = 1.5
+# The most workers (or cores) a prediction says a device needs: past it the count is no longer a plan
+NEEDED_MAX = 4096
 
 
 class WhatIfError(ValueError):
@@ -120,6 +124,19 @@ class LoaderGap:
     worker_s: float = math.nan  # seconds per sample delivered by one worker
     samples: int = 0  # items timed each way, over all rounds
     rounds: tuple[float, ...] = ()  # each round's ratio
+    # cores_k workers at once deliver cores_k x cores_scaling times one worker's rate (1: each adds a whole one)
+    cores_scaling: float = 1.0
+    cores_k: int = 1  # 1: not measured
+    cores_rounds: tuple[float, ...] = ()  # each round's scaling
+
+    def parallel(self, workers: int) -> float:
+        """How many single workers' rates ``workers`` worker processes deliver together: ``workers`` at the
+        measured per-worker efficiency ``cores_scaling`` of ``cores_k`` workers, interpolated linearly from 1
+        (one worker is itself) and held beyond ``cores_k``."""
+        if workers <= 1 or self.cores_k <= 1:
+            return float(max(workers, 0))
+        share = min(1.0, (workers - 1) / (self.cores_k - 1))
+        return workers * (1.0 - (1.0 - self.cores_scaling) * share)
 
     @property
     def unsteady(self) -> bool:
@@ -144,6 +161,9 @@ class LoaderGap:
             "samples": self.samples,
             "round_factors": list(self.rounds),
             "unsteady": self.unsteady,
+            "cores_scaling": self.cores_scaling if self.cores_k > 1 else None,
+            "cores_k": self.cores_k,
+            "cores_round_scalings": list(self.cores_rounds),
         }
 
 
@@ -167,6 +187,17 @@ def gap_from_rounds(main_s: list[float], worker_s: list[float], samples: int) ->
         samples,
         rounds,
     )
+
+
+def with_cores(gap: LoaderGap, k: int, worker_s: list[float], together_s: list[float]) -> LoaderGap:
+    """``gap`` with the scaling of ``k`` workers loading together: one worker's seconds per sample over ``k``
+    workers' (one pair per round), divided by ``k``, from the medians; at most 1 (k workers never beat k
+    single ones: a higher reading is noise)."""
+    if k < 2 or not together_s or len(together_s) != len(worker_s) or min(together_s) <= 0:
+        raise ValueError("with_cores needs k >= 2 and one positive time per round each way")
+    scaling = statistics.median(worker_s) / statistics.median(together_s) / k
+    rounds = tuple(w / t / k for w, t in zip(worker_s, together_s, strict=True))
+    return replace(gap, cores_scaling=min(1.0, scaling), cores_k=k, cores_rounds=rounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +298,7 @@ def loader_threads(pipeline: str, workers: int) -> int:
     return workers
 
 
-def loader_cost(run: MeasuredRun) -> LoaderCost:
+def loader_cost(run: MeasuredRun, gap: LoaderGap | None = None) -> LoaderCost:
     """The loader's cost per sample, from whichever of the run's measurements shows it.
 
     - naive with 0 workers: the loop loads each batch inside ``next()``, so the data wait per sample *is* the
@@ -276,8 +307,9 @@ def loader_cost(run: MeasuredRun) -> LoaderCost:
     - a run with loader threads (workers, the prefetch thread, DALI threads) that was loader-bound (data wait
       >= LOADER_BOUND of the step): the loader's delivery rate is the throughput, so ``c = n_eff / throughput``,
       where ``n_eff`` is the threads, or the free cores when the threads' CPU use filled them (then the cores,
-      not the count, set the rate). This also measures a loader that waits (I/O, a remote store) rather than
-      computes, whose CPU use is near nothing.
+      not the count, set the rate); for worker processes, as many single workers as ``gap`` measured them to
+      deliver together (:meth:`LoaderGap.parallel`). This also measures a loader that waits (I/O, a remote
+      store) rather than computes, whose CPU use is near nothing.
     - a run with loader threads that was not loader-bound: the threads idled on full queues part of the time,
       so the delivery rate overstates the cost; the workers' CPU seconds per sample (host sampler) are then the
       measure: a lower bound for a loader that also waits, exact for a CPU-bound one. Without a CPU reading,
@@ -300,6 +332,8 @@ def loader_cost(run: MeasuredRun) -> LoaderCost:
     free = max(1.0, run.usable_cores - _nan0(run.other_processes_cpu_pct) / 100)
     saturated = not math.isnan(cpu_pct) and cpu_pct / 100 >= CORES_SATURATED * min(threads, free)
     n_eff = min(float(threads), free) if saturated else float(threads)
+    if not in_process and gap is not None:
+        n_eff = gap.parallel(threads) * n_eff / threads
     bound_rate = n_eff / t
     loader_bound = run.data_wait_ms >= LOADER_BOUND * run.step_ms
     what = f"{threads} loader {'thread' if in_process else 'worker'}{'s' if threads != 1 else ''}"
@@ -326,6 +360,14 @@ def _period(pipeline: str, threads: int, loader: float, *, dev: float, launch: f
     return max(loader, h2d + max(launch, dev))
 
 
+def _needed(gap: LoaderGap, rate: float) -> int:
+    """The fewest worker processes that deliver ``rate`` single workers' rates together (``gap``'s scaling)."""
+    n = max(0, math.ceil(rate - 1e-9))
+    while gap.parallel(n) < rate - 1e-9 and n < NEEDED_MAX:
+        n += 1
+    return n
+
+
 def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, measured_at: str = MAIN) -> Prediction:
     """The steady state of ``t`` (see the module docstring for the equations). ``cost`` was measured with the
     loading at ``measured_at``; ``gap`` takes it to where ``t`` loads."""
@@ -335,7 +377,9 @@ def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, me
     threads = loader_threads(t.pipeline, t.workers)
     scale = gap.scale(measured_at, loader_place(t.pipeline, t.workers))
     batch_load, batch_cpu = b * cost.wall_s * scale, b * cost.cpu_s * scale
-    loader = batch_load if threads == 0 else max(batch_load / threads, batch_cpu / host.free_cores)
+    # worker processes deliver together what ``gap`` measured, not ``threads`` times one
+    eff = gap.parallel(threads) / threads if threads > 1 and loader_place(t.pipeline, t.workers) == WORKER else 1.0
+    loader = batch_load if threads == 0 else max(batch_load / (threads * eff), batch_cpu / (host.free_cores * eff))
     launch = host.overhead_s + t.launch_s  # the host's own part of the step: loop overhead + kernel launches
     dev = max(t.device_s, t.launch_s)  # D'
     period = _period(t.pipeline, threads, loader, dev=dev, launch=launch, h2d=t.h2d_s)
@@ -352,8 +396,8 @@ def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, me
         stall_fraction=min(1.0, max(0.0, 1.0 - dev / period)),
         device_utilisation=min(1.0, t.device_s / period),
         binding=binding,
-        workers_needed=math.ceil(batch_load / fed - 1e-9) if fed > 0 else None,
-        cores_needed=math.ceil(batch_cpu / fed - 1e-9) if fed > 0 else None,
+        workers_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_load / fed) if fed > 0 else None,
+        cores_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_cpu / fed) if fed > 0 else None,
         parts_ms={k: v * 1e3 for k, v in parts.items()},
         loader_scale=scale,
     )
@@ -467,6 +511,12 @@ class WhatIf:
             f"worker vs main-process loading cost: x{g.factor:.3g} MEASURED ({g.main_s * 1e3:.3g} ms/sample in the "
             f"main process, {g.worker_s * 1e3:.3g} in one worker; {g.source}; {spread}), applied where a "
             f"prediction loads elsewhere than the run ({self.measured_at})"
+            + (
+                f"; {g.cores_k} workers together deliver x{g.parallel(g.cores_k):.3g} one worker's rate "
+                f"({g.cores_scaling:.0%} each) MEASURED, applied to predictions with more than one worker"
+                if g.cores_k > 1
+                else ""
+            )
             + (
                 f"; UNSTEADY: its rounds differ by more than {GAP_UNSTEADY:g}x, the host was busy (see the load "
                 "average) and the factor is not to be trusted"

@@ -30,6 +30,7 @@ from profiler.whatif import (
     loader_cost,
     loader_place,
     predict,
+    with_cores,
     worst_error,
 )
 
@@ -363,3 +364,82 @@ def test_the_calibration_restores_the_thread_count_and_refuses_a_tiny_dataset() 
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="too few"):
         measure_gap(_PlaceCost(0.1, 0.1, n=5), 4)
+
+
+class _SharedResource(_PlaceCost):
+    """Items of ``worker_ms`` that each hold one lock shared by every worker while they wait: workers loading
+    together take turns, so ``k`` of them deliver one worker's rate (the cores' scaling is 1/k), as workers
+    contending for one core, one disk or one lock do. Without the lock they wait side by side (scaling 1)."""
+
+    def __init__(self, ms: float, shared: bool) -> None:
+        import multiprocessing
+
+        super().__init__(ms, ms)
+        self.lock = multiprocessing.get_context("fork").Lock() if shared else None
+
+    def __getitem__(self, i: int) -> Any:
+        if self.lock is None:
+            return super().__getitem__(i)
+        with self.lock:
+            return super().__getitem__(i)
+
+
+@pytest.mark.parametrize(("shared", "scaling"), [(True, 0.5), (False, 1.0)])
+def test_the_calibration_measures_how_much_workers_deliver_together(shared: bool, scaling: float) -> None:
+    from profiler.loadergap import measure_gap
+
+    gap = measure_gap(_SharedResource(10.0, shared), 4, samples=16, rounds=3, threads=1, cores=2)
+    assert gap.cores_k == 2
+    assert gap.cores_scaling == pytest.approx(scaling, rel=0.2), gap
+    assert len(gap.cores_rounds) == 3
+    assert gap.parallel(2) == pytest.approx(2 * gap.cores_scaling)
+    one = measure_gap(_SharedResource(1.0, False), 4, samples=8, rounds=1, threads=1, cores=1)
+    assert (one.cores_k, one.cores_scaling, one.cores_rounds) == (1, 1.0, ())  # one core: nothing to time
+
+
+def test_workers_together_deliver_the_measured_scaling_not_a_whole_core_each() -> None:
+    gap = replace(NO_GAP, cores_scaling=0.75, cores_k=2)
+    assert gap.parallel(0) == 0.0
+    assert gap.parallel(1) == 1.0  # one worker is itself
+    assert gap.parallel(2) == pytest.approx(1.5)
+    assert gap.parallel(4) == pytest.approx(3.0)  # held at the measured per-worker share beyond k
+    wide = replace(NO_GAP, cores_scaling=0.5, cores_k=5)
+    assert wide.parallel(3) == pytest.approx(3 * (1 - 0.5 * 2 / 4))  # interpolated from 1 at one worker
+    assert NO_GAP.parallel(3) == 3.0  # not measured: each worker a whole one
+    # 2 loader-bound workers at 10 ms/sample, batch 8: T_L = 80 / 1.5 ms, not 80 / 2
+    p = predict(cost(10), HOST, target(workers=2), gap, WORKER)
+    assert p.step_ms == pytest.approx(80 / 1.5)
+    assert predict(cost(10), HOST, target(workers=2), NO_GAP, WORKER).step_ms == pytest.approx(40.0)
+    # the CPU bound scales the same way: 4 workers on 2 free cores at 0.75 each
+    two = Host(usable_cores=2, other_cores=0.0, overhead_s=0.0)
+    assert predict(cost(10), two, target(workers=4), gap, WORKER).step_ms == pytest.approx(80 / (2 * 0.75))
+    # DALI's threads and the main process are not worker processes: no scaling
+    assert predict(cost(10), HOST, target("dali", workers=2), gap, MAIN).step_ms == pytest.approx(
+        predict(cost(10), HOST, target("dali", workers=2), NO_GAP, MAIN).step_ms
+    )
+
+
+def test_a_loader_bound_worker_run_counts_its_workers_at_the_measured_scaling() -> None:
+    m = run(workers=2, throughput=100.0, data_wait_ms=70, step_ms=80, workers_cpu_pct=5.0)
+    gap = replace(NO_GAP, cores_scaling=0.8, cores_k=2)
+    assert loader_cost(m, gap).wall_s == pytest.approx(1.6 / 100)  # 2 workers delivered 1.6 workers' rate
+    assert loader_cost(m).wall_s == pytest.approx(2 / 100)
+
+
+def test_with_cores_is_the_ratio_of_the_medians_per_worker_at_most_one() -> None:
+    g = with_cores(NO_GAP, 2, [0.010, 0.010, 0.010], [0.008, 0.006, 0.0062])
+    assert g.cores_scaling == pytest.approx(0.010 / 0.0062 / 2)
+    assert g.cores_rounds == pytest.approx((0.625, 0.010 / 0.006 / 2, 0.010 / 0.0062 / 2))
+    assert with_cores(NO_GAP, 2, [0.010], [0.004]).cores_scaling == 1.0  # faster than k single ones: noise
+    with pytest.raises(ValueError):
+        with_cores(NO_GAP, 1, [0.01], [0.01])
+
+
+def test_workers_needed_count_the_measured_scaling() -> None:
+    # 80 ms of loading a batch against a 7 ms fed step: 11.4 single workers' rates; at 0.75 each, 16 workers
+    gap = replace(NO_GAP, cores_scaling=0.75, cores_k=2)
+    p = predict(cost(10), HOST, target(workers=2), gap, WORKER)
+    assert p.workers_needed == math.ceil(80 / 7 / 0.75)
+    assert p.cores_needed == math.ceil(80 / 7 / 0.75)
+    assert predict(cost(10), HOST, target(workers=2), NO_GAP, WORKER).workers_needed == 12
+    assert predict(cost(10), HOST, target("dali", workers=2), gap, MAIN).workers_needed == 12  # threads: whole

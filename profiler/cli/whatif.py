@@ -105,7 +105,9 @@ def add_parsers(sub: Any) -> None:
         choices=("measure", "off"),
         default="measure",
         help="measure how much more a sample costs a worker process than the main process on the run's dataset, "
-        "and apply it where a prediction moves the loading between them (default); off: assume the same cost",
+        "and how much the usable cores' worth of workers deliver together, and apply them where a prediction moves "
+        "the loading between them or changes how many workers load (default); off: assume the same cost and that "
+        "each worker adds a whole one",
     )
     w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
 
@@ -247,10 +249,10 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         steps.target(dev, m.pipeline, w, b, m.bytes_per_sample) for dev in devices for b in batches for w in workers
     ]
     measured_at = loader_place(m.pipeline, m.workers)
-    crossing = [t for t in targets if t.fits and loader_place(t.pipeline, t.workers) != measured_at]
     gap = NO_GAP
-    if crossing:
+    if _needs_gap(m, targets):
         gap = _measure_gap(src) if args.worker_gap == "measure" else replace(NO_GAP, source="--worker-gap off")
+        cost = loader_cost(m, gap)
     predictions = [predict(cost, host, t, gap, measured_at) for t in targets]
     result = WhatIf(str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(_notes(src)), gap=gap)
     code = EXIT_OK
@@ -267,6 +269,21 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return code
 
 
+def _needs_gap(m: Any, targets: Sequence[Any]) -> bool:
+    """Whether a prediction moves the loading between the main process and workers, or changes how many worker
+    processes (more than one) load together: then the gap and the cores' scaling are measured."""
+    from profiler.whatif import WORKER, loader_place
+
+    src_place = loader_place(m.pipeline, m.workers)
+    for t in targets:
+        if not t.fits:
+            continue
+        place = loader_place(t.pipeline, t.workers)
+        if place != src_place or (place == WORKER and t.workers != m.workers and max(t.workers, m.workers) > 1):
+            return True
+    return False
+
+
 def _measure_gap(src: _Source) -> Any:
     """The worker vs main-process cost of the run's dataset (profiler.loadergap), or 1 with the reason."""
     from profiler.loadergap import DEFAULT_ROUNDS, DEFAULT_SAMPLES, measure_gap
@@ -279,7 +296,8 @@ def _measure_gap(src: _Source) -> Any:
     threads = src.meta.get("torch_threads")
     say(
         f"measuring the worker vs main-process loading cost: {DEFAULT_SAMPLES} samples x {DEFAULT_ROUNDS} rounds "
-        f"each way (main process at {threads or 'the current'} intra-op threads)"
+        f"each way (main process at {threads or 'the current'} intra-op threads), then as many workers as usable "
+        "cores together"
     )
     try:
         dataset = src.scenario.build_dataset(options)

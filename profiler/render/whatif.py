@@ -135,7 +135,8 @@ def render_whatif(result: WhatIf, console: Console) -> None:
         Text(
             "stall: the share of the step the device does not compute; bound: the largest part of the step "
             "(loader; device; launch: the host's kernel launches and loop overhead; host link: the copy); to feed "
-            "it: ceil(batch x loader cost per sample / step time with an instant loader)",
+            "it: the fewest workers (cores) that deliver batch x loader cost (CPU) per sample / step time with an "
+            "instant loader, at the measured workers' scaling",
             style="dim",
         )
     )
