@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -38,6 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from profiler.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.export.endpoint import parse_endpoint
 from profiler.recording import Recording
 from profiler.sampler import Sampler
 from profiler.sources import sched as schedstat
@@ -46,6 +48,7 @@ from profiler.store import PhaseRow, RunStore, StepRow, StoreWriteError
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+    from profiler.export.prometheus import PrometheusExporter
 
 # name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
 _PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
@@ -138,9 +141,14 @@ class Session:
         recent: int = 1024,
         timer: DeviceTimer | None = None,
         store_errors: str = "warn",
+        prometheus: str | int | None = None,
     ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
+        # prometheus: "[ADDR:]PORT" served while the session runs (docs/integrations.md); checked here, bound at start
+        self._endpoint = parse_endpoint(str(prometheus)) if prometheus is not None else None
+        self._export = contextlib.ExitStack()
+        self.exporter: PrometheusExporter | None = None
         self.out_dir = Path(out_dir)
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
         self.sample_hz = sample_hz
@@ -210,6 +218,10 @@ class Session:
     def start(self) -> Session:
         if self._rec is not None:
             return self
+        if self._endpoint is not None and self.exporter is None:  # bound first: a port in use records nothing
+            from profiler.export.prometheus import session_exporter
+
+            self.exporter = self._export.enter_context(session_exporter(self, self._endpoint))
         self._t0 = self._clock()
         if self._timer is None:
             self._timer = make_timer(self.device, self._now)
@@ -223,7 +235,11 @@ class Session:
             clock=self._clock,
             store_errors=self._store_errors,
         )
-        self._store = self._rec.start(t0=self._t0)
+        try:
+            self._store = self._rec.start(t0=self._t0)
+        except BaseException:
+            self._export.close()  # nothing to serve: the port is free again
+            raise
         self.sampler = self._rec.sampler
         self._runq_reason = schedstat.probe()
         self._store.put_meta(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
@@ -268,7 +284,9 @@ class Session:
             self._runq = None
         if self._unattributed:
             self._rec.event("warning", f"{self._unattributed} phase(s) ran outside any step", "session")
-        return self._rec.close(status, error)
+        summary = self._rec.close(status, error)
+        self._export.close()
+        return summary
 
     def summary(self) -> Summary | None:
         """The run's Summary, built once when the session closed (None while it runs)."""

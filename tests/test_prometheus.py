@@ -290,3 +290,19 @@ def test_run_serves_the_summary_stall_while_it_trains(tmp_path: Path) -> None:
     assert one(during, "stallscope_run_stall_ratio") > 0.5  # io_wait at batch 2: 40 ms wait to 20 ms forward
     ((labels, _),) = during["stallscope_run_info"]
     assert labels["scenario"] == "io-wait" and labels["simulated"] == "false"
+
+
+def test_a_session_serves_itself_for_integrations(tmp_path: Path) -> None:
+    """``Session(..., prometheus=PORT)``: what the Lightning and HF integrations pass through."""
+    with pytest.raises(ValueError, match="allowed PORT or ADDR:PORT"):
+        Session(tmp_path / "bad", prometheus="nope")
+    with Session(tmp_path / "run", sample_hz=20, device="cpu", prometheus="127.0.0.1:0") as s:
+        assert s.exporter is not None
+        url = s.exporter.url
+        for _ in s.wrap(sleep_loader(6, 0.003)):
+            with s.phase("compute"):
+                time.sleep(0.003)
+        got = scrape(url)
+    assert one(got, "stallscope_steps_total") == 6
+    with pytest.raises(OSError):  # closed with the session: the port is free
+        urllib.request.urlopen(url, timeout=2)

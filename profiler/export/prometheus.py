@@ -222,6 +222,32 @@ def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
     return PrometheusExporter(ep).start()
 
 
+class _SessionFeed:
+    """A Session read as a live feed: ``profiler.feeds.SessionFeed``'s reads (that module imports the session,
+    which starts this exporter: importing it here would close a circle)."""
+
+    def __init__(self, session: Any) -> None:
+        self._s = session
+
+    def poll(self) -> tuple[Steps, Samples]:
+        sampler = self._s.sampler
+        return list(self._s.recent), list(sampler.buffer) if sampler is not None else []
+
+    def status(self) -> str:
+        return str(self._s.status or "running")
+
+    def meta(self) -> dict[str, Any]:
+        return dict(self._s.meta)
+
+
+@contextlib.contextmanager
+def session_exporter(session: Any, endpoint: Endpoint) -> Iterator[PrometheusExporter]:
+    """``Session(..., prometheus=PORT)``: serve the session's figures while the block runs (integrations pass
+    their ``prometheus`` argument through to the Session)."""
+    with PrometheusExporter(endpoint) as exporter, exporter.follow(_SessionFeed(session)):
+        yield exporter
+
+
 def scrape_text(exporter: PrometheusExporter) -> str:
     """The exposition text a scrape would get now (tests, and a one-off dump without HTTP)."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -245,4 +271,5 @@ __all__ = [
     "parse_endpoint",
     "scrape_text",
     "serve",
+    "session_exporter",
 ]
