@@ -10,6 +10,7 @@ counters are compared exactly with the store's sums over the same steps.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -265,7 +266,7 @@ def test_run_serves_the_summary_stall_while_it_trains(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert proc.stderr is not None
@@ -306,3 +307,56 @@ def test_a_session_serves_itself_for_integrations(tmp_path: Path) -> None:
     assert one(got, "stallscope_steps_total") == 6
     with pytest.raises(OSError):  # closed with the session: the port is free
         urllib.request.urlopen(url, timeout=2)
+
+
+def _serving(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """A stallscope command started with ``--prometheus 0`` and the address it printed first."""
+    cut = args.index("--") if "--" in args else len(args)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profiler", *args[:cut], "--prometheus", "0", *args[cut:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    assert line.startswith("stallscope: Prometheus metrics at http://127.0.0.1:"), line
+    return proc, line.split(" at ", 1)[1].strip()
+
+
+def test_zero_code_serves_the_sampler(tmp_path: Path) -> None:
+    script = "import time; time.sleep(6)"
+    proc, url = _serving(["run", "--no-live", "--out", str(tmp_path / "z"), "--", sys.executable, "-c", script])
+    try:
+        got: list[dict[str, list[tuple[dict[str, str], float]]]] = []
+        assert wait_until(lambda: bool(got.append(scrape(url)) or "stallscope_host_cpu_ratio" in got[-1]), 60, 0.25)
+        ((labels, _),) = got[-1]["stallscope_run_info"]
+        assert labels["mode"] == "zero-code"
+        assert 0.0 <= one(got[-1], "stallscope_host_cpu_ratio") <= 1.0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_watch_serves_the_run_it_follows(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with Session(run, sample_hz=20, device="cpu") as s:
+        it = s.wrap(sleep_loader(100_000, 0.005))
+        next(it)  # the store exists and the run is "running"
+        proc, url = _serving(["watch", str(run)])
+        try:
+            got: list[dict[str, list[tuple[dict[str, str], float]]]] = []
+
+            def ten_steps() -> bool:
+                next(it)  # the watched run goes on while the test scrapes
+                got.append(scrape(url))
+                return got[-1].get("stallscope_steps_total", [({}, 0.0)])[0][1] >= 10
+
+            assert wait_until(ten_steps, 60, 0.02)
+        finally:
+            it.close()
+    assert proc.wait(timeout=60) == 0  # the run ended: watch printed its report and exited
+    ((labels, _),) = got[-1]["stallscope_run_info"]
+    assert labels["run_id"] == s.meta["run_id"]

@@ -202,9 +202,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise BadInput(str(exc)) from None
     if feed.status() == "running":
-        say(f"watching {args.run_dir} (Ctrl-C stops watching, not the run)")
         try:
             with exporter_for(args) as exporter, _export(exporter, lambda: StoreFeed(args.run_dir)):
+                say(f"watching {args.run_dir} (Ctrl-C stops watching, not the run)")
                 watch(feed)
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
@@ -222,9 +222,9 @@ def _watch_job(args: argparse.Namespace) -> int:
     feed = JobFeed(args.run_dir)
     feed.poll()
     if feed.status() == "running":
-        say(f"watching job {args.run_dir} (Ctrl-C stops watching, not the job)")
         try:
             with exporter_for(args) as exporter, _export(exporter, lambda: JobFeed(args.run_dir), job=True):
+                say(f"watching job {args.run_dir} (Ctrl-C stops watching, not the job)")
                 watch_job(feed)
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
