@@ -360,3 +360,33 @@ def test_watch_serves_the_run_it_follows(tmp_path: Path) -> None:
     assert proc.wait(timeout=60) == 0  # the run ended: watch printed its report and exited
     ((labels, _),) = got[-1]["stallscope_run_info"]
     assert labels["run_id"] == s.meta["run_id"]
+
+
+class _FlakyFeed:
+    """A run feed whose second and later polls fail."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def poll(self) -> tuple[list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
+        self.polls += 1
+        if self.polls > 1:
+            raise OSError("store gone")
+        return _steps(5, wait=0.01, h2d=0.0, step=0.02), []
+
+    def status(self) -> str:
+        return "running"
+
+    def meta(self) -> dict[str, object]:
+        return {}
+
+
+def test_a_failing_feed_keeps_the_last_figures_and_its_error() -> None:
+    exporter = PrometheusExporter(Endpoint("127.0.0.1", 0), poll_s=0.01).start()
+    try:
+        with exporter.follow(_FlakyFeed()):
+            got = {f.name: f for f in text_string_to_metric_families(scrape_text(exporter))}
+    finally:
+        exporter.close()
+    assert got["stallscope_steps"].samples[0].value == 5
+    assert isinstance(exporter.error, OSError) and "store gone" in str(exporter.error)

@@ -411,7 +411,21 @@ def exporter_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[
     except ExporterError as exc:
         raise BadInput(str(exc)) from None
     say(f"Prometheus metrics at {exporter.url}")
-    return exporter
+    return _serving(exporter)
+
+
+@contextlib.contextmanager
+def _serving(exporter: PrometheusExporter) -> Iterator[PrometheusExporter]:
+    try:
+        yield exporter
+    finally:
+        exporter.close()
+        if exporter.error is not None:  # the run went on; the endpoint kept its last figures meanwhile
+            err = exporter.error
+            say(
+                f"the Prometheus endpoint could not read the run's figures (its last ones stayed served): "
+                f"{type(err).__name__}: {err}"
+            )
 
 
 def live_monitor(
