@@ -1,0 +1,67 @@
+"""What every trainer integration does the same way: where a rank's store goes, the Session's facts, the report.
+
+Invariants:
+- One process, one store: in a world of one the store is ``out_dir`` itself; rank R of a larger world writes
+  ``out_dir/rank-R/`` with the multi-rank keys in its meta (docs/multi-rank.md), so ``stallscope report
+  out_dir`` reads the ranks as one job and ``stallscope report out_dir/rank-R`` reads one alone.
+- Closing never raises out of a framework's teardown: the store is the record, and the training's own outcome
+  must not be hidden by the profiler's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from profiler.analysis import Summary
+from profiler.session import Session
+
+log = logging.getLogger("stallscope")
+
+# Session arguments an integration passes through unchanged
+SESSION_ARGS = ("sample_hz", "warmup", "sources", "meta", "batch_size", "workers", "pin_memory", "max_lag")
+
+
+def rank_dir(out_dir: str | os.PathLike[str], rank: int, world_size: int) -> Path:
+    """The store of ``rank``: ``out_dir`` in a world of one, ``out_dir/rank-R`` in a larger one."""
+    root = Path(out_dir)
+    return root / f"rank-{rank}" if world_size > 1 else root
+
+
+def torch_device(device: Any) -> str:
+    """A Session device for the torch device a trainer computes on: CUDA ones as they are, any other ``cpu``."""
+    text = str(device)
+    return text if text.startswith("cuda") else "cpu"
+
+
+def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nnodes: int) -> dict[str, Any]:
+    """The multi-rank keys a rank's store carries (as ``stallscope run --nproc`` writes them); none for one rank."""
+    if world_size <= 1:
+        return {}
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": local_rank,
+        "node_rank": node_rank,
+        "nnodes": nnodes,
+        "job_id": os.environ.get("TORCHELASTIC_RUN_ID", ""),
+    }
+
+
+def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any]) -> Session:
+    """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` the trainer's
+    (device, scenario label, pipeline label, meta); the user's own meta wins over the trainer's."""
+    meta = {**facts.pop("meta", {}), **(options.get("meta") or {})}
+    return Session(out_dir, **{**options, **facts, "meta": meta}).start()
+
+
+def print_report(summary: Summary | None, out_dir: Path) -> None:
+    """The report of a run that ended, on stdout, as ``stallscope run`` prints it."""
+    if summary is None:
+        log.warning("stallscope: no summary for %s; `stallscope report %s` reads the store", out_dir, out_dir)
+        return
+    from profiler.render.report import make_console, render_report
+
+    render_report(summary, make_console())
