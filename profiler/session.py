@@ -340,25 +340,31 @@ class Session:
 
         For a loop that fetches its batches itself (Lightning's, Hugging Face's Trainer), where :meth:`wrap`
         cannot stand between the loop and its loader: the hooks that see the fetch give its duration to
-        :meth:`add_wait` and the batch's size to :meth:`add_samples`; phases work as under ``wrap()``. Such steps
-        carry no run-queue wait (schedstat is read by ``wrap()`` only)."""
+        :meth:`add_wait` and the batch's size to :meth:`add_samples`; phases work as under ``wrap()``. The
+        run-queue wait is that of the thread that opens the first step, read when these are called: from the
+        call here to the last ``add_wait`` (data) and to the step's end (step)."""
         if self._store is None:
             raise RuntimeError("Session.open_step() needs a started session: call start() first")
         t = self._clock() if t_start is None else t_start
+        rq = self._thread_runq()
+        raw = rq.raw() if rq is not None else None
         if self._step >= 0:
-            self._end_step(t)
+            self._end_step(t, raw)
         self._step = self._next_index
         self._next_index += 1
         self._step_t0 = t
         self._step_wait = 0.0
         self._step_samples = None
         self._samples_unknown = False
-        self._step_raws = (None, None)
+        self._step_raws = (raw, None)
 
     def add_wait(self, seconds: float) -> None:
         """Add ``seconds`` blocked fetching a batch to the open step's data wait (no step open: ignored)."""
         if self._step >= 0:
             self._step_wait += seconds
+            start = self._step_raws[0]
+            if start is not None and (rq := self._runq) is not None and rq.ident == threading.get_ident():
+                self._step_raws = (start, rq.raw())
 
     def add_samples(self, n: int | None) -> None:
         """Count a batch of ``n`` items in the open step; None (a batch whose size cannot be told) makes the
@@ -373,7 +379,9 @@ class Session:
     def close_step(self, t_end: float | None = None) -> None:
         """End the open step at ``t_end`` (now when None): the loop left it (an epoch ended). No step open: nothing."""
         if self._step >= 0:
-            self._end_step(self._clock() if t_end is None else t_end)
+            rq = self._runq
+            raw = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
+            self._end_step(self._clock() if t_end is None else t_end, raw)
 
     @property
     def in_step(self) -> bool:

@@ -10,6 +10,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,11 +25,11 @@ from profiler.analysis import summarize
 from profiler.integrations.lightning import StallscopeCallback, StallscopeProfiler, pl
 from profiler.store import load_run
 
-BATCH, ITEM_S, STEPS, WARMUP = 8, 0.003, 20, 2
+BATCH, ITEM_S, STEPS, WARMUP = 8, 0.004, 20, 2
 
 
 class Items(Dataset[tuple[torch.Tensor, int]]):
-    """``n`` items, each ``__getitem__`` sleeping ``ITEM_S`` (timed into ``truth`` in item order)."""
+    """``n`` items, each ``__getitem__`` sleeping ``ITEM_S``; each whole call is timed into ``truth``, in order."""
 
     def __init__(self, n: int, truth: Truth) -> None:
         self.n, self.truth = n, truth
@@ -37,8 +38,11 @@ class Items(Dataset[tuple[torch.Tensor, int]]):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        self.truth.sleep("item", ITEM_S)
-        return torch.full((4,), float(i % 5)), i % 3
+        t0 = time.perf_counter()
+        time.sleep(ITEM_S)
+        item = torch.full((4,), float(i % 5)), i % 3
+        self.truth.spent.setdefault("item", []).append(time.perf_counter() - t0)  # the whole item, as it ran
+        return item
 
 
 class Tiny(pl.LightningModule):  # type: ignore[misc]

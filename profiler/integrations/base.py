@@ -20,9 +20,6 @@ from profiler.session import Session
 
 log = logging.getLogger("stallscope")
 
-# Session arguments an integration passes through unchanged
-SESSION_ARGS = ("sample_hz", "warmup", "sources", "meta", "batch_size", "workers", "pin_memory", "max_lag")
-
 
 def rank_dir(out_dir: str | os.PathLike[str], rank: int, world_size: int) -> Path:
     """The store of ``rank``: ``out_dir`` in a world of one, ``out_dir/rank-R`` in a larger one."""
@@ -51,10 +48,12 @@ def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nn
 
 
 def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any]) -> Session:
-    """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` the trainer's
-    (device, scenario label, pipeline label, meta); the user's own meta wins over the trainer's."""
-    meta = {**facts.pop("meta", {}), **(options.get("meta") or {})}
-    return Session(out_dir, **{**options, **facts, "meta": meta}).start()
+    """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` what the trainer
+    tells (device, labels, loader knobs, meta). The user's wins where both give one; the meta dicts merge."""
+    meta = {**facts.get("meta", {}), **(options.get("meta") or {})}
+    args = {k: v for k, v in facts.items() if k != "meta"}
+    args.update((k, v) for k, v in options.items() if k != "meta" and v is not None)
+    return Session(out_dir, **args, meta=meta).start()
 
 
 def print_report(summary: Summary | None, out_dir: Path) -> None:

@@ -99,14 +99,11 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
                     nnodes=max(1, world // max(1, local_world)),
                 ),
             },
-            **{
-                "workers": args.dataloader_num_workers,
-                "pin_memory": args.dataloader_pin_memory,
-                "batch_size": args.per_device_train_batch_size,
-                **(loader_facts(loader) if loader is not None else {}),
-            },
+            "workers": args.dataloader_num_workers,
+            "pin_memory": args.dataloader_pin_memory,
+            "batch_size": args.per_device_train_batch_size,
+            **(loader_facts(loader) if loader is not None else {}),
         }
-        facts = {k: v for k, v in facts.items() if self.options.get(k) is None}
         self.session = start_session(rank_dir(self.out_dir, rank, world), self.options, facts)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -162,7 +159,9 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         if self.report and self._rank == 0:
             print_report(s.summary(), s.run_dir)
             if not self.timed_fetch:
-                log.warning("stallscope: the data wait above is an %s; instrument(trainer, ...) times it exactly", BOUND)
+                log.warning(
+                    "stallscope: the data wait above is an %s; instrument(trainer, ...) times it exactly", BOUND
+                )
 
 
 class _TimedIterator:

@@ -125,7 +125,7 @@ class _Recorder:
         if kind == _FETCH:
             self._fetch_t0 = t = s.clock()
             s.open_step(t)
-        elif kind == _H2D and self._fetched or kind == _COMPUTE and s.in_step:
+        elif (kind == _H2D and self._fetched) or (kind == _COMPUTE and s.in_step):
             self._fetched = False
             phase = s.phase("h2d" if kind == _H2D else "compute")
             phase.__enter__()
