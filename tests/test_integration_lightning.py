@@ -124,13 +124,12 @@ def test_a_fit_that_raises_keeps_its_steps_and_says_failed(tmp_path: Path) -> No
     assert len(record.steps) >= 5  # the steps before the failure, and the one that failed
 
 
-def test_each_rank_of_a_larger_world_writes_its_own_store(tmp_path: Path) -> None:
-    """A stand-in trainer of world 2 (no processes launched): rank 1's store is RUN_DIR/rank-1 with the rank keys."""
-    cb = StallscopeCallback(tmp_path / "job", sources=[], report=False)
+def _stand_in_fit(cb: StallscopeCallback, world: int, rank: int, steps: int = 3) -> Any:
+    """Lightning's calls for ``steps`` training steps, on a stand-in trainer (no processes launched)."""
     trainer = SimpleNamespace(
-        world_size=2,
-        global_rank=1,
-        local_rank=1,
+        world_size=world,
+        global_rank=rank,
+        local_rank=rank,
         node_rank=0,
         num_nodes=1,
         lightning_module=None,
@@ -138,18 +137,33 @@ def test_each_rank_of_a_larger_world_writes_its_own_store(tmp_path: Path) -> Non
         profiler=pl.profilers.PassThroughProfiler(),
     )
     cb.setup(trainer, None, "fit")
-    for _ in range(3):
+    for _ in range(steps):
         trainer.profiler.start("[_TrainingEpochLoop].train_dataloader_next")
         trainer.profiler.stop("[_TrainingEpochLoop].train_dataloader_next")
         with trainer.profiler.profile("run_training_batch"):
             pass
     trainer.profiler.stop("run_training_epoch")
     cb.teardown(trainer, None, "fit")
+    return trainer
+
+
+def test_each_rank_of_a_larger_world_writes_its_own_store(tmp_path: Path) -> None:
+    """Rank 1 of a world of 2 writes RUN_DIR/rank-1 with the rank keys."""
+    trainer = _stand_in_fit(StallscopeCallback(tmp_path / "job", sources=[], report=False), world=2, rank=1)
     assert isinstance(trainer.profiler, pl.profilers.PassThroughProfiler)
     record = load_run(tmp_path / "job" / "rank-1")
     assert len(record.steps) == 3
     assert (record.meta["rank"], record.meta["world_size"], record.meta["local_rank"]) == (1, 2, 1)
     assert not (tmp_path / "job" / "rank-0").exists()
+
+
+def test_a_second_fit_is_recorded_in_a_store_of_its_own(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cb = StallscopeCallback(tmp_path / "run", sources=[], report=False)
+    _stand_in_fit(cb, world=1, rank=0, steps=3)
+    _stand_in_fit(cb, world=1, rank=0, steps=2)
+    assert len(load_run(tmp_path / "run").steps) == 3
+    assert len(load_run(tmp_path / "run-2").steps) == 2
+    assert "holds an earlier training; this one is recorded in" in caplog.text
 
 
 def test_without_lightning_the_import_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,7 @@
 """What every trainer integration does the same way: where a rank's store goes, the Session's facts, the report.
 
 Invariants:
-- One process, one store: in a world of one the store is ``out_dir`` itself; rank R of a larger world writes
+- One training, one store: in a world of one the store is ``out_dir`` itself; rank R of a larger world writes
   ``out_dir/rank-R/`` with the multi-rank keys in its meta (docs/multi-rank.md), so ``stallscope report
   out_dir`` reads the ranks as one job and ``stallscope report out_dir/rank-R`` reads one alone.
 - Closing never raises out of a framework's teardown: the store is the record, and the training's own outcome
@@ -21,9 +21,16 @@ from profiler.session import Session
 log = logging.getLogger("stallscope")
 
 
-def rank_dir(out_dir: str | os.PathLike[str], rank: int, world_size: int) -> Path:
-    """The store of ``rank``: ``out_dir`` in a world of one, ``out_dir/rank-R`` in a larger one."""
+def rank_dir(out_dir: str | os.PathLike[str], rank: int, world_size: int, run: int = 1) -> Path:
+    """The store of ``rank``: ``out_dir`` in a world of one, ``out_dir/rank-R`` in a larger one. The ``run``-th
+    training recorded by one profiler object (a second ``fit``) goes to ``out_dir-N`` instead, said once on the
+    ``stallscope`` logger: two trainings in one store would mix their steps."""
     root = Path(out_dir)
+    if run > 1:
+        moved = root.with_name(f"{root.name}-{run}")
+        if rank == 0:
+            log.warning("stallscope: %s holds an earlier training; this one is recorded in %s", root, moved)
+        root = moved
     return root / f"rank-{rank}" if world_size > 1 else root
 
 

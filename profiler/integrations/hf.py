@@ -73,6 +73,7 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         self._t_prev = 0.0  # the previous step's end (or the epoch's start): the next step starts there
         self._compute: Any = None
         self._rank = 0
+        self._runs = 0  # trainings recorded so far
 
     # -- the Trainer's events ---------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -104,7 +105,8 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
             "batch_size": args.per_device_train_batch_size,
             **(loader_facts(loader) if loader is not None else {}),
         }
-        self.session = start_session(rank_dir(self.out_dir, rank, world), self.options, facts)
+        self._runs += 1
+        self.session = start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts)
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         s = self.session

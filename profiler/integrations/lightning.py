@@ -88,6 +88,7 @@ class _Recorder:
         self._fetch_t0 = 0.0
         self._fetched = False  # a training batch was fetched and has not reached run_training_batch yet
         self._rank = 0
+        self._runs = 0  # fits recorded so far
 
     def open(self, trainer: Any, form: str) -> None:
         if self.session is not None and self.session.status is None:
@@ -113,7 +114,8 @@ class _Recorder:
         }
         self._open.clear()
         self._fetched = False
-        self.session = start_session(rank_dir(self.out_dir, rank, world), self.options, facts)
+        self._runs += 1
+        self.session = start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts)
 
     def start(self, action: str) -> None:
         kind = self._kinds.get(action)
