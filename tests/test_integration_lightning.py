@@ -61,7 +61,20 @@ class Tiny(pl.LightningModule):  # type: ignore[misc]
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit(profiler: Any = None, callbacks: list[Any] | None = None, fail_at: int = -1) -> tuple[Truth, Any]:
+class Validated(Tiny):
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.lin(batch[0])
+
+
+def _fit(
+    profiler: Any = None,
+    callbacks: list[Any] | None = None,
+    fail_at: int = -1,
+    steps: int = STEPS + WARMUP,
+    validate: bool = False,
+) -> tuple[Truth, Any]:
+    """Fit ``Tiny`` on ``steps`` batches of sleeping items; the truth of the training items, or with
+    ``validate`` of the validation items (2 batches at the end of the epoch, after a sanity check of 1)."""
     truth = Truth()
     trainer = pl.Trainer(
         max_epochs=1,
@@ -73,8 +86,14 @@ def _fit(profiler: Any = None, callbacks: list[Any] | None = None, fail_at: int 
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        num_sanity_val_steps=1,
     )
-    loader = DataLoader(Items(BATCH * (STEPS + WARMUP), truth), batch_size=BATCH, num_workers=0)
+    loader = DataLoader(Items(BATCH * steps, truth), batch_size=BATCH, num_workers=0)
+    if validate:
+        val_truth = Truth()
+        val = DataLoader(Items(BATCH * 2, val_truth), batch_size=BATCH, num_workers=0)
+        trainer.fit(Validated(), loader, val)
+        return val_truth, trainer
     trainer.fit(Tiny(fail_at), loader)
     return truth, trainer
 
@@ -112,6 +131,20 @@ def test_callback_form_records_the_same_and_keeps_the_users_profiler(tmp_path: P
     _check_truth(tmp_path / "run", truth)
     assert type(trainer.profiler).__name__ == "SimpleProfiler"  # put back at teardown
     assert "[_TrainingEpochLoop].train_dataloader_next" in trainer.profiler.recorded_durations  # and it saw every call
+
+
+def test_a_validation_run_inside_fit_is_a_phase_of_the_step_it_ran_in(tmp_path: Path) -> None:
+    prof = StallscopeProfiler(tmp_path / "run", sources=[], report=False)
+    val_truth, _ = _fit(profiler=prof, steps=4, validate=True)
+    record = load_run(tmp_path / "run")
+    assert len(record.steps) == 4
+    val = [p for p in record.phases if p.name == "validation"]
+    assert [p.step for p in val] == [3]  # the epoch's last step; the sanity check ran before any step
+    items = val_truth.spent["item"]
+    assert len(items) == BATCH * 3  # the sanity check's batch, then the run's two
+    injected = sum(items[BATCH:])
+    took = val[0].t_end - val[0].t_start
+    assert injected <= took <= 1.3 * injected + 0.02, (took, injected)
 
 
 def test_a_fit_that_raises_keeps_its_steps_and_says_failed(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """PyTorch Lightning: ``Trainer(profiler=StallscopeProfiler("runs/x"))``, or ``callbacks=[StallscopeCallback(...)]``.
 
-Lightning times its own loop through its profiler: every action is a ``start(name)``/``stop(name)`` pair. Four
+Lightning times its own loop through its profiler: every action is a ``start(name)``/``stop(name)`` pair. Five
 of them are the parts of a training step that stallscope records (Lightning 2.x names):
 
 - ``[_TrainingEpochLoop].train_dataloader_next``: the loop asks its loader for a batch. The step starts at its
@@ -8,8 +8,11 @@ of them are the parts of a training step that stallscope records (Lightning 2.x 
 - ``[Strategy]<Strategy>.batch_to_device`` right after that fetch: phase ``h2d``.
 - ``run_training_batch``: phase ``compute`` (training_step, backward, optimizer step, their hooks).
 - ``run_training_epoch`` (its stop): the epoch's last step ends.
+- ``[Strategy]<Strategy>.on_validation_start`` (its start) to ``...on_validation_end`` (its stop), inside a
+  step: phase ``validation`` (a validation run inside fit; the sanity check, before the first step, is not
+  in any step).
 
-Whatever else the step does (the batch hooks, logging, a validation run inside the epoch) is "other".
+Whatever else the step does (the batch hooks, logging, a checkpoint) is "other".
 
 Invariants:
 - Lightning profiles every hook call (dozens per step): an action that is not one of these costs one dict
@@ -64,14 +67,17 @@ _Profiler: Any = pl.profilers.Profiler
 _Callback: Any = pl.Callback
 
 # what an action is to stallscope
-_OTHER, _FETCH, _H2D, _COMPUTE, _EPOCH = range(5)
+_OTHER, _FETCH, _H2D, _COMPUTE, _EPOCH, _VAL_START, _VAL_END = range(7)
 
 
 def _classify(action: str) -> int:
     if action.startswith("[") and action.endswith("].train_dataloader_next"):
         return _FETCH
-    if action.startswith("[Strategy]") and action.endswith(".batch_to_device"):
-        return _H2D
+    if action.startswith("[Strategy]"):
+        for end, kind in ((".batch_to_device", _H2D), (".on_validation_start", _VAL_START)):
+            if action.endswith(end):
+                return kind
+        return _VAL_END if action.endswith(".on_validation_end") else _OTHER
     return {"run_training_batch": _COMPUTE, "run_training_epoch": _EPOCH}.get(action, _OTHER)
 
 
@@ -127,11 +133,12 @@ class _Recorder:
         if kind == _FETCH:
             self._fetch_t0 = t = s.clock()
             s.open_step(t)
-        elif (kind == _H2D and self._fetched) or (kind == _COMPUTE and s.in_step):
+        elif (kind == _H2D and self._fetched) or (kind in (_COMPUTE, _VAL_START) and s.in_step):
             self._fetched = False
-            phase = s.phase("h2d" if kind == _H2D else "compute")
+            name = "h2d" if kind == _H2D else "compute" if kind == _COMPUTE else "validation"
+            phase = s.phase(name)
             phase.__enter__()
-            self._open[action] = phase
+            self._open[name if kind == _VAL_START else action] = phase
 
     def stop(self, action: str) -> None:
         kind = self._kinds.get(action, _OTHER)
@@ -143,7 +150,7 @@ class _Recorder:
             self._fetched = True
         elif kind == _EPOCH:
             s.close_step()
-        elif (phase := self._open.pop(action, None)) is not None:
+        elif (phase := self._open.pop("validation" if kind == _VAL_END else action, None)) is not None:
             phase.__exit__(None, None, None)
 
     def batch(self, batch: Any) -> None:
