@@ -177,6 +177,7 @@ class Session:
         self._step_t0 = 0.0
         self._step_wait = 0.0
         self._step_samples: int | None = None
+        self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
         self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
         # the training thread's schedstat reader (opened by the first wrap()), and raws at step start / data
         self._runq: schedstat.ThreadSched | None = None
@@ -351,6 +352,60 @@ class Session:
             if self._step >= 0 and self._status is None:
                 self._end_step(clock(), raw() if raw else None)
 
+    # -- steps driven from outside: a framework's loop that fetches its own batches (profiler/integrations/) --
+    def open_step(self, t_start: float | None = None) -> None:
+        """End the open step at ``t_start`` (a :attr:`clock` reading; now when None) and open the next one there.
+
+        For a loop that fetches its batches itself (Lightning's, Hugging Face's Trainer), where :meth:`wrap`
+        cannot stand between the loop and its loader: the hooks that see the fetch give its duration to
+        :meth:`add_wait` and the batch's size to :meth:`add_samples`; phases work as under ``wrap()``. The
+        run-queue wait is that of the thread that opens the first step, read when these are called: from the
+        call here to the last ``add_wait`` (data) and to the step's end (step)."""
+        if self._store is None:
+            raise RuntimeError("Session.open_step() needs a started session: call start() first")
+        t = self._clock() if t_start is None else t_start
+        rq = self._thread_runq()
+        raw = rq.raw() if rq is not None else None
+        if self._step >= 0:
+            self._end_step(t, raw)
+        self._step = self._next_index
+        self._next_index += 1
+        self._step_t0 = t
+        self._step_wait = 0.0
+        self._step_samples = None
+        self._samples_unknown = False
+        self._step_raws = (raw, None)
+
+    def add_wait(self, seconds: float) -> None:
+        """Add ``seconds`` blocked fetching a batch to the open step's data wait (no step open: ignored)."""
+        if self._step >= 0:
+            self._step_wait += seconds
+            start = self._step_raws[0]
+            if start is not None and (rq := self._runq) is not None and rq.ident == threading.get_ident():
+                self._step_raws = (start, rq.raw())
+
+    def add_samples(self, n: int | None) -> None:
+        """Count a batch of ``n`` items in the open step; None (a batch whose size cannot be told) makes the
+        step's count unknown, as under ``wrap()``."""
+        if self._step < 0 or self._samples_unknown:
+            return
+        if n is None:
+            self._samples_unknown, self._step_samples = True, None
+        else:
+            self._step_samples = (self._step_samples or 0) + n
+
+    def close_step(self, t_end: float | None = None) -> None:
+        """End the open step at ``t_end`` (now when None): the loop left it (an epoch ended). No step open: nothing."""
+        if self._step >= 0:
+            rq = self._runq
+            raw = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
+            self._end_step(self._clock() if t_end is None else t_end, raw)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open (phases entered now are charged to it)."""
+        return self._step >= 0
+
     def _stopped(self, failure: StoreWriteError) -> StoreWriteError:
         kept = f"steps up to {failure.last_kept} kept" if failure.last_kept >= 0 else "no step kept"
         return StoreWriteError(
@@ -441,13 +496,18 @@ class Session:
 
     def _note_loader(self, loader: Any) -> None:
         """Take workers / pin_memory / batch_size from a DataLoader the user did not describe."""
-        found = {
-            key: getattr(loader, attr)
-            for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
-            if self._meta.get(key) is None and isinstance(getattr(loader, attr, None), (int, bool))
-        }
+        found = {key: value for key, value in loader_facts(loader).items() if self._meta.get(key) is None}
         if found:
             self.annotate(**found)
+
+
+def loader_facts(loader: Any) -> dict[str, Any]:
+    """``workers``, ``pin_memory`` and ``batch_size`` of a DataLoader-like object, those it has."""
+    return {
+        key: getattr(loader, attr)
+        for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
+        if isinstance(getattr(loader, attr, None), (int, bool))
+    }
 
 
 def step_runq(row: StepRow, raws: _Raws) -> StepRow:

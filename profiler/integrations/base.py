@@ -1,0 +1,73 @@
+"""What every trainer integration does the same way: where a rank's store goes, the Session's facts, the report.
+
+Invariants:
+- One training, one store: in a world of one the store is ``out_dir`` itself; rank R of a larger world writes
+  ``out_dir/rank-R/`` with the multi-rank keys in its meta (docs/multi-rank.md), so ``stallscope report
+  out_dir`` reads the ranks as one job and ``stallscope report out_dir/rank-R`` reads one alone.
+- Closing never raises out of a framework's teardown: the store is the record, and the training's own outcome
+  must not be hidden by the profiler's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from profiler.analysis import Summary
+from profiler.session import Session
+
+log = logging.getLogger("stallscope")
+
+
+def rank_dir(out_dir: str | os.PathLike[str], rank: int, world_size: int, run: int = 1) -> Path:
+    """The store of ``rank``: ``out_dir`` in a world of one, ``out_dir/rank-R`` in a larger one. The ``run``-th
+    training recorded by one profiler object (a second ``fit``) goes to ``out_dir-N`` instead, said once on the
+    ``stallscope`` logger: two trainings in one store would mix their steps."""
+    root = Path(out_dir)
+    if run > 1:
+        moved = root.with_name(f"{root.name}-{run}")
+        if rank == 0:
+            log.warning("stallscope: %s holds an earlier training; this one is recorded in %s", root, moved)
+        root = moved
+    return root / f"rank-{rank}" if world_size > 1 else root
+
+
+def torch_device(device: Any) -> str:
+    """A Session device for the torch device a trainer computes on: CUDA ones as they are, any other ``cpu``."""
+    text = str(device)
+    return text if text.startswith("cuda") else "cpu"
+
+
+def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nnodes: int) -> dict[str, Any]:
+    """The multi-rank keys a rank's store carries (as ``stallscope run --nproc`` writes them); none for one rank."""
+    if world_size <= 1:
+        return {}
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": local_rank,
+        "node_rank": node_rank,
+        "nnodes": nnodes,
+        "job_id": os.environ.get("TORCHELASTIC_RUN_ID", ""),
+    }
+
+
+def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any]) -> Session:
+    """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` what the trainer
+    tells (device, labels, loader knobs, meta). The user's wins where both give one; the meta dicts merge."""
+    meta = {**facts.get("meta", {}), **(options.get("meta") or {})}
+    args = {k: v for k, v in facts.items() if k != "meta"}
+    args.update((k, v) for k, v in options.items() if k != "meta" and v is not None)
+    return Session(out_dir, **args, meta=meta).start()
+
+
+def print_report(summary: Summary | None, out_dir: Path) -> None:
+    """The report of a run that ended, on stdout, as ``stallscope run`` prints it."""
+    if summary is None:
+        log.warning("stallscope: no summary for %s; `stallscope report %s` reads the store", out_dir, out_dir)
+        return
+    from profiler.render.report import make_console, render_report
+
+    render_report(summary, make_console())
