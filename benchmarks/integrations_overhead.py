@@ -10,10 +10,19 @@ to see the per-step cost. Forms:
 - ``lightning-callback``: ``callbacks=[StallscopeCallback(...)]`` against no callback;
 - ``hf-instrument``: ``instrument(trainer, ...)`` against the bare Trainer.
 
+- ``session-prometheus``: a hand-written loop in a ``Session`` with ``prometheus=0`` against the same Session
+  without it, the endpoint scraped once a second by another process (as a Prometheus server would) while the
+  loop runs; the figure is the loop's throughput (start and close of the Session, the same on both sides, are
+  outside it). Also the direct cost of one scrape (the HTTP round trip, timed by the scraper).
+
 Also the per-call cost of an action stallscope does not map (Lightning profiles every hook call) against
 Lightning's ``PassThroughProfiler``.
 
-Run: ``.venv/bin/python benchmarks/integrations_overhead.py [--pairs 5] [--steps 200] [--json]``.
+Every result carries its pairs and their range (min-max): a median whose pairs spread more widely than the
+effect is noise-bound on a shared machine (docs/benchmarks.md).
+
+Run: ``.venv/bin/python benchmarks/integrations_overhead.py [--pairs 5] [--steps 300] [--session-steps 12000]
+[--only lightning-profiler,lightning-callback,hf-instrument,session-prometheus] [--json]``.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import json
 import logging
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,14 +132,66 @@ def hf_train(steps: int, form: str | None) -> float:
     return steps * BATCH / (time.perf_counter() - t0)
 
 
+# The scraper: another process reading the endpoint once a second, as a Prometheus server does; it prints
+# each scrape's round trip in ms and stops when its stdin closes.
+SCRAPER = """
+import sys, threading, time, urllib.request
+url, done = sys.argv[1], threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+while not done.wait(1.0):
+    t0 = time.perf_counter()
+    body = urllib.request.urlopen(url, timeout=10).read()
+    assert b"stallscope_steps_total" in body
+    print(f"{(time.perf_counter() - t0) * 1e3:.3f}", flush=True)
+"""
+
+SCRAPES_MS: list[float] = []
+
+
+def session_loop(steps: int, form: str | None) -> float:
+    """Samples/s of a hand-written loop in a Session; ``form`` None or "prometheus" (scraped at 1 Hz)."""
+    from profiler import Session
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    loader = DataLoader(_data(steps), batch_size=BATCH)
+    out = Path(tempfile.mkdtemp(prefix="stallscope-bench-")) / "run"
+    kw: dict[str, Any] = {"prometheus": 0} if form == "prometheus" else {}
+    with Session(out, device="cpu", warmup=5, **kw) as s:
+        scraper = None
+        if s.exporter is not None:
+            cmd = [sys.executable, "-c", SCRAPER, s.exporter.url]
+            scraper = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        t0 = time.perf_counter()
+        for x, y in s.wrap(loader):
+            with s.phase("compute"):
+                opt.zero_grad()
+                nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+        took = time.perf_counter() - t0
+        if scraper is not None:
+            got, _ = scraper.communicate("", timeout=30)
+            SCRAPES_MS.extend(float(v) for v in got.split())
+    return steps * BATCH / took
+
+
 def paired(run: Callable[[int, str | None], float], form: str, pairs: int, steps: int) -> dict[str, Any]:
     run(steps, None)  # imports and first-call costs, outside the pairs
-    ratios = []
+    ratios, base = [], []
     for i in range(pairs):
         order = [None, form] if i % 2 == 0 else [form, None]
         got = {f: run(steps, f) for f in order}
         ratios.append(got[form] / got[None])
-    return {"form": form, "median_ratio": statistics.median(ratios), "ratios": ratios, "steps": steps}
+        base.append(got[None])
+    return {
+        "form": form,
+        "median_ratio": statistics.median(ratios),
+        "range": [min(ratios), max(ratios)],
+        "ratios": ratios,
+        "steps": steps,
+        "without_samples_per_s": [min(base), max(base)],
+    }
 
 
 def unmapped_call_us(n: int = 100_000) -> dict[str, float]:
@@ -148,28 +210,49 @@ def unmapped_call_us(n: int = 100_000) -> dict[str, float]:
     return out
 
 
+FORMS: dict[str, tuple[Callable[[int, str | None], float], str]] = {
+    "lightning-profiler": (lightning_fit, "profiler"),
+    "lightning-callback": (lightning_fit, "callback"),
+    "hf-instrument": (hf_train, "instrument"),
+    "session-prometheus": (session_loop, "prometheus"),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--session-steps", type=int, default=12000, help="steps of the session-prometheus loop")
+    ap.add_argument("--only", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    only = [f for f in a.only.split(",") if f]
+    if bad := [f for f in only if f not in FORMS]:
+        ap.error(f"--only {','.join(bad)}: allowed {', '.join(FORMS)}")
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    results = [
-        paired(lightning_fit, "profiler", a.pairs, a.steps),
-        paired(lightning_fit, "callback", a.pairs, a.steps),
-        paired(hf_train, "instrument", a.pairs, a.steps),
-    ]
-    calls = unmapped_call_us()
+    results = []
+    for name in only:
+        run, form = FORMS[name]
+        steps = a.session_steps if name == "session-prometheus" else a.steps
+        results.append({**paired(run, form, a.pairs, steps), "form": name})
+    calls = unmapped_call_us() if any(n.startswith("lightning") for n in only) else {}
+    scrapes = {"n": len(SCRAPES_MS), "median_ms": statistics.median(SCRAPES_MS)} if SCRAPES_MS else {}
     if a.json:
-        print(json.dumps({"paired": results, "unmapped_call_us": calls}, indent=2))
+        print(json.dumps({"paired": results, "unmapped_call_us": calls, "scrape": scrapes}, indent=2))
         return
     for r in results:
-        print(f"{r['form']:12s} throughput with/without: median {r['median_ratio']:.3f}  pairs {r['ratios']}")
-    print(
-        f"unmapped action start+stop: {calls['stallscope']:.2f} us (PassThroughProfiler {calls['passthrough']:.2f} us)"
-    )
+        lo, hi = r["range"]
+        print(
+            f"{r['form']:19s} throughput with/without: median {r['median_ratio']:.3f}  pairs {lo:.3f}-{hi:.3f} "
+            f"({len(r['ratios'])} pairs, {r['steps']} steps)"
+        )
+    if calls:
+        us, base = calls["stallscope"], calls["passthrough"]
+        print(f"unmapped action start+stop: {us:.2f} us (PassThroughProfiler {base:.2f} us)")
+    if scrapes:
+        ms, n = scrapes["median_ms"], scrapes["n"]
+        print(f"scrape round trip (1 Hz, another process): median {ms:.2f} ms over {n} scrapes")
 
 
 if __name__ == "__main__":

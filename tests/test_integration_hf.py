@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,29 @@ def test_the_callback_alone_records_an_upper_bound(tmp_path: Path) -> None:
     assert len(record.steps) == BATCHES
     assert all(s.samples is None for s in record.steps)  # the callback sees no batch
     assert record.meta["data_wait"] == BOUND and record.meta["status"] == "complete"
+
+
+def test_instrument_serves_prometheus_while_it_trains(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``instrument(..., prometheus=0)``: the training's figures are served on a free port while it trains."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from transformers import TrainerCallback
+
+    scraped: dict[str, float] = {}
+
+    class Scrape(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 4 and cb.session is not None and cb.session.exporter is not None:
+                text = urllib.request.urlopen(cb.session.exporter.url, timeout=10).read().decode()
+                scraped.update((s.name, s.value) for f in text_string_to_metric_families(text) for s in f.samples)
+
+    trainer = _trainer(tmp_path, Truth())
+    cb = instrument(trainer, tmp_path / "run", warmup=1, sources=[], report=False, prometheus=0)
+    trainer.add_callback(Scrape())
+    trainer.train()
+    assert scraped["stallscope_steps_total"] >= 3 and scraped["stallscope_data_wait_seconds_total"] > 0, scraped
+    assert "stallscope: Prometheus metrics at http://127.0.0.1:" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="'99999'"):
+        instrument(_trainer(tmp_path, Truth()), tmp_path / "bad", prometheus=99999)
 
 
 def test_a_training_that_raises_keeps_its_steps_and_says_failed(tmp_path: Path) -> None:

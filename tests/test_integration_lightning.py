@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from profiler.analysis import summarize
+from profiler.integrations.base import rank_endpoint
 from profiler.integrations.lightning import StallscopeCallback, StallscopeProfiler, pl
 from profiler.store import load_run
 
@@ -197,6 +199,41 @@ def test_a_second_fit_is_recorded_in_a_store_of_its_own(tmp_path: Path, caplog: 
     assert len(load_run(tmp_path / "run").steps) == 3
     assert len(load_run(tmp_path / "run-2").steps) == 2
     assert "holds an earlier training; this one is recorded in" in caplog.text
+
+
+class _Scraper(pl.Callback):  # type: ignore[misc]
+    """Scrapes the fit's own endpoint from a hook, after ``at`` training batches (the fit is still running)."""
+
+    def __init__(self, prof: StallscopeProfiler, at: int) -> None:
+        self.prof, self.at, self.text, self.url = prof, at, "", ""
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.at:
+            exporter = self.prof.session.exporter if self.prof.session is not None else None
+            assert exporter is not None
+            self.url = exporter.url  # the bound port (the exporter forgets it when it closes)
+            self.text = urllib.request.urlopen(self.url, timeout=10).read().decode()
+
+
+def test_prometheus_serves_the_fit_while_it_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``StallscopeProfiler(prometheus=0)``: a free port serves the fit's figures while it trains, said on stderr;
+    the port is closed with the fit. A bad value fails where the profiler is made, one line naming it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prof = StallscopeProfiler(tmp_path / "run", warmup=WARMUP, sources=[], report=False, prometheus=0)
+    scraper = _Scraper(prof, at=WARMUP + 5)
+    _fit(prof, callbacks=[scraper], steps=WARMUP + 8)
+    got = {s.name: s.value for f in text_string_to_metric_families(scraper.text) for s in f.samples}
+    assert 0 < got["stallscope_steps_total"] < WARMUP + 8, got
+    assert got["stallscope_measured_steps_total"] > 0 and got["stallscope_data_wait_seconds_total"] > 0
+    assert 0 < got["stallscope_run_stall_ratio"] <= 1
+    url = scraper.url
+    assert f"stallscope: Prometheus metrics at {url}" in capsys.readouterr().err
+    with pytest.raises(OSError):  # closed with the fit
+        urllib.request.urlopen(url, timeout=2)
+    with pytest.raises(ValueError, match=r"'70000'.*allowed PORT or ADDR:PORT"):
+        StallscopeCallback(tmp_path / "bad", prometheus=70000)
+    assert str(rank_endpoint("0.0.0.0:9464", 1)) == "0.0.0.0:9465" and rank_endpoint(0, 3).port == 0
 
 
 def test_without_lightning_the_import_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
+from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.session import Session
 
 log = logging.getLogger("stallscope")
@@ -54,13 +56,36 @@ def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nn
     }
 
 
+def session_options(prometheus: str | int | None, session: dict[str, Any]) -> dict[str, Any]:
+    """The user's Session arguments, ``prometheus`` checked now (ValueError, one line naming the value) so that
+    a bad one fails where the integration is made, not in the middle of the framework's setup."""
+    if prometheus is not None:
+        parse_endpoint(str(prometheus))
+    return {**session, "prometheus": prometheus}
+
+
+def rank_endpoint(prometheus: str | int, local_rank: int) -> Endpoint:
+    """Where a rank serves: PORT + local rank (one machine's ranks each listen on a port of their own; PORT 0
+    stays 0, a free port each), on the address given."""
+    at = parse_endpoint(str(prometheus))
+    return Endpoint(at.host, at.port + local_rank if at.port else 0)
+
+
 def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any]) -> Session:
     """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` what the trainer
-    tells (device, labels, loader knobs, meta). The user's wins where both give one; the meta dicts merge."""
+    tells (device, labels, loader knobs, meta). The user's wins where both give one; the meta dicts merge.
+    ``options["prometheus"]`` serves the run's figures while it trains (per rank: :func:`rank_endpoint`); the
+    address is said on stderr, as ``stallscope run --prometheus`` says it."""
     meta = {**facts.get("meta", {}), **(options.get("meta") or {})}
     args = {k: v for k, v in facts.items() if k != "meta"}
     args.update((k, v) for k, v in options.items() if k != "meta" and v is not None)
-    return Session(out_dir, **args, meta=meta).start()
+    if args.get("prometheus") is not None:
+        args["prometheus"] = str(rank_endpoint(args["prometheus"], int(meta.get("local_rank", 0))))
+    session = Session(out_dir, **args, meta=meta).start()
+    if session.exporter is not None:
+        sys.stderr.write(f"stallscope: Prometheus metrics at {session.exporter.url}\n")
+        sys.stderr.flush()
+    return session
 
 
 def print_report(summary: Summary | None, out_dir: Path) -> None:

@@ -38,7 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from profiler.integrations import missing
-from profiler.integrations.base import dist_meta, print_report, rank_dir, start_session, torch_device
+from profiler.integrations.base import (
+    dist_meta,
+    print_report,
+    rank_dir,
+    session_options,
+    start_session,
+    torch_device,
+)
 from profiler.session import Session, batch_len, loader_facts
 
 try:
@@ -62,12 +69,21 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
 
     Alone it records step time and an upper bound on the data wait (module docstring); give it to
     :func:`instrument` instead for the exact data wait and a ``failed`` status on an exception. ``report``
-    prints the run's report at the end (process 0). The other keyword arguments are the Session's."""
+    prints the run's report at the end (process 0). ``prometheus`` (``[ADDR:]PORT``, 0: a free port) serves the
+    live figures while training runs (process R of a machine on PORT + R). The other keyword arguments are the
+    Session's."""
 
-    def __init__(self, out_dir: str | os.PathLike[str], *, report: bool = True, **session: Any) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        report: bool = True,
+        prometheus: str | int | None = None,
+        **session: Any,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.report = report
-        self.options = session
+        self.options = session_options(prometheus, session)
         self.session: Session | None = None
         self.timed_fetch = False  # instrument() times the fetch: the data wait is exact
         self._t_prev = 0.0  # the previous step's end (or the epoch's start): the next step starts there
@@ -189,12 +205,17 @@ class _TimedIterator:
 
 
 def instrument(
-    trainer: Any, out_dir: str | os.PathLike[str], *, report: bool = True, **session: Any
+    trainer: Any,
+    out_dir: str | os.PathLike[str],
+    *,
+    report: bool = True,
+    prometheus: str | int | None = None,
+    **session: Any,
 ) -> StallscopeCallback:
     """Record ``trainer``'s training in ``out_dir`` with the exact data wait: adds a :class:`StallscopeCallback`,
     times each ``next()`` the Trainer's ``get_batch_samples`` makes, and closes the run ``failed`` when
     ``trainer.train`` raises. Returns the callback (its ``session`` is the run's)."""
-    cb = StallscopeCallback(out_dir, report=report, **session)
+    cb = StallscopeCallback(out_dir, report=report, prometheus=prometheus, **session)
     cb.timed_fetch = True
     trainer.add_callback(cb)
     get_batch_samples, train = trainer.get_batch_samples, trainer.train

@@ -44,6 +44,7 @@ from profiler.integrations.base import (
     dist_meta,
     print_report,
     rank_dir,
+    session_options,
     start_session,
     torch_device,
 )
@@ -191,12 +192,20 @@ class _Hooks(_Callback):  # type: ignore[misc]
 class StallscopeProfiler(_Profiler):  # type: ignore[misc]
     """A Lightning profiler that records fit as a stallscope run in ``out_dir``: ``Trainer(profiler=...)``.
 
-    ``report`` prints the run's report at the end of fit (rank 0). The other keyword arguments are the
-    Session's (``warmup``, ``sample_hz``, ``sources``, ``meta``, ...)."""
+    ``report`` prints the run's report at the end of fit (rank 0). ``prometheus`` (``[ADDR:]PORT``, 0: a free
+    port) serves the live figures while fit runs (rank R of a machine on PORT + R). The other keyword arguments
+    are the Session's (``warmup``, ``sample_hz``, ``sources``, ``meta``, ...)."""
 
-    def __init__(self, out_dir: str | os.PathLike[str], *, report: bool = True, **session: Any) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        report: bool = True,
+        prometheus: str | int | None = None,
+        **session: Any,
+    ) -> None:
         super().__init__()
-        self.recorder = _Recorder(out_dir, report, session)
+        self.recorder = _Recorder(out_dir, report, session_options(prometheus, session))
         self._hooks = _Hooks(self.recorder)
 
     @property
@@ -265,8 +274,15 @@ class StallscopeCallback(_Hooks):
 
     Same arguments and same figures as :class:`StallscopeProfiler`."""
 
-    def __init__(self, out_dir: str | os.PathLike[str], *, report: bool = True, **session: Any) -> None:
-        super().__init__(_Recorder(out_dir, report, session))
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        report: bool = True,
+        prometheus: str | int | None = None,
+        **session: Any,
+    ) -> None:
+        super().__init__(_Recorder(out_dir, report, session_options(prometheus, session)))
         self._inner: Any = None
 
     @property
