@@ -21,13 +21,14 @@ Lightning's ``PassThroughProfiler``.
 Every result carries its pairs and their range (min-max): a median whose pairs spread more widely than the
 effect is noise-bound on a shared machine (docs/benchmarks.md).
 
-Run: ``.venv/bin/python benchmarks/integrations_overhead.py [--pairs 5] [--steps 300] [--session-steps 12000]
-[--only lightning-profiler,lightning-callback,hf-instrument,session-prometheus] [--json]``.
+Run: ``.venv/bin/python benchmarks/integrations_overhead.py [--pairs 5] [--steps 300] [--session-steps 8000]
+[--threads 1] [--only lightning-profiler,lightning-callback,hf-instrument,session-prometheus] [--json]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
@@ -222,8 +223,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--session-steps", type=int, default=12000, help="steps of the session-prometheus loop")
+    ap.add_argument("--session-steps", type=int, default=8000, help="steps of the session-prometheus loop")
     ap.add_argument("--only", default=",".join(FORMS), help=f"comma-separated, of {', '.join(FORMS)}")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     only = [f for f in a.only.split(",") if f]
@@ -231,11 +233,16 @@ def main() -> None:
         ap.error(f"--only {','.join(bad)}: allowed {', '.join(FORMS)}")
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    # one intra-op thread: on a shared 2-core machine torch's second thread spins against other tenants and a
+    # step's time swings by 10x or more with their load; the integrations' cost does not depend on it
+    torch.set_num_threads(a.threads)
     results = []
     for name in only:
         run, form = FORMS[name]
         steps = a.session_steps if name == "session-prometheus" else a.steps
-        results.append({**paired(run, form, a.pairs, steps), "form": name})
+        with contextlib.redirect_stdout(sys.stderr):  # the HF Trainer prints its metrics: stdout is the result
+            results.append({**paired(run, form, a.pairs, steps), "form": name})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)  # each as it is done: a long run keeps its parts
     calls = unmapped_call_us() if any(n.startswith("lightning") for n in only) else {}
     scrapes = {"n": len(SCRAPES_MS), "median_ms": statistics.median(SCRAPES_MS)} if SCRAPES_MS else {}
     if a.json:
