@@ -207,7 +207,11 @@ def claim_run_dir(run_dir: Path) -> None:
     _CLI_CLAIMS.add(os.path.realpath(run_dir))
 
 
-@dataclass(frozen=True, slots=True)
+# StepRow and PhaseRow are the two row types a long run has hundreds of thousands of, built on every load and
+# at every close: slotted but not frozen (a frozen dataclass's __init__ sets each field through
+# object.__setattr__, 3x slower: 200,000 phases in 0.39 s instead of 0.12 s), hashable as if frozen. Treat them
+# as immutable: nothing assigns to a row's fields.
+@dataclass(slots=True, unsafe_hash=True)
 class StepRow:
     step: int
     t_start: float
@@ -219,7 +223,7 @@ class StepRow:
     runq_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, unsafe_hash=True)  # not frozen: see StepRow
 class PhaseRow:
     step: int
     name: str
@@ -594,7 +598,10 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
 
 def read_rows(con: sqlite3.Connection, meta: dict[str, Any]) -> RunRecord:
     """Every row of an open store, ordered as the analysis expects, with ``meta`` (no stacks)."""
-    steps = [_step(r) for r in con.execute(f"SELECT {_cols(con, 'steps')} FROM steps ORDER BY step")]
+    steps = [  # unpacked inline, not through _step(): once per step of a long run
+        StepRow(i, a, b, wait, n, bool(warm), wait_rq, rq)
+        for i, a, b, wait, n, warm, wait_rq, rq in con.execute(f"SELECT {_cols(con, 'steps')} FROM steps ORDER BY step")
+    ]
     # Sorted here, not by SQL: the rows are stored nearly in order, which Python's sort takes in one pass,
     # while ORDER BY step, t_start walks the step index row by row and sorts again (200,000 phases: 0.31 s
     # of CPU this way, 0.38 s that way).

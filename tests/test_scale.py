@@ -14,8 +14,8 @@ import itertools
 import json
 import math
 import re
-import sqlite3
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tracemalloc
@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
+from profiler import Session
 from profiler.analysis import summarize
 from profiler.analysis.timeline import MAX_BARS, MAX_POINTS, Series, build_timeline, thin_series
+from profiler.cli.report import stored_summary
 from profiler.render.html import render_html
 from profiler.render.trace import DETAIL_WINDOWS, MAX_COUNTER_TICKS, MAX_DETAILED_STEPS, TID_TRAINING, trace_events
-from profiler import Session
-from profiler.cli.report import stored_summary
 from profiler.store import PhaseRow, RunRecord, RunStore, StepRow, load_run, read_head
 from tests.conftest import wait_until
 

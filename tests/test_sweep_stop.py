@@ -147,7 +147,9 @@ def test_an_unwritable_run_store_stops_the_whole_sweep_or_tune(
 
     monkeypatch.setattr(profiler.sweep, "run_scenario", full_disk)
     out = tmp_path / command
-    extra = ["--batch-sizes", "4,8", "--workers", "0"] if command == "sweep" else ["--pipelines", "naive", "--steps", "5"]
+    extra = (
+        ["--batch-sizes", "4,8", "--workers", "0"] if command == "sweep" else ["--pipelines", "naive", "--steps", "5"]
+    )
     code = main([command, SCENARIO, *extra, "--out", str(out), "--no-live", "--device", "cpu"])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "could not write" in line]

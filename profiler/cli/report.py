@@ -171,8 +171,8 @@ def _compared(run_dir: str) -> Any:
 def stored_summary(run_dir: str | Path) -> dict[str, Any] | None:
     """``RUN_DIR/summary.json`` when it is the store's own summary, written at close: the store's status is
     final (not running, not interrupted) and the same as the summary's, the run id and the number of steps
-    match, and the file is not older than the store. Else None: the store is summarised again (a long run's store takes seconds to load, its
-    summary.json milliseconds). BadInput naming what is wrong with the store."""
+    match, and the file is not older than the store. Else None: the store is summarised again (a long run's
+    store takes seconds to load, its summary.json milliseconds). BadInput naming what is wrong with the store."""
     from profiler.store import StoreError, read_head, resolve_db, run_status
 
     try:
@@ -189,10 +189,10 @@ def stored_summary(run_dir: str | Path) -> dict[str, Any] | None:
     status = meta.get("status")
     if not isinstance(doc, dict) or status in (None, "running", "interrupted") or run_status(meta) != status:
         return None
-    steps = (doc.get("steps"), doc.get("warmup_steps"))
-    if doc.get("status") != status or doc.get("run_id") != meta.get("run_id") or not all(type(n) is int for n in steps):
+    measured, warmup = doc.get("steps"), doc.get("warmup_steps")
+    if doc.get("status") != status or doc.get("run_id") != meta.get("run_id"):
         return None
-    return doc if steps[0] + steps[1] == n_steps else None
+    return doc if type(measured) is int and type(warmup) is int and measured + warmup == n_steps else None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
