@@ -182,6 +182,8 @@ class Session:
         self._rec: Recording | None = None
         self._store: RunStore | None = None
         self.sampler: Sampler | None = None
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self._store_errors = store_errors
         self._t0 = 0.0
         self._status: str | None = None
