@@ -117,12 +117,15 @@ def child(mode: str, steps: int, every: int, matrix: int, out: Path) -> None:
                     y = y @ w
                 if i % every == 0:
                     checkpoint(i, s)
+            t_close = time.perf_counter()  # leaving the block closes the run: flush, read back, summary.json
+        close_s = time.perf_counter() - t_close
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     done: dict[str, Any] = {"done": True, "seconds": time.perf_counter() - t0, "peak_rss": usage.ru_maxrss * 1024}
     if mode != "bare":
         done["store_bytes_closed"] = _store_bytes(out)
+        done["close_s"] = close_s
     print(json.dumps(done), flush=True)
 
 
@@ -291,6 +294,7 @@ def summarise(args: argparse.Namespace, runs: dict[str, Any], run_dir: Path, tmp
         },
         "peak_rss": {m: runs[m][1]["peak_rss"] for m in ("bare", "session", "traced")},
         "store_bytes_closed": sess_done["store_bytes_closed"],
+        "close_s": sess_done.get("close_s"),
         "store_bytes_per_step": sess_done["store_bytes_closed"] / args.steps,
         "scale": scale(run_dir, tmp, args.repeats),
     }
@@ -321,7 +325,8 @@ def show(r: dict[str, Any]) -> None:
     )
     print(
         f"store: {r['store_bytes_closed'] / MIB:.1f} MiB closed, {r['store_bytes_per_step']:.0f} bytes/step; "
-        f"peak RSS bare {r['peak_rss']['bare'] / MIB:.0f} MiB, session {r['peak_rss']['session'] / MIB:.0f} MiB"
+        f"peak RSS bare {r['peak_rss']['bare'] / MIB:.0f} MiB, session {r['peak_rss']['session'] / MIB:.0f} MiB; "
+        f"closing the session (flush, summary from the store, summary.json) {r['close_s']:.2f} s"
     )
     show_scale(r["scale"], f"the {r['steps']}-step store")
 

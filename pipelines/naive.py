@@ -18,6 +18,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from types import TracebackType
@@ -70,6 +71,8 @@ _DEAD_WORKER = re.compile(r"DataLoader worker \(pids?(?:\(s\))? ([\d, ]+)\)")
 # the worker's traceback, whose frames read 'File "/path/data.py", line 12, in __getitem__'
 _RAISED = re.compile(r"Caught \w+ in DataLoader worker process (\d+)\.")
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+# how long a lost connection to a worker waits for that worker's exit status (a SIGKILLed one is reaped at once)
+DEAD_WORKER_WAIT_S = 1.0
 
 
 def how_it_ended(exitcode: int | None) -> str:
@@ -118,6 +121,10 @@ class WatchedLoader(DataLoader[Any]):
         ... (at data.py:12 in __getitem__)", where torch's message holds the worker's whole traceback); None for
         any other exception."""
         procs = {w.pid: (i, w) for i, w in enumerate(getattr(self, "_watched", []))}
+        if isinstance(exc, (ConnectionError, EOFError)):
+            # the main process can lose the connection to a dying worker (mid-transfer) before torch's SIGCHLD
+            # handler raises its own error: then the worker that ended is the failure
+            return _ended_worker(procs)
         raised = _RAISED.search(str(exc))
         if raised is not None:
             return _raised(int(raised.group(1)), str(exc), procs)
@@ -133,6 +140,19 @@ class WatchedLoader(DataLoader[Any]):
             index, proc = procs[pid]
             told.append(f"DataLoader worker {index} of {len(procs)} (pid {pid}) {how_it_ended(proc.exitcode)}")
         return "; ".join(told)
+
+
+def _ended_worker(procs: dict[int, tuple[int, Any]], wait_s: float = DEAD_WORKER_WAIT_S) -> str | None:
+    """The workers of ``procs`` that ended with a signal or a non-zero code, in one line, waiting up to ``wait_s``
+    for a dying worker to be reaped; None when every worker is alive (the error was not a worker's death)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ended = [(i, pid, w.exitcode) for pid, (i, w) in sorted(procs.items()) if w.exitcode not in (None, 0)]
+        if ended or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    told = [f"DataLoader worker {i} of {len(procs)} (pid {pid}) {how_it_ended(code)}" for i, pid, code in ended]
+    return "; ".join(told) or None
 
 
 def _raised(index: int, message: str, procs: dict[int, tuple[int, Any]]) -> str:

@@ -30,7 +30,7 @@ DEFAULT_SAMPLES = 128
 DEFAULT_ROUNDS = 5
 # each timing stops after this many seconds (at least one batch), so a slow loader (20 ms an item) is not timed
 # for long: the rounds, not the length of one, are what the noise of a shared host is fought with
-DEFAULT_BUDGET_S = 2.0
+DEFAULT_BUDGET_S = 1.0
 
 
 def _seconds_per_sample(

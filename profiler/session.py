@@ -191,6 +191,8 @@ class Session:
         self._rec: Recording | None = None
         self._store: RunStore | None = None
         self.sampler: Sampler | None = None
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self._store_errors = store_errors
         self._t0 = 0.0
         self._status: str | None = None
@@ -290,11 +292,14 @@ class Session:
         return summary
 
     def summary(self) -> Summary | None:
-        """The run's Summary, built once when the session closed (None while it runs)."""
+        """The run's Summary, built once when the session closed from the rows read back from its store (None
+        while it runs). When the store stopped writing mid-run (disk full, the directory removed: training went
+        on, as it should), it is the Summary of the steps the store committed before it stopped."""
         return self._rec.summary if self._rec is not None else None
 
     def step_times(self) -> list[float]:
-        """Seconds of each measured (non-warm-up) step recorded so far, in order."""
+        """Seconds of each measured (non-warm-up) step the store holds, in order, read back from it: while the
+        run goes on, those committed so far (at most ``flush_s`` behind); after close, every one."""
         if self._store is None:
             return []
         return [s.t_end - s.t_start for s in self._store.steps() if not s.warmup]

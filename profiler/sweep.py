@@ -24,7 +24,10 @@ Invariants:
   would fail every configuration alike, so it ends the sweep and propagates; except in a tune over the
   default pipeline set (``skip_inapplicable``), where a pipeline that the loader's build finds unable to
   read the dataset (a ``PipelineError``: dali on a file-backed dataset that is no image folder) is a failed
-  trial, which the tuner notes and skips: that set was chosen from the scenario's declaration alone.
+  trial, which the tuner notes and skips: that set was chosen from the scenario's declaration alone. A run
+  store that cannot be written (disk full, over quota, the file size limit, the directory removed: the
+  TrainingError's cause is a ``StoreWriteError``) ends the sweep or tune too, for the same reason: every next
+  configuration writes its store beside it.
 - ``sweep.json`` is rewritten (atomically) after every configuration, so a sweep killed at any point
   leaves the table of what finished. Ctrl-C / SIGTERM ends the sweep after recording the configuration it
   interrupted as a row with status "interrupted".
@@ -62,7 +65,7 @@ from profiler.analysis.sweep import (
 from profiler.feeds import Monitor
 from profiler.runner import RunConfig, RunStopped, TrainingError, run_scenario
 from profiler.session import Interrupted, Session
-from profiler.store import StepRow
+from profiler.store import StepRow, StoreWriteError
 from profiler.tuner import TuneResult, tune
 from scenarios import Scenario
 
@@ -226,7 +229,7 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
     try:
         session = run_scenario(h.scenario, run_cfg, h.monitor)
     except TrainingError as exc:
-        if exc.bad_input:
+        if exc.bad_input or store_failure(exc) is not None:
             raise
         session, status, error = exc.session, "failed", exc.where
     except RunStopped as exc:
@@ -244,6 +247,12 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
     if stopped is not None:
         raise ConfigStopped(stopped, row)
     return row
+
+
+def store_failure(exc: BaseException) -> StoreWriteError | None:
+    """The run store write failure that ended a configuration's training (``exc.__cause__``), else None."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, StoreWriteError) else None
 
 
 def _requested(h: Harness) -> str | None:
@@ -377,6 +386,7 @@ def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[Swe
             status="interrupted" if stopped else "complete",
         )
 
+    failing = True
     try:
         for i, cfg in enumerate(configs, 1):
             stopped = _requested(h)
@@ -395,11 +405,17 @@ def run_sweep(h: Harness, configs: Sequence[Config], out_dir: Path) -> tuple[Swe
             if h.on_finish is not None:
                 h.on_finish(row)
             write_json(out_dir / "sweep.json", result().to_dict())
+        failing = False
     except (Interrupted, KeyboardInterrupt) as exc:  # between configurations
         stopped = getattr(exc, "signame", "SIGINT")
+        failing = False
     finally:
         final = result()
-        write_json(out_dir / "sweep.json", final.to_dict())
+        try:
+            write_json(out_dir / "sweep.json", final.to_dict())
+        except OSError:
+            if not failing:  # else the failure on its way out says why (a full disk fails both alike)
+                raise
     return final, stopped
 
 

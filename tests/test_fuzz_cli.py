@@ -335,9 +335,11 @@ def test_command_line_fuzz(command: str, world: dict[str, str], tmp_path: Path) 
         @FUZZ
         @given(argv=command_lines(command, world))
         def fuzz(argv: list[str]) -> None:
-            check(argv, tmp_path)
+            check(argv, tmp_path)  # asserts the exit code, no traceback, one-line errors, nothing left on 2
 
+        before = SEEN["cases"]
         fuzz()
+    assert SEEN["cases"] > before, f"no {command} command line was run"  # the budget was spent on real cases
 
 
 # -- scenario files with random attribute values and types ------------------------------------------------------

@@ -206,5 +206,6 @@ def test_hostile_strings_fuzz(names: list[str], tmp_path_factory: Any) -> None:
     s.close(status="failed", error=error)
     rec = load_run(out / "run")
     summary = summarize(rec)
+    assert (summary.status, summary.error) == ("failed", error)  # the hostile strings reached the store intact
     check_html(render_html(summary, build_timeline(rec)), [scenario, error])
     check_trace(trace_events(rec), [scenario, pipeline])

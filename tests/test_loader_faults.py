@@ -168,3 +168,22 @@ def test_an_error_raised_in_a_worker_is_one_line_naming_the_worker_and_the_step(
     )
     assert re.match(pattern, err.where), err.where
     _intact(tmp_path / "run")
+
+
+class _Proc:
+    def __init__(self, pid: int, exitcode: int | None) -> None:
+        self.pid, self.exitcode = pid, exitcode
+
+
+def test_a_connection_lost_to_a_dying_worker_names_the_worker_that_ended() -> None:
+    # the main process can read a ConnectionResetError from a worker killed mid-transfer before torch's SIGCHLD
+    # handler raises its own error (seen once in CI): the worker that ended is then the failure
+    from pipelines.naive import WatchedLoader
+
+    loader = WatchedLoader(list(range(8)), batch_size=2)
+    loader._watched = [_Proc(101, None), _Proc(102, -9)]  # type: ignore[attr-defined]
+    told = loader.worker_failure(ConnectionResetError(104, "Connection reset by peer"))
+    assert told is not None and told.startswith("DataLoader worker 1 of 2 (pid 102) was killed by SIGKILL")
+    assert loader.worker_failure(EOFError()) == told
+    loader._watched = [_Proc(101, None), _Proc(102, None)]  # type: ignore[attr-defined]
+    assert loader.worker_failure(ConnectionResetError(104, "reset")) is None  # all alive: not a worker's death

@@ -3,7 +3,9 @@
 Structural checks, not timings (benchmarks/soak.py times them): a 20,000-step store with 12,000 sampler ticks,
 written through the store API, gives a trace whose event count is capped (every step still accounted for,
 drawn or summarised), HTML plots with capped points per line, and a ``report`` that never imports torch (which
-alone took seconds and ~600 MiB, most of a command's time and memory).
+alone took seconds and ~600 MiB, most of a command's time and memory). A Session keeps no row per step in
+memory (its memory does not grow with the run), and ``compare`` reads a finished run's own summary.json
+instead of loading its store, but only when that file is the store's.
 """
 
 from __future__ import annotations
@@ -13,19 +15,24 @@ import json
 import math
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
+import tracemalloc
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from profiler import Session
 from profiler.analysis import summarize
 from profiler.analysis.timeline import MAX_BARS, MAX_POINTS, Series, build_timeline, thin_series
+from profiler.cli.report import stored_summary
 from profiler.render.html import render_html
 from profiler.render.trace import DETAIL_WINDOWS, MAX_COUNTER_TICKS, MAX_DETAILED_STEPS, TID_TRAINING, trace_events
-from profiler.store import PhaseRow, RunRecord, RunStore, StepRow, load_run
+from profiler.store import PhaseRow, RunRecord, RunStore, StepRow, load_run, read_head
+from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20_000
@@ -142,3 +149,54 @@ def test_report_html_trace_never_import_torch(tmp_path: Path) -> None:
         [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def _traced_profiler_bytes() -> int:
+    """Python memory allocated (and still held) by stallscope's own code: traces whose frame is under profiler/."""
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, str(ROOT / "profiler") + "/*")])
+    return sum(s.size for s in snap.statistics("filename"))
+
+
+def test_a_session_keeps_no_row_per_step_in_memory(tmp_path: Path) -> None:
+    """The rows go to the store and are read back at close: 10,000 more steps (two phases each) leave
+    stallscope's own memory where it was (a row per step in memory was ~620 bytes a step: ~6 MiB here)."""
+    out = tmp_path / "run"
+    committed = lambda n: lambda: read_head(out)[1] >= n  # noqa: E731 - the writer has flushed n steps
+    tracemalloc.start(1)
+    try:
+        with Session(out, device="cpu", scenario="soak", sample_hz=5, sources=[]) as s:
+            for i, _ in enumerate(s.wrap(range(12_000)), 1):
+                with s.phase("h2d"):
+                    pass
+                with s.phase("compute"):
+                    pass
+                if i == 2_000:
+                    assert wait_until(committed(1_999), timeout=30)
+                    before = _traced_profiler_bytes()
+            assert wait_until(committed(11_999), timeout=30)
+            after = _traced_profiler_bytes()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 512 * 1024, (before, after)  # was ~6 MiB: a row per step kept
+    summary = s.summary()
+    assert summary is not None and summary.steps + summary.warmup_steps == 12_000  # every step, read back
+    assert len(s.step_times()) == summary.steps
+
+
+def test_compare_reads_a_finished_runs_own_summary_json(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with Session(run, device="cpu", scenario="short", sample_hz=5, sources=[]) as s:
+        for _ in s.wrap(range(30)):
+            pass
+    doc = stored_summary(run)
+    assert doc is not None and doc == json.loads((run / "summary.json").read_text())
+    assert doc["steps"] + doc["warmup_steps"] == read_head(run)[1] == 30
+    # not the store's own: another run's id, or a store still marked running (its writer killed)
+    (run / "summary.json").write_text(json.dumps({**doc, "run_id": "another"}))
+    assert stored_summary(run) is None
+    (run / "summary.json").write_text(json.dumps(doc))
+    con = sqlite3.connect(run / "run.sqlite")
+    with con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'status'", (json.dumps("running"),))
+    con.close()
+    assert stored_summary(run) is None

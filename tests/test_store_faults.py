@@ -447,3 +447,10 @@ def test_run_directories_respect_the_umask_and_are_never_world_writable(tmp_path
         want = files.get(path, 0o777) & ~umask & ~stat.S_IWOTH
         assert mode == want, (path, oct(mode), oct(want))
     assert open_files and all(m == 0o644 & ~umask for m in open_modes), open_modes
+
+
+def test_store_errors_takes_warn_or_raise_only(tmp_path: Path) -> None:
+    from profiler import Session
+
+    with pytest.raises(ValueError, match="allowed 'warn' or 'raise'"):
+        Session(tmp_path / "run", store_errors="ignore")

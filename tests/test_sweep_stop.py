@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,3 +125,35 @@ def test_rows_round_trip_through_their_json() -> None:
     row = SweepRow("prefetch", 16, 2, "interrupted", "/x", "stopped by SIGINT", steps=3, step_time_ms={"mean": 1.5})
     again = row_from_dict(json.loads(json.dumps({**row.to_dict(), "added_by_a_newer_version": 1})))
     assert again.to_dict() == row.to_dict()
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune"])
+def test_an_unwritable_run_store_stops_the_whole_sweep_or_tune(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configuration whose run store cannot be written (the disk full, say) ends the sweep or tune at once:
+    exit 1, one line naming what could not be written, no next configuration (it would fail alike)."""
+    import profiler.sweep
+    from profiler.runner import TrainingError
+    from profiler.store import StoreWriteError
+
+    calls: list[Path] = []
+
+    def full_disk(_scenario: object, cfg: Any, _monitor: object = None) -> None:
+        calls.append(cfg.out)
+        db = cfg.out / "run.sqlite"
+        failure = StoreWriteError(f"could not write the run store {db}: database or disk is full", db, 3)
+        raise TrainingError("the run store stopped writing", cfg.out) from failure
+
+    monkeypatch.setattr(profiler.sweep, "run_scenario", full_disk)
+    out = tmp_path / command
+    extra = (
+        ["--batch-sizes", "4,8", "--workers", "0"] if command == "sweep" else ["--pipelines", "naive", "--steps", "5"]
+    )
+    code = main([command, SCENARIO, *extra, "--out", str(out), "--no-live", "--device", "cpu"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "could not write" in line]
+    assert code == 1, err
+    assert len(calls) == 1  # the next configuration was never started
+    assert len(lines) == 1 and str(calls[0] / "run.sqlite") in lines[0] and "database or disk is full" in lines[0]
+    assert "Traceback" not in err

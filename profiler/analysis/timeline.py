@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from profiler.analysis.parts import NESTED_SYNC, SYNC_PHASE, event_timer
 from profiler.analysis.stats import Interval, quantile, subtract, total, union
@@ -99,7 +99,6 @@ class Timeline:
     warmup_end_s: float | None  # t_end of the last warm-up step; None when there was none
     on_cuda: bool  # CUDA-event (or simulated sim-event) intervals entered the breakdown and the stall
     parts: tuple[str, ...]  # breakdown parts in order: data_wait, h2d, compute, user phases (sorted), other
-    steps: tuple[StepBar, ...]  # one per recorded step, warm-up included
     bars: tuple[StepBar, ...]  # ``steps`` grouped ``bar_group`` at a time: at most ``max_bars`` (2 if it is 1)
     bar_group: int
     bucket_s: float
@@ -108,6 +107,13 @@ class Timeline:
     gpu_util: tuple[Series, ...]  # NVML utilization.gpu per GPU ("gpuN.util_pct"), by GPU index
     host_cpu: Series | None  # system-wide CPU % (psutil, 100% = all cores busy)
     process_cpu: tuple[Series, ...]  # per-process CPU % (100% = one core): main, then w0, w1, ..., then others
+    record: RunRecord = field(repr=False, compare=False)  # what ``steps`` is built from
+
+    @property
+    def steps(self) -> tuple[StepBar, ...]:
+        """One StepBar per recorded step, warm-up included: built when asked for (the plots draw ``bars``; a
+        long run's 100,000 StepBars would be most of the time the HTML report takes)."""
+        return tuple(step_rows(self.record))
 
 
 def build_timeline(
@@ -122,13 +128,13 @@ def build_timeline(
         raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s}")
     on_cuda = _on_cuda(rec)
     stalled = stall_intervals(rec)  # once: the union of every step's waits is most of a long run's cost here
-    steps = step_rows(rec, stalled=stalled)
-    group = max(1, math.ceil(len(steps) / max_bars))
-    bars = group_steps(steps, group)
+    figures = _step_figures(rec, stalled)
+    group = max(1, math.ceil(len(figures) / max_bars))
+    bars = _group_figures(figures, group)
     # groups never straddle the warm-up boundary, which can cost a bar or two more than len / group
-    while len(bars) > max_bars and group < len(steps):
+    while len(bars) > max_bars and group < len(figures):
         group += 1
-        bars = group_steps(steps, group)
+        bars = _group_figures(figures, group)
     series = {m: thin_series(s, max_points) for m, s in sample_series(rec).items()}
     ends = [s.t_end for s in rec.steps] + [t for t, *_ in rec.samples]
     warm = [s.t_end for s in rec.steps if s.warmup]
@@ -138,7 +144,6 @@ def build_timeline(
         warmup_end_s=max(warm) if warm else None,
         on_cuda=on_cuda,
         parts=_parts(rec),
-        steps=tuple(steps),
         bars=tuple(bars),
         bar_group=group,
         bucket_s=width,
@@ -152,6 +157,7 @@ def build_timeline(
         ),
         host_cpu=series.get("sys.cpu_pct"),
         process_cpu=process_cpu_series(series),
+        record=rec,
     )
 
 
@@ -165,7 +171,7 @@ def _parts(rec: RunRecord) -> tuple[str, ...]:
     """data_wait, h2d, compute, the top-level phases (sorted; ``sync`` among them also when it is only nested in
     compute), other."""
     names = {p.name for p in rec.phases if p.depth == 0}
-    if any(p.name == NESTED_SYNC for p in rec.phases):
+    if NESTED_SYNC in {p.name for p in rec.phases if p.depth}:  # a set, not any(): no generator step per phase
         names.add(SYNC_PHASE)
     return (*CORE_PARTS, *sorted(names - set(CORE_PARTS)), "other")
 
@@ -198,14 +204,21 @@ def _per_step_totals(intervals: list[Interval], steps: list[StepRow]) -> list[fl
     """Seconds of the (sorted, disjoint) ``intervals`` inside each step's ``[t_start, t_end]``."""
     out = []
     j = 0
+    n = len(intervals)
     for s in steps:
+        lo, hi = s.t_start, s.t_end
         # steps come in order and do not overlap, so intervals ending before this step never matter again
-        while j < len(intervals) and intervals[j][1] <= s.t_start:
+        while j < n and intervals[j][1] <= lo:
             j += 1
         k = j
         acc = 0.0
-        while k < len(intervals) and intervals[k][0] < s.t_end:
-            acc += max(0.0, min(intervals[k][1], s.t_end) - max(intervals[k][0], s.t_start))
+        while k < n:
+            a, b = intervals[k]
+            if a >= hi:
+                break
+            # max(0, min(b, hi) - max(a, lo)), spelled out: this runs once per step of a long run
+            d = (b if b < hi else hi) - (a if a > lo else lo)
+            acc += d if d > 0.0 else 0.0
             k += 1
         out.append(acc)
     return out
@@ -214,6 +227,21 @@ def _per_step_totals(intervals: list[Interval], steps: list[StepRow]) -> list[fl
 def step_rows(rec: RunRecord, *, stalled: list[Interval] | None = None) -> list[StepBar]:
     """One :class:`StepBar` per recorded step (warm-up included), in step order; ``stalled`` is
     ``stall_intervals(rec)`` when the caller has it already."""
+    figures = _step_figures(rec, stall_intervals(rec) if stalled is None else stalled)
+    return [_single(f) for f in figures]
+
+
+def _single(f: _Figures) -> StepBar:
+    s, step_ms, ms, stall_ms, frac = f
+    return StepBar(s.step, s.step, 1, s.warmup, s.t_start, s.t_end, step_ms, ms, stall_ms, frac)
+
+
+# a step's row, step ms, parts ms (Timeline.parts order), stall ms, stall fraction
+_Figures = tuple[StepRow, float, dict[str, float], float, float]
+
+
+def _step_figures(rec: RunRecord, stalled: list[Interval]) -> list[_Figures]:
+    """What a StepBar holds of each step, in step order, without building one per step."""
     parts = _parts(rec)
     on_cuda = _on_cuda(rec)
     busy = _device_work(rec.phases) if on_cuda else []
@@ -221,11 +249,15 @@ def step_rows(rec: RunRecord, *, stalled: list[Interval] | None = None) -> list[
     for p in rec.phases:
         by_step[p.step].append(p)
     steps = sorted(rec.steps, key=lambda s: s.t_start)
-    stall_s = _per_step_totals(stall_intervals(rec) if stalled is None else stalled, steps)
-    out = []
+    stall_s = _per_step_totals(stalled, steps)
+    zero = dict.fromkeys(parts, 0.0)
+    summed = [k for k in parts if k != "other"]
+    fsum, nan, none = math.fsum, math.nan, ()
+    out: list[_Figures] = []
+    # once per step of a long run: no StepBar, names hoisted, max/min spelled out where it counts
     for s, stall in zip(steps, stall_s, strict=True):
-        phases = by_step.get(s.step, [])
-        ms = dict.fromkeys(parts, 0.0)
+        phases = by_step.get(s.step, none)
+        ms = zero.copy()
         ms["data_wait"] = s.data_wait_s * 1e3
         for p in phases:
             if p.depth == 0:
@@ -234,26 +266,15 @@ def step_rows(rec: RunRecord, *, stalled: list[Interval] | None = None) -> list[
                 ms["compute"] -= (p.t_end - p.t_start) * 1e3
                 ms[SYNC_PHASE] += (p.t_end - p.t_start) * 1e3
         if on_cuda:
-            host = union(_host_h2d(phases))
+            host = union(_host_h2d(list(phases)))
             drained = (total(host) - total(subtract(host, busy))) * 1e3
             ms["h2d"] -= drained
             ms["compute"] += drained
         step_ms = (s.t_end - s.t_start) * 1e3
-        ms["other"] = max(0.0, step_ms - math.fsum(v for k, v in ms.items() if k != "other"))
-        out.append(
-            StepBar(
-                first_step=s.step,
-                last_step=s.step,
-                count=1,
-                warmup=s.warmup,
-                t_start=s.t_start,
-                t_end=s.t_end,
-                step_ms=step_ms,
-                parts_ms=ms,
-                stall_ms=stall * 1e3,
-                stall_fraction=stall * 1e3 / step_ms if step_ms > 0 else math.nan,
-            )
-        )
+        ms["other"] = max(0.0, step_ms - fsum([ms[k] for k in summed]))
+        stall_ms = stall * 1e3
+        frac = stall_ms / step_ms if step_ms > 0 else nan
+        out.append((s, step_ms, ms, stall_ms, frac))
     return out
 
 
@@ -275,11 +296,42 @@ def group_steps(steps: list[StepBar], size: int) -> list[StepBar]:
     return out
 
 
+def _group_figures(figures: list[_Figures], size: int) -> list[StepBar]:
+    """``group_steps(step_rows(...), size)`` from the steps' figures: no StepBar per step (same sums: fsum of the
+    same floats)."""
+    if size == 1:
+        return [_single(f) for f in figures]
+    out: list[StepBar] = []
+    i = 0
+    while i < len(figures):
+        j = i + 1
+        while j < len(figures) and j - i < size and figures[j][0].warmup == figures[i][0].warmup:
+            j += 1
+        chunk = figures[i:j]
+        n = len(chunk)
+        step_total = math.fsum([f[1] for f in chunk])
+        parts = {k: math.fsum([f[2][k] for f in chunk]) / n for k in chunk[0][2]}
+        stall_ms = math.fsum([f[3] for f in chunk]) / n
+        first, last = chunk[0][0], chunk[-1][0]
+        frac = stall_ms * n / step_total if step_total > 0 else math.nan
+        bar = StepBar(
+            first.step, last.step, n, first.warmup, first.t_start, last.t_end, step_total / n, parts, stall_ms, frac
+        )
+        out.append(bar)
+        i = j
+    return out
+
+
 def _merge(chunk: list[StepBar]) -> StepBar:
     n = sum(s.count for s in chunk)
-    step_total = math.fsum(s.step_ms * s.count for s in chunk)
-    parts = {k: math.fsum(s.parts_ms[k] * s.count for s in chunk) / n for k in chunk[0].parts_ms}
-    stall_ms = math.fsum(s.stall_ms * s.count for s in chunk) / n
+    if n == len(chunk):  # single steps (x * 1 is x): lists, not generators, for a long run's 100,000 steps
+        step_total = math.fsum([s.step_ms for s in chunk])
+        parts = {k: math.fsum([s.parts_ms[k] for s in chunk]) / n for k in chunk[0].parts_ms}
+        stall_ms = math.fsum([s.stall_ms for s in chunk]) / n
+    else:
+        step_total = math.fsum(s.step_ms * s.count for s in chunk)
+        parts = {k: math.fsum(s.parts_ms[k] * s.count for s in chunk) / n for k in chunk[0].parts_ms}
+        stall_ms = math.fsum(s.stall_ms * s.count for s in chunk) / n
     return StepBar(
         first_step=chunk[0].first_step,
         last_step=chunk[-1].last_step,
@@ -326,7 +378,9 @@ def _bucket_totals(intervals: list[Interval], start: float, width: float, n: int
             hi = lo + width
             if lo >= b:
                 break
-            out[k] += max(0.0, min(b, hi) - max(a, lo))
+            d = (b if b < hi else hi) - (a if a > lo else lo)  # max(0, min(b, hi) - max(a, lo)), spelled out
+            if d > 0.0:
+                out[k] += d
             k += 1
     return out
 

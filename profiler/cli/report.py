@@ -165,10 +165,38 @@ def print_job(job_summary: Any, as_json: bool) -> None:
 
 
 def _compared(run_dir: str) -> Any:
-    """What ``compare`` reads of a directory: a run's Summary, or a job's summary dict (its single-run keys)."""
+    """What ``compare`` reads of a directory: a run's Summary, or a summary dict: a job's (its single-run keys),
+    or a finished run's own ``summary.json`` (see :func:`stored_summary`)."""
     if _is_job(run_dir):
         return load_job_summary([run_dir])[0].to_dict()
-    return load_summary(run_dir)
+    return stored_summary(run_dir) or load_summary(run_dir)
+
+
+def stored_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """``RUN_DIR/summary.json`` when it is the store's own summary, written at close: the store's status is
+    final (not running, not interrupted) and the same as the summary's, the run id and the number of steps
+    match, and the file is not older than the store. Else None: the store is summarised again (a long run's
+    store takes seconds to load, its summary.json milliseconds). BadInput naming what is wrong with the store."""
+    from profiler.store import StoreError, read_head, resolve_db, run_status
+
+    try:
+        meta, n_steps = read_head(run_dir)
+        db = resolve_db(run_dir)
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
+    path = db.parent / "summary.json"
+    try:
+        fresh = path.is_file() and path.stat().st_mtime >= db.stat().st_mtime
+        doc = json.loads(path.read_text()) if fresh else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    status = meta.get("status")
+    if not isinstance(doc, dict) or status in (None, "running", "interrupted") or run_status(meta) != status:
+        return None
+    measured, warmup = doc.get("steps"), doc.get("warmup_steps")
+    if doc.get("status") != status or doc.get("run_id") != meta.get("run_id"):
+        return None
+    return doc if type(measured) is int and type(warmup) is int and measured + warmup == n_steps else None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.cli.common import (
     DEFAULT_SCENARIO,
@@ -39,6 +39,9 @@ from profiler.cli.common import (
     stem,
 )
 from profiler.cli.job import MAX_NPROC
+
+if TYPE_CHECKING:
+    from profiler.runner import TrainingError  # imports torch: only where a command trains
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
@@ -214,9 +217,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         with guard:
             result, stopped = run_sweep(h, configs, out)
-    except TrainingError as exc:  # only bad user data propagates: every configuration would fail alike
-        say(f"error: {exc.bad_input}")
-        return EXIT_BAD_INPUT
+    except TrainingError as exc:  # bad user data or an unwritable store: every configuration would fail alike
+        return _stopped_early(exc, out / "sweep.json")
     from profiler.render.sweep import render_sweep, sweep_svg
 
     (out / "sweep.svg").write_text(sweep_svg(result))
@@ -230,6 +232,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         say(f"stopped by {stopped}; the table holds the configurations that ran")
         return exit_signal(stopped)
     return EXIT_OK if any(r.ok for r in result.rows) else EXIT_FAILED
+
+
+def _stopped_early(exc: TrainingError, table: Path) -> int:
+    """A sweep's or tune's end on a TrainingError that every configuration would meet alike: bad user data
+    (exit 2), or a run store that cannot be written (exit 1; one line: what, and where what finished is)."""
+    from profiler.sweep import store_failure
+
+    failure = store_failure(exc)
+    if failure is None:
+        say(f"error: {exc.bad_input}")
+        return EXIT_BAD_INPUT
+    kept = f"what finished is in {table}" if table.exists() else "no configuration finished"
+    say(f"{failure}; the {table.stem} ends here, every next configuration would fail alike; {kept}")
+    return EXIT_FAILED
 
 
 def _check_nproc(args: argparse.Namespace, training: Training) -> None:
@@ -284,9 +300,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 cores=cores, left_out=left_out, skip_inapplicable=args.pipelines is None,
                 **({"min_trial_s": 0.0} if args.steps is not None else {}),
             )  # fmt: skip
-    except TrainingError as exc:  # bad user data, as in cmd_sweep
-        say(f"error: {exc.bad_input}")
-        return EXIT_BAD_INPUT
+    except TrainingError as exc:  # bad user data or an unwritable store, as in cmd_sweep
+        return _stopped_early(exc, out / "tune.json")
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
