@@ -35,6 +35,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -90,6 +92,8 @@ class _Recorder:
         self.report = report
         self.options = options
         self.session: Session | None = None
+        self._live: Session | None = None  # the session while it records: the hot path's one check
+        self._clock: Callable[[], float] = time.perf_counter
         self._kinds: dict[str, int] = {}
         self._open: dict[str, Any] = {}  # the open phase of each action
         self._fetch_t0 = 0.0
@@ -119,21 +123,27 @@ class _Recorder:
                 ),
             },
         }
+        self._runs += 1
+        self.attach(start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts))
+
+    def attach(self, session: Session) -> None:
+        """Record into ``session`` (started) from now on: what ``open`` does once it has made it."""
         self._open.clear()
         self._fetched = False
-        self._runs += 1
-        self.session = start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts)
+        self.session = self._live = session
+        self._clock = session.clock
 
     def start(self, action: str) -> None:
         kind = self._kinds.get(action)
         if kind is None:
             kind = self._kinds[action] = _classify(action)
-        s = self.session
-        if kind == _OTHER or s is None or s.status is not None:
+        if kind == _OTHER or (s := self._live) is None:
             return
         if kind == _FETCH:
-            self._fetch_t0 = t = s.clock()
-            s.open_step(t)
+            s.open_step(self._clock())
+            # the fetch is timed from here: ending the previous step (its row, queued to the writer) is the step's
+            # own bookkeeping, not time the loop waited for data
+            self._fetch_t0 = self._clock()
         elif (kind == _H2D and self._fetched) or (kind in (_COMPUTE, _VAL_START) and s.in_step):
             self._fetched = False
             name = "h2d" if kind == _H2D else "compute" if kind == _COMPUTE else "validation"
@@ -143,11 +153,10 @@ class _Recorder:
 
     def stop(self, action: str) -> None:
         kind = self._kinds.get(action, _OTHER)
-        s = self.session
-        if kind == _OTHER or s is None or s.status is not None:
+        if kind == _OTHER or (s := self._live) is None:
             return
         if kind == _FETCH:
-            s.add_wait(s.clock() - self._fetch_t0)
+            s.add_wait(self._clock() - self._fetch_t0)
             self._fetched = True
         elif kind == _EPOCH:
             s.close_step()
@@ -155,8 +164,8 @@ class _Recorder:
             phase.__exit__(None, None, None)
 
     def batch(self, batch: Any) -> None:
-        if self.session is not None:
-            self.session.add_samples(batch_len(batch))
+        if self._live is not None:
+            self._live.add_samples(batch_len(batch))
 
     def loader(self, trainer: Any) -> None:
         if self.session is not None:
@@ -164,7 +173,7 @@ class _Recorder:
             self.session.annotate(**{k: v for k, v in facts.items() if self.session.meta.get(k) is None})
 
     def close(self, exc: BaseException | None = None) -> None:
-        s = self.session
+        s, self._live = self._live, None
         if s is None or s.status is not None:
             return
         self._open.clear()
@@ -207,6 +216,9 @@ class StallscopeProfiler(_Profiler):  # type: ignore[misc]
         super().__init__()
         self.recorder = _Recorder(out_dir, report, session_options(prometheus, session))
         self._hooks = _Hooks(self.recorder)
+        # Lightning calls these dozens of times a step: the recorder's own, one call each, not through a method here
+        self.start = self.recorder.start  # type: ignore[method-assign]
+        self.stop = self.recorder.stop  # type: ignore[method-assign]
 
     @property
     def session(self) -> Session | None:
