@@ -373,6 +373,8 @@ class Session:
         raw = rq.raw() if rq is not None else None
         if self._step >= 0:
             self._end_step(t, raw)
+            if self._store_errors == "raise" and self._store.failure is not None:
+                raise self._stopped(self._store.failure)  # as wrap() does: the user asked training to stop
         self._step = self._next_index
         self._next_index += 1
         self._step_t0 = t

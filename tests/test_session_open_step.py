@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -47,3 +48,22 @@ def test_driven_steps_tile_time_and_carry_their_wait_samples_and_phases(tmp_path
 def test_open_step_needs_a_started_session(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="started session"):
         Session(tmp_path, sources=[]).open_step()
+
+
+def test_open_step_stops_on_a_dead_store_when_asked_to_raise(tmp_path: Path) -> None:
+    """``store_errors="raise"``: a driven loop stops at the next step once the store stopped writing, as wrap() does."""
+    import shutil
+
+    from profiler.store import StoreWriteError
+
+    out = tmp_path / "run"
+    with pytest.raises(StoreWriteError, match="stopped at step"), Session(out, sources=[], store_errors="raise") as s:
+        s.open_step()
+        shutil.rmtree(out)
+        store = s.recording.store if s.recording is not None else None
+        assert store is not None
+        for _ in range(10_000):  # the writer notices at its next flush (0.5 s)
+            s.open_step()
+            if store.failure is not None:
+                s.open_step()  # the step after the failure is seen: raises
+            time.sleep(0.001)

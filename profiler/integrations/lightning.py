@@ -133,10 +133,10 @@ class _Recorder:
         self.session = self._live = session
         self._clock = session.clock
 
-    def start(self, action: str) -> None:
-        kind = self._kinds.get(action)
+    def start(self, action_name: str) -> None:
+        kind = self._kinds.get(action_name)
         if kind is None:
-            kind = self._kinds[action] = _classify(action)
+            kind = self._kinds[action_name] = _classify(action_name)
         if kind == _OTHER or (s := self._live) is None:
             return
         if kind == _FETCH:
@@ -149,10 +149,10 @@ class _Recorder:
             name = "h2d" if kind == _H2D else "compute" if kind == _COMPUTE else "validation"
             phase = s.phase(name)
             phase.__enter__()
-            self._open[name if kind == _VAL_START else action] = phase
+            self._open[name if kind == _VAL_START else action_name] = phase
 
-    def stop(self, action: str) -> None:
-        kind = self._kinds.get(action, _OTHER)
+    def stop(self, action_name: str) -> None:
+        kind = self._kinds.get(action_name, _OTHER)
         if kind == _OTHER or (s := self._live) is None:
             return
         if kind == _FETCH:
@@ -160,7 +160,7 @@ class _Recorder:
             self._fetched = True
         elif kind == _EPOCH:
             s.close_step()
-        elif (phase := self._open.pop("validation" if kind == _VAL_END else action, None)) is not None:
+        elif (phase := self._open.pop("validation" if kind == _VAL_END else action_name, None)) is not None:
             phase.__exit__(None, None, None)
 
     def batch(self, batch: Any) -> None:
