@@ -7,6 +7,7 @@ The data wait stallscope records must be within 5% of what the dataset's sleeps 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -234,6 +235,40 @@ def test_prometheus_serves_the_fit_while_it_runs(tmp_path: Path, capsys: pytest.
     with pytest.raises(ValueError, match=r"'70000'.*allowed PORT or ADDR:PORT"):
         StallscopeCallback(tmp_path / "bad", prometheus=70000)
     assert str(rank_endpoint("0.0.0.0:9464", 1)) == "0.0.0.0:9465" and rank_endpoint(0, 3).port == 0
+
+
+def test_a_prometheus_port_in_use_is_one_line_and_the_fit_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port is known to be taken only when fit starts: one line on stderr, the fit trains on and is recorded
+    as without the endpoint, and ``stallscope report`` reads the store. What can be checked when the profiler is
+    made (a missing prometheus_client) raises there, before any training."""
+    import socket
+
+    from conftest import stallscope
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        prof = StallscopeProfiler(tmp_path / "run", warmup=WARMUP, sources=[], report=False, prometheus=port)
+        _fit(prof, steps=WARMUP + 4)
+    finally:
+        taken.close()
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("stallscope:")]
+    assert err == [
+        f"stallscope: prometheus=127.0.0.1:{port}: cannot listen there (Address already in use): allowed a free "
+        f"port on an address of this host; training goes on, recorded in {tmp_path / 'run'} without the endpoint"
+    ], err
+    record = load_run(tmp_path / "run")
+    assert record.meta["status"] == "complete" and len(record.steps) == WARMUP + 4
+    assert record.meta["prometheus"].startswith(f"not served: prometheus=127.0.0.1:{port}: cannot listen")
+    report = stallscope("report", str(tmp_path / "run"))
+    assert report.returncode == 0 and "Tiny" in report.stdout, report.stderr
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "prometheus_client" else 1)
+    with pytest.raises(ImportError, match=r"^prometheus=9464 needs the prometheus_client package: pip install"):
+        StallscopeProfiler(tmp_path / "never", prometheus=9464)
 
 
 def test_without_lightning_the_import_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

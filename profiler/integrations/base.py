@@ -6,10 +6,14 @@ Invariants:
   out_dir`` reads the ranks as one job and ``stallscope report out_dir/rank-R`` reads one alone.
 - Closing never raises out of a framework's teardown: the store is the record, and the training's own outcome
   must not be hidden by the profiler's.
+- A Prometheus endpoint that cannot be served when the training starts (its port in use) does not stop the
+  training: one line on stderr, and the run is recorded as without it (meta ``prometheus``). What can be checked
+  when the integration is made (the value, prometheus_client installed) raises there, before any training.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -57,10 +61,15 @@ def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nn
 
 
 def session_options(prometheus: str | int | None, session: dict[str, Any]) -> dict[str, Any]:
-    """The user's Session arguments, ``prometheus`` checked now (ValueError, one line naming the value) so that
-    a bad one fails where the integration is made, not in the middle of the framework's setup."""
+    """The user's Session arguments, ``prometheus`` checked now so that a bad one fails where the integration is
+    made, before any training: a bad value is a ValueError, a missing ``prometheus_client`` an ImportError, one
+    line each naming what is allowed or what to install."""
     if prometheus is not None:
         parse_endpoint(str(prometheus))
+        if importlib.util.find_spec("prometheus_client") is None:
+            from profiler.export.prometheus import INSTALL
+
+            raise ImportError(f"prometheus={prometheus!r} needs the prometheus_client package: {INSTALL}")
     return {**session, "prometheus": prometheus}
 
 
@@ -81,7 +90,16 @@ def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any])
     args.update((k, v) for k, v in options.items() if k != "meta" and v is not None)
     if args.get("prometheus") is not None:
         args["prometheus"] = str(rank_endpoint(args["prometheus"], int(meta.get("local_rank", 0))))
-    session = Session(out_dir, **args, meta=meta).start()
+    from profiler.export.prometheus import ExporterError
+
+    try:
+        session = Session(out_dir, **args, meta=meta).start()
+    except ExporterError as exc:  # a port in use: known only now, in the framework's setup; the training goes on
+        why = str(exc).replace("--prometheus ", "prometheus=", 1)
+        sys.stderr.write(f"stallscope: {why}; training goes on, recorded in {out_dir} without the endpoint\n")
+        sys.stderr.flush()
+        args["prometheus"] = None
+        session = Session(out_dir, **args, meta={**meta, "prometheus": f"not served: {why}"}).start()
     if session.exporter is not None:
         sys.stderr.write(f"stallscope: Prometheus metrics at {session.exporter.url}\n")
         sys.stderr.flush()
