@@ -17,6 +17,9 @@ Whatever else the step does (the batch hooks, logging, a checkpoint) is "other".
 Invariants:
 - Lightning profiles every hook call (dozens per step): an action that is not one of these costs one dict
   lookup in ``start``/``stop`` (each name is classified once, on first sight).
+- Lightning calls every callback's hooks several times a step, each through the profiler; it skips a hook that
+  is not callable, so stallscope's callback leaves the step hooks it does not use ``None`` (a subclass's own
+  override stays) and costs one hook call a step (``on_train_batch_start``: the batch's size).
 - Only ``fit`` is recorded. The Session opens when fit sets the profiler up (the Callback form: at its
   ``setup`` hook) and closes at fit's teardown as ``complete``; a fit that raises closes it from
   ``on_exception``, ``failed`` (``interrupted`` for Ctrl-C), every step so far kept.
@@ -182,11 +185,27 @@ class _Recorder:
             print_report(s.summary(), s.run_dir)
 
 
+# Hooks Lightning calls several times a step on every callback, each through the profiler (~2 us a call), and
+# skips when the attribute is not callable (lightning.pytorch.trainer.call._call_callback_hooks, Lightning >= 2.0)
+_STEP_HOOKS = (
+    "on_before_zero_grad",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_train_batch_end",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+)
+
+
 class _Hooks(_Callback):  # type: ignore[misc]
     """The batch and exception hooks both forms need: the batch's size, the loader's facts, a failed fit."""
 
     def __init__(self, recorder: _Recorder) -> None:
         self.recorder = recorder
+        for name in _STEP_HOOKS:  # not used here: None, so Lightning does not call them (a subclass's stay)
+            if getattr(type(self), name) is getattr(_Callback, name):
+                setattr(self, name, None)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.recorder.loader(trainer)
