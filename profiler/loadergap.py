@@ -14,6 +14,12 @@ cores by default): on the 2-core host two workers delivered 1.4-1.8x one worker'
 process, the workers and the host's other work share the cores), and the ratio of the medians is the cores'
 scaling that ``whatif`` applies to more than one worker.
 
+How many rounds: at least ``rounds``; then more, up to ``max_rounds`` or ``max_s`` seconds in all, while the
+median of either ratio is not yet known to ``precision`` (its standard error, from the rounds' spread, over the
+median; :func:`profiler.whatif.settled`). On a quiet host the rounds agree and five suffice; on the project's
+2-core VM the cores' scaling of single rounds read 0.83-1.05 around a median of 0.93, and five rounds left that
+median about 5% uncertain, a third of the 15% a prediction may miss by.
+
 Invariants: the process's intra-op thread count is restored; the items and their order are the same both ways.
 """
 
@@ -24,10 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from profiler.whatif import LoaderGap, gap_from_rounds, with_cores
+from profiler.whatif import LoaderGap, gap_from_rounds, settled, with_cores
 
 DEFAULT_SAMPLES = 128
-DEFAULT_ROUNDS = 5
+DEFAULT_ROUNDS = 5  # at least
+DEFAULT_MAX_ROUNDS = 15
+DEFAULT_MAX_S = 30.0  # more rounds stop after this many seconds of calibration in all
+DEFAULT_PRECISION = 0.03  # the medians' relative standard error to stop at
 # each timing stops after this many seconds (at least one batch), so a slow loader (20 ms an item) is not timed
 # for long: the rounds, not the length of one, are what the noise of a shared host is fought with
 DEFAULT_BUDGET_S = 1.0
@@ -82,12 +91,16 @@ def measure_gap(
     seed: int = 0,
     budget_s: float = DEFAULT_BUDGET_S,
     cores: int | None = None,
+    max_rounds: int = DEFAULT_MAX_ROUNDS,
+    max_s: float = DEFAULT_MAX_S,
+    precision: float = DEFAULT_PRECISION,
     clock: Callable[[], float] = time.perf_counter,
 ) -> LoaderGap:
     """The worker / main-process cost ratio of ``dataset`` at ``batch_size``, and how much ``cores`` workers
     deliver together (see the module docstring). ``threads``: the main process's intra-op threads while it
     loads (the measured run's; None: as it is). ``cores``: how many workers to time together (None: the
-    usable cores; 1 or fewer: not timed)."""
+    usable cores; 1 or fewer: not timed). ``rounds`` at least, then up to ``max_rounds`` (and ``max_s`` seconds)
+    until both medians are known to ``precision``: see the module docstring."""
     import torch
 
     from pipelines.base import usable_cores
@@ -101,8 +114,19 @@ def measure_gap(
     worker_s: list[float] = []
     together_s: list[float] = []
     timed = 0
+    started = clock()
     try:
-        for r in range(rounds):
+        for r in range(max(rounds, max_rounds)):
+            if r >= rounds and (
+                clock() - started >= max_s
+                or (
+                    settled([w / m for m, w in zip(main_s, worker_s, strict=True)], precision)
+                    and (
+                        not together_s or settled([w / t for w, t in zip(worker_s, together_s, strict=True)], precision)
+                    )
+                )
+            ):
+                break
             if threads:
                 torch.set_num_threads(threads)
             s, n = _seconds_per_sample(dataset, batch_size, 0, batches, seed=seed + r, budget_s=budget_s, clock=clock)

@@ -189,6 +189,23 @@ def gap_from_rounds(main_s: list[float], worker_s: list[float], samples: int) ->
     )
 
 
+def median_error(values: Sequence[float]) -> float:
+    """The relative standard error of the median of ``values`` (inf for fewer than 3): 1.253 sigma / sqrt(n)
+    over the median, sigma estimated robustly from the median absolute deviation (x 1.4826), so that one round
+    a burst hit does not inflate it as it would a standard deviation."""
+    if len(values) < 3:
+        return math.inf
+    m = statistics.median(values)
+    mad = statistics.median(abs(v - m) for v in values)
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(values)) / abs(m) if m else math.inf
+
+
+def settled(values: Sequence[float], precision: float) -> bool:
+    """The median of ``values`` is known to ``precision`` (relative standard error): more rounds would not move
+    it by more than that."""
+    return median_error(values) <= precision
+
+
 def with_cores(gap: LoaderGap, k: int, worker_s: list[float], together_s: list[float]) -> LoaderGap:
     """``gap`` with the scaling of ``k`` workers loading together: one worker's seconds per sample over ``k``
     workers' (one pair per round), divided by ``k``, from the medians; at most 1 (k workers never beat k
@@ -507,13 +524,16 @@ class WhatIf:
         if not g.samples:
             return f"worker vs main-process loading cost: x{g.factor:.3g} ({g.source})"
         spread = f"rounds {min(g.rounds):.3g}-{max(g.rounds):.3g}" if g.rounds else ""
+        if len(g.rounds) >= 3:
+            spread += f", median +/-{median_error(g.rounds):.1%}"
+        cores_err = f", +/-{median_error(g.cores_rounds):.1%}" if len(g.cores_rounds) >= 3 else ""
         return (
             f"worker vs main-process loading cost: x{g.factor:.3g} MEASURED ({g.main_s * 1e3:.3g} ms/sample in the "
             f"main process, {g.worker_s * 1e3:.3g} in one worker; {g.source}; {spread}), applied where a "
             f"prediction loads elsewhere than the run ({self.measured_at})"
             + (
                 f"; {g.cores_k} workers together deliver x{g.parallel(g.cores_k):.3g} one worker's rate "
-                f"({g.cores_scaling:.0%} each) MEASURED, applied to predictions with more than one worker"
+                f"({g.cores_scaling:.0%} each{cores_err}) MEASURED, applied to predictions with more than one worker"
                 if g.cores_k > 1
                 else ""
             )

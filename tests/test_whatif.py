@@ -347,11 +347,60 @@ def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: 
     # load of 6) stay inside the tolerance; the median of 5 rounds drops a round that a burst hit
     from profiler.loadergap import measure_gap
 
-    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=24, rounds=5, threads=1)
+    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=24, rounds=5, max_rounds=5, threads=1)
     assert gap.factor == pytest.approx(worker_ms / main_ms, rel=0.2), gap
     assert gap.main_s == pytest.approx(main_ms / 1e3, rel=0.5)
     assert gap.samples == 5 * 24
     assert len(gap.rounds) == 5
+
+
+def test_the_medians_standard_error_decides_when_the_rounds_have_settled() -> None:
+    from profiler.whatif import median_error, settled
+
+    assert median_error([1.0, 1.0]) == math.inf  # too few rounds to tell
+    assert median_error([1.0, 1.0, 1.0, 1.0, 1.0]) == 0.0
+    # 0.93 +/- 0.04 over 5 rounds: MAD 0.04, sigma 0.0593, SE 1.2533 x 0.0593 / sqrt(5) = 0.0332, 3.6% of 0.93
+    noisy = [0.89, 0.93, 0.97, 0.89, 0.97]
+    assert median_error(noisy) == pytest.approx(1.2533 * 1.4826 * 0.04 / math.sqrt(5) / 0.93)
+    assert not settled(noisy, 0.03)
+    assert settled(noisy * 2, 0.03)  # the same spread over 10 rounds: sqrt(2) narrower
+    # one round that a burst hit (x3) does not unsettle five that agree
+    assert settled([0.93, 0.93, 0.94, 0.92, 2.8], 0.03)
+
+
+class _NoisyInWorkers(_PlaceCost):
+    """Items that cost each worker process its own 10-40 ms (uniform, drawn from the worker's seed): rounds that
+    disagree, as on a host whose load comes and goes."""
+
+    def __getitem__(self, i: int) -> Any:
+        import random
+        import time
+
+        import torch
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and not hasattr(self, "worker_ms_drawn"):
+            self.worker_ms_drawn = random.Random(info.seed).uniform(10.0, 40.0)
+        time.sleep((10.0 if info is None else self.worker_ms_drawn) / 1e3)
+        return torch.zeros(4), i
+
+
+def test_the_calibration_takes_more_rounds_until_its_medians_settle() -> None:
+    from profiler.loadergap import measure_gap
+
+    # sleeps agree within a few % even on a loaded host: settled to 10% after the first three rounds
+    steady = measure_gap(
+        _PlaceCost(10.0, 10.0), 4, samples=8, rounds=3, max_rounds=6, precision=0.1, threads=1, cores=1
+    )
+    assert len(steady.rounds) == 3, steady.rounds
+    # a worker's 10-40 ms against the main process's 10: rounds from x1 to x4, never settled to 3% in 6 rounds
+    noisy = measure_gap(_NoisyInWorkers(10.0, 10.0), 4, samples=8, rounds=3, max_rounds=6, threads=1, cores=1)
+    assert len(noisy.rounds) == 6, noisy.rounds
+    capped = measure_gap(
+        _NoisyInWorkers(10.0, 10.0), 4, samples=8, rounds=3, max_rounds=6, max_s=0.0, threads=1, cores=1
+    )
+    assert len(capped.rounds) == 3  # the time cap stops more rounds; the first ones are always taken
 
 
 def test_the_calibration_restores_the_thread_count_and_refuses_a_tiny_dataset() -> None:
@@ -360,7 +409,7 @@ def test_the_calibration_restores_the_thread_count_and_refuses_a_tiny_dataset() 
     from profiler.loadergap import measure_gap
 
     before = torch.get_num_threads()
-    measure_gap(_PlaceCost(0.1, 0.1, n=16), 4, samples=8, rounds=1, threads=before + 1)
+    measure_gap(_PlaceCost(0.1, 0.1, n=16), 4, samples=8, rounds=1, max_rounds=1, threads=before + 1)
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="too few"):
         measure_gap(_PlaceCost(0.1, 0.1, n=5), 4)
@@ -388,12 +437,12 @@ class _SharedResource(_PlaceCost):
 def test_the_calibration_measures_how_much_workers_deliver_together(shared: bool, scaling: float) -> None:
     from profiler.loadergap import measure_gap
 
-    gap = measure_gap(_SharedResource(10.0, shared), 4, samples=16, rounds=3, threads=1, cores=2)
+    gap = measure_gap(_SharedResource(10.0, shared), 4, samples=16, rounds=3, max_rounds=3, threads=1, cores=2)
     assert gap.cores_k == 2
     assert gap.cores_scaling == pytest.approx(scaling, rel=0.2), gap
     assert len(gap.cores_rounds) == 3
     assert gap.parallel(2) == pytest.approx(2 * gap.cores_scaling)
-    one = measure_gap(_SharedResource(1.0, False), 4, samples=8, rounds=1, threads=1, cores=1)
+    one = measure_gap(_SharedResource(1.0, False), 4, samples=8, rounds=1, max_rounds=1, threads=1, cores=1)
     assert (one.cores_k, one.cores_scaling, one.cores_rounds) == (1, 1.0, ())  # one core: nothing to time
 
 

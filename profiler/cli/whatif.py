@@ -286,7 +286,7 @@ def _needs_gap(m: Any, targets: Sequence[Any]) -> bool:
 
 def _measure_gap(src: _Source) -> Any:
     """The worker vs main-process cost of the run's dataset (profiler.loadergap), or 1 with the reason."""
-    from profiler.loadergap import DEFAULT_ROUNDS, DEFAULT_SAMPLES, measure_gap
+    from profiler.loadergap import DEFAULT_MAX_ROUNDS, DEFAULT_MAX_S, DEFAULT_ROUNDS, DEFAULT_SAMPLES, measure_gap
     from profiler.whatif import NO_GAP
     from scenarios import DataOptions
 
@@ -296,8 +296,8 @@ def _measure_gap(src: _Source) -> Any:
     threads = src.meta.get("torch_threads")
     say(
         f"measuring the worker vs main-process loading cost: {DEFAULT_SAMPLES} samples x {DEFAULT_ROUNDS} rounds "
-        f"each way (main process at {threads or 'the current'} intra-op threads), then as many workers as usable "
-        "cores together"
+        f"(more, up to {DEFAULT_MAX_ROUNDS} or {DEFAULT_MAX_S:g} s, until the medians settle) each way (main "
+        f"process at {threads or 'the current'} intra-op threads), then as many workers as usable cores together"
     )
     try:
         dataset = src.scenario.build_dataset(options)
