@@ -26,6 +26,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -38,6 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from profiler.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.export.endpoint import parse_endpoint
 from profiler.recording import Recording
 from profiler.sampler import Sampler
 from profiler.sources import sched as schedstat
@@ -46,6 +48,7 @@ from profiler.store import PhaseRow, RunStore, StepRow, StoreWriteError
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+    from profiler.export.prometheus import PrometheusExporter
 
 # name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
 _PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
@@ -138,9 +141,14 @@ class Session:
         recent: int = 1024,
         timer: DeviceTimer | None = None,
         store_errors: str = "warn",
+        prometheus: str | int | None = None,
     ) -> None:
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
+        # prometheus: "[ADDR:]PORT" served while the session runs (docs/integrations.md); checked here, bound at start
+        self._endpoint = parse_endpoint(str(prometheus)) if prometheus is not None else None
+        self._export = contextlib.ExitStack()
+        self.exporter: PrometheusExporter | None = None
         self.out_dir = Path(out_dir)
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
         self.sample_hz = sample_hz
@@ -169,6 +177,7 @@ class Session:
         self._step_t0 = 0.0
         self._step_wait = 0.0
         self._step_samples: int | None = None
+        self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
         self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
         # the training thread's schedstat reader (opened by the first wrap()), and raws at step start / data
         self._runq: schedstat.ThreadSched | None = None
@@ -212,6 +221,10 @@ class Session:
     def start(self) -> Session:
         if self._rec is not None:
             return self
+        if self._endpoint is not None and self.exporter is None:  # bound first: a port in use records nothing
+            from profiler.export.prometheus import session_exporter
+
+            self.exporter = self._export.enter_context(session_exporter(self, self._endpoint))
         self._t0 = self._clock()
         if self._timer is None:
             self._timer = make_timer(self.device, self._now)
@@ -225,7 +238,11 @@ class Session:
             clock=self._clock,
             store_errors=self._store_errors,
         )
-        self._store = self._rec.start(t0=self._t0)
+        try:
+            self._store = self._rec.start(t0=self._t0)
+        except BaseException:
+            self._export.close()  # nothing to serve: the port is free again
+            raise
         self.sampler = self._rec.sampler
         self._runq_reason = schedstat.probe()
         self._store.put_meta(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
@@ -270,7 +287,9 @@ class Session:
             self._runq = None
         if self._unattributed:
             self._rec.event("warning", f"{self._unattributed} phase(s) ran outside any step", "session")
-        return self._rec.close(status, error)
+        summary = self._rec.close(status, error)
+        self._export.close()
+        return summary
 
     def summary(self) -> Summary | None:
         """The run's Summary, built once when the session closed from the rows read back from its store (None
@@ -337,6 +356,62 @@ class Session:
             # the loop broke out or raised: the step in flight ends now
             if self._step >= 0 and self._status is None:
                 self._end_step(clock(), raw() if raw else None)
+
+    # -- steps driven from outside: a framework's loop that fetches its own batches (profiler/integrations/) --
+    def open_step(self, t_start: float | None = None) -> None:
+        """End the open step at ``t_start`` (a :attr:`clock` reading; now when None) and open the next one there.
+
+        For a loop that fetches its batches itself (Lightning's, Hugging Face's Trainer), where :meth:`wrap`
+        cannot stand between the loop and its loader: the hooks that see the fetch give its duration to
+        :meth:`add_wait` and the batch's size to :meth:`add_samples`; phases work as under ``wrap()``. The
+        run-queue wait is that of the thread that opens the first step, read when these are called: from the
+        call here to the last ``add_wait`` (data) and to the step's end (step)."""
+        if self._store is None:
+            raise RuntimeError("Session.open_step() needs a started session: call start() first")
+        t = self._clock() if t_start is None else t_start
+        rq = self._thread_runq()
+        raw = rq.raw() if rq is not None else None
+        if self._step >= 0:
+            self._end_step(t, raw)
+            if self._store_errors == "raise" and self._store.failure is not None:
+                raise self._stopped(self._store.failure)  # as wrap() does: the user asked training to stop
+        self._step = self._next_index
+        self._next_index += 1
+        self._step_t0 = t
+        self._step_wait = 0.0
+        self._step_samples = None
+        self._samples_unknown = False
+        self._step_raws = (raw, None)
+
+    def add_wait(self, seconds: float) -> None:
+        """Add ``seconds`` blocked fetching a batch to the open step's data wait (no step open: ignored)."""
+        if self._step >= 0:
+            self._step_wait += seconds
+            start = self._step_raws[0]
+            if start is not None and (rq := self._runq) is not None and rq.ident == threading.get_ident():
+                self._step_raws = (start, rq.raw())
+
+    def add_samples(self, n: int | None) -> None:
+        """Count a batch of ``n`` items in the open step; None (a batch whose size cannot be told) makes the
+        step's count unknown, as under ``wrap()``."""
+        if self._step < 0 or self._samples_unknown:
+            return
+        if n is None:
+            self._samples_unknown, self._step_samples = True, None
+        else:
+            self._step_samples = (self._step_samples or 0) + n
+
+    def close_step(self, t_end: float | None = None) -> None:
+        """End the open step at ``t_end`` (now when None): the loop left it (an epoch ended). No step open: nothing."""
+        if self._step >= 0:
+            rq = self._runq
+            raw = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
+            self._end_step(self._clock() if t_end is None else t_end, raw)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open (phases entered now are charged to it)."""
+        return self._step >= 0
 
     def _stopped(self, failure: StoreWriteError) -> StoreWriteError:
         kept = f"steps up to {failure.last_kept} kept" if failure.last_kept >= 0 else "no step kept"
@@ -428,13 +503,18 @@ class Session:
 
     def _note_loader(self, loader: Any) -> None:
         """Take workers / pin_memory / batch_size from a DataLoader the user did not describe."""
-        found = {
-            key: getattr(loader, attr)
-            for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
-            if self._meta.get(key) is None and isinstance(getattr(loader, attr, None), (int, bool))
-        }
+        found = {key: value for key, value in loader_facts(loader).items() if self._meta.get(key) is None}
         if found:
             self.annotate(**found)
+
+
+def loader_facts(loader: Any) -> dict[str, Any]:
+    """``workers``, ``pin_memory`` and ``batch_size`` of a DataLoader-like object, those it has."""
+    return {
+        key: getattr(loader, attr)
+        for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
+        if isinstance(getattr(loader, attr, None), (int, bool))
+    }
 
 
 def step_runq(row: StepRow, raws: _Raws) -> StepRow:

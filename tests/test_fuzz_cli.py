@@ -245,7 +245,7 @@ PLAUSIBLE = {
     "trace": list(FRESH), "max_stall_increase": ["5"], "max_throughput_drop": ["10"], "pipeline": ["naive"],
     "pipelines": ["naive", "naive,prefetch"], "batch_sizes": ["8,16", "8"], "seconds": ["0.5"], "budget_s": ["5"],
     "max_batch_size": ["16"], "max_workers": ["2"], "repeat": ["1", "2"], "count": ["3", "1"], "classes": ["2"],
-    "jobs": ["1"],
+    "jobs": ["1"], "prometheus": ["127.0.0.1:0", "0", "70000"],
 }  # fmt: skip
 
 

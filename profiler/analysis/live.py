@@ -126,3 +126,59 @@ class LiveAggregator:
             latest=dict(self._latest),
             latest_t=self._latest_t,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RunTotals:
+    """Sums over every step resolved so far, for counters (a Prometheus scrape): over the measured steps they are
+    the run summary's own sums, so ``stall_s / step_s`` at the end is its ``stall_fraction`` (host-timed: on CUDA
+    and simulated devices the summary resolves the stall from device events and may differ, docs/metrics.md)."""
+
+    steps: int  # steps resolved, warm-up included
+    warmup_steps: int
+    measured_steps: int
+    step_s: float  # the measured steps' summed step time
+    data_wait_s: float
+    h2d_s: float  # top-level h2d phases
+    compute_s: float
+    samples: int  # samples of the measured steps that counted them
+    missed_steps: int  # steps the feed had dropped before they were folded (not in the sums)
+
+    @property
+    def stall_s(self) -> float:
+        return self.data_wait_s + self.h2d_s
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.stall_s / self.step_s if self.step_s > 0 else math.nan
+
+
+class TotalsFolder:
+    """Folds steps into :class:`RunTotals`; a step handed twice is taken once (by index), as the aggregator."""
+
+    def __init__(self) -> None:
+        self._last = -1
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # step, wait, h2d, compute
+        self._n = [0, 0, 0, 0, 0]  # steps, warm-up, measured, samples, missed
+
+    def add_steps(self, rows: Iterable[tuple[StepRow, Sequence[PhaseRow]]]) -> None:
+        sums, n = self._sums, self._n
+        for row, phases in rows:
+            if row.step <= self._last:
+                continue
+            n[4] += row.step - self._last - 1
+            n[0] += row.step - self._last
+            self._last = row.step
+            if row.warmup:
+                n[1] += 1
+                continue
+            n[2] += 1
+            sums[0] += row.t_end - row.t_start
+            sums[1] += row.data_wait_s
+            sums[2] += math.fsum(p.t_end - p.t_start for p in phases if p.depth == 0 and p.name == "h2d")
+            sums[3] += math.fsum(p.t_end - p.t_start for p in phases if p.depth == 0 and p.name == "compute")
+            n[3] += row.samples or 0
+
+    def totals(self) -> RunTotals:
+        s, n = self._sums, self._n
+        return RunTotals(n[0], n[1], n[2], s[0], s[1], s[2], s[3], n[3], n[4])

@@ -10,6 +10,7 @@ clean end of the run (report printed). No figure is computed in the CLI.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,7 +29,9 @@ from profiler.sampler import MAX_HZ
 if TYPE_CHECKING:
     from profiler.analysis.ranks import ZeroCodeJob
     from profiler.analysis.summary import Summary
-    from profiler.feeds import Monitor
+    from profiler.export.endpoint import Endpoint
+    from profiler.export.prometheus import PrometheusExporter
+    from profiler.feeds import LiveFeed, Monitor
     from profiler.runner import RunConfig
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -375,10 +378,76 @@ def report_outcome(
     return code
 
 
-def live_monitor(no_live: bool, total_steps: int | None = None) -> Monitor | None:
-    """The live view of a run (None with ``--no-live``); ``total_steps`` None: open-ended."""
-    if no_live:
-        return None
-    from profiler.render.live import monitor_for
+def endpoint_arg(text: str) -> Endpoint:
+    """argparse type of ``--prometheus [ADDR:]PORT``."""
+    from profiler.export.endpoint import parse_endpoint
 
-    return partial(monitor_for, total_steps=total_steps)
+    try:
+        return parse_endpoint(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_prometheus_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prometheus",
+        type=endpoint_arg,
+        metavar="[ADDR:]PORT",
+        help="serve the live figures as Prometheus metrics at http://ADDR:PORT/metrics (ADDR default 127.0.0.1; "
+        "needs stallscope[prometheus]; docs/integrations.md)",
+    )
+
+
+def exporter_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[PrometheusExporter | None]:
+    """The started Prometheus exporter of ``--prometheus`` (closed when the block ends), or None without it.
+    Started here, before any run directory: a port in use or a missing package is one line and exit 2."""
+    endpoint = getattr(args, "prometheus", None)
+    if endpoint is None:
+        return contextlib.nullcontext()
+    from profiler.export.prometheus import ExporterError, PrometheusExporter
+
+    try:
+        exporter = PrometheusExporter(endpoint).start()
+    except ExporterError as exc:
+        raise BadInput(str(exc)) from None
+    say(f"Prometheus metrics at {exporter.url}")
+    return _serving(exporter)
+
+
+@contextlib.contextmanager
+def _serving(exporter: PrometheusExporter) -> Iterator[PrometheusExporter]:
+    try:
+        yield exporter
+    finally:
+        exporter.close()
+        if exporter.error is not None:  # the run went on; the endpoint kept its last figures meanwhile
+            err = exporter.error
+            say(
+                f"the Prometheus endpoint could not read the run's figures (its last ones stayed served): "
+                f"{type(err).__name__}: {err}"
+            )
+
+
+def live_monitor(
+    no_live: bool,
+    total_steps: int | None = None,
+    exporter: PrometheusExporter | None = None,
+    own_feed: Callable[[], LiveFeed] | None = None,
+) -> Monitor | None:
+    """The live view of a run (None with ``--no-live``); ``total_steps`` None: open-ended. With ``exporter``, the
+    exporter follows the run too: on the same feed, or on ``own_feed()`` for a feed that hands each row once
+    (a store tail: two readers of one tail would each see part of the run)."""
+    view: Monitor | None = None
+    if not no_live:
+        from profiler.render.live import monitor_for
+
+        view = partial(monitor_for, total_steps=total_steps)
+    if exporter is None:
+        return view
+
+    @contextlib.contextmanager
+    def both(feed: LiveFeed) -> Iterator[None]:
+        with exporter.follow(own_feed() if own_feed else feed), view(feed) if view else contextlib.nullcontext():
+            yield
+
+    return both

@@ -6,21 +6,24 @@ import argparse
 import contextlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.cli.common import (
     DEFAULT_PYSPY_RATE,
     EXIT_FAILED,
     EXIT_OK,
     BadInput,
+    Training,
     base_run_config,
     bounded,
     exit_signal,
     prepare_out,
-    resolve_training,
     say,
     stem,
 )
+
+if TYPE_CHECKING:
+    from profiler.export.prometheus import PrometheusExporter
 
 MAX_NPROC = 64
 MAX_NODES = 1024
@@ -63,10 +66,10 @@ def check_job_options(args: argparse.Namespace) -> None:
         raise BadInput(f"--baseline {args.baseline!r} holds no run: allowed a run directory (a run on one rank)")
 
 
-def cmd_job(args: argparse.Namespace) -> int:
+def cmd_job(args: argparse.Namespace, t: Training, exporter: PrometheusExporter | None = None) -> int:
+    """A multi-rank job of the training ``t`` resolved from ``args``; ``exporter`` serves its ranks' figures."""
     from profiler.launch import JobSpec, job_id_for, run_job
 
-    t = resolve_training(args, [args.pipeline])
     if t.device.kind == "cuda":
         import torch
 
@@ -100,7 +103,7 @@ def cmd_job(args: argparse.Namespace) -> int:
             f"training {t.scenario.name} on {job.world_size} ranks ({args.nproc} here, node {args.node_rank} of "
             f"{args.nnodes}; {args.pipeline}, device {t.device.label}, {job.backend}) -> {out}"
         )
-    with _live(args, out, (cfg.steps or 0) + t.warmup):
+    with _live(args, out, (cfg.steps or 0) + t.warmup), _export(exporter, out):
         result = run_job(job)
     return _report(result, args)
 
@@ -113,6 +116,15 @@ def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.A
     from profiler.render.joblive import job_monitor_for
 
     return job_monitor_for(JobFeed(out), total_steps=total_steps)
+
+
+def _export(exporter: PrometheusExporter | None, out: Path) -> contextlib.AbstractContextManager[Any]:
+    """The exporter follows the job from the rank stores, on a feed of its own (a store tail hands rows once)."""
+    if exporter is None:
+        return contextlib.nullcontext()
+    from profiler.feeds import JobFeed
+
+    return exporter.follow_job(JobFeed(out))
 
 
 def _report(result: Any, args: argparse.Namespace) -> int:

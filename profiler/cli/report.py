@@ -4,6 +4,7 @@ that read a run store back (a run prints the Summary it built at close instead).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,10 @@ from profiler.cli.common import (
     EXIT_OK,
     BadInput,
     Handler,
+    add_prometheus_option,
     bounded,
     exit_signal,
+    exporter_for,
     print_summary,
     say,
 )
@@ -59,6 +62,7 @@ def add_parsers(sub: Any) -> None:
     )
     w.add_argument("run_dir", help="a run directory, or a job directory (job.json, rank-R/)")
     w.add_argument("--json", action="store_true", help="at the end, print the summary JSON instead of the report")
+    add_prometheus_option(w)
 
     sub.add_parser("scenarios", help="list the built-in scenarios")
 
@@ -226,9 +230,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise BadInput(str(exc)) from None
     if feed.status() == "running":
-        say(f"watching {args.run_dir} (Ctrl-C stops watching, not the run)")
         try:
-            watch(feed)
+            with exporter_for(args) as exporter, _export(exporter, lambda: StoreFeed(args.run_dir)):
+                say(f"watching {args.run_dir} (Ctrl-C stops watching, not the run)")
+                watch(feed)
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
         except StoreError as exc:  # removed, replaced or damaged while watched
@@ -245,13 +250,22 @@ def _watch_job(args: argparse.Namespace) -> int:
     feed = JobFeed(args.run_dir)
     feed.poll()
     if feed.status() == "running":
-        say(f"watching job {args.run_dir} (Ctrl-C stops watching, not the job)")
         try:
-            watch_job(feed)
+            with exporter_for(args) as exporter, _export(exporter, lambda: JobFeed(args.run_dir), job=True):
+                say(f"watching job {args.run_dir} (Ctrl-C stops watching, not the job)")
+                watch_job(feed)
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
     print_job(load_job_summary([args.run_dir])[0], args.json)
     return EXIT_OK
+
+
+def _export(exporter: Any, feed: Callable[[], Any], job: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """``--prometheus``: the exporter follows the watched run on a store tail of its own."""
+    if exporter is None:
+        return contextlib.nullcontext()
+    follow: contextlib.AbstractContextManager[Any] = exporter.follow_job(feed()) if job else exporter.follow(feed())
+    return follow
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:

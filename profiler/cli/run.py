@@ -20,10 +20,12 @@ from profiler.cli.common import (
     BadInput,
     Handler,
     SignalStop,
+    add_prometheus_option,
     add_training_options,
     base_run_config,
     bounded,
     exit_signal,
+    exporter_for,
     keep_made,
     live_monitor,
     positive_hz,
@@ -80,6 +82,7 @@ def add_parsers(sub: Any) -> None:
         help="with --workers > 0: do not sample the workers with py-spy for the loader attribution",
     )
     add_job_options(r)
+    add_prometheus_option(r)
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
 
     at = sub.add_parser("attach", help="profile a running training process from outside (py-spy + sampler)")
@@ -95,6 +98,7 @@ def add_parsers(sub: Any) -> None:
     at.add_argument("--out", help="run directory to create (default runs/pid<PID>-<time>)")
     at.add_argument("--json", action="store_true")
     at.add_argument("--no-live", action="store_true")
+    add_prometheus_option(at)
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -119,9 +123,14 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_job_options(args)
-    if args.nproc is not None:
-        return cmd_job(args)
     t = resolve_training(args, [args.pipeline])
+    with exporter_for(args) as exporter:
+        if args.nproc is not None:
+            return cmd_job(args, t, exporter)
+        return _run_scenario(args, t, exporter)
+
+
+def _run_scenario(args: argparse.Namespace, t: Any, exporter: Any) -> int:
     out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}")
     from profiler.runner import RunStopped, TrainingError, run_scenario
 
@@ -142,7 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(f"{what} {t.scenario.name} ({args.pipeline}, device {t.device.label}) -> {out}")
     try:
         with SignalStop():
-            session = run_scenario(t.scenario, cfg, live_monitor(args.no_live, t.warmup + steps))
+            session = run_scenario(t.scenario, cfg, live_monitor(args.no_live, t.warmup + steps, exporter))
     except TrainingError as exc:
         return _training_failed(exc, out, args.json)
     except RunStopped as exc:
@@ -183,6 +192,14 @@ def _training_failed(exc: Any, out: Path, as_json: bool) -> int:
 
 
 def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int | None, name: str) -> int:
+    with exporter_for(args) as exporter:
+        return _profile_external(args, command, pid, name, exporter)
+
+
+def _profile_external(
+    args: argparse.Namespace, command: list[str] | None, pid: int | None, name: str, exporter: Any
+) -> int:
+    from profiler.feeds import StoreFeed
     from profiler.pyspy import DEFAULT_RATE
     from profiler.zerocode import profile_external
 
@@ -199,7 +216,7 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
                 pyspy_rate=args.pyspy_rate or DEFAULT_RATE,
                 duration_s=getattr(args, "duration", None),
                 child_stdout=sys.stderr if args.json else None,
-                monitor=live_monitor(args.no_live),
+                monitor=live_monitor(args.no_live, None, exporter, lambda: StoreFeed(out)),
             )
     except FileNotFoundError as exc:
         raise BadInput(str(exc)) from None

@@ -1,0 +1,188 @@
+"""The live figures as Prometheus metrics (names, types, labels, base units), computed from what the live view
+folds: a single run's :class:`~profiler.analysis.live.LiveSnapshot` and :class:`~profiler.analysis.live.RunTotals`,
+or a job's :class:`~profiler.analysis.joblive.JobLive` and each rank's totals.
+
+Pure functions returning plain :class:`Metric` records; ``profiler.export.prometheus`` turns them into
+``prometheus_client`` families at scrape time, so this module needs no optional dependency and tests compare
+its output directly.
+
+Conventions (docs/integrations.md "Prometheus"): every name starts ``stallscope_``; seconds, ratios 0..1 and
+bytes; counters end ``_total``; a job's per-rank figures carry ``rank``; on a simulated device every figure that
+depends on the device carries ``simulated="true"`` (host CPU and memory do not). A figure that is not known yet
+(NaN: no step in the window, metric not sampled) is left out rather than exported as NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler.analysis.joblive import JobLive
+from profiler.analysis.live import LiveSnapshot, RunTotals
+from profiler.analysis.parts import SIMULATED
+
+Labels = Mapping[str, str]
+STATUSES = ("running", "complete", "interrupted", "failed")
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """One metric family: ``name`` without ``_total`` for a counter (prometheus_client adds it)."""
+
+    name: str
+    kind: str  # "gauge" | "counter"
+    help: str
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+    def add(self, value: float, labels: Labels | None = None) -> None:
+        if not math.isnan(value):
+            self.samples.append((dict(labels or {}), float(value)))
+
+
+def _simulated(meta: Mapping[str, Any]) -> bool:
+    dev = meta.get("device")
+    return isinstance(dev, dict) and dev.get("kind") == SIMULATED
+
+
+def info_metrics(meta: Mapping[str, Any], status: str) -> list[Metric]:
+    """``stallscope_run_info`` (constant 1; the run's identity in labels) and ``stallscope_run_status``."""
+    dev = meta.get("device")
+    dev = dev if isinstance(dev, dict) else {}
+    device = str(dev.get("name") or dev.get("torch_device") or meta.get("device_label") or "unknown")
+    labels = {
+        "run_id": str(meta.get("run_id") or meta.get("job_id") or ""),
+        "scenario": str(meta.get("scenario") or ""),
+        "pipeline": str(meta.get("pipeline") or ""),
+        "mode": str(meta.get("mode") or ("job" if "world_size" in meta else "session")),
+        "device": device,
+        "device_kind": str(dev.get("kind") or ""),
+        "simulated": "true" if _simulated(meta) else "false",
+    }
+    info = Metric("stallscope_run_info", "gauge", "The run this endpoint describes (value 1; identity in labels).")
+    info.add(1.0, labels)
+    state = Metric("stallscope_run_status", "gauge", "1 for the run's current status, 0 for the others.")
+    for s in STATUSES:
+        state.add(1.0 if status == s else 0.0, {"status": s})
+    return [info, state]
+
+
+_TOTALS: tuple[tuple[str, str, str, Callable[[RunTotals], float]], ...] = (
+    ("stallscope_steps", "counter", "Steps resolved, warm-up included.", lambda t: t.steps),
+    ("stallscope_warmup_steps", "counter", "Warm-up steps resolved (not in the sums).", lambda t: t.warmup_steps),
+    ("stallscope_measured_steps", "counter", "Measured (non-warm-up) steps resolved.", lambda t: t.measured_steps),
+    ("stallscope_step_seconds", "counter", "Step time summed over measured steps.", lambda t: t.step_s),
+    ("stallscope_data_wait_seconds", "counter", "Host time blocked in next() on the loader, measured steps.",
+     lambda t: t.data_wait_s),
+    ("stallscope_h2d_seconds", "counter", "Host time in the h2d phase, measured steps.", lambda t: t.h2d_s),
+    ("stallscope_compute_seconds", "counter", "Host time in the compute phase, measured steps.", lambda t: t.compute_s),
+    ("stallscope_input_stall_seconds", "counter", "Data wait + h2d summed over measured steps.", lambda t: t.stall_s),
+    ("stallscope_samples", "counter", "Samples of the measured steps.", lambda t: t.samples),
+    ("stallscope_missed_steps", "counter", "Steps dropped by the live buffer before the exporter read them "
+     "(counted in steps, not in the sums).", lambda t: t.missed_steps),
+    ("stallscope_run_stall_ratio", "gauge", "(data wait + h2d) / step time over every measured step so far: the "
+     "summary's stall_fraction (host-timed).", lambda t: t.stall_fraction),
+    ("stallscope_run_throughput_samples_per_second", "gauge", "Samples / step time over the measured steps so far.",
+     lambda t: t.samples / t.step_s if t.step_s > 0 and t.samples else math.nan),
+)  # fmt: skip
+
+
+def totals_metrics(totals: Iterable[tuple[Labels, RunTotals]]) -> list[Metric]:
+    """Counters over the steps resolved so far, and the run-to-date ratios they give."""
+    rows = list(totals)
+    out = []
+    for name, kind, help_, value in _TOTALS:
+        m = Metric(name, kind, help_)
+        for labels, t in rows:
+            m.add(value(t), labels)
+        out.append(m)
+    return out
+
+
+def sampler_metrics(latest: Mapping[str, float], sim: Labels) -> list[Metric]:
+    """The newest sampler reading: device utilisation and memory (NVML), host and process CPU and memory."""
+    util = Metric("stallscope_device_utilisation_ratio", "gauge", "NVML utilization.gpu of the newest sample, 0..1 "
+                  "(NVML averages over 1/6 s to 1 s).")  # fmt: skip
+    mem = Metric("stallscope_device_memory_used_bytes", "gauge", "Device memory in use, newest sample.")
+    cpu = Metric("stallscope_process_cpu_cores", "gauge", "CPU of the run's processes, newest sample (1 = one core).")
+    rss = Metric("stallscope_process_resident_memory_bytes", "gauge", "Resident memory of the run's processes.")
+    rank_cpu = Metric("stallscope_rank_cpu_cores", "gauge", "CPU of each rank's processes, newest sample.")
+    for key, value in sorted(latest.items()):
+        head, _, rest = key.partition(".")
+        if head.startswith("gpu") and rest == "util_pct":
+            util.add(value / 100, {"device": head, **sim})
+        elif head.startswith("gpu") and rest == "mem_used_mb":
+            mem.add(value * MIB, {"device": head, **sim})
+        elif head == "proc" and rest.endswith(".cpu_pct"):
+            cpu.add(value / 100, {"process": rest.removesuffix(".cpu_pct")})
+        elif head == "proc" and rest.endswith(".rss_mb"):
+            rss.add(value * MIB, {"process": rest.removesuffix(".rss_mb")})
+        elif head.startswith("rank") and head[4:].isdigit() and rest == "cpu_pct":
+            rank_cpu.add(value / 100, {"rank": head[4:]})
+    host = Metric("stallscope_host_cpu_ratio", "gauge", "Whole-host CPU busy, 0..1 of all cores, newest sample.")
+    host.add(latest.get("sys.cpu_pct", math.nan) / 100)
+    host_mem = Metric("stallscope_host_memory_used_ratio", "gauge", "Host memory in use, 0..1, newest sample.")
+    host_mem.add(latest.get("sys.mem_used_pct", math.nan) / 100)
+    return [util, mem, host, host_mem, cpu, rss, rank_cpu]
+
+
+def _window(name: str, help_: str) -> Metric:
+    return Metric(name, "gauge", help_ + " Over the newest steps (the live window, 5 s).")
+
+
+def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, Any], status: str) -> list[Metric]:
+    """A single run's metrics (``stallscope run``, ``watch RUN_DIR``, a Session, zero-code runs)."""
+    sim = {"simulated": "true"} if _simulated(meta) else {}
+    out = info_metrics(meta, status) + totals_metrics([(sim, totals)])
+    stall = _window("stallscope_stall_ratio", "(data wait + h2d) / step time, 0..1.")
+    thr = _window("stallscope_throughput_samples_per_second", "Samples per second of step time.")
+    step = _window("stallscope_step_duration_seconds", "Mean step time.")
+    wait = _window("stallscope_data_wait_per_step_seconds", "Mean data wait per step.")
+    h2d = _window("stallscope_h2d_per_step_seconds", "Mean h2d time per step.")
+    comp = _window("stallscope_compute_per_step_seconds", "Mean compute time per step.")
+    n = _window("stallscope_window_steps", "Steps in the live window.")
+    st = snap.stats
+    if st is not None:
+        stall.add(st.stall_fraction, sim)
+        thr.add(st.throughput_samples_per_s, sim)
+        step.add(st.step_ms / 1e3, sim)
+        wait.add(st.data_wait_ms / 1e3, sim)
+        h2d.add(st.h2d_ms / 1e3, sim)
+        comp.add(st.compute_ms / 1e3, sim)
+        n.add(st.window_steps, sim)
+    return [*out, stall, thr, step, wait, h2d, comp, n, *sampler_metrics(snap.latest, sim)]
+
+
+def job_metrics(
+    job: JobLive, totals: Mapping[int, RunTotals], node: Mapping[str, float], meta: Mapping[str, Any], status: str
+) -> list[Metric]:
+    """A multi-rank job's metrics: per-rank figures labelled ``rank``, the job's throughput, the straggler."""
+    sim = {"simulated": "true"} if _simulated(meta) else {}
+    out = info_metrics(meta, status)
+    out += totals_metrics([({"rank": str(r), **sim}, t) for r, t in sorted(totals.items())])
+    fams = {
+        "stall_fraction": _window("stallscope_stall_ratio", "(data wait + h2d) / step time, 0..1."),
+        "throughput_samples_per_s": _window("stallscope_throughput_samples_per_second", "Samples per second."),
+        "step_ms": _window("stallscope_step_duration_seconds", "Mean step time."),
+        "data_wait_ms": _window("stallscope_data_wait_per_step_seconds", "Mean data wait per step."),
+        "h2d_ms": _window("stallscope_h2d_per_step_seconds", "Mean h2d time per step."),
+        "sync_ms": _window("stallscope_sync_per_step_seconds", "Mean sync (all-reduce wait) time per step."),
+        "window_steps": _window("stallscope_window_steps", "Steps in the live window."),
+    }
+    for row in job.ranks:
+        labels = {"rank": str(row.rank), **sim}
+        for attr, m in fams.items():
+            value = float(getattr(row, attr))
+            m.add(value / 1e3 if attr.endswith("_ms") else value, labels)
+    thr = Metric("stallscope_job_throughput_samples_per_second", "gauge", "Sum over ranks of their live window's "
+                 "samples per second.")  # fmt: skip
+    thr.add(job.throughput_recent, sim)
+    strag = Metric("stallscope_straggler", "gauge", "1 for the rank the job report's rule names a straggler now.")
+    if job.straggler is not None:
+        strag.add(1.0, {"rank": str(job.straggler.rank)})
+    return [*out, *fams.values(), thr, strag, *sampler_metrics(node, sim)]
+
+
+__all__ = ["Metric", "info_metrics", "job_metrics", "run_metrics", "sampler_metrics", "totals_metrics"]

@@ -1,0 +1,275 @@
+"""A Prometheus endpoint of the live figures (``--prometheus [ADDR:]PORT``; docs/integrations.md).
+
+:class:`PrometheusExporter` binds when started (so a bad address or a port in use is one line before any run
+starts), then follows one run's or one job's live feed at a time: a thread folds the feed every ``poll_s`` (so a
+Session's bounded buffer is read before it wraps), and a scrape folds what is new and computes the metrics from
+the folded state (``profiler.export.metrics``) on the scraping thread. The training thread never waits on it.
+
+Invariants:
+- ``prometheus_client`` is imported in :meth:`PrometheusExporter.start` only (an optional dependency: the extra
+  ``stallscope[prometheus]``); missing, it is one :class:`ExporterError` line.
+- The exporter has its own registry (never the process-global one: a user's own metrics stay theirs) and binds to
+  127.0.0.1 unless an address is given.
+- A feed that fails keeps the last figures served and its first error is kept in ``error`` (said once at close);
+  it never reaches the run.
+- After a run ends its final figures stay served (status included) until :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+from profiler.analysis.joblive import JobLiveAggregator
+from profiler.analysis.live import LiveAggregator, TotalsFolder
+from profiler.export.endpoint import Endpoint, parse_endpoint
+from profiler.export.metrics import Metric, job_metrics, run_metrics
+from profiler.store import PhaseRow, StepRow
+
+Steps = list[tuple[StepRow, Sequence[PhaseRow]]]
+Samples = list[tuple[float, dict[str, float]]]
+INSTALL = "pip install 'stallscope[prometheus]'"
+
+
+class ExporterError(Exception):
+    """The exporter cannot serve (missing dependency, address, port in use): one line for the user."""
+
+
+class RunFeed(Protocol):
+    """A single run's live feed (``profiler.feeds.SessionFeed`` or ``StoreFeed``)."""
+
+    def poll(self) -> tuple[Steps, Samples]: ...
+
+    def status(self) -> str: ...
+
+    def meta(self) -> dict[str, Any]: ...
+
+
+class JobFeedLike(Protocol):
+    """A job's live feed (``profiler.feeds.JobFeed``)."""
+
+    def poll(self) -> tuple[dict[int, Steps], Samples]: ...
+
+    def rank_meta(self) -> dict[int, dict[str, Any]]: ...
+
+    def rank_status(self, rank: int) -> str: ...
+
+    def status(self) -> str: ...
+
+    def meta(self) -> dict[str, Any]: ...
+
+
+class _RunState:
+    def __init__(self, feed: RunFeed) -> None:
+        self.feed = feed
+        self.agg = LiveAggregator(horizon_s=60)
+        self.totals = TotalsFolder()
+
+    def refresh(self) -> None:
+        steps, samples = self.feed.poll()
+        self.agg.add_steps(steps)
+        self.totals.add_steps(steps)
+        self.agg.add_samples(samples)
+
+    def metrics(self) -> list[Metric]:
+        return run_metrics(self.agg.snapshot(), self.totals.totals(), self.feed.meta(), self.feed.status())
+
+
+class _JobState:
+    def __init__(self, feed: JobFeedLike) -> None:
+        self.feed = feed
+        self.agg = JobLiveAggregator()
+        self.totals: dict[int, TotalsFolder] = {}
+        self.node: dict[str, float] = {}
+
+    def refresh(self) -> None:
+        steps, samples = self.feed.poll()
+        metas = self.feed.rank_meta()
+        for rank, rows in steps.items():
+            self.agg.add_rank(rank, rows, metas.get(rank), self.feed.rank_status(rank))
+            self.totals.setdefault(rank, TotalsFolder()).add_steps(rows)
+        self.agg.add_node_samples(samples)
+        if samples:
+            self.node = samples[-1][1]
+
+    def metrics(self) -> list[Metric]:
+        totals = {rank: f.totals() for rank, f in self.totals.items()}
+        return job_metrics(self.agg.snapshot(), totals, self.node, self.feed.meta(), self.feed.status())
+
+
+class _Collector:
+    """prometheus_client's custom-collector protocol: ``collect()`` computes the families at scrape time."""
+
+    def __init__(self, exporter: PrometheusExporter) -> None:
+        self._exporter = exporter
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import Metric as Family
+
+        for m in self._exporter.metrics():
+            if not m.samples:
+                continue
+            fam = Family(m.name, m.help, m.kind)
+            suffix = "_total" if m.kind == "counter" else ""
+            for labels, value in m.samples:
+                fam.add_sample(m.name + suffix, labels, value)
+            yield fam
+
+
+class PrometheusExporter:
+    """Serves ``/metrics`` on ``endpoint``; :meth:`follow` (a run) or :meth:`follow_job` (a job) says what of."""
+
+    def __init__(self, endpoint: Endpoint, *, poll_s: float = 0.5) -> None:
+        self.endpoint = endpoint
+        self._poll_s = poll_s
+        self._lock = threading.Lock()
+        self._state: _RunState | _JobState | None = None
+        self._server: Any = None
+        self.error: BaseException | None = None
+
+    def start(self) -> PrometheusExporter:
+        """Bind and serve; ExporterError (one line) when prometheus_client is missing or the address is unusable."""
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError:
+            raise ExporterError(f"--prometheus needs the prometheus_client package: {INSTALL}") from None
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        try:
+            self._server, _thread = start_http_server(self.endpoint.port, addr=self.endpoint.host, registry=registry)
+        except OSError as exc:  # in use, not an address of this host, not permitted (a port below 1024)
+            why = exc.strerror or str(exc)
+            raise ExporterError(
+                f"--prometheus {self.endpoint}: cannot listen there ({why}): allowed a free port on an address of "
+                "this host"
+            ) from None
+        return self
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one chosen for port 0)."""
+        return int(self._server.server_port) if self._server is not None else self.endpoint.port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.endpoint.host}]" if ":" in self.endpoint.host else self.endpoint.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def metrics(self) -> list[Metric]:
+        """The metrics now (also what a scrape serves): what is new in the feed folded first."""
+        with self._lock:
+            state = self._state
+            if state is None:
+                return []
+            self._refresh(state)
+            return state.metrics()
+
+    def _refresh(self, state: _RunState | _JobState) -> None:
+        try:
+            state.refresh()
+        except Exception as exc:  # noqa: BLE001 - a failing feed keeps the last figures; said once at close
+            if self.error is None:
+                self.error = exc
+
+    @contextlib.contextmanager
+    def _follow(self, state: _RunState | _JobState) -> Iterator[PrometheusExporter]:
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(self._poll_s):
+                with self._lock:
+                    self._refresh(state)
+
+        with self._lock:
+            self._state = state
+        thread = threading.Thread(target=loop, name="stallscope-prometheus", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            done.set()
+            thread.join(timeout=max(2.0, 2 * self._poll_s))
+            with self._lock:
+                self._refresh(state)  # the run's last steps and status stay served until close()
+
+    def follow(self, feed: RunFeed) -> contextlib.AbstractContextManager[PrometheusExporter]:
+        """Serve ``feed``'s run while the block runs (and its final figures after it)."""
+        return self._follow(_RunState(feed))
+
+    def follow_job(self, feed: JobFeedLike) -> contextlib.AbstractContextManager[PrometheusExporter]:
+        """Serve a job's ranks while the block runs."""
+        return self._follow(_JobState(feed))
+
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def __enter__(self) -> PrometheusExporter:
+        return self.start() if self._server is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
+    """A started exporter on ``endpoint`` (``9464``, ``"0.0.0.0:9464"``), for integrations: follow a feed with
+    :meth:`PrometheusExporter.follow`. ValueError for a bad endpoint, ExporterError when it cannot serve."""
+    ep = endpoint if isinstance(endpoint, Endpoint) else parse_endpoint(str(endpoint))
+    return PrometheusExporter(ep).start()
+
+
+class _SessionFeed:
+    """A Session read as a live feed: ``profiler.feeds.SessionFeed``'s reads (that module imports the session,
+    which starts this exporter: importing it here would close a circle)."""
+
+    def __init__(self, session: Any) -> None:
+        self._s = session
+
+    def poll(self) -> tuple[Steps, Samples]:
+        sampler = self._s.sampler
+        return list(self._s.recent), list(sampler.buffer) if sampler is not None else []
+
+    def status(self) -> str:
+        return str(self._s.status or "running")
+
+    def meta(self) -> dict[str, Any]:
+        return dict(self._s.meta)
+
+
+@contextlib.contextmanager
+def session_exporter(session: Any, endpoint: Endpoint) -> Iterator[PrometheusExporter]:
+    """``Session(..., prometheus=PORT)``: serve the session's figures while the block runs (integrations pass
+    their ``prometheus`` argument through to the Session)."""
+    with PrometheusExporter(endpoint) as exporter, exporter.follow(_SessionFeed(session)):
+        yield exporter
+
+
+def scrape_text(exporter: PrometheusExporter) -> str:
+    """The exposition text a scrape would get now (tests, and a one-off dump without HTTP)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(exporter))
+    return generate_latest(registry).decode()
+
+
+def metric_names(metrics: Sequence[Metric]) -> list[str]:
+    return [m.name + ("_total" if m.kind == "counter" else "") for m in metrics]
+
+
+__all__ = [
+    "Endpoint",
+    "ExporterError",
+    "JobFeedLike",
+    "PrometheusExporter",
+    "RunFeed",
+    "metric_names",
+    "parse_endpoint",
+    "scrape_text",
+    "serve",
+    "session_exporter",
+]

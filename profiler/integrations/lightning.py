@@ -1,0 +1,344 @@
+"""PyTorch Lightning: ``Trainer(profiler=StallscopeProfiler("runs/x"))``, or ``callbacks=[StallscopeCallback(...)]``.
+
+Lightning times its own loop through its profiler: every action is a ``start(name)``/``stop(name)`` pair. Five
+of them are the parts of a training step that stallscope records (Lightning 2.x names):
+
+- ``[_TrainingEpochLoop].train_dataloader_next``: the loop asks its loader for a batch. The step starts at its
+  start (the previous one ends there, as under ``Session.wrap``); its duration is the step's **data wait**.
+- ``[Strategy]<Strategy>.batch_to_device`` right after that fetch: phase ``h2d``.
+- ``run_training_batch``: phase ``compute`` (training_step, backward, optimizer step, their hooks).
+- ``run_training_epoch`` (its stop): the epoch's last step ends.
+- ``[Strategy]<Strategy>.on_validation_start`` (its start) to ``...on_validation_end`` (its stop), inside a
+  step: phase ``validation`` (a validation run inside fit; the sanity check, before the first step, is not
+  in any step).
+
+Whatever else the step does (the batch hooks, logging, a checkpoint) is "other".
+
+Invariants:
+- Lightning profiles every hook call (dozens per step): an action that is not one of these costs one dict
+  lookup in ``start``/``stop`` (each name is classified once, on first sight).
+- Lightning calls every callback's hooks several times a step, each through the profiler; it skips a hook that
+  is not callable, so stallscope's callback leaves the step hooks it does not use ``None`` (a subclass's own
+  override stays) and costs one hook call a step (``on_train_batch_start``: the batch's size).
+- Only ``fit`` is recorded. The Session opens when fit sets the profiler up (the Callback form: at its
+  ``setup`` hook) and closes at fit's teardown as ``complete``; a fit that raises closes it from
+  ``on_exception``, ``failed`` (``interrupted`` for Ctrl-C), every step so far kept.
+- A world of more than one writes ``RUN_DIR/rank-R/`` per rank (profiler/integrations/base.py).
+- The Callback form is for a Trainer whose profiler slot is taken: it puts a tee in front of the Trainer's
+  profiler for the fit (every call reaches the user's profiler unchanged, then stallscope's map) and puts the
+  user's profiler back at teardown. Both forms record the same figures.
+
+The framework is whichever of ``lightning.pytorch`` and ``pytorch_lightning`` the program imported first
+(``lightning.pytorch`` when it imported neither yet): a Trainer only takes a profiler and callbacks of its own
+package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from profiler.integrations import missing
+from profiler.integrations.base import (
+    dist_meta,
+    print_report,
+    rank_dir,
+    session_options,
+    start_session,
+    torch_device,
+)
+from profiler.session import Session, batch_len, loader_facts
+
+
+def _import_lightning() -> ModuleType:
+    first = "pytorch_lightning" if "pytorch_lightning" in sys.modules and "lightning" not in sys.modules else None
+    for name in (first, "lightning.pytorch", "pytorch_lightning"):
+        if name is None:
+            continue
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise missing("PyTorch Lightning", "lightning or pytorch-lightning", "lightning")
+
+
+pl = _import_lightning()
+_Profiler: Any = pl.profilers.Profiler
+_Callback: Any = pl.Callback
+
+# what an action is to stallscope
+_OTHER, _FETCH, _H2D, _COMPUTE, _EPOCH, _VAL_START, _VAL_END = range(7)
+
+
+def _classify(action: str) -> int:
+    if action.startswith("[") and action.endswith("].train_dataloader_next"):
+        return _FETCH
+    if action.startswith("[Strategy]"):
+        for end, kind in ((".batch_to_device", _H2D), (".on_validation_start", _VAL_START)):
+            if action.endswith(end):
+                return kind
+        return _VAL_END if action.endswith(".on_validation_end") else _OTHER
+    return {"run_training_batch": _COMPUTE, "run_training_epoch": _EPOCH}.get(action, _OTHER)
+
+
+class _Recorder:
+    """Lightning's actions -> one Session's steps and phases; shared by both forms."""
+
+    def __init__(self, out_dir: str | os.PathLike[str], report: bool, options: dict[str, Any]) -> None:
+        self.out_dir = Path(out_dir)
+        self.report = report
+        self.options = options
+        self.session: Session | None = None
+        self._live: Session | None = None  # the session while it records: the hot path's one check
+        self._clock: Callable[[], float] = time.perf_counter
+        self._kinds: dict[str, int] = {}
+        self._open: dict[str, Any] = {}  # the open phase of each action
+        self._fetch_t0 = 0.0
+        self._fetched = False  # a training batch was fetched and has not reached run_training_batch yet
+        self._rank = 0
+        self._runs = 0  # fits recorded so far
+
+    def open(self, trainer: Any, form: str) -> None:
+        if self.session is not None and self.session.status is None:
+            return
+        world, rank = int(trainer.world_size), int(trainer.global_rank)
+        self._rank = rank
+        module = trainer.lightning_module
+        facts = {
+            "device": torch_device(trainer.strategy.root_device),
+            "scenario": type(module).__name__ if module is not None else None,
+            "pipeline": "lightning",
+            "meta": {
+                "integration": f"lightning-{form}",
+                "framework": f"{pl.__name__} {pl.__version__}",
+                **dist_meta(
+                    rank=rank,
+                    world_size=world,
+                    local_rank=int(trainer.local_rank),
+                    node_rank=int(trainer.node_rank),
+                    nnodes=int(trainer.num_nodes),
+                ),
+            },
+        }
+        self._runs += 1
+        self.attach(start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts))
+
+    def attach(self, session: Session) -> None:
+        """Record into ``session`` (started) from now on: what ``open`` does once it has made it."""
+        self._open.clear()
+        self._fetched = False
+        self.session = self._live = session
+        self._clock = session.clock
+
+    def start(self, action_name: str) -> None:
+        kind = self._kinds.get(action_name)
+        if kind is None:
+            kind = self._kinds[action_name] = _classify(action_name)
+        if kind == _OTHER or (s := self._live) is None:
+            return
+        if kind == _FETCH:
+            s.open_step(self._clock())
+            # the fetch is timed from here: ending the previous step (its row, queued to the writer) is the step's
+            # own bookkeeping, not time the loop waited for data
+            self._fetch_t0 = self._clock()
+        elif (kind == _H2D and self._fetched) or (kind in (_COMPUTE, _VAL_START) and s.in_step):
+            self._fetched = False
+            name = "h2d" if kind == _H2D else "compute" if kind == _COMPUTE else "validation"
+            phase = s.phase(name)
+            phase.__enter__()
+            self._open[name if kind == _VAL_START else action_name] = phase
+
+    def stop(self, action_name: str) -> None:
+        kind = self._kinds.get(action_name, _OTHER)
+        if kind == _OTHER or (s := self._live) is None:
+            return
+        if kind == _FETCH:
+            s.add_wait(self._clock() - self._fetch_t0)
+            self._fetched = True
+        elif kind == _EPOCH:
+            s.close_step()
+        elif (phase := self._open.pop("validation" if kind == _VAL_END else action_name, None)) is not None:
+            phase.__exit__(None, None, None)
+
+    def batch(self, batch: Any) -> None:
+        if self._live is not None:
+            self._live.add_samples(batch_len(batch))
+
+    def loader(self, trainer: Any) -> None:
+        if self.session is not None:
+            facts = loader_facts(trainer.train_dataloader)
+            self.session.annotate(**{k: v for k, v in facts.items() if self.session.meta.get(k) is None})
+
+    def close(self, exc: BaseException | None = None) -> None:
+        s, self._live = self._live, None
+        if s is None or s.status is not None:
+            return
+        self._open.clear()
+        s.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+        if self.report and self._rank == 0:
+            print_report(s.summary(), s.run_dir)
+
+
+# Hooks Lightning calls several times a step on every callback, each through the profiler (~2 us a call), and
+# skips when the attribute is not callable (lightning.pytorch.trainer.call._call_callback_hooks, Lightning >= 2.0)
+_STEP_HOOKS = (
+    "on_before_zero_grad",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_train_batch_end",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+)
+
+
+class _Hooks(_Callback):  # type: ignore[misc]
+    """The batch and exception hooks both forms need: the batch's size, the loader's facts, a failed fit."""
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self.recorder = recorder
+        for name in _STEP_HOOKS:  # not used here: None, so Lightning does not call them (a subclass's stay)
+            if getattr(type(self), name) is getattr(_Callback, name):
+                setattr(self, name, None)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self.recorder.loader(trainer)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.recorder.batch(batch)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.recorder.close(exception)
+
+
+class StallscopeProfiler(_Profiler):  # type: ignore[misc]
+    """A Lightning profiler that records fit as a stallscope run in ``out_dir``: ``Trainer(profiler=...)``.
+
+    ``report`` prints the run's report at the end of fit (rank 0). ``prometheus`` (``[ADDR:]PORT``, 0: a free
+    port) serves the live figures while fit runs (rank R of a machine on PORT + R). The other keyword arguments
+    are the Session's (``warmup``, ``sample_hz``, ``sources``, ``meta``, ...)."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        report: bool = True,
+        prometheus: str | int | None = None,
+        **session: Any,
+    ) -> None:
+        super().__init__()
+        self.recorder = _Recorder(out_dir, report, session_options(prometheus, session))
+        self._hooks = _Hooks(self.recorder)
+        # Lightning calls these dozens of times a step: the recorder's own, one call each, not through a method here
+        self.start = self.recorder.start  # type: ignore[method-assign]
+        self.stop = self.recorder.stop  # type: ignore[method-assign]
+
+    @property
+    def session(self) -> Session | None:
+        """The Session of the current (or last) fit; None before fit."""
+        return self.recorder.session
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        super().setup(stage, local_rank, log_dir)
+        if stage != "fit":
+            return
+        trainer = self._lightning_module.trainer
+        if self._hooks not in trainer.callbacks:
+            trainer.callbacks.append(self._hooks)
+        self.recorder.open(trainer, "profiler")
+
+    def start(self, action_name: str) -> None:
+        self.recorder.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.recorder.stop(action_name)
+
+    def teardown(self, stage: str | None) -> None:
+        if stage == "fit":
+            self.recorder.close()
+        super().teardown(stage)
+
+    def __del__(self) -> None:
+        """Lightning's base closes its files here; a stallscope run is closed by teardown or on_exception."""
+
+
+class _Tee(_Profiler):  # type: ignore[misc]
+    """The Trainer's own profiler, with stallscope's map behind it (the Callback form)."""
+
+    def __init__(self, inner: Any, recorder: _Recorder) -> None:
+        super().__init__()
+        self.inner = inner
+        self.recorder = recorder
+
+    def start(self, action_name: str) -> None:
+        self.inner.start(action_name)
+        self.recorder.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.recorder.stop(action_name)
+        self.inner.stop(action_name)
+
+    def summary(self) -> str:
+        return str(self.inner.summary())
+
+    def describe(self) -> None:
+        self.inner.describe()
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        self.inner.setup(stage, local_rank, log_dir)
+
+    def teardown(self, stage: str | None) -> None:
+        self.inner.teardown(stage)
+
+    def __del__(self) -> None:
+        """The user's profiler is theirs to close."""
+
+
+class StallscopeCallback(_Hooks):
+    """The Callback form, for a Trainer whose ``profiler=`` is taken: ``Trainer(callbacks=[StallscopeCallback(...)])``.
+
+    Same arguments and same figures as :class:`StallscopeProfiler`."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        report: bool = True,
+        prometheus: str | int | None = None,
+        **session: Any,
+    ) -> None:
+        super().__init__(_Recorder(out_dir, report, session_options(prometheus, session)))
+        self._inner: Any = None
+
+    @property
+    def session(self) -> Session | None:
+        """The Session of the current (or last) fit; None before fit."""
+        return self.recorder.session
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._inner = trainer.profiler
+        trainer.profiler = _Tee(self._inner, self.recorder)
+        self.recorder.open(trainer, "callback")
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self._inner is not None:
+            trainer.profiler, self._inner = self._inner, None
+        self.recorder.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self._inner is not None:
+            trainer.profiler, self._inner = self._inner, None
+        self.recorder.close(exception)
+
+
+__all__ = ["StallscopeCallback", "StallscopeProfiler"]
