@@ -55,13 +55,18 @@ def test_injected_straggler_is_named_and_the_others_sync_matches_its_excess(tmp_
     assert 35 < slept_ms < 60 and slept_ms <= excess_ms + 1  # 8 x 5 ms asked
     straggler = summary["straggler"]
     assert straggler is not None and straggler["rank"] == 1 and straggler["others"] == [0]
-    assert straggler["data_wait_excess_ms_per_step"] == pytest.approx(excess_ms, rel=0.10)
+    recorded = straggler["data_wait_excess_ms_per_step"]
+    # the items' timed work is the excess's floor: on a quiet host the two agree within 1% (41.6 vs 41.6 ms), but
+    # CI twice read 8-11 ms more (49.5 vs 41.6): the straggler's loader also spends, between its items, what a busy
+    # host adds to its slower turns, which the items' own timing does not see; rank 0's wait below sees all of it
+    assert excess_ms * 0.9 <= recorded <= excess_ms * 1.5, (recorded, excess_ms)
     rows = {r["rank"]: r for r in summary["ranks"]}
     # a rank's sync is its wait for the others plus the all-reduce every rank pays; the straggler, last to
-    # arrive, pays only the all-reduce: the difference is rank 0's wait for rank 1
+    # arrive, pays only the all-reduce: the difference is rank 0's wait for rank 1, measured on the other rank,
+    # and it must match the straggler's excess data wait measured on rank 1
     assert straggler["others_sync_ms_per_step"] == rows[0]["sync_ms_per_step"] >= excess_ms * 0.9
     waited = rows[0]["sync_ms_per_step"] - rows[1]["sync_ms_per_step"]
-    assert waited == pytest.approx(excess_ms, rel=0.10), (rows[0]["sync_ms_per_step"], rows[1]["sync_ms_per_step"])
+    assert waited == pytest.approx(recorded, rel=0.10), (rows[0]["sync_ms_per_step"], rows[1]["sync_ms_per_step"])
     for row in rows.values():  # the measured parts (not the remainder "other") make the step, within 2%
         parts = row["breakdown_ms_per_step"]
         measured = parts["data_wait"] + parts["h2d"] + parts["compute"] + parts["sync"]
