@@ -319,7 +319,7 @@ class Session:
         """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
         if self._store is None:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
-        self._note_loader(iterable)
+        self.note_loader(iterable)
         count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
         clock = self._clock
         rq = self._thread_runq()
@@ -501,8 +501,9 @@ class Session:
         self.annotate(schedstat_tid=rq.tid, schedstat_path=rq.path.replace("/self/", f"/{os.getpid()}/"))
         return rq
 
-    def _note_loader(self, loader: Any) -> None:
-        """Take workers / pin_memory / batch_size from a DataLoader the user did not describe."""
+    def note_loader(self, loader: Any) -> None:
+        """Take workers / pin_memory / batch_size from a DataLoader the user did not describe (``wrap()`` does
+        it for the loader it is given; a framework's integration for the loader its trainer holds)."""
         found = {key: value for key, value in loader_facts(loader).items() if self._meta.get(key) is None}
         if found:
             self.annotate(**found)

@@ -96,10 +96,15 @@ def _standalone(run: Path, loader: Iterable[Any]) -> None:
                 time.sleep(FORWARD_S)
 
 
-def _within_budget(integration: float, standalone: float) -> None:
+def _over_budget(integration: float, standalone: float) -> str | None:
+    """Why the integration's median excess is not within the Session's phase budget of the standalone Session's
+    (or a data wait reads below its own fetch's truth); None when it is."""
     us = f"integration {integration * 1e6:.1f} us, standalone Session {standalone * 1e6:.1f} us"
-    assert integration - standalone <= BUDGET_S, f"the integration's data wait exceeds the Session's: {us}"
-    assert integration >= -BUDGET_S and standalone >= -BUDGET_S, f"a data wait below its items' truth: {us}"
+    if integration - standalone > BUDGET_S:
+        return f"the integration's data wait exceeds the Session's: {us}"
+    if integration < -BUDGET_S or standalone < -BUDGET_S:
+        return f"a data wait below its items' truth: {us}"
+    return None
 
 
 class Net(pl.LightningModule):  # type: ignore[misc]
@@ -135,7 +140,8 @@ def test_lightning_data_wait_is_within_the_sessions_phase_budget(tmp_path: Path)
         enable_model_summary=False,
     )
     trainer.fit(Net(), TimedLoader(DataLoader(Items(), batch_size=BATCH, collate_fn=list), truth))
-    _within_budget(_excess(tmp_path / "run", truth), _excess(tmp_path / "alone", base))
+    problem = _over_budget(_excess(tmp_path / "run", truth), _excess(tmp_path / "alone", base))
+    assert problem is None, problem
 
 
 class HFNet(nn.Module):
@@ -180,4 +186,5 @@ def test_hf_instrument_data_wait_is_within_the_sessions_phase_budget(tmp_path: P
 
     trainer.get_batch_samples = truth_inside
     trainer.train()
-    _within_budget(_excess(tmp_path / "run", truth), _excess(tmp_path / "alone", base))
+    problem = _over_budget(_excess(tmp_path / "run", truth), _excess(tmp_path / "alone", base))
+    assert problem is None, problem

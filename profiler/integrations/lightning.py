@@ -53,7 +53,7 @@ from profiler.integrations.base import (
     start_session,
     torch_device,
 )
-from profiler.session import Session, batch_len, loader_facts
+from profiler.session import Session, batch_len
 
 
 def _import_lightning() -> ModuleType:
@@ -172,8 +172,7 @@ class _Recorder:
 
     def loader(self, trainer: Any) -> None:
         if self.session is not None:
-            facts = loader_facts(trainer.train_dataloader)
-            self.session.annotate(**{k: v for k, v in facts.items() if self.session.meta.get(k) is None})
+            self.session.note_loader(trainer.train_dataloader)
 
     def close(self, exc: BaseException | None = None) -> None:
         s, self._live = self._live, None
