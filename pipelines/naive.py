@@ -150,7 +150,11 @@ def _ended_worker(procs: dict[int, tuple[int, Any]], wait_s: float = DEAD_WORKER
         ended = [(i, pid, w.exitcode) for pid, (i, w) in sorted(procs.items()) if w.exitcode not in (None, 0)]
         if ended or time.monotonic() >= deadline:
             break
-        time.sleep(0.02)
+        try:
+            time.sleep(0.02)
+        except RuntimeError as exc:  # torch's SIGCHLD handler announcing the death waited for: poll on
+            if _DEAD_WORKER.search(str(exc)) is None:
+                raise
     told = [f"DataLoader worker {i} of {len(procs)} (pid {pid}) {how_it_ended(code)}" for i, pid, code in ended]
     return "; ".join(told) or None
 
