@@ -131,8 +131,8 @@ def live_vs_session(pairs: int, steps: int) -> dict[str, object]:
     """Session alone vs Session + the rich live view redrawing at 4 Hz into a terminal-like sink."""
     from rich.console import Console
 
-    from profiler.feeds import SessionFeed
-    from profiler.render.live import LiveView
+    from profiler.live.feeds import SessionFeed
+    from profiler.live.render import LiveView
 
     def plain(d: Path) -> tuple[float, float]:
         with Session(d, sample_hz=10.0) as s:

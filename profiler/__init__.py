@@ -7,6 +7,6 @@ Everything else is internal and may change.
 from __future__ import annotations
 
 from profiler.analysis import Summary
-from profiler.session import Session
+from profiler.core.session import Session
 
 __all__ = ["Session", "Summary"]

@@ -1,7 +1,7 @@
 """What a scenario is: the thing that is trained, independent of how batches reach the device.
 
 A scenario names a dataset factory, a model factory and a loss. Pipelines (``pipelines/``) decide how
-the dataset's samples are loaded, augmented, batched and copied; the runner (``profiler/runner.py``)
+the dataset's samples are loaded, augmented, batched and copied; the runner (``profiler/drivers/runner.py``)
 drives the loop. Factories are called lazily so that listing scenarios imports no data and builds no model.
 """
 

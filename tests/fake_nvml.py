@@ -1,7 +1,7 @@
 """A stand-in for the ``pynvml`` module (nvidia-ml-py) that replays a scripted sequence of readings.
 
 No machine of this project has a GPU, so the NVML source is tested against this fake. It mirrors the
-parts of pynvml that :mod:`profiler.sources.nvml` uses, with pynvml's names: ``nvmlInit``,
+parts of pynvml that :mod:`profiler.core.sources.nvml` uses, with pynvml's names: ``nvmlInit``,
 ``nvmlShutdown``, ``nvmlDeviceGet*``, the ``NVML_*`` constants and the ``NVMLError`` hierarchy
 (``NVMLError(code)`` builds the matching subclass, as in pynvml).
 

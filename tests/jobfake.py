@@ -15,7 +15,7 @@ from typing import Any
 from conftest import Truth
 
 from profiler import Session
-from profiler.store import load_run
+from profiler.core.store import load_run
 
 STEPS, WARMUP = 10, 2
 

@@ -9,7 +9,7 @@ from test_render_report import known_record
 
 from profiler.analysis import summarize
 from profiler.analysis.stats import clip, quantile, subtract, total, union
-from profiler.store import RunRecord
+from profiler.core.store import RunRecord
 
 
 def test_interval_union_subtract_clip() -> None:

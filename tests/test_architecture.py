@@ -18,8 +18,8 @@ PACKAGES = ("profiler", "pipelines", "scenarios")
 # prints the Summary its Recording built at close.
 STORE_READERS = {
     "profiler.cli.report",
-    "profiler.feeds",
-    "profiler.jobdir",  # `report` on a job directory reads each rank's and node's store through it
+    "profiler.live.feeds",
+    "profiler.jobs.jobdir",  # `report` on a job directory reads each rank's and node's store through it
     "profiler.cli.whatif",  # predicts from a measured run, and reads back a --check run it already measured
 }
 MAX_MODULE_LINES = 800
@@ -129,18 +129,93 @@ def test_no_private_name_crosses_a_module_boundary() -> None:
     assert crossings == []
 
 
+def _is_rendering(m: str) -> bool:
+    """profiler/render/ and a feature package's own ``render*`` modules."""
+    return m.startswith("profiler.render") or (m.startswith("profiler.") and m.rpartition(".")[2].startswith("render"))
+
+
+def _is_analysis(m: str) -> bool:
+    """profiler/analysis/ and a feature package's own ``analysis*`` modules."""
+    return m.startswith("profiler.analysis") or (
+        m.startswith("profiler.") and m.rpartition(".")[2].startswith("analysis")
+    )
+
+
+# What a pure analysis may import besides other analyses and the store's record types: no clock, no file, no
+# process, no thread (the figures are a function of the record).
+PURE_STDLIB = {
+    "__future__",
+    "ast",
+    "collections",
+    "dataclasses",
+    "itertools",
+    "json",
+    "math",
+    "re",
+    "statistics",
+    "typing",
+}
+
+
 def test_layers_point_one_way() -> None:
     graph = _graph()
     wrong = []
     for m, targets in graph.items():
         for t in targets:
-            if m.startswith("profiler.analysis") and t.startswith(("profiler.render", "profiler.cli")):
+            if _is_analysis(m) and (_is_rendering(t) or t.startswith("profiler.cli")):
                 wrong.append((m, t))
-            if m.startswith(("pipelines", "scenarios")) and t.startswith(("profiler.render", "profiler.cli")):
+            if m.startswith(("pipelines", "scenarios")) and (_is_rendering(t) or t.startswith("profiler.cli")):
                 wrong.append((m, t))
             if t.startswith("profiler.cli") and not m.startswith("profiler.cli") and m != "profiler.__main__":
                 wrong.append((m, t))
     assert wrong == []
+
+
+def test_analysis_is_pure() -> None:
+    impure = []
+    for m in filter(_is_analysis, MODULES):
+        for node in ast.walk(TREES[m]):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            for name in names:
+                top = name.partition(".")[0]
+                project = _owner(name)
+                if project:
+                    if not (_is_analysis(project) or project == "profiler.core.store"):
+                        impure.append(f"{m} imports {name}")
+                elif top not in PURE_STDLIB:
+                    impure.append(f"{m} imports {name}")
+    assert impure == []
+
+
+def test_only_rendering_modules_import_rich() -> None:
+    importers = {
+        m
+        for m in MODULES
+        for node in ast.walk(TREES[m])
+        if (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "rich" for a in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rich")
+    }
+    assert {m for m in importers if not _is_rendering(m)} == set()
+
+
+def test_the_top_level_is_a_table_of_contents() -> None:
+    top = ROOT / "profiler"
+    loose = sorted(p.name for p in top.glob("*.py") if p.name not in {"__init__.py", "__main__.py"})
+    assert loose == []
+    packages = sorted(p.name for p in top.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert {"core", "drivers", "analysis", "render", "cli"} <= set(packages)
+
+
+def test_session_imports_no_sink() -> None:
+    """Session drives hooks; the store's Recording, the exporter and the live feed plug in from outside."""
+    sinks = ("profiler.core.recording", "profiler.core.store", "profiler.export", "profiler.live")
+    assert {t for t in _graph()["profiler.core.session"] if t.startswith(sinks)} == set()
 
 
 def test_only_report_watch_and_compare_read_a_run_store_back() -> None:
@@ -152,7 +227,7 @@ def test_only_report_watch_and_compare_read_a_run_store_back() -> None:
                 "StoreTail",
             }:
                 readers.add(m)
-    assert readers - {"profiler.store"} == STORE_READERS
+    assert readers - {"profiler.core.store"} == STORE_READERS
 
 
 def test_modules_and_functions_stay_small() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, stallscope, wait_until
 
-from profiler.store import StoreError, load_run
+from profiler.core.store import StoreError, load_run
 
 CONTRACT_KEYS = {
     "run_id",

@@ -18,8 +18,8 @@ from rich.console import Console
 from profiler.analysis import Summary, summarize
 from profiler.analysis.compare import Comparison, compare
 from profiler.analysis.parts import Breakdown, StepTimes
+from profiler.core.store import PhaseRow, RunRecord, StepRow, load_run
 from profiler.render.compare import render_compare
-from profiler.store import PhaseRow, RunRecord, StepRow, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 

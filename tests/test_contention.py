@@ -32,11 +32,11 @@ from profiler.analysis.contention import (
     Contention,
     contention_advice,
 )
+from profiler.core.sources import sched
+from profiler.core.sources.base import Source, SourceLost
+from profiler.core.sources.sched import SchedSource, ThreadSched, delay_between, parse, probe, run_delay_s
+from profiler.core.store import PhaseRow, RunRecord, RunStore, StepRow, load_run
 from profiler.render.report import render_report
-from profiler.sources import sched
-from profiler.sources.base import Source, SourceLost
-from profiler.sources.sched import SchedSource, ThreadSched, delay_between, parse, probe, run_delay_s
-from profiler.store import PhaseRow, RunRecord, RunStore, StepRow, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux-only")

@@ -26,9 +26,9 @@ from pipelines.detection import (
     collate_detection,
 )
 from pipelines.imagefolder import BadSample, BadSampleError, DataSourceError, check_file
-from profiler.devices import DeviceInfo
-from profiler.runner import RunConfig, run_scenario
-from profiler.store import load_run
+from profiler.core.devices import DeviceInfo
+from profiler.core.store import load_run
+from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios.datagen import make
 
 COUNT = 8

@@ -15,8 +15,8 @@ import pytest
 from conftest import Truth, near, sleep_loader
 
 from profiler import Session
-from profiler.devices import CudaEventTimer, DeviceInfo
-from profiler.store import load_run
+from profiler.core.devices import CudaEventTimer, DeviceInfo
+from profiler.core.store import load_run
 
 FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
 

@@ -13,8 +13,8 @@ import pytest
 
 import scenarios
 from pipelines import PipelineError
-from profiler.devices import resolve_device
-from profiler.runner import RunConfig, TrainingError, run_scenario
+from profiler.core.devices import resolve_device
+from profiler.drivers.runner import RunConfig, TrainingError, run_scenario
 from scenarios.datagen import make
 
 FILE_BACKED = {"imagenet": ("imagenet-like", 3), "ssd": ("voc-like", 20)}

@@ -15,10 +15,10 @@ from fake_nvml import make_fake_nvml
 
 from profiler import Session
 from profiler.cli import main
-from profiler.sampler import CALL_TIMEOUT_S
-from profiler.sources.host import HostSource
-from profiler.sources.nvml import NvmlSource
-from profiler.store import integrity_ok, load_run
+from profiler.core.sampler import CALL_TIMEOUT_S
+from profiler.core.sources.host import HostSource
+from profiler.core.sources.nvml import NvmlSource
+from profiler.core.store import integrity_ok, load_run
 
 SCRIPT = json.loads((Path(__file__).parent / "data" / "nvml_script_h100.json").read_text())
 HZ = 50.0

@@ -21,10 +21,10 @@ from conftest import sleep_loader, wait_until
 
 from profiler import Session
 from profiler.cli import main
-from profiler.recording import Recording
-from profiler.sources.host import HostSource
-from profiler.sources.ranks import RankSource
-from profiler.store import integrity_ok, load_run
+from profiler.core.recording import Recording
+from profiler.core.sources.host import HostSource
+from profiler.core.sources.ranks import RankSource
+from profiler.core.store import integrity_ok, load_run
 
 HZ = 50.0
 

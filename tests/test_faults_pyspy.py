@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT, wait_until
 
 from profiler.cli import main
-from profiler.recording import Recording
-from profiler.store import integrity_ok, load_run
+from profiler.core.recording import Recording
+from profiler.core.store import integrity_ok, load_run
 
 KILLED = "(killed by SIGKILL); its stack samples are lost"
 

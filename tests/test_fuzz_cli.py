@@ -119,20 +119,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
 @contextlib.contextmanager
 def bounded_world(mp: pytest.MonkeyPatch, root: Path) -> Iterator[None]:
     """Caps and stops on everything that could run long (see the module docstring)."""
-    import profiler.launch
-    import profiler.render.joblive
-    import profiler.render.live
-    import profiler.runner
-    import profiler.sweep
-    import profiler.zerocode
+    import profiler.drivers.runner
+    import profiler.jobs.launch
+    import profiler.jobs.render_live
+    import profiler.live.render
+    import profiler.sweep.run
+    import profiler.zerocode.profile
     import scenarios.datagen
-    from profiler.sweep import Limits
+    from profiler.sweep.run import Limits
 
     mp.setenv("STALLSCOPE_DATA", str(root / "data-cache"))
     real_run, real_make, real_sweep = (
-        profiler.runner.run_scenario,
+        profiler.drivers.runner.run_scenario,
         scenarios.datagen.make,
-        profiler.sweep.run_sweep,
+        profiler.sweep.run.run_sweep,
     )
     calls = {"run": 0}
 
@@ -165,20 +165,20 @@ def bounded_world(mp: pytest.MonkeyPatch, root: Path) -> Iterator[None]:
             return real_external(out, command=command, **kw)  # fails at once: not found
         raise Bounded("would profile a process")
 
-    real_external = profiler.zerocode.profile_external
+    real_external = profiler.zerocode.profile.profile_external
 
     def reset() -> None:
         calls["run"] = 0
 
-    mp.setattr(profiler.runner, "run_scenario", run_scenario)
-    mp.setattr(profiler.sweep, "run_scenario", run_scenario, raising=False)
+    mp.setattr(profiler.drivers.runner, "run_scenario", run_scenario)
+    mp.setattr(profiler.sweep.run, "run_scenario", run_scenario, raising=False)
     mp.setattr(scenarios.datagen, "make", make)
-    mp.setattr(profiler.sweep, "run_sweep", run_sweep)
-    mp.setattr(profiler.sweep, "run_tune", stop)
-    mp.setattr(profiler.zerocode, "profile_external", profile_external)
-    mp.setattr(profiler.launch, "run_job", stop)
-    mp.setattr(profiler.render.live, "watch", stop)
-    mp.setattr(profiler.render.joblive, "watch_job", stop)
+    mp.setattr(profiler.sweep.run, "run_sweep", run_sweep)
+    mp.setattr(profiler.sweep.run, "run_tune", stop)
+    mp.setattr(profiler.zerocode.profile, "profile_external", profile_external)
+    mp.setattr(profiler.jobs.launch, "run_job", stop)
+    mp.setattr(profiler.live.render, "watch", stop)
+    mp.setattr(profiler.jobs.render_live, "watch_job", stop)
     RESET.append(reset)
     yield
     RESET.remove(reset)

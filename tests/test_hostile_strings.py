@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 import profiler.cli
 from profiler.analysis import summarize
 from profiler.analysis.timeline import build_timeline
+from profiler.core.session import Session
+from profiler.core.store import load_run
 from profiler.render.html import render_html
 from profiler.render.trace import trace_events
-from profiler.session import Session
-from profiler.store import load_run
 
 HOSTILE = (
     "<script>alert(1)</script>",

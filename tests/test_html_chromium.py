@@ -24,8 +24,8 @@ import pytest
 from test_hostile_strings import FIELDS, HOSTILE, record
 
 from profiler.analysis import summarize
+from profiler.core.store import load_run
 from profiler.render.html import write_html
-from profiler.store import load_run
 
 CHROMIUM = Path("/usr/bin/chromium")
 RUNS = Path(__file__).parent / "data" / "runs"

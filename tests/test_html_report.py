@@ -29,9 +29,9 @@ from profiler.analysis.timeline import (
     sample_series,
     step_rows,
 )
+from profiler.core.store import PhaseRow, RunRecord, StepRow, load_run
 from profiler.render.html import render_html, write_html
 from profiler.render.svg import Line, Stack, line_chart, nice_ticks, stacked_bars
-from profiler.store import PhaseRow, RunRecord, StepRow, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 RUN_NAMES = ("cpu-workers", "nvml-fake", "interrupted")

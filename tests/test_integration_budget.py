@@ -24,8 +24,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from profiler import Session
+from profiler.core.store import load_run
 from profiler.integrations.lightning import StallscopeProfiler, pl
-from profiler.store import load_run
 
 BATCH, ITEM_S, TRANSFER_S, FORWARD_S, STEPS, WARMUP = 2, 0.003, 0.001, 0.001, 30, 3
 BUDGET_S = 20e-6  # the standalone Session's per-phase budget (docs/benchmarks.md)

@@ -20,8 +20,8 @@ from conftest import Truth
 from torch import nn
 from torch.utils.data import Dataset
 
+from profiler.core.store import load_run
 from profiler.integrations.hf import BOUND, EXACT, StallscopeCallback, instrument
-from profiler.store import load_run
 
 BATCH, ITEM_S, BATCHES = 8, 0.004, 24
 

@@ -24,9 +24,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from profiler.analysis import summarize
+from profiler.core.store import load_run
 from profiler.integrations.base import rank_endpoint
 from profiler.integrations.lightning import StallscopeCallback, StallscopeProfiler, pl
-from profiler.store import load_run
 
 BATCH, ITEM_S, STEPS, WARMUP = 8, 0.004, 20, 2
 

@@ -24,11 +24,11 @@ import pytest
 from conftest import ROOT, near, stallscope, wait_until
 from jobfake import WARMUP, RankPlan, job_json, node_store, run_rank, run_ranks
 
-from profiler.analysis.job import summarize_job
 from profiler.cli import main
-from profiler.jobdir import load_job
+from profiler.core.store import StoreError, load_run
+from profiler.jobs.analysis import summarize_job
+from profiler.jobs.jobdir import load_job
 from profiler.render.figures import pct
-from profiler.store import StoreError, load_run
 
 X = 0.040  # the injected excess: seconds per step
 
@@ -282,7 +282,7 @@ def test_equally_slow_loaders_in_lock_step_name_no_straggler(
 ) -> None:
     """The timing of lock-step ranks with equally slow loader workers looks like a straggler's (the last to arrive
     waits for data, the others' workers load during sync); equal loader CPU per sample says it is not one."""
-    from profiler.analysis.job import find_straggler, phase_note
+    from profiler.jobs.analysis import find_straggler, phase_note
 
     rows = summarize_job(load_job([str(straggler_job[0])])).ranks
     alike = _with_loaders(rows, {0: 20.0, 1: 21.0, 2: 20.0, 3: 19.0})

@@ -27,11 +27,11 @@ from jobfake import WARMUP, RankPlan, job_json, run_ranks
 from rich.console import Console
 
 from profiler import Session
-from profiler.analysis.job import Straggler
-from profiler.analysis.joblive import JobLive, JobLiveAggregator, RankLive, RankRecent, job_live, rank_live
-from profiler.feeds import JobFeed
-from profiler.render.joblive import JobPlainLive, job_frame, job_status_line
-from profiler.store import PhaseRow, StepRow
+from profiler.core.store import PhaseRow, StepRow
+from profiler.jobs.analysis import Straggler
+from profiler.jobs.analysis_live import JobLive, JobLiveAggregator, RankLive, RankRecent, job_live, rank_live
+from profiler.jobs.render_live import JobPlainLive, job_frame, job_status_line
+from profiler.live.feeds import JobFeed
 
 X = 0.040  # the injected excess: seconds per step
 RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")

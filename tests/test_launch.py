@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from conftest import ROOT, stallscope, wait_until
 
-from profiler.ddp import DistInfo
-from profiler.launch import JobError, announced_ranks, job_id_for, parse_endpoint, rank_exits
-from profiler.store import load_run
+from profiler.core.store import load_run
+from profiler.drivers.ddp import DistInfo
+from profiler.jobs.launch import JobError, announced_ranks, job_id_for, parse_endpoint, rank_exits
 
 RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
 STEPS, WARMUP, BATCH = 20, 3, 8
@@ -257,7 +257,7 @@ def test_launch_helpers() -> None:
 
 
 def test_ranks_announce_their_pid(tmp_path: Path) -> None:
-    from profiler.launch import announce
+    from profiler.jobs.launch import announce
 
     announce(tmp_path / "rank-3")
     (tmp_path / "rank-4").mkdir()

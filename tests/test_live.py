@@ -17,10 +17,10 @@ from conftest import ROOT, sleep_loader, stallscope, wait_until
 from rich.console import Console
 
 from profiler import Session
-from profiler.analysis.live import LiveAggregator
-from profiler.feeds import SessionFeed, StoreFeed
-from profiler.render.live import PlainLive, frame, sparkline, status_line
-from profiler.store import PhaseRow, StepRow
+from profiler.core.store import PhaseRow, StepRow
+from profiler.live.analysis import LiveAggregator
+from profiler.live.feeds import SessionFeed, StoreFeed
+from profiler.live.render import PlainLive, frame, sparkline, status_line
 
 RUNS = Path(__file__).parent / "data" / "runs"
 

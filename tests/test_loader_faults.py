@@ -18,9 +18,9 @@ from torch import nn
 from pipelines.augment import AugmentSpec
 from pipelines.imagefolder import ImageFolderDataset
 from profiler.cli import main
-from profiler.devices import resolve_device
-from profiler.runner import LoaderFailure, RunConfig, TrainingError, run_scenario
-from profiler.store import load_run
+from profiler.core.devices import resolve_device
+from profiler.core.store import load_run
+from profiler.drivers.runner import LoaderFailure, RunConfig, TrainingError, run_scenario
 from scenarios import DataOptions, Scenario
 from scenarios.datagen import make
 from tests.conftest import ROOT, stallscope

@@ -22,9 +22,9 @@ import pipelines
 from pipelines import LoaderSpec
 from pipelines.prefetch import THREAD_NAME, PrefetchPipeline, _CudaCopier
 from profiler import Session
-from profiler.devices import DeviceInfo
-from profiler.runner import RunConfig, run_scenario
-from profiler.store import load_run
+from profiler.core.devices import DeviceInfo
+from profiler.core.store import load_run
+from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios import Scenario
 from scenarios.fashion_vgg import SyntheticFashion
 

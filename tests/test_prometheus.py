@@ -22,13 +22,13 @@ import pytest
 from conftest import ROOT, Truth, sleep_loader, stallscope, wait_until
 
 from profiler import Session
-from profiler.analysis.joblive import RankRecent, job_live
-from profiler.analysis.live import LiveAggregator, TotalsFolder
+from profiler.core.store import PhaseRow, StepRow, load_run
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import job_metrics, run_metrics
 from profiler.export.prometheus import ExporterError, PrometheusExporter, scrape_text
-from profiler.feeds import SessionFeed, StoreFeed
-from profiler.store import PhaseRow, StepRow, load_run
+from profiler.jobs.analysis_live import RankRecent, job_live
+from profiler.live.analysis import LiveAggregator, TotalsFolder
+from profiler.live.feeds import SessionFeed, StoreFeed
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.pyspy import PySpyRecorder, attach_problem
+from profiler.core.pyspy import PySpyRecorder, attach_problem
 
 
 @pytest.mark.parametrize(

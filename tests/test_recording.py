@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from conftest import sleep_loader
 
-import profiler.store
+import profiler.core.store
 from profiler import Session
 from profiler.analysis import summarize
-from profiler.recording import Recording
-from profiler.store import load_run
-from profiler.zerocode import profile_external
+from profiler.core.recording import Recording
+from profiler.core.store import load_run
+from profiler.zerocode.profile import profile_external
 
 
 def _loop(out: Path, steps: int = 12) -> Session:
@@ -43,7 +43,7 @@ def test_close_never_reads_the_store_back(tmp_path: Path, monkeypatch: pytest.Mo
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("the store was read back at close")
 
-    monkeypatch.setattr(profiler.store, "load_run", refuse)
+    monkeypatch.setattr(profiler.core.store, "load_run", refuse)
     s = _loop(tmp_path, steps=6)
     summary = s.summary()
     assert summary is not None and summary.steps == 4 and summary.status == "complete"
@@ -104,9 +104,9 @@ def test_a_signal_while_the_session_starts_still_closes_the_run(
     # Ctrl-C can land between the store's creation and the end of Session.start(), before `with session:`
     # is entered: the run must still be closed, reported and summarised as interrupted
     import scenarios
-    from profiler.devices import resolve_device
-    from profiler.runner import RunConfig, RunStopped, run_scenario
-    from profiler.session import Interrupted
+    from profiler.core.devices import resolve_device
+    from profiler.core.session import Interrupted
+    from profiler.drivers.runner import RunConfig, RunStopped, run_scenario
 
     started = Recording.start
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from rich.console import Console
 
 from profiler.analysis import summarize
+from profiler.core.store import PhaseRow, RunRecord, StepRow
 from profiler.render.report import render_report
-from profiler.store import PhaseRow, RunRecord, StepRow
 
 GOLDEN = Path(__file__).parent / "data" / "report_golden.txt"
 

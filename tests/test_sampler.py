@@ -9,8 +9,8 @@ import threading
 import pytest
 from conftest import wait_until
 
-from profiler.sampler import Sampler
-from profiler.sources.base import SourceLost
+from profiler.core.sampler import Sampler
+from profiler.core.sources.base import SourceLost
 
 
 class FakeClock:

@@ -29,9 +29,9 @@ from profiler import Session
 from profiler.analysis import summarize
 from profiler.analysis.timeline import MAX_BARS, MAX_POINTS, Series, build_timeline, thin_series
 from profiler.cli.report import stored_summary
+from profiler.core.store import PhaseRow, RunRecord, RunStore, StepRow, load_run, read_head
 from profiler.render.html import render_html
 from profiler.render.trace import DETAIL_WINDOWS, MAX_COUNTER_TICKS, MAX_DETAILED_STEPS, TID_TRAINING, trace_events
-from profiler.store import PhaseRow, RunRecord, RunStore, StepRow, load_run, read_head
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]

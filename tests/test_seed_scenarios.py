@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import scenarios
-from profiler.devices import resolve_device
-from profiler.runner import RunConfig, run_scenario
+from profiler.core.devices import resolve_device
+from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios import cifar, mnist
 from scenarios.base import Scenario
 from scenarios.cifar import SCENARIO as CIFAR_VGG

@@ -11,7 +11,7 @@ from conftest import Truth, near, sleep_loader
 
 from profiler import Session
 from profiler.analysis import Summary, summarize
-from profiler.store import load_run
+from profiler.core.store import load_run
 
 
 def _run(

@@ -12,8 +12,8 @@ from conftest import sleep_loader
 from fake_nvml import make_fake_nvml
 
 from profiler import Session
-from profiler.sources.nvml import NvmlSource
-from profiler.store import load_run
+from profiler.core.sources.nvml import NvmlSource
+from profiler.core.store import load_run
 
 SCRIPT = json.loads((Path(__file__).parent / "data" / "nvml_script_h100.json").read_text())
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from profiler import Session
-from profiler.store import load_run
+from profiler.core.store import load_run
 
 
 class Clock:
@@ -54,7 +54,7 @@ def test_open_step_stops_on_a_dead_store_when_asked_to_raise(tmp_path: Path) -> 
     """``store_errors="raise"``: a driven loop stops at the next step once the store stopped writing, as wrap() does."""
     import shutil
 
-    from profiler.store import StoreWriteError
+    from profiler.core.store import StoreWriteError
 
     out = tmp_path / "run"
     with pytest.raises(StoreWriteError, match="stopped at step"), Session(out, sources=[], store_errors="raise") as s:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.devices import DeviceError, DeviceInfo, resolve_device
+from profiler.core.devices import DeviceError, DeviceInfo, resolve_device
 from profiler.sim.cost import StepCost
 from profiler.sim.device import CONTEXT_BYTES, SimDevice, SimOutOfMemory
 from profiler.sim.specs import PUBLISHED, AcceleratorSpec, Published, SimConfig, parse
@@ -183,7 +183,7 @@ IO_WAIT = Path(__file__).parent / "data" / "scenarios" / "io_wait.py"
 
 def _run(tmp: Path, device: DeviceInfo, workers: int) -> dict[str, float]:
     import scenarios
-    from profiler.runner import RunConfig, run_scenario
+    from profiler.drivers.runner import RunConfig, run_scenario
 
     scenario = scenarios.get(str(IO_WAIT))
     cfg = RunConfig(

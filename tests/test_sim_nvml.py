@@ -16,20 +16,20 @@ from test_summary_contract import CUDA, known, sim_device, with_gpu, with_sim
 
 from profiler.analysis import Summary, summarize
 from profiler.analysis.compare import compare
-from profiler.analysis.live import LiveAggregator
-from profiler.analysis.sweep import analyse_sweep
 from profiler.analysis.timeline import build_timeline
+from profiler.core.sources.base import Source
+from profiler.core.store import PhaseRow, RunRecord, StepRow
+from profiler.live.analysis import LiveAggregator
+from profiler.live.render import frame, status_line
 from profiler.render.html import render_html
-from profiler.render.live import frame, status_line
 from profiler.render.report import render_report
-from profiler.render.sweep import render_sweep
 from profiler.render.trace import SIM_DEVICE_THREAD, trace_events
 from profiler.sim.cost import StepCost
 from profiler.sim.device import CONTEXT_BYTES, SimDevice
 from profiler.sim.nvml import SimNvmlSource
 from profiler.sim.specs import parse
-from profiler.sources.base import Source
-from profiler.store import PhaseRow, RunRecord, StepRow
+from profiler.sweep.analysis import analyse_sweep
+from profiler.sweep.render import render_sweep
 
 MIB = float(1 << 20)
 W = 1 / 6

@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
-from profiler.sources.base import Source, SourceLost
-from profiler.sources.host import HostSource
+from profiler.core.sources.base import Source, SourceLost
+from profiler.core.sources.host import HostSource
 
 # Busy for at most 20 s so a failed test cannot leave a burner behind for long.
 BURN = "import time\nend = time.monotonic() + 20\nwhile time.monotonic() < end:\n    pass\n"

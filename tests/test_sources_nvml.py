@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from profiler.sources.base import Source, SourceLost
-from profiler.sources.nvml import NvmlSource
+from profiler.core.sources.base import Source, SourceLost
+from profiler.core.sources.nvml import NvmlSource
 from tests.fake_nvml import make_fake_nvml
 
 DATA = Path(__file__).parent / "data" / "nvml_script_h100.json"

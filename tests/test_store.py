@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, stallscope, wait_until
 
-from profiler.store import SCHEMA_VERSION, PhaseRow, RunStore, StepRow, StoreError, integrity_ok, load_run, run_status
+from profiler.core.store import (
+    SCHEMA_VERSION,
+    PhaseRow,
+    RunStore,
+    StepRow,
+    StoreError,
+    integrity_ok,
+    load_run,
+    run_status,
+)
 
 CHILD = textwrap.dedent("""
     import sys, time

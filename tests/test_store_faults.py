@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, stallscope, wait_until
 
-from profiler import store as store_mod
 from profiler.cli import main
-from profiler.session import Session
-from profiler.store import LOCK_NAME, RunDirBusy, integrity_ok, load_run, lock_run_dir, unlock_run_dir
+from profiler.core import store as store_mod
+from profiler.core.session import Session
+from profiler.core.store import LOCK_NAME, RunDirBusy, integrity_ok, load_run, lock_run_dir, unlock_run_dir
 
 # bytes: over the store's first commits (a CLI run's set-up included), reached within seconds of steps
 FSIZE_LIMIT = {"cli": 150_000, "session": 120_000}
@@ -395,7 +395,7 @@ def test_a_live_run_refuses_a_second_on_its_out_and_stops_when_its_directory_is_
 def test_a_stale_lock_from_a_dead_process_does_not_block(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()
-    code = "import sys, time; from profiler.store import lock_run_dir as lock; lock(sys.argv[1])"
+    code = "import sys, time; from profiler.core.store import lock_run_dir as lock; lock(sys.argv[1])"
     code += "; print('ok', flush=True); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", code, str(out)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "ok"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from profiler.analysis import summarize
-from profiler.store import PhaseRow, RunRecord, StepRow, load_run
+from profiler.core.store import PhaseRow, RunRecord, StepRow, load_run
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "summary_golden"
@@ -110,7 +110,7 @@ def with_gpu(rec: RunRecord, events: bool) -> RunRecord:
 
 
 def sim_device() -> dict[str, Any]:
-    """The device object a ``--device sim:h100`` run records (profiler.devices.DeviceInfo.to_dict), written out so
+    """The device object a ``--device sim:h100`` run records (profiler.core.devices.DeviceInfo.to_dict), written out so
     that a recalibrated spec table does not move the golden file."""
     return {
         "kind": "sim",

@@ -22,7 +22,10 @@ from conftest import ROOT, stallscope, wait_until
 from rich.console import Console
 from test_cli import assert_one_line_error
 
-from profiler.analysis.sweep import (
+from profiler.core.devices import resolve_device
+from profiler.core.store import StepRow, load_run
+from profiler.drivers.runner import RunConfig
+from profiler.sweep.analysis import (
     Config,
     SweepRow,
     analyse_sweep,
@@ -31,11 +34,8 @@ from profiler.analysis.sweep import (
     knee_of,
     relative_ci,
 )
-from profiler.devices import resolve_device
-from profiler.render.sweep import render_sweep, sweep_svg
-from profiler.runner import RunConfig
-from profiler.store import StepRow, load_run
-from profiler.sweep import Harness, Limits, StopRule, run_sweep
+from profiler.sweep.render import render_sweep, sweep_svg
+from profiler.sweep.run import Harness, Limits, StopRule, run_sweep
 
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
 

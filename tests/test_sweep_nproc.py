@@ -1,5 +1,5 @@
 """`stallscope sweep --nproc 1,2,...`: the rank-count axis. A configuration of N > 1 ranks runs as a job
-(profiler.launch.run_job) into its own job directory; its row is the job summary's, and the analysis gives each
+(profiler.jobs.launch.run_job) into its own job directory; its row is the job summary's, and the analysis gives each
 job's speed-up and scaling efficiency against nproc 1 of the same pipeline, batch and workers.
 
 The end-to-end sweeps use tests/data/scenarios/ranks.py, whose costs are sleeps (1 ms an item, 30 ms a forward):
@@ -24,10 +24,10 @@ from conftest import ROOT, stallscope, wait_until
 from rich.console import Console
 from test_cli import assert_one_line_error
 
-from profiler.analysis.sweep import Config, SweepRow, analyse_sweep, config_name
-from profiler.launch import AGENT_SIGNALS, handlers_kept
-from profiler.render.sweep import render_sweep, row_line
-from profiler.store import load_run
+from profiler.core.store import load_run
+from profiler.jobs.launch import AGENT_SIGNALS, handlers_kept
+from profiler.sweep.analysis import Config, SweepRow, analyse_sweep, config_name
+from profiler.sweep.render import render_sweep, row_line
 
 RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

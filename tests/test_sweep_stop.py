@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from profiler.analysis.sweep import SweepRow, row_from_dict
 from profiler.cli import main
+from profiler.sweep.analysis import SweepRow, row_from_dict
 from tests.conftest import ROOT, wait_until
 
 SCENARIO = str(ROOT / "tests/data/scenarios/stop_mid_sweep.py")
@@ -133,9 +133,9 @@ def test_an_unwritable_run_store_stops_the_whole_sweep_or_tune(
 ) -> None:
     """A configuration whose run store cannot be written (the disk full, say) ends the sweep or tune at once:
     exit 1, one line naming what could not be written, no next configuration (it would fail alike)."""
-    import profiler.sweep
-    from profiler.runner import TrainingError
-    from profiler.store import StoreWriteError
+    import profiler.sweep.run
+    from profiler.core.store import StoreWriteError
+    from profiler.drivers.runner import TrainingError
 
     calls: list[Path] = []
 
@@ -145,7 +145,7 @@ def test_an_unwritable_run_store_stops_the_whole_sweep_or_tune(
         failure = StoreWriteError(f"could not write the run store {db}: database or disk is full", db, 3)
         raise TrainingError("the run store stopped writing", cfg.out) from failure
 
-    monkeypatch.setattr(profiler.sweep, "run_scenario", full_disk)
+    monkeypatch.setattr(profiler.sweep.run, "run_scenario", full_disk)
     out = tmp_path / command
     extra = (
         ["--batch-sizes", "4,8", "--workers", "0"] if command == "sweep" else ["--pipelines", "naive", "--steps", "5"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from profiler.analysis import summarize
-from profiler.store import PhaseRow, RunRecord, StepRow
+from profiler.core.store import PhaseRow, RunRecord, StepRow
 
 SIM = {"kind": "sim", "torch_device": "cpu", "name": "H100 (simulated)", "sim": {"accelerator": "h100"}}
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from profiler.core.store import PhaseRow, RunRecord, StepRow, load_run
 from profiler.render.trace import DEVICE_THREAD, TID_DEVICE, TID_TRAINING, TRAINING_THREAD, trace_events, write_trace
-from profiler.store import PhaseRow, RunRecord, StepRow, load_run
 
 RUNS = Path(__file__).parent / "data" / "runs"
 PID = 4242

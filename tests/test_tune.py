@@ -17,13 +17,13 @@ from test_cli import assert_one_line_error
 
 from profiler.analysis import summarize
 from profiler.analysis.parts import HostFigures
-from profiler.analysis.sweep import Config, SweepRow, row_from_summary, worker_cpu_busy
-from profiler.devices import resolve_device
-from profiler.render.sweep import render_tune, tune_header
-from profiler.runner import RunConfig
-from profiler.store import load_run
-from profiler.sweep import Harness, run_sweep
-from profiler.tuner import TuneResult, tune, worker_ladder
+from profiler.core.devices import resolve_device
+from profiler.core.store import load_run
+from profiler.drivers.runner import RunConfig
+from profiler.sweep.analysis import Config, SweepRow, row_from_summary, worker_cpu_busy
+from profiler.sweep.render import render_tune, tune_header
+from profiler.sweep.run import Harness, run_sweep
+from profiler.sweep.tuner import TuneResult, tune, worker_ladder
 
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
 Model = Callable[[Config], float | None]

@@ -1,4 +1,4 @@
-"""``stallscope whatif``: the prediction model on hand-made inputs (profiler.whatif is pure), the command's bad
+"""``stallscope whatif``: the prediction model on hand-made inputs (profiler.whatif.model is pure), the command's bad
 input, and one end-to-end check against the known-cost scenario tests/data/scenarios/io_wait.py (its loader waits
 20 ms per item: 0, 2 and 4 workers deliver 50, 100 and 200 samples/s at batch 8)."""
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, stallscope
 
 from profiler.cli import main
-from profiler.whatif import (
+from profiler.whatif.model import (
     MAIN,
     NO_GAP,
     WORKER,
@@ -323,7 +323,7 @@ def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Pat
 
 class _PlaceCost:
     """A dataset whose item costs ``main_ms`` in the training process and ``worker_ms`` in a DataLoader worker:
-    a known gap for :func:`profiler.loadergap.measure_gap` to measure."""
+    a known gap for :func:`profiler.whatif.loadergap.measure_gap` to measure."""
 
     def __init__(self, main_ms: float, worker_ms: float, n: int = 256) -> None:
         self.main_ms, self.worker_ms, self.n = main_ms, worker_ms, n
@@ -345,7 +345,7 @@ class _PlaceCost:
 def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: float) -> None:
     # items of 10 ms or more, so that the scheduling delays of a shared 2-core host (a few ms a wake-up at a
     # load of 6) stay inside the tolerance; the median of 5 rounds drops a round that a burst hit
-    from profiler.loadergap import measure_gap
+    from profiler.whatif.loadergap import measure_gap
 
     gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=24, rounds=5, max_rounds=5, threads=1)
     assert gap.factor == pytest.approx(worker_ms / main_ms, rel=0.2), gap
@@ -355,7 +355,7 @@ def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: 
 
 
 def test_the_medians_standard_error_decides_when_the_rounds_have_settled() -> None:
-    from profiler.whatif import median_error, settled
+    from profiler.whatif.model import median_error, settled
 
     assert median_error([1.0, 1.0]) == math.inf  # too few rounds to tell
     assert median_error([1.0, 1.0, 1.0, 1.0, 1.0]) == 0.0
@@ -387,7 +387,7 @@ class _NoisyInWorkers(_PlaceCost):
 
 
 def test_the_calibration_takes_more_rounds_until_its_medians_settle() -> None:
-    from profiler.loadergap import measure_gap
+    from profiler.whatif.loadergap import measure_gap
 
     # sleeps agree within a few % even on a loaded host: settled to 10% after the first three rounds
     steady = measure_gap(
@@ -406,7 +406,7 @@ def test_the_calibration_takes_more_rounds_until_its_medians_settle() -> None:
 def test_the_calibration_restores_the_thread_count_and_refuses_a_tiny_dataset() -> None:
     import torch
 
-    from profiler.loadergap import measure_gap
+    from profiler.whatif.loadergap import measure_gap
 
     before = torch.get_num_threads()
     measure_gap(_PlaceCost(0.1, 0.1, n=16), 4, samples=8, rounds=1, max_rounds=1, threads=before + 1)
@@ -435,7 +435,7 @@ class _SharedResource(_PlaceCost):
 
 @pytest.mark.parametrize(("shared", "scaling"), [(True, 0.5), (False, 1.0)])
 def test_the_calibration_measures_how_much_workers_deliver_together(shared: bool, scaling: float) -> None:
-    from profiler.loadergap import measure_gap
+    from profiler.whatif.loadergap import measure_gap
 
     gap = measure_gap(_SharedResource(10.0, shared), 4, samples=16, rounds=3, max_rounds=3, threads=1, cores=2)
     assert gap.cores_k == 2

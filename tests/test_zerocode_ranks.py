@@ -21,10 +21,10 @@ from conftest import ROOT, stallscope
 from rich.console import Console
 
 from profiler.analysis import summarize
-from profiler.analysis.ranks import zero_code_job
+from profiler.core.store import load_run
 from profiler.render.html import write_html
 from profiler.render.sampled import render_job
-from profiler.store import load_run
+from profiler.zerocode.analysis import zero_code_job
 
 SCRIPT = str(ROOT / "tests" / "data" / "ddp_straggler.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]

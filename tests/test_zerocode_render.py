@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 from profiler.analysis import summarize
+from profiler.core.store import load_run
 from profiler.render.html import write_html
 from profiler.render.report import render_report
-from profiler.store import load_run
 
 RUN = Path(__file__).parent / "data" / "runs" / "zero-code-workers"
 

@@ -6,7 +6,7 @@ own counter at each phase boundary, so its wait per phase is exact; the process 
 sampled by the ``sched`` source. docs/metrics.md ("CPU contention") defines the figures and justifies
 :data:`THRESHOLD`.
 
-Pure: a :class:`profiler.store.RunRecord` in, a :class:`Contention` out; no clock, no file.
+Pure: a :class:`profiler.core.store.RunRecord` in, a :class:`Contention` out; no clock, no file.
 
 Invariants:
 - Only measured (non-warm-up) steps count, and a step or phase whose wait was not measured (NULL) is left
@@ -27,7 +27,7 @@ from typing import Any
 
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe
-from profiler.store import RunRecord, StepRow
+from profiler.core.store import RunRecord, StepRow
 
 # Training thread's run-queue wait / compute phase time at or above which CPU_CONTENTION is recommended.
 # docs/metrics.md "CPU contention" gives the measurements: on a quiet 2-core machine fashion-vgg measured 3-5%;

@@ -44,7 +44,7 @@ from profiler.analysis.stacks import (
     parse_collapsed_stats,
     parse_speedscope_stats,
 )
-from profiler.store import RunRecord
+from profiler.core.store import RunRecord
 
 WINDOW_S = 5.0
 MIN_SAMPLES = 30  # below this an estimate is reported but not used for a verdict

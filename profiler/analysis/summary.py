@@ -1,6 +1,6 @@
 """Run record -> Summary: the step breakdown, stall and busy fractions, host and NVML figures, sampler health.
 
-Pure: takes a :class:`profiler.store.RunRecord`, returns a :class:`Summary`; reads no clock and no file,
+Pure: takes a :class:`profiler.core.store.RunRecord`, returns a :class:`Summary`; reads no clock and no file,
 so ``stallscope report`` on a stored run prints exactly what the run printed. Definitions are those of
 docs/metrics.md; every figure carries the name of the instrument it came from (``sources``).
 
@@ -47,7 +47,7 @@ from profiler.analysis.parts import (
 from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Figures, Recommendation, recommend, verdict_for
-from profiler.store import PhaseRow, RunRecord, StepRow, run_status
+from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
 
 
 @dataclass(frozen=True, slots=True)

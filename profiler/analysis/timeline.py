@@ -1,6 +1,6 @@
 """Run record -> time series for plots: per-step breakdown rows, rolling stall, sampled metrics.
 
-Pure, like :mod:`profiler.analysis.summary`: takes a :class:`profiler.store.RunRecord`, reads no clock and no
+Pure, like :mod:`profiler.analysis.summary`: takes a :class:`profiler.core.store.RunRecord`, reads no clock and no
 file, and returns frozen dataclasses of plain floats, so a renderer only maps numbers to pixels and computes
 no figure of its own.
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from profiler.analysis.parts import NESTED_SYNC, SYNC_PHASE, event_timer
 from profiler.analysis.stats import Interval, quantile, subtract, total, union
-from profiler.store import PhaseRow, RunRecord, StepRow
+from profiler.core.store import PhaseRow, RunRecord, StepRow
 
 CORE_PARTS = ("data_wait", "h2d", "compute")
 # Rolling-stall buckets hold at least this many median steps, so one step does not make a bucket 0% or 100%.

@@ -24,22 +24,22 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from profiler.sampler import MAX_HZ
+from profiler.core.sampler import MAX_HZ
 
 if TYPE_CHECKING:
-    from profiler.analysis.ranks import ZeroCodeJob
     from profiler.analysis.summary import Summary
+    from profiler.drivers.runner import RunConfig
     from profiler.export.endpoint import Endpoint
     from profiler.export.prometheus import PrometheusExporter
-    from profiler.feeds import LiveFeed, Monitor
-    from profiler.runner import RunConfig
+    from profiler.live.feeds import LiveFeed, Monitor
+    from profiler.zerocode.analysis import ZeroCodeJob
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 MAX_BATCH = 65536
 MAX_WORKERS = 256
 DEFAULT_SCENARIO = "fashion-vgg"
-DEFAULT_PYSPY_RATE = 10  # profiler.pyspy.DEFAULT_RATE, without importing it for --help
+DEFAULT_PYSPY_RATE = 10  # profiler.core.pyspy.DEFAULT_RATE, without importing it for --help
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -171,7 +171,7 @@ def prepare_out(out: str | None, default_name: str) -> Path:
     """The run (or sweep, tune) directory, created and checked writable; ``out`` None: runs/<default_name>-<time>."""
     if out is None:
         out = os.path.join("runs", f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    from profiler.store import DB_NAME, RunDirBusy, claim_run_dir, make_dir
+    from profiler.core.store import DB_NAME, RunDirBusy, claim_run_dir, make_dir
 
     path = Path(out)
     allowed = "allowed a directory that holds no run yet"
@@ -243,7 +243,7 @@ class SignalStop:
         self.received: str | None = None
 
     def __enter__(self) -> SignalStop:
-        from profiler.session import Interrupted
+        from profiler.core.session import Interrupted
 
         def handler(signum: int, _frame: Any) -> None:
             name = signal.Signals(signum).name
@@ -280,7 +280,7 @@ def resolve_training(
     run directory is made, so a pipeline that does not apply is one line and no run."""
     import pipelines
     import scenarios
-    from profiler.devices import resolve_device
+    from profiler.core.devices import resolve_device
 
     args.scenario = DEFAULT_SCENARIO if args.scenario is None else args.scenario  # "" is an unknown name
     try:
@@ -316,7 +316,7 @@ def resolve_training(
 
 def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConfig:
     """What ``run``, ``sweep`` and ``tune`` configure alike from their shared flags; each replaces the rest."""
-    from profiler.runner import RunConfig
+    from profiler.drivers.runner import RunConfig
 
     return RunConfig(
         out=out,
@@ -367,7 +367,7 @@ def report_outcome(
     """Print the Summary a run built at close; ``code`` stays the exit code. Without one (it could not be
     built: the error was logged), say where the store is."""
     if summary is None:
-        from profiler.store import DB_NAME
+        from profiler.core.store import DB_NAME
 
         if (run_dir / DB_NAME).exists():
             say(f"no summary could be built; the run store is kept: stallscope report {run_dir}")
@@ -439,7 +439,7 @@ def live_monitor(
     (a store tail: two readers of one tail would each see part of the run)."""
     view: Monitor | None = None
     if not no_live:
-        from profiler.render.live import monitor_for
+        from profiler.live.render import monitor_for
 
         view = partial(monitor_for, total_steps=total_steps)
     if exporter is None:

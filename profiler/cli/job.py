@@ -1,4 +1,4 @@
-"""``stallscope run SCENARIO --nproc N``: a multi-rank job (profiler.launch); its flags and handler."""
+"""``stallscope run SCENARIO --nproc N``: a multi-rank job (profiler.jobs.launch); its flags and handler."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def check_job_options(args: argparse.Namespace) -> None:
         if multi:
             raise BadInput("--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id and --baseline need --nproc N")
         return
-    from profiler.launch import JobError, parse_endpoint
+    from profiler.jobs.launch import JobError, parse_endpoint
 
     if args.node_rank >= args.nnodes:
         raise BadInput(f"--node-rank {args.node_rank}: allowed 0 to {args.nnodes - 1} for --nnodes {args.nnodes}")
@@ -68,7 +68,7 @@ def check_job_options(args: argparse.Namespace) -> None:
 
 def cmd_job(args: argparse.Namespace, t: Training, exporter: PrometheusExporter | None = None) -> int:
     """A multi-rank job of the training ``t`` resolved from ``args``; ``exporter`` serves its ranks' figures."""
-    from profiler.launch import JobSpec, job_id_for, run_job
+    from profiler.jobs.launch import JobSpec, job_id_for, run_job
 
     if t.device.kind == "cuda":
         import torch
@@ -112,8 +112,8 @@ def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.A
     """The job's live view beside the launcher, read from the rank stores (docs/live.md); none with --no-live."""
     if args.no_live:
         return contextlib.nullcontext()
-    from profiler.feeds import JobFeed
-    from profiler.render.joblive import job_monitor_for
+    from profiler.jobs.render_live import job_monitor_for
+    from profiler.live.feeds import JobFeed
 
     return job_monitor_for(JobFeed(out), total_steps=total_steps)
 
@@ -122,7 +122,7 @@ def _export(exporter: PrometheusExporter | None, out: Path) -> contextlib.Abstra
     """The exporter follows the job from the rank stores, on a feed of its own (a store tail hands rows once)."""
     if exporter is None:
         return contextlib.nullcontext()
-    from profiler.feeds import JobFeed
+    from profiler.live.feeds import JobFeed
 
     return exporter.follow_job(JobFeed(out))
 

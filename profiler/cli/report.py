@@ -70,7 +70,7 @@ def add_parsers(sub: Any) -> None:
 def load(run_dir: str | Path) -> tuple[Any, Any]:
     """A stored run read back once: (its record, its Summary); BadInput naming what is wrong with the store."""
     from profiler.analysis import summarize
-    from profiler.store import StoreError, load_run
+    from profiler.core.store import StoreError, load_run
 
     try:
         rec = load_run(run_dir)
@@ -86,8 +86,8 @@ def load_summary(run_dir: str | Path) -> Any:
 def load_job_summary(dirs: list[str], baseline: str | None = None) -> Any:
     """The JobSummary of the job in ``dirs`` (its nodes' directories) and the job as read; BadInput naming what is
     wrong."""
-    from profiler.analysis.job import summarize_job
-    from profiler.jobdir import JobDirError, load_job
+    from profiler.jobs.analysis import summarize_job
+    from profiler.jobs.jobdir import JobDirError, load_job
 
     try:
         job = load_job(dirs, baseline)
@@ -97,7 +97,7 @@ def load_job_summary(dirs: list[str], baseline: str | None = None) -> Any:
 
 
 def _is_job(path: str) -> bool:
-    from profiler.jobdir import is_job_dir
+    from profiler.jobs.jobdir import is_job_dir
 
     return is_job_dir(path)
 
@@ -120,7 +120,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise BadInput(f"--baseline '{args.baseline}': allowed only with a job directory (job.json, rank-R/)")
     rec, summary = load(args.run_dir)
     _write_files(args, lambda target: write_html(summary, rec, target), lambda target: write_trace(rec, target))
-    from profiler.analysis.ranks import zero_code_job
+    from profiler.zerocode.analysis import zero_code_job
 
     print_summary(summary, args.json, zero_code_job(rec))
     return EXIT_OK
@@ -158,7 +158,7 @@ def print_job(job_summary: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(job_summary.to_dict(), indent=2))
         return
-    from profiler.render.job import render_job
+    from profiler.jobs.render import render_job
     from profiler.render.report import make_console
 
     render_job(job_summary, make_console())
@@ -177,7 +177,7 @@ def stored_summary(run_dir: str | Path) -> dict[str, Any] | None:
     final (not running, not interrupted) and the same as the summary's, the run id and the number of steps
     match, and the file is not older than the store. Else None: the store is summarised again (a long run's
     store takes seconds to load, its summary.json milliseconds). BadInput naming what is wrong with the store."""
-    from profiler.store import StoreError, read_head, resolve_db, run_status
+    from profiler.core.store import StoreError, read_head, resolve_db, run_status
 
     try:
         meta, n_steps = read_head(run_dir)
@@ -217,9 +217,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    from profiler.feeds import StoreFeed
-    from profiler.render.live import watch
-    from profiler.store import StoreError, resolve_db
+    from profiler.core.store import StoreError, resolve_db
+    from profiler.live.feeds import StoreFeed
+    from profiler.live.render import watch
 
     if _is_job(args.run_dir):
         return _watch_job(args)
@@ -244,8 +244,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def _watch_job(args: argparse.Namespace) -> int:
     """``watch JOB_DIR``: the job's live view from its rank stores until the launcher's status leaves running."""
-    from profiler.feeds import JobFeed
-    from profiler.render.joblive import watch_job
+    from profiler.jobs.render_live import watch_job
+    from profiler.live.feeds import JobFeed
 
     feed = JobFeed(args.run_dir)
     feed.poll()

@@ -132,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_scenario(args: argparse.Namespace, t: Any, exporter: Any) -> int:
     out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}")
-    from profiler.runner import RunStopped, TrainingError, run_scenario
+    from profiler.drivers.runner import RunStopped, TrainingError, run_scenario
 
     steps = args.steps or t.scenario.steps
     cfg = replace(
@@ -174,7 +174,7 @@ def _kept(last: int) -> str:
 def _training_failed(exc: Any, out: Path, as_json: bool) -> int:
     """A TrainingError's exit: bad input (2), the run store that could not be written (1, one line: what, and
     which steps it kept; the report would claim steps the store lacks), or the training itself (1, report)."""
-    from profiler.store import StoreWriteError
+    from profiler.core.store import StoreWriteError
 
     if isinstance(exc.__cause__, StoreWriteError):
         keep_made(out)  # what the store committed is the user's
@@ -199,9 +199,9 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
 def _profile_external(
     args: argparse.Namespace, command: list[str] | None, pid: int | None, name: str, exporter: Any
 ) -> int:
-    from profiler.feeds import StoreFeed
-    from profiler.pyspy import DEFAULT_RATE
-    from profiler.zerocode import profile_external
+    from profiler.core.pyspy import DEFAULT_RATE
+    from profiler.live.feeds import StoreFeed
+    from profiler.zerocode.profile import profile_external
 
     out = prepare_out(args.out, f"{stem(name)}-zero-code")
     if not args.json:
@@ -233,7 +233,7 @@ def cmd_run_command(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from profiler.store import pid_alive
+    from profiler.core.store import pid_alive
 
     if not pid_alive(args.pid):
         raise BadInput(f"pid {args.pid} is not a running process: allowed the pid of a running training process")

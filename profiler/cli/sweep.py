@@ -1,7 +1,7 @@
 """``stallscope sweep`` and ``stallscope tune``: argument parsing and wiring only.
 
 ``profiler.cli`` registers the two subcommands with :func:`add_parsers` and dispatches through
-:data:`HANDLERS`. This module computes no figure: ``profiler.sweep`` runs, ``analysis.sweep`` / ``profiler.tuner``
+:data:`HANDLERS`. This module computes no figure: ``sweep.run`` runs, ``sweep.analysis`` / ``sweep.tuner``
 decide, ``render.sweep`` prints. Exit codes are ``stallscope run``'s: 0 ok (also when some configurations
 failed: their rows say why), 1 when no configuration completed, 2 bad input, 130/143 stopped by
 SIGINT/SIGTERM after writing and printing the table of what ran.
@@ -41,7 +41,7 @@ from profiler.cli.common import (
 from profiler.cli.job import MAX_NPROC
 
 if TYPE_CHECKING:
-    from profiler.runner import TrainingError  # imports torch: only where a command trains
+    from profiler.drivers.runner import TrainingError  # imports torch: only where a command trains
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
@@ -58,7 +58,7 @@ def _name_list(text: str) -> list[str]:
 
 
 def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
-    from profiler.analysis.sweep import DEFAULT_STEPS
+    from profiler.sweep.analysis import DEFAULT_STEPS
 
     p.add_argument(
         "--steps",
@@ -75,7 +75,7 @@ def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register ``sweep`` and ``tune`` on the ``stallscope`` subparsers action."""
-    from profiler.tuner import WORKER_CAP
+    from profiler.sweep.tuner import WORKER_CAP
 
     scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
     s = sub.add_parser(
@@ -166,9 +166,9 @@ def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
 
 
 def _harness(args: argparse.Namespace, training: Training, out: Path, what: str, guard: SignalStop) -> Any:
-    from profiler.analysis.sweep import DEFAULT_STEPS, SECONDS_ONLY_STEPS
-    from profiler.render.sweep import row_line, start_line
-    from profiler.sweep import Harness, Limits
+    from profiler.sweep.analysis import DEFAULT_STEPS, SECONDS_ONLY_STEPS
+    from profiler.sweep.render import row_line, start_line
+    from profiler.sweep.run import Harness, Limits
 
     steps = args.steps or (SECONDS_ONLY_STEPS if args.seconds is not None else DEFAULT_STEPS)
     total = training.warmup + steps if steps < SECONDS_ONLY_STEPS else None  # None: only --seconds bounds a run
@@ -197,9 +197,9 @@ def _default_workers() -> list[int]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from profiler.analysis.sweep import Config
-    from profiler.runner import TrainingError
-    from profiler.sweep import run_sweep
+    from profiler.drivers.runner import TrainingError
+    from profiler.sweep.analysis import Config
+    from profiler.sweep.run import run_sweep
 
     _precheck(args.pipelines, args.out)
     training = resolve_training(args, args.pipelines, "--pipelines")
@@ -219,7 +219,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             result, stopped = run_sweep(h, configs, out)
     except TrainingError as exc:  # bad user data or an unwritable store: every configuration would fail alike
         return _stopped_early(exc, out / "sweep.json")
-    from profiler.render.sweep import render_sweep, sweep_svg
+    from profiler.sweep.render import render_sweep, sweep_svg
 
     (out / "sweep.svg").write_text(sweep_svg(result))
     if args.json:
@@ -237,7 +237,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _stopped_early(exc: TrainingError, table: Path) -> int:
     """A sweep's or tune's end on a TrainingError that every configuration would meet alike: bad user data
     (exit 2), or a run store that cannot be written (exit 1; one line: what, and where what finished is)."""
-    from profiler.sweep import store_failure
+    from profiler.sweep.run import store_failure
 
     failure = store_failure(exc)
     if failure is None:
@@ -265,10 +265,10 @@ def _check_nproc(args: argparse.Namespace, training: Training) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
-    from profiler.render.sweep import tune_header
-    from profiler.runner import TrainingError
-    from profiler.sweep import run_tune, tune_pipelines
-    from profiler.tuner import WORKER_CAP
+    from profiler.drivers.runner import TrainingError
+    from profiler.sweep.render import tune_header
+    from profiler.sweep.run import run_tune, tune_pipelines
+    from profiler.sweep.tuner import WORKER_CAP
 
     if args.nproc is not None:
         raise BadInput(
@@ -306,7 +306,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         from profiler.render.report import make_console
-        from profiler.render.sweep import render_tune
+        from profiler.sweep.render import render_tune
 
         render_tune(result, make_console(), out)
     if result.stopped_by:

@@ -36,7 +36,7 @@ def report_table(table: Path, args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return EXIT_OK
     from profiler.render.report import make_console
-    from profiler.render.sweep import render_sweep, render_tune
+    from profiler.sweep.render import render_sweep, render_tune
 
     if table.name == "tune.json" and doc.get("status") != "running":
         render_tune(result, make_console(), table.parent)
@@ -48,8 +48,8 @@ def report_table(table: Path, args: argparse.Namespace) -> int:
 def _table_result(name: str, doc: dict[str, Any]) -> Any:
     """The SweepResult or TuneResult of a table's JSON. A tune that never finished (killed: its ``tune.json``
     still says "running") shows as the table of the trials that did."""
-    from profiler.analysis.sweep import analyse_sweep, row_from_dict, sweep_from_dict
-    from profiler.tuner import tune_from_dict
+    from profiler.sweep.analysis import analyse_sweep, row_from_dict, sweep_from_dict
+    from profiler.sweep.tuner import tune_from_dict
 
     if name == "sweep.json":
         return sweep_from_dict(doc)

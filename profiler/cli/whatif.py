@@ -2,8 +2,8 @@
 
 Reads a measured run back from its store (once), rebuilds its scenario to count each target's step on the meta
 device (``profiler.sim.cost.measure_step``: a new batch size gets its own FLOPs and memory), hands the figures to
-the pure model (``profiler.whatif``) and prints its predictions (``render.whatif``). ``--check`` trains each
-predicted configuration for real on its simulated device, through ``profiler.runner.run_scenario`` as ``stallscope
+the pure model (``profiler.whatif.model``) and prints its predictions (``render.whatif``). ``--check`` trains each
+predicted configuration for real on its simulated device, through ``drivers.runner.run_scenario`` as ``stallscope
 run`` does, into ``RUN_DIR/whatif/<label>/``; a configuration already measured there is read back, not rerun.
 Exit codes: 0 ok, 2 bad input, 1 when a ``--check`` run failed for another reason than a predicted OOM.
 """
@@ -119,7 +119,7 @@ class _Source:
     run_dir: Path
     meta: dict[str, Any]
     summary: Any
-    measured: Any  # profiler.whatif.MeasuredRun
+    measured: Any  # profiler.whatif.model.MeasuredRun
     scenario: Any
     data_root: Path | None
 
@@ -127,7 +127,7 @@ class _Source:
 def _read_run(run_dir: str) -> _Source:
     """The run, read back once; BadInput when it is not a run, has no measured steps, or its scenario is gone."""
     from profiler.analysis import summarize
-    from profiler.store import StoreError, load_run
+    from profiler.core.store import StoreError, load_run
 
     try:
         rec = load_run(run_dir)
@@ -147,7 +147,7 @@ def _read_run(run_dir: str) -> _Source:
 
 def _measured(summary: Any, meta: dict[str, Any]) -> Any:
     import pipelines
-    from profiler.whatif import MeasuredRun
+    from profiler.whatif.model import MeasuredRun
 
     bd = summary.breakdown_ms_per_step
     host = summary.host
@@ -187,7 +187,7 @@ def _scenario(meta: dict[str, Any], run_dir: str) -> Any:
 
 def _resolve(names: Sequence[str]) -> list[Any]:
     """The simulated devices named (BadInput naming a bad one, or one that is not simulated)."""
-    from profiler.devices import DeviceError, resolve_device
+    from profiler.core.devices import DeviceError, resolve_device
 
     devices = []
     for name in names:
@@ -228,7 +228,7 @@ class CheckPlan:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    from profiler.whatif import NO_GAP, WhatIf, WhatIfError, host_of, loader_cost, loader_place, predict
+    from profiler.whatif.model import NO_GAP, WhatIf, WhatIfError, host_of, loader_cost, loader_place, predict
 
     given = _resolve(args.device) if args.device else None  # checked before the run is read
     plan = CheckPlan(repeat=args.repeat, steps=args.steps, warmup=args.warmup)
@@ -263,7 +263,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         from profiler.render.report import make_console
-        from profiler.render.whatif import render_whatif
+        from profiler.whatif.render import render_whatif
 
         render_whatif(result, make_console())
     return code
@@ -272,7 +272,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def _needs_gap(m: Any, targets: Sequence[Any]) -> bool:
     """Whether a prediction moves the loading between the main process and workers, or changes how many worker
     processes (more than one) load together: then the gap and the cores' scaling are measured."""
-    from profiler.whatif import WORKER, loader_place
+    from profiler.whatif.model import WORKER, loader_place
 
     src_place = loader_place(m.pipeline, m.workers)
     for t in targets:
@@ -285,9 +285,15 @@ def _needs_gap(m: Any, targets: Sequence[Any]) -> bool:
 
 
 def _measure_gap(src: _Source) -> Any:
-    """The worker vs main-process cost of the run's dataset (profiler.loadergap), or 1 with the reason."""
-    from profiler.loadergap import DEFAULT_MAX_ROUNDS, DEFAULT_MAX_S, DEFAULT_ROUNDS, DEFAULT_SAMPLES, measure_gap
-    from profiler.whatif import NO_GAP
+    """The worker vs main-process cost of the run's dataset (profiler.whatif.loadergap), or 1 with the reason."""
+    from profiler.whatif.loadergap import (
+        DEFAULT_MAX_ROUNDS,
+        DEFAULT_MAX_S,
+        DEFAULT_ROUNDS,
+        DEFAULT_SAMPLES,
+        measure_gap,
+    )
+    from profiler.whatif.model import NO_GAP
     from scenarios import DataOptions
 
     root, m = src.data_root, src.measured
@@ -361,7 +367,7 @@ class _StepCosts:
     def target(self, device: Any, pipeline: str, workers: int, batch_size: int, bytes_per_sample: float) -> Any:
         import pipelines
         from profiler.sim.device import SimDevice
-        from profiler.whatif import Target
+        from profiler.whatif.model import Target
 
         sim = SimDevice(device.sim)  # its cost figures only: nothing runs on it
         cost = self.cost(sim.config.precision, batch_size)
@@ -402,7 +408,7 @@ def _check_all(src: _Source, predictions: list[Any], devices: list[Any], plan: C
     """Each prediction beside ``plan.repeat`` runs of its configuration, the repetitions interleaved (every
     configuration once, then again) so that a burst of load on the host does not fall on one configuration's
     runs alone; the exit code (1: a check failed unexpectedly)."""
-    from profiler.whatif import Checked
+    from profiler.whatif.model import Checked
 
     by_label = {short_label(d.sim): d for d in devices}
     results: list[list[tuple[Any, str]]] = [[] for _ in predictions]
@@ -440,12 +446,12 @@ def _check_all(src: _Source, predictions: list[Any], devices: list[Any], plan: C
 
 def _measure(src: _Source, p: Any, device: Any, out: Path, plan: CheckPlan) -> tuple[Any, str]:
     """(the Summary of the configuration's run, its status or error): read back when already measured."""
-    from profiler.runner import RunConfig, RunStopped, TrainingError, run_scenario
-    from profiler.store import DB_NAME
+    from profiler.core.store import DB_NAME
+    from profiler.drivers.runner import RunConfig, RunStopped, TrainingError, run_scenario
 
     if (out / DB_NAME).exists():
         from profiler.analysis import summarize
-        from profiler.store import StoreError, load_run
+        from profiler.core.store import StoreError, load_run
 
         try:
             summary = summarize(load_run(out))

@@ -1,6 +1,6 @@
 """The live figures as Prometheus metrics (names, types, labels, base units), computed from what the live view
-folds: a single run's :class:`~profiler.analysis.live.LiveSnapshot` and :class:`~profiler.analysis.live.RunTotals`,
-or a job's :class:`~profiler.analysis.joblive.JobLive` and each rank's totals.
+folds: a single run's :class:`~profiler.live.analysis.LiveSnapshot` and :class:`~profiler.live.analysis.RunTotals`,
+or a job's :class:`~profiler.jobs.analysis_live.JobLive` and each rank's totals.
 
 Pure functions returning plain :class:`Metric` records; ``profiler.export.prometheus`` turns them into
 ``prometheus_client`` families at scrape time, so this module needs no optional dependency and tests compare
@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.analysis.joblive import JobLive
-from profiler.analysis.live import LiveSnapshot, RunTotals
 from profiler.analysis.parts import SIMULATED
+from profiler.jobs.analysis_live import JobLive
+from profiler.live.analysis import LiveSnapshot, RunTotals
 
 Labels = Mapping[str, str]
 STATUSES = ("running", "complete", "interrupted", "failed")

@@ -22,11 +22,11 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from profiler.analysis.joblive import JobLiveAggregator
-from profiler.analysis.live import LiveAggregator, TotalsFolder
+from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import Metric, job_metrics, run_metrics
-from profiler.store import PhaseRow, StepRow
+from profiler.jobs.analysis_live import JobLiveAggregator
+from profiler.live.analysis import LiveAggregator, TotalsFolder
 
 Steps = list[tuple[StepRow, Sequence[PhaseRow]]]
 Samples = list[tuple[float, dict[str, float]]]
@@ -38,7 +38,7 @@ class ExporterError(Exception):
 
 
 class RunFeed(Protocol):
-    """A single run's live feed (``profiler.feeds.SessionFeed`` or ``StoreFeed``)."""
+    """A single run's live feed (``profiler.live.feeds.SessionFeed`` or ``StoreFeed``)."""
 
     def poll(self) -> tuple[Steps, Samples]: ...
 
@@ -48,7 +48,7 @@ class RunFeed(Protocol):
 
 
 class JobFeedLike(Protocol):
-    """A job's live feed (``profiler.feeds.JobFeed``)."""
+    """A job's live feed (``profiler.live.feeds.JobFeed``)."""
 
     def poll(self) -> tuple[dict[int, Steps], Samples]: ...
 
@@ -223,7 +223,7 @@ def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
 
 
 class _SessionFeed:
-    """A Session read as a live feed: ``profiler.feeds.SessionFeed``'s reads (that module imports the session,
+    """A Session read as a live feed: ``profiler.live.feeds.SessionFeed``'s reads (that module imports the session,
     which starts this exporter: importing it here would close a circle)."""
 
     def __init__(self, session: Any) -> None:

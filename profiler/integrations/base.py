@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
+from profiler.core.session import Session
 from profiler.export.endpoint import Endpoint, parse_endpoint
-from profiler.session import Session
 
 log = logging.getLogger("stallscope")
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from profiler.core.session import Session, batch_len, loader_facts
 from profiler.integrations import missing
 from profiler.integrations.base import (
     dist_meta,
@@ -46,7 +47,6 @@ from profiler.integrations.base import (
     start_session,
     torch_device,
 )
-from profiler.session import Session, batch_len, loader_facts
 
 try:
     import transformers

@@ -44,6 +44,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from profiler.core.session import Session, batch_len
 from profiler.integrations import missing
 from profiler.integrations.base import (
     dist_meta,
@@ -53,7 +54,6 @@ from profiler.integrations.base import (
     start_session,
     torch_device,
 )
-from profiler.session import Session, batch_len
 
 
 def _import_lightning() -> ModuleType:

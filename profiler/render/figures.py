@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
-from profiler.analysis.job import JobSummary, RankRow
 from profiler.analysis.parts import BadSamples, Cost, HostFigures, nvml_source
+from profiler.jobs.analysis import JobSummary, RankRow
 
 
 def num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:

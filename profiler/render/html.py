@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
-from profiler.analysis.job import JobSummary
 from profiler.analysis.parts import STACK_PHASES, Estimate
-from profiler.analysis.ranks import NOT_MEASURED, ZeroCodeJob, zero_code_job
 from profiler.analysis.timeline import Series, Timeline, build_timeline
+from profiler.core.store import RunRecord
+from profiler.jobs.analysis import JobSummary
 from profiler.render.figures import (
     breakdown_title,
     figure_rows,
@@ -40,7 +40,7 @@ from profiler.render.figures import (
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
-from profiler.store import RunRecord
+from profiler.zerocode.analysis import NOT_MEASURED, ZeroCodeJob, zero_code_job
 
 _PART_COLORS = {"data_wait": "#D55E00", "h2d": "#E69F00", "compute": "#0072B2", "other": "#aaaaaa"}
 _EXTRA_COLORS = ("#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000")

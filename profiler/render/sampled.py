@@ -14,7 +14,7 @@ from rich.text import Text
 from profiler.analysis.parts import Estimate, LoaderAttribution, PhaseShares, StackEstimate
 
 if TYPE_CHECKING:
-    from profiler.analysis.ranks import ZeroCodeJob
+    from profiler.zerocode.analysis import ZeroCodeJob
 
 _PHASE_LABEL = {
     "data_wait": "waiting for data (DataLoader / DALI iterator)",

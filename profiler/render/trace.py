@@ -48,9 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler.analysis.job import JobInput
 from profiler.analysis.parts import device_where
-from profiler.store import PhaseRow, RunRecord, StepRow, run_status
+from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
+from profiler.jobs.analysis import JobInput
 
 SIM_SOURCE = "nvml-sim"  # the simulated accelerator's NVML source (profiler.sim.nvml)
 TID_TRAINING = 1

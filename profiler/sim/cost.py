@@ -76,7 +76,7 @@ class StepCost:
 CostForward = Callable[[Any, Any], Any]
 LossFn = Callable[[Any, Any], Any]
 
-# The runner's optimizer (profiler/runner.py); the cost of its step does not depend on the values.
+# The runner's optimizer (profiler/drivers/runner.py); the cost of its step does not depend on the values.
 _LR = 0.01
 _MOMENTUM = 0.9
 # One multi_tensor_apply launch takes at most this many tensor lists' worth of tensors (PyTorch's

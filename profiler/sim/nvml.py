@@ -37,7 +37,7 @@ WINDOW_S = 1 / 6
 
 
 class SimNvmlSource:
-    """:class:`~profiler.sources.base.Source` of simulated NVML metrics for one :class:`SimDevice` (``gpu<index>``)."""
+    """:class:`~profiler.core.sources.base.Source` of simulated NVML metrics for :class:`SimDevice` (``gpu<index>``)."""
 
     name = NAME
 

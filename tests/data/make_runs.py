@@ -27,8 +27,8 @@ sys.path[:0] = [str(ROOT), str(HERE.parent)]
 import torch  # noqa: E402
 
 from profiler import Session  # noqa: E402
-from profiler.sources.host import HostSource  # noqa: E402
-from profiler.sources.nvml import NvmlSource  # noqa: E402
+from profiler.core.sources.host import HostSource  # noqa: E402
+from profiler.core.sources.nvml import NvmlSource  # noqa: E402
 
 
 class Slow(torch.utils.data.Dataset):

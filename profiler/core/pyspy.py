@@ -1,0 +1,171 @@
+"""Running py-spy beside a training process: attach, record to a file in the run directory, stop.
+
+Design decisions (measured on the 2-core machine, see docs/zero-code.md and benchmarks/zerocode.py):
+- ``--nonblocking``: py-spy does not pause the target to read its stacks. Pausing the main process and
+  each worker 100 times a second cost 16-25% of throughput here; not pausing costs a little accuracy
+  (a stack read while it changes), which the sample count's uncertainty dwarfs.
+- A default rate of 10 Hz, not py-spy's 100: attached to a training script and its 2 workers here, py-spy
+  itself used 7.3% of a core at 25 Hz and 3% at 10 Hz, CPU taken from training on a 2-core machine. The
+  estimate's error is set by the number of samples (about 1/sqrt(n)): a 5-minute run gives 3,000 at 10 Hz.
+- ``--idle``: a thread blocked on a queue (the main thread waiting for a batch) is exactly what must be
+  counted; without it py-spy drops those samples.
+- ``--subprocesses``: DataLoader workers are child processes.
+- ``--format speedscope``: unlike the raw format it keeps each thread's samples in order, so estimates can
+  be given per time window, not only for the whole run.
+
+Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
+returns a reason with a fix instead, and the run goes on with the sampler alone. Once attached, a watcher
+thread drains py-spy's stderr (so a full pipe can never stall it) and notices py-spy ending before ``stop``:
+killed or failed mid-run, it is reported once through ``on_exit`` with when and how; ending with code 0
+by itself (its target exited) is its normal end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from profiler.core.store import STACKS_NAME
+
+DEFAULT_RATE = 10
+MAX_RATE = 1000
+OUTPUT = STACKS_NAME
+
+
+def find_pyspy() -> str | None:
+    """$STALLSCOPE_PYSPY if set, else the py-spy next to this interpreter (a venv), else on PATH."""
+    override = os.environ.get("STALLSCOPE_PYSPY")
+    if override:
+        return override if os.path.exists(override) else None
+    here = Path(sys.executable).with_name("py-spy")
+    if here.exists():
+        return str(here)
+    return shutil.which("py-spy")
+
+
+def attach_problem(stderr: str) -> str:
+    """Turn py-spy's failure output into one line saying why and how to fix it."""
+    text = " ".join(stderr.split())
+    low = text.lower()
+    if "permission denied" in low or "operation not permitted" in low or "eperm" in low:
+        return (
+            f"py-spy cannot read the process ({text[:160]}): run stallscope as root, or allow ptrace with "
+            "`sudo sysctl kernel.yama.ptrace_scope=0`; in Docker add `--cap-add SYS_PTRACE`"
+        )
+    if "failed to find python version" in low or "not a python" in low:
+        return f"py-spy found no Python interpreter in the process ({text[:160]}): is the command a Python program?"
+    if "no such process" in low:
+        return "the process exited before py-spy could attach"
+    return f"py-spy failed: {text[:200]}" if text else "py-spy exited without output"
+
+
+def exit_problem(returncode: int, stderr: str, at_s: float) -> str:
+    """One line for a py-spy that ended by itself mid-run: when, and killed by what or failing how."""
+    if returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    else:
+        text = " ".join(stderr.split())
+        how = f"exited with code {returncode}" + (f": {text[-160:]}" if text else "")
+    return f"py-spy stopped at {at_s:.1f} s ({how}); its stack samples are lost"
+
+
+@dataclass
+class PySpyRecorder:
+    """One ``py-spy record`` attached to ``pid`` and its subprocesses, writing ``out``."""
+
+    pid: int
+    out: Path
+    rate: int = DEFAULT_RATE
+    exe: str | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    problem: str | None = None
+    started_at: float | None = None
+    stopped_at: float | None = None
+    args: list[str] = field(default_factory=list)
+    now: Callable[[], float] | None = None  # the run's seconds, to say when py-spy stopped (default: since start)
+    on_exit: Callable[[str], None] | None = None  # told once, from the watcher, when py-spy ends before stop()
+    _stopping: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _watcher: threading.Thread | None = field(default=None, init=False, repr=False)
+
+    def start(self, attach_timeout_s: float = 3.0) -> str | None:
+        """Attach; None when recording, else the reason (and fix) it is not."""
+        if not 1 <= self.rate <= MAX_RATE:
+            raise ValueError(f"py-spy rate {self.rate} is out of range: allowed 1..{MAX_RATE}")
+        exe = self.exe or find_pyspy()
+        if exe is None:
+            self.problem = "py-spy is not installed: `pip install py-spy` (it ships a static binary)"
+            return self.problem
+        self.args = [
+            exe, "record", "--pid", str(self.pid), "--subprocesses", "--idle", "--threads", "--nonblocking",
+            "--rate", str(self.rate), "--format", "speedscope", "--output", str(self.out),
+        ]  # fmt: skip
+        # py-spy prints progress on stderr; keep it for the failure reason, never show it to the user
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.started_at = time.time()
+        deadline = time.monotonic() + attach_timeout_s
+        while time.monotonic() < deadline:
+            if (returncode := self.proc.poll()) is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                # killed (by a signal) while attaching says so; else py-spy's own output says why it could not
+                self.problem = exit_problem(returncode, err, self._at()) if returncode < 0 else attach_problem(err)
+                return self.problem
+            time.sleep(0.05)
+        self._watcher = threading.Thread(target=self._watch, args=(self.proc,), name="stallscope-pyspy", daemon=True)
+        self._watcher.start()
+        return None
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        tail: deque[bytes] = deque(maxlen=20)
+        if proc.stderr is not None:
+            tail.extend(proc.stderr)  # until py-spy closes it, at its exit
+            proc.stderr.close()
+        returncode = proc.wait()
+        at_s = self._at()
+        with self._lock:
+            if self._stopping or returncode == 0:
+                return
+            self.problem = exit_problem(returncode, b"".join(tail).decode(errors="replace"), at_s)
+            self.stopped_at = time.time()
+        if self.on_exit is not None:
+            self.on_exit(self.problem)
+
+    def _at(self) -> float:
+        """Now, in the run's seconds (or seconds since py-spy started)."""
+        if self.now is not None:
+            return self.now()
+        return time.time() - (self.started_at if self.started_at is not None else time.time())
+
+    def stop(self, timeout_s: float = 20.0) -> str | None:
+        """Let py-spy write its output and exit; returns a problem line if it could not."""
+        with self._lock:
+            self._stopping = True
+        if self.proc is None or self.problem is not None:
+            return self.problem
+        if self.proc.poll() is None:
+            # SIGINT is py-spy's "stop and write what you have"
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.problem = f"py-spy did not stop within {timeout_s:.0f} s and was killed; its samples are lost"
+        self.stopped_at = time.time()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5.0)  # it closes py-spy's stderr once py-spy has exited
+        if self.problem is None and not (self.out.exists() and self.out.stat().st_size > 0):
+            self.problem = "py-spy wrote no samples (the process exited before the first sample?)"
+        return self.problem

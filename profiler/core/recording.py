@@ -1,0 +1,215 @@
+"""Recording: one run's record from start to close — run store, background sampler, py-spy, run status.
+
+Both ways of profiling record through it: :class:`profiler.core.session.Session` (an instrumented loop adds its
+steps) and :func:`profiler.zerocode.profile.profile_external` (a process observed from outside). So a run store
+always has the same life: meta with status ``running``, pid and heartbeat before anything else; the sampler;
+py-spy when asked for; then, at close, py-spy stopped (its file complete), the sampler stopped, its health
+and the final status written, the store closed, and the Summary built once from the rows the store was
+given (kept in memory by the store: nothing is read back) and written to ``summary.json``.
+
+Invariants:
+- ``close()`` is idempotent and returns the Summary (the same one on every call). A summary that cannot be
+  built is logged, not raised: the store is the record, and the run's own outcome must not be hidden.
+- A run store that stops writing (disk full, over quota, the directory removed) never stops the training from
+  here: the store marks itself failed where it can, the writer thread says so once through ``warn`` (unless
+  ``store_errors="raise"``: then the owner, the CLI's runner, stops the run and says it), and close neither
+  repeats it nor writes a ``summary.json`` that would claim more than the store holds.
+- py-spy is started in one place (:meth:`Recording.start_pyspy`); a py-spy that cannot attach is a warning
+  (stored as an event and shown through ``warn``), never a failure of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from profiler.core.pyspy import OUTPUT, PySpyRecorder
+from profiler.core.sampler import Sampler
+from profiler.core.sources.base import Source
+from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+
+log = logging.getLogger("stallscope")
+
+
+def log_warning(message: str) -> None:
+    """The default ``warn``: one line through the ``stallscope`` logger (the CLI sends it to stderr)."""
+    log.warning("stallscope: %s", message)
+
+
+def default_sources(pid: int | None = None) -> list[Source]:
+    """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
+    threads and workers (schedstat; workers labelled as the host source labels them), and NVML."""
+    from profiler.core.sources.host import HostSource
+    from profiler.core.sources.nvml import NvmlSource
+    from profiler.core.sources.sched import SchedSource
+
+    host = HostSource(pid)
+    return [host, SchedSource(pid, workers=host.pid_labels), NvmlSource()]
+
+
+class Recording:
+    """The run store, sampler and py-spy of one run directory; ``close()`` returns its Summary."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        meta: dict[str, Any],
+        sample_hz: float,
+        sources: Sequence[Source] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        warn: Callable[[str], None] = log_warning,
+        store_errors: str = "warn",
+    ) -> None:
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors must be 'warn' or 'raise', got {store_errors!r}")
+        self.out_dir = Path(out_dir)
+        self._store_errors = store_errors
+        self._meta = meta
+        self._sample_hz = sample_hz
+        self._sources = sources
+        self._clock = clock
+        self._warn = warn
+        self.t0 = 0.0
+        self.store: RunStore | None = None
+        self.sampler: Sampler | None = None
+        self._pyspy: PySpyRecorder | None = None
+        self._pyspy_problem: str | None = None
+        self._summary: Summary | None = None
+        self._closed = False
+
+    def start(self, t0: float | None = None) -> RunStore:
+        """Create the store (meta first) and start sampling; ``t0`` is the run's zero on ``clock``."""
+        if self.store is not None:
+            return self.store
+        self.t0 = self._clock() if t0 is None else t0
+        now = time.time()
+        self.store = store = RunStore(
+            self.out_dir,
+            meta={
+                **self._meta,
+                "status": "running",
+                "pid": os.getpid(),
+                "started_at": now,
+                "heartbeat": now,
+                "sample_hz": self._sample_hz,
+            },
+            on_error=self._store_failed,
+        )
+        sources = list(self._sources) if self._sources is not None else default_sources()
+        self.sampler = Sampler(
+            sources, self._sample_hz, sink=store.put_samples, on_event=store.put_event, clock=self._clock, t0=self.t0
+        )
+        self.sampler.start()
+        return store
+
+    def _store_failed(self, failure: StoreWriteError) -> None:
+        """The writer thread's one call when the store stops writing."""
+        if self._store_errors == "warn":
+            kept = f"steps up to {failure.last_kept} are kept" if failure.last_kept >= 0 else "no step was kept"
+            self._warn(f"{failure}; recording stopped, training goes on ({kept})")
+
+    def now(self) -> float:
+        """Seconds since the run's zero."""
+        return self._clock() - self.t0
+
+    def annotate(self, **items: Any) -> None:
+        if self.store is not None:
+            self.store.put_meta(**items)
+
+    def event(self, kind: str, message: str, source: str | None = None) -> None:
+        if self.store is not None:
+            self.store.put_event(self.now(), kind, message, source)
+
+    def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
+        """Record ``pid`` and its subprocesses with py-spy until close; None when it attached, else the
+        reason, which is stored and shown as ``unavailable.format(problem=...)``."""
+        recorder = PySpyRecorder(pid, self.out_dir / OUTPUT, rate=rate, now=self.now)
+        # py-spy killed or failing mid-run: said once, when it happens; the run goes on with the sampler
+        recorder.on_exit = lambda problem: self._pyspy_ended(unavailable.format(problem=problem), problem)
+        problem = recorder.start(attach_timeout_s=attach_timeout_s)
+        self.annotate(pyspy_rate=rate, pyspy_started_at=recorder.started_at, pyspy_args=recorder.args)
+        if problem:
+            self._pyspy_problem = problem
+            self.event("warning", problem, "pyspy")
+            self._warn(unavailable.format(problem=problem))
+            return problem
+        self._pyspy = recorder
+        return None
+
+    def stop_sampling(self) -> None:
+        """Stop the sampler now (zero-code: the target is gone, and a read of its tree only reports that)."""
+        if self.sampler is not None:
+            self.sampler.stop()
+
+    def close(self, status: str, error: str | None = None, **final_meta: Any) -> Summary | None:
+        """End the run (see the module docstring); the Summary, or None when it could not be built."""
+        if self._closed or self.store is None:
+            return self._summary
+        self._closed = True
+        store = self.store
+        self.stop_sampling()
+        self._stop_pyspy()
+        if self.sampler is not None:
+            store.put_meta(sampler_stats=self.sampler.stats.to_meta())
+        store.put_meta(status=status, error=error, ended_at=time.time(), **final_meta)
+        store.close()
+        for name in STACKS_NAMES:  # py-spy creates its file with its own mode
+            no_world_write(self.out_dir / name)
+        self._summary = self._summarize(store)
+        return self._summary
+
+    @property
+    def pyspy_problem(self) -> str | None:
+        """Why py-spy recorded nothing (or stopped badly), when it was asked for; else None."""
+        return self._pyspy_problem
+
+    @property
+    def summary(self) -> Summary | None:
+        """The Summary built at close (None before close)."""
+        return self._summary
+
+    def _pyspy_ended(self, line: str, problem: str) -> None:
+        self._pyspy_problem = problem
+        self.event("warning", problem, "pyspy")
+        self.annotate(pyspy_problem=problem)
+        self._warn(line)
+
+    def _stop_pyspy(self) -> None:
+        recorder = self._pyspy
+        if recorder is None:
+            if self._pyspy_problem is not None:
+                self.annotate(pyspy_problem=self._pyspy_problem)
+            return
+        problem = recorder.stop()
+        if problem and problem != self._pyspy_problem:  # not already said when py-spy ended mid-run
+            self._pyspy_problem = problem
+            self.event("warning", problem, "pyspy")
+            self._warn(problem)
+        self.annotate(pyspy_stopped_at=recorder.stopped_at, pyspy_problem=problem)
+
+    def _summarize(self, store: RunStore) -> Summary | None:
+        from profiler.analysis import summarize
+
+        try:
+            summary = summarize(store.record())
+        # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
+        except Exception as exc:  # noqa: BLE001
+            log.error("stallscope: could not build the summary: %s", exc)
+            return None
+        if store.failure is None:  # else the store holds less than this summary: `report` rebuilds it
+            path = self.out_dir / "summary.json"
+            try:
+                path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+                no_world_write(path)
+            except OSError as exc:  # a read-only or full directory: the store still holds the run
+                self._warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
+        return summary

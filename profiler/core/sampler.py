@@ -1,0 +1,352 @@
+"""Background sampler: samples every metric source on absolute deadlines, paced by one thread.
+
+Invariants:
+- Deadlines are absolute (``t0 + k / hz``), so lateness never accumulates into drift. Each sample records
+  its lateness and the time its reads took; a deadline already passed when the previous sample ends is
+  skipped and counted, never caught up in a burst.
+- Nothing raised by a source reaches the caller. Each exception is counted per source with its last
+  reason; :class:`~profiler.core.sources.base.SourceLost` retires the source for the rest of the run.
+- Every call into a source (open, read, close) runs on that source's own thread, so a hardware call that
+  never returns (a hung NVML read) holds up only that thread. A round waits at most half a period for a
+  read; a read out for ``call_timeout_s`` retires its source as lost while the other sources go on. The
+  training thread's calls are bounded too: ``start`` waits at most ``open_timeout_s`` for the probes, and
+  ``stop`` at most ``call_timeout_s`` for the closes, never for a source with a read still out.
+- ``start``/``stop`` are idempotent and serialised by a lock; every ``start`` gets a fresh thread; ``stop``
+  is noticed within one wait because the thread waits on an Event, never in a bare sleep.
+- Memory is bounded: the live view reads a ``deque(maxlen=...)``; the full record goes to ``sink``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler.core.sources.base import Source, SourceLost
+
+log = logging.getLogger("stallscope")
+
+MAX_HZ = 100.0
+SampleRow = tuple[float, str, str, float | None]
+SampleSink = Callable[[list[SampleRow]], None]
+EventSink = Callable[[float, str, str, str | None], None]
+CALL_TIMEOUT_S = 2.0  # a read that takes longer is hung: NVML's slowest query (PCIe) blocks ~20 ms per GPU
+OPEN_TIMEOUT_S = 10.0  # nvmlInit on a many-GPU machine without persistence mode can take seconds
+_POLL_S = 0.05  # how often a wait on a slow call checks for a stop
+
+
+class _Result:
+    """One call's outcome, handed from a source's thread to the waiting thread; ``since`` is when it was
+    queued (``time.monotonic``)."""
+
+    __slots__ = ("done", "error", "since", "value")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.since = time.monotonic()
+
+
+class _SourceThread:
+    """A thread that makes every call to one source, so a call that never returns blocks only that thread.
+
+    Calls run in order. A waiter gives up at its deadline and leaves the call ``pending``; the thread, a
+    daemon, finishes it whenever (if ever) it returns and then runs what was queued after it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[[], Any], _Result] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"stallscope-source-{name}", daemon=True)
+        self._thread.start()
+        self.pending: _Result | None = None  # the read in flight, until collected
+
+    def submit(self, fn: Callable[[], Any]) -> _Result:
+        result = _Result()
+        self._q.put((fn, result))
+        return result
+
+    def collect(self, until: float, stop: threading.Event) -> _Result | None:
+        """The pending read's outcome once back, waiting until ``until`` (monotonic) or a stop; else None."""
+        result = self.pending
+        if result is None:
+            return None
+        while not result.done.wait(min(_POLL_S, max(0.0, until - time.monotonic()))):
+            if time.monotonic() >= until or stop.is_set():
+                return None
+        self.pending = None
+        return result
+
+    def finish(self, fn: Callable[[], Any] | None = None) -> None:
+        """Queue a last call (never waited for) and let the thread end after it."""
+        if fn is not None:
+            self._q.put((fn, _Result()))
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            fn, result = item
+            try:
+                result.value = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which decides
+                result.error = exc
+            result.done.set()
+
+
+@dataclass(slots=True)
+class SourceHealth:
+    status: str = "available"  # "available" | "unavailable: <reason>" | "lost: <reason>"
+    errors: int = 0
+    last_error: str | None = None
+
+
+@dataclass(slots=True)
+class SamplerStats:
+    hz_requested: float
+    samples: int = 0
+    missed_deadlines: int = 0
+    started_at: float | None = None
+    stopped_at: float | None = None
+    lateness_sum_s: float = 0.0
+    lateness_max_s: float = 0.0
+    sources: dict[str, SourceHealth] = field(default_factory=dict)
+
+    def to_meta(self) -> dict[str, object]:
+        """What the run store keeps of the sampler's own health (meta ``sampler_stats``)."""
+        return {
+            "missed_deadlines": self.missed_deadlines,
+            "sources": {
+                k: {"status": h.status, "errors": h.errors, "last_error": h.last_error} for k, h in self.sources.items()
+            },
+        }
+
+    @property
+    def hz_achieved(self) -> float:
+        if self.started_at is None or self.samples < 2:
+            return math.nan
+        end = self.stopped_at if self.stopped_at is not None else self.started_at
+        span = end - self.started_at
+        return (self.samples - 1) / span if span > 0 else math.nan
+
+
+class Sampler:
+    """Samples ``sources`` at ``hz`` on a background thread.
+
+    ``clock`` returns seconds (default ``time.perf_counter``, the same clock as the step timer) and
+    ``t0`` is the run's origin, so sample times and step times share one timeline. ``wait(timeout)``
+    blocks until the timeout or a stop and returns True when stopped; tests inject a fake clock and wait.
+    ``call_timeout_s`` bounds each read and close of a source, ``open_timeout_s`` its probe (real seconds).
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        hz: float = 10.0,
+        *,
+        sink: SampleSink | None = None,
+        on_event: EventSink | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        t0: float | None = None,
+        wait: Callable[[float], bool] | None = None,
+        buffer_s: float = 60.0,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+        open_timeout_s: float = OPEN_TIMEOUT_S,
+    ) -> None:
+        if not 0 < hz <= MAX_HZ:
+            raise ValueError(f"sample rate {hz} Hz is out of range: allowed 0 < hz <= {MAX_HZ:g}")
+        self.hz = float(hz)
+        self.period = 1.0 / self.hz
+        self._sources = list(sources)
+        self._active: list[Source] = []
+        self._threads: dict[int, _SourceThread] = {}  # by id(source)
+        self._call_timeout_s = call_timeout_s
+        self._open_timeout_s = open_timeout_s
+        self._sink = sink
+        self._on_event = on_event
+        self._clock = clock
+        self._t0 = clock() if t0 is None else t0
+        self._stop = threading.Event()
+        self._wait = wait if wait is not None else self._stop.wait
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.stats = SamplerStats(hz_requested=self.hz)
+        self.buffer: deque[tuple[float, dict[str, float]]] = deque(maxlen=max(1, int(buffer_s * self.hz)))
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._open_sources()
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="stallscope-sampler", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+            if thread is None:
+                return
+            self._stop.set()
+            # the loop notices the stop within one wait, or within one poll of a read it is waiting on
+            thread.join(timeout=max(5.0, 3 * self.period))
+            self._close_all()
+
+    def _now(self) -> float:
+        return self._clock() - self._t0
+
+    def _event(self, kind: str, source: str, message: str) -> None:
+        if self._on_event is not None:
+            self._on_event(self._now(), kind, message, source)
+
+    def _open_sources(self) -> None:
+        self._active = []
+        self._threads = {}
+        # every probe runs at once on its source's thread; start() waits open_timeout_s for them all
+        probes = []
+        for src in self._sources:
+            worker = self._threads[id(src)] = _SourceThread(src.name)
+            probes.append((src, worker, worker.submit(src.open)))
+        deadline = time.monotonic() + self._open_timeout_s
+        for src, worker, probe in probes:
+            res = probe if probe.done.wait(max(0.0, deadline - time.monotonic())) else None
+            if res is None:
+                reason = f"its probe did not return within {self._open_timeout_s:g} s (the call hangs)"
+                del self._threads[id(src)]
+                worker.finish(src.close)
+            elif res.error is not None:
+                # a probe that raises is a probe that failed
+                reason = f"probe raised {type(res.error).__name__}: {res.error}"
+            else:
+                reason = res.value
+            if reason is None:
+                self.stats.sources[src.name] = SourceHealth()
+                self._active.append(src)
+                self._event("source", src.name, "available")
+            else:
+                self.stats.sources[src.name] = SourceHealth(status=f"unavailable: {reason}")
+                self._event("source", src.name, f"unavailable: {reason}")
+                log.warning("stallscope: source %s unavailable: %s", src.name, reason)
+
+    # -- the thread --------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        stats = self.stats
+        start = self._now()
+        stats.started_at = start
+        k = 0
+        while True:
+            deadline = start + k * self.period
+            now = self._now()
+            self._sample_once(now, max(0.0, now - deadline))
+            stats.stopped_at = now
+            k += 1
+            after = self._now()
+            # skip deadlines that have already passed rather than sampling in a burst to catch up
+            due = math.ceil((after - start) / self.period)
+            if due > k:
+                stats.missed_deadlines += due - k
+                k = due
+            if self._wait(max(0.0, start + k * self.period - self._now())):
+                break
+
+    def _sample_once(self, t: float, lateness: float) -> None:
+        stats = self.stats
+        merged: dict[str, float] = {}
+        rows: list[SampleRow] = []
+        read_start = self._clock()
+        # Every source reads at once, each on its own thread. A read not back within half a period is left
+        # out of this round and not waited for again: it is collected at a later round (stamped with that
+        # round's time, so stored samples stay in time order) or, once out for call_timeout_s, retires its
+        # source. So a slow source costs the others one half period of lateness, once.
+        give_up = time.monotonic() + 0.5 * self.period
+        fresh: set[int] = set()
+        for src in self._active:
+            worker = self._threads[id(src)]
+            if worker.pending is None:
+                worker.pending = worker.submit(src.read)
+                fresh.add(id(src))
+        for src in list(self._active):
+            worker = self._threads[id(src)]
+            res = worker.collect(give_up if id(src) in fresh else 0.0, self._stop)
+            if res is None:
+                pending = worker.pending
+                out_s = time.monotonic() - pending.since if pending is not None else 0.0
+                if out_s >= self._call_timeout_s and not self._stop.is_set():
+                    self._retire(src, f"lost: a read did not return within {self._call_timeout_s:g} s (the call hangs)")
+                continue
+            values = self._outcome(src, res)
+            merged.update(values)
+            rows.extend((t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
+        read_s = self._clock() - read_start
+        rows.append((t, "sampler", "sampler.lateness_ms", lateness * 1e3))
+        rows.append((t, "sampler", "sampler.read_ms", read_s * 1e3))
+        stats.samples += 1
+        stats.lateness_sum_s += lateness
+        stats.lateness_max_s = max(stats.lateness_max_s, lateness)
+        self.buffer.append((t, merged))
+        if self._sink is not None:
+            try:
+                self._sink(rows)
+            except Exception as exc:  # noqa: BLE001 - a broken sink must not kill sampling for the live view
+                log.debug("sample sink failed: %r", exc)
+
+    def _outcome(self, src: Source, res: _Result) -> dict[str, float]:
+        """A read's values; an exception is counted with its reason (or retires the source), never raised."""
+        exc = res.error
+        if exc is None:
+            values: dict[str, float] = res.value
+            return values
+        if isinstance(exc, SourceLost):
+            self._retire(src, f"lost: {exc}")
+            return {}
+        health = self.stats.sources[src.name]
+        health.errors += 1
+        reason = f"{type(exc).__name__}: {exc}"
+        if reason != health.last_error:
+            self._event("source_error", src.name, reason)
+        health.last_error = reason
+        return {}
+
+    def _retire(self, src: Source, status: str) -> None:
+        self._active.remove(src)
+        health = self.stats.sources[src.name]
+        health.status = status
+        health.errors += 1
+        health.last_error = status
+        self._event("source", src.name, status)
+        said = status.replace(": ", f" at {self._now():.1f} s: ", 1)  # "lost at 12.3 s: GPU 0: ..."
+        log.warning("stallscope: source %s %s; sampling goes on without it", src.name, said)
+        # the source is gone; its close is queued behind any call still hung on its thread, never waited for
+        self._threads.pop(id(src)).finish(src.close)
+
+    def _close_all(self) -> None:
+        """Close every active source on its own thread, waiting at most ``call_timeout_s`` in all; a source
+        with a read still out is not waited for (its close runs after that read, if it ever returns)."""
+        waits = []
+        for src in self._active:
+            worker = self._threads.pop(id(src))
+            if worker.pending is not None and not worker.pending.done.is_set():
+                worker.finish(src.close)
+                continue
+            waits.append((src, worker.submit(src.close)))
+            worker.finish()
+        deadline = time.monotonic() + self._call_timeout_s
+        for src, res in waits:
+            if not res.done.wait(max(0.0, deadline - time.monotonic())):
+                log.debug("closing source %s did not return in time; left to its thread", src.name)
+            elif res.error is not None:
+                # closing is best effort; the run's data is already recorded
+                log.debug("closing source %s failed: %r", src.name, res.error)
+        for worker in self._threads.values():
+            worker.finish()
+        self._active, self._threads = [], {}
+
+    def latest(self) -> tuple[float, dict[str, float]] | None:
+        """The newest sample (for live views); None before the first."""
+        return self.buffer[-1] if self.buffer else None

@@ -1,0 +1,548 @@
+"""Session: times each training step's phases and owns the sampler and the run store.
+
+A step starts the moment the loop asks the loader for its batch and ends when it asks for the next one.
+``wrap(loader)`` measures the time blocked in ``next()`` (data wait); ``phase(name)`` measures named parts of
+the step (``h2d``, ``compute``, or any user name). Whatever the step spent outside these is "other".
+
+Invariants:
+- The hot path (``next()`` wrapper, phase enter/exit) does a ``perf_counter`` read, a list append, on
+  CUDA an event record, and where schedstat is available one ``pread`` of the training thread's run-queue
+  counter (bytes, parsed when the step is resolved). Everything else (row building, store writes,
+  analysis) happens at step end or off-thread. Budget: < 20 us per phase on a 2-core CPU
+  (``benchmarks/overhead.py`` measures it).
+- On CUDA, a step's record waits in a FIFO until its events have completed; it is resolved by polling
+  ``Event.query()`` at later step ends, never by a per-step synchronize. Lag is bounded by ``max_lag``
+  steps: past that, the oldest step is waited for. ``close()`` drains the FIFO.
+- Exiting the ``with`` block records a status: ``complete``; ``interrupted`` for KeyboardInterrupt or a
+  signal the CLI turned into :class:`Interrupted`; ``failed`` (with where) for any other exception, which
+  propagates unchanged. Every step recorded so far stays in the store.
+- A run store that stops writing (disk full, over quota, its directory removed): with ``store_errors="warn"``
+  (the default, a user's own loop) the training goes on and the store's writer says so once; with
+  ``"raise"`` (the CLI's runner) the next step raises :class:`~profiler.core.store.StoreWriteError` out of
+  ``wrap()``, naming the file, the step and the last step kept. One attribute read per step either way.
+- Run-queue wait (``runq_s``) is that of the thread that iterates the first ``wrap()``; phases entered on
+  any other thread store NULL rather than another thread's figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.core.recording import Recording
+from profiler.core.sampler import Sampler
+from profiler.core.sources import sched as schedstat
+from profiler.core.sources.base import Source
+from profiler.core.store import PhaseRow, RunStore, StepRow, StoreWriteError
+from profiler.export.endpoint import parse_endpoint
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.export.prometheus import PrometheusExporter
+
+# name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
+_PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
+_Raws = tuple[bytes | None, bytes | None, bytes | None]
+
+
+class Interrupted(BaseException):
+    """Raised into the training loop by the CLI's SIGINT/SIGTERM handler.
+
+    A BaseException, like KeyboardInterrupt, so that code catching ``Exception`` (a source probe, a user's
+    dataset) cannot swallow the stop.
+    """
+
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"stopped by {signame}")
+        self.signame = signame
+
+
+def batch_len(batch: Any) -> int | None:
+    """Items in a batch: leading dim of the first tensor-like found; None when it cannot be told."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(batch, (list, tuple)) and batch:
+            first = batch[0]
+            if not (hasattr(first, "shape") or isinstance(first, (list, tuple, dict))):
+                return len(batch)  # a batch of plain items
+            batch = first
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return None
+    return None
+
+
+class _Phase:
+    __slots__ = ("_ev0", "_name", "_r0", "_s", "_t0")
+
+    def __init__(self, session: Session, name: str) -> None:
+        self._s = session
+        self._name = name
+
+    def __enter__(self) -> _Phase:
+        s = self._s
+        s._stack.append(self._name)
+        self._ev0 = s._timer.mark() if s._timer is not None else None
+        rq = s._runq
+        self._r0 = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
+        self._t0 = s._clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        s = self._s
+        t1 = s._clock()
+        rq = s._runq
+        r1 = rq.raw() if rq is not None and self._r0 is not None else None
+        ev1 = s._timer.mark() if s._timer is not None else None
+        stack = s._stack
+        if not stack or stack[-1] != self._name:
+            raise ValueError(f"phase {self._name!r} ended but the innermost open phase is {stack[-1:]}")
+        depth = len(stack) - 1
+        name = "/".join(stack) if depth else self._name
+        stack.pop()
+        if s._step < 0:  # before the first batch or after the loop: no step to charge it to
+            s._unattributed += 1
+            return
+        s._phases.append((name, depth, self._t0, t1, self._ev0, ev1, self._r0, r1))
+
+
+class Session:
+    """Profile a training loop. See DESIGN.md "Python API"."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        sample_hz: float = 10.0,
+        device: str | DeviceInfo = "auto",
+        warmup: int = 0,
+        scenario: str | None = None,
+        pipeline: str | None = None,
+        batch_size: int | None = None,
+        workers: int | None = None,
+        pin_memory: bool | None = None,
+        sources: Sequence[Source] | None = None,
+        meta: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        max_lag: int = 32,
+        recent: int = 1024,
+        timer: DeviceTimer | None = None,
+        store_errors: str = "warn",
+        prometheus: str | int | None = None,
+    ) -> None:
+        if warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {warmup}")
+        # prometheus: "[ADDR:]PORT" served while the session runs (docs/integrations.md); checked here, bound at start
+        self._endpoint = parse_endpoint(str(prometheus)) if prometheus is not None else None
+        self._export = contextlib.ExitStack()
+        self.exporter: PrometheusExporter | None = None
+        self.out_dir = Path(out_dir)
+        self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
+        self.sample_hz = sample_hz
+        self.warmup = warmup
+        self._clock = clock
+        self._max_lag = max_lag
+        self._sources = sources
+        self._meta: dict[str, Any] = {
+            "run_id": uuid.uuid4().hex[:12],
+            "scenario": scenario,
+            "pipeline": pipeline,
+            "batch_size": batch_size,
+            "workers": workers,
+            "pin_memory": pin_memory,
+            "warmup_steps": warmup,
+            "device": self.device.to_dict(),
+            "sample_hz": sample_hz,
+            "host": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            **(meta or {}),
+        }
+        # hot-path state
+        self._stack: list[str] = []
+        self._phases: list[_PhaseRec] = []
+        self._step = -1  # index of the open step, -1 when none is open
+        self._step_t0 = 0.0
+        self._step_wait = 0.0
+        self._step_samples: int | None = None
+        self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
+        self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
+        # the training thread's schedstat reader (opened by the first wrap()), and raws at step start / data
+        self._runq: schedstat.ThreadSched | None = None
+        self._runq_reason: str | None = None
+        self._step_raws: tuple[bytes | None, bytes | None] = (None, None)
+        self._next_index = 0
+        self._unattributed = 0
+        # live view: the newest resolved steps, bounded
+        self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=recent)
+        self._timer: DeviceTimer | None = timer
+        self._rec: Recording | None = None
+        self._store: RunStore | None = None
+        self.sampler: Sampler | None = None
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
+        self._store_errors = store_errors
+        self._t0 = 0.0
+        self._status: str | None = None
+        self._error: str | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.out_dir
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The run facts recorded in the store's meta table so far (a copy)."""
+        return dict(self._meta)
+
+    @property
+    def status(self) -> str | None:
+        """None while running; then "complete", "interrupted" or "failed"."""
+        return self._status
+
+    @property
+    def error(self) -> str | None:
+        """For a failed or interrupted run: what stopped it, and where."""
+        return self._error
+
+    def start(self) -> Session:
+        if self._rec is not None:
+            return self
+        if self._endpoint is not None and self.exporter is None:  # bound first: a port in use records nothing
+            from profiler.export.prometheus import session_exporter
+
+            self.exporter = self._export.enter_context(session_exporter(self, self._endpoint))
+        self._t0 = self._clock()
+        if self._timer is None:
+            self._timer = make_timer(self.device, self._now)
+        elif callable(bind := getattr(self._timer, "bind", None)):
+            bind(self._now)  # a timer given to the Session (the simulated device's) joins the run's clock
+        self._rec = Recording(
+            self.out_dir,
+            meta={**self._meta, "device_timer": self._timer.kind if self._timer is not None else "host-perf-counter"},
+            sample_hz=self.sample_hz,
+            sources=self._sources,
+            clock=self._clock,
+            store_errors=self._store_errors,
+        )
+        try:
+            self._store = self._rec.start(t0=self._t0)
+        except BaseException:
+            self._export.close()  # nothing to serve: the port is free again
+            raise
+        self.sampler = self._rec.sampler
+        self._runq_reason = schedstat.probe()
+        self._store.put_meta(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
+        return self
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close("complete")
+        elif isinstance(exc, (KeyboardInterrupt, Interrupted)):
+            self.close("interrupted", error=str(exc) or "KeyboardInterrupt")
+        else:
+            self.close("failed", error=_where(exc, tb))
+
+    def annotate(self, **items: Any) -> None:
+        """Record run facts (loader knobs, model name, ...) in the store's meta table."""
+        self._meta.update(items)
+        if self._store is not None:
+            self._store.put_meta(**items)
+
+    def event(self, kind: str, message: str) -> None:
+        """Record a free-form event (warning, skipped sample, ...) at the current time."""
+        if self._rec is not None:
+            self._rec.event(kind, message, "session")
+
+    def close(self, status: str = "complete", error: str | None = None) -> Summary | None:
+        """End the run: close the open step, drain device events, then the Recording (sampler, py-spy, store,
+        summary.json); returns the run's Summary (None if it could not be built; the store still holds the run)."""
+        if self._rec is None or self._status is not None:
+            return self.summary()
+        self._status, self._error = status, error
+        if self._step >= 0:
+            rq = self._runq
+            self._end_step(self._clock(), rq.raw() if rq is not None and rq.ident == threading.get_ident() else None)
+        self._resolve(drain=True)
+        if self._runq is not None:
+            self._runq.close()
+            self._runq = None
+        if self._unattributed:
+            self._rec.event("warning", f"{self._unattributed} phase(s) ran outside any step", "session")
+        summary = self._rec.close(status, error)
+        self._export.close()
+        return summary
+
+    def summary(self) -> Summary | None:
+        """The run's Summary, built once when the session closed from the rows read back from its store (None
+        while it runs). When the store stopped writing mid-run (disk full, the directory removed: training went
+        on, as it should), it is the Summary of the steps the store committed before it stopped."""
+        return self._rec.summary if self._rec is not None else None
+
+    def step_times(self) -> list[float]:
+        """Seconds of each measured (non-warm-up) step the store holds, in order, read back from it: while the
+        run goes on, those committed so far (at most ``flush_s`` behind); after close, every one."""
+        if self._store is None:
+            return []
+        return [s.t_end - s.t_start for s in self._store.steps() if not s.warmup]
+
+    @property
+    def recording(self) -> Recording | None:
+        """The run's store, sampler and py-spy (None before start)."""
+        return self._rec
+
+    # -- hot path ---------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return self._clock() - self._t0
+
+    def wrap(
+        self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None
+    ) -> Generator[Any, None, None]:
+        """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
+        if self._store is None:
+            raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
+        self.note_loader(iterable)
+        count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
+        clock = self._clock
+        rq = self._thread_runq()
+        raw = rq.raw if rq is not None else None
+        store = self._store
+        halt = self._store_errors == "raise"
+        t_iter: float | None = clock()
+        r_iter = raw() if raw else None
+        # iter() is where a DataLoader starts its workers: that wait belongs to the first step
+        it = iter(iterable)
+        try:
+            while True:
+                t0 = clock()
+                r0 = raw() if raw else None
+                if self._step >= 0:
+                    self._end_step(t0, r0)
+                    if halt and store.failure is not None:
+                        raise self._stopped(store.failure)
+                elif t_iter is not None:
+                    t0, t_iter, r0 = t_iter, None, r_iter
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                t1 = clock()
+                self._step_raws = (r0, raw() if raw else None)
+                self._step = self._next_index
+                self._next_index += 1
+                self._step_t0 = t0
+                self._step_wait = t1 - t0
+                self._step_samples = count(batch)
+                yield batch
+        finally:
+            # the loop broke out or raised: the step in flight ends now
+            if self._step >= 0 and self._status is None:
+                self._end_step(clock(), raw() if raw else None)
+
+    # -- steps driven from outside: a framework's loop that fetches its own batches (profiler/integrations/) --
+    def open_step(self, t_start: float | None = None) -> None:
+        """End the open step at ``t_start`` (a :attr:`clock` reading; now when None) and open the next one there.
+
+        For a loop that fetches its batches itself (Lightning's, Hugging Face's Trainer), where :meth:`wrap`
+        cannot stand between the loop and its loader: the hooks that see the fetch give its duration to
+        :meth:`add_wait` and the batch's size to :meth:`add_samples`; phases work as under ``wrap()``. The
+        run-queue wait is that of the thread that opens the first step, read when these are called: from the
+        call here to the last ``add_wait`` (data) and to the step's end (step)."""
+        if self._store is None:
+            raise RuntimeError("Session.open_step() needs a started session: call start() first")
+        t = self._clock() if t_start is None else t_start
+        rq = self._thread_runq()
+        raw = rq.raw() if rq is not None else None
+        if self._step >= 0:
+            self._end_step(t, raw)
+            if self._store_errors == "raise" and self._store.failure is not None:
+                raise self._stopped(self._store.failure)  # as wrap() does: the user asked training to stop
+        self._step = self._next_index
+        self._next_index += 1
+        self._step_t0 = t
+        self._step_wait = 0.0
+        self._step_samples = None
+        self._samples_unknown = False
+        self._step_raws = (raw, None)
+
+    def add_wait(self, seconds: float) -> None:
+        """Add ``seconds`` blocked fetching a batch to the open step's data wait (no step open: ignored)."""
+        if self._step >= 0:
+            self._step_wait += seconds
+            start = self._step_raws[0]
+            if start is not None and (rq := self._runq) is not None and rq.ident == threading.get_ident():
+                self._step_raws = (start, rq.raw())
+
+    def add_samples(self, n: int | None) -> None:
+        """Count a batch of ``n`` items in the open step; None (a batch whose size cannot be told) makes the
+        step's count unknown, as under ``wrap()``."""
+        if self._step < 0 or self._samples_unknown:
+            return
+        if n is None:
+            self._samples_unknown, self._step_samples = True, None
+        else:
+            self._step_samples = (self._step_samples or 0) + n
+
+    def close_step(self, t_end: float | None = None) -> None:
+        """End the open step at ``t_end`` (now when None): the loop left it (an epoch ended). No step open: nothing."""
+        if self._step >= 0:
+            rq = self._runq
+            raw = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
+            self._end_step(self._clock() if t_end is None else t_end, raw)
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open (phases entered now are charged to it)."""
+        return self._step >= 0
+
+    def _stopped(self, failure: StoreWriteError) -> StoreWriteError:
+        kept = f"steps up to {failure.last_kept} kept" if failure.last_kept >= 0 else "no step kept"
+        return StoreWriteError(
+            f"{failure}; stopped at step {self._next_index}, {kept}", failure.path, failure.last_kept
+        )
+
+    def phase(self, name: str) -> _Phase:
+        """Context manager timing a named part of the current step."""
+        return _Phase(self, name)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock that times steps and phases (``time.perf_counter`` unless given): :meth:`span` takes its
+        readings."""
+        return self._clock
+
+    def span(self, name: str, t_start: float, t_end: float) -> None:
+        """Record a part of the current step that was timed elsewhere, from two :attr:`clock` readings (a DDP
+        communication hook's, for the "sync" a rank spent waiting for the others' gradients). It nests in the
+        innermost open phase ("compute/sync"), or is top-level when none is open. Host-timed: it carries no
+        device times."""
+        if not t_start <= t_end:
+            raise ValueError(f"span {name!r} ends ({t_end}) before it starts ({t_start})")
+        if self._step < 0:
+            self._unattributed += 1
+            return
+        stack = self._stack
+        full = "/".join([*stack, name]) if stack else name
+        self._phases.append((full, len(stack), t_start, t_end, None, None, None, None))
+
+    def _end_step(self, t_end: float, r_end: bytes | None = None) -> None:
+        phases, self._phases = self._phases, []
+        t0 = self._t0
+        row = StepRow(
+            step=self._step,
+            t_start=self._step_t0 - t0,
+            t_end=t_end - t0,
+            data_wait_s=self._step_wait,
+            samples=self._step_samples,
+            warmup=self._step < self.warmup,
+        )
+        self._step = -1
+        self._pending.append((row, phases, (*self._step_raws, r_end)))
+        self._resolve()
+
+    def _resolve(self, drain: bool = False) -> None:
+        timer, pending, t0 = self._timer, self._pending, self._t0
+        while pending:
+            row, phases, raws = pending[0]
+            last = next((p[5] for p in reversed(phases) if p[5] is not None), None) if timer is not None else None
+            if timer is not None and last is not None and not timer.done(last):
+                if not drain and len(pending) <= self._max_lag:
+                    return
+                timer.wait(last)
+            pending.popleft()
+            row = step_runq(row, raws)
+            out: list[PhaseRow] = []
+            for name, depth, a, b, ev0, ev1, r0, r1 in phases:
+                rq = schedstat.delay_between(r0, r1)
+                if timer is not None and ev0 is not None:
+                    dev0, dev1 = timer.time_of(ev0), timer.time_of(ev1)
+                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, dev0, dev1, runq_s=rq))
+                    timer.release(ev0)
+                    timer.release(ev1)
+                else:
+                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, runq_s=rq))
+            assert self._store is not None
+            self._store.put_step(row, out)
+            self.recent.append((row, out))
+
+    def _thread_runq(self) -> schedstat.ThreadSched | None:
+        """The run-queue reader of the thread that iterates the first ``wrap()``; None on any other thread
+        and where schedstat is unavailable (then the hot path does nothing extra)."""
+        rq = self._runq
+        if rq is not None:
+            return rq if rq.ident == threading.get_ident() else None
+        if self._runq_reason is not None:
+            return None
+        try:
+            rq = schedstat.ThreadSched()
+        except OSError as exc:
+            self._runq_reason = f"cannot open the training thread's schedstat: {exc.strerror or exc}"
+            self.annotate(schedstat=f"unavailable: {self._runq_reason}")
+            return None
+        self._runq = rq
+        self.annotate(schedstat_tid=rq.tid, schedstat_path=rq.path.replace("/self/", f"/{os.getpid()}/"))
+        return rq
+
+    def note_loader(self, loader: Any) -> None:
+        """Take workers / pin_memory / batch_size from a DataLoader the user did not describe (``wrap()`` does
+        it for the loader it is given; a framework's integration for the loader its trainer holds)."""
+        found = {key: value for key, value in loader_facts(loader).items() if self._meta.get(key) is None}
+        if found:
+            self.annotate(**found)
+
+
+def loader_facts(loader: Any) -> dict[str, Any]:
+    """``workers``, ``pin_memory`` and ``batch_size`` of a DataLoader-like object, those it has."""
+    return {
+        key: getattr(loader, attr)
+        for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
+        if isinstance(getattr(loader, attr, None), (int, bool))
+    }
+
+
+def step_runq(row: StepRow, raws: _Raws) -> StepRow:
+    """``row`` with its data-wait and whole-step run-queue wait from the raws at start, after next(), end."""
+    start, waited, end = raws
+    if start is None:
+        return row
+    delay = schedstat.run_delay_s
+    t0 = delay(start)
+    # the constructor, not dataclasses.replace: this runs once per step on the training thread (1 us vs 5 us)
+    return StepRow(
+        row.step,
+        row.t_start,
+        row.t_end,
+        row.data_wait_s,
+        row.samples,
+        row.warmup,
+        None if waited is None else delay(waited) - t0,
+        None if end is None else delay(end) - t0,
+    )
+
+
+def _where(exc: BaseException, tb: TracebackType | None) -> str:
+    """``ValueError: msg (at file.py:123 in fn)`` for the innermost frame of the traceback."""
+    where = ""
+    while tb is not None:
+        frame, lineno = tb.tb_frame, tb.tb_lineno
+        where = f" (at {os.path.basename(frame.f_code.co_filename)}:{lineno} in {frame.f_code.co_name})"
+        tb = tb.tb_next
+    return f"{type(exc).__name__}: {exc}{where}"

@@ -1,0 +1,35 @@
+"""The contract every metric source meets, and the one choke point the sampler calls through.
+
+Invariants:
+- ``open()`` probes the hardware once; it returns ``None`` when the source works, or a one-line reason
+  when it does not (no driver, no NVML, no permission). An unavailable source is never read.
+- ``read()`` returns ``{metric: value}``; values are floats, NaN where a single metric could not be read.
+  ``read()`` may raise: the sampler catches, counts and records the reason, and the training loop never
+  sees it. A source that decides it is gone for good (GPU lost) raises :class:`SourceLost`.
+- Metric names are ``<scope>.<quantity>[_<unit>]`` (``gpu0.util_pct``, ``proc.main.cpu_pct``) so a
+  metric is self-describing in the store.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+class SourceLost(Exception):
+    """Raised by ``read()`` when the source can never be read again (device lost, driver unloaded)."""
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A metric source sampled by :class:`profiler.core.sampler.Sampler`."""
+
+    name: str
+
+    def open(self) -> str | None:
+        """Probe once. ``None`` when usable, else the reason it is unavailable."""
+
+    def read(self) -> dict[str, float]:
+        """One reading of every metric this source offers."""
+
+    def close(self) -> None:
+        """Release handles. Idempotent."""

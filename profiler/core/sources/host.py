@@ -1,0 +1,255 @@
+"""Host metrics: CPU and resident memory of the training process, its workers and the whole machine.
+
+A DataLoader's workers are child processes, so an input-bound job shows up here as busy workers next to
+an idle accelerator. This source is sampled at 10-100 Hz on machines with as few as two cores, beside the
+training it measures, so it is built to be cheap:
+
+- ``psutil.Process`` objects are cached; the process tree is rescanned (a walk of ``/proc``) at most
+  every ``children_refresh_s`` seconds, not on every read.
+- Each process is read inside ``oneshot()`` so psutil shares one ``/proc/<pid>/stat`` read.
+
+Invariants:
+- CPU % uses psutil's per-process meaning: 100 is one full core, so a process may exceed 100.
+- A process's first CPU reading is NaN: psutil measures CPU % since the previous call on the same object,
+  and the first call has no previous one (psutil returns a meaningless 0.0 there).
+- Worker labels ``w0, w1, ...`` are assigned in order of first appearance and never reused, so a label
+  names one process for the whole run (see :meth:`HostSource.pid_labels`). A worker that has exited
+  reports nothing; it is not reported as zero.
+- A child that vanishes between listing and reading is dropped silently; only the loss of the main
+  process raises :class:`SourceLost`.
+- ``rss_mb`` is MiB (2**20 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
+
+from profiler.core.sources.base import SourceLost
+
+_MIB = float(1 << 20)
+_NAN = math.nan
+
+
+class HostSource:
+    """psutil-backed :class:`~profiler.core.sources.base.Source` for one process tree and the host."""
+
+    name = "host"
+
+    def __init__(
+        self,
+        pid: int | None = None,
+        *,
+        children_refresh_s: float = 1.0,
+        psutil_module: ModuleType | None = None,
+    ) -> None:
+        if children_refresh_s < 0:
+            raise ValueError(f"children_refresh_s must be >= 0, got {children_refresh_s!r}")
+        self._pid = os.getpid() if pid is None else pid
+        self._refresh_s = children_refresh_s
+        self._ps: Any = psutil_module
+        self._main: Any = None
+        # Live children by pid; a pid leaves this map when its process is found gone.
+        self._children: dict[int, Any] = {}
+        # Live child pid -> worker index. Labels outlive their process so a label is never reused.
+        self._index: dict[int, int] = {}
+        self._labels: dict[str, int] = {}
+        self._next_index = 0
+        self._unprimed: set[int] = set()
+        self._main_read = False
+        # Children that failed a read, so a rescan that lists them again does not re-adopt them.
+        self._dropped: dict[int, Any] = {}
+        self._last_refresh = -math.inf
+        # psutil keeps system-wide cpu_percent state per calling thread, so a reading is only
+        # meaningful on the thread that made the previous call.
+        self._sys_cpu_thread: int | None = None
+        # pid_labels() may be called from another thread than the sampler's read().
+        self._lock = threading.Lock()
+
+    def open(self) -> str | None:
+        if self._ps is None:
+            try:
+                import psutil
+            except ImportError:
+                return "psutil not installed"
+            self._ps = psutil
+        ps = self._ps
+        try:
+            main = ps.Process(self._pid)
+            main.cpu_percent(None)
+        except ps.NoSuchProcess:
+            return f"process {self._pid} not found"
+        except ps.AccessDenied:
+            return f"no permission to read process {self._pid}"
+        ps.cpu_percent(None)
+        with self._lock:
+            self._main = main
+            self._main_read = False
+            self._sys_cpu_thread = threading.get_ident()
+            self._labels["main"] = self._pid
+            self._refresh_children(time.monotonic())
+        return None
+
+    def read(self) -> dict[str, float]:
+        if self._main is None:
+            raise RuntimeError("HostSource.read() called before a successful open()")
+        ps = self._ps
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last_refresh >= self._refresh_s:
+                self._refresh_children(now)
+            try:
+                # open() primed it moments ago: CPU % over that sliver is tick noise (0% or 700%), not a reading
+                main_cpu, main_rss = self._read_process(self._main, first=not self._main_read)
+                self._main_read = True
+            except (ps.NoSuchProcess, ps.ZombieProcess) as exc:
+                raise SourceLost(f"process {self._pid} exited") from exc
+            except ps.AccessDenied as exc:
+                raise SourceLost(f"lost permission to read process {self._pid}") from exc
+
+            out: dict[str, float] = {"proc.main.cpu_pct": main_cpu, "proc.main.rss_mb": main_rss}
+            kids_cpu: list[float] = []
+            kids_rss: list[float] = []
+            for pid, proc in list(self._children.items()):
+                try:
+                    cpu, rss = self._read_process(proc, first=pid in self._unprimed)
+                except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+                    # Workers come and go (persistent_workers=False, shutdown); a gone one is not an error.
+                    self._drop(pid)
+                    continue
+                self._unprimed.discard(pid)
+                label = f"w{self._index[pid]}"
+                out[f"proc.{label}.cpu_pct"] = cpu
+                out[f"proc.{label}.rss_mb"] = rss
+                kids_cpu.append(cpu)
+                kids_rss.append(rss)
+
+            # A sum with an unknown term is unknown: NaN propagates rather than under-reporting.
+            children_cpu = math.fsum(kids_cpu)
+            children_rss = math.fsum(kids_rss)
+            out["proc.children.cpu_pct"] = children_cpu
+            out["proc.children.rss_mb"] = children_rss
+            out["proc.total.cpu_pct"] = main_cpu + children_cpu
+            out["proc.total.rss_mb"] = main_rss + children_rss
+            out["sys.cpu_pct"] = self._system_cpu()
+            out["sys.mem_used_pct"] = float(ps.virtual_memory().percent)
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            self._main = None
+            self._children.clear()
+            self._index.clear()
+            self._unprimed.clear()
+            self._dropped.clear()
+            self._last_refresh = -math.inf
+
+    def pid_labels(self) -> dict[str, int]:
+        """Label -> pid for the main process and every worker seen so far (exited ones included)."""
+        with self._lock:
+            return dict(self._labels)
+
+    def _read_process(self, proc: Any, *, first: bool) -> tuple[float, float]:
+        ps = self._ps
+        with proc.oneshot():
+            # An exited but unreaped process still answers with zeros; on Linux status() comes from the
+            # same cached stat read as cpu_percent(), so asking costs nothing.
+            if proc.status() == ps.STATUS_ZOMBIE:
+                raise ps.ZombieProcess(proc.pid)
+            cpu = float(proc.cpu_percent(None))
+            rss = proc.memory_info().rss / _MIB
+        return (_NAN if first else cpu), rss
+
+    def _system_cpu(self) -> float:
+        value = float(self._ps.cpu_percent(None))
+        tid = threading.get_ident()
+        if tid != self._sys_cpu_thread:
+            # First call on this thread only primed psutil's per-thread baseline.
+            self._sys_cpu_thread = tid
+            return _NAN
+        return value
+
+    def _refresh_children(self, now: float) -> None:
+        ps = self._ps
+        self._last_refresh = now
+        try:
+            listed = self._main.children(recursive=True)
+        except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+            # read() reports the main process's own loss; here the old list simply stays.
+            return
+        listed_pids = {proc.pid for proc in listed}
+        for pid in set(self._children) - listed_pids:
+            self._forget(pid)
+        self._dropped = {pid: p for pid, p in self._dropped.items() if pid in listed_pids}
+        # psutil.Process equality includes create time, so a recycled pid compares as a new process.
+        # A dropped process (unreaped zombie, no permission) is listed again on every scan; skipping it
+        # keeps it from taking a fresh label each time.
+        fresh = [
+            proc for proc in listed if self._children.get(proc.pid) != proc and self._dropped.get(proc.pid) != proc
+        ]
+        for proc in _by_birth(fresh, ps):
+            if _is_profiler(proc, ps):
+                # stallscope's own py-spy (loader attribution) is a child too, but no loader worker
+                self._dropped[proc.pid] = proc
+                continue
+            self._adopt(proc)
+
+    def _adopt(self, proc: Any) -> None:
+        ps = self._ps
+        pid = proc.pid
+        # A known pid here is a recycled one: the old process exited and keeps its label.
+        self._forget(pid)
+        try:
+            with proc.oneshot():
+                if proc.status() == ps.STATUS_ZOMBIE:
+                    raise ps.ZombieProcess(pid)
+                proc.cpu_percent(None)
+        except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+            self._dropped[pid] = proc
+            return
+        self._index[pid] = self._next_index
+        self._labels[f"w{self._next_index}"] = pid
+        self._next_index += 1
+        self._children[pid] = proc
+        self._unprimed.add(pid)
+
+    def _drop(self, pid: int) -> None:
+        proc = self._children.get(pid)
+        if proc is not None:
+            self._dropped[pid] = proc
+        self._forget(pid)
+
+    def _forget(self, pid: int) -> None:
+        self._children.pop(pid, None)
+        self._index.pop(pid, None)
+        self._unprimed.discard(pid)
+
+
+def _by_birth(procs: Iterable[Any], ps: Any) -> list[Any]:
+    """Order newly seen processes by start time so worker indices follow spawn order."""
+
+    def key(proc: Any) -> tuple[float, int]:
+        try:
+            return float(proc.create_time()), int(proc.pid)
+        except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+            return math.inf, int(proc.pid)
+
+    return sorted(procs, key=key)
+
+
+_PROFILERS = frozenset({"py-spy"})
+
+
+def _is_profiler(proc: Any, ps: Any) -> bool:
+    name = getattr(proc, "name", None)
+    if name is None:
+        return False
+    try:
+        return bool(name() in _PROFILERS)
+    except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+        return False

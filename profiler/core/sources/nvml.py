@@ -1,0 +1,248 @@
+"""NVIDIA GPU metrics through NVML (the ``nvidia-ml-py`` distribution, module ``pynvml``).
+
+``pynvml`` is imported inside :meth:`NvmlSource.open`, never at module import, so a machine without it
+(or without a driver) only loses this source. ``open()`` probes: NVML must initialise and one real
+read must yield a number before the source calls itself usable (the scalene pattern); otherwise it
+returns the reason, for instance ``NVML unavailable: NVMLError_LibraryNotFound (no NVIDIA driver on
+this machine)``.
+
+Invariants:
+- Every NVML call after ``nvmlInit`` goes through one choke point, :meth:`NvmlSource._query` (nvitop's
+  ``nvmlQuery``). It turns ``NVMLError_NotSupported`` into NaN and remembers it, so an unsupported
+  query is never issued again; it turns the errors after which no call can succeed (GPU lost, driver
+  gone, unknown error) into :class:`SourceLost`; any other NVML error is NaN for that reading, logged
+  once per device and feature. Reasons are kept in :meth:`NvmlSource.missing_reasons`.
+- ``nvmlInit``/``nvmlShutdown`` run under one process-wide lock: NVML's init count is per process.
+- Units: ``*_mb`` is MiB (2**20 bytes, as ``nvidia-smi`` prints), PCIe KB/s are divided by 1024 into
+  MB/s, power mW into W.
+- PCIe throughput is special: NVML measures it by counting bytes over a 20 ms window *inside the call*,
+  so each query blocks about 20 ms. It is queried at most every ``pcie_interval_s`` seconds; reads in
+  between carry no ``pcie_*`` keys at all rather than a repeated or invented value.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+from profiler.core.sources.base import SourceLost
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_MIB = float(1 << 20)
+_NAN = math.nan
+
+# NVML's init/shutdown reference count is process-wide, so every source instance shares this lock.
+_INIT_LOCK = threading.Lock()
+
+# After these no later NVML call can succeed, so retrying every sample would only repeat the error.
+_LOST_ERRORS = (
+    "NVMLError_GpuIsLost",
+    "NVMLError_Unknown",
+    "NVMLError_DriverNotLoaded",
+    "NVMLError_Uninitialized",
+    "NVMLError_ResetRequired",
+    "NVMLError_LibRmVersionMismatch",
+)
+_HINTS = {
+    "NVMLError_LibraryNotFound": "no NVIDIA driver on this machine",
+    "NVMLError_DriverNotLoaded": "NVIDIA driver not loaded",
+    "NVMLError_NoPermission": "no permission to query the GPU",
+    "NVMLError_GpuIsLost": "the GPU fell off the bus or stopped responding",
+    "NVMLError_LibRmVersionMismatch": "NVML library and kernel driver differ; reboot after a driver update",
+}
+# feature -> the metrics one query of it fills, for missing_reasons().
+_FEATURE_METRICS = {
+    "util": ("util_pct", "mem_util_pct"),
+    "mem": ("mem_used_mb", "mem_total_mb"),
+    "pcie_tx": ("pcie_tx_mbps",),
+    "pcie_rx": ("pcie_rx_mbps",),
+    "power": ("power_w",),
+    "sm_clock": ("sm_clock_mhz",),
+}
+
+
+class NvmlSource:
+    """:class:`~profiler.core.sources.base.Source` for NVIDIA GPUs, one ``gpu<i>.*`` group per NVML index."""
+
+    name = "nvml"
+
+    def __init__(
+        self,
+        module: ModuleType | None = None,
+        device_indices: list[int] | None = None,
+        *,
+        pcie_interval_s: float = 1.0,
+    ) -> None:
+        if pcie_interval_s < 0:
+            raise ValueError(f"pcie_interval_s must be >= 0, got {pcie_interval_s!r}")
+        self._nv: Any = module
+        self._wanted = None if device_indices is None else list(device_indices)
+        self._pcie_interval_s = pcie_interval_s
+        self._indices: list[int] = []
+        self._handles: list[Any] = []
+        self._names: list[str] = []
+        self._initialised = False
+        self._lost: str | None = None
+        self._lost_types: tuple[type[BaseException], ...] = ()
+        self._not_supported: type[BaseException] | None = None
+        self._unsupported: set[tuple[int, str]] = set()
+        self._reasons: dict[tuple[int, str], str] = {}
+        self._last_pcie = -math.inf
+        # read() runs on the sampler thread while close() may come from the training thread.
+        self._lock = threading.Lock()
+
+    def open(self) -> str | None:
+        if self._nv is None:
+            try:
+                import pynvml
+            except ImportError:
+                return "nvidia-ml-py not installed"
+            self._nv = pynvml
+        nv = self._nv
+        with self._lock:
+            with _INIT_LOCK:
+                if self._initialised:
+                    return None
+                try:
+                    nv.nvmlInit()
+                except nv.NVMLError as exc:
+                    return f"NVML unavailable: {_describe(exc)}"
+                self._initialised = True
+            self._lost_types = tuple(getattr(nv, n) for n in _LOST_ERRORS if hasattr(nv, n))
+            self._not_supported = getattr(nv, "NVMLError_NotSupported", None)
+            self._lost = None
+            reason = self._discover(nv)
+            if reason is None:
+                try:
+                    probe = self._read_locked()
+                except SourceLost as exc:
+                    reason = f"NVML unavailable: {exc}"
+                else:
+                    if not any(math.isfinite(v) for v in probe.values()):
+                        reason = "NVML unavailable: a probe read returned no metric for any GPU"
+            if reason is not None:
+                self._shutdown_locked()
+            return reason
+
+    def read(self) -> dict[str, float]:
+        with self._lock:
+            if self._lost is not None:
+                raise SourceLost(self._lost)
+            if not self._initialised:
+                raise RuntimeError("NvmlSource.read() called before a successful open()")
+            return self._read_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            self._shutdown_locked()
+
+    def device_names(self) -> list[str]:
+        """Names of the sampled GPUs, in the order of their ``gpu<i>`` groups."""
+        return list(self._names)
+
+    def missing_reasons(self) -> dict[str, str]:
+        """``{metric: reason}`` for every metric that has read as NaN so far."""
+        with self._lock:
+            reasons = sorted(self._reasons.items())
+        out: dict[str, str] = {}
+        for (index, feature), reason in reasons:
+            for metric in _FEATURE_METRICS[feature]:
+                out[f"gpu{index}.{metric}"] = reason
+        return out
+
+    def _discover(self, nv: Any) -> str | None:
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except nv.NVMLError as exc:
+            return f"NVML unavailable: {_describe(exc)}"
+        indices = list(range(count)) if self._wanted is None else self._wanted
+        if not indices:
+            return "NVML unavailable: no NVIDIA GPU found"
+        missing = [i for i in indices if not 0 <= i < count]
+        if missing:
+            return f"NVML unavailable: no GPU with index {missing[0]} (NVML sees {count})"
+        try:
+            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            names = [_text(nv.nvmlDeviceGetName(h)) for h in handles]
+        except nv.NVMLError as exc:
+            return f"NVML unavailable: {_describe(exc)}"
+        self._indices, self._handles, self._names = indices, handles, names
+        return None
+
+    def _read_locked(self) -> dict[str, float]:
+        nv = self._nv
+        now = time.monotonic()
+        with_pcie = now - self._last_pcie >= self._pcie_interval_s
+        if with_pcie:
+            self._last_pcie = now
+        out: dict[str, float] = {}
+        for index, handle in zip(self._indices, self._handles, strict=True):
+            p = f"gpu{index}."
+            util = self._query(index, "util", nv.nvmlDeviceGetUtilizationRates, handle)
+            out[p + "util_pct"] = _NAN if util is None else float(util.gpu)
+            out[p + "mem_util_pct"] = _NAN if util is None else float(util.memory)
+            mem = self._query(index, "mem", nv.nvmlDeviceGetMemoryInfo, handle)
+            out[p + "mem_used_mb"] = _NAN if mem is None else mem.used / _MIB
+            out[p + "mem_total_mb"] = _NAN if mem is None else mem.total / _MIB
+            if with_pcie:
+                get_pcie = nv.nvmlDeviceGetPcieThroughput
+                tx = self._query(index, "pcie_tx", get_pcie, handle, nv.NVML_PCIE_UTIL_TX_BYTES)
+                rx = self._query(index, "pcie_rx", get_pcie, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
+                out[p + "pcie_tx_mbps"] = _NAN if tx is None else tx / 1024.0
+                out[p + "pcie_rx_mbps"] = _NAN if rx is None else rx / 1024.0
+            power = self._query(index, "power", nv.nvmlDeviceGetPowerUsage, handle)
+            out[p + "power_w"] = _NAN if power is None else power / 1000.0
+            clock = self._query(index, "sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
+            out[p + "sm_clock_mhz"] = _NAN if clock is None else float(clock)
+        return out
+
+    def _query(self, index: int, feature: str, func: Callable[..., _T], *args: Any) -> _T | None:
+        """The one place NVML is called during sampling; ``None`` means NaN for this reading."""
+        key = (index, feature)
+        if key in self._unsupported:
+            return None
+        try:
+            return func(*args)
+        except self._nv.NVMLError as exc:
+            if self._not_supported is not None and isinstance(exc, self._not_supported):
+                self._unsupported.add(key)
+                self._remember(key, "not supported by this GPU")
+                return None
+            if isinstance(exc, self._lost_types):
+                self._lost = f"GPU {index}: {_describe(exc)}"
+                raise SourceLost(self._lost) from exc
+            self._remember(key, _describe(exc))
+            return None
+
+    def _remember(self, key: tuple[int, str], reason: str) -> None:
+        if key not in self._reasons:
+            _log.warning("nvml: gpu%d %s reads as NaN: %s", key[0], key[1], reason)
+        self._reasons[key] = reason
+
+    def _shutdown_locked(self) -> None:
+        with _INIT_LOCK:
+            if not self._initialised:
+                return
+            self._initialised = False
+            self._handles = []
+            try:
+                self._nv.nvmlShutdown()
+            except self._nv.NVMLError as exc:
+                # A lost GPU or unloaded driver can refuse shutdown; there is nothing left to release.
+                _log.debug("nvml: nvmlShutdown failed: %s", _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    name = type(exc).__name__
+    return f"{name} ({_HINTS.get(name) or str(exc)})"
+
+
+def _text(value: str | bytes) -> str:
+    # nvidia-ml-py returns str; older pynvml releases returned bytes.
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

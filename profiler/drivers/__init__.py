@@ -1,0 +1,1 @@
+"""Training drivers: the loop ``stallscope run`` trains a scenario with (runner) and one rank's DDP (ddp)."""

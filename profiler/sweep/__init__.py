@@ -1,0 +1,1 @@
+"""Sweep and tune: many runs of one scenario, their comparison, the tuner's search, and their rendering."""

@@ -1,0 +1,442 @@
+"""The tuner's search: workers, batch size and pipeline with the best throughput, without a full grid.
+
+For each pipeline, starting at the scenario's batch size and 0 workers:
+1. hill-climb on workers over 0, 1, 2, 4, ... (the core count and ``max_workers`` included), moving up only
+   while a step improves throughput by more than ``IMPROVE`` (more workers cost memory and CPU: a tie keeps
+   the fewer). Up to the core count that is the only rule. Past it, a step is tried only while it stays
+   under the ceiling the workers' own CPU use sets: workers busy on CPU a fraction f of their time (the
+   trial's ``worker_cpu_busy_fraction``: CPU time per item over wall time per item) saturate c cores at about
+   c / f of them, so a loader whose items wait (I/O, a remote store) climbs far past the cores and a
+   CPU-bound one stops at them. When f was not measured, throughput alone decides (and a note says so);
+2. double the batch at the best worker count while throughput improves by more than ``IMPROVE``, up to
+   ``max_batch``; a configuration that fails (out of memory, or any RuntimeError) is the ceiling. If the
+   first doubling does not improve, halve instead while halving improves (the default was past the knee).
+Then the recommendation is the best of the pipelines' climbs, and it is re-run side by side with the
+default configuration (the scenario's batch, 0 workers, ``naive``): ``rounds`` rounds, alternating which
+runs first so that drift of the machine cancels, the speedup being the ratio of the median throughputs.
+A pick that is no faster than the default side by side (speedup <= 1) is not confirmed: the recommendation
+becomes the default, and the pick with its measured speedup is kept as ``unconfirmed``.
+
+Each climb records why it stopped, for workers and for batch (``TuneResult.stopped``), worded from the
+rows that decided it.
+
+Invariants: the search is a pure function of the ``trial`` callable's results, the ``clock`` and its
+arguments (the core count included), and so are the stop reasons; a configuration is tried at most once
+(results are cached); a trial is started only when the time spent so far, its estimated duration and the
+time reserved for the final comparison (``FINAL_ROUNDS`` rounds, one before the second trial) fit in
+``budget_s`` (the first trial always runs); the final comparison always runs at least one round, so a budget
+too small for even that is exceeded by it and ``notes`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
+from profiler.analysis.stats import finite_or_none, quantile
+from profiler.core.session import Interrupted
+from profiler.sweep.analysis import Config, SweepRow, row_from_dict
+
+IMPROVE = 0.03
+FINAL_ROUNDS = 2
+DEFAULT_PIPELINE = "naive"
+# tune's default --max-workers: a hard cap on the climb past the cores (each worker is a process holding a
+# copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
+# throughput rule stop it long before this on most loaders
+WORKER_CAP = 64
+# a rejected step whose training thread waited for a CPU this share of its compute or more: said, with the
+# figure, by the same threshold as the report's CPU_CONTENTION
+RUNQ_NOTABLE = CONTENTION_THRESHOLD
+
+
+# (configuration, label for its run directory, role) -> the configuration's row
+Trial = Callable[[Config, str, str], SweepRow]
+
+
+class BudgetSpent(Exception):
+    """Internal: the next trial does not fit in the budget."""
+
+
+@dataclass(slots=True)
+class TuneResult:
+    recommended: Config | None
+    default: Config
+    speedup: float | None
+    trials: list[SweepRow]
+    final: list[SweepRow]
+    budget_s: float
+    elapsed_s: float
+    status: str = "complete"  # or "interrupted"
+    # the search's best when the side-by-side re-run found it no faster than the default (then recommended is
+    # the default), with the speedup measured for it
+    unconfirmed: Config | None = None
+    unconfirmed_speedup: float | None = None
+    stopped_by: str | None = None  # the signal that interrupted it
+    notes: list[str] = field(default_factory=list)
+    # pipeline -> {"workers": why that climb stopped, "batch": ...}, each naming the figures that decided it
+    stopped: dict[str, dict[str, str]] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)  # pipelines not searched (they cannot train it)
+    cores: int = 0
+    max_workers: int = 0
+
+    def medians(self) -> dict[str, float | None]:
+        return {role: finite_or_none(_median(self.final, role)) for role in ("recommended", "default")}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``tune.json`` object (and ``tune --json``)."""
+        return {
+            "recommended": self.recommended.to_dict() if self.recommended else None,
+            "default": self.default.to_dict(),
+            "speedup": finite_or_none(self.speedup),
+            "final_median_samples_per_s": self.medians(),
+            "unconfirmed": (
+                {**self.unconfirmed.to_dict(), "speedup": finite_or_none(self.unconfirmed_speedup)}
+                if self.unconfirmed
+                else None
+            ),
+            "trials": [r.to_dict() for r in self.trials],
+            "final": [r.to_dict() for r in self.final],
+            "budget_s": self.budget_s,
+            "elapsed_s": self.elapsed_s,
+            "status": self.status,
+            "stopped": {p: dict(why) for p, why in self.stopped.items()},
+            "left_out": dict(self.left_out),
+            "cores": self.cores,
+            "max_workers": self.max_workers,
+            "rules": {
+                "improve": f"a step of the search is taken only when throughput improves by more than {IMPROVE:.0%}",
+                "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores, then further only while "
+                "the next count stays under cores / (the workers' CPU busy fraction), at most "
+                f"{self.max_workers}",
+                "final": f"recommended and default re-run alternately, up to {FINAL_ROUNDS} rounds each; "
+                "speedup = ratio of median throughputs",
+            },
+            "notes": list(self.notes),
+        }
+
+
+def tune_from_dict(d: dict[str, Any]) -> TuneResult:
+    """The tune as ``TuneResult.to_dict`` wrote it (``tune.json``): what ``stallscope report TUNE_DIR`` prints."""
+
+    def config(c: dict[str, Any] | None) -> Config | None:
+        return Config(c["pipeline"], c["batch_size"], c["workers"], c.get("nproc", 1)) if c else None
+
+    default = config(d["default"])
+    assert default is not None
+    unconfirmed = d.get("unconfirmed")
+    return TuneResult(
+        recommended=config(d.get("recommended")),
+        default=default,
+        speedup=d.get("speedup"),
+        trials=[row_from_dict(r) for r in d.get("trials", [])],
+        final=[row_from_dict(r) for r in d.get("final", [])],
+        budget_s=float(d.get("budget_s", math.nan)),
+        elapsed_s=float(d.get("elapsed_s", math.nan)),
+        status=str(d.get("status", "complete")),
+        unconfirmed=config(unconfirmed),
+        unconfirmed_speedup=unconfirmed.get("speedup") if unconfirmed else None,
+        notes=list(d.get("notes", [])),
+        stopped={p: dict(why) for p, why in d.get("stopped", {}).items()},
+        left_out=dict(d.get("left_out", {})),
+        cores=int(d.get("cores", 0)),
+        max_workers=int(d.get("max_workers", 0)),
+    )
+
+
+def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:
+    """0, 1, 2, 4, ... up to ``max_workers``; ``max_workers`` and the core count (when not above it) are
+    included even when they are not powers of two."""
+    out = {0}
+    w = 1
+    while w <= max_workers:
+        out.add(w)
+        w *= 2
+    out.add(max_workers)
+    if cores is not None and 0 < cores <= max_workers:
+        out.add(cores)
+    return sorted(out)
+
+
+class _Search:
+    """Runs trials through the cache and the budget gate; remembers every row in the order it ran."""
+
+    def __init__(self, trial: Trial, budget_s: float, clock: Callable[[], float], default: Config) -> None:
+        self.trial = trial
+        self.budget_s = budget_s
+        self.clock = clock
+        self.t0 = clock()
+        self.default = default
+        self.rows: list[SweepRow] = []
+        self.cache: dict[Config, SweepRow] = {}
+        self.notes: list[str] = []
+        self.spent: str | None = None  # why the budget stopped the search
+        self.stopped: dict[str, dict[str, str]] = {}
+
+    def best_of(self, pipeline: str) -> SweepRow | None:
+        """The best completed trial of ``pipeline`` so far, by the same rule as the climb (ties to the first)."""
+        best: SweepRow | None = None
+        for r in self.rows:
+            if r.pipeline == pipeline and r.ok and (best is None or _better(r, best)):
+                best = r
+        return best
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def estimate(self, cfg: Config) -> float:
+        """Duration of a trial of ``cfg``: the nearest tried batch's wall time, scaled by the batch ratio
+        (the early-stop rule needs about as many steps at any batch, and a step grows with the batch)."""
+        timed = [r for r in self.rows if math.isfinite(r.wall_s)]
+        if not timed:
+            return 0.0
+        near = min(timed, key=lambda r: (abs(math.log(cfg.batch_size / r.batch_size)), -r.wall_s))
+        return near.wall_s * max(1.0, cfg.batch_size / near.batch_size)
+
+    def reserve(self, best: SweepRow | None) -> float:
+        """Time kept for the final comparison: the rounds of default + best so far. One round only before the
+        second trial: a budget that holds two trials and one round compares the default with its first step
+        rather than stopping at the default alone, with nothing measured against it."""
+        d = self.cache.get(self.default)
+        d_s = d.wall_s if d is not None and math.isfinite(d.wall_s) else 0.0
+        b_s = best.wall_s if best is not None and math.isfinite(best.wall_s) else d_s
+        return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
+
+    def run(self, cfg: Config, best: SweepRow | None) -> SweepRow:
+        hit = self.cache.get(cfg)
+        if hit is not None:
+            return hit
+        if self.rows and self.elapsed() + self.estimate(cfg) + self.reserve(best) > self.budget_s:
+            raise BudgetSpent(cfg.name)
+        row = self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}", "trial")
+        self.rows.append(row)
+        self.cache[cfg] = row
+        return row
+
+
+def _better(new: SweepRow, old: SweepRow) -> bool:
+    return new.ok and new.throughput_samples_per_s > old.throughput_samples_per_s * (1 + IMPROVE)
+
+
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    max_batch: int
+    max_workers: int
+    cores: int
+
+
+def _climb(s: _Search, pipeline: str, start_batch: int, limits: _Limits) -> SweepRow | None:
+    """One pipeline's search; the best row it found (None when the pipeline failed at the start). When the
+    budget runs out, the best so far (None before the pipeline's first trial), with ``s.spent`` set."""
+    why = s.stopped.setdefault(pipeline, {})
+    try:
+        best = s.run(Config(pipeline, start_batch, 0), None)
+        if not best.ok:
+            s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
+            why.update(workers=f"not searched: {best.name} failed", batch=f"not searched: {best.name} failed")
+            return None
+        best, why["workers"] = _climb_workers(s, best, limits)
+        best, why["batch"] = _climb_batch(s, best, limits.max_batch)
+        return best
+    except BudgetSpent as spent:
+        s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
+        s.notes.append(s.spent)
+        so_far = s.best_of(pipeline)
+        for knob in ("workers", "batch"):
+            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob)}"
+            why.setdefault(knob, f"{where}: the budget of {s.budget_s:g} s was reached before trying {spent}")
+        return so_far
+
+
+def _climb_workers(s: _Search, best: SweepRow, limits: _Limits) -> tuple[SweepRow, str]:
+    """Climb the worker ladder at ``best``'s batch; the best row and why the climb stopped."""
+    unmeasured: int | None = None  # the worker count past the cores whose CPU use was not sampled
+    for w in worker_ladder(limits.max_workers, limits.cores)[1:]:
+        f = best.worker_cpu_busy_fraction
+        if w > limits.cores and not math.isfinite(f):
+            unmeasured = best.workers if unmeasured is None else unmeasured
+        elif w > limits.cores and f * w > limits.cores:  # w > cores / f: w workers would need more than the cores
+            fit = max(best.workers, math.floor(limits.cores / f))
+            return best, (
+                f"stopped at {best.workers}: the workers were {f:.0%} busy on CPU per item at {best.workers}, so "
+                f"about {fit} fit on {limits.cores} core{'' if limits.cores == 1 else 's'} ({w} would not)"
+            )
+        row = s.run(Config(best.pipeline, best.batch_size, w), best)
+        if not _better(row, best):
+            return best, _unsampled(f"stopped at {best.workers}: {_step(best, row, 'workers')}", unmeasured)
+        best = row
+    return best, _unsampled(f"stopped at {best.workers}: the most workers allowed (--max-workers)", unmeasured)
+
+
+def _unsampled(reason: str, at: int | None) -> str:
+    if at is None:
+        return reason
+    return f"{reason}; the workers' CPU use was not sampled at {at}, so past the cores throughput alone decided"
+
+
+def _climb_batch(s: _Search, best: SweepRow, max_batch: int) -> tuple[SweepRow, str]:
+    """Double the batch at ``best``'s workers; when no doubling helps, halve it while halving helps (the
+    default was past the knee). The best row and why the climb stopped."""
+    pipeline, start = best.pipeline, best.batch_size
+    b = start * 2
+    while b <= max_batch:
+        row = s.run(Config(pipeline, b, best.workers), best)
+        if not row.ok:
+            s.notes.append(f"{row.name} failed ({row.error or row.status}): batch ceiling for {pipeline}")
+        if not _better(row, best):
+            up = _step(best, row, "batch")
+            break
+        best = row
+        b *= 2
+    else:
+        up = f"batch {b} is above --max-batch-size {max_batch}"
+    if best.batch_size != start:
+        return best, f"stopped at {best.batch_size}: {up}"
+    b = start // 2
+    while b >= 1:
+        row = s.run(Config(pipeline, b, best.workers), best)
+        if not _better(row, best):
+            down = _step(best, row, "batch")
+            break
+        best = row
+        b //= 2
+    else:
+        down = "batch 1 is the smallest"
+    return best, f"stopped at {best.batch_size}: {up}; {down}"
+
+
+def _knob(row: SweepRow, knob: str) -> int:
+    return row.workers if knob == "workers" else row.batch_size
+
+
+def _step(best: SweepRow, row: SweepRow, knob: str) -> str:
+    """Why ``row``, a step of the climb from ``best``, was not taken, in their figures."""
+    what, ref = (
+        (f"{row.workers} workers", f"{best.workers}")
+        if knob == "workers"
+        else (f"batch {row.batch_size}", f"batch {best.batch_size}")
+    )
+    if not row.ok:
+        return f"{what} failed ({row.error or row.status})"
+    new, old = row.throughput_samples_per_s, best.throughput_samples_per_s
+    gain = new / old - 1
+    text = (
+        f"{what} was {gain:.1%} faster than {ref} ({new:.1f} vs {old:.1f} samples/s: within {IMPROVE:.0%})"
+        if gain >= 0
+        else f"{what} was {-gain:.1%} slower than {ref} ({new:.1f} vs {old:.1f} samples/s)"
+    )
+    runq = row.runq_compute_fraction
+    if knob == "workers" and math.isfinite(runq) and runq >= RUNQ_NOTABLE:
+        text += f"; the training thread waited for a CPU {runq:.0%} of compute at {row.workers} workers"
+    return text
+
+
+def tune(
+    trial: Trial,
+    *,
+    pipelines: Sequence[str],
+    default_batch: int,
+    max_batch: int,
+    max_workers: int,
+    budget_s: float,
+    cores: int,
+    left_out: dict[str, str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> TuneResult:
+    """Search, then measure the recommendation against the default side by side (see the module docstring).
+
+    KeyboardInterrupt (or the CLI's :class:`Interrupted`) during a trial ends the search: the result then
+    has status "interrupted", ``stopped_by`` the signal, and holds whatever ran.
+    """
+    default = Config(DEFAULT_PIPELINE, default_batch, 0)
+    start = min(default_batch, max_batch)
+    s = _Search(trial, budget_s, clock, default)
+    final: list[SweepRow] = []
+    result = TuneResult(
+        None, default, None, s.rows, final, budget_s, 0.0, notes=s.notes, stopped=s.stopped,
+        left_out=dict(left_out or {}), cores=cores, max_workers=max_workers,
+    )  # fmt: skip
+    limits = _Limits(max_batch=max_batch, max_workers=max_workers, cores=max(1, cores))
+    try:
+        bests: list[SweepRow] = []
+        for p in pipelines:
+            best = _climb(s, p, start, limits)
+            if best is not None:
+                bests.append(best)
+            if s.spent:
+                break
+        if not bests:
+            s.notes.append("no configuration completed: nothing to recommend")
+            return _finish(result, s)
+        rec = result.recommended = _fastest(bests)
+        if rec == default:
+            # the default won its single trial: measure it against the best alternative side by side, so that
+            # "keep the default" rests on a re-run too, not on one short trial each
+            others = [r for r in s.rows if r.ok and r.config != default]
+            if not others:
+                s.notes.append("the default configuration is the only one that completed: nothing to compare")
+                result.speedup = 1.0
+                return _finish(result, s)
+            rec = result.recommended = _fastest(others)
+            s.notes.append(f"the default was the best trial; the best alternative, {rec.name}, is re-run beside it")
+        _final_pair(result, s, rec)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        result.status = "interrupted"
+        result.stopped_by = getattr(exc, "signame", "SIGINT")
+        row = getattr(exc, "row", None)  # the orchestration's ConfigStopped carries the interrupted run's row
+        if isinstance(row, SweepRow):
+            (s.rows if row.role == "trial" else final).append(row)
+        s.notes.append(f"stopped by {result.stopped_by} after {len(s.rows)} trials: the result is partial")
+        for why in s.stopped.values():
+            for knob in ("workers", "batch"):
+                why.setdefault(knob, f"stopped by {result.stopped_by}")
+        ok = [r for r in s.rows if r.ok]
+        if result.recommended is None and ok:
+            result.recommended = _fastest(ok)
+            s.notes.append("recommended: the best trial before the stop (the search did not finish)")
+    return _finish(result, s)
+
+
+def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
+    """Re-run recommended and default alternately; the speedup is the ratio of the medians."""
+    per_round = s.estimate(rec) + s.estimate(result.default)
+    rounds = FINAL_ROUNDS
+    while rounds > 1 and s.elapsed() + rounds * per_round > s.budget_s:
+        rounds -= 1
+    if s.elapsed() + per_round > s.budget_s:
+        s.notes.append(f"the final comparison ({per_round:.0f} s a round) runs past the {s.budget_s:g} s budget")
+    for i in range(rounds):
+        order = [("default", result.default), ("recommended", rec)]
+        if i % 2:
+            order.reverse()
+        for role, cfg in order:
+            result.final.append(s.trial(cfg, f"final{i + 1}-{role}-{cfg.name}", role))
+    rec_m, def_m = _median(result.final, "recommended"), _median(result.final, "default")
+    if math.isfinite(rec_m) and math.isfinite(def_m) and def_m > 0:
+        result.speedup = rec_m / def_m
+        if result.speedup <= 1.0:
+            # the search's pick won on one short trial each; side by side it was no faster: that was noise
+            s.notes.append(
+                f"re-run side by side, {rec.name} made x{result.speedup:.2f} of the default's "
+                f"throughput (median of {rounds} rounds): not confirmed, the default is kept"
+            )
+            result.unconfirmed, result.unconfirmed_speedup = rec, result.speedup
+            result.recommended, result.speedup = result.default, 1.0
+    else:
+        s.notes.append("the final comparison did not complete for both configurations: no measured speedup")
+
+
+def _fastest(rows: Sequence[SweepRow]) -> Config:
+    return max(rows, key=lambda r: r.throughput_samples_per_s).config
+
+
+def _median(rows: Sequence[SweepRow], role: str) -> float:
+    return quantile([r.throughput_samples_per_s for r in rows if r.role == role and r.ok], 0.5)
+
+
+def _finish(result: TuneResult, s: _Search) -> TuneResult:
+    result.elapsed_s = s.elapsed()
+    return result

@@ -1,0 +1,236 @@
+"""A zero-code run of a multi-rank job (``stallscope run -- torchrun --nproc-per-node N train.py``): one row
+per rank, from outside.
+
+Pure: reads a :class:`~profiler.core.store.RunRecord` whose meta ``ranks`` lists the rank processes found under
+the launcher (:mod:`profiler.core.sources.ranks`: ranks are known by their ``RANK`` environment). Each row holds
+what zero-code can give for one rank: its main thread's data-wait share estimated from py-spy samples (with
+its 95% interval and sample count), its loader workers' CPU attribution, and its sampled CPU and memory.
+Nothing that needs step boundaries (throughput, step time, data wait in ms, sync, the breakdown) is guessed:
+those keys are present in each row, as null, so a job summary reads like the multi-rank contract's rows.
+
+Invariants: a rank with fewer than ``MIN_SAMPLES`` main-thread samples gets no stall estimate or verdict;
+``input_bound_ranks`` counts ranks whose estimated stall is at least the moderate band; a straggler is named
+only when its data-wait interval lies wholly above every other rank's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from profiler.analysis.parts import Estimate, LoaderAttribution, StackEstimate, StackParse
+from profiler.analysis.sampled import MIN_SAMPLES, rank_stacks
+from profiler.analysis.stats import json_safe, mean
+from profiler.analysis.verdict import MODERATE, verdict_for
+from profiler.core.store import RunRecord
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+
+NOT_MEASURED = (
+    "zero-code: throughput, step time, data wait in ms, sync and the per-step breakdown need instrumentation "
+    "(stallscope run SCENARIO --nproc N) and are null"
+)
+_STEP_KEYS = (
+    "throughput_samples_per_s",
+    "step_time_ms",
+    "device_busy_fraction",
+    "data_wait_ms",
+    "sync_ms_per_step",
+    "breakdown_ms_per_step",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RankRow:
+    """One rank of a zero-code job: estimated from stack samples, or sampled (CPU, memory)."""
+
+    rank: int
+    pid: int
+    local_rank: int | None
+    node_rank: int | None
+    world_size: int | None
+    estimate: StackEstimate
+    attribution: LoaderAttribution | None
+    workers: int  # processes seen under the rank (py-spy's DataLoader workers, else the sampler's)
+    cpu_pct: float  # rank process + everything under it, mean, % of one core
+    main_cpu_pct: float
+    workers_cpu_pct: float
+    rss_mb_max: float
+
+    @property
+    def data_wait(self) -> Estimate | None:
+        o = self.estimate.overall
+        return o.data_wait if o is not None and o.samples >= MIN_SAMPLES else None
+
+    @property
+    def stall_fraction(self) -> float:
+        o = self.estimate.overall
+        return o.data_wait.fraction + o.h2d.fraction if o is not None and o.samples >= MIN_SAMPLES else math.nan
+
+    @property
+    def verdict(self) -> str:
+        stall = self.stall_fraction
+        return verdict_for(stall) if not math.isnan(stall) else f"unknown: fewer than {MIN_SAMPLES} samples"
+
+    def top_loader_frames(self, n: int = 3) -> list[tuple[str, str, float]]:
+        """(category, function, its share of all busy worker samples) for the busiest categories' top frames."""
+        if self.attribution is None:
+            return []
+        out = []
+        for cat, c in self.attribution.by_share():
+            out += [(cat, f.function, f.of_category * c.share.fraction) for f in c.top[:1]]
+        return sorted(out, key=lambda t: -t[2])[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        dw = self.data_wait
+        return {
+            "rank": self.rank,
+            "node_rank": self.node_rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
+            "pid": self.pid,
+            "status": None,  # a rank is the launcher's child, not ours: its exit is not seen
+            **dict.fromkeys(_STEP_KEYS),
+            "stall_fraction": self.stall_fraction,
+            "data_wait_fraction": dw.to_dict() if dw else None,  # its "samples": those in the loader
+            "main_thread_samples": self.estimate.overall.samples if self.estimate.overall else 0,
+            "verdict": self.verdict,
+            "cpu_pct": self.cpu_pct,
+            "main_cpu_pct": self.main_cpu_pct,
+            "workers_cpu_pct": self.workers_cpu_pct,
+            "rss_mb_max": self.rss_mb_max,
+            "workers": self.workers,
+            "top_loader_frames": [
+                {"category": c, "function": f, "of_busy_worker_samples": x} for c, f, x in self.top_loader_frames()
+            ],
+            "stack_estimate": self.estimate.to_dict(),
+            "loader_attribution": self.attribution.to_dict() if self.attribution else None,
+            "run_dir": None,  # one store holds the whole job
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroCodeJob:
+    """The ranks of a zero-code job and what can be said across them."""
+
+    launcher_pid: int | None
+    world_size: int | None
+    ranks: tuple[RankRow, ...]
+
+    @property
+    def input_bound_ranks(self) -> int:
+        return sum(1 for r in self.ranks if r.stall_fraction >= MODERATE)
+
+    @property
+    def straggler(self) -> RankRow | None:
+        """The rank whose data-wait interval lies wholly above every other rank's (None if no such rank)."""
+        known = [r for r in self.ranks if r.data_wait is not None]
+        if len(known) < 2:
+            return None
+        top = max(known, key=lambda r: r.data_wait.fraction if r.data_wait else 0.0)
+        low = top.data_wait.low if top.data_wait else 0.0
+        others = [r for r in known if r is not top]
+        return top if all(r.data_wait is not None and r.data_wait.high < low for r in others) else None
+
+    def straggler_evidence(self) -> str | None:
+        s = self.straggler
+        if s is None or s.data_wait is None:
+            return None
+        rest = "; ".join(
+            f"rank {r.rank}: {_share(r.data_wait)}" for r in self.ranks if r is not s and r.data_wait is not None
+        )
+        return f"rank {s.rank}'s main thread waited for data an estimated {_share(s.data_wait)} of the time ({rest})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys a zero-code summary of a job adds to the single-run summary (``ranks``, ``job``, ...)."""
+        s = self.straggler
+        out: dict[str, Any] = json_safe(
+            {
+                "ranks": [r.to_dict() for r in self.ranks],
+                "job": {
+                    "mode": "zero-code",
+                    "launcher_pid": self.launcher_pid,
+                    "world_size": self.world_size,
+                    "ranks_seen": len(self.ranks),
+                    "status": None,
+                    "first_failure": None,
+                    "not_measured": NOT_MEASURED,
+                },
+                "input_bound_ranks": self.input_bound_ranks,
+                "straggler": None
+                if s is None or s.data_wait is None
+                else {
+                    "rank": s.rank,
+                    "data_wait_fraction": s.data_wait.fraction,
+                    "others_max_data_wait_fraction": max(
+                        r.data_wait.fraction for r in self.ranks if r is not s and r.data_wait is not None
+                    ),
+                    "evidence": self.straggler_evidence(),
+                },
+                "scaling_efficiency": None,
+            }
+        )
+        return out
+
+    def summary_dict(self, summary: Summary) -> dict[str, Any]:
+        """summary.json of the job: the single-run summary's keys (the job as a whole) plus :meth:`to_dict`'s."""
+        return {**summary.to_dict(), **self.to_dict()}
+
+
+def _share(e: Estimate) -> str:
+    return f"{e.fraction:.0%} ({e.low:.0%}-{e.high:.0%})"
+
+
+def zero_code_job(rec: RunRecord) -> ZeroCodeJob | None:
+    """The job view of a zero-code run that found ranks under its target; None for any other run."""
+    meta = rec.meta
+    found = [r for r in meta.get("ranks") or [] if isinstance(r, dict)]
+    if meta.get("mode") != "zero-code" or not found:
+        return None
+    stacks = {s.pid: s for s in rank_stacks(rec)}
+    series = _rank_series(rec)
+    rows = []
+    for r in sorted(found, key=lambda r: (r.get("rank", 0), r.get("pid", 0))):
+        rank, pid = int(r["rank"]), int(r["pid"])
+        st = stacks.get(pid)
+        est = st.estimate if st else StackEstimate(_no_parse(), note="no py-spy samples")
+        att = st.attribution if st else None
+        m = series.get(rank, {})
+        rows.append(
+            RankRow(
+                rank=rank,
+                pid=pid,
+                local_rank=r.get("local_rank"),
+                node_rank=r.get("node_rank"),
+                world_size=r.get("world_size"),
+                estimate=est,
+                attribution=att,
+                workers=att.workers if att else len(r.get("worker_pids") or []),
+                cpu_pct=mean(m.get("cpu_pct", [])),
+                main_cpu_pct=mean(m.get("main.cpu_pct", [])),
+                workers_cpu_pct=mean(m.get("workers.cpu_pct", [])),
+                rss_mb_max=max(m.get("rss_mb", []), default=math.nan),
+            )
+        )
+    sizes = {row.world_size for row in rows if row.world_size is not None}
+    target = meta.get("target_pid")
+    return ZeroCodeJob(target if isinstance(target, int) else None, max(sizes) if sizes else None, tuple(rows))
+
+
+def _rank_series(rec: RunRecord) -> dict[int, dict[str, list[float]]]:
+    """rank -> quantity (``cpu_pct``, ``main.cpu_pct``, ...) -> its sampled values (NaN readings left out)."""
+    out: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for _t, _source, metric, value in rec.samples:
+        if value is None or not metric.startswith("rank") or math.isnan(value):
+            continue
+        head, _, quantity = metric.partition(".")
+        if head[4:].isdigit():
+            out[int(head[4:])][quantity].append(value)
+    return out
+
+
+def _no_parse() -> StackParse:
+    return StackParse(format="none", records=0, samples=0, bad_records=0, truncated=0, error="no py-spy stacks")

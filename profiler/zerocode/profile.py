@@ -1,0 +1,192 @@
+"""Zero-code profiling: run (or attach to) an unmodified training process and record it from outside.
+
+What is recorded: the background sampler on the target's process tree (host) and NVML, into the same run
+store as an instrumented run, plus py-spy's stacks of the target and its DataLoader workers in
+``RUN_DIR/pyspy.txt``. What is not: step boundaries and phase times, which only instrumentation sees; the
+summary says so rather than guess, and estimates the data-wait fraction from the main thread's stacks.
+
+Invariants: the target's output reaches the user unchanged (on stderr when stdout must hold JSON); its
+exit code is recorded; a py-spy that cannot attach leaves a sampler-only run that still completes, with
+the reason and its fix in the store and on stderr. The store is closed whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from profiler.core.pyspy import DEFAULT_RATE
+from profiler.core.recording import Recording, default_sources, log_warning
+from profiler.core.session import Interrupted
+from profiler.core.sources.ranks import RankSource
+from profiler.core.store import pid_alive
+from profiler.live.feeds import Monitor, StoreFeed
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.zerocode.analysis import ZeroCodeJob
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroCodeResult:
+    run_dir: Path
+    exit_code: int | None  # the command's exit code; None when attached to a process we did not start
+    pyspy_problem: str | None
+    status: str
+    summary: Summary | None  # built once at close (None only if it could not be built)
+    job: ZeroCodeJob | None = None  # the ranks, when the command was a launcher (torchrun) of several
+
+
+def profile_external(
+    out: Path,
+    *,
+    command: list[str] | None = None,
+    pid: int | None = None,
+    sample_hz: float = 10.0,
+    pyspy_rate: int = DEFAULT_RATE,
+    duration_s: float | None = None,
+    child_stdout: IO[Any] | int | None = None,
+    monitor: Monitor | None = None,
+    warn: Callable[[str], None] = log_warning,
+) -> ZeroCodeResult:
+    """Profile ``command`` (started here) or ``pid`` (already running) until it exits or ``duration_s``."""
+    if (command is None) == (pid is None):
+        raise ValueError("give exactly one of command or pid")
+    t0 = time.perf_counter()
+    child = _start(command, child_stdout) if command is not None else None
+    target = child.pid if child is not None else pid
+    assert target is not None
+    # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
+    ranks = RankSource(target)
+    rec = Recording(
+        out,
+        meta=_meta(command, target, pyspy_rate),
+        sample_hz=sample_hz,
+        sources=[*default_sources(target), ranks],
+        warn=warn,
+    )
+    note_ranks = _RankNotes(rec, ranks)
+    exit_code: int | None = None
+    status, error = "complete", None
+    try:
+        rec.start(t0=t0)
+        rec.start_pyspy(
+            target,
+            rate=pyspy_rate,
+            attach_timeout_s=3.0,
+            unavailable="{problem}; the run goes on with the host and NVML sampler only",
+        )
+        with monitor(StoreFeed(out)) if monitor else nullcontext():
+            exit_code = _wait(child, target, duration_s, note_ranks)
+        if exit_code:
+            status, error = "failed", f"the command exited with code {exit_code}"
+    except (KeyboardInterrupt, Interrupted) as exc:
+        status, error = "interrupted", f"stopped by {getattr(exc, 'signame', 'SIGINT')}"
+        if child is not None:
+            exit_code = _reap(child)
+    finally:
+        note_ranks()
+        summary = rec.close(status, error, command_exit_code=exit_code)
+    job = _job(rec, summary)
+    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job)
+
+
+def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
+    """The job view of a run that found ranks; its keys join summary.json (the single-run keys stay as they are)."""
+    from profiler.zerocode.analysis import zero_code_job
+
+    if rec.store is None or summary is None:
+        return None
+    job = zero_code_job(rec.store.record())
+    if job is not None:
+        (rec.out_dir / "summary.json").write_text(json.dumps(job.summary_dict(summary), indent=2) + "\n")
+    return job
+
+
+def _start(command: list[str], child_stdout: IO[Any] | int | None) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(command, stdout=child_stdout)
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+
+
+def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, Any]:
+    return {
+        "mode": "zero-code",
+        "scenario": _script_name(command) if command and len(command) > 1 else f"pid {pid}",
+        "command": command,
+        "target_pid": pid,
+        "pyspy_rate": pyspy_rate,
+        "h2d_sites": _copy_sites(command),
+        "cpu_count": os.cpu_count(),
+        "device": {"kind": "unknown", "name": "chosen by the profiled program", "torch_device": "?"},
+    }
+
+
+def _script_name(command: list[str]) -> str:
+    """The first ``.py`` argument's name (``torchrun --nproc-per-node 2 train.py`` -> ``train.py``), else the
+    first argument's."""
+    return next((Path(a).name for a in command[1:] if a.endswith(".py")), Path(command[1]).name)
+
+
+def _copy_sites(command: list[str] | None) -> list[list[Any]]:
+    """Lines of the profiled script that copy to a device: the only way to see .to()/.cuda() in stacks,
+    since C calls leave no Python frame. Empty when the command is not ``python SCRIPT.py``."""
+    from profiler.analysis.attribution import find_copy_sites
+
+    script = next((Path(a) for a in (command or [])[1:] if a.endswith(".py")), None)
+    if script is None or not script.is_file():
+        return []
+    try:
+        sites = find_copy_sites(script.read_text(errors="replace"), script.name)
+    except ValueError:
+        return []
+    return [list(s) for s in sorted(sites)]
+
+
+@dataclass
+class _RankNotes:
+    """Keeps the ranks seen so far in the run's meta (``ranks``) as they appear, so a killed run has them."""
+
+    rec: Recording
+    source: RankSource
+    written: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self) -> None:
+        found = [r.to_meta() for r in self.source.ranks()]
+        if found and found != self.written:
+            self.rec.annotate(ranks=found)
+            self.written = found
+
+
+def _wait(
+    child: subprocess.Popen[bytes] | None, pid: int, duration_s: float | None, tick: Callable[[], None]
+) -> int | None:
+    deadline = None if duration_s is None else time.monotonic() + duration_s
+    while True:
+        tick()
+        if child is not None:
+            code = child.poll()
+            if code is not None:
+                return code
+        elif not pid_alive(pid):
+            return None
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
+def _reap(child: subprocess.Popen[bytes]) -> int | None:
+    """After Ctrl-C (which the terminal also sent to the child): give it a moment to exit on its own."""
+    try:
+        return child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        child.terminate()
+        return child.wait()
