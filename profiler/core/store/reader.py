@@ -1,0 +1,209 @@
+"""The reader side of ``run.sqlite``: a whole run (:func:`load_run`), its head, or its newest rows
+(:class:`StoreTail`); safe while another process still writes it, and after any crash."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from itertools import starmap
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+from profiler.core.rows import PhaseRow, RunRecord, StepRow
+from profiler.core.store.lock import pid_alive
+from profiler.core.store.schema import (
+    DB_NAME,
+    ERROR_NAME,
+    READ_TIMEOUT_S,
+    SCHEMA_VERSION,
+    STACKS_NAMES,
+    STALE_HEARTBEAT_S,
+    StoreBusy,
+    StoreError,
+    select_cols,
+)
+
+
+def _step(r: Sequence[Any]) -> StepRow:
+    return StepRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7])
+
+
+def resolve_db(run: str | os.PathLike[str]) -> Path:
+    """``RUN_DIR`` or ``RUN_DIR/run.sqlite`` -> the database path, or StoreError saying what is wrong."""
+    p = Path(run)
+    db = p / DB_NAME if p.is_dir() else p
+    if not db.exists():
+        if p.is_dir():
+            raise StoreError(f"run directory '{p}' holds no {DB_NAME}: pass a directory written by stallscope run")
+        raise StoreError(f"run directory '{p}' does not exist")
+    return db
+
+
+def load_run(run: str | os.PathLike[str]) -> RunRecord:
+    """Read a whole run store (read-only; safe while another process is still writing it)."""
+    db = resolve_db(run)
+    con = open_read(db)
+    try:
+        meta = read_meta(con, db)
+        rec = read_rows(con, meta)
+    except sqlite3.DatabaseError as exc:
+        raise read_error(db, exc) from None
+    finally:
+        con.close()
+    return RunRecord(rec.meta, rec.steps, rec.phases, rec.samples, rec.events, read_stacks(db.parent))
+
+
+def read_rows(con: sqlite3.Connection, meta: dict[str, Any]) -> RunRecord:
+    """Every row of an open store, ordered as the analysis expects, with ``meta`` (no stacks)."""
+    steps = [  # unpacked inline, not through _step(): once per step of a long run
+        StepRow(i, a, b, wait, n, bool(warm), wait_rq, rq)
+        for i, a, b, wait, n, warm, wait_rq, rq in con.execute(
+            f"SELECT {select_cols(con, 'steps')} FROM steps ORDER BY step"
+        )
+    ]
+    # Sorted here, not by SQL: the rows are stored nearly in order, which Python's sort takes in one pass,
+    # while ORDER BY step, t_start walks the step index row by row and sorts again (200,000 phases: 0.31 s
+    # of CPU this way, 0.38 s that way).
+    phases = list(starmap(PhaseRow, con.execute(f"SELECT {select_cols(con, 'phases')} FROM phases")))
+    phases.sort(key=attrgetter("step", "t_start"))
+    samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
+    events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
+    return RunRecord(meta, steps, phases, samples, events)
+
+
+def read_head(run: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
+    """A store's meta table (checked as :func:`load_run` checks it) and its number of step rows, without
+    loading the rows: enough to tell whether the run's ``summary.json`` is the store's own."""
+    db = resolve_db(run)
+    con = open_read(db)
+    try:
+        return read_meta(con, db), int(con.execute("SELECT count(*) FROM steps").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        raise read_error(db, exc) from None
+    finally:
+        con.close()
+
+
+def open_read(db: Path) -> sqlite3.Connection:
+    try:
+        if not os.access(db, os.R_OK):
+            raise StoreError(f"'{db}' is not readable (permission denied)")
+        # Read-write open (nothing is written): after a SIGKILL it lets SQLite replay the WAL. A
+        # read-only file system falls back to mode=ro, which reads the WAL when its -shm exists.
+        return (
+            sqlite3.connect(db, timeout=READ_TIMEOUT_S)
+            if os.access(db.parent, os.W_OK)
+            else sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=READ_TIMEOUT_S)
+        )
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open '{db}': {exc}") from None
+
+
+def read_error(db: Path, exc: sqlite3.DatabaseError) -> StoreError:
+    """A reader's SQLite error as one line naming the file and what is wrong with it."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StoreBusy(
+            f"'{db}' is locked by another process (a writer holding it exclusively for over "
+            f"{READ_TIMEOUT_S:g} s): try again when it is done"
+        )
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "malformed" in str(exc):
+        return StoreError(f"'{db}' is corrupt or truncated ({exc}): not a readable stallscope run store")
+    return StoreError(f"'{db}' is not a readable stallscope run store: {exc}")
+
+
+def read_meta(con: sqlite3.Connection, db: Path) -> dict[str, Any]:
+    """The meta table, checked: StoreError when it is not a stallscope store's, or one of a newer schema."""
+    try:
+        meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
+    except json.JSONDecodeError as exc:
+        raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
+    version = meta.get("schema_version")
+    if version is None:
+        raise StoreError(f"'{db}' is not a stallscope run store (no schema_version)")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise StoreError(f"'{db}' has a corrupt meta table: schema_version {version!r} is not a version number")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"'{db}' was written by a newer stallscope (store schema {version}; this one reads up to "
+            f"{SCHEMA_VERSION}): upgrade stallscope to read it"
+        )
+    if meta.get("status") == "running":  # its writer stopped with no room left in the store to say so
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            meta.update(status="failed", error=(db.parent / ERROR_NAME).read_text().strip())
+    return meta
+
+
+def read_stacks(run_dir: Path) -> str | None:
+    """py-spy's output beside the store, when one was recorded."""
+    return next((f.read_text(errors="replace") for f in (run_dir / n for n in STACKS_NAMES) if f.exists()), None)
+
+
+def integrity_ok(run: str | os.PathLike[str]) -> bool:
+    """``PRAGMA integrity_check`` on the run store."""
+    con = sqlite3.connect(resolve_db(run))
+    try:
+        return bool(con.execute("PRAGMA integrity_check").fetchone()[0] == "ok")
+    finally:
+        con.close()
+
+
+class StoreTail:
+    """Incremental reader of a run store another process may still be writing (``stallscope watch``).
+
+    Each ``poll()`` returns only rows newer than the previous poll: steps by index, samples by time.
+    """
+
+    def __init__(self, run: str | os.PathLike[str]) -> None:
+        self.db = resolve_db(run)
+        self._last_step = -1
+        self._last_t = -1.0
+
+    def poll(self) -> tuple[dict[str, Any], list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
+        con = open_read(self.db)
+        try:
+            meta = read_meta(con, self.db)
+            rows = con.execute(
+                f"SELECT {select_cols(con, 'steps')} FROM steps WHERE step > ? ORDER BY step", (self._last_step,)
+            ).fetchall()
+            phases: dict[int, list[PhaseRow]] = {}
+            for r in con.execute(
+                f"SELECT {select_cols(con, 'phases')} FROM phases WHERE step > ? ORDER BY step, t_start",
+                (self._last_step,),
+            ):
+                phases.setdefault(r[0], []).append(PhaseRow(*r))
+            grouped: dict[float, dict[str, float]] = {}
+            for t, metric, value in con.execute(
+                "SELECT t, metric, value FROM samples WHERE t > ? AND source != 'sampler' ORDER BY t", (self._last_t,)
+            ):
+                grouped.setdefault(t, {})[metric] = math.nan if value is None else value
+        except sqlite3.DatabaseError as exc:
+            raise read_error(self.db, exc) from None
+        finally:
+            con.close()
+        steps = [(_step(r), phases.get(r[0], [])) for r in rows]
+        if steps:
+            self._last_step = steps[-1][0].step
+        if grouped:
+            self._last_t = max(grouped)
+        return meta, steps, sorted(grouped.items())
+
+
+def run_status(meta: dict[str, Any], now: float | None = None) -> str:
+    """A store's status: the stored one, except that a run still marked ``running`` whose writer is gone
+    (its pid has exited, or its heartbeat is older than STALE_HEARTBEAT_S) was interrupted."""
+    status = str(meta.get("status", "interrupted"))
+    if status != "running":
+        return status
+    now = time.time() if now is None else now
+    heartbeat = float(meta.get("heartbeat") or meta.get("started_at") or 0.0)
+    pid = meta.get("pid")
+    if now - heartbeat > STALE_HEARTBEAT_S or not (isinstance(pid, int) and pid_alive(pid)):
+        return "interrupted"
+    return "running"
