@@ -19,7 +19,8 @@ from conftest import ROOT, stallscope, wait_until
 
 from profiler.core.store import load_run
 from profiler.drivers.ddp import DistInfo
-from profiler.jobs.launch import JobError, announced_ranks, job_id_for, parse_endpoint, rank_exits
+from profiler.export.endpoint import Endpoint, parse_endpoint
+from profiler.jobs.launch import announced_ranks, job_id_for, rank_exits
 
 RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
 STEPS, WARMUP, BATCH = 20, 3, 8
@@ -236,9 +237,9 @@ def test_nproc_with_a_zero_code_command_is_refused() -> None:
 
 
 def test_launch_helpers() -> None:
-    assert parse_endpoint("127.0.0.1:29500") == ("127.0.0.1", 29500)
-    with pytest.raises(JobError, match="port in 1-65535"):
-        parse_endpoint("127.0.0.1:70000")
+    assert parse_endpoint("127.0.0.1:29500", default_host=None, min_port=1) == Endpoint("127.0.0.1", 29500)
+    with pytest.raises(ValueError, match="port in 1-65535"):
+        parse_endpoint("127.0.0.1:70000", default_host=None, min_port=1)
     assert job_id_for("h:1", "s", 2) == job_id_for("h:1", "s", 2) != job_id_for("h:2", "s", 2)
     assert job_id_for(None, "s", 1) != job_id_for(None, "s", 1) and job_id_for(None, "s", 1, "mine") == "mine"
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}

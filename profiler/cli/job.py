@@ -51,17 +51,17 @@ def check_job_options(args: argparse.Namespace) -> None:
         if multi:
             raise BadInput("--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id and --baseline need --nproc N")
         return
-    from profiler.jobs.launch import JobError, parse_endpoint
-
     if args.node_rank >= args.nnodes:
         raise BadInput(f"--node-rank {args.node_rank}: allowed 0 to {args.nnodes - 1} for --nnodes {args.nnodes}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise BadInput(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if args.rdzv_endpoint:
+        from profiler.export.endpoint import parse_endpoint
+
         try:
-            parse_endpoint(args.rdzv_endpoint)
-        except JobError as exc:
-            raise BadInput(str(exc)) from None
+            parse_endpoint(args.rdzv_endpoint, default_host=None, min_port=1)
+        except ValueError as exc:
+            raise BadInput(f"--rdzv-endpoint {exc}") from None
     if args.baseline and not Path(args.baseline, "run.sqlite").exists():
         raise BadInput(f"--baseline {args.baseline!r} holds no run: allowed a run directory (a run on one rank)")
 

@@ -51,11 +51,6 @@ PRELOAD = ["torch", "torch.distributed", "profiler.drivers.runner", "profiler.jo
 SHUTDOWN_S = 15
 
 
-class JobError(ValueError):
-    """A job that cannot be launched as asked (bad rendezvous endpoint, more CUDA ranks than devices); the
-    message is one line."""
-
-
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """What every rank of the node runs, and how the node joins the job."""
@@ -95,14 +90,6 @@ def job_id_for(endpoint: str | None, scenario: str, nnodes: int, given: str | No
     if nnodes > 1 and endpoint:
         return hashlib.sha1(f"{endpoint}|{scenario}|{nnodes}".encode()).hexdigest()[:12]
     return uuid.uuid4().hex[:12]
-
-
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` -> (host, port); JobError naming the value and what is allowed."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise JobError(f"--rdzv-endpoint {text!r}: allowed HOST:PORT with a port in 1-65535")
-    return host, int(port)
 
 
 def free_port() -> int:
