@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from profiler.analysis.meta import JSON, as_json, objects, opt_int, opt_str
 
 CORE_PHASES = ("h2d", "compute")  # always in the breakdown, even when never entered
 SYNC_PHASE = "sync"  # a top-level phase of that name, or "compute/sync" nested in compute: the breakdown's sync
@@ -40,7 +42,7 @@ def nvml_source(kind: object) -> str:
     return "nvml-sim" if kind == SIMULATED else "nvml"
 
 
-def device_where(device: dict[str, Any]) -> str | None:
+def device_where(device: Mapping[str, object]) -> str | None:
     """Where a recorded device ran: ``sim:NAME`` for a simulated one (its tensors sit on the host, so its
     ``torch_device`` would say ``cpu``), else ``cuda:0`` / ``cpu``, else the kind."""
     if device.get("kind") == SIMULATED:
@@ -59,7 +61,7 @@ class StepTimes:
     p50: float
     p90: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {"mean": self.mean, "p50": self.p50, "p90": self.p90}
 
 
@@ -107,7 +109,7 @@ class Breakdown:
     def __contains__(self, name: object) -> bool:
         return any(k == name for k, _ in self.parts())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return dict(self.parts())
 
 
@@ -118,7 +120,7 @@ class InputStall:
     data_wait: float
     h2d: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {"data_wait": self.data_wait, "h2d": self.h2d}
 
 
@@ -132,7 +134,7 @@ class DeviceTimes:
     def items(self) -> list[tuple[str, float]]:
         return [("h2d", self.h2d), ("compute", self.compute)]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return dict(self.items())
 
 
@@ -148,11 +150,12 @@ class RunDevice:
     name: str | None
     torch_device: str | None
     nvml: str  # "available", "unavailable: <reason>" or "not sampled"
-    recorded: tuple[tuple[str, Any], ...] = ()
+    recorded: tuple[tuple[str, object], ...] = ()
 
     @classmethod
-    def from_meta(cls, device: dict[str, Any], nvml: str) -> RunDevice:
-        return cls(device.get("kind"), device.get("name"), device.get("torch_device"), nvml, tuple(device.items()))
+    def from_meta(cls, device: Mapping[str, object], nvml: str) -> RunDevice:
+        kind, name, where = (opt_str(device.get(k)) for k in ("kind", "name", "torch_device"))
+        return cls(kind, name, where, nvml, tuple(device.items()))
 
     @property
     def where(self) -> str | None:
@@ -164,11 +167,10 @@ class RunDevice:
         return self.kind == SIMULATED
 
     @property
-    def sim(self) -> dict[str, Any]:
+    def sim(self) -> JSON:
         """The simulated accelerator's recorded options (``device``, ``accelerator``, ``full_name``, ...); {}
         for a real device."""
-        sim = dict(self.recorded).get("sim")
-        return dict(sim) if self.simulated and isinstance(sim, dict) else {}
+        return dict(as_json(dict(self.recorded).get("sim"))) if self.simulated else {}
 
     @property
     def sim_label(self) -> str:
@@ -182,7 +184,7 @@ class RunDevice:
             return str(self.sim["accelerator"]).upper()
         return self.name or self.where or "device"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {**dict(self.recorded), "nvml": self.nvml}
 
 
@@ -241,7 +243,7 @@ class HostFigures:
         """{"w0": mean CPU %, ...}: one entry per loader worker process seen."""
         return _labelled(self.by_metric, r"proc\.(w\d+)\.cpu_pct")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {metric_key(m): v for m, v in self.by_metric.items()}
 
 
@@ -260,7 +262,7 @@ class NvmlFigures:
         """{"gpu0": mean utilization.gpu %, ...}; not ``mem_util_pct`` (memory-controller activity)."""
         return _labelled(self.by_metric, r"(gpu\d+)\.util_pct")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {metric_key(m): v for m, v in self.by_metric.items()}
 
 
@@ -272,7 +274,7 @@ class Lateness:
     p95: float
     max: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {"mean": self.mean, "p95": self.p95, "max": self.max}
 
 
@@ -300,7 +302,7 @@ class SamplerHealth:
         t = self.stopped_at.get(name)
         return status if t is None else status.replace("lost: ", f"lost at {t:.1f} s: ", 1)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "hz_requested": self.hz_requested,
             "hz_achieved": self.hz_achieved,
@@ -337,7 +339,7 @@ class Sources:
         """The instrument of a breakdown part; None for user phases and ``other`` (the reader says why)."""
         return {"data_wait": self.data_wait, "h2d": self.h2d, "compute": self.compute, "sync": self.sync}.get(name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str]:
         out = {
             "step_time": self.step_time,
             "data_wait": self.data_wait,
@@ -363,7 +365,7 @@ class Cost:
     per_epoch: float  # NaN when the epoch size is not known
     epoch_samples: int | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float | None]:
         return {
             "price_per_hour": self.price_per_hour,
             "per_1k_samples": self.per_1k_samples,
@@ -387,11 +389,11 @@ class BadSamples:
     files: tuple[BadFile, ...] = ()
 
     @classmethod
-    def from_meta(cls, d: dict[str, Any]) -> BadSamples:
-        files = tuple(BadFile(str(f["path"]), str(f["reason"])) for f in d.get("files") or [])
-        return cls(d.get("policy"), int(d.get("skipped") or 0), files)
+    def from_meta(cls, d: Mapping[str, object]) -> BadSamples:
+        files = tuple(BadFile(str(f["path"]), str(f["reason"])) for f in objects(d.get("files")))
+        return cls(opt_str(d.get("policy")), opt_int(d.get("skipped")) or 0, files)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "policy": self.policy,
             "skipped": self.skipped,
@@ -408,7 +410,7 @@ class Estimate:
     high: float
     samples: int
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float]:
         return {"fraction": self.fraction, "low": self.low, "high": self.high, "samples": self.samples}
 
 
@@ -426,7 +428,7 @@ class PhaseShares:
     def phase(self, name: str) -> Estimate:
         return {"data_wait": self.data_wait, "h2d": self.h2d, "compute": self.compute, "other": self.other}[name]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {"samples": self.samples, "seconds": self.seconds, **{p: self.phase(p).to_dict() for p in STACK_PHASES}}
 
 
@@ -436,7 +438,7 @@ class StackWindow:
     t_end: float
     shares: PhaseShares
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {"t_start": self.t_start, "t_end": self.t_end, **self.shares.to_dict()}
 
 
@@ -451,7 +453,7 @@ class StackParse:
     truncated: int
     error: str | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "format": self.format,
             "records": self.records,
@@ -478,7 +480,7 @@ class StackEstimate:
     pin_memory_thread_samples: int = 0
     notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         if self.overall is None:
             return {"parse": self.parse.to_dict(), "note": self.note}
         return {
@@ -507,7 +509,7 @@ class CategoryShare:
     share: Estimate
     top: tuple[TopFunction, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         top = [{"function": t.function, "of_category": t.of_category} for t in self.top]
         return {**self.share.to_dict(), "top": top}
 
@@ -531,7 +533,7 @@ class LoaderAttribution:
         seen = [(c, s) for c, s in self.categories if s.share.samples]
         return sorted(seen, key=lambda kv: -kv[1].share.fraction)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "method": self.method,
             "workers": self.workers,

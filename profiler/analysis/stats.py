@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import overload
+
+from profiler.analysis.meta import JSON
 
 Interval = tuple[float, float]
 
@@ -71,7 +73,11 @@ def finite_or_none(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) or math.isinf(x) else x
 
 
-def json_safe(x: Any) -> Any:
+@overload
+def json_safe(x: dict[str, object]) -> JSON: ...
+@overload
+def json_safe(x: object) -> object: ...
+def json_safe(x: object) -> object:
     """``x`` with NaN/inf floats as None, recursively: JSON has no NaN."""
     if isinstance(x, float):
         return finite_or_none(x)

@@ -17,9 +17,10 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 from profiler.analysis.contention import Contention, contention_of
+from profiler.analysis.meta import JSON
 from profiler.analysis.parts import (
     CORE_PHASES,
     EVENT_TIMERS,
@@ -93,51 +94,49 @@ class Summary:
     cost: Cost | None = None
     contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
-        out: dict[str, Any] = json_safe(
-            {
-                "run_id": self.run_id,
-                "scenario": self.scenario,
-                "pipeline": self.pipeline,
-                "device": self.device.to_dict(),
-                "batch_size": self.batch_size,
-                "workers": self.workers,
-                "steps": self.steps,
-                "warmup_steps": self.warmup_steps,
-                "throughput_samples_per_s": self.throughput_samples_per_s,
-                "step_time_ms": self.step_time_ms.to_dict(),
-                "breakdown_ms_per_step": self.breakdown_ms_per_step.to_dict(),
-                "stall_fraction": self.stall_fraction,
-                "device_busy_fraction": self.device_busy_fraction,
-                "verdict": self.verdict,
-                "recommendations": [{"code": r.code, "text": r.text} for r in self.recommendations],
-                "sampler": self.sampler.to_dict(),
-                "status": self.status,
-                "error": self.error,
-                "measured_s": self.measured_s,
-                "samples_measured": self.samples_measured,
-                "pin_memory": self.pin_memory,
-                "device_ms_per_step": self.device_ms_per_step.to_dict() if self.device_ms_per_step else {},
-                "stall_ms_per_step": self.stall_ms_per_step.to_dict(),
-                "mode": self.mode,
-                "command_exit_code": self.command_exit_code,
-                "stack_estimate": self.stack_estimate.to_dict() if self.stack_estimate else None,
-                "loader_attribution": self.loader_attribution.to_dict() if self.loader_attribution else None,
-                "host": self.host.to_dict(),
-                "nvml": self.nvml.to_dict(),
-                "sources": self.sources.to_dict(),
-                "notes": list(self.notes),
-                "model": self.model,
-                "loader_only": self.loader_only,
-                "synthetic_input": self.synthetic_input,
-                "augment": self.augment,
-                "bad_samples": self.bad_samples.to_dict() if self.bad_samples else None,
-                "cost": self.cost.to_dict() if self.cost else None,
-                "contention": self.contention.to_dict() if self.contention else None,
-            }
-        )
-        return out
+        out: JSON = {
+            "run_id": self.run_id,
+            "scenario": self.scenario,
+            "pipeline": self.pipeline,
+            "device": self.device.to_dict(),
+            "batch_size": self.batch_size,
+            "workers": self.workers,
+            "steps": self.steps,
+            "warmup_steps": self.warmup_steps,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "step_time_ms": self.step_time_ms.to_dict(),
+            "breakdown_ms_per_step": self.breakdown_ms_per_step.to_dict(),
+            "stall_fraction": self.stall_fraction,
+            "device_busy_fraction": self.device_busy_fraction,
+            "verdict": self.verdict,
+            "recommendations": [{"code": r.code, "text": r.text} for r in self.recommendations],
+            "sampler": self.sampler.to_dict(),
+            "status": self.status,
+            "error": self.error,
+            "measured_s": self.measured_s,
+            "samples_measured": self.samples_measured,
+            "pin_memory": self.pin_memory,
+            "device_ms_per_step": self.device_ms_per_step.to_dict() if self.device_ms_per_step else {},
+            "stall_ms_per_step": self.stall_ms_per_step.to_dict(),
+            "mode": self.mode,
+            "command_exit_code": self.command_exit_code,
+            "stack_estimate": self.stack_estimate.to_dict() if self.stack_estimate else None,
+            "loader_attribution": self.loader_attribution.to_dict() if self.loader_attribution else None,
+            "host": self.host.to_dict(),
+            "nvml": self.nvml.to_dict(),
+            "sources": self.sources.to_dict(),
+            "notes": list(self.notes),
+            "model": self.model,
+            "loader_only": self.loader_only,
+            "synthetic_input": self.synthetic_input,
+            "augment": self.augment,
+            "bad_samples": self.bad_samples.to_dict() if self.bad_samples else None,
+            "cost": self.cost.to_dict() if self.cost else None,
+            "contention": self.contention.to_dict() if self.contention else None,
+        }
+        return json_safe(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,15 +181,32 @@ class _Measured:
 
 @dataclass(frozen=True, slots=True)
 class _Timing:
-    """The figures timed from steps and phases."""
+    """The figures timed from steps and phases (docs/metrics.md), each in ms per measured step unless named."""
 
     step_time: StepTimes
     breakdown: Breakdown
-    stall_ms: InputStall
-    device_ms: DeviceTimes | None
-    stall_fraction: float
+    stall_ms: InputStall  # the device's wait for input: data wait and copy not overlapped by device compute
+    device_ms: DeviceTimes | None  # event-measured device time per phase; None without device events
+    stall_fraction: float  # (stall_ms.data_wait + stall_ms.h2d) / mean step time
     busy_fraction: float
     busy_source: str  # "cuda-events" | "sim-events" | "host-compute-phase" | "none"
+
+
+@dataclass(frozen=True, slots=True)
+class _HostParts:
+    """Mean host ms per measured step spent in each part of the step, as the host's clock saw it."""
+
+    data_wait: float  # blocked in next() on the loader
+    h2d: float  # blocked in the copy, less its wait for queued device compute (which is compute)
+    compute: float  # in the compute phase, less the ranks' wait nested in it, plus the copy's wait for compute
+    sync: float  # in a top-level sync phase, plus the ranks' wait nested in compute
+    user: tuple[tuple[str, float], ...]  # the user's own top-level phases, in name order
+    nested_sync: float  # the ranks' wait nested in compute ("compute/sync"): moved from compute to sync
+
+    def other(self, step_ms: float) -> float:
+        """The step's time in no part: the step less every part (never below 0)."""
+        parts = [self.data_wait, self.h2d, self.compute, self.sync, *(ms for _, ms in self.user)]
+        return max(0.0, step_ms - math.fsum(parts))
 
 
 def summarize(rec: RunRecord, now: float | None = None) -> Summary:
@@ -297,55 +313,70 @@ def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
 def _timing(m: _Measured) -> _Timing:
     """Step times, the per-step breakdown, input stall and device busy fraction (docs/metrics.md)."""
     n, step_s = m.n, m.step_s
-    per_step = _phase_sums(m.steps, m.phases)
-    parts = {"data_wait": mean([s.data_wait_s for s in m.steps]) * 1e3}
-    user = sorted({name for sums in per_step.values() for name in sums} - {*CORE_PHASES, SYNC_PHASE})
-    for name in (*CORE_PHASES, SYNC_PHASE, *user):  # h2d, compute and sync always present, even when never entered
-        parts[name] = math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
-    # sync nested in compute is the ranks' wait inside it: it moves from compute to sync (no double count)
-    nested_ms = total([(p.t_start, p.t_end) for p in m.phases if p.name == NESTED_SYNC]) / n * 1e3 if n else 0.0
-    parts["compute"] -= nested_ms
-    parts[SYNC_PHASE] += nested_ms
-    if m.on_device_events and n:
-        wait_s, h2d_s, drained = _cuda_stalls(m.steps, m.phases, m.all_phases)
-        # a pageable copy first waits for the compute already queued: that host time is compute, not input
-        parts["h2d"] -= drained / n * 1e3
-        parts["compute"] += drained / n * 1e3
-        stall_ms = InputStall(wait_s / n * 1e3, h2d_s / n * 1e3)
-    else:
-        stall_ms = InputStall(parts["data_wait"], parts["h2d"])
-    accounted = math.fsum(v for v in parts.values())
-    other = max(0.0, mean(step_s) * 1e3 - accounted) if n else math.nan
     step_mean = mean(step_s)
-    stall = (stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan
-    busy, busy_source = _busy_fraction(m, per_step, nested_ms * n / 1e3)
+    per_step = _phase_sums(m.steps, m.phases)
+    # on a device with events a pageable copy first waits for the compute already queued: that wait is compute
+    stalls = _cuda_stalls(m.steps, m.phases, m.all_phases) if m.on_device_events and n else None
+    host = _host_parts(m, per_step, drained_s=stalls.drained_s if stalls else None)
+    if stalls is None:  # no device clock: the device waits as long as the host does
+        stall_ms = InputStall(host.data_wait, host.h2d)
+    else:
+        stall_ms = InputStall(stalls.data_wait_s / n * 1e3, stalls.h2d_s / n * 1e3)
     device_ms = (
         DeviceTimes(*(total(_dev(m.phases, name)) / n * 1e3 for name in CORE_PHASES)) if m.on_device_events else None
     )
+    compute, sync = host.compute, host.sync
     if device_ms is not None and m.events == EVENT_TIMERS[SIMULATED]:
-        # a simulated device's compute is its device time (DESIGN): it runs while the host waits for the next batch;
-        # its sync is the device's idle time in the sync phases (they start when the queued compute ends)
-        nested_dev = total(_dev(m.phases, NESTED_SYNC)) / n * 1e3
-        parts["compute"] = device_ms.compute - nested_dev
-        parts[SYNC_PHASE] = total(_dev(m.phases, SYNC_PHASE)) / n * 1e3 + nested_dev
-    recorded = any(p.name in (SYNC_PHASE, NESTED_SYNC) for p in m.phases)
+        compute, sync = _simulated_compute_sync(m, device_ms)
+    busy, busy_source = _busy_fraction(m, per_step, host.nested_sync * n / 1e3)
     return _Timing(
         step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
         breakdown=Breakdown(
-            parts["data_wait"],
-            parts["h2d"],
-            parts["compute"],
-            other,
-            tuple((k, parts[k]) for k in user),
-            sync=parts[SYNC_PHASE] if n else 0.0,
-            sync_recorded=recorded,
+            host.data_wait,
+            host.h2d,
+            compute,
+            host.other(step_mean * 1e3) if n else math.nan,
+            host.user,
+            sync=sync if n else 0.0,
+            sync_recorded=any(p.name in (SYNC_PHASE, NESTED_SYNC) for p in m.phases),
         ),
         stall_ms=stall_ms,
         device_ms=device_ms,
-        stall_fraction=stall,
+        stall_fraction=(stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan,
         busy_fraction=busy,
         busy_source=busy_source,
     )
+
+
+def _host_parts(m: _Measured, per_step: dict[int, dict[str, float]], drained_s: float | None) -> _HostParts:
+    """The host-clock breakdown; ``drained_s``: host seconds the copies spent waiting for queued device compute
+    (None without device events). h2d, compute and sync are there even when never entered (NaN with no steps)."""
+    n = m.n
+
+    def host_ms(name: str) -> float:
+        return math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
+
+    user = sorted({name for sums in per_step.values() for name in sums} - {*CORE_PHASES, SYNC_PHASE})
+    nested = total([(p.t_start, p.t_end) for p in m.phases if p.name == NESTED_SYNC]) / n * 1e3 if n else 0.0
+    h2d, compute = host_ms("h2d"), host_ms("compute") - nested
+    if drained_s is not None:
+        h2d, compute = h2d - drained_s / n * 1e3, compute + drained_s / n * 1e3
+    return _HostParts(
+        data_wait=mean([s.data_wait_s for s in m.steps]) * 1e3,
+        h2d=h2d,
+        compute=compute,
+        sync=host_ms(SYNC_PHASE) + nested,
+        user=tuple((name, host_ms(name)) for name in user),
+        nested_sync=nested,
+    )
+
+
+def _simulated_compute_sync(m: _Measured, device_ms: DeviceTimes) -> tuple[float, float]:
+    """A simulated device's compute and sync, ms per step: its compute is its device time (DESIGN), which runs
+    while the host waits for the next batch; its sync is the device's idle time in the sync phases (they start
+    when the queued compute ends), and the ranks' wait nested in compute moves from compute to sync."""
+    nested = total(_dev(m.phases, NESTED_SYNC)) / m.n * 1e3
+    return device_ms.compute - nested, total(_dev(m.phases, SYNC_PHASE)) / m.n * 1e3 + nested
 
 
 def _throughput(m: _Measured, notes: list[str]) -> tuple[float, int]:
@@ -366,7 +397,7 @@ def _verdict(stall: float, loader_only: bool, synthetic: bool = False) -> str:
     return verdict_for(stall) if not math.isnan(stall) else "unknown: no measured steps"
 
 
-def cost_figures(price_per_hour: Any, throughput: float, epoch_samples: Any) -> Cost | None:
+def cost_figures(price_per_hour: object, throughput: float, epoch_samples: object) -> Cost | None:
     """Cost at the measured throughput: per 1,000 samples and per epoch (None when no price was given)."""
     if not isinstance(price_per_hour, (int, float)):
         return None
@@ -428,9 +459,17 @@ def _dev(phases: list[PhaseRow], name: str | None = None) -> list[Interval]:
     ]
 
 
+class _DeviceStalls(NamedTuple):
+    """Seconds over the measured steps of an asynchronous device's wait for input, and of the copies' wait."""
+
+    data_wait_s: float  # data wait not overlapped by device compute
+    h2d_s: float  # copy time (host-blocked or device) not under device compute nor already data wait
+    drained_s: float  # host time in the copy spent waiting for queued device compute: compute, not input
+
+
 def _cuda_stalls(
     steps: list[StepRow], phases: list[PhaseRow], all_phases: list[PhaseRow] | None = None
-) -> tuple[float, float, float]:
+) -> _DeviceStalls:
     """Input stall seconds on an asynchronous device (data wait, h2d), and host h2d seconds spent draining
     queued compute.
 
@@ -446,7 +485,7 @@ def _cuda_stalls(
     wait_stall = total(subtract(waits, compute))
     h2d_stall = total(subtract(subtract(copies, compute), waits))
     drained = total(host_h2d) - total(subtract(host_h2d, compute))
-    return wait_stall, h2d_stall, drained
+    return _DeviceStalls(wait_stall, h2d_stall, drained)
 
 
 def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_sync_s: float) -> tuple[float, str]:
