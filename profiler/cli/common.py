@@ -15,7 +15,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -228,37 +227,6 @@ def forget_made() -> None:
 
 def _who(pid: int | None) -> str:
     return f"a live run (pid {pid})" if pid is not None else "another live run"
-
-
-class SignalStop:
-    """Turns SIGINT/SIGTERM into :class:`Interrupted` in the main thread while a run trains.
-
-    ``defer_first`` (sweep, tune): the first signal only records its name in ``received``: the configuration in
-    flight stops at its next measured step (the stop rule polls ``received``) and no further one starts, so the
-    signal never lands inside library code (a DataLoader's ``__del__``, a source probe) that would print or
-    swallow an exception raised there. A second signal raises at once, for a step that never ends."""
-
-    def __init__(self, defer_first: bool = False) -> None:
-        self.defer_first = defer_first
-        self.received: str | None = None
-
-    def __enter__(self) -> SignalStop:
-        from profiler.core.session import Interrupted
-
-        def handler(signum: int, _frame: Any) -> None:
-            name = signal.Signals(signum).name
-            if self.received is None:
-                self.received = name
-                if self.defer_first:
-                    return
-            raise Interrupted(name)
-
-        self._old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
 
 
 @dataclass(frozen=True, slots=True)

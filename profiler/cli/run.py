@@ -19,7 +19,6 @@ from profiler.cli.common import (
     MAX_WORKERS,
     BadInput,
     Handler,
-    SignalStop,
     add_prometheus_option,
     add_training_options,
     base_run_config,
@@ -36,6 +35,7 @@ from profiler.cli.common import (
     stem,
 )
 from profiler.cli.job import add_job_options, check_job_options, cmd_job
+from profiler.drivers.signals import SignalStop
 
 
 def add_parsers(sub: Any) -> None:
@@ -160,15 +160,11 @@ def _run_scenario(args: argparse.Namespace, t: Any, exporter: Any) -> int:
     except Exception as exc:  # noqa: BLE001 - set-up failed before any step: nothing was measured, say what
         say(f"training set-up failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
-    store = session.recording.store if session.recording is not None else None
-    if store is not None and store.failure is not None:  # its last writes, at close, failed
-        say(f"{store.failure}; the run ended, {_kept(store.failure.last_kept)}")
+    failure = session.recording.failure
+    if failure is not None:  # its last writes, at close, failed
+        say(f"{failure}; the run ended, {failure.kept}")
         return EXIT_FAILED
     return report_outcome(session.summary(), out, args.json, EXIT_OK)
-
-
-def _kept(last: int) -> str:
-    return f"steps up to {last} kept" if last >= 0 else "no step kept"
 
 
 def _training_failed(exc: Any, out: Path, as_json: bool) -> int:

@@ -25,7 +25,6 @@ from profiler.cli.common import (
     MAX_WORKERS,
     BadInput,
     Handler,
-    SignalStop,
     Training,
     add_training_options,
     base_run_config,
@@ -39,6 +38,7 @@ from profiler.cli.common import (
     stem,
 )
 from profiler.cli.job import MAX_NPROC
+from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
     from profiler.drivers.runner import TrainingError  # imports torch: only where a command trains

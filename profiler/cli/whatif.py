@@ -26,12 +26,12 @@ from profiler.cli.common import (
     MAX_WORKERS,
     BadInput,
     Handler,
-    SignalStop,
     bounded,
     exit_signal,
     int_list,
     say,
 )
+from profiler.drivers.signals import SignalStop
 
 DEFAULT_TARGETS = ("sim:v100", "sim:h100")
 MAX_REPEAT = 20

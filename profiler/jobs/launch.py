@@ -40,6 +40,7 @@ from typing import Any
 
 from profiler.drivers.ddp import DistInfo
 from profiler.drivers.runner import RunConfig
+from profiler.drivers.signals import SignalStop
 
 JOB_FILE = "job.json"
 PID_FILE = "rank.pid"
@@ -327,25 +328,6 @@ def _quiet_elastic() -> Any:
             log.setLevel(level)
 
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Any:
-    """SIGTERM (the elastic agent stopping the job) and SIGINT (Ctrl-C reaches every process of the terminal's
-    group) raise Interrupted in the rank, so its Session closes its store "interrupted"."""
-    from profiler.core.session import Interrupted
-
-    def handler(signum: int, _frame: Any) -> None:
-        for s in (signal.SIGINT, signal.SIGTERM):  # the first signal stops the rank; its store must close
-            signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def rank_main(job: JobSpec) -> dict[str, Any] | None:
     """One rank: join the process group, train the scenario on this rank's shard, record ``rank-R/``. Runs in a
     process the elastic agent spawned; raises (a non-zero exit: the agent stops the job) when training fails."""
@@ -368,7 +350,9 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
         from pipelines.base import usable_cores
 
         torch.set_num_threads(max(1, usable_cores() // job.nproc))
-    with _stop_on_signals():
+    # SIGTERM (the elastic agent stopping the job) and SIGINT (Ctrl-C reaches every process of the terminal's
+    # group) close the rank's store "interrupted"; the first signal stops the rank, later ones are ignored
+    with SignalStop(ignore_more=True):
         dist.init_process_group(job.backend)
         try:
             session = run_scenario(scenarios.get(job.scenario), cfg)
