@@ -396,6 +396,18 @@ def _serving(exporter: PrometheusExporter) -> Iterator[PrometheusExporter]:
             )
 
 
+def follow_store(
+    exporter: PrometheusExporter | None, path: str | Path, *, job: bool = False
+) -> contextlib.AbstractContextManager[object]:
+    """``--prometheus``: the exporter follows the run (``job``: the multi-rank job) stored at ``path`` on a store
+    tail of its own (a tail hands each row once, so it cannot share the live view's); nothing without one."""
+    if exporter is None:
+        return contextlib.nullcontext()
+    from profiler.live.feeds import JobFeed, StoreFeed
+
+    return exporter.follow_job(JobFeed(path)) if job else exporter.follow(StoreFeed(path))
+
+
 def live_monitor(
     no_live: bool,
     total_steps: int | None = None,

@@ -17,6 +17,7 @@ from profiler.cli.common import (
     base_run_config,
     bounded,
     exit_signal,
+    follow_store,
     prepare_out,
     say,
     stem,
@@ -103,7 +104,7 @@ def cmd_job(args: argparse.Namespace, t: Training, exporter: PrometheusExporter 
             f"training {t.scenario.name} on {job.world_size} ranks ({args.nproc} here, node {args.node_rank} of "
             f"{args.nnodes}; {args.pipeline}, device {t.device.label}, {job.backend}) -> {out}"
         )
-    with _live(args, out, (cfg.steps or 0) + t.warmup), _export(exporter, out):
+    with _live(args, out, (cfg.steps or 0) + t.warmup), follow_store(exporter, out, job=True):
         result = run_job(job)
     return _report(result, args)
 
@@ -116,15 +117,6 @@ def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.A
     from profiler.live.feeds import JobFeed
 
     return job_monitor_for(JobFeed(out), total_steps=total_steps)
-
-
-def _export(exporter: PrometheusExporter | None, out: Path) -> contextlib.AbstractContextManager[Any]:
-    """The exporter follows the job from the rank stores, on a feed of its own (a store tail hands rows once)."""
-    if exporter is None:
-        return contextlib.nullcontext()
-    from profiler.live.feeds import JobFeed
-
-    return exporter.follow_job(JobFeed(out))
 
 
 def _report(result: Any, args: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@ that read a run store back (a run prints the Summary it built at close instead).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from profiler.cli.common import (
     bounded,
     exit_signal,
     exporter_for,
+    follow_store,
     print_summary,
     say,
 )
@@ -231,7 +231,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         raise BadInput(str(exc)) from None
     if feed.status() == "running":
         try:
-            with exporter_for(args) as exporter, _export(exporter, lambda: StoreFeed(args.run_dir)):
+            with exporter_for(args) as exporter, follow_store(exporter, args.run_dir):
                 say(f"watching {args.run_dir} (Ctrl-C stops watching, not the run)")
                 watch(feed)
         except KeyboardInterrupt:
@@ -251,21 +251,13 @@ def _watch_job(args: argparse.Namespace) -> int:
     feed.poll()
     if feed.status() == "running":
         try:
-            with exporter_for(args) as exporter, _export(exporter, lambda: JobFeed(args.run_dir), job=True):
+            with exporter_for(args) as exporter, follow_store(exporter, args.run_dir, job=True):
                 say(f"watching job {args.run_dir} (Ctrl-C stops watching, not the job)")
                 watch_job(feed)
         except KeyboardInterrupt:
             return exit_signal("SIGINT")
     print_job(load_job_summary([args.run_dir])[0], args.json)
     return EXIT_OK
-
-
-def _export(exporter: Any, feed: Callable[[], Any], job: bool = False) -> contextlib.AbstractContextManager[Any]:
-    """``--prometheus``: the exporter follows the watched run on a store tail of its own."""
-    if exporter is None:
-        return contextlib.nullcontext()
-    follow: contextlib.AbstractContextManager[Any] = exporter.follow_job(feed()) if job else exporter.follow(feed())
-    return follow
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
