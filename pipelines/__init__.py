@@ -29,6 +29,7 @@ __all__ = [
     "PipelineError",
     "applicable",
     "get",
+    "load_attr",
     "names",
     "require",
     "usable_cores",
@@ -63,7 +64,7 @@ def why_not(name: str, data: str | None) -> str | None:
     requirement = REQUIREMENTS.get(name)
     if requirement is None:
         return None
-    check: Callable[[str | None], str | None] = _resolve(requirement)
+    check: Callable[[str | None], str | None] = load_attr(requirement)
     return check(data)
 
 
@@ -88,7 +89,7 @@ def require(asked: Sequence[str], data: str | None, scenario: str) -> None:
 
 def get(name: str) -> Pipeline:
     """A fresh instance of the pipeline registered as ``name``."""
-    pipeline: Pipeline = _resolve(_target(name))()
+    pipeline: Pipeline = load_attr(_target(name))()
     return pipeline
 
 
@@ -99,6 +100,8 @@ def _target(name: str) -> str:
     return target
 
 
-def _resolve(target: str) -> Any:
+def load_attr(target: str) -> Any:
+    """The object a registry's ``"module:attr"`` entry names, its module imported now (the pipelines' and the
+    scenarios' registries)."""
     module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)

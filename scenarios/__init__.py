@@ -10,12 +10,12 @@ as is and exits 2.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
+from pipelines import load_attr
 from scenarios.base import DataOptions, Scenario, one_line
 
 __all__ = ["BUILTIN", "DataOptions", "Scenario", "ScenarioError", "get", "names"]
@@ -53,8 +53,7 @@ def get(name_or_path: str) -> Scenario:
 
 
 def _load_builtin(name: str) -> Scenario:
-    module_name, _, attr = BUILTIN[name].partition(":")
-    scenario = getattr(importlib.import_module(module_name), attr)
+    scenario = load_attr(BUILTIN[name])
     if not isinstance(scenario, Scenario):
         # A broken registry entry is a bug in this package, not bad input: do not dress it up.
         raise TypeError(f"built-in scenario {name!r} ({BUILTIN[name]}) is not a Scenario")
