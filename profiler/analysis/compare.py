@@ -21,9 +21,10 @@ Invariants:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from profiler.analysis.meta import JSON, Scalar, as_json
 from profiler.analysis.parts import device_where
 from profiler.analysis.summary import Summary
 
@@ -83,7 +84,7 @@ class Comparison:
                 return r
         raise KeyError(metric)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "regressed": self.regressed,
             "limits": {
@@ -108,25 +109,27 @@ def _limit(value: float | None, what: str, unit: str) -> float | None:
 class _Run:
     """The figures a comparison reads, from a Summary's fields or a summary.json dict's keys."""
 
-    facts: dict[str, Any]  # row name -> value: run id, scenario, ..., measured steps
-    throughput: Any
-    step_time: dict[str, Any]  # mean, p50, p90
-    stall_fraction: Any
-    breakdown: dict[str, Any]  # part -> ms per step, in report order
-    device_busy_fraction: Any
-    verdict: Any
+    facts: dict[str, Scalar]  # row name -> value: run id, scenario, ..., measured steps
+    throughput: object  # a figure is a number, or anything else (None, a bad value) that is "not comparable"
+    step_time: Mapping[str, object]  # mean, p50, p90
+    stall_fraction: object
+    breakdown: Mapping[str, object]  # part -> ms per step, in report order
+    device_busy_fraction: object
+    verdict: object
     simulated: bool = False  # a simulated accelerator: its device figures are predictions, labelled so
 
 
 _FACTS = ("run id", "scenario", "pipeline", "batch size", "workers", "device", "status", "measured steps")
 
 
-def _facts(*values: Any) -> dict[str, Any]:
-    """The config rows' values, in ``_FACTS`` order."""
-    return dict(zip(_FACTS, values, strict=True))
+def _facts(*values: object) -> dict[str, Scalar]:
+    """The config rows' values, in ``_FACTS`` order; a value that is no JSON scalar reads as its text."""
+    return {
+        k: v if v is None or isinstance(v, (str, int, float)) else str(v) for k, v in zip(_FACTS, values, strict=True)
+    }
 
 
-def _run(s: Summary | dict[str, Any], which: str) -> _Run:
+def _run(s: Summary | Mapping[str, object], which: str) -> _Run:
     if isinstance(s, Summary):
         st, dev = s.step_time_ms, s.device
         facts = _facts(
@@ -145,7 +148,7 @@ def _run(s: Summary | dict[str, Any], which: str) -> _Run:
             dev.simulated,
         )
     if isinstance(s, dict):
-        d = _sub(s, "device")
+        d = as_json(s.get("device"))
         device = _device(device_where(d), d.get("name")) if d else None
         facts = _facts(
             s.get("run_id"),
@@ -160,9 +163,9 @@ def _run(s: Summary | dict[str, Any], which: str) -> _Run:
         return _Run(
             facts,
             s.get("throughput_samples_per_s"),
-            _sub(s, "step_time_ms"),
+            as_json(s.get("step_time_ms")),
             s.get("stall_fraction"),
-            _sub(s, "breakdown_ms_per_step"),
+            as_json(s.get("breakdown_ms_per_step")),
             s.get("device_busy_fraction"),
             s.get("verdict"),
             d.get("kind") == "sim",
@@ -170,18 +173,13 @@ def _run(s: Summary | dict[str, Any], which: str) -> _Run:
     raise TypeError(f"run {which} must be a Summary or a summary.json dict, got {type(s).__name__}")
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
         return None
     return float(x)
 
 
-def _sub(d: dict[str, Any], key: str) -> dict[str, Any]:
-    v = d.get(key)
-    return v if isinstance(v, dict) else {}
-
-
-def _figure(metric: str, a: Any, b: Any, *, unit: str, higher_is_better: bool, scale: float = 1.0) -> Row:
+def _figure(metric: str, a: object, b: object, *, unit: str, higher_is_better: bool, scale: float = 1.0) -> Row:
     x, y = _num(a), _num(b)
     x = None if x is None else x * scale
     y = None if y is None else y * scale
@@ -201,7 +199,7 @@ def _figure(metric: str, a: Any, b: Any, *, unit: str, higher_is_better: bool, s
     return Row(metric, x, y, delta, delta_pct, change, unit)
 
 
-def _fact(metric: str, a: Any, b: Any) -> Row:
+def _fact(metric: str, a: Scalar, b: Scalar) -> Row:
     return Row(metric, a, b, None, None, SAME if a == b else CHANGED, "", "config")
 
 
@@ -214,13 +212,14 @@ def _simulated_in(a: _Run, b: _Run) -> str:
     return ""
 
 
-def _device(where: Any, name: Any) -> str:
+def _device(where: str | None, name: object) -> str:
     where = where or "?"
-    return f"{where} ({name})" if name else str(where)
+    return f"{where} ({name})" if name else where
 
 
-def _verdict(a: Any, b: Any) -> Row:
-    ra, rb = _VERDICT_RANK.get(a) if isinstance(a, str) else None, _VERDICT_RANK.get(b) if isinstance(b, str) else None
+def _verdict(a: object, b: object) -> Row:
+    a, b = _text(a), _text(b)
+    ra, rb = _VERDICT_RANK.get(a) if a is not None else None, _VERDICT_RANK.get(b) if b is not None else None
     if ra is None or rb is None:
         change = SAME if a == b and a is not None else NOT_COMPARABLE
     else:
@@ -228,7 +227,12 @@ def _verdict(a: Any, b: Any) -> Row:
     return Row("verdict", a, b, None, None, change, "", "verdict")
 
 
-def _phase_names(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def _text(v: object) -> str | None:
+    """A verdict as text: a summary.json's is a string or null (anything else reads as its text)."""
+    return v if v is None or isinstance(v, str) else str(v)
+
+
+def _phase_names(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
     """data_wait, h2d, compute, sync, user phases (A's order, then B's new ones), other last. Sync only when
     either run waited in it (summary.json has it, 0.0, for every single-process run)."""
     names: list[str] = []
@@ -240,8 +244,8 @@ def _phase_names(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def compare(
-    a: Summary | dict[str, Any],
-    b: Summary | dict[str, Any],
+    a: Summary | Mapping[str, object],
+    b: Summary | Mapping[str, object],
     *,
     max_stall_increase_pp: float | None = None,
     max_throughput_drop_pct: float | None = None,

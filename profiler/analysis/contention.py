@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from profiler.analysis.meta import JSON
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe
 from profiler.core.store import RunRecord, StepRow
@@ -60,10 +61,10 @@ class Contention:
     cpu_pct: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         """The ``contention`` object of summary.json: NaN becomes null."""
-        out: dict[str, Any] = json_safe(asdict(self))
-        return out
+        out: JSON = asdict(self)
+        return json_safe(out)
 
 
 def contention_of(rec: RunRecord, host: HostFigures) -> Contention:
@@ -153,7 +154,7 @@ def _fixes(c: Contention) -> str:
     )
 
 
-def _unavailable(meta: dict[str, Any], measured: list[StepRow]) -> str | None:
+def _unavailable(meta: Mapping[str, object], measured: list[StepRow]) -> str | None:
     status = meta.get("schedstat")
     if status is None:
         version = meta.get("schema_version")
@@ -234,5 +235,5 @@ def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
     }
 
 
-def _int(x: Any) -> int | None:
+def _int(x: object) -> int | None:
     return x if isinstance(x, int) and not isinstance(x, bool) else None

@@ -9,9 +9,8 @@ an estimate and says how good one.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from profiler.analysis.attribution import (
     CATEGORIES,
@@ -26,6 +25,7 @@ from profiler.analysis.attribution import (
     headline,
     share,
 )
+from profiler.analysis.meta import objects
 from profiler.analysis.parts import (
     CategoryShare,
     Estimate,
@@ -106,12 +106,13 @@ def _parsed(rec: RunRecord) -> _Parsed:
     )
 
 
-def rank_pids(meta: dict[str, Any]) -> list[tuple[int, int]]:
+def rank_pids(meta: Mapping[str, object]) -> list[tuple[int, int]]:
     """(rank, pid) of every rank process a zero-code run found under its target (meta ``ranks``), by rank."""
     out = []
-    for r in meta.get("ranks") or []:
-        if isinstance(r, dict) and isinstance(r.get("rank"), int) and isinstance(r.get("pid"), int):
-            out.append((int(r["rank"]), int(r["pid"])))
+    for r in objects(meta.get("ranks")):
+        rank, pid = r.get("rank"), r.get("pid")
+        if isinstance(rank, int) and isinstance(pid, int):
+            out.append((int(rank), int(pid)))
     return sorted(out)
 
 

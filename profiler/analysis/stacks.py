@@ -33,7 +33,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 WORKER_LOOP = ("torch/utils/data/_utils/worker.py", "_worker_loop")
 
@@ -331,7 +330,7 @@ def parse_speedscope(text: str) -> list[StackSample]:
     return parse_speedscope_stats(text)[0]
 
 
-def _speedscope_frame(f: Any) -> Frame:
+def _speedscope_frame(f: object) -> Frame:
     line = f.get("line") if isinstance(f, dict) else None
     return Frame(
         str(f.get("name", "")) if isinstance(f, dict) else str(f),

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 from profiler.analysis import Summary
 from profiler.analysis.parts import BadSamples, Cost, HostFigures, nvml_source
 from profiler.jobs.analysis import JobSummary, RankRow
 
 
-def num(x: Any, fmt: str = "{:.1f}", unit: str = "") -> str:
+def num(x: object, fmt: str = "{:.1f}", unit: str = "") -> str:
     """A figure, or "n/a" when it was not measured (None or NaN): never a made-up zero."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     return fmt.format(x) + unit
 
 
-def pct(x: Any) -> str:
+def pct(x: float | None) -> str:
     return num(None if x is None else x * 100, "{:.1f}", "%")
 
 

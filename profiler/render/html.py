@@ -21,7 +21,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
-from typing import Any
 
 from profiler.analysis import Summary
 from profiler.analysis.parts import STACK_PHASES, Estimate
@@ -85,7 +84,7 @@ footer{margin:32px 0 8px;color:#888;font-size:12px}
 """
 
 
-def _e(x: Any) -> str:
+def _e(x: object) -> str:
     return escape(str(x), quote=True)
 
 
@@ -370,7 +369,7 @@ def _plot_process_cpu(s: Summary, tl: Timeline, warm: list[Band]) -> str:
     )
 
 
-def _figure(fid: str, title: str, data: Sequence[Any], caption: str, draw: Callable[[], str]) -> str:
+def _figure(fid: str, title: str, data: Sequence[object], caption: str, draw: Callable[[], str]) -> str:
     svg = draw() if data else '<p class="empty">No data recorded for this plot.</p>'
     return f'<figure id="{fid}"><h3>{_e(title)}</h3>{svg}<figcaption>{_e(caption)}</figcaption></figure>'
 

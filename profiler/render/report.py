@@ -7,9 +7,8 @@ not measured is printed as "n/a" with the reason, never as zero.
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -67,7 +66,7 @@ def figures_table(s: Summary) -> Table:
 
 def verdict_block(s: Summary) -> Group:
     style = _VERDICT_STYLE.get(s.verdict, "bold")
-    parts: list[Any] = [
+    parts: list[RenderableType] = [
         Text.assemble(
             ("Verdict: ", "bold"),
             (s.verdict, style),
@@ -104,7 +103,7 @@ def render_report(s: Summary, console: Console) -> None:
 
     est, att = s.stack_estimate, s.loader_attribution
     zero_code = s.mode == "zero-code"
-    body: list[Any] = [header(s), figures_table(s)]
+    body: list[RenderableType] = [header(s), figures_table(s)]
     sim = simulated_line(s)
     if sim:
         body.insert(1, Text.assemble(("Device: ", "bold"), (sim, "bold magenta")))
