@@ -108,7 +108,7 @@ def child(mode: str, steps: int, every: int, matrix: int, out: Path) -> None:
     else:
         from profiler import Session
 
-        with Session(out, device="cpu", scenario="soak") as s:
+        with Session(out, device="cpu", meta={"scenario": "soak"}) as s:
             checkpoint(0, s)
             for i, xb in enumerate(s.wrap(loader()), 1):
                 with s.phase("h2d"):

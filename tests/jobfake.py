@@ -37,7 +37,7 @@ def loader(plan: RankPlan, n: int) -> Any:
 
 def run_rank(out: Path, rank: int, world: int, plan: RankPlan, job_id: str, *, node_rank: int = 0) -> None:
     meta = {"rank": rank, "world_size": world, "local_rank": rank, "node_rank": node_rank, "job_id": job_id}
-    with Session(out, sample_hz=5, device="cpu", warmup=WARMUP, sources=[], scenario="fake", meta=meta) as s:
+    with Session(out, sample_hz=5, device="cpu", warmup=WARMUP, sources=[], meta={"scenario": "fake", **meta}) as s:
         for _batch in s.wrap(loader(plan, STEPS + WARMUP)):
             with s.phase("compute"):
                 plan.truth.sleep("compute", plan.compute_s)

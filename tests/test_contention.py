@@ -221,7 +221,7 @@ def _burn_cpu(seconds: float) -> tuple[float, float]:
 
 @needs_schedstat
 def test_session_records_runq_per_phase_and_step(tmp_path: Path) -> None:
-    with Session(tmp_path, warmup=1, sources=[], workers=0) as s:
+    with Session(tmp_path, warmup=1, sources=[], meta={"workers": 0}) as s:
         for _ in s.wrap([[0] * 4] * 6):
             with s.phase("h2d"):
                 pass

@@ -103,10 +103,8 @@ def record(out: Path, hostile: dict[str, str]) -> Path:
     """A failed run whose names, paths, phase, event and error are ``hostile[FIELD]``; returns its directory."""
     run_dir = out / hostile["run_dir"].replace("/", "_")
     meta = {k: hostile[k] for k in ("data_root", "scenario_source", "model")}
-    s = Session(
-        run_dir, sample_hz=50, device="cpu", sources=[], scenario=hostile["scenario"], pipeline=hostile["pipeline"],
-        meta=meta,
-    )  # fmt: skip
+    labels = {"scenario": hostile["scenario"], "pipeline": hostile["pipeline"]}
+    s = Session(run_dir, sample_hz=50, device="cpu", sources=[], meta={**labels, **meta})
     s.start()
     for _batch in s.wrap(iter([[0] * 4] * 3)):
         with s.phase(hostile["phase"].replace("/", "_")):
@@ -199,7 +197,7 @@ def test_hostile_strings_fuzz(names: list[str], tmp_path_factory: Any) -> None:
     """Random strings built from markup pieces, as the scenario name, pipeline and error of a run."""
     out = tmp_path_factory.mktemp("hostile")
     scenario, pipeline, error = names
-    s = Session(out / "run", sample_hz=50, device="cpu", sources=[], scenario=scenario, pipeline=pipeline)
+    s = Session(out / "run", sample_hz=50, device="cpu", sources=[], meta={"scenario": scenario, "pipeline": pipeline})
     s.start()
     for _batch in s.wrap(iter([[0] * 4] * 2)):
         pass

@@ -122,7 +122,7 @@ CHILD = textwrap.dedent("""
     import os, sys, time
     from profiler import Session
     # trains until the test says stop (a file appears), at most 60 s: the watcher must start before the run ends
-    with Session(sys.argv[1], scenario="watched", batch_size=4, sources=[]) as s:
+    with Session(sys.argv[1], sources=[], meta={"scenario": "watched", "batch_size": 4}) as s:
         end = time.perf_counter() + 60.0
         for _ in s.wrap(iter(lambda: [0] * 4, None)):
             with s.phase("compute"):

@@ -164,7 +164,7 @@ def test_a_session_keeps_no_row_per_step_in_memory(tmp_path: Path) -> None:
     committed = lambda n: lambda: read_head(out)[1] >= n  # noqa: E731 - the writer has flushed n steps
     tracemalloc.start(1)
     try:
-        with Session(out, device="cpu", scenario="soak", sample_hz=5, sources=[]) as s:
+        with Session(out, device="cpu", sample_hz=5, sources=[], meta={"scenario": "soak"}) as s:
             for i, _ in enumerate(s.wrap(range(12_000)), 1):
                 with s.phase("h2d"):
                     pass
@@ -185,7 +185,7 @@ def test_a_session_keeps_no_row_per_step_in_memory(tmp_path: Path) -> None:
 
 def test_compare_reads_a_finished_runs_own_summary_json(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    with Session(run, device="cpu", scenario="short", sample_hz=5, sources=[]) as s:
+    with Session(run, device="cpu", sample_hz=5, sources=[], meta={"scenario": "short"}) as s:
         for _ in s.wrap(range(30)):
             pass
     doc = stored_summary(run)

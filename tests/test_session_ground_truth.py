@@ -28,7 +28,7 @@ def _run(
 ) -> tuple[Summary, dict[str, float]]:
     """Run a loop of injected sleeps; return the summary and what each part really took (ms per measured step)."""
     truth = Truth()
-    with Session(tmp, warmup=warmup, workers=workers, sources=sources) as s:
+    with Session(tmp, warmup=warmup, sources=sources, meta={"workers": workers}) as s:
         for _batch in s.wrap(sleep_loader(steps + warmup, wait, truth=truth)):
             if h2d:
                 with s.phase("h2d"):

@@ -28,7 +28,7 @@ from profiler.core.store import (
 CHILD = textwrap.dedent("""
     import sys, time
     from profiler import Session
-    with Session(sys.argv[1], warmup=2, scenario="killed-child") as s:
+    with Session(sys.argv[1], warmup=2, meta={"scenario": "killed-child"}) as s:
         for _ in s.wrap(iter(lambda: [0] * 4, None)):   # never ends: only SIGKILL stops it
             with s.phase("compute"):
                 time.sleep(0.005)

@@ -40,7 +40,7 @@ LOOP = textwrap.dedent("""
     import sys, time
     from profiler import Session
     n, until = 0, None
-    with Session(sys.argv[1], scenario="own-loop", sample_hz=1) as s:
+    with Session(sys.argv[1], sample_hz=1, meta={"scenario": "own-loop"}) as s:
         for _ in s.wrap(iter(lambda: [0] * 4, None)):
             with s.phase("compute"):
                 time.sleep(0.001)
@@ -58,7 +58,7 @@ LOOP = textwrap.dedent("""
 FOREVER = textwrap.dedent("""
     import sys, time
     from profiler import Session
-    with Session(sys.argv[1], scenario="forever") as s:
+    with Session(sys.argv[1], meta={"scenario": "forever"}) as s:
         for _ in s.wrap(iter(lambda: [0] * 4, None)):
             with s.phase("compute"):
                 time.sleep(0.005)
@@ -166,7 +166,7 @@ def test_session_api_on_a_full_disk_trains_on_and_says_so_once(small_fs: Path) -
 
 def test_session_whose_directory_is_removed_warns_once_and_trains_on(tmp_path: Path, caplog) -> None:
     out = tmp_path / "own"
-    with Session(out, scenario="removed", sample_hz=20) as s:
+    with Session(out, sample_hz=20, meta={"scenario": "removed"}) as s:
         for n, _ in enumerate(s.wrap(iter(lambda: [0] * 4, None))):
             if n == 20:
                 assert wait_until(lambda: len(load_run(out).steps) > 0, timeout=10)
@@ -405,7 +405,7 @@ def test_a_stale_lock_from_a_dead_process_does_not_block(tmp_path: Path) -> None
     p.kill()
     p.wait()
     assert (out / LOCK_NAME).exists()  # left behind by the killed process
-    with Session(out, scenario="after-a-stale-lock") as s:
+    with Session(out, meta={"scenario": "after-a-stale-lock"}) as s:
         for n, _ in enumerate(s.wrap(range(5))):
             assert n < 5
     assert load_run(out).meta["status"] == "complete"
@@ -413,8 +413,8 @@ def test_a_stale_lock_from_a_dead_process_does_not_block(tmp_path: Path) -> None
 
 
 def test_two_sessions_of_one_process_on_one_directory(tmp_path: Path) -> None:
-    with Session(tmp_path / "run", scenario="first"), pytest.raises(RunDirBusy):
-        Session(tmp_path / "run", scenario="second").start()
+    with Session(tmp_path / "run", meta={"scenario": "first"}), pytest.raises(RunDirBusy):
+        Session(tmp_path / "run", meta={"scenario": "second"}).start()
 
 
 # -- modes ---------------------------------------------------------------------------------------------
@@ -428,7 +428,7 @@ def test_run_directories_respect_the_umask_and_are_never_world_writable(tmp_path
 
         cli_out = prepare_out(str(tmp_path / "cli" / "nested" / "run"), "x")
         run = tmp_path / "api" / "nested" / "run"
-        with Session(run, scenario="modes") as s:
+        with Session(run, meta={"scenario": "modes"}) as s:
             for _ in s.wrap(range(3)):
                 pass
             open_files = [p for p in (run / "run.sqlite-wal", run / "run.sqlite-shm") if p.exists()]

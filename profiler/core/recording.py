@@ -1,7 +1,8 @@
 """Recording: one run's record from start to close — run store, background sampler, py-spy, run status.
 
-Both ways of profiling record through it: :class:`profiler.core.session.Session` (an instrumented loop adds its
-steps) and :func:`profiler.zerocode.profile.profile_external` (a process observed from outside). So a run store
+Both ways of profiling record through it: a :class:`~profiler.core.session.Session` drives it as its recorder
+hook (:class:`~profiler.core.hooks.Recorder`: an instrumented loop adds its steps) and
+:func:`profiler.zerocode.profile.profile_external` calls it directly (a process observed from outside). So a run store
 always has the same life: meta with status ``running``, pid and heartbeat before anything else; the sampler;
 py-spy when asked for; then, at close, py-spy stopped (its file complete), the sampler stopped, its health
 and the final status written, the store closed, and the Summary built once from the rows the store was
@@ -24,17 +25,19 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.core.pyspy import OUTPUT, PySpyRecorder
+from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
 from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+    from profiler.core.hooks import SessionView
 
 log = logging.getLogger("stallscope")
 
@@ -114,8 +117,38 @@ class Recording:
     def _store_failed(self, failure: StoreWriteError) -> None:
         """The writer thread's one call when the store stops writing."""
         if self._store_errors == "warn":
-            kept = f"steps up to {failure.last_kept} are kept" if failure.last_kept >= 0 else "no step was kept"
-            self._warn(f"{failure}; recording stopped, training goes on ({kept})")
+            self._warn(f"{failure}; recording stopped, training goes on ({failure.kept})")
+
+    # -- the Session's recorder hook (profiler.core.hooks.Recorder) --------------------------------------------
+    def on_start(self, session: SessionView) -> None:
+        self._meta = session.meta  # what the session knows at its start: the facts given and its device timer
+        self.start(t0=session.t0)
+
+    def on_meta(self, items: Mapping[str, object]) -> None:
+        self.annotate(**items)
+
+    def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
+        store = self.store
+        if store is not None:
+            store.put_step(row, phases)
+
+    def on_event(self, kind: str, message: str) -> None:
+        self.event(kind, message, "session")
+
+    def on_close(self, status: str, error: str | None) -> None:
+        self.close(status, error)
+
+    def halt(self, step: int) -> BaseException | None:
+        """With ``store_errors="raise"``: the store's failure as the error that stops the training before ``step``."""
+        failure = self.store.failure if self.store is not None and self._store_errors == "raise" else None
+        return failure.at_step(step) if failure is not None else None
+
+    @property
+    def failure(self) -> StoreWriteError | None:
+        return self.store.failure if self.store is not None else None
+
+    def committed_steps(self) -> list[StepRow]:
+        return self.store.steps() if self.store is not None else []
 
     def now(self) -> float:
         """Seconds since the run's zero."""

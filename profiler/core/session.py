@@ -1,4 +1,5 @@
-"""Session: times each training step's phases and owns the sampler and the run store.
+"""Session: times each training step's phases and hands each step to its hooks (the run store's Recording,
+the Prometheus exporter, ...: :mod:`profiler.core.hooks`); it imports none of them.
 
 A step starts the moment the loop asks the loader for its batch and ends when it asks for the next one.
 ``wrap(loader)`` measures the time blocked in ``next()`` (data wait); ``phase(name)`` measures named parts of
@@ -18,15 +19,14 @@ Invariants:
   propagates unchanged. Every step recorded so far stays in the store.
 - A run store that stops writing (disk full, over quota, its directory removed): with ``store_errors="warn"``
   (the default, a user's own loop) the training goes on and the store's writer says so once; with
-  ``"raise"`` (the CLI's runner) the next step raises :class:`~profiler.core.store.StoreWriteError` out of
-  ``wrap()``, naming the file, the step and the last step kept. One attribute read per step either way.
+  ``"raise"`` (the CLI's runner) the recorder's :meth:`~profiler.core.hooks.Recorder.halt` gives the error that
+  the next step raises out of ``wrap()``, naming the file, the step and the last step kept.
 - Run-queue wait (``runq_s``) is that of the thread that iterates the first ``wrap()``; phases entered on
   any other thread store NULL rather than another thread's figure.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -39,20 +39,21 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
-from profiler.core.recording import Recording
-from profiler.core.sampler import Sampler
+from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
+from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source
-from profiler.core.store import PhaseRow, RunStore, StepRow, StoreWriteError
-from profiler.export.endpoint import parse_endpoint
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
-    from profiler.export.prometheus import PrometheusExporter
+    from profiler.core.sampler import Sampler
 
 # name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
 _PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
 _Raws = tuple[bytes | None, bytes | None, bytes | None]
+
+
+RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 
 
 class Interrupted(BaseException):
@@ -129,40 +130,31 @@ class Session:
         sample_hz: float = 10.0,
         device: str | DeviceInfo = "auto",
         warmup: int = 0,
-        scenario: str | None = None,
-        pipeline: str | None = None,
-        batch_size: int | None = None,
-        workers: int | None = None,
-        pin_memory: bool | None = None,
-        sources: Sequence[Source] | None = None,
         meta: dict[str, Any] | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        max_lag: int = 32,
-        recent: int = 1024,
-        timer: DeviceTimer | None = None,
-        store_errors: str = "warn",
+        sources: Sequence[Source] | None = None,
         prometheus: str | int | None = None,
+        hooks: Sequence[SessionHook] = (),
+        store_errors: str = "warn",
+        clock: Callable[[], float] = time.perf_counter,
+        timer: DeviceTimer | None = None,
+        max_lag: int = 32,
     ) -> None:
+        """``meta``: run facts for the store (scenario, pipeline, batch_size, workers, pin_memory, or any other);
+        ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``hooks``:
+        more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending."""
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
-        # prometheus: "[ADDR:]PORT" served while the session runs (docs/integrations.md); checked here, bound at start
-        self._endpoint = parse_endpoint(str(prometheus)) if prometheus is not None else None
-        self._export = contextlib.ExitStack()
-        self.exporter: PrometheusExporter | None = None
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
         self.sample_hz = sample_hz
         self.warmup = warmup
         self._clock = clock
         self._max_lag = max_lag
-        self._sources = sources
         self._meta: dict[str, Any] = {
+            **dict.fromkeys(("scenario", "pipeline", "batch_size", "workers", "pin_memory")),
             "run_id": uuid.uuid4().hex[:12],
-            "scenario": scenario,
-            "pipeline": pipeline,
-            "batch_size": batch_size,
-            "workers": workers,
-            "pin_memory": pin_memory,
             "warmup_steps": warmup,
             "device": self.device.to_dict(),
             "sample_hz": sample_hz,
@@ -170,6 +162,11 @@ class Session:
             "cpu_count": os.cpu_count(),
             **(meta or {}),
         }
+        sinks = make_sinks(SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus))
+        self._recorder: Recorder = sinks.recorder
+        self._hooks: list[SessionHook] = [*sinks.hooks, sinks.recorder, *hooks]  # an exporter binds first
+        self._exporter = sinks.exporter
+        self._halts = store_errors == "raise"
         # hot-path state
         self._stack: list[str] = []
         self._phases: list[_PhaseRec] = []
@@ -186,14 +183,10 @@ class Session:
         self._next_index = 0
         self._unattributed = 0
         # live view: the newest resolved steps, bounded
-        self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=recent)
+        self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=RECENT)
         self._timer: DeviceTimer | None = timer
-        self._rec: Recording | None = None
-        self._store: RunStore | None = None
-        self.sampler: Sampler | None = None
-        if store_errors not in ("warn", "raise"):
-            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
-        self._store_errors = store_errors
+        self._started = False
+        self._step_sinks: tuple[Callable[[StepRow, Sequence[PhaseRow]], None], ...] = ()
         self._t0 = 0.0
         self._status: str | None = None
         self._error: str | None = None
@@ -218,34 +211,45 @@ class Session:
         """For a failed or interrupted run: what stopped it, and where."""
         return self._error
 
-    def start(self) -> Session:
-        if self._rec is not None:
-            return self
-        if self._endpoint is not None and self.exporter is None:  # bound first: a port in use records nothing
-            from profiler.export.prometheus import session_exporter
+    @property
+    def t0(self) -> float:
+        """The run's zero on :attr:`clock` (set by :meth:`start`)."""
+        return self._t0
 
-            self.exporter = self._export.enter_context(session_exporter(self, self._endpoint))
+    @property
+    def sampler(self) -> Sampler | None:
+        """The recorder's background sampler (None before start)."""
+        return self._recorder.sampler
+
+    @property
+    def exporter(self) -> ServingHook | None:
+        """The Prometheus endpoint of ``prometheus=`` (its ``url``), else None."""
+        return self._exporter
+
+    def start(self) -> Session:
+        """Start the hooks in order (an exporter binds first: a port in use records nothing); a hook that fails
+        to start ends those started before it, and its error propagates."""
+        if self._started:
+            return self
+        self._started = True
         self._t0 = self._clock()
         if self._timer is None:
             self._timer = make_timer(self.device, self._now)
         elif callable(bind := getattr(self._timer, "bind", None)):
             bind(self._now)  # a timer given to the Session (the simulated device's) joins the run's clock
-        self._rec = Recording(
-            self.out_dir,
-            meta={**self._meta, "device_timer": self._timer.kind if self._timer is not None else "host-perf-counter"},
-            sample_hz=self.sample_hz,
-            sources=self._sources,
-            clock=self._clock,
-            store_errors=self._store_errors,
-        )
+        self._meta["device_timer"] = self._timer.kind if self._timer is not None else "host-perf-counter"
+        started: list[SessionHook] = []
         try:
-            self._store = self._rec.start(t0=self._t0)
-        except BaseException:
-            self._export.close()  # nothing to serve: the port is free again
+            for hook in self._hooks:
+                hook.on_start(self)
+                started.append(hook)
+        except BaseException as exc:
+            for hook in reversed(started):
+                hook.on_close("failed", str(exc))
             raise
-        self.sampler = self._rec.sampler
+        self._step_sinks = tuple(hook.on_step for hook in self._hooks)
         self._runq_reason = schedstat.probe()
-        self._store.put_meta(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
+        self.annotate(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
         return self
 
     def __enter__(self) -> Session:
@@ -264,18 +268,21 @@ class Session:
     def annotate(self, **items: Any) -> None:
         """Record run facts (loader knobs, model name, ...) in the store's meta table."""
         self._meta.update(items)
-        if self._store is not None:
-            self._store.put_meta(**items)
+        if self._started:
+            for hook in self._hooks:
+                hook.on_meta(items)
 
     def event(self, kind: str, message: str) -> None:
         """Record a free-form event (warning, skipped sample, ...) at the current time."""
-        if self._rec is not None:
-            self._rec.event(kind, message, "session")
+        if self._started:
+            for hook in self._hooks:
+                hook.on_event(kind, message)
 
     def close(self, status: str = "complete", error: str | None = None) -> Summary | None:
-        """End the run: close the open step, drain device events, then the Recording (sampler, py-spy, store,
-        summary.json); returns the run's Summary (None if it could not be built; the store still holds the run)."""
-        if self._rec is None or self._status is not None:
+        """End the run: close the open step, drain device events, then the hooks in reverse order (the
+        Recording: sampler, py-spy, store, summary.json); returns the run's Summary (None if it could not be
+        built; the store still holds the run)."""
+        if not self._started or self._status is not None:
             return self.summary()
         self._status, self._error = status, error
         if self._step >= 0:
@@ -286,28 +293,26 @@ class Session:
             self._runq.close()
             self._runq = None
         if self._unattributed:
-            self._rec.event("warning", f"{self._unattributed} phase(s) ran outside any step", "session")
-        summary = self._rec.close(status, error)
-        self._export.close()
-        return summary
+            self.event("warning", f"{self._unattributed} phase(s) ran outside any step")
+        for hook in reversed(self._hooks):
+            hook.on_close(status, error)
+        return self.summary()
 
     def summary(self) -> Summary | None:
         """The run's Summary, built once when the session closed from the rows read back from its store (None
         while it runs). When the store stopped writing mid-run (disk full, the directory removed: training went
         on, as it should), it is the Summary of the steps the store committed before it stopped."""
-        return self._rec.summary if self._rec is not None else None
+        return self._recorder.summary
 
     def step_times(self) -> list[float]:
         """Seconds of each measured (non-warm-up) step the store holds, in order, read back from it: while the
         run goes on, those committed so far (at most ``flush_s`` behind); after close, every one."""
-        if self._store is None:
-            return []
-        return [s.t_end - s.t_start for s in self._store.steps() if not s.warmup]
+        return [s.t_end - s.t_start for s in self._recorder.committed_steps() if not s.warmup]
 
     @property
-    def recording(self) -> Recording | None:
-        """The run's store, sampler and py-spy (None before start)."""
-        return self._rec
+    def recording(self) -> Recorder:
+        """The hook that keeps the run (the Recording: store, sampler, py-spy)."""
+        return self._recorder
 
     # -- hot path ---------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -317,15 +322,14 @@ class Session:
         self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None
     ) -> Generator[Any, None, None]:
         """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
-        if self._store is None:
+        if not self._started:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
         self.note_loader(iterable)
         count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
         clock = self._clock
         rq = self._thread_runq()
         raw = rq.raw if rq is not None else None
-        store = self._store
-        halt = self._store_errors == "raise"
+        halt = self._recorder.halt if self._halts else None
         t_iter: float | None = clock()
         r_iter = raw() if raw else None
         # iter() is where a DataLoader starts its workers: that wait belongs to the first step
@@ -336,8 +340,8 @@ class Session:
                 r0 = raw() if raw else None
                 if self._step >= 0:
                     self._end_step(t0, r0)
-                    if halt and store.failure is not None:
-                        raise self._stopped(store.failure)
+                    if halt is not None and (stop := halt(self._next_index)) is not None:
+                        raise stop
                 elif t_iter is not None:
                     t0, t_iter, r0 = t_iter, None, r_iter
                 try:
@@ -366,15 +370,15 @@ class Session:
         :meth:`add_wait` and the batch's size to :meth:`add_samples`; phases work as under ``wrap()``. The
         run-queue wait is that of the thread that opens the first step, read when these are called: from the
         call here to the last ``add_wait`` (data) and to the step's end (step)."""
-        if self._store is None:
+        if not self._started:
             raise RuntimeError("Session.open_step() needs a started session: call start() first")
         t = self._clock() if t_start is None else t_start
         rq = self._thread_runq()
         raw = rq.raw() if rq is not None else None
         if self._step >= 0:
             self._end_step(t, raw)
-            if self._store_errors == "raise" and self._store.failure is not None:
-                raise self._stopped(self._store.failure)  # as wrap() does: the user asked training to stop
+            if self._halts and (stop := self._recorder.halt(self._next_index)) is not None:
+                raise stop  # as wrap() does: the user asked training to stop
         self._step = self._next_index
         self._next_index += 1
         self._step_t0 = t
@@ -412,12 +416,6 @@ class Session:
     def in_step(self) -> bool:
         """Whether a step is open (phases entered now are charged to it)."""
         return self._step >= 0
-
-    def _stopped(self, failure: StoreWriteError) -> StoreWriteError:
-        kept = f"steps up to {failure.last_kept} kept" if failure.last_kept >= 0 else "no step kept"
-        return StoreWriteError(
-            f"{failure}; stopped at step {self._next_index}, {kept}", failure.path, failure.last_kept
-        )
 
     def phase(self, name: str) -> _Phase:
         """Context manager timing a named part of the current step."""
@@ -479,8 +477,8 @@ class Session:
                     timer.release(ev1)
                 else:
                     out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, runq_s=rq))
-            assert self._store is not None
-            self._store.put_step(row, out)
+            for on_step in self._step_sinks:
+                on_step(row, out)
             self.recent.append((row, out))
 
     def _thread_runq(self) -> schedstat.ThreadSched | None:

@@ -21,6 +21,7 @@ from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.core.devices import DeviceInfo
+from profiler.core.recording import Recording, default_sources
 from profiler.core.session import Interrupted, Session
 from profiler.core.sources.base import Source
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
@@ -172,7 +173,6 @@ def _sim_device(cfg: RunConfig) -> SimDevice | None:
 
 def _sim_sources(sim: SimDevice) -> list[Source]:
     """What a run on the simulated device samples: the host as always, and the simulated NVML in place of NVML."""
-    from profiler.core.recording import default_sources
     from profiler.sim.nvml import SimNvmlSource
 
     real = [s for s in default_sources(os.getpid()) if s.name != "nvml"]
@@ -206,11 +206,11 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         timer=sim.timer() if sim is not None else None,
         sources=_rank_sources(cfg, sim) if cfg.dist is not None else _sim_sources(sim) if sim is not None else None,
         warmup=plan.warmup,
-        scenario=scenario.name,
-        pipeline=cfg.pipeline,
-        batch_size=plan.batch_size,
         store_errors="raise",  # a store that stops writing stops the run: training on would record nothing
         meta={
+            "scenario": scenario.name,
+            "pipeline": cfg.pipeline,
+            "batch_size": plan.batch_size,
             "steps_requested": plan.steps,
             "synthetic_data": scenario.synthetic,
             "torch": torch.__version__,
@@ -286,7 +286,7 @@ class _Loop:
         # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
         rec = session.recording
         processes = int(built.config.get("worker_processes", built.config.get("workers", 0)))
-        if cfg.attribution and rec is not None and processes > 0:
+        if cfg.attribution and isinstance(rec, Recording) and processes > 0:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )

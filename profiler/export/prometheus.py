@@ -19,32 +19,24 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import Metric, job_metrics, run_metrics
 from profiler.jobs.analysis_live import JobLiveAggregator
 from profiler.live.analysis import LiveAggregator, TotalsFolder
+from profiler.live.feeds import LiveFeed, Samples, SessionFeed, Steps
 
-Steps = list[tuple[StepRow, Sequence[PhaseRow]]]
-Samples = list[tuple[float, dict[str, float]]]
+if TYPE_CHECKING:
+    from profiler.core.hooks import SessionView
+
 INSTALL = "pip install 'stallscope[prometheus]'"
 
 
 class ExporterError(Exception):
     """The exporter cannot serve (missing dependency, address, port in use): one line for the user."""
-
-
-class RunFeed(Protocol):
-    """A single run's live feed (``profiler.live.feeds.SessionFeed`` or ``StoreFeed``)."""
-
-    def poll(self) -> tuple[Steps, Samples]: ...
-
-    def status(self) -> str: ...
-
-    def meta(self) -> dict[str, Any]: ...
 
 
 class JobFeedLike(Protocol):
@@ -62,7 +54,7 @@ class JobFeedLike(Protocol):
 
 
 class _RunState:
-    def __init__(self, feed: RunFeed) -> None:
+    def __init__(self, feed: LiveFeed) -> None:
         self.feed = feed
         self.agg = LiveAggregator(horizon_s=60)
         self.totals = TotalsFolder()
@@ -194,7 +186,7 @@ class PrometheusExporter:
             with self._lock:
                 self._refresh(state)  # the run's last steps and status stay served until close()
 
-    def follow(self, feed: RunFeed) -> contextlib.AbstractContextManager[PrometheusExporter]:
+    def follow(self, feed: LiveFeed) -> contextlib.AbstractContextManager[PrometheusExporter]:
         """Serve ``feed``'s run while the block runs (and its final figures after it)."""
         return self._follow(_RunState(feed))
 
@@ -222,30 +214,36 @@ def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
     return PrometheusExporter(ep).start()
 
 
-class _SessionFeed:
-    """A Session read as a live feed: ``profiler.live.feeds.SessionFeed``'s reads (that module imports the session,
-    which starts this exporter: importing it here would close a circle)."""
+class SessionExporter:
+    """``Session(..., prometheus=PORT)``: a Session hook serving the session's figures while it runs (the
+    integrations pass their ``prometheus`` argument through to the Session). The endpoint is checked when made
+    (ValueError), bound when the session starts (ExporterError: nothing is recorded yet), closed with it."""
 
-    def __init__(self, session: Any) -> None:
-        self._s = session
+    def __init__(self, endpoint: str | int) -> None:
+        self.endpoint = parse_endpoint(str(endpoint))
+        self._stack = contextlib.ExitStack()
+        self._exporter: PrometheusExporter | None = None
 
-    def poll(self) -> tuple[Steps, Samples]:
-        sampler = self._s.sampler
-        return list(self._s.recent), list(sampler.buffer) if sampler is not None else []
+    @property
+    def url(self) -> str:
+        return self._exporter.url if self._exporter is not None else ""
 
-    def status(self) -> str:
-        return str(self._s.status or "running")
+    def on_start(self, session: SessionView) -> None:
+        exporter = self._stack.enter_context(PrometheusExporter(self.endpoint))
+        self._stack.enter_context(exporter.follow(SessionFeed(session)))
+        self._exporter = exporter
 
-    def meta(self) -> dict[str, Any]:
-        return dict(self._s.meta)
+    def on_meta(self, items: Mapping[str, object]) -> None:
+        pass  # read from the session's feed at each scrape
 
+    def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
+        pass  # read from the session's bounded buffer at each scrape
 
-@contextlib.contextmanager
-def session_exporter(session: Any, endpoint: Endpoint) -> Iterator[PrometheusExporter]:
-    """``Session(..., prometheus=PORT)``: serve the session's figures while the block runs (integrations pass
-    their ``prometheus`` argument through to the Session)."""
-    with PrometheusExporter(endpoint) as exporter, exporter.follow(_SessionFeed(session)):
-        yield exporter
+    def on_event(self, kind: str, message: str) -> None:
+        pass
+
+    def on_close(self, status: str, error: str | None) -> None:
+        self._stack.close()
 
 
 def scrape_text(exporter: PrometheusExporter) -> str:
@@ -266,10 +264,9 @@ __all__ = [
     "ExporterError",
     "JobFeedLike",
     "PrometheusExporter",
-    "RunFeed",
+    "SessionExporter",
     "metric_names",
     "parse_endpoint",
     "scrape_text",
     "serve",
-    "session_exporter",
 ]

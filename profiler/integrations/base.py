@@ -80,6 +80,9 @@ def rank_endpoint(prometheus: str | int, local_rank: int) -> Endpoint:
     return Endpoint(at.host, at.port + local_rank if at.port else 0)
 
 
+LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")  # a trainer's facts that are run meta
+
+
 def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any]) -> Session:
     """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` what the trainer
     tells (device, labels, loader knobs, meta). The user's wins where both give one; the meta dicts merge.
@@ -88,6 +91,7 @@ def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any])
     meta = {**facts.get("meta", {}), **(options.get("meta") or {})}
     args = {k: v for k, v in facts.items() if k != "meta"}
     args.update((k, v) for k, v in options.items() if k != "meta" and v is not None)
+    meta.update((k, args.pop(k)) for k in LABELS if k in args)  # run facts: the Session keeps them in its meta
     if args.get("prometheus") is not None:
         args["prometheus"] = str(rank_endpoint(args["prometheus"], int(meta.get("local_rank", 0))))
     from profiler.export.prometheus import ExporterError

@@ -15,10 +15,12 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from profiler.core.session import Session
 from profiler.core.store import DB_NAME, PhaseRow, StepRow, StoreBusy, StoreError, StoreTail, run_status
+
+if TYPE_CHECKING:
+    from profiler.core.hooks import SessionView
 
 Steps = list[tuple[StepRow, Sequence[PhaseRow]]]
 Samples = list[tuple[float, dict[str, float]]]
@@ -39,7 +41,7 @@ Monitor = Callable[["LiveFeed"], AbstractContextManager[Any]]
 class SessionFeed:
     """Reads the Session's bounded buffers (copied whole under the GIL: no lock on the training thread)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionView) -> None:
         self._s = session
 
     def poll(self) -> tuple[Steps, Samples]:

@@ -59,7 +59,9 @@ def fresh(name: str) -> Path:
 
 def main() -> None:
     dl = torch.utils.data.DataLoader(Slow(), batch_size=8, num_workers=2)
-    with Session(fresh("cpu-workers"), warmup=3, scenario="recorded-cpu", pipeline="naive", batch_size=8) as s:
+    with Session(
+        fresh("cpu-workers"), warmup=3, meta={"scenario": "recorded-cpu", "pipeline": "naive", "batch_size": 8}
+    ) as s:
         loop(s, dl, 4.0)
 
     from fake_nvml import make_fake_nvml
@@ -68,7 +70,10 @@ def main() -> None:
     sources = [HostSource(), NvmlSource(module=make_fake_nvml(script))]
     dl0 = torch.utils.data.DataLoader(Slow(), batch_size=8, num_workers=0)
     with Session(
-        fresh("nvml-fake"), warmup=3, scenario="recorded-nvml", pipeline="naive", batch_size=8, sources=sources
+        fresh("nvml-fake"),
+        warmup=3,
+        sources=sources,
+        meta={"scenario": "recorded-nvml", "pipeline": "naive", "batch_size": 8},
     ) as s:
         loop(s, dl0, 4.0)
 
@@ -76,7 +81,7 @@ def main() -> None:
     child = (
         "import sys, time\n"
         "from profiler import Session\n"
-        "with Session(sys.argv[1], warmup=2, scenario='recorded-killed', batch_size=4) as s:\n"
+        "with Session(sys.argv[1], warmup=2, meta={'scenario': 'recorded-killed', 'batch_size': 4}) as s:\n"
         "    for _ in s.wrap(iter(lambda: [0] * 4, None)):\n"
         "        with s.phase('compute'):\n"
         "            time.sleep(0.01)\n"

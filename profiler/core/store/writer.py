@@ -41,6 +41,15 @@ class StoreWriteError(Exception):
         self.path = path
         self.last_kept = last_kept
 
+    @property
+    def kept(self) -> str:
+        """What the store kept, in the words every message about a stopped store uses."""
+        return f"steps up to {self.last_kept} kept" if self.last_kept >= 0 else "no step kept"
+
+    def at_step(self, step: int) -> StoreWriteError:
+        """This failure as the error that stops the training before ``step`` (``store_errors="raise"``)."""
+        return StoreWriteError(f"{self}; stopped at step {step}, {self.kept}", self.path, self.last_kept)
+
 
 def connect(path: Path) -> sqlite3.Connection:
     con = sqlite3.connect(path, check_same_thread=False, timeout=10.0)

@@ -1,0 +1,130 @@
+"""The hooks a Session drives: every sink of a run's steps (the run store's Recording, the Prometheus exporter,
+a live feed, a sweep's early stop, any future sink) implements :class:`SessionHook`.
+
+Invariants: Session calls ``on_step`` on the training thread once per resolved step, so a hook's ``on_step``
+only appends or queues (the store's is a queue put); a hook that must stop the training (a store that can no
+longer write, under ``store_errors="raise"``) says so through :meth:`Recorder.halt`, never by raising from
+``on_step``. Session imports no sink: the sinks of ``Session(out_dir, ...)`` come from the factory installed
+with :func:`install` (``profiler/core/__init__.py`` installs :func:`profiler.core.sinks.default_sinks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.sources.base import Source
+from profiler.core.store.writer import StoreWriteError
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.core.sampler import Sampler
+
+
+class SessionView(Protocol):
+    """What a hook may read of the Session that drives it."""
+
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+    @property
+    def t0(self) -> float: ...
+
+    @property
+    def status(self) -> str | None: ...
+
+    @property
+    def sampler(self) -> Sampler | None: ...
+
+    @property
+    def recent(self) -> deque[tuple[StepRow, list[PhaseRow]]]: ...
+
+
+class SessionHook(Protocol):
+    """A sink of a Session's run: told when it starts, of each run fact, step and event, and when it ends."""
+
+    def on_start(self, session: SessionView) -> None:
+        """Before the first step (the Recording creates its store here; an exporter binds its port)."""
+
+    def on_meta(self, items: Mapping[str, object]) -> None:
+        """Run facts recorded with :meth:`Session.annotate`."""
+
+    def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
+        """One resolved step and its phases (training thread: append or queue only)."""
+
+    def on_event(self, kind: str, message: str) -> None:
+        """A free-form event (warning, skipped sample, ...)."""
+
+    def on_close(self, status: str, error: str | None) -> None:
+        """The run ended: ``complete``, ``interrupted`` or ``failed`` (with where)."""
+
+
+class Recorder(SessionHook, Protocol):
+    """The hook that keeps the run: its store, its sampler and, after close, its Summary."""
+
+    @property
+    def sampler(self) -> Sampler | None: ...
+
+    @property
+    def summary(self) -> Summary | None: ...
+
+    @property
+    def failure(self) -> StoreWriteError | None:
+        """Why the store stopped writing (it keeps what it committed before), else None."""
+
+    def halt(self, step: int) -> BaseException | None:
+        """The exception that stops the training before ``step`` (a store that stopped writing, when the owner
+        asked for that), else None. Called once per step."""
+
+    def committed_steps(self) -> list[StepRow]:
+        """The step rows the store holds so far, read back from it."""
+
+
+class ServingHook(SessionHook, Protocol):
+    """A hook that serves the run's figures while it runs (the Prometheus exporter of ``prometheus=``)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """What a user passes to ``Session(...)`` that belongs to its sinks rather than to the step timing."""
+
+    out_dir: Path
+    meta: dict[str, object]
+    sample_hz: float
+    sources: Sequence[Source] | None = None
+    clock: Callable[[], float] = time.perf_counter
+    store_errors: str = "warn"
+    prometheus: str | int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sinks:
+    """A Session's sinks: the recorder, and the other hooks in the order they start (they close in reverse)."""
+
+    recorder: Recorder
+    hooks: list[SessionHook] = field(default_factory=list)
+    exporter: ServingHook | None = None  # also in ``hooks``
+
+
+SinkFactory = Callable[[SinkOptions], Sinks]
+_factory: list[SinkFactory] = []
+
+
+def install(factory: SinkFactory) -> None:
+    """Make ``factory`` build the sinks of every ``Session(out_dir, ...)`` made from now on."""
+    _factory[:] = [factory]
+
+
+def make_sinks(options: SinkOptions) -> Sinks:
+    """The installed factory's sinks for ``options`` (ValueError for a bad option, e.g. a prometheus port)."""
+    if not _factory:
+        raise RuntimeError("no Session sinks are installed: import profiler (its core package installs them)")
+    return _factory[0](options)
