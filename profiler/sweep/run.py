@@ -1,38 +1,11 @@
-"""Sweep and tune orchestration: run configurations of one scenario into one directory, stopping each early.
+"""Sweep and tune orchestration: run configurations of one scenario into one directory, each stopped early
+(docs/sweep-and-tune.md: the directories, the stop rule, failures and signals).
 
-A sweep directory holds one run store per configuration (``<pipeline>-b<batch>-w<workers>/``, the same
-store ``stallscope run`` writes, so ``stallscope report`` works on each), one job directory per configuration of
-N > 1 ranks (``...-xN/``, what ``stallscope run --nproc N`` writes) and ``sweep.json``, the table and its
-analysis. A tune directory holds one run store per trial (``tNN-<config>/``) and per final re-run
-(``finalN-<role>-<config>/``) and ``tune.json``.
-
-Invariants:
-- Every configuration runs through :func:`profiler.drivers.runner.run_scenario`, the loop ``stallscope run`` uses,
-  with py-spy attribution off (it would cost each configuration set-up time and take CPU from the loader); a
-  configuration of N > 1 ranks through :func:`profiler.jobs.launch.run_job` (each rank runs that loop), for exactly
-  ``Limits.steps`` measured steps: the stop rule cannot reach ranks in other processes.
-- While a job's ranks run, torch's elastic agent holds SIGINT/SIGTERM/SIGHUP/SIGQUIT in this process (a signal
-  stops the ranks and the job returns "interrupted"); the sweep's handlers are put back after each job.
-- A configuration ends at whichever comes first: the early-stop rule (``analysis.sweep.is_stable``), the
-  ``steps`` cap or the ``seconds`` cap on its measured steps; neither of the first two before
-  ``Limits.min_seconds`` of measured time. A tune trial measures at least ``TRIAL_MIN_S`` unless ``--steps``
-  was given (or ``--seconds`` caps it sooner), so that the sampler sees its loader workers: the tuner reads
-  their CPU use to decide how many workers the cores can hold; and without ``--seconds`` at most its budget
-  / ``TRIAL_SHARE``, so that a budget holds trials and the final comparison even where a step takes seconds.
-- A configuration that fails (out of memory, a pipeline that does not apply, a model error) is a row with
-  status "failed" and the error, never the end of the sweep. Bad user data (``TrainingError.bad_input``)
-  would fail every configuration alike, so it ends the sweep and propagates; except in a tune over the
-  default pipeline set (``skip_inapplicable``), where a pipeline that the loader's build finds unable to
-  read the dataset (a ``PipelineError``: dali on a file-backed dataset that is no image folder) is a failed
-  trial, which the tuner notes and skips: that set was chosen from the scenario's declaration alone. A run
-  store that cannot be written (disk full, over quota, the file size limit, the directory removed: the
-  TrainingError's cause is a ``StoreWriteError``) ends the sweep or tune too, for the same reason: every next
-  configuration writes its store beside it.
-- ``sweep.json`` is rewritten (atomically) after every configuration, so a sweep killed at any point
-  leaves the table of what finished. Ctrl-C / SIGTERM ends the sweep after recording the configuration it
-  interrupted as a row with status "interrupted".
-- Nothing here renders: progress reaches the caller through ``on_start`` / ``on_finish`` callbacks and the
-  live view through ``monitor``.
+Invariants: every configuration runs through ``run_scenario``, the loop ``stallscope run`` uses (attribution off),
+and one of N > 1 ranks through ``run_job`` for exactly ``Limits.steps`` steps (the stop rule cannot reach other
+processes); a configuration that fails is a row, never the end of the sweep, unless every next one would fail
+alike (bad user data, a run store that cannot be written); ``sweep.json`` / ``tune.json`` are rewritten atomically
+after every configuration; nothing here renders (progress goes to ``on_start`` / ``on_finish`` and ``monitor``).
 """
 
 from __future__ import annotations
@@ -78,8 +51,6 @@ TRIAL_MIN_S = 1.0
 # and the early-stop rule would wait for a precision a loaded machine does not give: 120 s -> 10 s a trial
 TRIAL_SHARE = 12
 
-# The signals torch's elastic agent handles in the launcher while a job's ranks run (its default
-# TORCHELASTIC_SIGNALS_TO_HANDLE): it sets their handlers and leaves them set when the job ends
 OnStart = Callable[[int, int | None, Config, Path], None]  # (index from 1, planned or None, config, run dir)
 OnFinish = Callable[[SweepRow], None]
 
@@ -429,6 +400,42 @@ def tune_pipelines(scenario: Scenario, asked: Sequence[str] | None) -> tuple[lis
     return list(asked), {}
 
 
+class _TuneTrials:
+    """The tuner's ``trial``: one configuration into run store ``out_dir/label``, ``tune.json`` rewritten (status
+    "running") after each, so that a tune killed at any point leaves the table of what finished."""
+
+    def __init__(self, h: Harness, out_dir: Path, skip_inapplicable: bool) -> None:
+        self.h = h
+        self.out_dir = out_dir
+        self.skip_inapplicable = skip_inapplicable
+        self.done: list[SweepRow] = []
+
+    def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
+        h = self.h
+        signame = _requested(h)
+        if signame:
+            raise Interrupted(signame)
+        run_dir = self.out_dir / label
+        if h.on_start is not None:
+            h.on_start(len(self.done) + 1, None, cfg, run_dir)
+        try:
+            with warnings.catch_warnings():
+                # torch warns whenever a DataLoader has more workers than cores: the tuner tries that on purpose,
+                # on the workers' measured CPU use, and says so in its report
+                warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+                row = run_config(h, cfg, run_dir, role=role)
+        except TrainingError as exc:
+            if not (self.skip_inapplicable and isinstance(exc.__cause__, PipelineError)):
+                raise
+            row = SweepRow(cfg.pipeline, cfg.batch_size, cfg.workers, "failed", str(run_dir), exc.bad_input, role=role)
+        self.done.append(row)
+        if h.on_finish is not None:
+            h.on_finish(row)
+        running = {"status": "running", "scenario": h.scenario.name, "device": h.base.device.label}
+        write_json(self.out_dir / "tune.json", {**running, "runs": [r.to_dict() for r in self.done]})
+        return row
+
+
 def run_tune(
     h: Harness,
     out_dir: Path,
@@ -446,38 +453,10 @@ def run_tune(
     ``cores`` None: :func:`usable_cores`. ``left_out``: pipelines not searched, with why (for the result).
     ``min_trial_s``: each trial's least measured time (the CLI passes 0 when ``--steps`` was given). Without a
     seconds cap in ``h.limits``, each trial's measured time is capped at ``budget_s / TRIAL_SHARE``."""
-    count = 0
-    done: list[SweepRow] = []
     seconds = h.limits.seconds if h.limits.seconds is not None else max(TRIAL_MIN_S, budget_s / TRIAL_SHARE)
     floor = min(min_trial_s, seconds)
     h = replace(h, limits=replace(h.limits, seconds=seconds, min_seconds=max(h.limits.min_seconds, floor)))
-
-    def trial(cfg: Config, label: str, role: str) -> SweepRow:
-        nonlocal count
-        signame = _requested(h)
-        if signame:
-            raise Interrupted(signame)
-        count += 1
-        run_dir = out_dir / label
-        if h.on_start is not None:
-            h.on_start(count, None, cfg, run_dir)
-        try:
-            with warnings.catch_warnings():
-                # torch warns whenever a DataLoader has more workers than cores: the tuner tries that on purpose,
-                # on the workers' measured CPU use, and says so in its report
-                warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-                row = run_config(h, cfg, run_dir, role=role)
-        except TrainingError as exc:
-            if not (skip_inapplicable and isinstance(exc.__cause__, PipelineError)):
-                raise
-            row = SweepRow(cfg.pipeline, cfg.batch_size, cfg.workers, "failed", str(run_dir), exc.bad_input, role=role)
-        done.append(row)
-        if h.on_finish is not None:
-            h.on_finish(row)
-        running = {"status": "running", "scenario": h.scenario.name, "device": h.base.device.label}
-        write_json(out_dir / "tune.json", {**running, "runs": [r.to_dict() for r in done]})
-        return row
-
+    trial = _TuneTrials(h, out_dir, skip_inapplicable)
     result = tune(
         trial,
         pipelines=pipelines,

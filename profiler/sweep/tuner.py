@@ -1,31 +1,9 @@
-"""The tuner's search: workers, batch size and pipeline with the best throughput, without a full grid.
+"""The tuner's search: the workers, batch size and pipeline with the best throughput without a full grid, then the
+pick re-run side by side with the default (docs/sweep-and-tune.md, "The search", states the rules).
 
-For each pipeline, starting at the scenario's batch size and 0 workers:
-1. hill-climb on workers over 0, 1, 2, 4, ... (the core count and ``max_workers`` included), moving up only
-   while a step improves throughput by more than ``IMPROVE`` (more workers cost memory and CPU: a tie keeps
-   the fewer). Up to the core count that is the only rule. Past it, a step is tried only while it stays
-   under the ceiling the workers' own CPU use sets: workers busy on CPU a fraction f of their time (the
-   trial's ``worker_cpu_busy_fraction``: CPU time per item over wall time per item) saturate c cores at about
-   c / f of them, so a loader whose items wait (I/O, a remote store) climbs far past the cores and a
-   CPU-bound one stops at them. When f was not measured, throughput alone decides (and a note says so);
-2. double the batch at the best worker count while throughput improves by more than ``IMPROVE``, up to
-   ``max_batch``; a configuration that fails (out of memory, or any RuntimeError) is the ceiling. If the
-   first doubling does not improve, halve instead while halving improves (the default was past the knee).
-Then the recommendation is the best of the pipelines' climbs, and it is re-run side by side with the
-default configuration (the scenario's batch, 0 workers, ``naive``): ``rounds`` rounds, alternating which
-runs first so that drift of the machine cancels, the speedup being the ratio of the median throughputs.
-A pick that is no faster than the default side by side (speedup <= 1) is not confirmed: the recommendation
-becomes the default, and the pick with its measured speedup is kept as ``unconfirmed``.
-
-Each climb records why it stopped, for workers and for batch (``TuneResult.stopped``), worded from the
-rows that decided it.
-
-Invariants: the search is a pure function of the ``trial`` callable's results, the ``clock`` and its
-arguments (the core count included), and so are the stop reasons; a configuration is tried at most once
-(results are cached); a trial is started only when the time spent so far, its estimated duration and the
-time reserved for the final comparison (``FINAL_ROUNDS`` rounds, one before the second trial) fit in
-``budget_s`` (the first trial always runs); the final comparison always runs at least one round, so a budget
-too small for even that is exceeded by it and ``notes`` says so.
+Invariants: the search and the stop reasons it records are a pure function of the ``trial`` callable's rows, the
+``clock`` and the arguments (the core count included); a configuration is tried at most once; a trial starts
+only when it and the reserve for the final comparison fit in ``budget_s`` (the first always runs).
 """
 
 from __future__ import annotations
@@ -164,12 +142,25 @@ def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:
 class _Search:
     """Runs trials through the cache and the budget gate; remembers every row in the order it ran."""
 
-    def __init__(self, trial: Trial, budget_s: float, clock: Callable[[], float], default: Config) -> None:
+    def __init__(
+        self,
+        trial: Trial,
+        budget_s: float,
+        clock: Callable[[], float],
+        default: Config,
+        *,
+        max_batch: int,
+        max_workers: int,
+        cores: int,
+    ) -> None:
         self.trial = trial
         self.budget_s = budget_s
         self.clock = clock
         self.t0 = clock()
         self.default = default
+        self.max_batch = max_batch
+        self.max_workers = max_workers
+        self.cores = cores
         self.rows: list[SweepRow] = []
         self.cache: dict[Config, SweepRow] = {}
         self.notes: list[str] = []
@@ -221,14 +212,7 @@ def _better(new: SweepRow, old: SweepRow) -> bool:
     return new.ok and new.throughput_samples_per_s > old.throughput_samples_per_s * (1 + IMPROVE)
 
 
-@dataclass(frozen=True, slots=True)
-class _Limits:
-    max_batch: int
-    max_workers: int
-    cores: int
-
-
-def _climb(s: _Search, pipeline: str, start_batch: int, limits: _Limits) -> SweepRow | None:
+def _climb(s: _Search, pipeline: str, start_batch: int) -> SweepRow | None:
     """One pipeline's search; the best row it found (None when the pipeline failed at the start). When the
     budget runs out, the best so far (None before the pipeline's first trial), with ``s.spent`` set."""
     why = s.stopped.setdefault(pipeline, {})
@@ -238,8 +222,8 @@ def _climb(s: _Search, pipeline: str, start_batch: int, limits: _Limits) -> Swee
             s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
             why.update(workers=f"not searched: {best.name} failed", batch=f"not searched: {best.name} failed")
             return None
-        best, why["workers"] = _climb_workers(s, best, limits)
-        best, why["batch"] = _climb_batch(s, best, limits.max_batch)
+        best, why["workers"] = _climb_workers(s, best)
+        best, why["batch"] = _climb_batch(s, best)
         return best
     except BudgetSpent as spent:
         s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
@@ -251,18 +235,19 @@ def _climb(s: _Search, pipeline: str, start_batch: int, limits: _Limits) -> Swee
         return so_far
 
 
-def _climb_workers(s: _Search, best: SweepRow, limits: _Limits) -> tuple[SweepRow, str]:
+def _climb_workers(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
     """Climb the worker ladder at ``best``'s batch; the best row and why the climb stopped."""
     unmeasured: int | None = None  # the worker count past the cores whose CPU use was not sampled
-    for w in worker_ladder(limits.max_workers, limits.cores)[1:]:
+    cores = s.cores
+    for w in worker_ladder(s.max_workers, cores)[1:]:
         f = best.worker_cpu_busy_fraction
-        if w > limits.cores and not math.isfinite(f):
+        if w > cores and not math.isfinite(f):
             unmeasured = best.workers if unmeasured is None else unmeasured
-        elif w > limits.cores and f * w > limits.cores:  # w > cores / f: w workers would need more than the cores
-            fit = max(best.workers, math.floor(limits.cores / f))
+        elif w > cores and f * w > cores:  # w > cores / f: w workers would need more than the cores
+            fit = max(best.workers, math.floor(cores / f))
             return best, (
                 f"stopped at {best.workers}: the workers were {f:.0%} busy on CPU per item at {best.workers}, so "
-                f"about {fit} fit on {limits.cores} core{'' if limits.cores == 1 else 's'} ({w} would not)"
+                f"about {fit} fit on {cores} core{'' if cores == 1 else 's'} ({w} would not)"
             )
         row = s.run(Config(best.pipeline, best.batch_size, w), best)
         if not _better(row, best):
@@ -277,10 +262,10 @@ def _unsampled(reason: str, at: int | None) -> str:
     return f"{reason}; the workers' CPU use was not sampled at {at}, so past the cores throughput alone decided"
 
 
-def _climb_batch(s: _Search, best: SweepRow, max_batch: int) -> tuple[SweepRow, str]:
+def _climb_batch(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
     """Double the batch at ``best``'s workers; when no doubling helps, halve it while halving helps (the
     default was past the knee). The best row and why the climb stopped."""
-    pipeline, start = best.pipeline, best.batch_size
+    pipeline, start, max_batch = best.pipeline, best.batch_size, s.max_batch
     b = start * 2
     while b <= max_batch:
         row = s.run(Config(pipeline, b, best.workers), best)
@@ -352,52 +337,60 @@ def tune(
     has status "interrupted", ``stopped_by`` the signal, and holds whatever ran.
     """
     default = Config(DEFAULT_PIPELINE, default_batch, 0)
-    start = min(default_batch, max_batch)
-    s = _Search(trial, budget_s, clock, default)
-    final: list[SweepRow] = []
+    s = _Search(trial, budget_s, clock, default, max_batch=max_batch, max_workers=max_workers, cores=max(1, cores))
     result = TuneResult(
-        None, default, None, s.rows, final, budget_s, 0.0, notes=s.notes, stopped=s.stopped,
+        None, default, None, s.rows, [], budget_s, 0.0, notes=s.notes, stopped=s.stopped,
         left_out=dict(left_out or {}), cores=cores, max_workers=max_workers,
     )  # fmt: skip
-    limits = _Limits(max_batch=max_batch, max_workers=max_workers, cores=max(1, cores))
     try:
-        bests: list[SweepRow] = []
-        for p in pipelines:
-            best = _climb(s, p, start, limits)
-            if best is not None:
-                bests.append(best)
-            if s.spent:
-                break
-        if not bests:
-            s.notes.append("no configuration completed: nothing to recommend")
-            return _finish(result, s)
-        rec = result.recommended = _fastest(bests)
-        if rec == default:
-            # the default won its single trial: measure it against the best alternative side by side, so that
-            # "keep the default" rests on a re-run too, not on one short trial each
-            others = [r for r in s.rows if r.ok and r.config != default]
-            if not others:
-                s.notes.append("the default configuration is the only one that completed: nothing to compare")
-                result.speedup = 1.0
-                return _finish(result, s)
-            rec = result.recommended = _fastest(others)
-            s.notes.append(f"the default was the best trial; the best alternative, {rec.name}, is re-run beside it")
-        _final_pair(result, s, rec)
+        _search(result, s, pipelines, start=min(default_batch, max_batch))
     except (Interrupted, KeyboardInterrupt) as exc:
-        result.status = "interrupted"
-        result.stopped_by = getattr(exc, "signame", "SIGINT")
-        row = getattr(exc, "row", None)  # the orchestration's ConfigStopped carries the interrupted run's row
-        if isinstance(row, SweepRow):
-            (s.rows if row.role == "trial" else final).append(row)
-        s.notes.append(f"stopped by {result.stopped_by} after {len(s.rows)} trials: the result is partial")
-        for why in s.stopped.values():
-            for knob in ("workers", "batch"):
-                why.setdefault(knob, f"stopped by {result.stopped_by}")
-        ok = [r for r in s.rows if r.ok]
-        if result.recommended is None and ok:
-            result.recommended = _fastest(ok)
-            s.notes.append("recommended: the best trial before the stop (the search did not finish)")
+        _interrupted(result, s, exc)
     return _finish(result, s)
+
+
+def _search(result: TuneResult, s: _Search, pipelines: Sequence[str], start: int) -> None:
+    """Each pipeline's climb from batch ``start``, then the pick re-run beside the default (``_final_pair``)."""
+    default = result.default
+    bests: list[SweepRow] = []
+    for p in pipelines:
+        best = _climb(s, p, start)
+        if best is not None:
+            bests.append(best)
+        if s.spent:
+            break
+    if not bests:
+        s.notes.append("no configuration completed: nothing to recommend")
+        return
+    rec = result.recommended = _fastest(bests)
+    if rec == default:
+        # the default won its single trial: measure it against the best alternative side by side, so that
+        # "keep the default" rests on a re-run too, not on one short trial each
+        others = [r for r in s.rows if r.ok and r.config != default]
+        if not others:
+            s.notes.append("the default configuration is the only one that completed: nothing to compare")
+            result.speedup = 1.0
+            return
+        rec = result.recommended = _fastest(others)
+        s.notes.append(f"the default was the best trial; the best alternative, {rec.name}, is re-run beside it")
+    _final_pair(result, s, rec)
+
+
+def _interrupted(result: TuneResult, s: _Search, exc: BaseException) -> None:
+    """A signal ended the search: the result is partial, its recommendation the best trial so far."""
+    result.status = "interrupted"
+    result.stopped_by = getattr(exc, "signame", "SIGINT")
+    row = getattr(exc, "row", None)  # the orchestration's ConfigStopped carries the interrupted run's row
+    if isinstance(row, SweepRow):
+        (s.rows if row.role == "trial" else result.final).append(row)
+    s.notes.append(f"stopped by {result.stopped_by} after {len(s.rows)} trials: the result is partial")
+    for why in s.stopped.values():
+        for knob in ("workers", "batch"):
+            why.setdefault(knob, f"stopped by {result.stopped_by}")
+    ok = [r for r in s.rows if r.ok]
+    if result.recommended is None and ok:
+        result.recommended = _fastest(ok)
+        s.notes.append("recommended: the best trial before the stop (the search did not finish)")
 
 
 def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
