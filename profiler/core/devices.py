@@ -18,7 +18,8 @@ import platform
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Any, Protocol, cast
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|sim:.*)$")
 ALLOWED = "auto, cpu, cuda, cuda:N, sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink]"
@@ -51,8 +52,8 @@ class DeviceInfo:
         torch device would say ``cpu``)."""
         return f"{self.sim.label()} (simulated)" if self.sim is not None else self.torch_device
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name}
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind, "torch_device": self.torch_device, "name": self.name}
         out["index"] = self.index
         if self.sim is not None:
             out["sim"] = {"device": self.sim.label(), **self.sim.to_dict()}
@@ -70,7 +71,7 @@ def cpu_name() -> str:
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
-def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
+def resolve_device(spec: str, torch_mod: ModuleType | None = None) -> DeviceInfo:
     """``auto|cpu|cuda|cuda:N|sim:NAME[,...]`` -> DeviceInfo; DeviceError naming the value and what is allowed."""
     if not isinstance(spec, str) or not _DEVICE_RE.match(spec):
         raise DeviceError(f"--device {spec!r} is not valid: allowed {ALLOWED}")
@@ -84,8 +85,7 @@ def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
         except SimSpecError as exc:
             raise DeviceError(str(exc)) from None
         return DeviceInfo("sim", "cpu", f"{config.spec.full_name} (simulated)", sim=config)
-    if torch_mod is None:
-        import torch as torch_mod
+    torch_mod = _torch(torch_mod)
     has_cuda = bool(torch_mod.cuda.is_available())
     if spec == "auto":
         if not has_cuda:
@@ -103,20 +103,43 @@ def resolve_device(spec: str, torch_mod: Any = None) -> DeviceInfo:
     return DeviceInfo("cuda", f"cuda:{index}", str(torch_mod.cuda.get_device_name(index)), index)
 
 
+def _torch(torch_mod: ModuleType | None) -> ModuleType:
+    """``torch_mod`` (a stand-in in tests), else torch itself, imported only when a CUDA device is asked for."""
+    if torch_mod is not None:
+        return torch_mod
+    import torch
+
+    return torch
+
+
+class _CudaEvent(Protocol):
+    """What the timer calls on a ``torch.cuda.Event``."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+    def elapsed_time(self, end_event: _CudaEvent, /) -> float: ...
+
+
 class DeviceTimer(Protocol):
-    """Marks points in the device's work queue and turns them into times on the run's timeline."""
+    """Marks points in the device's work queue and turns them into times on the run's timeline.
+
+    An event is an opaque token: only the timer whose ``mark()`` returned it reads it."""
 
     kind: str
 
-    def mark(self) -> Any: ...
+    def mark(self) -> object: ...
 
-    def done(self, ev: Any) -> bool: ...
+    def done(self, ev: object) -> bool: ...
 
-    def wait(self, ev: Any) -> None: ...
+    def wait(self, ev: object) -> None: ...
 
-    def time_of(self, ev: Any) -> float: ...
+    def time_of(self, ev: object) -> float: ...
 
-    def release(self, ev: Any) -> None: ...
+    def release(self, ev: object) -> None: ...
 
 
 class CudaEventTimer:
@@ -124,38 +147,42 @@ class CudaEventTimer:
 
     kind = "cuda-events"
 
-    def __init__(self, device: DeviceInfo, now: Callable[[], float], torch_mod: Any = None) -> None:
-        if torch_mod is None:
-            import torch as torch_mod
-        self._cuda = torch_mod.cuda
+    def __init__(self, device: DeviceInfo, now: Callable[[], float], torch_mod: ModuleType | None = None) -> None:
+        self._cuda = _torch(torch_mod).cuda
         self._dev = device.index
-        self._pool: list[Any] = []
+        self._pool: list[_CudaEvent] = []
         self._cuda.synchronize(self._dev)
         self._ref = self._new()
         self._ref.record()
         self._ref.synchronize()
         self._ref_t = now()
 
-    def _new(self) -> Any:
-        return self._cuda.Event(enable_timing=True)
+    def _new(self) -> _CudaEvent:
+        ev: _CudaEvent = self._cuda.Event(enable_timing=True)
+        return ev
 
-    def mark(self) -> Any:
+    def mark(self) -> _CudaEvent:
         ev = self._pool.pop() if self._pool else self._new()
         ev.record()
         return ev
 
-    def done(self, ev: Any) -> bool:
-        return bool(ev.query())
+    def done(self, ev: object) -> bool:
+        return bool(_event(ev).query())
 
-    def wait(self, ev: Any) -> None:
-        ev.synchronize()
+    def wait(self, ev: object) -> None:
+        _event(ev).synchronize()
 
-    def time_of(self, ev: Any) -> float:
-        return self._ref_t + float(self._ref.elapsed_time(ev)) / 1e3
+    def time_of(self, ev: object) -> float:
+        return self._ref_t + float(self._ref.elapsed_time(_event(ev))) / 1e3
 
-    def release(self, ev: Any) -> None:
+    def release(self, ev: object) -> None:
         if len(self._pool) < 4096:
-            self._pool.append(ev)
+            self._pool.append(_event(ev))
+
+
+def _event(ev: object) -> _CudaEvent:
+    """An event this timer's ``mark()`` returned (the Session hands back only those; no check on the hot path)."""
+    return cast(_CudaEvent, ev)
 
 
 def make_timer(device: DeviceInfo, now: Callable[[], float]) -> DeviceTimer | None:

@@ -29,12 +29,13 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeGuard
 
 from profiler.sim.specs import PRECISIONS
 
 if TYPE_CHECKING:
     import torch
+    from torch._ops import OpOverload
 
 
 class CostModelError(ValueError):
@@ -59,7 +60,7 @@ class StepCost:
         """Device memory the step needs (weights, gradients, optimizer state, saved activations)."""
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float | str]:
         return {
             "batch_size": self.batch_size,
             "flops": self.flops,
@@ -73,8 +74,11 @@ class StepCost:
         }
 
 
-CostForward = Callable[[Any, Any], Any]
-LossFn = Callable[[Any, Any], Any]
+# cost_forward(model, x): a tensor, or a (nested) sequence or mapping of tensors, whose elements summed are the loss
+CostForward = Callable[["torch.nn.Module", "torch.Tensor"], object]
+# loss(model output, targets or None): the loss tensor
+LossFn = Callable[[object, "torch.Tensor | None"], "torch.Tensor"]
+ModelFactory = Callable[[], object]  # () -> nn.Module (checked: CostModelError otherwise)
 
 # The runner's optimizer (profiler/drivers/runner.py); the cost of its step does not depend on the values.
 _LR = 0.01
@@ -108,8 +112,8 @@ _NO_KERNEL_OPS = frozenset(
 
 
 def measure_step(
-    model_factory: Callable[[], Any],
-    sample: Any,
+    model_factory: ModelFactory,
+    sample: Sequence[object],
     batch_size: int,
     *,
     precision: str = "fp32",
@@ -170,10 +174,10 @@ class _Trace:
 
 # (shape, dtype name) of x; y: ("int",), ("tensor", shape, dtype name), or None when it is not used
 _TensorSpec = tuple[tuple[int, ...], str]
-_TargetSpec = tuple[Any, ...] | None
+_TargetSpec = tuple[str] | tuple[str, tuple[int, ...], str] | None
 
 
-def _sample_specs(sample: Any, *, need_targets: bool) -> tuple[_TensorSpec, _TargetSpec]:
+def _sample_specs(sample: Sequence[object], *, need_targets: bool) -> tuple[_TensorSpec, _TargetSpec]:
     import torch
 
     try:
@@ -205,7 +209,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 class _Step:
     """What a trace depends on, hashable: the factory and loss by identity, the sample by shape and dtype."""
 
-    model_factory: Callable[[], Any]
+    model_factory: ModelFactory
     x_spec: _TensorSpec
     y_spec: _TargetSpec
     batch_size: int
@@ -248,7 +252,7 @@ def _trace(step: _Step) -> _Trace:
                     out = model(x, y) if step.targets_in_forward else model(x)
                     total = _sum_elements(out) if loss is None else loss(out, y)
             if total.requires_grad:
-                total.backward()
+                total.backward()  # type: ignore[no-untyped-call]
             if opt is not None:
                 opt.step()
     except Exception as exc:  # noqa: BLE001 - any failure of the traced step is the one-line error below
@@ -275,16 +279,16 @@ def _conv_backward_flops(
     grad_out_shape: Sequence[int],
     x_shape: Sequence[int],
     w_shape: Sequence[int],
-    _bias: Any,
-    _stride: Any,
-    _padding: Any,
-    _dilation: Any,
+    _bias: object,
+    _stride: object,
+    _padding: object,
+    _dilation: object,
     transposed: bool,
-    _output_padding: Any,
-    _groups: Any,
+    _output_padding: object,
+    _groups: object,
     output_mask: Sequence[bool],
-    *args: Any,
-    **kwargs: Any,
+    *args: object,
+    **kwargs: object,
 ) -> int:
     """FLOPs of a convolution's backward: each of the input and weight gradients costs what the forward did.
 
@@ -299,7 +303,7 @@ def _conv_backward_flops(
     return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
 
 
-def _build_on_meta(model_factory: Callable[[], Any]) -> Any:
+def _build_on_meta(model_factory: ModelFactory) -> torch.nn.Module:
     """The factory's module on the meta device, in train mode; CostModelError when it cannot be built."""
     import torch
 
@@ -324,18 +328,18 @@ def _build_on_meta(model_factory: Callable[[], Any]) -> Any:
     return model
 
 
-def _meta_targets(y_spec: _TargetSpec, batch_size: int) -> Any:
+def _meta_targets(y_spec: _TargetSpec, batch_size: int) -> torch.Tensor | None:
     import torch
 
     if y_spec is None:
         return None
-    if y_spec[0] == "int":
+    if len(y_spec) == 1:  # ("int",)
         return torch.empty(batch_size, dtype=torch.int64, device="meta")
     _, shape, dtype = y_spec
     return torch.empty((batch_size, *shape), dtype=getattr(torch, dtype), device="meta")
 
 
-def _init_momentum(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
+def _init_momentum(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> None:
     """One untraced step on zero gradients: the momentum buffers exist, as in every step after the first."""
     import torch
 
@@ -345,7 +349,7 @@ def _init_momentum(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> No
     opt.zero_grad(set_to_none=True)  # as the runner: backward allocates fresh gradients
 
 
-def _sum_elements(out: Any) -> Any:
+def _sum_elements(out: object) -> torch.Tensor:
     """The sum of every element of a tensor, or of a (nested) sequence or mapping of tensors."""
     tensors = list(_tensors_in(out))
     if not tensors:
@@ -356,7 +360,7 @@ def _sum_elements(out: Any) -> Any:
     return total
 
 
-def _tensors_in(out: Any) -> Iterator[Any]:
+def _tensors_in(out: object) -> Iterator[torch.Tensor]:
     if _is_tensor(out):
         yield out
     elif isinstance(out, Mapping):
@@ -379,9 +383,10 @@ class _SavedActivations:
     backend that saves a different set than the meta kernels do) shifts it.
     """
 
-    def __init__(self, resident: list[Any]) -> None:
+    def __init__(self, resident: list[torch.UntypedStorage]) -> None:
         self._seen = {id(storage) for storage in resident}
-        self._keep: list[Any] = list(resident)  # alive, so that no other storage takes one of their ids
+        # alive, so that no other storage takes one of their ids
+        self._keep: list[torch.UntypedStorage] = list(resident)
         self.total_bytes = 0
         self.float_bytes = 0
 
@@ -400,7 +405,7 @@ class _SavedActivations:
         return t
 
 
-def _counting_kernels(count: list[int]) -> AbstractContextManager[Any]:
+def _counting_kernels(count: list[int]) -> AbstractContextManager[object]:
     """A dispatch mode that adds to ``count[0]`` one per device kernel the traced ops would launch.
 
     It must see the ops below autograd (the backward's and the optimizer's aten ops, not the Python calls that
@@ -412,15 +417,19 @@ def _counting_kernels(count: list[int]) -> AbstractContextManager[Any]:
 
     class _KernelCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(
-            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-        ) -> Any:
+            self,
+            func: OpOverload,
+            types: Sequence[type],
+            args: tuple[object, ...] = (),
+            kwargs: dict[str, object] | None = None,
+        ) -> object:
             count[0] += _launches(func, args)
             return func(*args, **(kwargs or {}))
 
     return _KernelCounter()  # type: ignore[no-untyped-call]
 
 
-def _launches(func: Any, args: tuple[Any, ...]) -> int:
+def _launches(func: OpOverload, args: tuple[object, ...]) -> int:
     """Kernels one dispatched aten op launches: 0 for views and metadata-only ops, chunks for foreach ops.
 
     The rule: an op whose schema says its output aliases its input (``is_view``: view, t, transpose, expand,
@@ -441,7 +450,7 @@ def _launches(func: Any, args: tuple[Any, ...]) -> int:
     return 1
 
 
-def _is_tensor(value: Any) -> bool:
+def _is_tensor(value: object) -> TypeGuard[torch.Tensor]:
     import torch
 
     return isinstance(value, torch.Tensor)
@@ -456,5 +465,5 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else "(no message)"
 
 
-def _callable_name(f: Callable[..., Any]) -> str:
+def _callable_name(f: Callable[..., object]) -> str:
     return getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or type(f).__name__

@@ -29,7 +29,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from profiler.sim.cost import StepCost
 from profiler.sim.specs import SimConfig
@@ -290,17 +289,24 @@ class SimTimer:
         """Put events on the run's timeline: ``now()`` is the run's clock (seconds since its start)."""
         self._origin = self._dev.clock() - now()
 
-    def mark(self) -> Any:
+    def mark(self) -> float:
         return self._dev.tail()
 
-    def done(self, ev: Any) -> bool:
-        return bool(self._dev.clock() >= ev)
+    def done(self, ev: object) -> bool:
+        return bool(self._dev.clock() >= _at(ev))
 
-    def wait(self, ev: Any) -> None:
-        self._dev.wait_until(float(ev))
+    def wait(self, ev: object) -> None:
+        self._dev.wait_until(_at(ev))
 
-    def time_of(self, ev: Any) -> float:
-        return float(ev) - self._origin
+    def time_of(self, ev: object) -> float:
+        return _at(ev) - self._origin
 
-    def release(self, ev: Any) -> None:
+    def release(self, ev: object) -> None:
         return None
+
+
+def _at(ev: object) -> float:
+    """The device time of an event :meth:`SimTimer.mark` returned."""
+    if not isinstance(ev, (int, float)):
+        raise TypeError(f"not a simulated device event: {ev!r}")
+    return float(ev)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 PRECISIONS = ("fp32", "tf32", "amp")
 LINKS = ("pcie", "nvlink")
@@ -79,7 +78,7 @@ class SimConfig:
         link = f",link={self.link}" if self.link != self.spec.default_link() else ""
         return f"sim:{self.spec.name},precision={self.precision},efficiency={self.efficiency:g}{link}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | float]:
         s = self.spec
         return {
             "accelerator": s.name,
