@@ -21,8 +21,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Any, Protocol
+from typing import Protocol
 
+from profiler.analysis.meta import JSON, objects, opt_float, opt_int, opt_str
 from profiler.analysis.parts import Breakdown, StepTimes
 from profiler.analysis.stats import json_safe, mean, quantile
 from profiler.analysis.summary import Summary, summarize
@@ -64,7 +65,7 @@ class NodeInput:
     """One node's directory: its ``job.json`` ({} when absent) and its sampler store (None when absent)."""
 
     run_dir: str
-    job: dict[str, Any]
+    job: JSON
     record: RunRecord | None = None
 
 
@@ -101,7 +102,7 @@ class RankExit:
         how = f"killed ({self.signal})" if self.signal else f"exited with code {self.exitcode}"
         return f"{how} at {self.t_s:.1f} s"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -171,7 +172,7 @@ class RankRow:
     def input_bound(self) -> bool:
         return self.measured and self.summary is not None and self.summary.verdict in INPUT_BOUND
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         s = self.summary
         nan3 = StepTimes(math.nan, math.nan, math.nan)
         parts = ("data_wait", "h2d", "compute", "sync", "other")
@@ -202,7 +203,7 @@ class Straggler:
     others: tuple[int, ...]
     evidence: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "rank": self.rank,
             "data_wait_excess_ms_per_step": self.data_wait_excess_ms_per_step,
@@ -227,7 +228,7 @@ class Scaling:
         denominator = self.world_size * self.baseline_throughput
         return self.job_throughput / denominator if denominator > 0 else math.nan
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {
             "baseline_run": self.baseline_run,
             "baseline_throughput": self.baseline_throughput,
@@ -247,7 +248,7 @@ class JobSummary:
     status: str
     scenario: str | None
     pipeline: str | None
-    device: dict[str, Any]
+    device: JSON
     batch_size: int | None  # per rank
     workers: int | None  # per rank
     backend: str | None
@@ -278,46 +279,44 @@ class JobSummary:
     def measured_ranks(self) -> list[RankRow]:
         return [r for r in self.ranks if r.measured]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         measured = self.measured_ranks
-        out: dict[str, Any] = json_safe(
-            {
-                "run_id": self.job_id,
-                "scenario": self.scenario,
-                "pipeline": self.pipeline,
-                "device": self.device,
-                "batch_size": self.batch_size,
-                "workers": self.workers,
-                "steps": min((r.summary.steps for r in measured if r.summary), default=0),
-                "warmup_steps": measured[0].summary.warmup_steps if measured and measured[0].summary else None,
-                "throughput_samples_per_s": self.throughput_samples_per_s,
-                "step_time_ms": self.step_time_ms.to_dict(),
-                "breakdown_ms_per_step": self.breakdown_ms_per_step.to_dict(),
-                "stall_fraction": self.stall_fraction,
-                "device_busy_fraction": self.device_busy_fraction,
-                "verdict": self.verdict,
-                "recommendations": [],
+        out: JSON = {
+            "run_id": self.job_id,
+            "scenario": self.scenario,
+            "pipeline": self.pipeline,
+            "device": self.device,
+            "batch_size": self.batch_size,
+            "workers": self.workers,
+            "steps": min((r.summary.steps for r in measured if r.summary), default=0),
+            "warmup_steps": measured[0].summary.warmup_steps if measured and measured[0].summary else None,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "step_time_ms": self.step_time_ms.to_dict(),
+            "breakdown_ms_per_step": self.breakdown_ms_per_step.to_dict(),
+            "stall_fraction": self.stall_fraction,
+            "device_busy_fraction": self.device_busy_fraction,
+            "verdict": self.verdict,
+            "recommendations": [],
+            "status": self.status,
+            "mode": "job",
+            "ranks": [r.to_dict() for r in self.ranks],
+            "straggler": self.straggler.to_dict() if self.straggler else None,
+            "straggler_rule": self.straggler_rule,
+            "scaling_efficiency": self.scaling.to_dict() if self.scaling else None,
+            "job": {
+                "job_id": self.job_id,
+                "world_size": self.world_size,
+                "nnodes": self.nnodes,
                 "status": self.status,
-                "mode": "job",
-                "ranks": [r.to_dict() for r in self.ranks],
-                "straggler": self.straggler.to_dict() if self.straggler else None,
-                "straggler_rule": self.straggler_rule,
-                "scaling_efficiency": self.scaling.to_dict() if self.scaling else None,
-                "job": {
-                    "job_id": self.job_id,
-                    "world_size": self.world_size,
-                    "nnodes": self.nnodes,
-                    "status": self.status,
-                    "backend": self.backend,
-                    "first_failure": self.first_failure.to_dict() if self.first_failure else None,
-                    "slowest_rank": self.slowest_rank,
-                    "run_dirs": list(self.run_dirs),
-                },
-                "input_bound_ranks": self.input_bound_ranks,
-                "notes": list(self.notes),
-            }
-        )
-        return out
+                "backend": self.backend,
+                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+                "slowest_rank": self.slowest_rank,
+                "run_dirs": list(self.run_dirs),
+            },
+            "input_bound_ranks": self.input_bound_ranks,
+            "notes": list(self.notes),
+        }
+        return json_safe(out)
 
 
 # -- assembly -----------------------------------------------------------------------------------
@@ -346,16 +345,18 @@ def summarize_job(job: JobInput) -> JobSummary:
         notes.append(note)
     device = _device(rows, jobs)
     return JobSummary(
-        job_id=_first(jobs, "job_id") or _rank_meta(job.ranks, "job_id"),
+        job_id=opt_str(_first(jobs, "job_id") or _rank_meta(job.ranks, "job_id")),
         world_size=world,
-        nnodes=int(_first(jobs, "nnodes") or len(job.nodes) or 1),
+        nnodes=opt_int(_first(jobs, "nnodes")) or len(job.nodes) or 1,
         status=_job_status(jobs, rows),
-        scenario=_first(jobs, "scenario") or _rank_meta(job.ranks, "scenario"),
-        pipeline=_first(jobs, "pipeline") or _rank_meta(job.ranks, "pipeline"),
+        scenario=opt_str(_first(jobs, "scenario") or _rank_meta(job.ranks, "scenario")),
+        pipeline=opt_str(_first(jobs, "pipeline") or _rank_meta(job.ranks, "pipeline")),
         device=device,
-        batch_size=_first(jobs, "batch_size") or _rank_meta(job.ranks, "batch_size"),
-        workers=_first(jobs, "workers") if _first(jobs, "workers") is not None else _rank_meta(job.ranks, "workers"),
-        backend=_first(jobs, "backend") or _rank_meta(job.ranks, "backend"),
+        batch_size=opt_int(_first(jobs, "batch_size") or _rank_meta(job.ranks, "batch_size")),
+        workers=opt_int(
+            _first(jobs, "workers") if _first(jobs, "workers") is not None else _rank_meta(job.ranks, "workers")
+        ),
+        backend=opt_str(_first(jobs, "backend") or _rank_meta(job.ranks, "backend")),
         ranks=rows,
         throughput_samples_per_s=throughput,
         step_time_ms=slowest.summary.step_time_ms if slowest and slowest.summary else StepTimes(*[math.nan] * 3),
@@ -373,16 +374,16 @@ def summarize_job(job: JobInput) -> JobSummary:
     )
 
 
-def _first(jobs: list[dict[str, Any]], key: str) -> Any:
+def _first(jobs: list[JSON], key: str) -> object:
     return next((j[key] for j in jobs if j.get(key) is not None), None)
 
 
-def _rank_meta(ranks: tuple[RankInput, ...], key: str) -> Any:
+def _rank_meta(ranks: tuple[RankInput, ...], key: str) -> object:
     """A fact the ranks' stores recorded (the first found): for a job directory without job.json."""
     return next((r.record.meta[key] for r in ranks if r.record and r.record.meta.get(key) is not None), None)
 
 
-def _device(rows: tuple[RankRow, ...], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+def _device(rows: tuple[RankRow, ...], jobs: list[JSON]) -> JSON:
     for r in rows:
         if r.summary is not None:
             return r.summary.device.to_dict()
@@ -391,7 +392,7 @@ def _device(rows: tuple[RankRow, ...], jobs: list[dict[str, Any]]) -> dict[str, 
 
 
 def _job_start(job: JobInput) -> float:
-    starts = [float(n.job["started_at"]) for n in job.nodes if isinstance(n.job.get("started_at"), (int, float))]
+    starts = [float(t) for n in job.nodes if isinstance(t := n.job.get("started_at"), (int, float))]
     if not starts:
         starts = [float(r.record.meta["started_at"]) for r in job.ranks if r.record and r.record.meta.get("started_at")]
     return min(starts, default=0.0)
@@ -403,16 +404,17 @@ def _rank_exits(job: JobInput, t0: float) -> dict[int, RankExit]:
     for node in job.nodes:
         started = node.job.get("started_at")
         offset = float(started) - t0 if isinstance(started, (int, float)) else 0.0
-        for e in node.job.get("rank_exits") or []:
-            if not isinstance(e, dict) or not isinstance(e.get("rank"), int) or e["rank"] in out:
+        for e in objects(node.job.get("rank_exits")):
+            rank = e.get("rank")
+            if not isinstance(rank, int) or rank in out:
                 continue
-            out[e["rank"]] = RankExit(
-                rank=e["rank"],
-                local_rank=e.get("local_rank"),
-                exitcode=e.get("exitcode"),
-                signal=e.get("signal"),
-                t_s=float(e.get("t_s") or 0.0) + offset,
-                node_rank=node.job.get("node_rank"),
+            out[rank] = RankExit(
+                rank=rank,
+                local_rank=opt_int(e.get("local_rank")),
+                exitcode=opt_int(e.get("exitcode")),
+                signal=opt_str(e.get("signal")),
+                t_s=(opt_float(e.get("t_s")) or 0.0) + offset,
+                node_rank=opt_int(node.job.get("node_rank")),
             )
     return out
 
@@ -466,7 +468,7 @@ def _started(rec: RunRecord | None) -> float:
     return float(value) if isinstance(value, (int, float)) else math.nan
 
 
-def _job_status(jobs: list[dict[str, Any]], rows: tuple[RankRow, ...]) -> str:
+def _job_status(jobs: list[JSON], rows: tuple[RankRow, ...]) -> str:
     """The launcher's status (the worst over nodes); without job.json, the worst of the ranks' own."""
     statuses = [str(j["status"]) for j in jobs if j.get("status")]
     if not statuses:

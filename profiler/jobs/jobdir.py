@@ -18,9 +18,9 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from profiler.core.store import DB_NAME, StoreError, load_run
+from profiler.analysis.meta import JSON, as_list
+from profiler.core.store import DB_NAME, RunRecord, StoreError, load_run
 from profiler.jobs.analysis import BaselineInput, JobInput, NodeInput, RankInput
 
 JOB_FILE = "job.json"
@@ -40,7 +40,7 @@ def is_job_dir(path: str | os.PathLike[str]) -> bool:
     return (p / JOB_FILE).is_file() or any(_RANK_DIR.fullmatch(c.name) and c.is_dir() for c in p.iterdir())
 
 
-def read_job_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_job_json(path: str | os.PathLike[str]) -> JSON:
     """The launcher's record in ``path`` ({} when there is none); JobDirError when it is not a JSON object."""
     f = Path(path) / JOB_FILE
     if not f.exists():
@@ -58,14 +58,14 @@ def _numbered(path: Path, pattern: re.Pattern[str]) -> dict[int, Path]:
     return {int(m[1]): c for c in sorted(path.iterdir()) if (m := pattern.fullmatch(c.name)) and c.is_dir()}
 
 
-def _load(path: Path) -> tuple[Any, str | None]:
+def _load(path: Path) -> tuple[RunRecord | None, str | None]:
     try:
         return load_run(path), None
     except StoreError as exc:
         return None, str(exc)
 
 
-def _node(path: Path, job: dict[str, Any]) -> NodeInput:
+def _node(path: Path, job: JSON) -> NodeInput:
     nodes = _numbered(path, _NODE_DIR)
     want = job.get("node_rank")
     chosen = nodes.get(want) if isinstance(want, int) else next(iter(nodes.values()), None)
@@ -73,8 +73,8 @@ def _node(path: Path, job: dict[str, Any]) -> NodeInput:
     return NodeInput(str(path), job, record)
 
 
-def _check_same_job(dirs: Sequence[Path], jobs: Sequence[dict[str, Any]]) -> None:
-    seen: tuple[Path, Any] | None = None
+def _check_same_job(dirs: Sequence[Path], jobs: Sequence[JSON]) -> None:
+    seen: tuple[Path, object] | None = None
     for d, job in zip(dirs, jobs, strict=True):
         jid = job.get("job_id")
         if jid is None:
@@ -87,13 +87,13 @@ def _check_same_job(dirs: Sequence[Path], jobs: Sequence[dict[str, Any]]) -> Non
         seen = seen or (d, jid)
 
 
-def _ranks(dirs: Sequence[Path], jobs: Sequence[dict[str, Any]]) -> list[RankInput]:
+def _ranks(dirs: Sequence[Path], jobs: Sequence[JSON]) -> list[RankInput]:
     found: dict[int, RankInput] = {}
     where: dict[int, Path] = {}
     for d, job in zip(dirs, jobs, strict=True):
-        node_rank = job.get("node_rank") if isinstance(job.get("node_rank"), int) else None
+        node_rank = v if isinstance(v := job.get("node_rank"), int) else None
         stores = _numbered(d, _RANK_DIR)
-        listed = [r for r in job.get("ranks") or [] if isinstance(r, int)]
+        listed = [r for r in as_list(job.get("ranks")) if isinstance(r, int)]
         for rank in sorted(set(stores) | set(listed)):
             if rank in found:
                 raise JobDirError(f"rank {rank} is in both '{where[rank]}' and '{d}': allowed each rank in one node")
@@ -135,7 +135,7 @@ def load_job(
 
 
 def _baseline(
-    given: str | os.PathLike[str] | None, dirs: Sequence[Path], jobs: Sequence[dict[str, Any]], notes: list[str]
+    given: str | os.PathLike[str] | None, dirs: Sequence[Path], jobs: Sequence[JSON], notes: list[str]
 ) -> BaselineInput | None:
     """``--baseline`` (bad input when it cannot be read), else job.json's ``baseline`` (a note when it cannot)."""
     if given is not None:

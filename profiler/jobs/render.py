@@ -4,13 +4,12 @@ so (it is the simulated device's idle time in the sync phase)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from profiler.analysis.meta import as_json
 from profiler.jobs.analysis import JobSummary
 from profiler.render.figures import job_lines, num, rank_cells, rank_columns
 
@@ -20,7 +19,7 @@ _VERDICT_STYLE = {"input": "bold red", "not": "bold green"}
 def job_header(j: JobSummary) -> Text:
     t = Text()
     t.append(f"{j.scenario or 'job'}", style="bold")
-    dev = j.device.get("sim", {}).get("device") if j.simulated and isinstance(j.device.get("sim"), dict) else None
+    dev = as_json(j.device.get("sim")).get("device") if j.simulated else None
     where = dev or j.device.get("torch_device") or j.device.get("kind") or "?"
     t.append(
         f"  pipeline={j.pipeline or '?'}  batch/rank={j.batch_size or '?'}  workers/rank={num(j.workers, '{}')}  "
@@ -43,7 +42,7 @@ def rank_table(j: JobSummary) -> Table:
 
 
 def render_job(j: JobSummary, console: Console) -> None:
-    body: list[Any] = [job_header(j)]
+    body: list[RenderableType] = [job_header(j)]
     if j.simulated:
         body.append(
             Text(

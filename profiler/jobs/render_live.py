@@ -12,9 +12,9 @@ On a simulated device (kind ``sim``) the head line says SIMULATED and the sync c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Group
 from rich.text import Text
@@ -31,12 +31,12 @@ def _f(x: float | None, spec: str, unit: str = "") -> str:
     return "n/a" if x is None or math.isnan(x) else format(x, spec) + unit
 
 
-def _simulated(meta: dict[str, Any]) -> bool:
+def _simulated(meta: Mapping[str, object]) -> bool:
     dev = meta.get("device")
     return isinstance(dev, dict) and dev.get("kind") == SIMULATED
 
 
-def _where(meta: dict[str, Any]) -> str:
+def _where(meta: Mapping[str, object]) -> str:
     dev = meta.get("device")
     if isinstance(dev, dict):
         where = device_where(dev) if _simulated(meta) else dev.get("torch_device") or dev.get("kind")
@@ -88,7 +88,7 @@ def straggler_text(snap: JobLive) -> str:
     return "none"
 
 
-def job_frame(snap: JobLive, meta: dict[str, Any], total_steps: int | None = None) -> Group:
+def job_frame(snap: JobLive, meta: Mapping[str, object], total_steps: int | None = None) -> Group:
     """One frame of the job's dashboard."""
     sim = _simulated(meta)
     head = Text.assemble(
@@ -126,11 +126,13 @@ def job_frame(snap: JobLive, meta: dict[str, Any], total_steps: int | None = Non
     return Group(head, *lines)
 
 
-def _or_q(x: Any) -> str:
+def _or_q(x: object) -> str:
     return "?" if x is None else str(x)
 
 
-def job_status_line(snap: JobLive, total_steps: int | None = None, meta: dict[str, Any] | None = None) -> str | None:
+def job_status_line(
+    snap: JobLive, total_steps: int | None = None, meta: Mapping[str, object] | None = None
+) -> str | None:
     """The plain line: job figures, then per rank data wait / sync / stall / CPU, then the straggler."""
     if not any(r.window_steps for r in snap.ranks):
         return None
