@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import pairwise
 from typing import Any
 
+from profiler.analysis.meta import JSON
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe, mean
 from profiler.analysis.summary import Summary, cost_figures
@@ -131,9 +132,9 @@ class SweepRow:
         thr = self.throughput_samples_per_s
         return self.status == "complete" and math.isfinite(thr) and thr > 0
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"config": self.name, **json_safe(asdict(self))}
-        return out
+    def to_dict(self) -> JSON:
+        row: JSON = asdict(self)
+        return {"config": self.name, **json_safe(row)}
 
 
 def row_from_dict(d: dict[str, Any]) -> SweepRow:
@@ -173,8 +174,8 @@ class Config:
     def name(self) -> str:
         return config_name(self.pipeline, self.batch_size, self.workers, self.nproc)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
+    def to_dict(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
         return out | ({"nproc": self.nproc} if self.nproc > 1 else {})  # tune.json's configurations stay as they were
 
 
@@ -339,7 +340,7 @@ class SweepResult:
         """Some configuration is a job of several ranks: the table shows nproc, sync and speed-up."""
         return any(r.nproc > 1 for r in self.rows)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         """The ``sweep.json`` object (and ``sweep --json``): NaN becomes null."""
         return {
             "scenario": self.scenario,

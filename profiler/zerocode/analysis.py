@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from profiler.analysis.meta import JSON
 from profiler.analysis.parts import Estimate, LoaderAttribution, StackEstimate, StackParse
 from profiler.analysis.sampled import MIN_SAMPLES, rank_stacks
 from profiler.analysis.stats import json_safe, mean
@@ -84,7 +85,7 @@ class RankRow:
             out += [(cat, f.function, f.of_category * c.share.fraction) for f in c.top[:1]]
         return sorted(out, key=lambda t: -t[2])[:n]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         dw = self.data_wait
         return {
             "rank": self.rank,
@@ -144,38 +145,36 @@ class ZeroCodeJob:
         )
         return f"rank {s.rank}'s main thread waited for data an estimated {_share(s.data_wait)} of the time ({rest})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         """The keys a zero-code summary of a job adds to the single-run summary (``ranks``, ``job``, ...)."""
         s = self.straggler
-        out: dict[str, Any] = json_safe(
-            {
-                "ranks": [r.to_dict() for r in self.ranks],
-                "job": {
-                    "mode": "zero-code",
-                    "launcher_pid": self.launcher_pid,
-                    "world_size": self.world_size,
-                    "ranks_seen": len(self.ranks),
-                    "status": None,
-                    "first_failure": None,
-                    "not_measured": NOT_MEASURED,
-                },
-                "input_bound_ranks": self.input_bound_ranks,
-                "straggler": None
-                if s is None or s.data_wait is None
-                else {
-                    "rank": s.rank,
-                    "data_wait_fraction": s.data_wait.fraction,
-                    "others_max_data_wait_fraction": max(
-                        r.data_wait.fraction for r in self.ranks if r is not s and r.data_wait is not None
-                    ),
-                    "evidence": self.straggler_evidence(),
-                },
-                "scaling_efficiency": None,
-            }
-        )
-        return out
+        out: JSON = {
+            "ranks": [r.to_dict() for r in self.ranks],
+            "job": {
+                "mode": "zero-code",
+                "launcher_pid": self.launcher_pid,
+                "world_size": self.world_size,
+                "ranks_seen": len(self.ranks),
+                "status": None,
+                "first_failure": None,
+                "not_measured": NOT_MEASURED,
+            },
+            "input_bound_ranks": self.input_bound_ranks,
+            "straggler": None
+            if s is None or s.data_wait is None
+            else {
+                "rank": s.rank,
+                "data_wait_fraction": s.data_wait.fraction,
+                "others_max_data_wait_fraction": max(
+                    r.data_wait.fraction for r in self.ranks if r is not s and r.data_wait is not None
+                ),
+                "evidence": self.straggler_evidence(),
+            },
+            "scaling_efficiency": None,
+        }
+        return json_safe(out)
 
-    def summary_dict(self, summary: Summary) -> dict[str, Any]:
+    def summary_dict(self, summary: Summary) -> JSON:
         """summary.json of the job: the single-run summary's keys (the job as a whole) plus :meth:`to_dict`'s."""
         return {**summary.to_dict(), **self.to_dict()}
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from profiler.core.pyspy import DEFAULT_RATE
 from profiler.core.recording import Recording, default_sources, log_warning
@@ -52,7 +52,7 @@ def profile_external(
     sample_hz: float = 10.0,
     pyspy_rate: int = DEFAULT_RATE,
     duration_s: float | None = None,
-    child_stdout: IO[Any] | int | None = None,
+    child_stdout: IO[str] | IO[bytes] | int | None = None,
     monitor: Monitor | None = None,
     warn: Callable[[str], None] = log_warning,
 ) -> ZeroCodeResult:
@@ -110,14 +110,14 @@ def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
     return job
 
 
-def _start(command: list[str], child_stdout: IO[Any] | int | None) -> subprocess.Popen[bytes]:
+def _start(command: list[str], child_stdout: IO[str] | IO[bytes] | int | None) -> subprocess.Popen[bytes]:
     try:
         return subprocess.Popen(command, stdout=child_stdout)
     except OSError as exc:
         raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
 
 
-def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, Any]:
+def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, object]:
     return {
         "mode": "zero-code",
         "scenario": _script_name(command) if command and len(command) > 1 else f"pid {pid}",
@@ -136,7 +136,7 @@ def _script_name(command: list[str]) -> str:
     return next((Path(a).name for a in command[1:] if a.endswith(".py")), Path(command[1]).name)
 
 
-def _copy_sites(command: list[str] | None) -> list[list[Any]]:
+def _copy_sites(command: list[str] | None) -> list[list[str | int]]:
     """Lines of the profiled script that copy to a device: the only way to see .to()/.cuda() in stacks,
     since C calls leave no Python frame. Empty when the command is not ``python SCRIPT.py``."""
     from profiler.analysis.attribution import find_copy_sites
@@ -157,7 +157,7 @@ class _RankNotes:
 
     rec: Recording
     source: RankSource
-    written: list[dict[str, Any]] = field(default_factory=list)
+    written: list[dict[str, object]] = field(default_factory=list)
 
     def __call__(self) -> None:
         found = [r.to_meta() for r in self.source.ranks()]
