@@ -1,25 +1,9 @@
 """What one training step costs the device: FLOPs, kernels and memory, counted once on the meta device.
 
-The model is built under ``torch.device("meta")`` (no weights in host memory, no arithmetic) and one step
-(forward, loss, backward, optimizer) is traced with ``torch.utils.flop_counter.FlopCounterMode``. A scenario
-whose loss cannot run on the meta device (data-dependent box matching) gives ``Scenario.cost_forward``.
-
-API (implemented by the cost-model work; the simulator relies on exactly this):
-    measure_step(model_factory, sample, batch_size, *, precision, loss=None, cost_forward=None,
-                 targets_in_forward=False) -> StepCost
-    raises CostModelError (one line: why the model cannot be traced) when the step fails on meta.
-
-Every figure is an estimate of what the step would cost on an accelerator, never a measurement:
-
-- flops: FlopCounterMode's count (matmuls, convolutions, attention; 2 per multiply-add), forward + backward.
-  Elementwise work (activations, normalisation, the optimizer) counts no FLOPs there, as in the published
-  per-model figures the simulator's efficiencies are calibrated against.
-- kernels: aten ops the step dispatches that compute (see ``_is_kernel``). The optimizer is the runner's
-  ``SGD(lr, momentum=0.9)`` in its multi-tensor (``foreach``) form, the one PyTorch picks on CUDA, traced at
-  its steady state (momentum buffers already there). Composite ops the meta device decomposes and CUDA runs as
-  one library call (``nn.LSTM`` without cuDNN: a few ops per time step) count per decomposed op.
-- memory: parameters, gradients and momentum buffers exactly (numel x element size); activations as the
-  storages autograd saves for backward during the forward, each storage once (see ``_SavedActivations``).
+API (the simulator relies on exactly this): ``measure_step(model_factory, sample, batch_size, *, precision,
+loss=None, cost_forward=None, targets_in_forward=False) -> StepCost``; CostModelError (one line: why) when
+the step cannot be traced on meta. Every figure is an estimate, never a measurement; what each one counts
+(and leaves out) is in docs/sim.md, "The device model".
 """
 
 from __future__ import annotations

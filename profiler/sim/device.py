@@ -1,24 +1,10 @@
-"""The simulated accelerator: two streams with CUDA's ordering, on the host's own clock.
+"""The simulated accelerator: two streams with CUDA's ordering, on the host's own clock (docs/sim.md).
 
-Only the model's arithmetic is simulated; the host waits for the device exactly where a CUDA training loop
-waits, and nowhere else:
-
-- ``h2d(pinned=False)``: a copy from pageable memory on the compute (default) stream. As ``tensor.to(cuda)``
-  does (``cudaMemcpyAsync`` then a stream synchronize), it starts after the work already queued on that
-  stream, and the host blocks until it has finished.
-- ``h2d(pinned=True, side_stream=True)``: a ``non_blocking`` copy from pinned memory on a copy stream. The host
-  returns at once; the next compute waits for it (``wait_stream``), not for the host.
-- ``step()``: one training step's kernels queue on the compute stream after the work there and the last
-  side-stream copy. The host spends the launches' time (``kernels x LAUNCH_S``, see docs/sim.md) and returns
-  as it does after queueing kernels. Once ``QUEUE_LIMIT`` launches are in flight the host blocks until the
-  oldest step is done: CUDA's launch queue is finite (about a thousand entries).
-- Device time of one step is ``FLOPs / (peak x efficiency)`` (``profiler.sim.cost``, ``profiler.sim.specs``).
-
-Times are ``clock()`` readings (``time.perf_counter`` by default): the simulated device runs on the same
-timeline as the host, so a stall is real wall time that the host really spent waiting. :class:`SimTimer` puts
-the device behind the Session's device-timer interface (``mark/done/wait/time_of``), so the device busy
-fraction and the stall come from the same code as on CUDA. The observation methods (``busy_s``,
-``copied_bytes``, ``memory_bytes``) serve the simulated NVML source and tests; they are thread-safe.
+Invariants: the host waits for the device exactly where a CUDA training loop waits (a pageable copy, a full
+launch queue of ``QUEUE_LIMIT`` launches, the end of the run) and nowhere else; times are ``clock()``
+readings on the host's timeline, so a stall is wall time the host really spent waiting. :class:`SimTimer`
+puts the device behind the Session's device-timer interface, so its figures come from the same code as
+CUDA's. The observation methods (``busy_s``, ``copied_bytes``, ``memory_bytes``) are thread-safe.
 """
 
 from __future__ import annotations

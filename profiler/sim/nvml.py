@@ -1,24 +1,10 @@
-"""The simulated accelerator seen through NVML's eyes: the metrics the real NVML source offers, computed from
-the :class:`~profiler.sim.device.SimDevice`'s own record of what it executed.
+"""The simulated accelerator seen through NVML's eyes: the real NVML source's metrics (``gpu<i>.util_pct``,
+``mem_used_mb`` / ``mem_total_mb``, ``pcie_rx_mbps``, ``power_w``), computed from the
+:class:`~profiler.sim.device.SimDevice`'s own record of what it executed, with NVML's definitions
+(docs/sim.md, "Simulated NVML").
 
-Everything this source reports is simulated (the source is named ``nvml-sim``; the summary and every renderer
-label its figures so). Definitions follow NVML's, so a simulated run reads like a real one:
-
-- ``gpu<i>.util_pct``: ``nvmlDeviceGetUtilizationRates().gpu``, "percent of time over the past sample period
-  during which one or more kernels was executing on the GPU; the sample period may be between 1 second and
-  1/6 second depending on the product" (NVML API reference, nvmlUtilization_t). Here the period is
-  ``window_s`` (1/6 s by default), periods are aligned to multiples of ``window_s`` on the device's clock,
-  and a reading reports the last *completed* period, as the driver does: ``100 * busy_s(t - w, t) / w``
-  with ``t = floor(clock() / w) * w``. Copies run on the copy engines and do not count.
-- ``gpu<i>.mem_used_mb`` / ``mem_total_mb``: the simulated device memory (CUDA context plus the step's
-  tensors) and the accelerator's capacity, in MiB as ``nvidia-smi`` prints.
-- ``gpu<i>.pcie_rx_mbps``: host-to-device bytes (``NVML_PCIE_UTIL_RX_BYTES`` counts bytes the GPU receives)
-  over the same completed period, MiB/s like the real source's KB/s / 1024. Device-to-host traffic
-  (``pcie_tx_mbps``) is not modelled and so not reported.
-- ``gpu<i>.power_w``: an estimate, ``idle_w + (tdp_w - idle_w) * util`` (linear in utilisation between the
-  datasheet's idle and board power), not a model of the real board's power curve.
-
-``read()`` never raises: a failure gives NaN for every metric, logged once with its reason.
+Everything it reports is simulated: the source is named ``nvml-sim`` and every renderer labels its figures
+so. ``read()`` never raises: a failure gives NaN for every metric, logged once with its reason.
 """
 
 from __future__ import annotations
