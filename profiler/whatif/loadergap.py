@@ -1,26 +1,9 @@
-"""Measure how much more a sample costs a DataLoader worker process than the training process.
+"""Measure how much more a sample costs a DataLoader worker process than the training process, and how much the
+usable cores' worth of workers deliver together, on the run's own dataset (docs/whatif.md, "Where the loading
+runs", gives the method and the figures that made it necessary).
 
-``stallscope whatif`` predicts 1- and 2-worker configurations from a 0-worker run and back. The same item does
-not cost the same in both places: on the project's 2-core host ssd's augmentation took a median 9.2 ms per item
-inside a worker against 6.8 ms in the main process, both at one intra-op thread (the main process at 1 and at 2
-threads took the same), so the gap is not torch's intra-op threads; it is the worker process itself (a second
-busy process on a small host, its own cold caches and heap, and the collated batch's trip through shared
-memory). Rather than a constant, :func:`measure_gap` times it for the run's own dataset: ``rounds`` interleaved
-rounds, each loading the same items (up to ``samples``, or what ``budget_s`` allows; the same shuffled order)
-through the naive pipeline's ``DataLoader`` in the main process (at the run's intra-op thread count) and then
-through one worker, timed from the first batch delivered (so the worker's start-up is not counted: a run's
-steady state does not pay it per step). Each round then times ``cores`` workers loading together (the usable
-cores by default): on the 2-core host two workers delivered 1.4-1.8x one worker's rate, not 2x (the training
-process, the workers and the host's other work share the cores), and the ratio of the medians is the cores'
-scaling that ``whatif`` applies to more than one worker.
-
-How many rounds: at least ``rounds``; then more, up to ``max_rounds`` or ``max_s`` seconds in all, while the
-median of either ratio is not yet known to ``precision`` (its standard error, from the rounds' spread, over the
-median; :func:`profiler.whatif.model.settled`). On a quiet host the rounds agree and five suffice; on the project's
-2-core VM the cores' scaling of single rounds read 0.83-1.05 around a median of 0.93, and five rounds left that
-median about 5% uncertain, a third of the 15% a prediction may miss by.
-
-Invariants: the process's intra-op thread count is restored; the items and their order are the same both ways.
+Invariants: the process's intra-op thread count is restored; the items and their order are the same both ways;
+at least ``rounds`` interleaved rounds, then more (up to ``max_rounds`` or ``max_s``) until the medians settle.
 """
 
 from __future__ import annotations
@@ -97,52 +80,69 @@ def measure_gap(
     clock: Callable[[], float] = time.perf_counter,
 ) -> LoaderGap:
     """The worker / main-process cost ratio of ``dataset`` at ``batch_size``, and how much ``cores`` workers
-    deliver together (see the module docstring). ``threads``: the main process's intra-op threads while it
+    deliver together. ``threads``: the main process's intra-op threads while it
     loads (the measured run's; None: as it is). ``cores``: how many workers to time together (None: the
     usable cores; 1 or fewer: not timed). ``rounds`` at least, then up to ``max_rounds`` (and ``max_s`` seconds)
-    until both medians are known to ``precision``: see the module docstring."""
-    import torch
-
+    until both medians are known to ``precision`` (:func:`profiler.whatif.model.settled`)."""
     from pipelines.base import usable_cores
 
     if len(dataset) < 2 * batch_size:
         raise ValueError(f"the dataset has {len(dataset)} items: too few to time batches of {batch_size}")
     k = usable_cores() if cores is None else cores
     batches = max(1, min(math.ceil(samples / batch_size), len(dataset) // batch_size - 1))
-    before = torch.get_num_threads()
     main_s: list[float] = []
     worker_s: list[float] = []
     together_s: list[float] = []
     timed = 0
     started = clock()
-    try:
-        for r in range(max(rounds, max_rounds)):
-            if r >= rounds and (
-                clock() - started >= max_s
-                or (
-                    settled([w / m for m, w in zip(main_s, worker_s, strict=True)], precision)
-                    and (
-                        not together_s or settled([w / t for w, t in zip(worker_s, together_s, strict=True)], precision)
-                    )
-                )
-            ):
-                break
-            if threads:
-                torch.set_num_threads(threads)
-            s, n = _seconds_per_sample(dataset, batch_size, 0, batches, seed=seed + r, budget_s=budget_s, clock=clock)
-            main_s.append(s)
-            torch.set_num_threads(before)
-            # the worker loads the items the main process just loaded, in the same order
-            s, m = _seconds_per_sample(
-                dataset, batch_size, 1, n // batch_size, seed=seed + r, budget_s=math.inf, clock=clock
-            )
-            worker_s.append(s)
-            timed += n + m
-            if k > 1:  # k workers at once, k batches each at least: what the cores add together
-                nk = min(max(k * (n // batch_size), 2 * k), len(dataset) // batch_size - 1)
-                s, _ = _seconds_per_sample(dataset, batch_size, k, nk, seed=seed + r, budget_s=math.inf, clock=clock)
-                together_s.append(s)
-    finally:
-        torch.set_num_threads(before)
+    for r in range(max(rounds, max_rounds)):
+        if r >= rounds and (clock() - started >= max_s or _settled(main_s, worker_s, together_s, precision)):
+            break
+        main, worker, together, n = _round(
+            dataset, batch_size, batches, k, seed=seed + r, threads=threads, budget_s=budget_s, clock=clock
+        )
+        main_s.append(main)
+        worker_s.append(worker)
+        if together is not None:
+            together_s.append(together)
+        timed += n
     gap = gap_from_rounds(main_s, worker_s, timed // 2)
     return with_cores(gap, k, worker_s, together_s) if together_s else gap
+
+
+def _settled(main_s: list[float], worker_s: list[float], together_s: list[float], precision: float) -> bool:
+    """Whether the gap's median and (when timed) the cores' scaling's are known to ``precision``."""
+    if not settled([w / m for m, w in zip(main_s, worker_s, strict=True)], precision):
+        return False
+    return not together_s or settled([w / t for w, t in zip(worker_s, together_s, strict=True)], precision)
+
+
+def _round(
+    dataset: Any,
+    batch_size: int,
+    batches: int,
+    k: int,
+    *,
+    seed: int,
+    threads: int | None,
+    budget_s: float,
+    clock: Callable[[], float],
+) -> tuple[float, float, float | None, int]:
+    """One round: (seconds per sample in the main process at ``threads`` intra-op threads, through one worker,
+    through ``k`` workers together or None when ``k`` <= 1, samples timed the first two ways)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        main, n = _seconds_per_sample(dataset, batch_size, 0, batches, seed=seed, budget_s=budget_s, clock=clock)
+    finally:
+        torch.set_num_threads(before)
+    # the worker loads the items the main process just loaded, in the same order
+    worker, m = _seconds_per_sample(dataset, batch_size, 1, n // batch_size, seed=seed, budget_s=math.inf, clock=clock)
+    together = None
+    if k > 1:  # k workers at once, k batches each at least: what the cores add together
+        nk = min(max(k * (n // batch_size), 2 * k), len(dataset) // batch_size - 1)
+        together, _ = _seconds_per_sample(dataset, batch_size, k, nk, seed=seed, budget_s=math.inf, clock=clock)
+    return main, worker, together, n + m

@@ -1,39 +1,10 @@
 """What-if: the throughput, stall and device utilisation a training job would have on another (simulated) device,
 worker count or batch size, predicted from one measured run. Pure: dataclasses in, dataclasses out, no I/O.
 
-Inputs, each measured once from the run (:class:`MeasuredRun`, built by the CLI from the run's Summary and meta):
-
-- the loader's cost per sample ``c`` (wall seconds of one loader worker per sample) and its CPU part ``c_cpu``
-  (:func:`loader_cost`, which says which measurement it used);
-- the host (:class:`Host`): usable cores, what other processes took during the run, the loop's own overhead;
-- per target device and batch size (:class:`Target`): the device time of one step ``D`` (FLOPs / (peak x
-  efficiency)), the host's launch time ``K`` (kernels x LAUNCH_S), the copy time ``H`` of one batch (batch bytes
-  / the link's rate: pageable for naive and dali, pinned for prefetch) and the memory the step needs.
-
-The steady-state step period ``P`` per pipeline (docs/whatif.md derives it from profiler/sim/device.py's CUDA
-semantics), with ``L = B c`` one batch's loading by one thread, ``D' = max(D, K)`` the device's step time
-(launch-bound when the host cannot launch the kernels as fast as they run) and ``o`` the loop's overhead:
-
-- naive, 0 workers (serial): the host loads, then the pageable copy waits for the previous step and blocks,
-  then the host launches: ``P = H + max(L + o + K, D')``;
-- naive with ``w`` workers, dali with ``w`` CPU threads: the loader delivers one batch every
-  ``T_L = max(L / W, B c_cpu / (e x free cores))``; ``P = max(T_L, H + max(o + K, D'))``, where ``W = e w``
-  is what ``w`` worker processes deliver together in single workers' rates, measured (``e`` = 1 for threads);
-- prefetch: the copy is pinned and on a side stream, so it overlaps compute; the prefetch thread loads
-  (0 workers: ``T_L = L``): ``P = max(T_L, o + K, D', H)``.
-
-Where the loading runs: in the training process (naive with 0 workers, the prefetch thread) or in DataLoader
-worker processes (naive and prefetch with workers). The same item costs a worker more than the main process
-(measured 1.15-1.35x on the 2-core host; not torch's intra-op threads, which do not change the main process's
-cost): a prediction that moves the loading from one place to the other scales ``c`` and ``c_cpu`` by a
-:class:`LoaderGap` measured for the run's dataset (``profiler.whatif.loadergap``), never by a constant. DALI's threads
-keep the run's cost. The same measurement times the usable cores' worth of workers loading together: their
-rate over one worker's, per worker, is ``e`` (:meth:`LoaderGap.parallel`; 0.79-0.98 on the 2-core host).
-
-Throughput ``B / P``; device utilisation ``D / P``; stall ``1 - D' / P`` (the time the device is not computing a
-step, as the stall fraction counts it on a CUDA or simulated device); binding constraint: the largest part.
-Workers to keep the device fed: the fewest ``w`` with ``W >= B c / P_device``, ``P_device`` being ``P`` with an
-instant loader; cores: the same with ``B c_cpu``.
+Inputs, each measured once from the run: :class:`MeasuredRun` (its Summary and meta), the loader's cost per sample
+(:func:`loader_cost`), the :class:`Host`, each :class:`Target`'s step on the device and the :class:`LoaderGap`
+between the main process and workers. docs/whatif.md derives the steady-state step period of each pipeline
+that :func:`predict` computes from them, from profiler/sim/device.py's CUDA semantics.
 """
 
 from __future__ import annotations

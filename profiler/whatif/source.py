@@ -1,0 +1,256 @@
+"""What ``whatif`` reads of a measured run: its record and Summary (read back once), the model's inputs, its
+scenario rebuilt, the targets' step costs counted on the meta device and the worker gap measured on its dataset.
+The one module of the package that reads a run store back. Every failure a user can fix is a one-line
+:class:`~profiler.whatif.model.WhatIfError`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from profiler.whatif.model import NO_GAP, WORKER, LoaderGap, MeasuredRun, Target, WhatIfError, loader_place
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.core.devices import DeviceInfo
+    from profiler.sim.cost import StepCost
+    from profiler.sim.specs import SimConfig
+    from scenarios import Scenario
+
+# A progress or status line for the user (the CLI prints it on stderr)
+Note = Callable[[str], None]
+
+DEFAULT_TARGETS = ("sim:v100", "sim:h100")
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The measured run: its meta and Summary, the model's inputs, its scenario and data directory."""
+
+    run_dir: Path
+    meta: dict[str, Any]  # the store's run meta (JSON)
+    summary: Summary
+    measured: MeasuredRun
+    scenario: Scenario
+    data_root: Path | None
+
+
+def read_summary(run_dir: str | Path) -> Summary:
+    """The Summary of the run stored in ``run_dir`` (StoreError when there is none)."""
+    from profiler.analysis import summarize
+    from profiler.core.store import load_run
+
+    return summarize(load_run(run_dir))
+
+
+def read_run(run_dir: str) -> Source:
+    """The run, read back once; WhatIfError when it is not a run, has no measured steps, or its scenario is gone."""
+    from profiler.analysis import summarize
+    from profiler.core.store import StoreError, load_run
+
+    try:
+        rec = load_run(run_dir)
+    except StoreError as exc:
+        raise WhatIfError(str(exc)) from None
+    summary = summarize(rec)
+    meta = rec.meta
+    if summary.mode != "instrumented":
+        raise WhatIfError(f"{run_dir} is a zero-code run: whatif needs a run with measured steps (stallscope run)")
+    if summary.steps < 1 or not summary.throughput_samples_per_s > 0:
+        raise WhatIfError(f"{run_dir} has no measured steps: whatif needs a run that measured at least one step")
+    if not isinstance(meta.get("batch_bytes"), int):
+        raise WhatIfError(f"{run_dir} did not record batch_bytes (a run from an older stallscope): run it again")
+    data_root = Path(meta["data_root"]) if meta.get("data_root") else None
+    return Source(Path(run_dir), meta, summary, _measured(summary, meta), _scenario(meta, run_dir), data_root)
+
+
+def _measured(summary: Summary, meta: dict[str, Any]) -> MeasuredRun:
+    import pipelines
+
+    bd = summary.breakdown_ms_per_step
+    host = summary.host
+    cpu = summary.contention.cpu_pct if summary.contention is not None else {}
+    workers = summary.workers or 0
+    return MeasuredRun(
+        run_id=summary.run_id or "?",
+        pipeline=summary.pipeline or "naive",
+        device_kind=summary.device.kind or "cpu",
+        batch_size=int(summary.batch_size or 0),
+        workers=workers,
+        steps=summary.steps,
+        throughput=summary.throughput_samples_per_s,
+        step_ms=summary.step_time_ms.mean,
+        data_wait_ms=bd.data_wait,
+        h2d_ms=bd.h2d,
+        compute_ms=bd.compute,
+        other_ms=bd.other,
+        batch_bytes=int(meta["batch_bytes"]),
+        main_cpu_pct=host.main_cpu_pct,
+        workers_cpu_pct=host.children_cpu_pct if workers else math.nan,
+        other_processes_cpu_pct=cpu.get("other processes", math.nan),
+        usable_cores=pipelines.usable_cores(),
+    )
+
+
+def _scenario(meta: dict[str, Any], run_dir: str) -> Scenario:
+    """The run's scenario: its file (``scenario_source``), else the built-in of its name."""
+    import scenarios
+
+    name = meta.get("scenario_source") or meta.get("scenario") or ""
+    try:
+        return scenarios.get(str(name))
+    except ValueError as exc:
+        raise WhatIfError(f"{run_dir}: its scenario cannot be rebuilt ({exc})") from None
+
+
+def resolve_devices(names: Sequence[str]) -> list[DeviceInfo]:
+    """The simulated devices named (WhatIfError naming a bad one, or one that is not simulated)."""
+    from profiler.core.devices import DeviceError, resolve_device
+
+    devices = []
+    for name in names:
+        if not name.startswith("sim:"):
+            raise WhatIfError(f"--device {name!r}: whatif predicts simulated devices only: allowed sim:NAME[,...]")
+        try:
+            devices.append(resolve_device(name))
+        except DeviceError as exc:
+            raise WhatIfError(str(exc)) from None
+    return devices
+
+
+def default_devices(src: Source, note: Note) -> list[DeviceInfo]:
+    """Without --device: the run's own simulated device, else the defaults (said through ``note``)."""
+    own = src.meta.get("device") or {}
+    if own.get("kind") == "sim":
+        sim = own["sim"]
+        given = sim.get("efficiency_source") == "given"
+        names = [
+            f"sim:{sim['accelerator']},precision={sim['precision']}"
+            + (f",efficiency={sim['efficiency']:g}" if given else "")
+        ]
+        note(f"--device: the run's own, {names[0]}")
+    else:
+        names = list(DEFAULT_TARGETS)
+        note(f"--device: the run is on {own.get('kind', '?')}; predicting the defaults {', '.join(names)}")
+    return resolve_devices(names)
+
+
+def short_label(config: SimConfig) -> str:
+    """``sim:v100``, with the precision and efficiency only where they are not the defaults."""
+    out = f"sim:{config.spec.name}"
+    if config.precision != config.spec.default_precision():
+        out += f",precision={config.precision}"
+    return out + (f",efficiency={config.efficiency:g}" if config.efficiency_given else "")
+
+
+class StepCosts:
+    """StepCost per (precision, batch size), counted once on the meta device from one item of the dataset."""
+
+    def __init__(self, src: Source) -> None:
+        self.src = src
+        self._sample: Any = None  # one item of the dataset: whatever the scenario's dataset yields
+        self._costs: dict[tuple[str, int], StepCost] = {}
+
+    def sample(self) -> Any:
+        if self._sample is None:
+            from scenarios import DataOptions
+
+            sc, root = self.src.scenario, self.src.data_root
+            options = None if root is None else DataOptions(root=root, on_bad_sample="skip", device_type="cuda")
+            try:
+                self._sample = sc.build_dataset(options)[0]
+            except (OSError, ValueError) as exc:
+                raise WhatIfError(f"{self.src.run_dir}: its data cannot be read back ({exc})") from None
+        return self._sample
+
+    def cost(self, precision: str, batch_size: int) -> StepCost:
+        key = (precision, batch_size)
+        if key not in self._costs:
+            from profiler.sim.cost import CostModelError, measure_step
+
+            sc = self.src.scenario
+            try:
+                self._costs[key] = measure_step(
+                    sc.model_factory(self.src.meta.get("model")),
+                    self.sample(),
+                    batch_size,
+                    precision=precision,
+                    loss=sc.loss,
+                    cost_forward=sc.cost_forward,
+                    targets_in_forward=sc.targets_in_forward,
+                )
+            except CostModelError as exc:
+                raise WhatIfError(str(exc)) from None
+        return self._costs[key]
+
+    def target(
+        self, device: DeviceInfo, pipeline: str, workers: int, batch_size: int, bytes_per_sample: float
+    ) -> Target:
+        import pipelines
+        from profiler.sim.device import SimDevice
+
+        sim = SimDevice(device.sim)  # its cost figures only: nothing runs on it
+        cost = self.cost(sim.config.precision, batch_size)
+        pinned = getattr(pipelines.get(pipeline), "accelerator_copy", "pageable") != "pageable"
+        return Target(
+            device=short_label(sim.config),
+            pipeline=pipeline,
+            workers=workers,
+            batch_size=batch_size,
+            device_s=sim.step_s(cost),
+            launch_s=sim.launch_total_s(cost),
+            h2d_s=sim.h2d_s(round(bytes_per_sample * batch_size), pinned=pinned),
+            memory_bytes=sim.memory_needed(cost),
+            memory_total_bytes=sim.memory_total_bytes,
+        )
+
+
+def needs_gap(m: MeasuredRun, targets: Sequence[Target]) -> bool:
+    """Whether a prediction moves the loading between the main process and workers, or changes how many worker
+    processes (more than one) load together: then the gap and the cores' scaling are measured."""
+    src_place = loader_place(m.pipeline, m.workers)
+    for t in targets:
+        if not t.fits:
+            continue
+        place = loader_place(t.pipeline, t.workers)
+        if place != src_place or (place == WORKER and t.workers != m.workers and max(t.workers, m.workers) > 1):
+            return True
+    return False
+
+
+def measure_gap(src: Source, note: Note) -> LoaderGap:
+    """The worker vs main-process cost of the run's dataset (profiler.whatif.loadergap), or 1 with the reason."""
+    from profiler.whatif import loadergap
+    from scenarios import DataOptions
+
+    root, m = src.data_root, src.measured
+    device_type = "cpu" if m.device_kind == "cpu" else "cuda"
+    options = None if root is None else DataOptions(root=root, on_bad_sample="skip", device_type=device_type)
+    threads = src.meta.get("torch_threads")
+    note(
+        f"measuring the worker vs main-process loading cost: {loadergap.DEFAULT_SAMPLES} samples x "
+        f"{loadergap.DEFAULT_ROUNDS} rounds (more, up to {loadergap.DEFAULT_MAX_ROUNDS} or "
+        f"{loadergap.DEFAULT_MAX_S:g} s, until the medians settle) each way (main process at "
+        f"{threads or 'the current'} intra-op threads), then as many workers as usable cores together"
+    )
+    try:
+        dataset = src.scenario.build_dataset(options)
+        return loadergap.measure_gap(dataset, m.batch_size, threads=threads if isinstance(threads, int) else None)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return replace(NO_GAP, source=f"could not be measured ({exc}): assumed 1")
+
+
+def notes(src: Source) -> list[str]:
+    """What a reader of the predictions should know about the measured run."""
+    out = []
+    if src.measured.device_kind == "cpu" and src.data_root is not None:
+        out.append(
+            "the measured run is on the CPU: a file-backed scenario loads its CPU-sized images there, so the "
+            "loader cost per sample can differ on an accelerator (measure on a sim: device to be sure)"
+        )
+    if src.measured.pipeline == "dali":
+        out.append("dali's CPU threads are modelled as loader workers of the measured cost per sample")
+    return out
