@@ -27,12 +27,39 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from profiler.core.sources.base import SourceLost
 
 _MIB = float(1 << 20)
+
+
+class _MemoryInfo(Protocol):
+    @property
+    def rss(self) -> int: ...
+
+
+class _Process(Protocol):
+    """What this source calls on a ``psutil.Process`` (tests stand in fakes)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def oneshot(self) -> AbstractContextManager[object]: ...
+
+    def status(self) -> str: ...
+
+    def cpu_percent(self, interval: float | None) -> float: ...
+
+    def memory_info(self) -> _MemoryInfo: ...
+
+    def children(self, recursive: bool) -> list[_Process]: ...
+
+    def create_time(self) -> float: ...
+
+
 _NAN = math.nan
 
 
@@ -52,10 +79,10 @@ class HostSource:
             raise ValueError(f"children_refresh_s must be >= 0, got {children_refresh_s!r}")
         self._pid = os.getpid() if pid is None else pid
         self._refresh_s = children_refresh_s
-        self._ps: Any = psutil_module
-        self._main: Any = None
+        self._ps: Any = psutil_module  # psutil (untyped), or a stand-in from tests; None until open()
+        self._main: _Process | None = None
         # Live children by pid; a pid leaves this map when its process is found gone.
-        self._children: dict[int, Any] = {}
+        self._children: dict[int, _Process] = {}
         # Live child pid -> worker index. Labels outlive their process so a label is never reused.
         self._index: dict[int, int] = {}
         self._labels: dict[str, int] = {}
@@ -63,7 +90,7 @@ class HostSource:
         self._unprimed: set[int] = set()
         self._main_read = False
         # Children that failed a read, so a rescan that lists them again does not re-adopt them.
-        self._dropped: dict[int, Any] = {}
+        self._dropped: dict[int, _Process] = {}
         self._last_refresh = -math.inf
         # psutil keeps system-wide cpu_percent state per calling thread, so a reading is only
         # meaningful on the thread that made the previous call.
@@ -154,7 +181,7 @@ class HostSource:
         with self._lock:
             return dict(self._labels)
 
-    def _read_process(self, proc: Any, *, first: bool) -> tuple[float, float]:
+    def _read_process(self, proc: _Process, *, first: bool) -> tuple[float, float]:
         ps = self._ps
         with proc.oneshot():
             # An exited but unreaped process still answers with zeros; on Linux status() comes from the
@@ -175,10 +202,12 @@ class HostSource:
         return value
 
     def _refresh_children(self, now: float) -> None:
-        ps = self._ps
+        ps, main = self._ps, self._main
+        if main is None:
+            raise RuntimeError("HostSource: children refreshed before a successful open()")
         self._last_refresh = now
         try:
-            listed = self._main.children(recursive=True)
+            listed = main.children(recursive=True)
         except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
             # read() reports the main process's own loss; here the old list simply stays.
             return
@@ -199,7 +228,7 @@ class HostSource:
                 continue
             self._adopt(proc)
 
-    def _adopt(self, proc: Any) -> None:
+    def _adopt(self, proc: _Process) -> None:
         ps = self._ps
         pid = proc.pid
         # A known pid here is a recycled one: the old process exited and keeps its label.
@@ -230,10 +259,10 @@ class HostSource:
         self._unprimed.discard(pid)
 
 
-def _by_birth(procs: Iterable[Any], ps: Any) -> list[Any]:
+def _by_birth(procs: Iterable[_Process], ps: ModuleType) -> list[_Process]:
     """Order newly seen processes by start time so worker indices follow spawn order."""
 
-    def key(proc: Any) -> tuple[float, int]:
+    def key(proc: _Process) -> tuple[float, int]:
         try:
             return float(proc.create_time()), int(proc.pid)
         except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
@@ -245,7 +274,7 @@ def _by_birth(procs: Iterable[Any], ps: Any) -> list[Any]:
 _PROFILERS = frozenset({"py-spy"})
 
 
-def _is_profiler(proc: Any, ps: Any) -> bool:
+def _is_profiler(proc: _Process, ps: ModuleType) -> bool:
     name = getattr(proc, "name", None)
     if name is None:
         return False
