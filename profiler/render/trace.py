@@ -351,42 +351,64 @@ def _pid(meta: dict[str, Any]) -> int:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 1
 
 
+# (sort key: ts in ns, phase rank, -duration, nesting level; the event)
+_Keyed = tuple[tuple[int, int, int, int], dict[str, Any]]
+
+
 def trace_events(record: RunRecord) -> dict[str, Any]:
     """The run as a Trace Event Format JSON object (see the module docstring for tracks and invariants)."""
     meta = record.meta
     pid = _pid(meta)
-    keyed: list[tuple[tuple[int, int, int, int], dict[str, Any]]] = []
-
-    def x_event(s: _Slice, tid: int) -> None:
-        ev: dict[str, Any] = {
-            "name": s.name,
-            "cat": s.cat,
-            "ph": "X",
-            "ts": _us(s.start),
-            "dur": _us(s.end - s.start),
-            "pid": pid,
-            "tid": tid,
-            "args": s.args,
-        }
-        keyed.append(((s.start, _RANK["X"], -(s.end - s.start), s.level), ev))
-
-    detail = _detail(record.steps, record.phases)
-    for s in _nest(_host_slices(detail.steps, detail.phases) + detail.summaries):
-        x_event(s, TID_TRAINING)
     recorded = meta.get("device")
     device: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     simulated = device.get("kind") == "sim"
+    detail = _detail(record.steps, record.phases)
     lanes = _device_lanes(detail.phases, simulated=simulated)
-    for k, lane in enumerate(lanes):
-        for s in lane:
-            x_event(s, TID_DEVICE + k)
+    tracks = [(TID_TRAINING, _nest(_host_slices(detail.steps, detail.phases) + detail.summaries))]
+    tracks += [(TID_DEVICE + k, lane) for k, lane in enumerate(lanes)]
+    keyed = [_x_event(s, pid, tid) for tid, slices in tracks for s in slices]
+    counters, widest = _counter_events(record, pid)
+    keyed += counters + _instant_events(record, pid)
+    keyed.sort(key=lambda kv: kv[0])
+    origin = min(0, keyed[0][0][0]) if keyed else 0
+    names = _name_events(meta, device, pid, origin, len(lanes))
+    metadata = _metadata(record, pid, len(lanes))
+    metadata["decimation"] = {
+        "steps_drawn": len(detail.steps),
+        "steps_summarised": len(record.steps) - len(detail.steps),
+        "summary_slices": len(detail.summaries),
+        "counter_ticks_per_point": widest,
+    }
+    return {"traceEvents": [*names, *(ev for _, ev in keyed)], "displayTimeUnit": "ms", "metadata": metadata}
 
+
+def _x_event(s: _Slice, pid: int, tid: int) -> _Keyed:
+    ev: dict[str, Any] = {
+        "name": s.name,
+        "cat": s.cat,
+        "ph": "X",
+        "ts": _us(s.start),
+        "dur": _us(s.end - s.start),
+        "pid": pid,
+        "tid": tid,
+        "args": s.args,
+    }
+    return (s.start, _RANK["X"], -(s.end - s.start), s.level), ev
+
+
+def _counter_events(record: RunRecord, pid: int) -> tuple[list[_Keyed], int]:
+    """One "C" event per (tick, metric family), decimated; and how many ticks the widest point averages."""
     counters, widest = _decimate(_counters(record))
+    out: list[_Keyed] = []
     for (t_ns, family), values in counters.items():
         series = {k: values[k] for k in sorted(values, key=_series_order)}
         counter = {"name": family, "cat": "sampler", "ph": "C", "ts": _us(t_ns), "pid": pid, "tid": TID_TRAINING}
-        keyed.append(((t_ns, _RANK["C"], 0, 0), {**counter, "args": series}))
+        out.append(((t_ns, _RANK["C"], 0, 0), {**counter, "args": series}))
+    return out, widest
 
+
+def _instant_events(record: RunRecord, pid: int) -> list[_Keyed]:
+    out: list[_Keyed] = []
     for t, kind, source, message in record.events:
         if not math.isfinite(t):
             continue
@@ -400,14 +422,19 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
             "tid": TID_TRAINING,
             "args": {"message": message},
         }
-        keyed.append(((_ns(t), _RANK["i"], 0, 0), instant))
+        out.append(((_ns(t), _RANK["i"], 0, 0), instant))
+    return out
 
-    keyed.sort(key=lambda kv: kv[0])
-    origin = min(0, keyed[0][0][0]) if keyed else 0
+
+def _name_events(
+    meta: dict[str, Any], device: dict[str, Any], pid: int, origin: int, lanes: int
+) -> list[dict[str, Any]]:
+    """The process's and the tracks' names and order ("M" events), labelled simulated on a simulated device."""
+    simulated = device.get("kind") == "sim"
     scenario = meta.get("scenario") or meta.get("run_id") or "run"
     dev_thread = SIM_DEVICE_THREAD if simulated else DEVICE_THREAD
     threads = [(TID_TRAINING, TRAINING_THREAD)] + [
-        (TID_DEVICE + k, dev_thread if k == 0 else f"{dev_thread} lane {k + 1}") for k in range(len(lanes))
+        (TID_DEVICE + k, dev_thread if k == 0 else f"{dev_thread} lane {k + 1}") for k in range(lanes)
     ]
     process = f"stallscope: {scenario}"
     if simulated:
@@ -417,15 +444,7 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
     for tid, thread in threads:
         names.append(_meta_event("thread_name", pid, tid, origin, {"name": thread}))
         names.append(_meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}))
-
-    metadata = _metadata(record, pid, len(lanes))
-    metadata["decimation"] = {
-        "steps_drawn": len(detail.steps),
-        "steps_summarised": len(record.steps) - len(detail.steps),
-        "summary_slices": len(detail.summaries),
-        "counter_ticks_per_point": widest,
-    }
-    return {"traceEvents": [*names, *(ev for _, ev in keyed)], "displayTimeUnit": "ms", "metadata": metadata}
+    return names
 
 
 def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, Any]) -> dict[str, Any]:
