@@ -40,6 +40,11 @@ from profiler.drivers.signals import SignalStop
 
 def add_parsers(sub: Any) -> None:
     """Register ``run`` and ``attach``."""
+    _add_run(sub)
+    _add_attach(sub)
+
+
+def _add_run(sub: Any) -> None:
     r = sub.add_parser("run", help="train a scenario under the profiler and print a stall report")
     r.add_argument(
         "scenario",
@@ -85,6 +90,8 @@ def add_parsers(sub: Any) -> None:
     add_prometheus_option(r)
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
 
+
+def _add_attach(sub: Any) -> None:
     at = sub.add_parser("attach", help="profile a running training process from outside (py-spy + sampler)")
     at.add_argument("pid", type=bounded(int, 1, 2**22, "a process id"))
     at.add_argument(

@@ -75,14 +75,19 @@ def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
 
 def add_parsers(sub: Any) -> None:
     """Register ``sweep`` and ``tune`` on the ``stallscope`` subparsers action."""
-    from profiler.sweep.tuner import WORKER_CAP
+    _add_sweep(sub)
+    _add_tune(sub)
 
-    scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
+
+_SCENARIO_HELP = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
+
+
+def _add_sweep(sub: Any) -> None:
     s = sub.add_parser(
         "sweep",
         help="train every pipeline x batch size x workers configuration briefly; table, knee, slowdowns, plot",
     )
-    s.add_argument("scenario", nargs="?", default=None, help=scenario_help)
+    s.add_argument("scenario", nargs="?", default=None, help=_SCENARIO_HELP)
     s.add_argument("--pipelines", type=_name_list, default=["naive"], help="comma-separated (default naive)")
     s.add_argument(
         "--batch-sizes",
@@ -108,10 +113,14 @@ def add_parsers(sub: Any) -> None:
     add_training_options(s)
     s.add_argument("--json", action="store_true", help='print only {"rows", "knee", "slowdowns", ...} on stdout')
 
+
+def _add_tune(sub: Any) -> None:
+    from profiler.sweep.tuner import WORKER_CAP
+
     t = sub.add_parser(
         "tune", help="search workers, batch size and pipeline for the best throughput within a time budget"
     )
-    t.add_argument("scenario", nargs="?", default=None, help=scenario_help)
+    t.add_argument("scenario", nargs="?", default=None, help=_SCENARIO_HELP)
     t.add_argument(
         "--budget-s",
         type=bounded(float, 1, MAX_BUDGET_S, "a number of seconds"),
