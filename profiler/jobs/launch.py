@@ -1,23 +1,10 @@
 """Multi-rank jobs: ``stallscope run SCENARIO --nproc N`` on torch.distributed's elastic launcher (torchrun's
-engine), one node at a time.
+engine), one node at a time (docs/multi-rank.md: the job directory, signals, several nodes).
 
-The launcher process (this module's :func:`run_job`):
-
-1. writes ``JOB_DIR/job.json`` (what was launched, status "running"; docs/multi-rank.md has the keys);
-2. starts the node's sampler: a :class:`~profiler.core.recording.Recording` in ``JOB_DIR/node-K/`` whose
-   :class:`~profiler.core.sources.ranks.RankSource` covers every rank's process tree;
-3. launches ``nproc`` ranks with ``torch.distributed.launcher.api.elastic_launch`` (c10d rendezvous, no
-   restarts: a rank that dies ends the job, as it does under torchrun by default). Each rank runs
-   :func:`rank_main`: it joins the process group (gloo on CPU and simulated devices, nccl on CUDA), builds the
-   scenario again and trains it with the ordinary runner under DistributedDataParallel and a shard of the data,
-   recording its own store ``JOB_DIR/rank-R/``;
-4. when the ranks end (or one fails, or a signal stops the job: the elastic agent then stops every rank with
-   SIGTERM, and each rank closes its store "interrupted"), closes the node store and rewrites job.json with
-   the status and the ranks that failed, first one first.
-
-Several nodes: every node runs the same command with ``--nnodes M --node-rank K --rdzv-endpoint HOST:PORT``;
-each writes its own job directory (its node-K and its ranks' rank-R), and ``stallscope report DIR1 DIR2``
-merges them.
+:func:`run_job` runs in the launcher: it writes ``job.json`` ("running"), records the node's sampler in
+``node-K/``, launches the ranks (c10d rendezvous, no restarts) and rewrites ``job.json`` with the status and the
+ranks that failed, first one first. Each rank runs :func:`rank_main`: the ordinary runner under DDP on its shard,
+recording ``rank-R/``; a signal closes every store "interrupted".
 """
 
 from __future__ import annotations
