@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 from profiler.core.pyspy import DEFAULT_RATE
 from profiler.core.recording import Recording, default_sources, log_warning
 from profiler.core.session import Interrupted
-from profiler.core.sources.ranks import RankSource
+from profiler.core.sources.ranks import RankMeta, RankSource
 from profiler.core.store import pid_alive
 from profiler.live.feeds import Monitor, StoreFeed
 
@@ -157,7 +157,7 @@ class _RankNotes:
 
     rec: Recording
     source: RankSource
-    written: list[dict[str, object]] = field(default_factory=list)
+    written: list[RankMeta] = field(default_factory=list)
 
     def __call__(self) -> None:
         found = [r.to_meta() for r in self.source.ranks()]

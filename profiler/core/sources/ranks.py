@@ -50,6 +50,9 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+RankMeta = dict[str, int | list[int] | None]  # one rank as a run's meta ``ranks`` holds it
+
+
 @dataclass(frozen=True, slots=True)
 class RankProcess:
     """One rank process as its environment names it; ``worker_pids``: the processes seen under it."""
@@ -61,7 +64,7 @@ class RankProcess:
     node_rank: int | None = None  # torchrun's GROUP_RANK
     worker_pids: tuple[int, ...] = field(default_factory=tuple)
 
-    def to_meta(self) -> dict[str, Any]:
+    def to_meta(self) -> RankMeta:
         return {
             "rank": self.rank,
             "pid": self.pid,
