@@ -1,9 +1,10 @@
-"""The ``stallscope`` command line: argument parsing, exit codes and wiring only (no figure is computed here).
+"""The ``stallscope`` command line: argument parsing, one call into a package, rendering and exit codes.
 
 One module per group of commands, each exporting ``add_parsers(subparsers)`` and ``HANDLERS`` (command name
 -> handler): ``run`` (run, run -- CMD, attach), ``report`` (report, compare, watch, scenarios), ``sweep``
-(sweep, tune), ``data``, ``whatif``. What they share (bad input, exit codes, training options, run directories, the
-signal guard) is ``common``. Submodules import ``common`` only, never each other or this package.
+(sweep, tune), ``data``, ``whatif``. What they share is ``common``. A group imports ``common`` and its own helper
+module (``job``: run's ``--nproc``; ``tables``: report on a sweep or tune directory), never another group or this
+package; nothing outside ``profiler.cli`` imports it.
 """
 
 from __future__ import annotations

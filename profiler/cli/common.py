@@ -1,10 +1,9 @@
 """What every ``stallscope`` command shares: bad input and exit codes, bounded numbers, the training options of
-``run``/``sweep``/``tune``, resolving a training configuration once, run-directory naming, the signal guard,
-and printing a Summary.
+``run``/``sweep``/``tune`` resolved once, run directories, printing a Summary or a job's, and ``--prometheus``.
 
 Exit codes: 0 ok; 2 bad input (one line on stderr naming the value and what is allowed, no traceback);
 1 the training failed (the partial run is kept and reportable); 130/143 stopped by SIGINT/SIGTERM after a
-clean end of the run (report printed). No figure is computed in the CLI.
+clean end of the run (report printed).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     from profiler.drivers.runner import RunConfig
     from profiler.export.endpoint import Endpoint
     from profiler.export.prometheus import PrometheusExporter
+    from profiler.jobs.analysis import JobInput, JobSummary
     from profiler.live.feeds import LiveFeed, Monitor
     from profiler.zerocode.analysis import ZeroCodeJob
 
@@ -37,6 +37,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 MAX_BATCH = 65536
 MAX_WORKERS = 256
+MAX_NPROC = 64
 DEFAULT_SCENARIO = "fashion-vgg"
 DEFAULT_PYSPY_RATE = 10  # profiler.core.pyspy.DEFAULT_RATE, without importing it for --help
 
@@ -327,6 +328,30 @@ def print_summary(summary: Summary, as_json: bool, job: ZeroCodeJob | None = Non
         from profiler.render.sampled import render_job
 
         render_job(job, console)
+
+
+def load_job_summary(dirs: list[str], baseline: str | None = None) -> tuple[JobSummary, JobInput]:
+    """The JobSummary of the job in ``dirs`` (its nodes' directories) and the job as read; BadInput naming what is
+    wrong."""
+    from profiler.jobs.analysis import summarize_job
+    from profiler.jobs.jobdir import JobDirError, load_job
+
+    try:
+        job = load_job(dirs, baseline)
+    except JobDirError as exc:
+        raise BadInput(str(exc)) from None
+    return summarize_job(job), job
+
+
+def print_job(job_summary: JobSummary, as_json: bool) -> None:
+    """The job report on stdout (or the job summary JSON alone with ``--json``)."""
+    if as_json:
+        print(json.dumps(job_summary.to_dict(), indent=2))
+        return
+    from profiler.jobs.render import render_job
+    from profiler.render.report import make_console
+
+    render_job(job_summary, make_console())
 
 
 def report_outcome(

@@ -12,13 +12,16 @@ from profiler.cli.common import (
     DEFAULT_PYSPY_RATE,
     EXIT_FAILED,
     EXIT_OK,
+    MAX_NPROC,
     BadInput,
     Training,
     base_run_config,
     bounded,
     exit_signal,
     follow_store,
+    load_job_summary,
     prepare_out,
+    print_job,
     say,
     stem,
 )
@@ -26,7 +29,6 @@ from profiler.cli.common import (
 if TYPE_CHECKING:
     from profiler.export.prometheus import PrometheusExporter
 
-MAX_NPROC = 64
 MAX_NODES = 1024
 
 
@@ -122,8 +124,6 @@ def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.A
 def _report(result: Any, args: argparse.Namespace) -> int:
     if result.error:
         say(f"job {result.status}: {result.error}; every rank's store is kept: stallscope report {result.job_dir}")
-    from profiler.cli.report import load_job_summary, print_job
-
     print_job(load_job_summary([str(result.job_dir)], args.baseline)[0], args.json)
     if result.status == "interrupted":
         return exit_signal(result.error.rsplit(" ", 1)[-1] if result.error else None)

@@ -19,6 +19,8 @@ from profiler.cli.common import (
     exit_signal,
     exporter_for,
     follow_store,
+    load_job_summary,
+    print_job,
     print_summary,
     say,
 )
@@ -83,19 +85,6 @@ def load_summary(run_dir: str | Path) -> Any:
     return load(run_dir)[1]
 
 
-def load_job_summary(dirs: list[str], baseline: str | None = None) -> Any:
-    """The JobSummary of the job in ``dirs`` (its nodes' directories) and the job as read; BadInput naming what is
-    wrong."""
-    from profiler.jobs.analysis import summarize_job
-    from profiler.jobs.jobdir import JobDirError, load_job
-
-    try:
-        job = load_job(dirs, baseline)
-    except JobDirError as exc:
-        raise BadInput(str(exc)) from None
-    return summarize_job(job), job
-
-
 def _is_job(path: str) -> bool:
     from profiler.jobs.jobdir import is_job_dir
 
@@ -151,17 +140,6 @@ def _write_files(args: argparse.Namespace, html: Callable[[str], Path], trace: C
             raise BadInput(f"{flag} '{target}' cannot be written: {exc}") from None
     for path in written:
         say(f"wrote {path}")
-
-
-def print_job(job_summary: Any, as_json: bool) -> None:
-    """The job report on stdout (or the job summary JSON alone with ``--json``)."""
-    if as_json:
-        print(json.dumps(job_summary.to_dict(), indent=2))
-        return
-    from profiler.jobs.render import render_job
-    from profiler.render.report import make_console
-
-    render_job(job_summary, make_console())
 
 
 def _compared(run_dir: str) -> Any:

@@ -22,6 +22,7 @@ from profiler.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     MAX_BATCH,
+    MAX_NPROC,
     MAX_WORKERS,
     BadInput,
     Handler,
@@ -37,7 +38,6 @@ from profiler.cli.common import (
     say,
     stem,
 )
-from profiler.cli.job import MAX_NPROC
 from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
