@@ -26,12 +26,14 @@ from profiler.core.sampler import MAX_HZ
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+    from profiler.core.devices import DeviceInfo
     from profiler.drivers.runner import RunConfig
     from profiler.export.endpoint import Endpoint
     from profiler.export.prometheus import PrometheusExporter
     from profiler.jobs.analysis import JobInput, JobSummary
     from profiler.live.feeds import LiveFeed, Monitor
     from profiler.zerocode.analysis import ZeroCodeJob
+    from scenarios import Scenario
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
@@ -234,8 +236,8 @@ def _who(pid: int | None) -> str:
 class Training:
     """What ``run``, ``sweep`` and ``tune`` resolved from their shared flags, before any run directory exists."""
 
-    scenario: Any
-    device: Any
+    scenario: Scenario
+    device: DeviceInfo
     data: Path | None
     extra_meta: dict[str, Any]
     warmup: int  # --warmup, else the scenario's: resolved here once for the run config and the live view
@@ -301,15 +303,16 @@ def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConf
     )
 
 
-def default_data(scenario: Any) -> Path:
-    """The scenario's default data set, generated (once) behind a progress bar."""
+def default_data(scenario: Scenario) -> Path:
+    """The scenario's default data set (a file-backed scenario's: ``scenario.data`` set), generated (once)
+    behind a progress bar."""
     from profiler.render.progress import progress
     from scenarios.datagen import DataError, ensure_default
 
     try:
         what = f"the default {scenario.data} set ({scenario.data_count} images, once)"
         with progress(f"stallscope: generating {what}") as report:
-            return ensure_default(scenario.data, scenario.data_count, seed=0, progress=report)
+            return ensure_default(str(scenario.data), scenario.data_count, seed=0, progress=report)
     except DataError as exc:
         raise BadInput(str(exc)) from None
 

@@ -6,7 +6,7 @@ import argparse
 import contextlib
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from profiler.cli.common import (
     DEFAULT_PYSPY_RATE,
@@ -28,6 +28,7 @@ from profiler.cli.common import (
 
 if TYPE_CHECKING:
     from profiler.export.prometheus import PrometheusExporter
+    from profiler.jobs.launch import JobResult
 
 MAX_NODES = 1024
 
@@ -111,7 +112,7 @@ def cmd_job(args: argparse.Namespace, t: Training, exporter: PrometheusExporter 
     return _report(result, args)
 
 
-def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.AbstractContextManager[Any]:
+def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.AbstractContextManager[object]:
     """The job's live view beside the launcher, read from the rank stores (docs/live.md); none with --no-live."""
     if args.no_live:
         return contextlib.nullcontext()
@@ -121,7 +122,7 @@ def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.A
     return job_monitor_for(JobFeed(out), total_steps=total_steps)
 
 
-def _report(result: Any, args: argparse.Namespace) -> int:
+def _report(result: JobResult, args: argparse.Namespace) -> int:
     if result.error:
         say(f"job {result.status}: {result.error}; every rank's store is kept: stallscope report {result.job_dir}")
     print_job(load_job_summary([str(result.job_dir)], args.baseline)[0], args.json)

@@ -7,7 +7,7 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.cli.common import (
     EXIT_FAILED,
@@ -24,6 +24,10 @@ from profiler.cli.common import (
     print_summary,
     say,
 )
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.core.rows import RunRecord
 
 
 def add_parsers(sub: Any) -> None:
@@ -69,7 +73,7 @@ def add_parsers(sub: Any) -> None:
     sub.add_parser("scenarios", help="list the built-in scenarios")
 
 
-def load(run_dir: str | Path) -> tuple[Any, Any]:
+def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
     """A stored run read back once: (its record, its Summary); BadInput naming what is wrong with the store."""
     from profiler.analysis import summarize
     from profiler.core.store import StoreError, load_run
@@ -81,7 +85,7 @@ def load(run_dir: str | Path) -> tuple[Any, Any]:
     return rec, summarize(rec)
 
 
-def load_summary(run_dir: str | Path) -> Any:
+def load_summary(run_dir: str | Path) -> Summary:
     return load(run_dir)[1]
 
 
@@ -142,7 +146,7 @@ def _write_files(args: argparse.Namespace, html: Callable[[str], Path], trace: C
         say(f"wrote {path}")
 
 
-def _compared(run_dir: str) -> Any:
+def _compared(run_dir: str) -> Summary | dict[str, Any]:
     """What ``compare`` reads of a directory: a run's Summary, or a summary dict: a job's (its single-run keys),
     or a finished run's own ``summary.json`` (see :func:`stored_summary`)."""
     if _is_job(run_dir):

@@ -7,7 +7,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.cli.common import (
     DEFAULT_PYSPY_RATE,
@@ -19,6 +19,7 @@ from profiler.cli.common import (
     MAX_WORKERS,
     BadInput,
     Handler,
+    Training,
     add_prometheus_option,
     add_training_options,
     base_run_config,
@@ -36,6 +37,10 @@ from profiler.cli.common import (
 )
 from profiler.cli.job import add_job_options, check_job_options, cmd_job
 from profiler.drivers.signals import SignalStop
+
+if TYPE_CHECKING:
+    from profiler.drivers.runner import TrainingError
+    from profiler.export.prometheus import PrometheusExporter
 
 
 def add_parsers(sub: Any) -> None:
@@ -137,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_scenario(args, t, exporter)
 
 
-def _run_scenario(args: argparse.Namespace, t: Any, exporter: Any) -> int:
+def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExporter | None) -> int:
     out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}")
     from profiler.drivers.runner import RunStopped, TrainingError, run_scenario
 
@@ -174,7 +179,7 @@ def _run_scenario(args: argparse.Namespace, t: Any, exporter: Any) -> int:
     return report_outcome(session.summary(), out, args.json, EXIT_OK)
 
 
-def _training_failed(exc: Any, out: Path, as_json: bool) -> int:
+def _training_failed(exc: TrainingError, out: Path, as_json: bool) -> int:
     """A TrainingError's exit: bad input (2), the run store that could not be written (1, one line: what, and
     which steps it kept; the report would claim steps the store lacks), or the training itself (1, report)."""
     from profiler.core.store import StoreWriteError
@@ -200,7 +205,7 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
 
 
 def _profile_external(
-    args: argparse.Namespace, command: list[str] | None, pid: int | None, name: str, exporter: Any
+    args: argparse.Namespace, command: list[str] | None, pid: int | None, name: str, exporter: PrometheusExporter | None
 ) -> int:
     from profiler.core.pyspy import DEFAULT_RATE
     from profiler.live.feeds import StoreFeed

@@ -42,6 +42,8 @@ from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
     from profiler.drivers.runner import TrainingError  # imports torch: only where a command trains
+    from profiler.sweep.analysis import Config, SweepRow
+    from profiler.sweep.run import Harness
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
@@ -174,7 +176,7 @@ def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
     return prepare_out(out, f"{kind}-{stem(scenario)}")
 
 
-def _harness(args: argparse.Namespace, training: Training, out: Path, what: str, guard: SignalStop) -> Any:
+def _harness(args: argparse.Namespace, training: Training, out: Path, what: str, guard: SignalStop) -> Harness:
     from profiler.sweep.analysis import DEFAULT_STEPS, SECONDS_ONLY_STEPS
     from profiler.sweep.render import row_line, start_line
     from profiler.sweep.run import Harness, Limits
@@ -182,10 +184,10 @@ def _harness(args: argparse.Namespace, training: Training, out: Path, what: str,
     steps = args.steps or (SECONDS_ONLY_STEPS if args.seconds is not None else DEFAULT_STEPS)
     total = training.warmup + steps if steps < SECONDS_ONLY_STEPS else None  # None: only --seconds bounds a run
 
-    def on_start(index: int, planned: int | None, cfg: Any, run_dir: Path) -> None:
+    def on_start(index: int, planned: int | None, cfg: Config, run_dir: Path) -> None:
         print(start_line(index, planned, cfg, run_dir, what), file=sys.stderr, flush=True)
 
-    def on_finish(row: Any) -> None:
+    def on_finish(row: SweepRow) -> None:
         print(row_line(row), file=sys.stderr, flush=True)
 
     return Harness(

@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.cli.common import EXIT_OK, BadInput
+
+if TYPE_CHECKING:
+    from profiler.sweep.analysis import SweepResult
+    from profiler.sweep.tuner import TuneResult
 
 
 def table_file(path: str) -> Path | None:
@@ -37,15 +41,16 @@ def report_table(table: Path, args: argparse.Namespace) -> int:
         return EXIT_OK
     from profiler.render.report import make_console
     from profiler.sweep.render import render_sweep, render_tune
+    from profiler.sweep.tuner import TuneResult
 
-    if table.name == "tune.json" and doc.get("status") != "running":
+    if isinstance(result, TuneResult):  # a tune that finished (or was stopped): its own table
         render_tune(result, make_console(), table.parent)
     else:
         render_sweep(result, make_console(), table.parent)
     return EXIT_OK
 
 
-def _table_result(name: str, doc: dict[str, Any]) -> Any:
+def _table_result(name: str, doc: dict[str, Any]) -> SweepResult | TuneResult:
     """The SweepResult or TuneResult of a table's JSON. A tune that never finished (killed: its ``tune.json``
     still says "running") shows as the table of the trials that did."""
     from profiler.sweep.analysis import analyse_sweep, row_from_dict, sweep_from_dict

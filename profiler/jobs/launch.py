@@ -21,13 +21,18 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profiler.drivers.ddp import DistInfo
 from profiler.drivers.runner import RunConfig
 from profiler.drivers.signals import SignalStop
+
+if TYPE_CHECKING:
+    from profiler.core.recording import Recording
+
 
 JOB_FILE = "job.json"
 PID_FILE = "rank.pid"
@@ -142,7 +147,7 @@ def run_job(job: JobSpec) -> JobResult:
 
 
 def _finish(
-    node: Any, out: Path, record: dict[str, Any], status: str, *, exits: list[dict[str, Any]], error: str | None
+    node: Recording, out: Path, record: dict[str, Any], status: str, *, exits: list[dict[str, Any]], error: str | None
 ) -> None:
     node.close("complete" if status == "complete" else status, error=error)
     record.update(
@@ -284,7 +289,7 @@ AGENT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @contextlib.contextmanager
-def handlers_kept() -> Any:
+def handlers_kept() -> Iterator[None]:
     """Put back the caller's handlers of the signals the elastic agent takes over (a sweep's, the CLI's)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -299,7 +304,7 @@ def handlers_kept() -> Any:
 
 
 @contextlib.contextmanager
-def _quiet_elastic() -> Any:
+def _quiet_elastic() -> Iterator[None]:
     """The elastic agent logs every failure with a traceback at ERROR level, and its own shutdown at WARNING; the
     job's own line says it once. torch sets levels on its modules' loggers, so each of them is quietened."""
     prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
