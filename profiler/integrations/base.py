@@ -17,10 +17,12 @@ import importlib.util
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from profiler.analysis import Summary
+from profiler.analysis.meta import opt_int
 from profiler.core.session import Session
 from profiler.export.endpoint import Endpoint, parse_endpoint
 
@@ -40,13 +42,13 @@ def rank_dir(out_dir: str | os.PathLike[str], rank: int, world_size: int, run: i
     return root / f"rank-{rank}" if world_size > 1 else root
 
 
-def torch_device(device: Any) -> str:
+def torch_device(device: object) -> str:
     """A Session device for the torch device a trainer computes on: CUDA ones as they are, any other ``cpu``."""
     text = str(device)
     return text if text.startswith("cuda") else "cpu"
 
 
-def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nnodes: int) -> dict[str, Any]:
+def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nnodes: int) -> dict[str, int | str]:
     """The multi-rank keys a rank's store carries (as ``stallscope run --nproc`` writes them); none for one rank."""
     if world_size <= 1:
         return {}
@@ -60,7 +62,7 @@ def dist_meta(*, rank: int, world_size: int, local_rank: int, node_rank: int, nn
     }
 
 
-def session_options(prometheus: str | int | None, session: dict[str, Any]) -> dict[str, Any]:
+def session_options(prometheus: str | int | None, session: Mapping[str, object]) -> dict[str, object]:
     """The user's Session arguments, ``prometheus`` checked now so that a bad one fails where the integration is
     made, before any training: a bad value is a ValueError, a missing ``prometheus_client`` an ImportError, one
     line each naming what is allowed or what to install."""
@@ -83,17 +85,21 @@ def rank_endpoint(prometheus: str | int, local_rank: int) -> Endpoint:
 LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")  # a trainer's facts that are run meta
 
 
-def start_session(out_dir: Path, options: dict[str, Any], facts: dict[str, Any]) -> Session:
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def start_session(out_dir: Path, options: Mapping[str, object], facts: Mapping[str, object]) -> Session:
     """A started Session on ``out_dir``: ``options`` are the user's Session arguments, ``facts`` what the trainer
     tells (device, labels, loader knobs, meta). The user's wins where both give one; the meta dicts merge.
     ``options["prometheus"]`` serves the run's figures while it trains (per rank: :func:`rank_endpoint`); the
     address is said on stderr, as ``stallscope run --prometheus`` says it."""
-    meta = {**facts.get("meta", {}), **(options.get("meta") or {})}
-    args = {k: v for k, v in facts.items() if k != "meta"}
+    meta = {**_mapping(facts.get("meta")), **_mapping(options.get("meta"))}
+    args: dict[str, Any] = {k: v for k, v in facts.items() if k != "meta"}  # Session's arguments: it checks them
     args.update((k, v) for k, v in options.items() if k != "meta" and v is not None)
     meta.update((k, args.pop(k)) for k in LABELS if k in args)  # run facts: the Session keeps them in its meta
     if args.get("prometheus") is not None:
-        args["prometheus"] = str(rank_endpoint(args["prometheus"], int(meta.get("local_rank", 0))))
+        args["prometheus"] = str(rank_endpoint(args["prometheus"], opt_int(meta.get("local_rank")) or 0))
     from profiler.export.prometheus import ExporterError
 
     try:

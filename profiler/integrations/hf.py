@@ -1,31 +1,14 @@
 """Hugging Face's Trainer: ``instrument(trainer, "runs/x")``, or ``Trainer(callbacks=[StallscopeCallback("runs/x")])``.
 
-A stallscope step here is one optimizer step of the Trainer (``state.global_step``): with gradient
-accumulation, ``gradient_accumulation_steps`` micro-batches. Before each optimizer step the Trainer fetches
-all of that step's micro-batches at once (``Trainer.get_batch_samples``), then calls ``on_step_begin``, runs
-forward and backward on each, steps the optimizer and calls ``on_step_end``; logging, evaluation and saving
-follow ``on_step_end``. So, per step:
-
-- **data wait**: with :func:`instrument`, the time blocked in ``next()`` on the Trainer's epoch iterator,
-  summed over the step's micro-batches: exact. With the callback alone, the host time from the previous
-  ``on_step_end`` (or ``on_epoch_begin``) to ``on_step_begin``: the fetch plus the previous step's logging,
-  evaluation and saving, an upper bound on the data wait (meta ``data_wait`` says which).
-- **compute**: ``on_step_begin`` to ``on_step_end``: forward, backward and the optimizer step of every
-  micro-batch. The Trainer moves each micro-batch to the device inside it, so the copy is in compute (no h2d
-  phase of its own).
-- the step runs from the previous ``on_step_end`` to its own: the rest (logging, evaluation, saving) is "other"
-  under :func:`instrument`.
-
-The Trainer's loader (accelerate's ``DataLoaderShard``) reads one batch ahead inside ``next()``: the first
-``next()`` of an epoch loads two batches, the last none, and a batch's copy to the device happens in the
-``next()`` that hands it over. The data wait is still exactly the time the loop was blocked fetching, but a
-step's wait is the load of the batch after its own; over an epoch the sums are the same.
+A stallscope step is one optimizer step (``state.global_step``): compute runs from ``on_step_begin`` to
+``on_step_end``; the data wait is exact under :func:`instrument` (each ``next()`` on the epoch iterator timed)
+and an upper bound with the callback alone (meta ``data_wait`` says which). docs/integrations.md, "What is
+measured: exact figures and bounds", has the table and the Trainer's read-ahead.
 
 Invariants:
 - The Session opens at ``on_train_begin`` (rank R of a world > 1 in ``RUN_DIR/rank-R/``) and closes at
-  ``on_train_end`` as ``complete``. A callback is not told of an exception: :func:`instrument` also wraps
-  ``trainer.train`` so that a training that raises closes the run ``failed`` (``interrupted`` for Ctrl-C), every
-  step so far kept; with the callback alone such a run is left ``running`` (``stallscope report`` reads it).
+  ``on_train_end`` as ``complete``; under :func:`instrument` a training that raises closes it ``failed``
+  (``interrupted`` for Ctrl-C), every step kept; with the callback alone such a run is left ``running``.
 - The hot path per micro-batch is one clock read and two additions.
 """
 
@@ -34,8 +17,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from profiler.core.session import Session, batch_len, loader_facts
 from profiler.integrations import missing
@@ -54,8 +38,13 @@ try:
 except ImportError:
     raise missing("Hugging Face", "transformers (and accelerate)", "hf") from None
 
-_Base: Any = TrainerCallback
+if TYPE_CHECKING:
+    import torch
+    from transformers import Trainer, TrainerControl, TrainerState, TrainingArguments
+
 log = logging.getLogger("stallscope")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 EXACT = "exact: time blocked in next() on the Trainer's epoch iterator (stallscope instrument())"
 BOUND = (
@@ -64,7 +53,7 @@ BOUND = (
 )
 
 
-class StallscopeCallback(_Base):  # type: ignore[misc]
+class StallscopeCallback(TrainerCallback):
     """A ``transformers.TrainerCallback`` that records training as a stallscope run in ``out_dir``.
 
     Alone it records step time and an upper bound on the data wait (module docstring); give it to
@@ -79,7 +68,7 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         *,
         report: bool = True,
         prometheus: str | int | None = None,
-        **session: Any,
+        **session: object,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.report = report
@@ -87,12 +76,14 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         self.session: Session | None = None
         self.timed_fetch = False  # instrument() times the fetch: the data wait is exact
         self._t_prev = 0.0  # the previous step's end (or the epoch's start): the next step starts there
-        self._compute: Any = None
+        self._compute: AbstractContextManager[object] | None = None
         self._rank = 0
         self._runs = 0  # trainings recorded so far
 
     # -- the Trainer's events ---------------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if self.session is not None and self.session.status is None:
             return
         world, rank = int(args.world_size), int(args.process_index)
@@ -124,13 +115,17 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         self._runs += 1
         self.session = start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts)
 
-    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         s = self.session
         if s is not None and s.status is None:
             s.close_step()
             self._t_prev = s.clock()
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         s = self.session
         if s is None or s.status is not None:
             return
@@ -142,7 +137,9 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         self._compute = s.phase("compute")
         self._compute.__enter__()
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         s = self.session
         if s is None or s.status is not None:
             return
@@ -152,11 +149,13 @@ class StallscopeCallback(_Base):  # type: ignore[misc]
         self._t_prev = t = s.clock()
         s.close_step(t)
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self.close()
 
     # -- instrument()'s ---------------------------------------------------------------------------
-    def fetched(self, t0: float, t1: float, batch: Any) -> None:
+    def fetched(self, t0: float, t1: float, batch: object) -> None:
         """A micro-batch fetched between clock readings ``t0`` and ``t1`` (``batch`` None: the iterator ended)."""
         s = self.session
         if s is None or s.status is not None:
@@ -187,13 +186,13 @@ class _TimedIterator:
 
     __slots__ = ("_cb", "_clock", "_it")
 
-    def __init__(self, it: Iterator[Any], cb: StallscopeCallback, clock: Callable[[], float]) -> None:
+    def __init__(self, it: Iterator[object], cb: StallscopeCallback, clock: Callable[[], float]) -> None:
         self._it, self._cb, self._clock = it, cb, clock
 
     def __iter__(self) -> _TimedIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> object:
         t0 = self._clock()
         try:
             batch = next(self._it)
@@ -204,13 +203,39 @@ class _TimedIterator:
         return batch
 
 
+def _timing(
+    get_batch_samples: Callable[[Iterator[object], int, torch.device], _R], cb: StallscopeCallback
+) -> Callable[[Iterator[object], int, torch.device], _R]:
+    """The Trainer's ``get_batch_samples``, each ``next()`` it makes on the epoch iterator timed into ``cb``."""
+
+    def timed_batch_samples(epoch_iterator: Iterator[object], num_batches: int, device: torch.device) -> _R:
+        clock = cb.session.clock if cb.session is not None else None
+        it = _TimedIterator(epoch_iterator, cb, clock) if clock is not None else epoch_iterator
+        return get_batch_samples(it, num_batches, device)
+
+    return timed_batch_samples
+
+
+def _closing(train: Callable[_P, _R], cb: StallscopeCallback) -> Callable[_P, _R]:
+    """The Trainer's ``train``, closing ``cb``'s run ``failed`` (``interrupted``) when it raises."""
+
+    def closing_train(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return train(*args, **kwargs)
+        except BaseException as exc:
+            cb.close(exc)
+            raise
+
+    return closing_train
+
+
 def instrument(
-    trainer: Any,
+    trainer: Trainer,
     out_dir: str | os.PathLike[str],
     *,
     report: bool = True,
     prometheus: str | int | None = None,
-    **session: Any,
+    **session: object,
 ) -> StallscopeCallback:
     """Record ``trainer``'s training in ``out_dir`` with the exact data wait: adds a :class:`StallscopeCallback`,
     times each ``next()`` the Trainer's ``get_batch_samples`` makes, and closes the run ``failed`` when
@@ -218,22 +243,8 @@ def instrument(
     cb = StallscopeCallback(out_dir, report=report, prometheus=prometheus, **session)
     cb.timed_fetch = True
     trainer.add_callback(cb)
-    get_batch_samples, train = trainer.get_batch_samples, trainer.train
-
-    def timed_batch_samples(epoch_iterator: Iterator[Any], num_batches: int, device: Any) -> Any:
-        clock = cb.session.clock if cb.session is not None else None
-        it = _TimedIterator(epoch_iterator, cb, clock) if clock is not None else epoch_iterator
-        return get_batch_samples(it, num_batches, device)
-
-    def closing_train(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return train(*args, **kwargs)
-        except BaseException as exc:
-            cb.close(exc)
-            raise
-
-    trainer.get_batch_samples = timed_batch_samples
-    trainer.train = closing_train
+    trainer.get_batch_samples = _timing(trainer.get_batch_samples, cb)  # type: ignore[method-assign,assignment]
+    trainer.train = _closing(trainer.train, cb)  # type: ignore[method-assign]
     return cb
 
 

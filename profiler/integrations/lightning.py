@@ -1,36 +1,14 @@
 """PyTorch Lightning: ``Trainer(profiler=StallscopeProfiler("runs/x"))``, or ``callbacks=[StallscopeCallback(...)]``.
 
-Lightning times its own loop through its profiler: every action is a ``start(name)``/``stop(name)`` pair. Five
-of them are the parts of a training step that stallscope records (Lightning 2.x names):
-
-- ``[_TrainingEpochLoop].train_dataloader_next``: the loop asks its loader for a batch. The step starts at its
-  start (the previous one ends there, as under ``Session.wrap``); its duration is the step's **data wait**.
-- ``[Strategy]<Strategy>.batch_to_device`` right after that fetch: phase ``h2d``.
-- ``run_training_batch``: phase ``compute`` (training_step, backward, optimizer step, their hooks).
-- ``run_training_epoch`` (its stop): the epoch's last step ends.
-- ``[Strategy]<Strategy>.on_validation_start`` (its start) to ``...on_validation_end`` (its stop), inside a
-  step: phase ``validation`` (a validation run inside fit; the sanity check, before the first step, is not
-  in any step).
-
-Whatever else the step does (the batch hooks, logging, a checkpoint) is "other".
-
-Invariants:
-- Lightning profiles every hook call (dozens per step): an action that is not one of these costs one dict
-  lookup in ``start``/``stop`` (each name is classified once, on first sight).
-- Lightning calls every callback's hooks several times a step, each through the profiler; it skips a hook that
-  is not callable, so stallscope's callback leaves the step hooks it does not use ``None`` (a subclass's own
-  override stays) and costs one hook call a step (``on_train_batch_start``: the batch's size).
-- Only ``fit`` is recorded. The Session opens when fit sets the profiler up (the Callback form: at its
-  ``setup`` hook) and closes at fit's teardown as ``complete``; a fit that raises closes it from
-  ``on_exception``, ``failed`` (``interrupted`` for Ctrl-C), every step so far kept.
-- A world of more than one writes ``RUN_DIR/rank-R/`` per rank (profiler/integrations/base.py).
-- The Callback form is for a Trainer whose profiler slot is taken: it puts a tee in front of the Trainer's
-  profiler for the fit (every call reaches the user's profiler unchanged, then stallscope's map) and puts the
-  user's profiler back at teardown. Both forms record the same figures.
-
-The framework is whichever of ``lightning.pytorch`` and ``pytorch_lightning`` the program imported first
-(``lightning.pytorch`` when it imported neither yet): a Trainer only takes a profiler and callbacks of its own
-package.
+Five of Lightning's profiler actions become a step's data wait and its ``h2d``, ``compute`` and ``validation``
+phases (the map: docs/integrations.md, "What is measured, and how"). Invariants:
+- Every other action costs one dict lookup in ``start``/``stop``; the callback leaves the step hooks it does not
+  use ``None``, so Lightning skips them (a subclass's own override stays).
+- Only ``fit`` is recorded: opened at its setup, closed at its teardown (``complete``) or from ``on_exception``
+  (``failed``, ``interrupted`` for Ctrl-C), every step so far kept; rank R of a larger world in ``rank-R/``.
+- The Callback form tees the Trainer's own profiler for the fit (every call reaches it unchanged) and puts it
+  back at teardown. The framework is whichever of ``lightning.pytorch`` and ``pytorch_lightning`` the program
+  imported first: a Trainer only takes a profiler and callbacks of its own package.
 """
 
 from __future__ import annotations
@@ -40,9 +18,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 from profiler.core.session import Session, batch_len
 from profiler.integrations import missing
@@ -69,8 +48,13 @@ def _import_lightning() -> ModuleType:
 
 
 pl = _import_lightning()
-_Profiler: Any = pl.profilers.Profiler
-_Callback: Any = pl.Callback
+if TYPE_CHECKING:  # checked against lightning.pytorch; pytorch_lightning's classes are the same
+    from lightning.pytorch import Callback as _Callback
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.profilers import Profiler as _Profiler
+else:
+    _Profiler = pl.profilers.Profiler
+    _Callback = pl.Callback
 
 # what an action is to stallscope
 _OTHER, _FETCH, _H2D, _COMPUTE, _EPOCH, _VAL_START, _VAL_END = range(7)
@@ -87,10 +71,21 @@ def _classify(action: str) -> int:
     return {"run_training_batch": _COMPUTE, "run_training_epoch": _EPOCH}.get(action, _OTHER)
 
 
+class _Slots(Protocol):
+    """What Lightning's connectors set on a Trainer (its class does not declare them)."""
+
+    profiler: _Profiler
+    callbacks: list[_Callback]
+
+
+def _slots(trainer: Trainer) -> _Slots:
+    return cast("_Slots", trainer)
+
+
 class _Recorder:
     """Lightning's actions -> one Session's steps and phases; shared by both forms."""
 
-    def __init__(self, out_dir: str | os.PathLike[str], report: bool, options: dict[str, Any]) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], report: bool, options: dict[str, object]) -> None:
         self.out_dir = Path(out_dir)
         self.report = report
         self.options = options
@@ -98,13 +93,13 @@ class _Recorder:
         self._live: Session | None = None  # the session while it records: the hot path's one check
         self._clock: Callable[[], float] = time.perf_counter
         self._kinds: dict[str, int] = {}
-        self._open: dict[str, Any] = {}  # the open phase of each action
+        self._open: dict[str, AbstractContextManager[object]] = {}  # the open phase of each action
         self._fetch_t0 = 0.0
         self._fetched = False  # a training batch was fetched and has not reached run_training_batch yet
         self._rank = 0
         self._runs = 0  # fits recorded so far
 
-    def open(self, trainer: Any, form: str) -> None:
+    def open(self, trainer: Trainer, form: str) -> None:
         if self.session is not None and self.session.status is None:
             return
         world, rank = int(trainer.world_size), int(trainer.global_rank)
@@ -166,11 +161,11 @@ class _Recorder:
         elif (phase := self._open.pop("validation" if kind == _VAL_END else action_name, None)) is not None:
             phase.__exit__(None, None, None)
 
-    def batch(self, batch: Any) -> None:
+    def batch(self, batch: object) -> None:
         if self._live is not None:
             self._live.add_samples(batch_len(batch))
 
-    def loader(self, trainer: Any) -> None:
+    def loader(self, trainer: Trainer) -> None:
         if self.session is not None:
             self.session.note_loader(trainer.train_dataloader)
 
@@ -197,7 +192,7 @@ _STEP_HOOKS = (
 )
 
 
-class _Hooks(_Callback):  # type: ignore[misc]
+class _Hooks(_Callback):
     """The batch and exception hooks both forms need: the batch's size, the loader's facts, a failed fit."""
 
     def __init__(self, recorder: _Recorder) -> None:
@@ -206,22 +201,24 @@ class _Hooks(_Callback):  # type: ignore[misc]
             if getattr(type(self), name) is getattr(_Callback, name):
                 setattr(self, name, None)
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.recorder.loader(trainer)
 
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int) -> None:
         self.recorder.batch(batch)
 
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.recorder.close(exception)
 
 
-class StallscopeProfiler(_Profiler):  # type: ignore[misc]
+class StallscopeProfiler(_Profiler):
     """A Lightning profiler that records fit as a stallscope run in ``out_dir``: ``Trainer(profiler=...)``.
 
     ``report`` prints the run's report at the end of fit (rank 0). ``prometheus`` (``[ADDR:]PORT``, 0: a free
     port) serves the live figures while fit runs (rank R of a machine on PORT + R). The other keyword arguments
     are the Session's (``warmup``, ``sample_hz``, ``sources``, ``meta``, ...)."""
+
+    _lightning_module: LightningModule | None  # the Trainer sets it before setup (Profiler does not declare it)
 
     def __init__(
         self,
@@ -229,7 +226,7 @@ class StallscopeProfiler(_Profiler):  # type: ignore[misc]
         *,
         report: bool = True,
         prometheus: str | int | None = None,
-        **session: Any,
+        **session: object,
     ) -> None:
         super().__init__()
         self.recorder = _Recorder(out_dir, report, session_options(prometheus, session))
@@ -247,9 +244,12 @@ class StallscopeProfiler(_Profiler):  # type: ignore[misc]
         super().setup(stage, local_rank, log_dir)
         if stage != "fit":
             return
-        trainer = self._lightning_module.trainer
-        if self._hooks not in trainer.callbacks:
-            trainer.callbacks.append(self._hooks)
+        module = self._lightning_module
+        assert module is not None, "Lightning gives its profiler the module before setup"
+        trainer = module.trainer
+        callbacks = _slots(trainer).callbacks
+        if self._hooks not in callbacks:
+            callbacks.append(self._hooks)
         self.recorder.open(trainer, "profiler")
 
     def start(self, action_name: str) -> None:
@@ -267,10 +267,10 @@ class StallscopeProfiler(_Profiler):  # type: ignore[misc]
         """Lightning's base closes its files here; a stallscope run is closed by teardown or on_exception."""
 
 
-class _Tee(_Profiler):  # type: ignore[misc]
+class _Tee(_Profiler):
     """The Trainer's own profiler, with stallscope's map behind it (the Callback form)."""
 
-    def __init__(self, inner: Any, recorder: _Recorder) -> None:
+    def __init__(self, inner: _Profiler, recorder: _Recorder) -> None:
         super().__init__()
         self.inner = inner
         self.recorder = recorder
@@ -310,33 +310,35 @@ class StallscopeCallback(_Hooks):
         *,
         report: bool = True,
         prometheus: str | int | None = None,
-        **session: Any,
+        **session: object,
     ) -> None:
         super().__init__(_Recorder(out_dir, report, session_options(prometheus, session)))
-        self._inner: Any = None
+        self._inner: _Profiler | None = None
 
     @property
     def session(self) -> Session | None:
         """The Session of the current (or last) fit; None before fit."""
         return self.recorder.session
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._inner = trainer.profiler
-        trainer.profiler = _Tee(self._inner, self.recorder)
+        self._inner = _slots(trainer).profiler
+        _slots(trainer).profiler = _Tee(self._inner, self.recorder)
         self.recorder.open(trainer, "callback")
 
-    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         if self._inner is not None:
-            trainer.profiler, self._inner = self._inner, None
+            _slots(trainer).profiler = self._inner
+            self._inner = None
         self.recorder.close()
 
-    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._inner is not None:
-            trainer.profiler, self._inner = self._inner, None
+            _slots(trainer).profiler = self._inner
+            self._inner = None
         self.recorder.close(exception)
 
 
