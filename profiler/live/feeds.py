@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from profiler.core.store import DB_NAME, PhaseRow, StepRow, StoreBusy, StoreError, StoreTail, run_status
 
@@ -31,10 +31,10 @@ class LiveFeed(Protocol):
 
     def status(self) -> str: ...
 
-    def meta(self) -> dict[str, Any]: ...
+    def meta(self) -> Mapping[str, object]: ...
 
 
-Monitor = Callable[["LiveFeed"], AbstractContextManager[Any]]
+Monitor = Callable[["LiveFeed"], AbstractContextManager[object]]
 """A live view over a feed (``render.live.monitor_for``): entered while a run records, exited when it ends."""
 
 
@@ -52,7 +52,7 @@ class SessionFeed:
     def status(self) -> str:
         return self._s.status or "running"
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> Mapping[str, object]:
         return self._s.meta
 
 
@@ -61,7 +61,7 @@ class StoreFeed:
 
     def __init__(self, run_dir: str | Path) -> None:
         self._tail = StoreTail(run_dir)
-        self._meta: dict[str, Any] = {}
+        self._meta: dict[str, object] = {}
 
     def poll(self) -> tuple[Steps, Samples]:
         try:
@@ -76,7 +76,7 @@ class StoreFeed:
     def status(self) -> str:
         return run_status(self._meta) if self._meta else "running"
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> dict[str, object]:
         return self._meta
 
 
@@ -93,10 +93,10 @@ class JobFeed:
     def __init__(self, job_dir: str | Path) -> None:
         self.job_dir = Path(job_dir)
         self._tails: dict[int, StoreTail] = {}
-        self._metas: dict[int, dict[str, Any]] = {}
+        self._metas: dict[int, dict[str, object]] = {}
         self._node: StoreTail | None = None
-        self._node_meta: dict[str, Any] = {}
-        self._job: dict[str, Any] = {}
+        self._node_meta: dict[str, object] = {}
+        self._job: dict[str, object] = {}
 
     def _read_job(self) -> None:
         try:  # job.json is replaced atomically: a read sees the old record or the new one
@@ -142,7 +142,7 @@ class JobFeed:
                 samples = []
         return steps, samples
 
-    def rank_meta(self) -> dict[int, dict[str, Any]]:
+    def rank_meta(self) -> dict[int, dict[str, object]]:
         return dict(self._metas)
 
     def rank_status(self, rank: int) -> str:
@@ -163,7 +163,7 @@ class JobFeed:
             return "interrupted"
         return status
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> dict[str, object]:
         """job.json's record; once a rank has recorded its meta, the scenario's name, pipeline, batch size and
         workers and the device (kind, simulated options) as that rank recorded them."""
         out = dict(self._job)

@@ -14,19 +14,21 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TextIO, TypeVar
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from profiler.analysis.meta import as_json
 from profiler.analysis.parts import SIMULATED, device_where
 from profiler.live.analysis import LiveAggregator, LiveSnapshot
 from profiler.live.feeds import LiveFeed
 
 Tb = TracebackType | None
+_S = TypeVar("_S")  # what a view's source hands it: a run's or a job's snapshot
 BARS = "▁▂▃▄▅▆▇█"  # zero is the lowest bar; a blank means no data
 HISTORY_S = 60
 
@@ -48,7 +50,7 @@ def _f(x: float, spec: str, unit: str = "") -> str:
     return "n/a" if x is None or math.isnan(x) else format(x, spec) + unit
 
 
-def _or_q(x: Any) -> str:
+def _or_q(x: object) -> str:
     return "?" if x is None else str(x)
 
 
@@ -60,12 +62,14 @@ def _progress(snap: LiveSnapshot, total: int | None) -> str:
     return f"step {st.steps_total}{of}" + (" (warm-up)" if st.warmup else "")
 
 
-def _simulated(meta: dict[str, Any] | None) -> bool:
+def _simulated(meta: Mapping[str, object] | None) -> bool:
     dev = (meta or {}).get("device")
     return isinstance(dev, dict) and dev.get("kind") == SIMULATED
 
 
-def status_line(snap: LiveSnapshot, total_steps: int | None = None, meta: dict[str, Any] | None = None) -> str | None:
+def status_line(
+    snap: LiveSnapshot, total_steps: int | None = None, meta: Mapping[str, object] | None = None
+) -> str | None:
     st = snap.stats
     if st is None:
         return None
@@ -81,9 +85,9 @@ def status_line(snap: LiveSnapshot, total_steps: int | None = None, meta: dict[s
     return line + ("" if math.isnan(util) else f"  gpu0 {util:.0f}%{sim}")
 
 
-def frame(snap: LiveSnapshot, meta: dict[str, Any], total_steps: int | None = None) -> Group:
+def frame(snap: LiveSnapshot, meta: Mapping[str, object], total_steps: int | None = None) -> Group:
     """One frame of the dashboard."""
-    dev = meta.get("device") or {}
+    dev = as_json(meta.get("device"))
     sim = _simulated(meta)
     where = device_where(dev) if sim else dev.get("torch_device", "?")
     head = Text.assemble(
@@ -138,12 +142,11 @@ def frame(snap: LiveSnapshot, meta: dict[str, Any], total_steps: int | None = No
 
 
 class Monitor:
-    """Calls ``source()`` (poll a feed, fold it, return a snapshot) on a thread every ``interval_s`` and hands each
-    snapshot to ``_show``. A view that fails stops showing and says so once at exit (``error``); the training it
-    watches never sees the failure."""
+    """Calls ``show()`` (poll a feed, fold it, show the snapshot) on a thread every ``interval_s``. A view that
+    fails stops showing and says so once at exit (``error``); the training it watches never sees the failure."""
 
-    def __init__(self, source: Callable[[], Any], interval_s: float) -> None:
-        self._source = source
+    def __init__(self, show: Callable[[], None], interval_s: float) -> None:
+        self._show = show
         self._interval = interval_s
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stallscope-live", daemon=True)
@@ -151,7 +154,7 @@ class Monitor:
         self.error: BaseException | None = None
 
     def _tick(self) -> None:
-        self._show(self._source())
+        self._show()
         self.frames += 1
 
     def _loop(self) -> None:
@@ -161,9 +164,6 @@ class Monitor:
             except Exception as exc:  # noqa: BLE001 - a view that fails stops showing (said at exit), never the run
                 self.error = exc
                 return
-
-    def _show(self, snap: Any) -> None:
-        raise NotImplementedError
 
     def __enter__(self) -> Monitor:
         self._thread.start()
@@ -181,20 +181,19 @@ class PlainLines(Monitor):
 
     def __init__(
         self,
-        source: Callable[[], Any],
-        line: Callable[[Any], str | None],
+        source: Callable[[], _S],
+        line: Callable[[_S], str | None],
         *,
         interval_s: float = 5.0,
         stream: TextIO | None = None,
     ) -> None:
-        super().__init__(source, interval_s)
-        self._line = line
-        self._stream = stream or sys.stderr
+        def show() -> None:
+            text = line(source())
+            if text:
+                print(text, file=self._stream, flush=True)
 
-    def _show(self, snap: Any) -> None:
-        line = self._line(snap)
-        if line:
-            print(line, file=self._stream, flush=True)
+        super().__init__(show, interval_s)
+        self._stream = stream or sys.stderr
 
 
 class Dashboard(Monitor):
@@ -203,18 +202,14 @@ class Dashboard(Monitor):
 
     def __init__(
         self,
-        source: Callable[[], Any],
-        draw: Callable[[Any], RenderableType],
+        source: Callable[[], _S],
+        draw: Callable[[_S], RenderableType],
         *,
         refresh_hz: float = 4.0,
         console: Console | None = None,
     ) -> None:
-        super().__init__(source, 1.0 / refresh_hz)
-        self._draw = draw
+        super().__init__(lambda: self._live.update(draw(source()), refresh=True), 1.0 / refresh_hz)
         self._live = Live(console=console or Console(stderr=True), auto_refresh=False, transient=True)
-
-    def _show(self, snap: Any) -> None:
-        self._live.update(self._draw(snap), refresh=True)
 
     def __enter__(self) -> Dashboard:
         self._live.start()
@@ -227,9 +222,9 @@ class Dashboard(Monitor):
 
 
 def choose(
-    source: Callable[[], Any],
-    line: Callable[[Any], str | None],
-    draw: Callable[[Any], RenderableType],
+    source: Callable[[], _S],
+    line: Callable[[_S], str | None],
+    draw: Callable[[_S], RenderableType],
     *,
     tty: bool | None = None,
     plain_interval_s: float = 5.0,

@@ -9,11 +9,10 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from itertools import starmap
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
 
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.store.lock import pid_alive
@@ -29,8 +28,10 @@ from profiler.core.store.schema import (
     select_cols,
 )
 
+Meta = dict[str, object]  # the meta table: each key's JSON value
 
-def _step(r: Sequence[Any]) -> StepRow:
+
+def _step(r: tuple[int, float, float, float, int | None, int, float | None, float | None]) -> StepRow:
     return StepRow(r[0], r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7])
 
 
@@ -59,7 +60,7 @@ def load_run(run: str | os.PathLike[str]) -> RunRecord:
     return RunRecord(rec.meta, rec.steps, rec.phases, rec.samples, rec.events, read_stacks(db.parent))
 
 
-def read_rows(con: sqlite3.Connection, meta: dict[str, Any]) -> RunRecord:
+def read_rows(con: sqlite3.Connection, meta: Meta) -> RunRecord:
     """Every row of an open store, ordered as the analysis expects, with ``meta`` (no stacks)."""
     steps = [  # unpacked inline, not through _step(): once per step of a long run
         StepRow(i, a, b, wait, n, bool(warm), wait_rq, rq)
@@ -77,7 +78,7 @@ def read_rows(con: sqlite3.Connection, meta: dict[str, Any]) -> RunRecord:
     return RunRecord(meta, steps, phases, samples, events)
 
 
-def read_head(run: str | os.PathLike[str]) -> tuple[dict[str, Any], int]:
+def read_head(run: str | os.PathLike[str]) -> tuple[Meta, int]:
     """A store's meta table (checked as :func:`load_run` checks it) and its number of step rows, without
     loading the rows: enough to tell whether the run's ``summary.json`` is the store's own."""
     db = resolve_db(run)
@@ -118,10 +119,10 @@ def read_error(db: Path, exc: sqlite3.DatabaseError) -> StoreError:
     return StoreError(f"'{db}' is not a readable stallscope run store: {exc}")
 
 
-def read_meta(con: sqlite3.Connection, db: Path) -> dict[str, Any]:
+def read_meta(con: sqlite3.Connection, db: Path) -> Meta:
     """The meta table, checked: StoreError when it is not a stallscope store's, or one of a newer schema."""
     try:
-        meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
+        meta: Meta = {k: json.loads(v) for k, v in con.execute("SELECT key, value FROM meta")}
     except json.JSONDecodeError as exc:
         raise StoreError(f"'{db}' has a corrupt meta table: {exc}") from None
     version = meta.get("schema_version")
@@ -165,7 +166,7 @@ class StoreTail:
         self._last_step = -1
         self._last_t = -1.0
 
-    def poll(self) -> tuple[dict[str, Any], list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
+    def poll(self) -> tuple[Meta, list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
         con = open_read(self.db)
         try:
             meta = read_meta(con, self.db)
@@ -195,14 +196,18 @@ class StoreTail:
         return meta, steps, sorted(grouped.items())
 
 
-def run_status(meta: dict[str, Any], now: float | None = None) -> str:
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_status(meta: Mapping[str, object], now: float | None = None) -> str:
     """A store's status: the stored one, except that a run still marked ``running`` whose writer is gone
     (its pid has exited, or its heartbeat is older than STALE_HEARTBEAT_S) was interrupted."""
     status = str(meta.get("status", "interrupted"))
     if status != "running":
         return status
     now = time.time() if now is None else now
-    heartbeat = float(meta.get("heartbeat") or meta.get("started_at") or 0.0)
+    heartbeat = _number(meta.get("heartbeat")) or _number(meta.get("started_at")) or 0.0
     pid = meta.get("pid")
     if now - heartbeat > STALE_HEARTBEAT_S or not (isinstance(pid, int) and pid_alive(pid)):
         return "interrupted"
