@@ -1,15 +1,10 @@
 """The live figures as Prometheus metrics (names, types, labels, base units), computed from what the live view
-folds: a single run's :class:`~profiler.live.analysis.LiveSnapshot` and :class:`~profiler.live.analysis.RunTotals`,
-or a job's :class:`~profiler.jobs.analysis_live.JobLive` and each rank's totals.
+folds: a run's :class:`~profiler.live.analysis.LiveSnapshot` and totals, or a job's
+:class:`~profiler.jobs.analysis_live.JobLive` and each rank's totals.
 
-Pure functions returning plain :class:`Metric` records; ``profiler.export.prometheus`` turns them into
-``prometheus_client`` families at scrape time, so this module needs no optional dependency and tests compare
-its output directly.
-
-Conventions (docs/integrations.md "Prometheus"): every name starts ``stallscope_``; seconds, ratios 0..1 and
-bytes; counters end ``_total``; a job's per-rank figures carry ``rank``; on a simulated device every figure that
-depends on the device carries ``simulated="true"`` (host CPU and memory do not). A figure that is not known yet
-(NaN: no step in the window, metric not sampled) is left out rather than exported as NaN.
+Invariants: pure functions returning plain :class:`Metric` records (no optional dependency); the naming
+conventions are docs/integrations.md's "The metrics" (``stallscope_`` names, base units, ``rank`` and
+``simulated="true"`` labels); a figure not known yet (NaN) is left out, never exported as NaN.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from profiler.analysis.parts import SIMULATED
 from profiler.jobs.analysis_live import JobLive
@@ -42,12 +36,12 @@ class Metric:
             self.samples.append((dict(labels or {}), float(value)))
 
 
-def _simulated(meta: Mapping[str, Any]) -> bool:
+def _simulated(meta: Mapping[str, object]) -> bool:
     dev = meta.get("device")
     return isinstance(dev, dict) and dev.get("kind") == SIMULATED
 
 
-def info_metrics(meta: Mapping[str, Any], status: str) -> list[Metric]:
+def info_metrics(meta: Mapping[str, object], status: str) -> list[Metric]:
     """``stallscope_run_info`` (constant 1; the run's identity in labels) and ``stallscope_run_status``."""
     dev = meta.get("device")
     dev = dev if isinstance(dev, dict) else {}
@@ -132,7 +126,7 @@ def _window(name: str, help_: str) -> Metric:
     return Metric(name, "gauge", help_ + " Over the newest steps (the live window, 5 s).")
 
 
-def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, Any], status: str) -> list[Metric]:
+def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, object], status: str) -> list[Metric]:
     """A single run's metrics (``stallscope run``, ``watch RUN_DIR``, a Session, zero-code runs)."""
     sim = {"simulated": "true"} if _simulated(meta) else {}
     out = info_metrics(meta, status) + totals_metrics([(sim, totals)])
@@ -156,7 +150,7 @@ def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, Any], 
 
 
 def job_metrics(
-    job: JobLive, totals: Mapping[int, RunTotals], node: Mapping[str, float], meta: Mapping[str, Any], status: str
+    job: JobLive, totals: Mapping[int, RunTotals], node: Mapping[str, float], meta: Mapping[str, object], status: str
 ) -> list[Metric]:
     """A multi-rank job's metrics: per-rank figures labelled ``rank``, the job's throughput, the straggler."""
     sim = {"simulated": "true"} if _simulated(meta) else {}

@@ -1,18 +1,14 @@
-"""A Prometheus endpoint of the live figures (``--prometheus [ADDR:]PORT``; docs/integrations.md).
+"""A Prometheus endpoint of the live figures (``--prometheus [ADDR:]PORT``; docs/integrations.md "Prometheus").
 
-:class:`PrometheusExporter` binds when started (so a bad address or a port in use is one line before any run
-starts), then follows one run's or one job's live feed at a time: a thread folds the feed every ``poll_s`` (so a
-Session's bounded buffer is read before it wraps), and a scrape folds what is new and computes the metrics from
-the folded state (``profiler.export.metrics``) on the scraping thread. The training thread never waits on it.
+:class:`PrometheusExporter` binds when started, then follows one run's or one job's live feed: a thread folds
+the feed every ``poll_s``; a scrape computes the metrics (``profiler.export.metrics``) on the scraping thread.
 
 Invariants:
-- ``prometheus_client`` is imported in :meth:`PrometheusExporter.start` only (an optional dependency: the extra
-  ``stallscope[prometheus]``); missing, it is one :class:`ExporterError` line.
-- The exporter has its own registry (never the process-global one: a user's own metrics stay theirs) and binds to
-  127.0.0.1 unless an address is given.
-- A feed that fails keeps the last figures served and its first error is kept in ``error`` (said once at close);
-  it never reaches the run.
-- After a run ends its final figures stay served (status included) until :meth:`close`.
+- The training thread never waits on it; a feed that fails keeps the last figures served (its first error in
+  ``error``, said once at close), and a run's final figures stay served until :meth:`close`.
+- ``prometheus_client`` (the optional ``stallscope[prometheus]``) is imported in :meth:`PrometheusExporter.start`
+  only; missing, it is one :class:`ExporterError` line.
+- Its own registry (never the process-global one); 127.0.0.1 unless an address is given.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
@@ -30,6 +26,10 @@ from profiler.live.analysis import LiveAggregator, TotalsFolder
 from profiler.live.feeds import LiveFeed, Samples, SessionFeed, Steps
 
 if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.core import Metric as Family
+
     from profiler.core.hooks import SessionView
 
 INSTALL = "pip install 'stallscope[prometheus]'"
@@ -44,13 +44,13 @@ class JobFeedLike(Protocol):
 
     def poll(self) -> tuple[dict[int, Steps], Samples]: ...
 
-    def rank_meta(self) -> dict[int, dict[str, Any]]: ...
+    def rank_meta(self) -> dict[int, dict[str, object]]: ...
 
     def rank_status(self, rank: int) -> str: ...
 
     def status(self) -> str: ...
 
-    def meta(self) -> dict[str, Any]: ...
+    def meta(self) -> Mapping[str, object]: ...
 
 
 class _RunState:
@@ -97,7 +97,7 @@ class _Collector:
     def __init__(self, exporter: PrometheusExporter) -> None:
         self._exporter = exporter
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Family]:
         from prometheus_client.core import Metric as Family
 
         for m in self._exporter.metrics():
@@ -118,7 +118,7 @@ class PrometheusExporter:
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._state: _RunState | _JobState | None = None
-        self._server: Any = None
+        self._server: WSGIServer | None = None
         self.error: BaseException | None = None
 
     def start(self) -> PrometheusExporter:
