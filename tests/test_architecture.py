@@ -20,7 +20,7 @@ STORE_READERS = {
     "profiler.cli.report",
     "profiler.live.feeds",
     "profiler.jobs.jobdir",  # `report` on a job directory reads each rank's and node's store through it
-    "profiler.cli.whatif",  # predicts from a measured run, and reads back a --check run it already measured
+    "profiler.whatif.source",  # predicts from a measured run, and reads back a --check run it already measured
 }
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 80
