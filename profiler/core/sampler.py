@@ -1,19 +1,13 @@
-"""Background sampler: samples every metric source on absolute deadlines, paced by one thread.
+"""Background sampler: samples every metric source on absolute deadlines, paced by one thread
+(docs/metrics.md, "Sampler health", has the timings).
 
 Invariants:
-- Deadlines are absolute (``t0 + k / hz``), so lateness never accumulates into drift. Each sample records
-  its lateness and the time its reads took; a deadline already passed when the previous sample ends is
-  skipped and counted, never caught up in a burst.
-- Nothing raised by a source reaches the caller. Each exception is counted per source with its last
-  reason; :class:`~profiler.core.sources.base.SourceLost` retires the source for the rest of the run.
-- Every call into a source (open, read, close) runs on that source's own thread, so a hardware call that
-  never returns (a hung NVML read) holds up only that thread. A round waits at most half a period for a
-  read; a read out for ``call_timeout_s`` retires its source as lost while the other sources go on. The
-  training thread's calls are bounded too: ``start`` waits at most ``open_timeout_s`` for the probes, and
-  ``stop`` at most ``call_timeout_s`` for the closes, never for a source with a read still out.
-- ``start``/``stop`` are idempotent and serialised by a lock; every ``start`` gets a fresh thread; ``stop``
-  is noticed within one wait because the thread waits on an Event, never in a bare sleep.
-- Memory is bounded: the live view reads a ``deque(maxlen=...)``; the full record goes to ``sink``.
+- Deadlines are absolute (``t0 + k / hz``): lateness never drifts; a passed deadline is skipped and counted.
+- Nothing a source raises reaches the caller: counted per source with its last reason; ``SourceLost`` retires it.
+- Every call into a source runs on that source's own thread and every wait on one is bounded, so a hung
+  hardware call holds up only that thread (a read out for ``call_timeout_s`` retires its source).
+- ``start``/``stop`` are idempotent under a lock, a fresh thread per start; memory is bounded (a ``deque``
+  for the live view; the full record goes to ``sink``).
 """
 
 from __future__ import annotations
@@ -26,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, TypeVar
 
 from profiler.core.sources.base import Source, SourceLost
 
@@ -39,19 +33,28 @@ EventSink = Callable[[float, str, str, str | None], None]
 CALL_TIMEOUT_S = 2.0  # a read that takes longer is hung: NVML's slowest query (PCIe) blocks ~20 ms per GPU
 OPEN_TIMEOUT_S = 10.0  # nvmlInit on a many-GPU machine without persistence mode can take seconds
 _POLL_S = 0.05  # how often a wait on a slow call checks for a stop
+_T = TypeVar("_T")
+Reading = dict[str, float]  # what a source's read() returns
 
 
-class _Result:
-    """One call's outcome, handed from a source's thread to the waiting thread; ``since`` is when it was
-    queued (``time.monotonic``)."""
+class _Result(Generic[_T]):
+    """One call's outcome, handed from a source's thread to the waiting thread: once ``done``, ``error`` or else
+    ``value``; ``since`` is when it was queued (``time.monotonic``)."""
 
     __slots__ = ("done", "error", "since", "value")
+    value: _T  # set by run() when the call returns
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.value: Any = None
         self.error: BaseException | None = None
         self.since = time.monotonic()
+
+    def run(self, fn: Callable[[], _T]) -> None:
+        try:
+            self.value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which decides
+            self.error = exc
+        self.done.set()
 
 
 class _SourceThread:
@@ -62,17 +65,17 @@ class _SourceThread:
     """
 
     def __init__(self, name: str) -> None:
-        self._q: queue.SimpleQueue[tuple[Callable[[], Any], _Result] | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"stallscope-source-{name}", daemon=True)
         self._thread.start()
-        self.pending: _Result | None = None  # the read in flight, until collected
+        self.pending: _Result[Reading] | None = None  # the read in flight, until collected
 
-    def submit(self, fn: Callable[[], Any]) -> _Result:
-        result = _Result()
-        self._q.put((fn, result))
+    def submit(self, fn: Callable[[], _T]) -> _Result[_T]:
+        result: _Result[_T] = _Result()
+        self._q.put(lambda: result.run(fn))
         return result
 
-    def collect(self, until: float, stop: threading.Event) -> _Result | None:
+    def collect(self, until: float, stop: threading.Event) -> _Result[Reading] | None:
         """The pending read's outcome once back, waiting until ``until`` (monotonic) or a stop; else None."""
         result = self.pending
         if result is None:
@@ -83,20 +86,15 @@ class _SourceThread:
         self.pending = None
         return result
 
-    def finish(self, fn: Callable[[], Any] | None = None) -> None:
+    def finish(self, fn: Callable[[], object] | None = None) -> None:
         """Queue a last call (never waited for) and let the thread end after it."""
         if fn is not None:
-            self._q.put((fn, _Result()))
+            self.submit(fn)
         self._q.put(None)
 
     def _run(self) -> None:
-        while (item := self._q.get()) is not None:
-            fn, result = item
-            try:
-                result.value = fn()
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, which decides
-                result.error = exc
-            result.done.set()
+        while (call := self._q.get()) is not None:
+            call()
 
 
 @dataclass(slots=True)
@@ -216,6 +214,7 @@ class Sampler:
         deadline = time.monotonic() + self._open_timeout_s
         for src, worker, probe in probes:
             res = probe if probe.done.wait(max(0.0, deadline - time.monotonic())) else None
+            reason: str | None
             if res is None:
                 reason = f"its probe did not return within {self._open_timeout_s:g} s (the call hangs)"
                 del self._threads[id(src)]
@@ -296,12 +295,11 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 - a broken sink must not kill sampling for the live view
                 log.debug("sample sink failed: %r", exc)
 
-    def _outcome(self, src: Source, res: _Result) -> dict[str, float]:
+    def _outcome(self, src: Source, res: _Result[Reading]) -> Reading:
         """A read's values; an exception is counted with its reason (or retires the source), never raised."""
         exc = res.error
         if exc is None:
-            values: dict[str, float] = res.value
-            return values
+            return res.value
         if isinstance(exc, SourceLost):
             self._retire(src, f"lost: {exc}")
             return {}
