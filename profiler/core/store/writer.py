@@ -11,9 +11,9 @@ import resource
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.store.lock import lock_run_dir, make_dir, no_world_write, unlock_run_dir
@@ -27,6 +27,15 @@ from profiler.core.store.schema import (
     STEP_COLS,
     StoreError,
     add_columns,
+)
+
+SampleRow = tuple[float, str, str, float | None]
+EventRow = tuple[float, str, str | None, str]  # t, kind, source, message
+_Item = (  # what producers queue for the writer thread
+    tuple[Literal["step"], StepRow, Sequence[PhaseRow]]
+    | tuple[Literal["samples"], list[SampleRow]]
+    | tuple[Literal["event"], EventRow]
+    | tuple[Literal["meta"], list[tuple[str, str]]]  # each key with its JSON
 )
 
 
@@ -66,7 +75,7 @@ class RunStore:
         run_dir: str | os.PathLike[str],
         *,
         flush_s: float = 0.5,
-        meta: dict[str, Any] | None = None,
+        meta: Mapping[str, object] | None = None,
         on_error: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
         """Create the schema and write ``meta`` before returning: a reader never sees a store without it.
@@ -96,13 +105,13 @@ class RunStore:
             no_world_write(self.run_dir / name)
         self._flush_s = flush_s
         self._on_error = on_error
-        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._kept = -1  # the last step committed
         self._failure: StoreWriteError | None = None
         # Only the meta table is mirrored in memory (a few keys): the rows are read back from the store when the
         # record is asked for (at close), so stallscope's memory does not grow with the run's length.
-        self._meta: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **json.loads(json.dumps(meta or {}))}
-        self._late_events: list[tuple[float, str, str | None, str]] = []  # put after the writer stopped
+        self._meta: dict[str, object] = {"schema_version": SCHEMA_VERSION, **json.loads(json.dumps(meta or {}))}
+        self._late_events: list[EventRow] = []  # put after the writer stopped
         self._final: RunRecord | None = None  # a stopped store's committed rows, read before its file closed
         self._error: BaseException | None = None
         self._dead = False
@@ -112,7 +121,7 @@ class RunStore:
         self._thread.start()
 
     # -- producer side (any thread) ------------------------------------------------------------
-    def put_meta(self, **items: Any) -> None:
+    def put_meta(self, **items: object) -> None:
         encoded = [(k, json.dumps(v)) for k, v in items.items()]
         self._meta.update((k, json.loads(v)) for k, v in encoded)
         if not self._dead:
@@ -122,7 +131,7 @@ class RunStore:
         if not self._dead:
             self._q.put(("step", row, phases))
 
-    def put_samples(self, rows: Iterable[tuple[float, str, str, float | None]]) -> None:
+    def put_samples(self, rows: Iterable[SampleRow]) -> None:
         batch = list(rows)
         if not self._dead:
             self._q.put(("samples", batch))
@@ -207,7 +216,7 @@ class RunStore:
         stopping = False
         while not stopping:
             stopping = self._stop.wait(self._flush_s)
-            items = []
+            items: list[_Item] = []
             while True:
                 try:
                     items.append(self._q.get_nowait())
@@ -227,7 +236,7 @@ class RunStore:
                     return
             items.clear()  # written: not held while the thread waits for the next flush
 
-    def _commit(self, con: sqlite3.Connection, items: list[Any]) -> None:
+    def _commit(self, con: sqlite3.Connection, items: list[_Item]) -> None:
         kept = self._kept
         for item in items:
             self._apply(con, item)
@@ -237,7 +246,7 @@ class RunStore:
         con.commit()
         self._kept = kept
 
-    def _retry(self, con: sqlite3.Connection, items: list[Any]) -> bool:
+    def _retry(self, con: sqlite3.Connection, items: list[_Item]) -> bool:
         """After a failed commit: fold the WAL into the file (the WAL grows to ~4 MB between checkpoints, so a
         file size limit or a nearly full disk can stop it while the file itself still has room) and try the
         same rows once more. False when that fails too."""
@@ -296,9 +305,8 @@ class RunStore:
                 no_world_write(side)
 
     @staticmethod
-    def _apply(con: sqlite3.Connection, item: tuple[Any, ...]) -> None:
-        kind = item[0]
-        if kind == "step":
+    def _apply(con: sqlite3.Connection, item: _Item) -> None:
+        if item[0] == "step":
             row, phases = item[1], item[2]
             con.execute(
                 f"INSERT OR REPLACE INTO steps ({STEP_COLS}) VALUES (?,?,?,?,?,?,?,?)",
@@ -313,16 +321,16 @@ class RunStore:
                     [(p.step, p.name, p.depth, p.t_start, p.t_end, p.dev_start, p.dev_end, p.runq_s) for p in phases],
                 )
             return
-        if kind == "samples":
+        if item[0] == "samples":
             con.executemany("INSERT INTO samples VALUES (?,?,?,?)", item[1])
             return
-        if kind == "event":
+        if item[0] == "event":
             con.execute("INSERT INTO events VALUES (?,?,?,?)", item[1])
             return
-        if kind == "meta":
+        if item[0] == "meta":
             con.executemany("INSERT OR REPLACE INTO meta VALUES (?,?)", item[1])
             return
-        raise AssertionError(f"unknown store item {kind!r}")
+        raise AssertionError(f"unknown store item {item[0]!r}")
 
 
 def write_failure(path: Path, exc: BaseException) -> str:
