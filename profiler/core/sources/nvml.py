@@ -1,23 +1,14 @@
-"""NVIDIA GPU metrics through NVML (the ``nvidia-ml-py`` distribution, module ``pynvml``).
-
-``pynvml`` is imported inside :meth:`NvmlSource.open`, never at module import, so a machine without it
-(or without a driver) only loses this source. ``open()`` probes: NVML must initialise and one real
-read must yield a number before the source calls itself usable (the scalene pattern); otherwise it
-returns the reason, for instance ``NVML unavailable: NVMLError_LibraryNotFound (no NVIDIA driver on
-this machine)``.
+"""NVIDIA GPU metrics through NVML (the ``nvidia-ml-py`` distribution, module ``pynvml``; the metrics, units
+and failure behaviour: docs/metrics.md).
 
 Invariants:
-- Every NVML call after ``nvmlInit`` goes through one choke point, :meth:`NvmlSource._query` (nvitop's
-  ``nvmlQuery``). It turns ``NVMLError_NotSupported`` into NaN and remembers it, so an unsupported
-  query is never issued again; it turns the errors after which no call can succeed (GPU lost, driver
-  gone, unknown error) into :class:`SourceLost`; any other NVML error is NaN for that reading, logged
-  once per device and feature. Reasons are kept in :meth:`NvmlSource.missing_reasons`.
-- ``nvmlInit``/``nvmlShutdown`` run under one process-wide lock: NVML's init count is per process.
-- Units: ``*_mb`` is MiB (2**20 bytes, as ``nvidia-smi`` prints), PCIe KB/s are divided by 1024 into
-  MB/s, power mW into W.
-- PCIe throughput is special: NVML measures it by counting bytes over a 20 ms window *inside the call*,
-  so each query blocks about 20 ms. It is queried at most every ``pcie_interval_s`` seconds; reads in
-  between carry no ``pcie_*`` keys at all rather than a repeated or invented value.
+- ``pynvml`` is imported in :meth:`NvmlSource.open` only; ``open()`` calls the source usable only when NVML
+  initialises and one real read yields a number, else it returns the reason.
+- Every NVML call after ``nvmlInit`` goes through :meth:`NvmlSource._query`: an unsupported query is NaN and
+  never issued again, an error no later call survives (GPU lost, driver gone) is :class:`SourceLost`, any other
+  is NaN for that reading, logged once per device and feature (reasons in :meth:`NvmlSource.missing_reasons`).
+- ``nvmlInit``/``nvmlShutdown`` run under one process-wide lock (NVML's init count is per process).
+- PCIe throughput blocks ~20 ms per query: read at most every ``pcie_interval_s``, absent (not repeated) between.
 """
 
 from __future__ import annotations
@@ -27,8 +18,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from profiler.core.sources.base import SourceLost
 
@@ -67,6 +57,36 @@ _FEATURE_METRICS = {
 }
 
 
+class _Utilization(Protocol):
+    gpu: int
+    memory: int
+
+
+class _Memory(Protocol):
+    used: int
+    total: int
+
+
+class _Nvml(Protocol):
+    """What this source calls of ``pynvml`` (which has no types), or of a stand-in module."""
+
+    NVMLError: type[Exception]
+    NVML_PCIE_UTIL_TX_BYTES: int
+    NVML_PCIE_UTIL_RX_BYTES: int
+    NVML_CLOCK_SM: int
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object: ...
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: object, /) -> _Utilization: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> _Memory: ...
+    def nvmlDeviceGetPcieThroughput(self, handle: object, counter: int, /) -> int: ...
+    def nvmlDeviceGetPowerUsage(self, handle: object, /) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: object, clock: int, /) -> int: ...
+
+
 class NvmlSource:
     """:class:`~profiler.core.sources.base.Source` for NVIDIA GPUs, one ``gpu<i>.*`` group per NVML index."""
 
@@ -74,18 +94,18 @@ class NvmlSource:
 
     def __init__(
         self,
-        module: ModuleType | None = None,
+        module: _Nvml | None = None,
         device_indices: list[int] | None = None,
         *,
         pcie_interval_s: float = 1.0,
     ) -> None:
         if pcie_interval_s < 0:
             raise ValueError(f"pcie_interval_s must be >= 0, got {pcie_interval_s!r}")
-        self._nv: Any = module
+        self._nv = module
         self._wanted = None if device_indices is None else list(device_indices)
         self._pcie_interval_s = pcie_interval_s
         self._indices: list[int] = []
-        self._handles: list[Any] = []
+        self._handles: list[object] = []
         self._names: list[str] = []
         self._initialised = False
         self._lost: str | None = None
@@ -156,7 +176,7 @@ class NvmlSource:
                 out[f"gpu{index}.{metric}"] = reason
         return out
 
-    def _discover(self, nv: Any) -> str | None:
+    def _discover(self, nv: _Nvml) -> str | None:
         try:
             count = int(nv.nvmlDeviceGetCount())
         except nv.NVMLError as exc:
@@ -175,8 +195,14 @@ class NvmlSource:
         self._indices, self._handles, self._names = indices, handles, names
         return None
 
+    def _api(self) -> _Nvml:
+        """The NVML module once :meth:`open` has it (what runs only on an initialised source calls it)."""
+        if self._nv is None:
+            raise RuntimeError("NvmlSource used before open()")
+        return self._nv
+
     def _read_locked(self) -> dict[str, float]:
-        nv = self._nv
+        nv = self._api()
         now = time.monotonic()
         with_pcie = now - self._last_pcie >= self._pcie_interval_s
         if with_pcie:
@@ -202,14 +228,14 @@ class NvmlSource:
             out[p + "sm_clock_mhz"] = _NAN if clock is None else float(clock)
         return out
 
-    def _query(self, index: int, feature: str, func: Callable[..., _T], *args: Any) -> _T | None:
+    def _query(self, index: int, feature: str, func: Callable[..., _T], *args: object) -> _T | None:
         """The one place NVML is called during sampling; ``None`` means NaN for this reading."""
         key = (index, feature)
         if key in self._unsupported:
             return None
         try:
             return func(*args)
-        except self._nv.NVMLError as exc:
+        except self._api().NVMLError as exc:
             if self._not_supported is not None and isinstance(exc, self._not_supported):
                 self._unsupported.add(key)
                 self._remember(key, "not supported by this GPU")
@@ -231,9 +257,10 @@ class NvmlSource:
                 return
             self._initialised = False
             self._handles = []
+            nv = self._api()
             try:
-                self._nv.nvmlShutdown()
-            except self._nv.NVMLError as exc:
+                nv.nvmlShutdown()
+            except nv.NVMLError as exc:
                 # A lost GPU or unloaded driver can refuse shutdown; there is nothing left to release.
                 _log.debug("nvml: nvmlShutdown failed: %s", _describe(exc))
 
