@@ -9,7 +9,7 @@ PINS   := torch==2.14.1 torchvision==0.29.1
 # package (the `dali` extra), installed here so that all three pipelines are tested.
 DALI   := nvidia-dali-cuda130==2.4.0
 
-.PHONY: demo test lint bench gpu-check clean
+.PHONY: demo test test-fast test-timing test-docs stress lint bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,8 +31,26 @@ $(CHROMIUM):
 		|| echo "chromium could not be installed: tests/test_html_chromium.py will be skipped"; \
 	else echo "no chromium (needs root and apt-get): tests/test_html_chromium.py will be skipped"; fi
 
+# The suite in tiers (docs/testing.md); `make test` runs all of them, two tests at a time (pytest-xdist: each
+# doc's commands stay together on one worker). PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
+XDIST := -n 2 --dist loadgroup
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q --durations=25
+	$(PYTEST) $(XDIST) --durations=25
+
+test-fast: $(STAMP)
+	$(PYTEST) $(XDIST) -m "not timing and not docs and not slow and not gpu"
+
+test-timing: $(STAMP)
+	$(PYTEST) $(XDIST) -m timing
+
+test-docs: $(STAMP) $(CHROMIUM)
+	$(PYTEST) $(XDIST) -m docs
+
+# The timing tier N times (default 5) beside two busy processes competing for the cores: docs/testing.md
+stress: $(STAMP)
+	$(BIN)/python benchmarks/stress_timing.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check profiler pipelines scenarios tests benchmarks examples

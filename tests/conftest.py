@@ -151,7 +151,37 @@ def _has_cuda() -> bool:
         return False
 
 
+# The timing tier (docs/testing.md): files whose checks compare figures measured on a real clock with a truth
+# timed in the same run (injected sleeps, a script's own timing) or with a prediction checked by running it.
+TIMING_FILES = {
+    "test_contention.py",
+    "test_device_timing.py",
+    "test_integration_budget.py",
+    "test_joblive.py",
+    "test_launch.py",
+    "test_live.py",
+    "test_pipelines_prefetch.py",
+    "test_prometheus.py",
+    "test_sampler.py",
+    "test_session_ground_truth.py",
+    "test_sim_device.py",
+    "test_sweep.py",
+    "test_sweep_nproc.py",
+    "test_sync_breakdown.py",
+    "test_tune.py",
+    "test_tune_pipelines.py",
+    "test_tune_workers.py",
+    "test_whatif.py",
+    "test_zerocode.py",
+    "test_zerocode_ranks.py",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    timing = pytest.mark.timing
+    for item in items:
+        if item.path.name in TIMING_FILES:
+            item.add_marker(timing)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
