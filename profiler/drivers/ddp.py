@@ -1,17 +1,10 @@
-"""Data-parallel training in the runner: one rank's place in the job, and how its "sync" phase is timed.
+"""Data-parallel training in the runner: one rank's place in the job, and how its "sync" phase is timed
+(docs/multi-rank.md, "What sync is, and how it is measured").
 
-A rank of a DistributedDataParallel job waits for the others at the gradient all-reduce: DDP all-reduces each
-bucket of gradients as backward produces it, so most of the communication hides behind the rest of backward,
-and ``loss.backward()`` returns only once every bucket's all-reduce has finished. What does not hide (the last
-bucket's all-reduce, and any wait for a rank that reached backward later) is the rank's *sync* time.
-
-- Real DDP (:class:`SyncTimer`): a communication hook notes when each bucket's gradients are ready; the last
-  bucket is ready when this rank's backward has computed its last gradient. ``sync`` is from that moment to
-  the return of ``backward()``: host-timed, recorded as the phase "compute/sync" (nested in compute).
-- A simulated device (:func:`sim_sync`): there is no real backward, so the ranks agree on the moment the
-  slowest one's simulated backward ends (a real ``all_reduce(MAX)`` of that time over the process group: it
-  blocks this host until every rank has queued its step, as the real job blocks at the all-reduce), and the
-  simulated device queues the exposed part of the all-reduce after it (``SimDevice.allreduce``). The top-level
+- Real DDP (:class:`SyncTimer`): a communication hook notes when the last bucket's gradients are ready; the
+  phase "compute/sync" runs from then to the return of ``backward()`` (host-timed, nested in compute).
+- A simulated device (:func:`sim_sync`): the ranks agree on when the slowest one's simulated backward ends
+  (a real ``all_reduce(MAX)``), and the simulated device queues the exposed all-reduce after it; the top-level
   phase "sync" covers both.
 """
 
@@ -21,9 +14,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+    from torch._C._distributed_c10d import GradBucket  # torch.distributed re-exports it without a type
+    from torch.distributed import ProcessGroup
+    from torch.nn.parallel import DistributedDataParallel
+
     from profiler.core.session import Session
     from profiler.sim.device import SimDevice
 
@@ -57,7 +55,7 @@ class DistInfo:
             job_id=job_id,
         )
 
-    def to_meta(self) -> dict[str, Any]:
+    def to_meta(self) -> dict[str, int | str]:
         return {
             "rank": self.rank,
             "world_size": self.world_size,
@@ -76,7 +74,7 @@ class SyncTimer:
         self._clock = clock
         self.last_ready: float | None = None
 
-    def hook(self, state: Any, bucket: Any) -> Any:
+    def hook(self, state: ProcessGroup, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         self.last_ready = self._clock()  # this bucket's gradients are all computed
@@ -87,7 +85,9 @@ class SyncTimer:
         self.last_ready = None
 
 
-def wrap_ddp(model: Any, dist_info: DistInfo, device: str, clock: Callable[[], float]) -> tuple[Any, SyncTimer]:
+def wrap_ddp(
+    model: torch.nn.Module, dist_info: DistInfo, device: str, clock: Callable[[], float]
+) -> tuple[DistributedDataParallel, SyncTimer]:
     """``model`` under DistributedDataParallel (CPU: no device ids; CUDA: this rank's device) with the
     :class:`SyncTimer` hook registered."""
     from torch.nn.parallel import DistributedDataParallel
