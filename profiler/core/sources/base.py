@@ -12,6 +12,8 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol, runtime_checkable
 
 
@@ -33,3 +35,27 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release handles. Idempotent."""
+
+
+class MemoryInfo(Protocol):
+    @property
+    def rss(self) -> int: ...
+
+
+class ProcessHandle(Protocol):
+    """What the process sources call on a ``psutil.Process`` (psutil has no types; tests stand in fakes)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def oneshot(self) -> AbstractContextManager[object]: ...
+
+    def status(self) -> str: ...
+
+    def cpu_percent(self, interval: float | None) -> float: ...
+
+    def memory_info(self) -> MemoryInfo: ...
+
+    def children(self, recursive: bool) -> Sequence[ProcessHandle]: ...
+
+    def create_time(self) -> float: ...

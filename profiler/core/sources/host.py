@@ -1,23 +1,14 @@
-"""Host metrics: CPU and resident memory of the training process, its workers and the whole machine.
-
-A DataLoader's workers are child processes, so an input-bound job shows up here as busy workers next to
-an idle accelerator. This source is sampled at 10-100 Hz on machines with as few as two cores, beside the
-training it measures, so it is built to be cheap:
-
-- ``psutil.Process`` objects are cached; the process tree is rescanned (a walk of ``/proc``) at most
-  every ``children_refresh_s`` seconds, not on every read.
-- Each process is read inside ``oneshot()`` so psutil shares one ``/proc/<pid>/stat`` read.
+"""Host metrics: CPU and resident memory of the training process, its workers and the whole machine (the
+metrics and their meaning: docs/metrics.md). Sampled at 10-100 Hz beside the training on as few as two cores,
+so it caches ``psutil.Process`` objects, rescans the tree at most every ``children_refresh_s`` and reads each
+process inside ``oneshot()``.
 
 Invariants:
-- CPU % uses psutil's per-process meaning: 100 is one full core, so a process may exceed 100.
-- A process's first CPU reading is NaN: psutil measures CPU % since the previous call on the same object,
-  and the first call has no previous one (psutil returns a meaningless 0.0 there).
-- Worker labels ``w0, w1, ...`` are assigned in order of first appearance and never reused, so a label
-  names one process for the whole run (see :meth:`HostSource.pid_labels`). A worker that has exited
-  reports nothing; it is not reported as zero.
-- A child that vanishes between listing and reading is dropped silently; only the loss of the main
-  process raises :class:`SourceLost`.
-- ``rss_mb`` is MiB (2**20 bytes).
+- CPU % is psutil's per-process meaning (100 = one core); a process's first CPU reading is NaN, not 0.
+- Worker labels ``w0, w1, ...`` follow first appearance and are never reused (:meth:`HostSource.pid_labels`);
+  a worker that has exited reports nothing, not zero.
+- A child that vanishes between listing and reading is dropped; only the loss of the main process raises
+  :class:`SourceLost`. ``rss_mb`` is MiB.
 """
 
 from __future__ import annotations
@@ -27,37 +18,12 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
-from profiler.core.sources.base import SourceLost
+from profiler.core.sources.base import ProcessHandle, SourceLost
 
 _MIB = float(1 << 20)
-
-
-class _MemoryInfo(Protocol):
-    @property
-    def rss(self) -> int: ...
-
-
-class _Process(Protocol):
-    """What this source calls on a ``psutil.Process`` (tests stand in fakes)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def oneshot(self) -> AbstractContextManager[object]: ...
-
-    def status(self) -> str: ...
-
-    def cpu_percent(self, interval: float | None) -> float: ...
-
-    def memory_info(self) -> _MemoryInfo: ...
-
-    def children(self, recursive: bool) -> list[_Process]: ...
-
-    def create_time(self) -> float: ...
 
 
 _NAN = math.nan
@@ -80,9 +46,9 @@ class HostSource:
         self._pid = os.getpid() if pid is None else pid
         self._refresh_s = children_refresh_s
         self._ps: Any = psutil_module  # psutil (untyped), or a stand-in from tests; None until open()
-        self._main: _Process | None = None
+        self._main: ProcessHandle | None = None
         # Live children by pid; a pid leaves this map when its process is found gone.
-        self._children: dict[int, _Process] = {}
+        self._children: dict[int, ProcessHandle] = {}
         # Live child pid -> worker index. Labels outlive their process so a label is never reused.
         self._index: dict[int, int] = {}
         self._labels: dict[str, int] = {}
@@ -90,7 +56,7 @@ class HostSource:
         self._unprimed: set[int] = set()
         self._main_read = False
         # Children that failed a read, so a rescan that lists them again does not re-adopt them.
-        self._dropped: dict[int, _Process] = {}
+        self._dropped: dict[int, ProcessHandle] = {}
         self._last_refresh = -math.inf
         # psutil keeps system-wide cpu_percent state per calling thread, so a reading is only
         # meaningful on the thread that made the previous call.
@@ -181,7 +147,7 @@ class HostSource:
         with self._lock:
             return dict(self._labels)
 
-    def _read_process(self, proc: _Process, *, first: bool) -> tuple[float, float]:
+    def _read_process(self, proc: ProcessHandle, *, first: bool) -> tuple[float, float]:
         ps = self._ps
         with proc.oneshot():
             # An exited but unreaped process still answers with zeros; on Linux status() comes from the
@@ -228,7 +194,7 @@ class HostSource:
                 continue
             self._adopt(proc)
 
-    def _adopt(self, proc: _Process) -> None:
+    def _adopt(self, proc: ProcessHandle) -> None:
         ps = self._ps
         pid = proc.pid
         # A known pid here is a recycled one: the old process exited and keeps its label.
@@ -259,10 +225,10 @@ class HostSource:
         self._unprimed.discard(pid)
 
 
-def _by_birth(procs: Iterable[_Process], ps: ModuleType) -> list[_Process]:
+def _by_birth(procs: Iterable[ProcessHandle], ps: ModuleType) -> list[ProcessHandle]:
     """Order newly seen processes by start time so worker indices follow spawn order."""
 
-    def key(proc: _Process) -> tuple[float, int]:
+    def key(proc: ProcessHandle) -> tuple[float, int]:
         try:
             return float(proc.create_time()), int(proc.pid)
         except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
@@ -274,7 +240,7 @@ def _by_birth(procs: Iterable[_Process], ps: ModuleType) -> list[_Process]:
 _PROFILERS = frozenset({"py-spy"})
 
 
-def _is_profiler(proc: _Process, ps: ModuleType) -> bool:
+def _is_profiler(proc: ProcessHandle, ps: ModuleType) -> bool:
     name = getattr(proc, "name", None)
     if name is None:
         return False

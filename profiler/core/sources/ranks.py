@@ -1,24 +1,9 @@
 """Ranks of a torch.distributed job found from outside, and their CPU: the processes of a launcher's tree
-(torchrun's agent, ``mpirun``, a shell script) that torch.distributed would call rank R.
+that torch.distributed would call rank R (how: docs/zero-code.md, "Ranks from their environment", and
+docs/multi-rank.md for ranks that announce their pid through ``announced``).
 
-A rank is known by its environment, the only place a launcher writes it: torchrun (and the elastic agent
-under it) start every rank with ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``GROUP_RANK`` (the node rank)
-set, which ``/proc/PID/environ`` shows to a process of the same user. A rank's DataLoader workers are forked
-from it and inherit the same environment, so a *rank process* is a process under the root whose ``RANK``
-environment differs from its parent's (the agent has none), and everything under a rank process belongs to
-that rank.
-
-``stallscope run SCENARIO --nproc N`` launches its ranks as the elastic launcher's *function* entrypoints,
-which set ``RANK`` after they started, so ``/proc/PID/environ`` does not show it: such ranks announce their pid
-(profiler.jobs.launch), and the ``announced`` callable maps those pids to their ranks.
-
-Metrics, per rank R (names as in the multi-rank contract, so a zero-code job and a launched one read alike):
-``rank{R}.main.cpu_pct`` (the rank process), ``rank{R}.workers.cpu_pct`` (everything under it),
-``rank{R}.cpu_pct`` (both) and ``rank{R}.rss_mb`` (both, MiB); ``rank{R}.alive``: 1 while the rank process
-runs, 0 from the first reading after it is gone (so the store says when, within one sampling period, each rank
-ended; :meth:`RankSource.ended` has the same as wall-clock times).
-CPU % as :mod:`profiler.core.sources.host` means it (100 = one core; a process's first reading is NaN, and a sum
-with an unknown term is unknown).
+Metrics per rank R: ``rank{R}.main.cpu_pct``, ``rank{R}.workers.cpu_pct``, ``rank{R}.cpu_pct``, ``rank{R}.rss_mb``
+and ``rank{R}.alive``, with CPU % as :mod:`profiler.core.sources.host` means it.
 
 Invariants: the tree is rescanned at most every ``refresh_s`` seconds and a process's environment is read
 once; a process that is gone or unreadable is dropped, never an error; only the loss of the root raises
@@ -30,12 +15,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
-from profiler.core.sources.base import SourceLost
+from profiler.core.sources.base import ProcessHandle, SourceLost
 
 _MIB = float(1 << 20)
 # What makes two processes the same rank: a worker forked from rank R carries exactly its environment
@@ -82,9 +67,19 @@ def rank_identity(environ: Mapping[str, str]) -> tuple[str | None, ...] | None:
     return tuple(environ.get(k) for k in _IDENTITY)
 
 
+class _Handle(ProcessHandle, Protocol):
+    """What this source calls besides a process source's own."""
+
+    def environ(self) -> dict[str, str]: ...
+
+    def ppid(self) -> int: ...
+
+    def children(self, recursive: bool) -> Sequence[_Handle]: ...
+
+
 @dataclass
 class _Proc:
-    handle: Any
+    handle: _Handle
     ppid: int
     identity: tuple[str | None, ...] | None
     environ: dict[str, str]
@@ -109,7 +104,7 @@ class RankSource:
         self._ended: dict[int, float] = {}  # rank -> time.time() when its process was first found gone
         self._refresh_s = refresh_s
         self._ps: Any = psutil_module
-        self._root: Any = None
+        self._root: _Handle | None = None
         self._procs: dict[int, _Proc] = {}
         self._seen: dict[int, RankProcess] = {}  # rank pid -> the rank, kept after it exits
         self._last_refresh = -math.inf
@@ -219,10 +214,12 @@ class RankSource:
         return owner
 
     def _refresh(self, now: float) -> None:
-        ps = self._ps
+        ps, root = self._ps, self._root
+        if root is None:
+            raise RuntimeError("RankSource: refreshed before a successful open()")
         self._last_refresh = now
         try:
-            listed = self._root.children(recursive=True)
+            listed = root.children(recursive=True)
         except (ps.NoSuchProcess, ps.ZombieProcess) as exc:
             raise SourceLost(f"process {self._root_pid} exited") from exc
         except ps.AccessDenied:

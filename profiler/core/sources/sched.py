@@ -1,30 +1,15 @@
-"""Run-queue wait: how long threads were runnable but not running, from Linux schedstat.
-
-Linux keeps three counters per thread in ``/proc/<pid>/task/<tid>/schedstat`` (readable without root):
-nanoseconds on a CPU, nanoseconds spent runnable on a run queue waiting for a CPU ("run delay"), and the
-number of timeslices run. Run delay is the direct cost of CPU contention: a training thread that waits
-for a core cannot compute, or, on a GPU, cannot launch kernels, while the device idles.
-
-Two readers:
-
-- :class:`ThreadSched` serves the training thread's hot path: the file is opened once by the thread it
-  describes, and ``raw()`` is a single ``pread`` (about 1 us); bytes are parsed later by
-  :func:`run_delay_s`, off the hot path.
-- :class:`SchedSource` is a sampled :class:`~profiler.core.sources.base.Source` for the training process's main
-  thread, all its threads, and each loader worker process (summed over its threads).
+"""Run-queue wait: how long threads were runnable but not running, from Linux schedstat (what it means and
+how it is read: docs/metrics.md, the contention section). :class:`ThreadSched` serves the training thread's
+hot path (one ``pread``, parsed later by :func:`run_delay_s`); :class:`SchedSource` samples the process's
+threads and each loader worker.
 
 Invariants:
-- A thread reading its own counter is running, so every wait that ended before the read is in it: the
-  difference of two reads taken by the thread itself is exactly its run-queue wait between them.
-- A counter is cumulative, so every figure is a difference of two readings. The first reading of a thread
-  or a worker process has no previous one and is NaN (not 0), like HostSource's first CPU reading. A thread
-  first seen in this period enters a sum from its next reading; a thread that exits stops contributing.
-- Rates are ``100 * run delay / wall time of the period``: for one thread, the % of the period it spent
-  waiting; for a sum over threads, % of one core (so it may exceed 100).
-- The process's thread list and the worker list are rescanned at most every ``rescan_s``; files stay open
-  between reads. A worker's identity is its pid and its start time, so a recycled pid is not read as the
-  old worker.
-- Only the loss of the main thread raises :class:`SourceLost`; a worker or thread that vanishes is dropped.
+- A thread reading its own counter is running, so the difference of two of its own reads is exactly its
+  run-queue wait between them.
+- Every figure is a difference of two readings: a first reading is NaN (not 0); a thread first seen enters a
+  sum from its next reading. Rates are ``100 * run delay / period`` (a sum over threads: % of one core).
+- Thread and worker lists are rescanned at most every ``rescan_s``; a worker is its pid and start time (a
+  recycled pid is not the old worker). Only the loss of the main thread raises :class:`SourceLost`.
 """
 
 from __future__ import annotations
