@@ -502,9 +502,16 @@ def test_runq_matches_wall_minus_cpu_alone_and_contended(tmp_path: Path) -> None
         # not for this thread (the run-queue wait lies between the inner clock's less the steal and the outer's)
         lo, hi = inner / truth["wall"] - 0.05, truth["outer"] / truth["wall"] + 0.05
         assert lo <= c.compute_runq_fraction <= hi, (c, truth)
-    # two busy processes on the core leave the loop about a third of it: a wait near 2/3 of compute time
+    # two busy processes on the core leave the loop at most about a third of it (less if the host adds its own
+    # load): a wait of at least 0.3 of compute time
     assert busy.compute_runq_fraction >= 0.3, busy
-    assert busy.compute_runq_fraction >= alone.compute_runq_fraction + 0.2, (alone, busy)
+    # the burners' added wait is what the two runs' own truths say it is, whatever else shares the core ("alone"
+    # is alone only on a quiet host: beside a neighbour its wait grows, and so does the truth it is checked with)
+    least = (
+        max(busy_truth["inner"] - busy_truth["steal"], 0.0) / busy_truth["wall"]
+        - alone_truth["outer"] / alone_truth["wall"]
+    )
+    assert busy.compute_runq_fraction - alone.compute_runq_fraction >= least - 0.1, (alone, busy, least)
 
 
 def test_a_simulated_device_gets_no_contention_advice() -> None:
