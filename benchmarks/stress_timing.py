@@ -1,6 +1,6 @@
 """The timing tier, run N times beside busy processes that compete for the cores (docs/testing.md).
 
-Each pass runs ``pytest -m timing`` as ``make test-timing`` runs it (two tests at a time), while ``--busy``
+Each pass runs ``make test-timing`` (as ``make test`` runs those tests: several at a time), while ``--busy``
 processes (default 2) spin on the CPU for the whole pass. A timing test must pass here every time: its truth is
 timed in the same run on the same clock, and its bounds come from the measured spread, never from a quiet host.
 
@@ -31,10 +31,11 @@ def busy(n: int) -> list[subprocess.Popen[bytes]]:
 def one_pass(index: int, out: Path, extra: list[str]) -> dict[str, object]:
     """One run of the timing tier; its outcome from pytest's JUnit XML."""
     junit = out / f"pass-{index}.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
-           "-m", "timing", f"--junitxml={junit}", *extra]  # fmt: skip
+    flags = " ".join([f"--junitxml={junit}", *extra])
     t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        ["make", "-s", "test-timing", f"PYTEST_ARGS={flags}"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
     seconds = time.monotonic() - t0
     (out / f"pass-{index}.log").write_text(res.stdout + res.stderr)
     failed: list[str] = []
