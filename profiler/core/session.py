@@ -152,16 +152,7 @@ class Session:
         self.warmup = warmup
         self._clock = clock
         self._max_lag = max_lag
-        self._meta: dict[str, Any] = {
-            **dict.fromkeys(("scenario", "pipeline", "batch_size", "workers", "pin_memory")),
-            "run_id": uuid.uuid4().hex[:12],
-            "warmup_steps": warmup,
-            "device": self.device.to_dict(),
-            "sample_hz": sample_hz,
-            "host": socket.gethostname(),
-            "cpu_count": os.cpu_count(),
-            **(meta or {}),
-        }
+        self._meta: dict[str, Any] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
         sinks = make_sinks(SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus))
         self._recorder: Recorder = sinks.recorder
         self._hooks: list[SessionHook] = [*sinks.hooks, sinks.recorder, *hooks]  # an exporter binds first
@@ -534,6 +525,19 @@ def step_runq(row: StepRow, raws: _Raws) -> StepRow:
         None if waited is None else delay(waited) - t0,
         None if end is None else delay(end) - t0,
     )
+
+
+def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, Any]:
+    """The meta every run starts with; the labels a user may give (scenario, loader facts) are None until given."""
+    return {
+        **dict.fromkeys(("scenario", "pipeline", "batch_size", "workers", "pin_memory")),
+        "run_id": uuid.uuid4().hex[:12],
+        "warmup_steps": warmup,
+        "device": device.to_dict(),
+        "sample_hz": sample_hz,
+        "host": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def _where(exc: BaseException, tb: TracebackType | None) -> str:
