@@ -144,8 +144,6 @@ class Session:
         more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending."""
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
-        if store_errors not in ("warn", "raise"):
-            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
         self.sample_hz = sample_hz

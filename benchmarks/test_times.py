@@ -1,0 +1,70 @@
+"""The suite's time per test file, from pytest's JUnit XML: the table in docs/testing.md.
+
+Run: ``.venv/bin/python benchmarks/test_times.py AFTER.xml [--before BEFORE.xml]``. Prints a Markdown table, one
+row per test file (its tier, tests, and the seconds summed over its tests), slowest first, and the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timing_files() -> set[str]:
+    """``TIMING_FILES`` as tests/conftest.py lists it (read, not imported)."""
+    for node in ast.walk(ast.parse((ROOT / "tests" / "conftest.py").read_text())):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TIMING_FILES" for t in node.targets):
+            return {e.value for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
+    return set()
+
+
+def per_file(junit: Path) -> tuple[dict[str, float], dict[str, int]]:
+    seconds: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("classname", "").split(".")
+        module = next((p for p in name if p.startswith("test_")), name[0]) + ".py"
+        seconds[module] += float(case.get("time", 0.0))
+        count[module] += 1
+    return seconds, count
+
+
+def tier(module: str, timing: set[str]) -> str:
+    if module == "test_docs_examples.py":
+        return "docs"
+    return "timing" if module in timing else "fast"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--before", type=Path)
+    args = parser.parse_args()
+    after, count = per_file(args.after)
+    before = per_file(args.before)[0] if args.before else {}
+    timing = timing_files()
+    head = "| file | tier | tests | before (s) | after (s) |" if before else "| file | tier | tests | seconds |"
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    for module in sorted(after, key=lambda m: -after[m]):
+        cells = [f"`{module}`", tier(module, timing), str(count[module])]
+        if before:
+            cells.append(f"{before.get(module, 0.0):.1f}")
+        cells.append(f"{after[module]:.1f}")
+        print("| " + " | ".join(cells) + " |")
+    totals = ["**total**", "", str(sum(count.values()))]
+    if before:
+        totals.append(f"{sum(before.values()):.0f}")
+    totals.append(f"{sum(after.values()):.0f}")
+    print("| " + " | ".join(totals) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
