@@ -1,41 +1,13 @@
 """Stack samples -> where the training loop's time goes, and what DataLoader workers spend their CPU on.
 
 Pure: works on :class:`~profiler.analysis.stacks.StackSample` lists from ``stacks.parse_collapsed`` or
-``stacks.parse_speedscope``; runs nothing, reads no file or clock.
-
-Main thread (:func:`classify_main`). Each sample is given one phase, by the first of these that any of its
-frames matches (a priority, not a position: everything inside ``next(loader)`` is data wait by definition,
-even when a ``num_workers=0`` loader runs transforms that are ``nn.Module`` s):
-  data_wait  ``torch/utils/data/dataloader.py`` ``__next__`` / ``_next_data`` / ``_get_data`` /
-             ``_try_get_data`` / ``_next_index``, and ``__iter__`` / ``_get_iterator`` /
-             ``_shutdown_workers`` (workers start and stop every epoch unless persistent: the device waits
-             the same); ``__next__`` under ``nvidia/dali/`` or ``torchdata/``;
-  h2d        ``torch/utils/data/_utils/pin_memory.py``; Python-level movers (Lightning's
-             ``move_data_to_device`` / ``batch_to_device``, accelerate's ``send_to_device``, transformers'
-             ``.to``); or an innermost frame standing on one of the caller's ``h2d_sites``;
-  compute    ``torch/nn/modules/``, ``torch/nn/functional.py``, ``torch/nn/parallel/``, ``torch/autograd/``,
-             ``Tensor.backward`` (``torch/_tensor.py``), ``torch/optim/``, ``torch/amp/``, ``torch/_dynamo/``,
-             ``torch/_inductor/``, ``torch/_functorch/``, ``torch/utils/checkpoint.py``;
-  other      the rest of the loop. Samples with no Python frame or inside the import system (start-up) are
-             ``excluded`` from the denominator and counted apart.
-What cannot be seen without ``--native`` (not wanted: it needs ptrace pauses and is unsupported with
-``--nonblocking``): ``Tensor.to``, ``.cuda()``, ``copy_``, ``torch.matmul`` and every other C function leave
-no frame, so such a call shows as its Python caller standing on the call's line. An H2D copy is therefore
-"unknown unless visible": counted as h2d only at a line the caller names (see :func:`find_copy_sites`) or
-inside a Python helper above, else it lands in ``other``; the same holds for bare tensor maths in the loop
-body. On CUDA, kernels run asynchronously: compute here is host time spent launching, and device-side
-waiting shows up wherever the host next synchronises (``.item()``, a copy back, the next ``next()``).
-Recordings must use ``--idle`` (a thread blocked in ``next()`` sleeps, and without ``--idle`` py-spy drops
-those samples, so data wait vanishes) and must not use ``--gil`` (torch releases the GIL in its kernels).
-
-Workers (:func:`attribute_workers`). Every thread of every DataLoader worker process counts; idle samples
-(:func:`~profiler.analysis.stacks.infer_idle`) are counted apart, the rest are given a category by
-``WORKER_RULES``: frames are tried from the innermost outwards (stopping at ``_worker_loop``, so the stack a
-forked worker inherited from its parent never counts), each against the rules in table order, and the
-first frame that matches any rule decides. So a JPEG decode that a transform triggers lazily
-(``PILToTensor`` -> ``Image.tobytes`` -> ``ImageFile.load``) is decode, and a resize that torchvision does
-through ``torch.nn.functional.interpolate`` is augment. Shares are of non-idle worker samples, with
-Wilson 95% intervals; conditional on n samples, py-spy's Poisson sampling makes each count binomial.
+``stacks.parse_speedscope``; runs nothing, reads no file or clock. The rules are the tables below:
+:data:`MAIN_RULES` gives each main-thread sample one phase by priority, not position (all of ``next(loader)``
+is data wait, even where transforms run in it); :data:`WORKER_RULES` gives each non-idle worker sample a
+category, trying frames from the innermost outwards up to ``_worker_loop``. docs/zero-code.md ("How the
+estimate is made", "Loader attribution") states them, what py-spy cannot see (no ``--native``: a C call shows
+as its caller's line, so h2d counts only at :func:`find_copy_sites` lines or in Python movers) and why
+recordings use ``--idle`` and never ``--gil``. Shares come with Wilson 95% intervals.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""CPU contention: how long the training thread and the loader workers waited for a CPU.
-
-The figure is run-queue wait ("run delay", field 2 of Linux ``/proc/<pid>/task/<tid>/schedstat``): time a
-thread was runnable but not running because every core it may use was busy. The training thread reads its
-own counter at each phase boundary, so its wait per phase is exact; the process and the workers are
-sampled by the ``sched`` source. docs/metrics.md ("CPU contention") defines the figures and justifies
-:data:`THRESHOLD`.
+"""CPU contention: how long the training thread and the loader workers waited for a CPU (run-queue wait).
 
 Pure: a :class:`profiler.core.store.RunRecord` in, a :class:`Contention` out; no clock, no file.
-
-Invariants:
-- Only measured (non-warm-up) steps count, and a step or phase whose wait was not measured (NULL) is left
-  out of both the numerator and the denominator, never counted as zero wait.
-- Sampled figures are the summary's host figures (means over the measured window): read, not recomputed.
-- ``available`` is False, with a one-line ``reason``, when the per-phase figure was not measured (a kernel
-  without schedstat, a store written before schema v2, no step timed on the training thread); every
-  figure is then NaN rather than 0.
+docs/metrics.md, "CPU contention", defines the figures and justifies :data:`THRESHOLD`. Invariants:
+- Only measured (non-warm-up) steps count; a step or phase whose wait was not measured (NULL) is left out of
+  both the numerator and the denominator, never counted as zero wait.
+- Sampled figures are the summary's host figures: read, not recomputed.
+- ``available`` is False, with a one-line ``reason``, when the per-phase figure was not measured; those
+  figures are then NaN rather than 0.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """py-spy output -> stack samples, and which process and thread of a training job each one came from.
 
 Pure: takes the text py-spy wrote (``--format raw``, the collapsed-stack format, or ``--format speedscope``)
-and returns :class:`StackSample` objects; runs nothing, reads no file or clock. What py-spy 0.4 writes (see
-``tests/data/pyspy/README.md`` for recorded examples):
-
-- raw: one record per distinct stack, ``frame;frame;...;frame COUNT``, root first, counts summed over the
-  run, no order and no timestamps. With ``--subprocesses`` every record starts with one pseudo-frame per
-  process from the root down, ``process PID:"ARGV JOINED BY SPACES"``; the command line is not escaped, so
-  quotes, ``;`` and newlines in arguments appear as they are (a newline splits the record over two lines).
-  With ``--threads`` a pseudo-frame ``thread (TID)`` or ``thread (TID): NAME`` follows (TID is the Linux
-  native thread id; ``0x...`` where py-spy has only the pthread id). Then Python frames,
-  ``NAME (FILE:LINE)``, ``NAME (FILE)`` when the line is 0 or ``--nolineno``; NAME is ``co_qualname``
-  (``Class.method``, ``f.<locals>.<listcomp>``) with py-spy >= 0.4.3 on Python 3.11+, else ``co_name``.
-- speedscope: one profile per (pid, thread) whose ``samples`` are in sampling order, each weighing
-  ``1/rate`` seconds, also without timestamps; the same pseudo-frames lead each stack.
-- Neither format marks idle samples: ``--idle`` adds them unmarked. :func:`infer_idle` guesses from the
-  innermost frame (py-spy's own fallback heuristic, extended to multiprocessing waits).
-
+and returns :class:`StackSample` objects; runs nothing, reads no file or clock. What py-spy 0.4 writes, with
+recorded examples: ``tests/data/pyspy/README.md``. Neither format marks idle samples: see :func:`infer_idle`.
 Invariants:
 - Parsing never raises on bad input: unparsable records are skipped and counted in :class:`ParseStats`.
 - Frames are root first; the process and thread pseudo-frames are never in ``frames``.
-- A process's command line is the same in every record (py-spy reads it once), so once one record has fixed
-  where a pid's command line ends, later records are split at that same place; the first one is split at the
-  first ``";`` that is followed by something shaped like a frame.
+- A pid's command line (unescaped, the same in every record) is split where its first record fixed its end:
+  at the first ``";`` that is followed by something shaped like a frame.
 """
 
 from __future__ import annotations

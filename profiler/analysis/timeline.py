@@ -1,32 +1,14 @@
 """Run record -> time series for plots: per-step breakdown rows, rolling stall, sampled metrics.
 
-Pure, like :mod:`profiler.analysis.summary`: takes a :class:`profiler.core.store.RunRecord`, reads no clock and no
-file, and returns frozen dataclasses of plain floats, so a renderer only maps numbers to pixels and computes
-no figure of its own.
-
-Invariants:
-- Step rows use the definitions of docs/metrics.md and the Summary: ``data_wait`` is the host time blocked in
-  ``next()`` (it starts at the step's ``t_start``), a phase's figure is the sum of its top-level (``depth == 0``)
-  occurrences, and ``other`` is the remainder, ``max(0, step - sum of the parts)``, clamped per step. On CUDA the
-  host time an ``h2d`` phase spent under device compute (a pageable copy draining the queued kernels) moves from
-  ``h2d`` to ``compute``, as in the Summary. The mean of the measured steps' rows therefore equals
-  ``Summary.breakdown_ms_per_step`` for every part but ``other``, which can only be larger (the Summary clamps
-  the mean, not each step).
-- Stall time is a union of intervals: data waits and top-level ``h2d`` phases (host) and, on CUDA, the device
-  copy intervals too, less every interval where the device was computing (an asynchronous device that computes
-  while the host waits is not stalled). Summed over the measured steps and divided by their step time it is the
-  Summary's ``stall_fraction`` (on CUDA the Summary ignores warm-up compute still running into the first
-  measured step; the timeline does not).
-- Warm-up steps are kept and flagged (``warmup=True``), never dropped: the plots show them, shaded.
-- Rolling stall is time-weighted: in each bucket of ``bucket_s`` seconds it is (stall time inside the bucket)
-  / (step time inside the bucket). A bucket that no step covers is NaN, not 0.
-- Sampled values that could not be read (NULL in the store) are NaN, at their own timestamp, so a plot can
-  show the gap; nothing missing is filled in.
-- Times are seconds since the run started, the store's timeline.
-- Bounded whatever the run's length (a plot is ~1,000 pixels wide): at most ``max_bars`` step bars and
-  ``MAX_BUCKETS`` stall buckets, and each sampled series at most ``max_points`` points; a longer series keeps, for
-  each of ``max_points // 2`` runs of consecutive readings, its lowest and its highest reading in time order, so
-  dips and peaks stay visible, and a run with no readable value stays a gap (one NaN).
+Pure: a :class:`profiler.core.store.RunRecord` in, frozen dataclasses of plain floats out; no clock, no file, so
+a renderer only maps numbers to pixels. docs/html-report.md ("The plots", "Where the numbers come from") gives
+the definitions. Invariants:
+- Step rows and stall follow docs/metrics.md: the mean of the measured rows is the Summary's breakdown, except
+  ``other``, clamped per step here (so never smaller). Times are seconds since the run started.
+- Warm-up steps are kept and flagged (``warmup=True``), never dropped; a bucket no step covers, and a reading
+  that could not be taken, are NaN, never 0 and never filled in.
+- Bounded whatever the run's length: at most ``max_bars`` bars, ``MAX_BUCKETS`` buckets and ``max_points``
+  points per series (each run of readings keeps its lowest and highest, so dips and peaks stay visible).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Running py-spy beside a training process: attach, record to a file in the run directory, stop.
 
-Design decisions (measured on the 2-core machine, see docs/zero-code.md and benchmarks/zerocode.py):
-- ``--nonblocking``: py-spy does not pause the target to read its stacks. Pausing the main process and
-  each worker 100 times a second cost 16-25% of throughput here; not pausing costs a little accuracy
-  (a stack read while it changes), which the sample count's uncertainty dwarfs.
-- A default rate of 10 Hz, not py-spy's 100: attached to a training script and its 2 workers here, py-spy
-  itself used 7.3% of a core at 25 Hz and 3% at 10 Hz, CPU taken from training on a 2-core machine. The
-  estimate's error is set by the number of samples (about 1/sqrt(n)): a 5-minute run gives 3,000 at 10 Hz.
-- ``--idle``: a thread blocked on a queue (the main thread waiting for a batch) is exactly what must be
-  counted; without it py-spy drops those samples.
-- ``--subprocesses``: DataLoader workers are child processes.
-- ``--format speedscope``: unlike the raw format it keeps each thread's samples in order, so estimates can
-  be given per time window, not only for the whole run.
-
+Its flags (``--nonblocking``, 10 Hz, ``--idle``, ``--subprocesses``, ``--format speedscope``) and why:
+docs/zero-code.md, "How the estimate is made" (measured with benchmarks/zerocode.py).
 Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
 returns a reason with a fix instead, and the run goes on with the sampler alone. Once attached, a watcher
-thread drains py-spy's stderr (so a full pipe can never stall it) and notices py-spy ending before ``stop``:
-killed or failed mid-run, it is reported once through ``on_exit`` with when and how; ending with code 0
-by itself (its target exited) is its normal end.
+thread drains py-spy's stderr (a full pipe never stalls it) and reports a py-spy killed or failed before
+``stop`` once through ``on_exit``; ending with code 0 by itself (its target exited) is its normal end.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Recording: one run's record from start to close — run store, background sampler, py-spy, run status.
 
-Both ways of profiling record through it: a :class:`~profiler.core.session.Session` drives it as its recorder
-hook (:class:`~profiler.core.hooks.Recorder`: an instrumented loop adds its steps) and
-:func:`profiler.zerocode.profile.profile_external` calls it directly (a process observed from outside). So a run store
-always has the same life: meta with status ``running``, pid and heartbeat before anything else; the sampler;
-py-spy when asked for; then, at close, py-spy stopped (its file complete), the sampler stopped, its health
-and the final status written, the store closed, and the Summary built once from the rows the store was
-given (kept in memory by the store: nothing is read back) and written to ``summary.json``.
-
+Both ways of profiling record through it: a :class:`~profiler.core.session.Session` as its recorder hook, and
+:func:`profiler.zerocode.profile.profile_external` directly. docs/store.md, "A run's life", gives the order.
 Invariants:
-- ``close()`` is idempotent and returns the Summary (the same one on every call). A summary that cannot be
-  built is logged, not raised: the store is the record, and the run's own outcome must not be hidden.
-- A run store that stops writing (disk full, over quota, the directory removed) never stops the training from
-  here: the store marks itself failed where it can, the writer thread says so once through ``warn`` (unless
-  ``store_errors="raise"``: then the owner, the CLI's runner, stops the run and says it), and close neither
-  repeats it nor writes a ``summary.json`` that would claim more than the store holds.
-- py-spy is started in one place (:meth:`Recording.start_pyspy`); a py-spy that cannot attach is a warning
-  (stored as an event and shown through ``warn``), never a failure of the run.
+- ``close()`` is idempotent and returns the Summary (the same one on every call); a summary that cannot be
+  built is logged, not raised: the store is the record.
+- A run store that stops writing never stops the training from here (unless ``store_errors="raise"``: then
+  the CLI's runner stops the run); close writes no ``summary.json`` that would claim more than the store holds.
+- py-spy is started in one place (:meth:`Recording.start_pyspy`); one that cannot attach is a warning.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """A data-parallel job's stores -> one JobSummary: per-rank rows, job figures, the straggler, scaling efficiency.
 
-Pure: takes a :class:`JobInput` (the launcher's ``job.json`` of each node, each rank's and node sampler's
-:class:`~profiler.core.store.RunRecord`, read by :mod:`jobs.jobdir`) and returns a :class:`JobSummary`; reads no
-clock and no file. Each rank's figures are that rank's own :func:`~profiler.analysis.summary.summarize`, so a
-rank's row says what ``stallscope report RUN_DIR/rank-R`` says.
-
-Invariants:
-- ``JobSummary.to_dict()`` is the job summary of the contract (DESIGN.md "Multi-rank"): the single-run keys for
-  the job as a whole (throughput the sum over ranks, step time the slowest rank's, breakdown, stall and device
-  busy fractions the means over ranks) plus ``ranks``, ``straggler``, ``scaling_efficiency``, ``job`` and
-  ``input_bound_ranks``. Keys are only ever added.
-- A rank that could not be measured (no store, no measured step) keeps its row, with its status and NaN figures
-  (null in JSON, "n/a" in reports); job figures are over the ranks that were measured, and a note says so.
-- Times of a failure are seconds since the job started: the earliest node's ``started_at``.
+Pure: a :class:`JobInput` (each node's ``job.json``, each rank's and node sampler's
+:class:`~profiler.core.store.RunRecord`, read by :mod:`jobs.jobdir`) in, a :class:`JobSummary` out; no clock, no
+file. A rank's row is its own :func:`~profiler.analysis.summary.summarize`, so it says what ``stallscope report
+RUN_DIR/rank-R`` says. docs/multi-rank.md ("The job report") defines the figures and the JSON.
+Invariants: ``JobSummary.to_dict()`` keeps the single-run keys for the job as a whole, and keys are only ever
+added; a rank that could not be measured keeps its row, with its status and NaN figures (job figures are over
+the measured ranks, and a note says so); failure times are seconds since the earliest node's ``started_at``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Rolling figures of a multi-rank job while it trains: one row per rank from its newest steps, the job's
 throughput so far, and the straggler candidate of the recent window.
 
-Same definitions as the job report (docs/multi-rank.md) over each rank's newest ``horizon_s`` of steps, and the
-straggler is the job report's own rule (:func:`profiler.jobs.analysis.find_straggler`) applied to those rows, so
-the live view and the final report never disagree about what a figure or a straggler means.
-
-Invariants:
-- :func:`job_live` is pure: rank records' recent steps in, rows out; no clock, no file.
-- The window holds a rank's measured steps only, once it has any: warm-up steps (loader workers starting, first
-  all-reduce) would otherwise name a straggler the report would not. A rank still warming up shows its warm-up
-  steps, marked so, and takes no part in the straggler rule.
-- :class:`JobLiveAggregator` keeps bounded memory: at most ``max_steps`` steps per rank and ``horizon_s`` of the
-  node sampler's readings; a step or sample handed twice is taken once.
+The job report's definitions (docs/multi-rank.md) over each rank's newest ``horizon_s`` of steps, and its own
+straggler rule (:func:`profiler.jobs.analysis.find_straggler`), so live view and report never disagree.
+Invariants: :func:`job_live` is pure (no clock, no file); a rank's window holds its measured steps only, once
+it has any (docs/live.md, "A multi-rank job", says why); :class:`JobLiveAggregator` keeps bounded memory
+(``max_steps`` steps per rank, ``horizon_s`` of node readings) and takes a step or sample handed twice once.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The HTML report: one self-contained file with the terminal report's figures plus three plots.
 
-Formats figures; computes none: every number comes from a :class:`~profiler.analysis.Summary` or a
-:class:`~profiler.analysis.timeline.Timeline`. Invariants:
-
-- Self-contained: inline CSS and inline SVG only, no script, no font, no image, no URL of any kind; a
-  Content-Security-Policy meta tag forbids the browser from fetching anything even if one slipped in.
-- Every piece of text from the run (names, errors, reasons) is HTML-escaped.
-- Figures are formatted exactly as the terminal report formats them (``_num``/``_pct``); a figure that was not
-  measured is "n/a" with its reason, never 0.
-- Each section has a stable ``id`` (header, verdict, figures, breakdown, recommendations, plots, sampler,
-  notes) so tests and readers can find it; a run that did not complete gets a banner at the top, and a run on
-  a simulated accelerator a ``simulated`` banner under the header (its figures say "simulated" one by one).
+Formats figures, computes none: every number comes from a :class:`~profiler.analysis.Summary` or a
+:class:`~profiler.analysis.timeline.Timeline`. docs/html-report.md describes the sections and plots.
+Invariants: no script, font, image or URL of any kind (inline CSS and SVG; a Content-Security-Policy meta tag
+forbids any fetch); every piece of text from the run is HTML-escaped; figures are formatted as the terminal
+report formats them (``_num``/``_pct``), "n/a" with its reason when not measured, never 0; each section has a
+stable ``id``.
 """
 
 from __future__ import annotations

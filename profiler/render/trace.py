@@ -1,40 +1,14 @@
 """Chrome / Perfetto trace export of a stored run: every step, phase and sampled metric on one timeline.
 
-The output is the Trace Event Format's "JSON Object Format" (``{"traceEvents": [...], "displayTimeUnit":
-"ms", "metadata": {...}}``), which ui.perfetto.dev and chrome://tracing both open. Tracks, all in one
-process (pid = the training process's pid from the store's meta, else 1):
-
-- tid 1 "training loop": a complete ("X") slice per step (``step N``), inside it the step's ``data_wait``
-  (from the step's start, as long as it was blocked in ``next()``) and its phases; a nested phase
-  ``outer/inner`` is a slice ``inner`` inside ``outer``.
-- tid 2.. "device (CUDA events)": phases that carry CUDA-event device times, on the device clock. Device
-  work of consecutive steps overlaps (copies run ahead of compute), and one track can only show nested
-  slices, so a slice that would cross another, or sit inside a phase that is not its parent, moves to the
-  next device lane (``device (CUDA events) lane 2``, ...).
-- counter ("C") tracks, one per metric family: ``gpu<i> utilization.gpu %``, ``gpu<i> memory used MiB``,
-  ``gpu<i> PCIe MB/s``, ``host CPU %`` and ``host RSS MiB``. Each sampled series is one arg of its family.
-- instant ("i") events for the store's events (source status, read errors, warnings).
-- A run on a simulated accelerator (device kind ``sim``) says so wherever a device figure appears: the process
-  name (``stallscope: SCENARIO [SIMULATED sim:...]``), its device tracks (``device (SIMULATED, sim-events)``),
-  the ``gpu<i>`` counter tracks (``... (simulated)``), the device slices' ``args.simulated`` and the metadata.
-
-Invariants (tests/test_trace.py checks them):
-- ``ts``/``dur`` are microseconds on the run timeline (the store's seconds since run start x 1e6), rounded
-  to the nanosecond; a recorded host phase of d seconds is a slice of ``dur`` d x 1e6, nothing added.
-- Every X event has name, cat, ph, ts, dur, pid, tid and args, with ``dur >= 0``.
-- Slices on one track nest strictly (Perfetto drops X events that half-overlap on a thread). Host phases
-  nest by construction; where a record disagrees (nanosecond rounding, a hand-made record) the later slice
-  is trimmed, never extended, and ``args.trimmed_us`` says by how much.
-- ``traceEvents`` is sorted by ts (metadata first; at one ts an enclosing slice before the slices it
-  holds), so ts is monotonic on every (pid, tid).
-- No NaN or infinity anywhere (JSON has none): a reading that is missing is left out of its counter.
-- Exports whatever the store holds: an interrupted run gives a trace of the steps it recorded.
-- Bounded whatever the run's length, so that a viewer loads it (Perfetto's UI and chrome://tracing hold the
-  whole JSON in the browser's memory): past ``MAX_DETAILED_STEPS`` steps, the steps of ``DETAIL_WINDOWS`` evenly
-  spaced windows are drawn in full (slices as above) and each run of steps between two windows is one
-  ``summary`` slice on the training track (its step range, mean step and data-wait times in args); past
-  ``MAX_COUNTER_TICKS`` ticks a counter family is averaged over consecutive ticks. ``metadata.decimation`` says
-  what was drawn. A 100,000-step run (two phases a step) exports ~43,000 events, ~6 MB (benchmarks/soak.py).
+docs/trace-and-compare.md ("Exporting a trace") describes the tracks, long runs and exactness. Invariants
+(tests/test_trace.py checks them):
+- ``ts``/``dur`` are microseconds on the run timeline, rounded to the nanosecond; nothing is added to a phase.
+- Every X event has name, cat, ph, ts, dur, pid, tid and args, with ``dur >= 0``; slices on one track nest
+  strictly (a half-overlapping later slice is trimmed, never extended, and ``args.trimmed_us`` says by how much).
+- ``traceEvents`` is sorted by ts (metadata first); no NaN or infinity anywhere; an interrupted run exports the
+  steps it recorded.
+- Bounded whatever the run's length: past ``MAX_DETAILED_STEPS`` steps only ``DETAIL_WINDOWS`` windows are drawn
+  in full, and past ``MAX_COUNTER_TICKS`` ticks a counter family is averaged (``metadata.decimation``).
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Sweep analysis: per-configuration rows -> the table, the knee of each throughput curve, and every
 slowdown (a larger batch that trained slower than the next smaller one) explained from the measured breakdown.
 
-Pure: rows in, dataclasses out; no clock, no file, no rendering. The orchestration (``profiler/sweep/run.py``)
-builds rows from run stores with :func:`row_from_summary`; the terminal table, the plot and ``sweep.json``
-all read the :class:`SweepResult` this module returns, so they agree digit for digit.
-
-Definitions (docs/sweep-and-tune.md states them for users):
-- A *line* is the configurations sharing a pipeline and a worker count, ordered by batch size; only rows
-  that completed with a finite throughput (``SweepRow.ok``) are on a line. Failed rows stay in the table.
-- Early stop: a configuration is *stable* once at least ``MIN_STEPS`` measured steps give a 95% confidence
-  interval of the mean step time whose half-width is below ``REL_CI`` of the mean (Student's t).
-- Knee of a line: the smallest batch size whose throughput is within ``KNEE_TOLERANCE`` of the line's best.
-  Past it, a larger batch buys (almost) nothing. The sweep's knee is the knee of the line holding the
-  best throughput of the whole sweep.
-- Slowdown: a row whose throughput is more than ``SLOWDOWN_MIN_DROP`` below that of the next smaller batch
-  on its line. Below that margin two throughputs are within the precision the early-stop rule buys.
-  The cause is the part of the step whose time *per sample* grew most between the two batch sizes:
-  input (data wait + blocking copy), compute, or other. Those three add up to the growth of the step
-  time per sample, i.e. of 1/throughput, so the cause named explains most of the slowdown by construction.
-- A row of N > 1 ranks (a job, ``row_from_job``) is on its own line (pipeline, workers, nproc); its ``speedup``
-  is its throughput (the sum over ranks) / that of the nproc 1 row of the same pipeline, batch and workers, and
-  its ``scaling_efficiency`` that / N: ratios of measured throughputs, NaN without such a row.
-- Worker CPU busy fraction of a row: the loader workers' mean sampled CPU use (psutil, 100% = one core) over
-  the measured window, as a fraction of one core, i.e. a worker's CPU time per item over its wall time per
-  item. It is averaged over the workers the sampler saw (``workers_sampled``; workers are alike, so those
-  stand for all) and NaN with 0 workers or when none was sampled in the window.
+Pure: rows in, dataclasses out; no clock, no file, no rendering. ``profiler/sweep/run.py`` builds rows with
+:func:`row_from_summary`; the terminal table, the plot and ``sweep.json`` all read the :class:`SweepResult`
+returned here, so they agree digit for digit. Only rows that completed with a finite throughput
+(``SweepRow.ok``) are on a line; failed rows stay in the table. docs/sweep-and-tune.md defines the early stop
+(``MIN_STEPS``, ``REL_CI``), the knee (``KNEE_TOLERANCE``), a slowdown (``SLOWDOWN_MIN_DROP``) and its cause,
+a job row's ``speedup`` and ``scaling_efficiency``, and the workers' CPU busy fraction.
 """
 
 from __future__ import annotations

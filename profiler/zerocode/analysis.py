@@ -2,15 +2,11 @@
 per rank, from outside.
 
 Pure: reads a :class:`~profiler.core.store.RunRecord` whose meta ``ranks`` lists the rank processes found under
-the launcher (:mod:`profiler.core.sources.ranks`: ranks are known by their ``RANK`` environment). Each row holds
-what zero-code can give for one rank: its main thread's data-wait share estimated from py-spy samples (with
-its 95% interval and sample count), its loader workers' CPU attribution, and its sampled CPU and memory.
-Nothing that needs step boundaries (throughput, step time, data wait in ms, sync, the breakdown) is guessed:
-those keys are present in each row, as null, so a job summary reads like the multi-rank contract's rows.
-
-Invariants: a rank with fewer than ``MIN_SAMPLES`` main-thread samples gets no stall estimate or verdict;
-``input_bound_ranks`` counts ranks whose estimated stall is at least the moderate band; a straggler is named
-only when its data-wait interval lies wholly above every other rank's.
+the launcher (:mod:`profiler.core.sources.ranks`). docs/zero-code.md ("Multi-rank jobs") says what a row holds.
+Invariants: nothing that needs step boundaries is guessed (those keys are null in each row); a rank with fewer
+than ``MIN_SAMPLES`` main-thread samples gets no stall estimate or verdict; ``input_bound_ranks`` counts ranks
+whose estimated stall is at least the moderate band; a straggler is named only when its data-wait interval
+lies wholly above every other rank's.
 """
 
 from __future__ import annotations
