@@ -24,6 +24,8 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import nn
@@ -43,6 +45,7 @@ _Y, _X = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32) + 0.5
 
 Colour = tuple[float, float, float]
 Mask = np.ndarray
+_Parts = list[tuple[Mask, float]]  # an object's parts as (mask, shade), in drawing order
 
 
 class _Frame:
@@ -94,68 +97,115 @@ _SCENES: dict[int, tuple[Colour, Colour, tuple[float, float], tuple[Colour, ...]
 }
 
 
-def _object(label: int, f: _Frame, rng: np.random.Generator) -> list[tuple[Mask, float]]:
-    """The object's parts as (mask, shade) in drawing order; ``f`` is the object's frame (centre 0, 0)."""
+def _airplane(f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Airplane: swept wings, fuselage, tail fin."""
     j = rng.uniform
-    parts: list[tuple[Mask, float]]
-    if label == 0:  # airplane: swept wings, fuselage, tail fin
-        span = j(9.0, 12.0)
-        parts = [
-            (f.triangle((-2, 0), (3, 0), (-4, -span)) | f.triangle((-2, 0), (3, 0), (-4, span)), 0.8),
-            (f.ellipse(0, 0, j(10.0, 13.0), j(2.0, 3.0)), 1.0),
-            (f.triangle((-12, 0), (-8, 0), (-12, -j(5.0, 7.0))), 0.9),
-        ]
-    elif label in (1, 9):  # automobile and truck: body, cabin or cargo box, dark wheels
-        if label == 1:
-            parts = [(f.box(-11, 11, -3, 4), 1.0), (f.box(-6, j(4.0, 6.0), -8, -3), 0.85)]
-        else:
-            parts = [(f.box(-13, j(5.0, 7.0), -12, 4), 1.0), (f.box(7, 13, -5, 4), 0.75)]
-        parts.append((f.ellipse(-7, 4.5, 2.8, 2.8) | f.ellipse(8, 4.5, 2.8, 2.8), 0.15))
-    elif label == 2:  # bird: body, head, beak, darker wing
-        parts = [
-            (f.ellipse(0, 0, j(5.0, 7.0), j(3.5, 4.5)), 1.0),
-            (f.ellipse(5.5, -3.5, 2.8, 2.8), 1.0),
-            (f.triangle((8, -4.5), (8, -2.5), (11, -3.5)), 1.6),
-            (f.ellipse(-1.5, -0.5, 4.0, 2.0), 0.7),
-        ]
-    elif label == 3:  # cat: body, head, pointed ears, eyes
-        parts = [
-            (f.ellipse(0, 5, j(7.0, 9.0), 5.5), 0.9),
-            (f.ellipse(0, -3, 6.5, 5.5), 1.0),
-            (f.triangle((-6, -5), (-1.5, -7), (-5.5, -12)) | f.triangle((6, -5), (1.5, -7), (5.5, -12)), 1.0),
-            (f.ellipse(-2.5, -3.5, 1.0, 1.0) | f.ellipse(2.5, -3.5, 1.0, 1.0), 0.3),
-        ]
-    elif label in (4, 7):  # deer and horse: body, legs, neck, head; the horse is bigger, the deer has antlers
-        big = float(label == 7)
-        legs = [((-6, 2), (-6.5, 11)), ((-3, 2), (-3, 11)), ((5, 2), (5.5, 11)), ((8, 2), (8, 11))]
-        parts = [
-            (f.ellipse(0, 0, j(8.0, 10.0) + 2 * big, 4.0 + big), 1.0),
-            (np.logical_or.reduce([f.line(p, q, 1.0) for p, q in legs]), 0.8),
-            (f.line((7, -1), (10 + 2 * big, -8 - 2 * big), 1.8 + 0.6 * big), 1.0),
-            (f.ellipse(11.5 + 2 * big, -9 - 2 * big, 2.8 + big, 1.8), 1.0),
-        ]
-        if not big:
-            parts.append((f.line((11, -10), (9, -14), 0.6) | f.line((12, -10), (14, -14), 0.6), 0.6))
-    elif label == 5:  # dog: body, head, floppy ears, pale muzzle
-        parts = [
-            (f.ellipse(-2, 5, j(8.0, 10.0), 5.0), 0.9),
-            (f.ellipse(3, -3, 6.0, 5.5), 1.0),
-            (f.ellipse(-3, -1, 2.0, 4.5) | f.ellipse(9, -1, 2.0, 4.5), 0.6),
-            (f.ellipse(3, 0, 3.0, 2.0), 1.5),
-        ]
-    elif label == 6:  # frog: wide flat body, eye bumps, darker spots
-        parts = [
-            (f.ellipse(0, 2, j(10.0, 12.0), j(5.0, 6.5)), 1.0),
-            (f.ellipse(-4.5, -3.5, 2.2, 2.2) | f.ellipse(4.5, -3.5, 2.2, 2.2), 1.1),
-            (f.ellipse(-3, 3, 1.5, 1.2) | f.ellipse(4, 4, 1.5, 1.2) | f.ellipse(0, 0, 1.2, 1.0), 0.6),
-        ]
-    else:  # ship: hull (a trapezoid), superstructure, mast
-        parts = [
-            (f.box(-12, 12, 1, 5) & (np.abs(f.x) < 14 - (f.y - 1)), 1.0),
-            (f.box(-5, j(4.0, 7.0), -4, 1), 0.85),
-            (f.line((0, -4), (0, -12), 0.6), 0.6),
-        ]
+    span = j(9.0, 12.0)
+    return [
+        (f.triangle((-2, 0), (3, 0), (-4, -span)) | f.triangle((-2, 0), (3, 0), (-4, span)), 0.8),
+        (f.ellipse(0, 0, j(10.0, 13.0), j(2.0, 3.0)), 1.0),
+        (f.triangle((-12, 0), (-8, 0), (-12, -j(5.0, 7.0))), 0.9),
+    ]
+
+
+def _road_vehicle(label: int, f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Automobile and truck: body, cabin or cargo box, dark wheels."""
+    j = rng.uniform
+    parts: _Parts
+    if label == 1:
+        parts = [(f.box(-11, 11, -3, 4), 1.0), (f.box(-6, j(4.0, 6.0), -8, -3), 0.85)]
+    else:
+        parts = [(f.box(-13, j(5.0, 7.0), -12, 4), 1.0), (f.box(7, 13, -5, 4), 0.75)]
+    parts.append((f.ellipse(-7, 4.5, 2.8, 2.8) | f.ellipse(8, 4.5, 2.8, 2.8), 0.15))
     return parts
+
+
+def _bird(f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Bird: body, head, beak, darker wing."""
+    j = rng.uniform
+    return [
+        (f.ellipse(0, 0, j(5.0, 7.0), j(3.5, 4.5)), 1.0),
+        (f.ellipse(5.5, -3.5, 2.8, 2.8), 1.0),
+        (f.triangle((8, -4.5), (8, -2.5), (11, -3.5)), 1.6),
+        (f.ellipse(-1.5, -0.5, 4.0, 2.0), 0.7),
+    ]
+
+
+def _cat(f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Cat: body, head, pointed ears, eyes."""
+    j = rng.uniform
+    return [
+        (f.ellipse(0, 5, j(7.0, 9.0), 5.5), 0.9),
+        (f.ellipse(0, -3, 6.5, 5.5), 1.0),
+        (f.triangle((-6, -5), (-1.5, -7), (-5.5, -12)) | f.triangle((6, -5), (1.5, -7), (5.5, -12)), 1.0),
+        (f.ellipse(-2.5, -3.5, 1.0, 1.0) | f.ellipse(2.5, -3.5, 1.0, 1.0), 0.3),
+    ]
+
+
+def _deer_or_horse(label: int, f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Deer and horse: body, legs, neck, head; the horse is bigger, the deer has antlers."""
+    j = rng.uniform
+    big = float(label == 7)
+    legs = [((-6, 2), (-6.5, 11)), ((-3, 2), (-3, 11)), ((5, 2), (5.5, 11)), ((8, 2), (8, 11))]
+    parts = [
+        (f.ellipse(0, 0, j(8.0, 10.0) + 2 * big, 4.0 + big), 1.0),
+        (np.logical_or.reduce([f.line(p, q, 1.0) for p, q in legs]), 0.8),
+        (f.line((7, -1), (10 + 2 * big, -8 - 2 * big), 1.8 + 0.6 * big), 1.0),
+        (f.ellipse(11.5 + 2 * big, -9 - 2 * big, 2.8 + big, 1.8), 1.0),
+    ]
+    if not big:
+        parts.append((f.line((11, -10), (9, -14), 0.6) | f.line((12, -10), (14, -14), 0.6), 0.6))
+    return parts
+
+
+def _dog(f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Dog: body, head, floppy ears, pale muzzle."""
+    j = rng.uniform
+    return [
+        (f.ellipse(-2, 5, j(8.0, 10.0), 5.0), 0.9),
+        (f.ellipse(3, -3, 6.0, 5.5), 1.0),
+        (f.ellipse(-3, -1, 2.0, 4.5) | f.ellipse(9, -1, 2.0, 4.5), 0.6),
+        (f.ellipse(3, 0, 3.0, 2.0), 1.5),
+    ]
+
+
+def _frog(f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Frog: wide flat body, eye bumps, darker spots."""
+    j = rng.uniform
+    return [
+        (f.ellipse(0, 2, j(10.0, 12.0), j(5.0, 6.5)), 1.0),
+        (f.ellipse(-4.5, -3.5, 2.2, 2.2) | f.ellipse(4.5, -3.5, 2.2, 2.2), 1.1),
+        (f.ellipse(-3, 3, 1.5, 1.2) | f.ellipse(4, 4, 1.5, 1.2) | f.ellipse(0, 0, 1.2, 1.0), 0.6),
+    ]
+
+
+def _ship(f: _Frame, rng: np.random.Generator) -> _Parts:
+    """Ship: hull (a trapezoid), superstructure, mast."""
+    j = rng.uniform
+    return [
+        (f.box(-12, 12, 1, 5) & (np.abs(f.x) < 14 - (f.y - 1)), 1.0),
+        (f.box(-5, j(4.0, 7.0), -4, 1), 0.85),
+        (f.line((0, -4), (0, -12), 0.6), 0.6),
+    ]
+
+
+# the classes drawn by a label-free function (the rest share one between two classes); any other label is a ship
+_SHAPES: dict[int, Callable[[_Frame, np.random.Generator], _Parts]] = {
+    0: _airplane,
+    2: _bird,
+    3: _cat,
+    5: _dog,
+    6: _frog,
+}
+
+
+def _object(label: int, f: _Frame, rng: np.random.Generator) -> _Parts:
+    """The object's parts as (mask, shade) in drawing order; ``f`` is the object's frame (centre 0, 0)."""
+    if label in (1, 9):
+        return _road_vehicle(label, f, rng)
+    if label in (4, 7):
+        return _deer_or_horse(label, f, rng)
+    return _SHAPES.get(label, _ship)(f, rng)
 
 
 def _draw(label: int, rng: np.random.Generator) -> np.ndarray:

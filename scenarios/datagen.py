@@ -206,6 +206,24 @@ def make(
     and last with ``(count, count)``; ``done`` counts images already present. Raises ``DataError`` for bad
     parameters and unusable directories, never having written into a directory it refuses.
     """
+    classes, jobs = _validated(kind, count, classes, seed, jobs)
+    out = Path(out)
+    params = {"kind": kind, "count": count, "classes": classes, "seed": seed, "generator_version": GENERATOR_VERSION}
+    names = _expected_files(kind, count, classes)
+
+    if _complete(out, kind, classes, params, names):
+        if progress is not None:
+            progress(count, count)
+        return DataInfo(kind, out, count, classes, seed, generated=0)
+    _create(out)
+    generated = _fill(
+        kind, out, count=count, classes=classes, seed=seed, jobs=jobs, params=params, names=names, progress=progress
+    )
+    return DataInfo(kind, out, count, classes, seed, generated=generated)
+
+
+def _validated(kind: str, count: int, classes: int, seed: int, jobs: int | None) -> tuple[int, int]:
+    """``make``'s parameters checked: the class count (20 for voc-like) and the job count (default filled in)."""
     _check_kind(kind)
     _check_int("count", count, 1, "an integer >= 1")
     _check_int("seed", seed, 0, "an integer >= 0")
@@ -218,31 +236,50 @@ def make(
     if jobs is None:
         jobs = usable_cores()
     _check_int("jobs", jobs, 1, "an integer >= 1")
-    out = Path(out)
-    params = {"kind": kind, "count": count, "classes": classes, "seed": seed, "generator_version": GENERATOR_VERSION}
-    names = _expected_files(kind, count, classes)
+    return classes, jobs
 
+
+def _complete(out: Path, kind: str, classes: int, params: dict[str, Any], names: list[str]) -> bool:
+    """Whether ``out`` already holds this dataset, complete; raises DataError for a directory ``make`` refuses."""
     if out.exists() and not out.is_dir():
         raise DataError(f"output {str(out)!r} exists and is not a directory: give a directory path to --out")
     marker = out / MARKER
     if marker.is_file():
         _check_params(out, marker, params)
         if not _missing(out, names):
-            if progress is not None:
-                progress(count, count)
-            return DataInfo(kind, out, count, classes, seed, generated=0)
+            return True
     partial = out / _PARTIAL_MARKER
     if partial.is_file():
         _check_params(out, partial, params)
     elif not marker.is_file():
         _check_only_ours(out, kind, classes)
+    return False
 
+
+def _create(out: Path) -> None:
+    """Create ``out`` (and its parents) and check it is writable."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"cannot create output directory {str(out)!r}: {exc.strerror or exc}") from exc
     if not os.access(out, os.W_OK | os.X_OK):
         raise DataError(f"output directory {str(out)!r} is not writable: give a writable directory to --out")
+
+
+def _fill(
+    kind: str,
+    out: Path,
+    *,
+    count: int,
+    classes: int,
+    seed: int,
+    jobs: int,
+    params: dict[str, Any],
+    names: list[str],
+    progress: Progress | None,
+) -> int:
+    """Write the missing images (and voc-like's annotations), then the marker; returns how many were written."""
+    marker, partial = out / MARKER, out / _PARTIAL_MARKER
     try:
         _write_json(partial, params)
         # Repairing a marked directory: it must not claim to be complete while files are missing.
@@ -258,7 +295,7 @@ def make(
         partial.unlink(missing_ok=True)
     except OSError as exc:
         raise DataError(f"cannot write to {str(out)!r}: {one_line(exc.strerror or str(exc))}") from exc
-    return DataInfo(kind, out, count, classes, seed, generated=len(todo))
+    return len(todo)
 
 
 # --- validation and directory state ---------------------------------------------------------------------

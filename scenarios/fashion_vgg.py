@@ -42,69 +42,118 @@ STD = 0.287
 VARIANTS_PER_CLASS = 16
 
 
-def _draw(label: int, rng: np.random.Generator) -> np.ndarray:  # noqa: PLR0915 - a table of shapes, one branch a class
-    """One float32 [28, 28] silhouette of class ``label`` in [0, 1], proportions jittered by ``rng``."""
-    y, x = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32)
-    cx = 13.5 + rng.uniform(-1.0, 1.0)
-    img = np.zeros((SIZE, SIZE), np.float32)
+class _Canvas:
+    """The pixel grid, the image being drawn, its jittered centre column and the generator of its jitter."""
 
-    def j(lo: float, hi: float) -> float:
-        return float(rng.uniform(lo, hi))
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.y, self.x = np.mgrid[0:SIZE, 0:SIZE].astype(np.float32)
+        self.cx = 13.5 + rng.uniform(-1.0, 1.0)
+        self.img = np.zeros((SIZE, SIZE), np.float32)
+        self.rng = rng
 
-    def box(y0: float, y1: float, x0: float, x1: float) -> np.ndarray:
-        inside: np.ndarray = (y >= y0) & (y < y1) & (x >= x0) & (x < x1)
+    def j(self, lo: float, hi: float) -> float:
+        return float(self.rng.uniform(lo, hi))
+
+    def box(self, y0: float, y1: float, x0: float, x1: float) -> np.ndarray:
+        inside: np.ndarray = (self.y >= y0) & (self.y < y1) & (self.x >= x0) & (self.x < x1)
         return inside
 
-    if label in (0, 2, 4, 6):  # tops: a torso plus sleeves whose length separates the classes
-        half = j(5.0, 7.0)
-        top, bottom = j(3.0, 5.0), j(23.0, 26.0)
-        torso = box(top, bottom, cx - half, cx + half)
-        if label == 0:  # short horizontal sleeves
-            sleeves = box(top, top + j(5.0, 7.0), cx - half - j(4.0, 6.0), cx + half + j(4.0, 6.0))
-        else:  # long sleeves hanging diagonally outwards
-            reach = j(0.25, 0.35)
-            dist = np.abs(x - cx) - half - (y - top) * reach
-            sleeves = (dist >= 0) & (dist < j(3.0, 4.5)) & (y >= top) & (y < bottom - j(0.0, 3.0))
-        img[torso | sleeves] = j(0.55, 0.8)
-        if label == 4:  # coat: open front, dark zip line
-            img[torso & (np.abs(x - cx) < 0.8)] = 0.15
-        if label == 6:  # shirt: collar notch and a bright button row
-            img[(y < top + 4) & (np.abs(x - cx) < (top + 4 - y) * 0.6)] = 0.0
-            img[torso & (np.abs(x - cx) < 0.6) & (np.round(y) % 3 == 0) & (y > top + 4)] = 1.0
-        if label == 2:  # pullover: ribbed hem band
-            img[torso & (y > bottom - 3)] = 0.9
-    elif label == 1:  # trouser: waistband and two legs with a gap
-        top, bottom, gap, leg = j(2.0, 4.0), j(25.0, 27.0), j(0.8, 1.8), j(3.5, 5.0)
-        legs = box(top + 3, bottom, cx - gap - leg, cx - gap) | box(top + 3, bottom, cx + gap, cx + gap + leg)
-        img[legs | box(top, top + 3, cx - gap - leg, cx + gap + leg)] = j(0.5, 0.8)
-    elif label == 3:  # dress: narrow bodice widening into a skirt
-        top, bottom = j(2.0, 4.0), j(24.0, 27.0)
-        half = j(2.5, 3.5) + np.clip(y - top - 8, 0, None) * j(0.35, 0.5)
-        img[(y >= top) & (y < bottom) & (np.abs(x - cx) < half)] = j(0.5, 0.85)
-    elif label == 5:  # sandal: sole plus sparse thin straps
-        sole_y = j(19.0, 21.0)
-        img[box(sole_y, sole_y + 2, 3, 25)] = j(0.6, 0.8)
-        for k in range(3):
-            sx = 6 + 6 * k + rng.uniform(-1, 1)
-            img[(np.abs(x - sx - (sole_y - y) * 0.5) < 0.8) & (y > sole_y - 8) & (y < sole_y)] = 0.7
-    elif label == 7:  # sneaker: low solid shoe with a bright sole
-        sole_y = j(19.0, 21.0)
-        body = (y > sole_y - 7 + np.clip(12 - x, 0, None) * 0.5) & (y < sole_y) & (x > 2) & (x < 26)
-        img[body] = j(0.45, 0.65)
-        img[box(sole_y, sole_y + 2.5, 2, 26)] = 0.95
-    elif label == 8:  # bag: a box with a handle arc
-        top, half = j(10.0, 13.0), j(8.0, 10.0)
-        img[box(top, j(24.0, 26.0), cx - half, cx + half)] = j(0.5, 0.8)
-        r = np.hypot(x - cx, (y - top) * 1.2)
-        img[(r > j(4.0, 5.0)) & (r < 6.5) & (y < top)] = 0.75
-    else:  # ankle boot: a tall shaft over a forward foot, an L
-        shaft_x, sole_y = j(13.0, 16.0), j(22.0, 24.0)
-        img[box(j(3.0, 6.0), sole_y, shaft_x, shaft_x + j(8.0, 10.0))] = j(0.4, 0.65)
-        img[box(sole_y - j(6.0, 8.0), sole_y, 2, shaft_x + 9)] = j(0.4, 0.65)
-        img[box(sole_y, sole_y + 2, 2, shaft_x + 10)] = 0.9
+
+def _draw(label: int, rng: np.random.Generator) -> np.ndarray:
+    """One float32 [28, 28] silhouette of class ``label`` in [0, 1], proportions jittered by ``rng``."""
+    c = _Canvas(rng)
+    if label in (0, 2, 4, 6):
+        _top(c, label)
+    elif label == 1:
+        _trouser(c)
+    elif label == 3:
+        _dress(c)
+    elif label == 5:
+        _sandal(c)
+    elif label == 7:
+        _sneaker(c)
+    elif label == 8:
+        _bag(c)
+    else:
+        _boot(c)
     # A vertical shading gradient, so that pixel intensity is not a constant per class.
-    shaded: np.ndarray = img * (0.85 + 0.15 * (y / SIZE))
+    shaded: np.ndarray = c.img * (0.85 + 0.15 * (c.y / SIZE))
     return shaded
+
+
+def _top(c: _Canvas, label: int) -> None:
+    """Tops: a torso plus sleeves whose length separates the classes."""
+    y, x, cx, img, j, box = c.y, c.x, c.cx, c.img, c.j, c.box
+    half = j(5.0, 7.0)
+    top, bottom = j(3.0, 5.0), j(23.0, 26.0)
+    torso = box(top, bottom, cx - half, cx + half)
+    if label == 0:  # short horizontal sleeves
+        sleeves = box(top, top + j(5.0, 7.0), cx - half - j(4.0, 6.0), cx + half + j(4.0, 6.0))
+    else:  # long sleeves hanging diagonally outwards
+        reach = j(0.25, 0.35)
+        dist = np.abs(x - cx) - half - (y - top) * reach
+        sleeves = (dist >= 0) & (dist < j(3.0, 4.5)) & (y >= top) & (y < bottom - j(0.0, 3.0))
+    img[torso | sleeves] = j(0.55, 0.8)
+    if label == 4:  # coat: open front, dark zip line
+        img[torso & (np.abs(x - cx) < 0.8)] = 0.15
+    if label == 6:  # shirt: collar notch and a bright button row
+        img[(y < top + 4) & (np.abs(x - cx) < (top + 4 - y) * 0.6)] = 0.0
+        img[torso & (np.abs(x - cx) < 0.6) & (np.round(y) % 3 == 0) & (y > top + 4)] = 1.0
+    if label == 2:  # pullover: ribbed hem band
+        img[torso & (y > bottom - 3)] = 0.9
+
+
+def _trouser(c: _Canvas) -> None:
+    """Trouser: waistband and two legs with a gap."""
+    cx, j, box = c.cx, c.j, c.box
+    top, bottom, gap, leg = j(2.0, 4.0), j(25.0, 27.0), j(0.8, 1.8), j(3.5, 5.0)
+    legs = box(top + 3, bottom, cx - gap - leg, cx - gap) | box(top + 3, bottom, cx + gap, cx + gap + leg)
+    c.img[legs | box(top, top + 3, cx - gap - leg, cx + gap + leg)] = j(0.5, 0.8)
+
+
+def _dress(c: _Canvas) -> None:
+    """Dress: narrow bodice widening into a skirt."""
+    y, x, cx, j = c.y, c.x, c.cx, c.j
+    top, bottom = j(2.0, 4.0), j(24.0, 27.0)
+    half = j(2.5, 3.5) + np.clip(y - top - 8, 0, None) * j(0.35, 0.5)
+    c.img[(y >= top) & (y < bottom) & (np.abs(x - cx) < half)] = j(0.5, 0.85)
+
+
+def _sandal(c: _Canvas) -> None:
+    """Sandal: sole plus sparse thin straps."""
+    y, x, img = c.y, c.x, c.img
+    sole_y = c.j(19.0, 21.0)
+    img[c.box(sole_y, sole_y + 2, 3, 25)] = c.j(0.6, 0.8)
+    for k in range(3):
+        sx = 6 + 6 * k + c.rng.uniform(-1, 1)
+        img[(np.abs(x - sx - (sole_y - y) * 0.5) < 0.8) & (y > sole_y - 8) & (y < sole_y)] = 0.7
+
+
+def _sneaker(c: _Canvas) -> None:
+    """Sneaker: low solid shoe with a bright sole."""
+    y, x = c.y, c.x
+    sole_y = c.j(19.0, 21.0)
+    body = (y > sole_y - 7 + np.clip(12 - x, 0, None) * 0.5) & (y < sole_y) & (x > 2) & (x < 26)
+    c.img[body] = c.j(0.45, 0.65)
+    c.img[c.box(sole_y, sole_y + 2.5, 2, 26)] = 0.95
+
+
+def _bag(c: _Canvas) -> None:
+    """Bag: a box with a handle arc."""
+    y, x, cx, img, j = c.y, c.x, c.cx, c.img, c.j
+    top, half = j(10.0, 13.0), j(8.0, 10.0)
+    img[c.box(top, j(24.0, 26.0), cx - half, cx + half)] = j(0.5, 0.8)
+    r = np.hypot(x - cx, (y - top) * 1.2)
+    img[(r > j(4.0, 5.0)) & (r < 6.5) & (y < top)] = 0.75
+
+
+def _boot(c: _Canvas) -> None:
+    """Ankle boot: a tall shaft over a forward foot, an L."""
+    img, j, box = c.img, c.j, c.box
+    shaft_x, sole_y = j(13.0, 16.0), j(22.0, 24.0)
+    img[box(j(3.0, 6.0), sole_y, shaft_x, shaft_x + j(8.0, 10.0))] = j(0.4, 0.65)
+    img[box(sole_y - j(6.0, 8.0), sole_y, 2, shaft_x + 9)] = j(0.4, 0.65)
+    img[box(sole_y, sole_y + 2, 2, shaft_x + 10)] = 0.9
 
 
 def make_template_bank(seed: int, variants: int = VARIANTS_PER_CLASS) -> np.ndarray:

@@ -253,8 +253,20 @@ def compare(
     """Compare run B against the baseline run A; regressions are B's moves beyond the given limits."""
     stall_limit = _limit(max_stall_increase_pp, "max stall increase", "percentage points")
     drop_limit = _limit(max_throughput_drop_pct, "max throughput drop", "percent")
-    ra, rb = _run(a, "A"), _run(b, "B")
+    rows, throughput, stall = _rows(_run(a, "A"), _run(b, "B"))
 
+    regressions: list[Regression] = []
+    unchecked: list[str] = []
+    for regression, note in (_check_throughput(throughput, drop_limit), _check_stall(stall, stall_limit)):
+        if regression is not None:
+            regressions.append(regression)
+        if note is not None:
+            unchecked.append(note)
+    return Comparison(rows, regressions, stall_limit, drop_limit, unchecked)
+
+
+def _rows(ra: _Run, rb: _Run) -> tuple[list[Row], Row, Row]:
+    """Every row, in the report's order, with the throughput and stall fraction rows the limits check."""
     rows = [_fact(name, value, rb.facts[name]) for name, value in ra.facts.items()]
     throughput = _figure("throughput", ra.throughput, rb.throughput, unit="samples/s", higher_is_better=True)
     rows.append(throughput)
@@ -274,38 +286,44 @@ def compare(
     busy_a, busy_b = ra.device_busy_fraction, rb.device_busy_fraction
     rows.append(_figure("device busy" + sim, busy_a, busy_b, unit="%", higher_is_better=True, scale=100.0))
     rows.append(_verdict(ra.verdict, rb.verdict))
+    return rows, throughput, stall
 
-    regressions: list[Regression] = []
-    unchecked: list[str] = []
-    if drop_limit is not None:
-        if throughput.delta_pct is None:
-            unchecked.append(f"throughput not checked against the {drop_limit:g}% drop limit: {_why(throughput)}")
-        else:
-            drop = -throughput.delta_pct
-            if drop > drop_limit + _EPS:
-                regressions.append(
-                    Regression(
-                        "throughput",
-                        f"throughput dropped {drop:.1f}% ({throughput.a:.1f} -> {throughput.b:.1f} samples/s), "
-                        f"beyond the limit of {drop_limit:g}%",
-                        drop,
-                        drop_limit,
-                    )
-                )
-    if stall_limit is not None:
-        if stall.delta is None:
-            unchecked.append(f"stall fraction not checked against the {stall_limit:g} pp limit: {_why(stall)}")
-        elif stall.delta > stall_limit + _EPS:
-            regressions.append(
-                Regression(
-                    "stall fraction",
-                    f"stall fraction rose {stall.delta:.1f} pp ({stall.a:.1f}% -> {stall.b:.1f}%), "
-                    f"beyond the limit of {stall_limit:g} pp",
-                    stall.delta,
-                    stall_limit,
-                )
-            )
-    return Comparison(rows, regressions, stall_limit, drop_limit, unchecked)
+
+def _check_throughput(throughput: Row, drop_limit: float | None) -> tuple[Regression | None, str | None]:
+    """The throughput drop against its limit: a regression, or a note that it could not be checked."""
+    if drop_limit is None:
+        return None, None
+    if throughput.delta_pct is None:
+        return None, f"throughput not checked against the {drop_limit:g}% drop limit: {_why(throughput)}"
+    drop = -throughput.delta_pct
+    if drop > drop_limit + _EPS:
+        regression = Regression(
+            "throughput",
+            f"throughput dropped {drop:.1f}% ({throughput.a:.1f} -> {throughput.b:.1f} samples/s), "
+            f"beyond the limit of {drop_limit:g}%",
+            drop,
+            drop_limit,
+        )
+        return regression, None
+    return None, None
+
+
+def _check_stall(stall: Row, stall_limit: float | None) -> tuple[Regression | None, str | None]:
+    """The stall fraction's rise against its limit: a regression, or a note that it could not be checked."""
+    if stall_limit is None:
+        return None, None
+    if stall.delta is None:
+        return None, f"stall fraction not checked against the {stall_limit:g} pp limit: {_why(stall)}"
+    if stall.delta > stall_limit + _EPS:
+        regression = Regression(
+            "stall fraction",
+            f"stall fraction rose {stall.delta:.1f} pp ({stall.a:.1f}% -> {stall.b:.1f}%), "
+            f"beyond the limit of {stall_limit:g} pp",
+            stall.delta,
+            stall_limit,
+        )
+        return regression, None
+    return None, None
 
 
 def _why(row: Row) -> str:

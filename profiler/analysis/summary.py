@@ -249,6 +249,42 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     )
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
     recommendations = () if math.isnan(stall) or loader_only or synthetic else tuple(recommend(figures))
+    return _summary(
+        rec,
+        now,
+        m=m,
+        timing=timing,
+        figures=figures,
+        device=device,
+        nvml=nvml,
+        recommendations=recommendations,
+        throughput=throughput,
+        samples_total=samples_total,
+        sources=sources,
+        notes=notes,
+    )
+
+
+def _summary(
+    rec: RunRecord,
+    now: float | None,
+    *,
+    m: _Measured,
+    timing: _Timing,
+    figures: Figures,
+    device: RunDevice,
+    nvml: NvmlFigures,
+    recommendations: tuple[Recommendation, ...],
+    throughput: float,
+    samples_total: int,
+    sources: Sources,
+    notes: list[str],
+) -> Summary:
+    """The Summary itself, from the figures the rules read and the rest of what summarize gathered."""
+    meta = rec.meta
+    stall, workers = figures.stall_fraction, figures.workers
+    loader_only = bool(meta.get("loader_only"))
+    synthetic = bool(meta.get("synthetic_input"))
     return Summary(
         run_id=meta.get("run_id"),
         scenario=meta.get("scenario"),
@@ -265,7 +301,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         device_busy_fraction=timing.busy_fraction,
         verdict=_verdict(stall, loader_only, synthetic),
         recommendations=recommendations,
-        sampler=sampler,
+        sampler=figures.sampler,
         status=run_status(meta, now),
         sources=sources,
         error=meta.get("error"),
@@ -274,11 +310,11 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         pin_memory=meta.get("pin_memory"),
         device_ms_per_step=timing.device_ms,
         stall_ms_per_step=timing.stall_ms,
-        mode=mode,
+        mode=figures.mode,
         command_exit_code=meta.get("command_exit_code"),
-        stack_estimate=stack_est,
-        loader_attribution=attribution,
-        host=host,
+        stack_estimate=figures.stack_estimate,
+        loader_attribution=figures.loader_attribution,
+        host=figures.host,
         nvml=nvml,
         notes=tuple(notes),
         model=meta.get("model"),
@@ -287,7 +323,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         augment=meta.get("augment"),
         bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
-        contention=contention,
+        contention=figures.contention,
     )
 
 

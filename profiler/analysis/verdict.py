@@ -80,20 +80,29 @@ def recommend(s: Figures) -> list[Recommendation]:
     step = s.step_time_ms.mean
     if not step or math.isnan(step):
         return out
-    wait, h2d, other = b.data_wait, b.h2d, b.other
-    pct = s.stall_fraction * 100
-    cores = _cores(s.cpu_count)
     input_bound = s.stall_fraction >= MODERATE
     # a simulated device's compute phase is the host launching kernels it does not run: its wait for a CPU is
     # no loss of the model's compute, which the simulator times (docs/sim.md)
     contended = None if s.simulated else contention_advice(s.contention)
     if contended:
         out.append(Recommendation("CPU_CONTENTION", contended))
+    if input_bound:
+        out.extend(_loader(s, b.data_wait, step))
+    out.extend(_pin_memory(s, b.h2d, step))
+    out.extend(_loop_overhead(b.other, step))
+    if not input_bound:
+        out.append(_not_input_bound(s, contended))
+    _sampler_slow(s, out)
+    return out
 
+
+def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
+    """An input-bound run's advice on its loader: workers to add, or per-item work to make cheaper."""
     idle = _simulated_idle(s)
-    if input_bound and s.workers == 0:
+    if s.workers == 0:
+        cores = _cores(s.cpu_count)
         top = f"2-{cores}" if cores and cores > 2 else "2"
-        out.append(
+        return [
             Recommendation(
                 "RAISE_WORKERS",
                 f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers=0: the "
@@ -102,54 +111,55 @@ def recommend(s: Figures) -> list[Recommendation]:
                 + " so batches are prepared in parallel."
                 + idle,
             )
+        ]
+    if not (isinstance(s.workers, int) and s.workers > 0):
+        return []
+    sys_cpu = s.host.sys_cpu_pct
+    busy = f" while system CPU averaged {sys_cpu:.0f}%" if math.isfinite(sys_cpu) else ""
+    advice = (
+        "the cores are saturated: make per-item work cheaper (decode on the GPU with DALI, smaller images, "
+        "cheaper augmentation)"
+        if sys_cpu >= 85
+        else "add workers if cores are idle, or make per-item work cheaper (DALI decode, lighter augmentation)"
+    )
+    return [
+        Recommendation(
+            "LOADER_TOO_SLOW",
+            f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
+            f"{busy}: {advice}." + idle,
         )
-    elif input_bound and isinstance(s.workers, int) and s.workers > 0:
-        sys_cpu = s.host.sys_cpu_pct
-        busy = f" while system CPU averaged {sys_cpu:.0f}%" if math.isfinite(sys_cpu) else ""
-        advice = (
-            "the cores are saturated: make per-item work cheaper (decode on the GPU with DALI, smaller images, "
-            "cheaper augmentation)"
-            if sys_cpu >= 85
-            else "add workers if cores are idle, or make per-item work cheaper (DALI decode, lighter augmentation)"
+    ]
+
+
+def _loop_overhead(other: float, step: float) -> list[Recommendation]:
+    if not (other >= OTHER_MIN_MS and other >= OTHER_SHARE * step):
+        return []
+    return [
+        Recommendation(
+            "LOOP_OVERHEAD",
+            f"{other:.1f} ms of a {step:.1f} ms step ({other / step:.0%}) is outside data wait, copy and compute: "
+            "look for synchronisation (loss.item(), .cpu(), printing tensors) or logging in the loop, or wrap it "
+            "in s.phase('name') to see it by name.",
         )
-        out.append(
-            Recommendation(
-                "LOADER_TOO_SLOW",
-                f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
-                f"{busy}: {advice}." + idle,
-            )
-        )
-    out.extend(_pin_memory(s, h2d, step))
-    if other >= OTHER_MIN_MS and other >= OTHER_SHARE * step:
-        out.append(
-            Recommendation(
-                "LOOP_OVERHEAD",
-                f"{other:.1f} ms of a {step:.1f} ms step ({other / step:.0%}) is outside data wait, copy and compute: "
-                "look for synchronisation (loss.item(), .cpu(), printing tensors) or logging in the loop, or wrap it "
-                "in s.phase('name') to see it by name.",
-            )
-        )
-    if not input_bound and contended and s.contention is not None:
+    ]
+
+
+def _not_input_bound(s: Figures, contended: str | None) -> Recommendation:
+    """A run under the moderate band: where its speed-ups must come from instead."""
+    pct = s.stall_fraction * 100
+    if contended and s.contention is not None:
         lost = s.contention.compute_runq_fraction
-        out.append(
-            Recommendation(
-                "NOT_INPUT_BOUND",
-                f"Input stalls are {pct:.1f}% of step time (under 5%): batches arrive in time, but the training "
-                f"thread lost {lost:.0%} of its compute time waiting for a CPU (CPU_CONTENTION): remove that "
-                "contention first; beyond it, speed-ups must come from compute, not from the input pipeline.",
-            )
+        return Recommendation(
+            "NOT_INPUT_BOUND",
+            f"Input stalls are {pct:.1f}% of step time (under 5%): batches arrive in time, but the training "
+            f"thread lost {lost:.0%} of its compute time waiting for a CPU (CPU_CONTENTION): remove that "
+            "contention first; beyond it, speed-ups must come from compute, not from the input pipeline.",
         )
-    elif not input_bound:
-        out.append(
-            Recommendation(
-                "NOT_INPUT_BOUND",
-                f"Input stalls are {pct:.1f}% of step time (under 5%): the loader keeps up. Speed-ups must come from "
-                "compute (mixed precision, a larger batch, a faster model), not from the input pipeline."
-                + _simulated_busy(s),
-            )
-        )
-    _sampler_slow(s, out)
-    return out
+    return Recommendation(
+        "NOT_INPUT_BOUND",
+        f"Input stalls are {pct:.1f}% of step time (under 5%): the loader keeps up. Speed-ups must come from "
+        "compute (mixed precision, a larger batch, a faster model), not from the input pipeline." + _simulated_busy(s),
+    )
 
 
 def _pin_memory(s: Figures, h2d: float, step: float) -> list[Recommendation]:
