@@ -23,7 +23,7 @@ STORE_READERS = {
     "profiler.whatif.source",  # predicts from a measured run, and reads back a --check run it already measured
 }
 MAX_MODULE_LINES = 800
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
 
 
 def _modules() -> dict[str, Path]:
