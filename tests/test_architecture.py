@@ -17,7 +17,7 @@ PACKAGES = ("profiler", "pipelines", "scenarios")
 # Reading a store back is what `report` (once, also for --html and --trace), `watch` and `compare` are for; a run
 # prints the Summary its Recording built at close.
 STORE_READERS = {
-    "profiler.cli.report",
+    "profiler.runs.read",  # report, compare: a run and its Summary, or its own summary.json
     "profiler.live.feeds",
     "profiler.jobs.jobdir",  # `report` on a job directory reads each rank's and node's store through it
     "profiler.whatif.source",  # predicts from a measured run, and reads back a --check run it already measured

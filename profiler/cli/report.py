@@ -75,14 +75,13 @@ def add_parsers(sub: Any) -> None:
 
 def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
     """A stored run read back once: (its record, its Summary); BadInput naming what is wrong with the store."""
-    from profiler.analysis import summarize
-    from profiler.core.store import StoreError, load_run
+    from profiler.core.store import StoreError
+    from profiler.runs.read import load as load_run_summary
 
     try:
-        rec = load_run(run_dir)
+        return load_run_summary(run_dir)
     except StoreError as exc:
         raise BadInput(str(exc)) from None
-    return rec, summarize(rec)
 
 
 def load_summary(run_dir: str | Path) -> Summary:
@@ -154,31 +153,16 @@ def _compared(run_dir: str) -> Summary | dict[str, Any]:
     return stored_summary(run_dir) or load_summary(run_dir)
 
 
-def stored_summary(run_dir: str | Path) -> dict[str, Any] | None:
-    """``RUN_DIR/summary.json`` when it is the store's own summary, written at close: the store's status is
-    final (not running, not interrupted) and the same as the summary's, the run id and the number of steps
-    match, and the file is not older than the store. Else None: the store is summarised again (a long run's
-    store takes seconds to load, its summary.json milliseconds). BadInput naming what is wrong with the store."""
-    from profiler.core.store import StoreError, read_head, resolve_db, run_status
+def stored_summary(run_dir: str | Path) -> dict[str, object] | None:
+    """The run's own ``summary.json`` when current (:func:`profiler.runs.read.stored_summary`), else None;
+    BadInput naming what is wrong with the store."""
+    from profiler.core.store import StoreError
+    from profiler.runs.read import stored_summary as read_stored
 
     try:
-        meta, n_steps = read_head(run_dir)
-        db = resolve_db(run_dir)
+        return read_stored(run_dir)
     except StoreError as exc:
         raise BadInput(str(exc)) from None
-    path = db.parent / "summary.json"
-    try:
-        fresh = path.is_file() and path.stat().st_mtime >= db.stat().st_mtime
-        doc = json.loads(path.read_text()) if fresh else None
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    status = meta.get("status")
-    if not isinstance(doc, dict) or status in (None, "running", "interrupted") or run_status(meta) != status:
-        return None
-    measured, warmup = doc.get("steps"), doc.get("warmup_steps")
-    if doc.get("status") != status or doc.get("run_id") != meta.get("run_id"):
-        return None
-    return doc if type(measured) is int and type(warmup) is int and measured + warmup == n_steps else None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
