@@ -9,14 +9,16 @@ PINS   := torch==2.14.1 torchvision==0.29.1
 # package (the `dali` extra), installed here so that all three pipelines are tested.
 DALI   := nvidia-dali-cuda130==2.4.0
 
-.PHONY: demo test test-fast test-timing test-docs stress lint bench gpu-check clean
+.PHONY: install demo test test-fast test-timing test-docs stress lint bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(PINS)
-	$(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI)
+	$(BIN)/python -m pip install -q --no-compile $(PINS)
+	$(BIN)/python -m pip install -q --no-compile -e '.[dev]' $(PINS) $(DALI)
 	@touch $(STAMP)
+
+install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/stallscope run fashion-vgg
@@ -31,9 +33,9 @@ $(CHROMIUM):
 		|| echo "chromium could not be installed: tests/test_html_chromium.py will be skipped"; \
 	else echo "no chromium (needs root and apt-get): tests/test_html_chromium.py will be skipped"; fi
 
-# The suite in tiers (docs/testing.md); `make test` runs all of them, two tests at a time (pytest-xdist: each
-# doc's commands stay together on one worker). PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
-XDIST := -n 2 --dist loadgroup
+# The suite in tiers (docs/testing.md); `make test` runs all of them, two tests at a time (pytest-xdist; a worker
+# that runs out of tests takes the other's last ones). PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
+XDIST := -n 2 --dist worksteal
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: $(STAMP) $(CHROMIUM)

@@ -306,8 +306,6 @@ DOCS_PARSED = parse_docs()
 
 def _param(cmd: Command) -> object:
     marks = [pytest.mark.xfail(strict=True, reason=XFAIL[cmd.text])] if cmd.text in XFAIL else []
-    # one doc's commands run in order in one directory: under xdist (make test), on one worker
-    marks.append(pytest.mark.xdist_group(cmd.id.rpartition(":")[0]))
     return pytest.param(cmd, id=cmd.id, marks=marks)
 
 

@@ -64,7 +64,7 @@ class Recording:
         store_errors: str = "warn",
     ) -> None:
         if store_errors not in ("warn", "raise"):
-            raise ValueError(f"store_errors must be 'warn' or 'raise', got {store_errors!r}")
+            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
         self._store_errors = store_errors
         self._meta = meta
