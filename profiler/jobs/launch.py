@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from profiler.drivers.ddp import DistInfo
 from profiler.drivers.runner import RunConfig
@@ -40,8 +40,10 @@ PID_FILE = "rank.pid"
 MONITOR_S = 0.2
 # What the fork server imports once for every rank it forks
 PRELOAD = ["torch", "torch.distributed", "profiler.drivers.runner", "profiler.jobs.launch", "scenarios", "pipelines"]
-# The elastic agent's wait for ranks to stop after SIGTERM before SIGKILL.
-SHUTDOWN_S = 15
+# The elastic agent's wait for ranks to stop after SIGTERM before SIGKILL: a rank that handles SIGTERM closes its
+# store in well under a second (its writer commits every 0.5 s); one blocked in a collective whose peer died does
+# not run its handler at all, and waiting longer for it only delays the job's end.
+SHUTDOWN_S = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +322,15 @@ def _quiet_elastic() -> Iterator[None]:
             log.setLevel(level)
 
 
+def _stopped_now(signame: str) -> NoReturn:
+    """A rank the agent (or Ctrl-C) stopped, its store closed: end the process now. Returning would leave it
+    waiting for the agent to read its result while the agent waits for it to end: torch's process context then
+    waits 30 s before SIGKILL (measured: a job whose rank died ended 30 s after it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + int(getattr(signal, signame, signal.SIGTERM)))
+
+
 def rank_main(job: JobSpec) -> dict[str, Any] | None:
     """One rank: join the process group, train the scenario on this rank's shard, record ``rank-R/``. Runs in a
     process the elastic agent spawned; raises (a non-zero exit: the agent stops the job) when training fails."""
@@ -349,7 +360,7 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
         try:
             session = run_scenario(scenarios.get(job.scenario), cfg)
         except RunStopped as exc:  # the job is being stopped: the store is closed "interrupted"
-            session = exc.session
+            _stopped_now(exc.signame)
         except TrainingError as exc:  # one line, not a traceback; the store says where; exit 1 stops the job
             sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}\n")
             raise SystemExit(1) from None
