@@ -218,7 +218,15 @@ def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int
     prefetch thread loads a batch in 160 ms (input-bound, stall about 7/8), with 8 in about 20 ms (model-bound)."""
     cpu = _run(tmp_path / "cpu", resolve_device("cpu"), workers)
     sim = _run(tmp_path / "sim", _twin(cpu["compute_s"], tmp_path), workers)
-    assert sim["throughput"] == pytest.approx(cpu["throughput"], rel=0.05), (cpu, sim)
+
+    # The two runs' loaders run at different moments: on a busy host one of them can fall behind for a few steps
+    # (a model-bound CPU run once read 3.4% stall, its twin 0%, and 6% less throughput). What the twin models is
+    # the device, so each run's throughput is compared with its own measured input stall taken out (samples per
+    # second of non-stalled time); the stall itself is compared below.
+    def unstalled(r: dict[str, float]) -> float:
+        return r["throughput"] / (1.0 - r["stall"])
+
+    assert unstalled(sim) == pytest.approx(unstalled(cpu), rel=0.05), (cpu, sim)
     assert sim["stall"] == pytest.approx(cpu["stall"], abs=0.05), (cpu, sim)
     assert sim["compute_s"] == pytest.approx(cpu["compute_s"], rel=0.05), (cpu, sim)  # the simulated device time
     assert not math.isnan(sim["stall"])

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -90,10 +89,13 @@ def test_without_pyspy_the_sampler_only_run_completes(tmp_path: Path) -> None:
 
 def test_attach_to_a_running_script(tmp_path: Path) -> None:
     target = subprocess.Popen(
-        [sys.executable, EXAMPLE, "--steps", "100000", "--workers", "0"], stdout=subprocess.DEVNULL, cwd=ROOT
+        [sys.executable, EXAMPLE, "--steps", "100000", "--workers", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
     try:
-        time.sleep(6)  # let it reach its training loop
+        # attach once it is in its training loop: it prints "step 0 loss" after its first step (a fixed 6 s wait
+        # was not enough on a busy host, and the attach then sampled start-up instead of training)
+        assert target.stdout is not None
+        assert "step 0 loss" in target.stdout.readline()
         res = stallscope(
             "attach",
             str(target.pid),
