@@ -33,9 +33,9 @@ $(CHROMIUM):
 		|| echo "chromium could not be installed: tests/test_html_chromium.py will be skipped"; \
 	else echo "no chromium (needs root and apt-get): tests/test_html_chromium.py will be skipped"; fi
 
-# The suite in tiers (docs/testing.md); `make test` runs all of them, two tests at a time (pytest-xdist; a worker
-# that runs out of tests takes the other's last ones). PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
-XDIST := -n 2 --dist worksteal
+# The suite in tiers (docs/testing.md); `make test` runs all of them, two tests at a time (pytest-xdist; each
+# doc's commands stay together on one worker). PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
+XDIST := -n 2 --dist loadgroup
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: $(STAMP) $(CHROMIUM)
