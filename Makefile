@@ -14,8 +14,8 @@ DALI   := nvidia-dali-cuda130==2.4.0
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile $(PINS)
-	$(BIN)/python -m pip install -q --no-compile -e '.[dev]' $(PINS) $(DALI)
+	$(BIN)/python -m pip install -q $(PINS)
+	$(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI)
 	@touch $(STAMP)
 
 install: $(STAMP)
