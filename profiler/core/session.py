@@ -54,6 +54,8 @@ _Raws = tuple[bytes | None, bytes | None, bytes | None]
 
 
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
+# the run facts a user may give in meta= that the report and the recommendations read (None until given)
+LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")
 
 
 class Interrupted(BaseException):
@@ -528,7 +530,7 @@ def step_runq(row: StepRow, raws: _Raws) -> StepRow:
 def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, Any]:
     """The meta every run starts with; the labels a user may give (scenario, loader facts) are None until given."""
     return {
-        **dict.fromkeys(("scenario", "pipeline", "batch_size", "workers", "pin_memory")),
+        **dict.fromkeys(LABELS),
         "run_id": uuid.uuid4().hex[:12],
         "warmup_steps": warmup,
         "device": device.to_dict(),

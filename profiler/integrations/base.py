@@ -23,7 +23,7 @@ from typing import Any
 
 from profiler.analysis import Summary
 from profiler.analysis.meta import opt_int
-from profiler.core.session import Session
+from profiler.core.session import LABELS, Session
 from profiler.export.endpoint import Endpoint, parse_endpoint
 
 log = logging.getLogger("stallscope")
@@ -80,9 +80,6 @@ def rank_endpoint(prometheus: str | int, local_rank: int) -> Endpoint:
     stays 0, a free port each), on the address given."""
     at = parse_endpoint(str(prometheus))
     return Endpoint(at.host, at.port + local_rank if at.port else 0)
-
-
-LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")  # a trainer's facts that are run meta
 
 
 def _mapping(value: object) -> Mapping[str, object]:
