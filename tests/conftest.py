@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -188,3 +189,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# A documented command may read what the commands above it in its doc made, so a doc's commands run in order on
+# one worker (tests/test_docs_examples.py reruns them otherwise, which doubled the docs tier). xdist's own
+# `xdist_group` mark does nothing under pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer
+# reads), so the grouping is done here, where xdist asks for its scheduler: one unit per doc, one per other test.
+DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DocsTogether(LoadScopeScheduling):
+        """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            m = DOC_COMMAND.search(nodeid)
+            return m.group(1) if m else nodeid
+
+    return DocsTogether(config, log)  # type: ignore[arg-type]

@@ -306,9 +306,8 @@ DOCS_PARSED = parse_docs()
 
 def _param(cmd: Command) -> object:
     marks = [pytest.mark.xfail(strict=True, reason=XFAIL[cmd.text])] if cmd.text in XFAIL else []
-    # a doc's commands run in order in one directory: under xdist (make test) on one worker, or a command that
-    # lands elsewhere reruns the ones above it (work stealing split the docs and doubled their time, 392 -> 741 s)
-    marks.append(pytest.mark.xdist_group(cmd.id.rpartition(":")[0]))
+    # a doc's commands run in order in one directory: under xdist (make test) on one worker (tests/conftest.py
+    # pytest_xdist_make_scheduler), or a command that lands elsewhere reruns the ones above it
     return pytest.param(cmd, id=cmd.id, marks=marks)
 
 

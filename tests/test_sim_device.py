@@ -181,11 +181,20 @@ def test_a_sim_device_resolves_labelled_simulated() -> None:
 IO_WAIT = Path(__file__).parent / "data" / "scenarios" / "io_wait.py"
 
 
-def _run(tmp: Path, device: DeviceInfo, workers: int) -> dict[str, float]:
+def _scenario_file(tmp: Path, forward_s: float) -> Path:
+    """io_wait.py with its model's sleep set to ``forward_s``."""
+    text = IO_WAIT.read_text()
+    assert "\nFORWARD_S = 0.020\n" in text
+    path = tmp / f"io_wait_forward_{round(forward_s * 1e3)}ms.py"
+    path.write_text(text.replace("\nFORWARD_S = 0.020\n", f"\nFORWARD_S = {forward_s!r}\n"))
+    return path
+
+
+def _run(tmp: Path, device: DeviceInfo, workers: int, scenario_file: Path) -> dict[str, float]:
     import scenarios
     from profiler.drivers.runner import RunConfig, run_scenario
 
-    scenario = scenarios.get(str(IO_WAIT))
+    scenario = scenarios.get(str(scenario_file))
     cfg = RunConfig(
         out=tmp, device=device, pipeline="prefetch", batch_size=8, workers=workers, steps=16, warmup=3,
         attribution=False, sample_hz=5.0,
@@ -199,25 +208,29 @@ def _run(tmp: Path, device: DeviceInfo, workers: int) -> dict[str, float]:
     }
 
 
-def _twin(forward_s: float, tmp: Path) -> DeviceInfo:
+def _twin(forward_s: float, scenario_file: Path) -> DeviceInfo:
     """A simulated device whose step takes ``forward_s``: peak set from the scenario's counted FLOPs."""
     import scenarios
     from profiler.sim.cost import measure_step
 
-    scenario = scenarios.get(str(IO_WAIT))
+    scenario = scenarios.get(str(scenario_file))
     flops = measure_step(scenario.model, scenario.dataset()[0], 8, loss=scenario.loss).flops
     config = SimConfig(_spec(peak_tflops=flops / forward_s / 1e12), "fp32", 1.0)
     return DeviceInfo("sim", "cpu", "io-wait twin (simulated)", sim=config)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [0, 8], ids=["input-bound", "model-bound"])
-def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int) -> None:
-    """io-wait's forward sleeps 20 ms; on the CPU a step's compute (the sleep, the small model's arithmetic and
-    torch's own overhead) is measured, and the twin's device takes that long per step. With 0 workers the
-    prefetch thread loads a batch in 160 ms (input-bound, stall about 7/8), with 8 in about 20 ms (model-bound)."""
-    cpu = _run(tmp_path / "cpu", resolve_device("cpu"), workers)
-    sim = _run(tmp_path / "sim", _twin(cpu["compute_s"], tmp_path), workers)
+@pytest.mark.parametrize(("workers", "forward_s"), [(0, 0.020), (8, 0.060)], ids=["input-bound", "model-bound"])
+def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int, forward_s: float) -> None:
+    """io-wait's items sleep 20 ms; its forward sleeps ``forward_s``. On the CPU a step's compute (the sleep, the
+    small model's arithmetic and torch's own overhead) is measured, and the twin's device takes that long per
+    step. With 0 workers the prefetch thread loads a batch in 160 ms against a 20 ms forward (input-bound,
+    stall about 7/8); with 8 workers a batch comes every 20 ms against a 60 ms forward (model-bound with 3x
+    headroom: at a 20 ms forward the two bounds were equal, and a busy host's loader fell behind by chance in one
+    run and not the other, 6% stall against 0)."""
+    scenario_file = _scenario_file(tmp_path, forward_s)
+    cpu = _run(tmp_path / "cpu", resolve_device("cpu"), workers, scenario_file)
+    sim = _run(tmp_path / "sim", _twin(cpu["compute_s"], scenario_file), workers, scenario_file)
 
     # The two runs' loaders run at different moments: on a busy host one of them can fall behind for a few steps
     # (a model-bound CPU run once read 3.4% stall, its twin 0%, and 6% less throughput). What the twin models is

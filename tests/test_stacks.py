@@ -519,6 +519,18 @@ def test_worker_attribution_known_counts() -> None:
     assert headline(att) == "60% of worker CPU is image decode: consider DALI (decode on the GPU) or smaller images"
 
 
+def test_a_busy_worker_sample_without_a_python_frame_is_left_out_of_the_shares() -> None:
+    # beside busy processes py-spy read no stack for some busy samples of a worker that only augments; counted
+    # as "other", "(no Python frame)" became that worker's top loader frame (tests/test_zerocode_ranks.py)
+    unread = worker(count=70)
+    assert not unread.frames and not unread.idle
+    att = attribute_workers([*known_workers(), unread], rate_hz=10)
+    assert (att.samples, att.idle, att.active) == (370, 200, 100)
+    assert att.shares["other"].count == 2 and att.shares["decode"].fraction == 0.60
+    assert all(t.function != "(no Python frame)" for top in att.top.values() for t in top)
+    assert "70 busy worker sample(s) with no Python frame (py-spy read no stack): not in the shares" in att.notes
+
+
 def test_worker_rule_details() -> None:
     cat, frame = classify_worker_frames(stack(*FORK, "_worker_loop (torch/utils/data/_utils/worker.py:393)"))
     assert cat == "ipc_pickling"  # worker.py counts only while its own line runs (a C-level queue call)

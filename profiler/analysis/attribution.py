@@ -296,13 +296,16 @@ def attribute_workers(
     roles = identify(samples, root_pid)
     counts: Counter[str] = Counter()
     funcs: dict[str, Counter[str]] = {c: Counter() for c in CATEGORIES}
-    idle = 0
+    idle = unread = 0
     cache: dict[tuple[Frame, ...], tuple[str, Frame | None]] = {}
     for s in samples:
         if not roles.is_worker(s):
             continue
         if s.idle:
             idle += s.count
+            continue
+        if not s.frames:  # py-spy read no stack (a busy host; a process starting or ending): nothing to attribute
+            unread += s.count
             continue
         hit = cache.get(s.frames)
         if hit is None:
@@ -318,9 +321,11 @@ def attribute_workers(
     notes: list[str] = []
     if not roles.worker_pids:
         notes.append("no DataLoader worker process found (record with --subprocesses; num_workers > 0?)")
+    if unread:
+        notes.append(f"{unread} busy worker sample(s) with no Python frame (py-spy read no stack): not in the shares")
     return WorkerAttribution(
         worker_pids=roles.worker_pids,
-        samples=active + idle,
+        samples=active + idle + unread,
         idle=idle,
         active=active,
         shares={c: share(counts[c], active) for c in CATEGORIES},

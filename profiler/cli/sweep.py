@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
-MAX_BATCH_FACTOR = 8  # tune's default --max-batch-size: 8x the scenario's batch
 
 
 def _name_list(text: str) -> list[str]:
@@ -117,6 +116,7 @@ def _add_sweep(sub: Any) -> None:
 
 
 def _add_tune(sub: Any) -> None:
+    from profiler.sweep.plan import MAX_BATCH_FACTOR
     from profiler.sweep.tuner import WORKER_CAP
 
     t = sub.add_parser(
@@ -201,25 +201,18 @@ def _harness(args: argparse.Namespace, training: Training, out: Path, what: str,
     )
 
 
-def _default_workers() -> list[int]:
-    from pipelines import usable_cores
-
-    return sorted({0, min(2, usable_cores())})
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     from profiler.drivers.runner import TrainingError
-    from profiler.sweep.analysis import Config
+    from profiler.sweep.plan import nproc_problem, sweep_configs
     from profiler.sweep.run import run_sweep
 
     _precheck(args.pipelines, args.out)
     training = resolve_training(args, args.pipelines, "--pipelines")
     scenario = training.scenario
-    b = scenario.batch_size
-    batch_sizes: Sequence[int] = args.batch_sizes or sorted({max(1, b // 2), b, b * 2})
-    workers: Sequence[int] = args.workers if args.workers is not None else _default_workers()
-    _check_nproc(args, training)
-    configs = [Config(p, bs, w, n) for p in args.pipelines for w in workers for n in args.nproc for bs in batch_sizes]
+    cuda = training.device.kind == "cuda"
+    if problem := nproc_problem(args.nproc, seconds=args.seconds, steps=args.steps, cuda=cuda):
+        raise BadInput(problem)
+    configs = sweep_configs(args.pipelines, scenario.batch_size, args.batch_sizes, args.workers, args.nproc)
     out = _out_dir(args.out, "sweep", args.scenario)
     guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "sweep", guard)
@@ -259,27 +252,12 @@ def _stopped_early(exc: TrainingError, table: Path) -> int:
     return EXIT_FAILED
 
 
-def _check_nproc(args: argparse.Namespace, training: Training) -> None:
-    """BadInput for rank counts this sweep cannot run: a job needs a step cap, and a CUDA rank a device."""
-    jobs = max(args.nproc) > 1
-    if jobs and args.seconds is not None and args.steps is None:
-        raise BadInput(
-            f"--nproc {','.join(map(str, args.nproc))} with --seconds alone: a job of several ranks runs a fixed "
-            "number of steps, allowed --steps N (with or without --seconds)"
-        )
-    if jobs and training.device.kind == "cuda":
-        import torch
-
-        if max(args.nproc) > torch.cuda.device_count():
-            raise BadInput(f"--nproc {max(args.nproc)}: this node has {torch.cuda.device_count()} CUDA device(s)")
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
     from profiler.drivers.runner import TrainingError
+    from profiler.sweep.plan import tune_bounds
     from profiler.sweep.render import tune_header
     from profiler.sweep.run import run_tune, tune_pipelines
-    from profiler.sweep.tuner import WORKER_CAP
 
     if args.nproc is not None:
         raise BadInput(
@@ -293,8 +271,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         names, left_out = tune_pipelines(scenario, args.pipelines)
     except pipelines.PipelineError as exc:
         raise BadInput(f"--pipelines: {exc}") from None
-    max_batch = args.max_batch_size or min(MAX_BATCH, MAX_BATCH_FACTOR * scenario.batch_size)
-    max_workers = args.max_workers if args.max_workers is not None else WORKER_CAP
+    bounds = tune_bounds(scenario.batch_size, args.max_batch_size, args.max_workers, MAX_BATCH)
+    max_batch, max_workers = bounds.max_batch, bounds.max_workers
     cores = pipelines.usable_cores()
     out = _out_dir(args.out, "tune", args.scenario)
     guard = SignalStop(defer_first=True)

@@ -35,8 +35,11 @@ def _seconds_per_sample(
     budget_s: float,
     clock: Callable[[], float],
 ) -> tuple[float, int]:
-    """(seconds per sample, samples timed) of up to ``batches`` batches after the first (fewer when
-    ``budget_s`` runs out), loaded with ``workers`` (0: in-process)."""
+    """(seconds per sample, samples timed) of up to ``batches`` batches after the start-up ones (fewer when
+    ``budget_s`` runs out), loaded with ``workers`` (0: in-process). Start-up is one batch from each worker:
+    batches come back in order, so a worker that forked late would otherwise hold the timed window back (two
+    workers that wait side by side read 0.78 of their rate together beside busy processes, 1.0 once both had
+    delivered before the clock started)."""
     from pipelines.base import LoaderSpec
     from pipelines.naive import data_loader
 
@@ -44,7 +47,8 @@ def _seconds_per_sample(
     loader, _, _ = data_loader(dataset, spec, pin_memory=False, persistent_workers=False)
     it = iter(loader)
     try:
-        next(it)  # start-up (a worker's fork and first batch) is not the steady state
+        for _ in range(max(1, workers)):  # start-up (each worker's fork and first batch) is not the steady state
+            next(it)
         t0 = clock()
         n = 0
         elapsed = 0.0
@@ -142,7 +146,7 @@ def _round(
     # the worker loads the items the main process just loaded, in the same order
     worker, m = _seconds_per_sample(dataset, batch_size, 1, n // batch_size, seed=seed, budget_s=math.inf, clock=clock)
     together = None
-    if k > 1:  # k workers at once, k batches each at least: what the cores add together
-        nk = min(max(k * (n // batch_size), 2 * k), len(dataset) // batch_size - 1)
+    if 1 < k < len(dataset) // batch_size:  # k workers at once, k batches each at least: what the cores add together
+        nk = min(max(k * (n // batch_size), 2 * k), len(dataset) // batch_size - k)
         together, _ = _seconds_per_sample(dataset, batch_size, k, nk, seed=seed, budget_s=math.inf, clock=clock)
     return main, worker, together, n + m

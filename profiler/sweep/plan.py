@@ -1,0 +1,71 @@
+"""What a sweep or a tune will run, decided before anything trains: the configurations from the command's lists
+and the scenario's defaults, the rank counts it can run, the tuner's search bounds. Imports no torch except to
+count CUDA devices for a CUDA job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipelines import usable_cores
+from profiler.sweep.analysis import Config
+from profiler.sweep.tuner import WORKER_CAP
+
+MAX_BATCH_FACTOR = 8  # tune's default --max-batch-size: 8x the scenario's batch
+
+
+def default_batch_sizes(batch_size: int) -> list[int]:
+    """Half, once and twice the scenario's batch."""
+    return sorted({max(1, batch_size // 2), batch_size, batch_size * 2})
+
+
+def default_workers() -> list[int]:
+    """0 and min(2, the usable cores)."""
+    return sorted({0, min(2, usable_cores())})
+
+
+def sweep_configs(
+    pipelines: Sequence[str],
+    scenario_batch: int,
+    batch_sizes: Sequence[int] | None,
+    workers: Sequence[int] | None,
+    nproc: Sequence[int],
+) -> list[Config]:
+    """Every pipeline x workers x rank count x batch size, in that order; None: the defaults above."""
+    sizes = batch_sizes or default_batch_sizes(scenario_batch)
+    counts = workers if workers is not None else default_workers()
+    return [Config(p, b, w, n) for p in pipelines for w in counts for n in nproc for b in sizes]
+
+
+def nproc_problem(nproc: Sequence[int], *, seconds: float | None, steps: int | None, cuda: bool) -> str | None:
+    """Why these rank counts cannot run (one line naming the value and what is allowed), or None: a job of
+    several ranks needs a step cap, and a CUDA job a device per rank."""
+    if max(nproc) <= 1:
+        return None
+    if seconds is not None and steps is None:
+        return (
+            f"--nproc {','.join(map(str, nproc))} with --seconds alone: a job of several ranks runs a fixed "
+            "number of steps, allowed --steps N (with or without --seconds)"
+        )
+    if cuda:
+        import torch
+
+        if max(nproc) > torch.cuda.device_count():
+            return f"--nproc {max(nproc)}: this node has {torch.cuda.device_count()} CUDA device(s)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TuneBounds:
+    """The tuner's search space: the largest batch and the most workers it may try."""
+
+    max_batch: int
+    max_workers: int
+
+
+def tune_bounds(scenario_batch: int, max_batch: int | None, max_workers: int | None, ceiling: int) -> TuneBounds:
+    """The given bounds, else MAX_BATCH_FACTOR x the scenario's batch (at most ``ceiling``) and WORKER_CAP."""
+    return TuneBounds(
+        max_batch=max_batch or min(ceiling, MAX_BATCH_FACTOR * scenario_batch),
+        max_workers=max_workers if max_workers is not None else WORKER_CAP,
+    )
