@@ -198,6 +198,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
 
 
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its doc for a documented command, else the test itself."""
+    m = DOC_COMMAND.search(nodeid)
+    return m.group(1) if m else nodeid
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     if config.getvalue("dist") != "loadgroup":
         return None
@@ -207,7 +213,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
-            m = DOC_COMMAND.search(nodeid)
-            return m.group(1) if m else nodeid
+            return work_unit(nodeid)
 
     return DocsTogether(config, log)  # type: ignore[arg-type]

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, work_unit
 
 pytestmark = pytest.mark.docs
 
@@ -470,3 +470,11 @@ def test_docs_follow_the_convention() -> None:
     problems += [f"XFAIL names a command no doc shows: {text}" for text in XFAIL if text not in texts]
     assert not problems, "\n".join(problems)
     assert len(docs.commands) >= 40, len(docs.commands)
+
+
+def test_each_docs_commands_are_one_work_unit_under_xdist() -> None:
+    """make test runs two at a time: a doc's commands must stay on one worker, in order (tests/conftest.py)."""
+    ids = [f"tests/test_docs_examples.py::test_documented_command[{c.id}]" for c in DOCS_PARSED.commands]
+    units = [work_unit(i) for i in ids]
+    assert units == [c.doc for c in DOCS_PARSED.commands]
+    assert work_unit("tests/test_cli.py::test_x[a:1]") == "tests/test_cli.py::test_x[a:1]"  # others: their own
