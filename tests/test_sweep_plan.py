@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipelines import usable_cores
 from profiler.sweep.analysis import Config
@@ -46,7 +47,7 @@ def test_rank_counts_that_cannot_run_say_why() -> None:
     assert why is not None and why.startswith("--nproc 1,2 with --seconds alone") and "allowed --steps N" in why
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="counts the devices of a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts the devices of a machine without CUDA")
 def test_a_cuda_job_needs_a_device_per_rank() -> None:
     assert nproc_problem([2], seconds=None, steps=10, cuda=True) == "--nproc 2: this node has 0 CUDA device(s)"
 

@@ -271,8 +271,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         names, left_out = tune_pipelines(scenario, args.pipelines)
     except pipelines.PipelineError as exc:
         raise BadInput(f"--pipelines: {exc}") from None
-    bounds = tune_bounds(scenario.batch_size, args.max_batch_size, args.max_workers, MAX_BATCH)
-    max_batch, max_workers = bounds.max_batch, bounds.max_workers
+    max_batch, max_workers = tune_bounds(scenario.batch_size, args.max_batch_size, args.max_workers, MAX_BATCH)
     cores = pipelines.usable_cores()
     out = _out_dir(args.out, "tune", args.scenario)
     guard = SignalStop(defer_first=True)

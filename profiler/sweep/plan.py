@@ -5,7 +5,7 @@ count CUDA devices for a CUDA job."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipelines import usable_cores
 from profiler.sweep.analysis import Config
@@ -55,8 +55,7 @@ def nproc_problem(nproc: Sequence[int], *, seconds: float | None, steps: int | N
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class TuneBounds:
+class TuneBounds(NamedTuple):
     """The tuner's search space: the largest batch and the most workers it may try."""
 
     max_batch: int
