@@ -214,6 +214,36 @@ class _Feeder:
         return not self._thread.is_alive()
 
 
+@dataclass(slots=True)
+class _EpochStart:
+    """The loader's generator as an epoch began, and how many of its batches the consumer took."""
+
+    state: torch.Tensor
+    taken: int = 0
+    finished: bool = False  # the consumer reached the epoch's end
+
+
+def _align_generator(loader: Any, last: _EpochStart) -> None:
+    """After an epoch the consumer abandoned, put the loader's generator where ``naive``'s would be.
+
+    ``RandomSampler`` draws once more from the generator when its iterator is advanced past the last index.
+    ``naive``'s DataLoader asks its sampler for the batches taken plus those in flight (``prefetch_factor`` x
+    workers; none with 0 workers); the prefetch thread reads further ahead, and reached the end or not by chance
+    (one epoch in five beside busy processes), which shifted the next epoch's order. So the generator is reset to
+    the abandoned epoch's start and the requests ``naive`` made are replayed: its base seed, then the sampler.
+    """
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, torch.utils.data.RandomSampler) or sampler.generator is not loader.generator:
+        return  # the generator orders nothing else
+    loader.generator.set_state(last.state)
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)  # the base seed every iter() draws
+    in_flight = loader.prefetch_factor * loader.num_workers if loader.num_workers else 0
+    requests = iter(loader.batch_sampler if loader.batch_sampler is not None else sampler)
+    for _ in range(last.taken + in_flight):
+        if next(requests, None) is None:
+            break
+
+
 # -- persistent workers and set_epoch ---------------------------------------------------------------------
 
 
@@ -277,6 +307,7 @@ class PrefetchBatches:
         self._relay = relay
         self._feeder: _Feeder | None = None
         self._epoch = 0  # iter() calls so far: a pass started by an older iter() must not run
+        self._last: _EpochStart | None = None  # the latest epoch's start, for _align_generator
         # what Session.wrap notes from a DataLoader it is handed, stated here since it sees this object
         self.num_workers = workers
         self.pin_memory = pin_memory
@@ -294,15 +325,18 @@ class PrefetchBatches:
         if self._relay is not None:
             self._relay.publish()  # before iter(): that is where persistent workers get this epoch's indices
         loader = self._dataloader()
+        if self._last is not None and not self._last.finished:
+            _align_generator(loader, self._last)
+        self._last = _EpochStart(loader.generator.get_state()) if loader.generator is not None else None
         if getattr(loader, "_iterator", None) is not None and loader.generator is not None:
             # A non-persistent DataLoader draws a base seed from its generator at every iter(), then the
             # shuffle; a persistent one draws the seed once. Draw it here too, so epoch e's shuffle order
             # is the one naive gets from the same seed.
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         self._epoch += 1
-        return self._deliver(iter(self._loader), self._epoch)
+        return self._deliver(iter(self._loader), self._epoch, self._last)
 
-    def _deliver(self, source: Iterator[Any], epoch: int) -> Generator[Any, None, None]:
+    def _deliver(self, source: Iterator[Any], epoch: int, start: _EpochStart | None) -> Generator[Any, None, None]:
         # The thread starts on the first next(), not in iter(): a generator never started never runs its
         # finally, so a thread started in iter() and never consumed would outlive its epoch.
         if epoch != self._epoch:
@@ -313,10 +347,14 @@ class PrefetchBatches:
             while True:
                 item = feeder.take()
                 if item is _END:
+                    if start is not None:
+                        start.finished = True
                     return
                 if isinstance(item, _Failure):
                     item.error.add_note("(raised while prefetching this batch: stallscope pipeline 'prefetch')")
                     raise item.error
+                if start is not None:
+                    start.taken += 1
                 yield self._copier.finish(item)
         finally:
             # epoch end, an error, or the consumer abandoning the loop (GeneratorExit)
