@@ -1,12 +1,17 @@
-"""py-spy process handling without py-spy: failure lines say why and how to fix it; a missing binary."""
+"""py-spy process handling: failure lines say why and how to fix it; a missing binary; py-spy's threads moved
+to real-time scheduling once they are old enough (OnTime), or said to run at normal priority."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from profiler.core.pyspy import PySpyRecorder, attach_problem
+from profiler.core.pyspy import FIFO_PRIORITY, PROMOTE_AFTER_S, OnTime, PySpyRecorder, attach_problem, find_pyspy
 
 
 @pytest.mark.parametrize(
@@ -37,3 +42,61 @@ def test_missing_pyspy_is_a_reason_not_an_exception(tmp_path: Path, monkeypatch:
 def test_rate_out_of_range_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"allowed 1\.\.1000"):
         PySpyRecorder(pid=1, out=tmp_path / "x", rate=5000).start()
+
+
+def test_on_time_promotes_each_thread_once_it_is_old_enough(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int, int]] = []
+
+    def setscheduler(tid: int, policy: int, param: os.sched_param) -> None:
+        if tid == 13:
+            raise ProcessLookupError(3, "No such process")  # a thread that ended between listing and promoting
+        calls.append((tid, policy, param.sched_priority))
+
+    monkeypatch.setattr(os, "sched_setscheduler", setscheduler)
+    on = OnTime(pid=10)
+    assert on.promote_due([10, 11], now=100.0) and calls == []  # just seen: py-spy may still be attaching
+    assert on.promote_due([10, 11, 12, 13], now=100.0 + PROMOTE_AFTER_S)
+    fifo = os.SCHED_FIFO | os.SCHED_RESET_ON_FORK  # threads a promoted thread starts begin at normal priority
+    assert calls == [(10, fifo, FIFO_PRIORITY), (11, fifo, FIFO_PRIORITY)]
+    assert on.promote_due([10, 11, 12], now=100.0 + 2 * PROMOTE_AFTER_S)
+    assert calls[2:] == [(12, fifo, FIFO_PRIORITY)] and on.promoted == {10, 11, 12}
+    assert on.scheduling.startswith(f"SCHED_FIFO {FIFO_PRIORITY}")
+
+
+def test_on_time_without_the_privilege_says_normal_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(tid: int, policy: int, param: os.sched_param) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    on = OnTime(pid=10)
+    on.promote_due([10], now=0.0)
+    assert on.promote_due([10], now=PROMOTE_AFTER_S) is False  # the watcher stops trying
+    assert on.scheduling == "normal priority (SCHED_FIFO not allowed here: Operation not permitted)"
+
+
+def test_a_recording_pyspys_threads_run_real_time_where_allowed(tmp_path: Path) -> None:
+    if find_pyspy() is None:
+        pytest.skip("py-spy is not installed")
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    rec = PySpyRecorder(pid=target.pid, out=tmp_path / "out.json", rate=50)
+    try:
+        assert rec.start(attach_timeout_s=0.5) is None, rec.problem
+        assert rec.proc is not None and rec.on_time is not None
+        time.sleep(PROMOTE_AFTER_S + 0.6)
+        tids = [int(t) for t in os.listdir(f"/proc/{rec.proc.pid}/task")]
+        policies = {os.sched_getscheduler(t) & ~os.SCHED_RESET_ON_FORK for t in tids}
+        try:  # whether this host lets this process use SCHED_FIFO at all
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            allowed = True
+        except PermissionError:
+            allowed = False
+        if allowed:
+            assert policies == {os.SCHED_FIFO} and rec.on_time.promoted == set(tids)
+            assert rec.on_time.scheduling.startswith("SCHED_FIFO")
+        else:
+            assert policies == {os.SCHED_OTHER} and rec.on_time.scheduling.startswith("normal priority")
+    finally:
+        rec.stop()
+        target.kill()
+        target.wait()

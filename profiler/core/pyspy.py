@@ -1,7 +1,9 @@
 """Running py-spy beside a training process: attach, record to a file in the run directory, stop.
 
 Its flags (``--nonblocking``, 10 Hz, ``--idle``, ``--subprocesses``, ``--format speedscope``) and why:
-docs/zero-code.md, "How the estimate is made" (measured with benchmarks/zerocode.py).
+docs/zero-code.md, "How the estimate is made" (measured with benchmarks/zerocode.py). It runs under
+SCHED_FIFO where the host allows it (:class:`OnTime`), so that its samples are taken on time on a host
+with no idle core.
 Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
 returns a reason with a fix instead, and the run goes on with the sampler alone. Once attached, a watcher
 thread drains py-spy's stderr (a full pipe never stalls it) and reports a py-spy killed or failed before
@@ -27,6 +29,67 @@ from profiler.core.store import STACKS_NAME
 DEFAULT_RATE = 10
 MAX_RATE = 1000
 OUTPUT = STACKS_NAME
+FIFO_PRIORITY = 1  # the lowest real-time priority: ahead of every normal process, behind the kernel's threads
+PROMOTE_AFTER_S = 0.5  # a py-spy thread's age before it runs real-time (see OnTime)
+PROMOTE_EVERY_S = 0.2
+
+
+class OnTime:
+    """Moves each py-spy thread to SCHED_FIFO once it is PROMOTE_AFTER_S old, so that its samples are on time.
+
+    A sampler at normal priority on a host with no idle core gets a CPU when the sampled thread gives one up,
+    which it does when it blocks: its samples come late during the thread's computing and early in its waits,
+    and the wait fraction reads high (docs/zero-code.md: +4 points at a true 85%, two busy processes beside
+    the job). Real-time py-spy wakes when its clock says. Not from the start: a py-spy thread that opens a
+    process just started retries five times 20 ms apart and then gives that process up for good; at normal
+    priority, as py-spy is built to run, the process's own start-up has time to finish. So every thread starts
+    normal (``SCHED_RESET_ON_FORK``: the threads a promoted one starts do too) and is promoted when it is
+    older. Without the privilege (CAP_SYS_NICE or RLIMIT_RTPRIO) nothing changes and ``scheduling`` says so.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.scheduling = f"SCHED_FIFO {FIFO_PRIORITY}, each thread from {PROMOTE_AFTER_S:g} s after it starts"
+        self.promoted: set[int] = set()
+        self._seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stallscope-pyspy-ontime", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROMOTE_EVERY_S):
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
+            except OSError:
+                return  # py-spy has exited
+            if not self.promote_due(tids, time.monotonic()):
+                return
+
+    def promote_due(self, tids: list[int], now: float) -> bool:
+        """Promote the threads old enough; False once promoting is not allowed here (then nothing more is)."""
+        for tid in tids:
+            first = self._seen.setdefault(tid, now)
+            if tid in self.promoted or now - first < PROMOTE_AFTER_S:
+                continue
+            try:
+                os.sched_setscheduler(tid, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(FIFO_PRIORITY))
+            except ProcessLookupError:
+                continue  # the thread ended
+            except (AttributeError, OSError) as exc:  # not Linux, or not permitted
+                reason = getattr(exc, "strerror", None) or type(exc).__name__
+                self.scheduling = f"{NORMAL_PRIORITY} (SCHED_FIFO not allowed here: {reason})"
+                return False
+            self.promoted.add(tid)
+        return True
+
+
+NORMAL_PRIORITY = "normal priority"
 
 
 def find_pyspy() -> str | None:
@@ -82,6 +145,7 @@ class PySpyRecorder:
     started_at: float | None = None
     stopped_at: float | None = None
     args: list[str] = field(default_factory=list)
+    on_time: OnTime | None = None  # what py-spy runs under: ``on_time.scheduling``; None before start
     now: Callable[[], float] | None = None  # the run's seconds, to say when py-spy stopped (default: since start)
     on_exit: Callable[[str], None] | None = None  # told once, from the watcher, when py-spy ends before stop()
     _stopping: bool = field(default=False, init=False, repr=False)
@@ -102,6 +166,8 @@ class PySpyRecorder:
         ]  # fmt: skip
         # py-spy prints progress on stderr; keep it for the failure reason, never show it to the user
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.on_time = OnTime(self.proc.pid)
+        self.on_time.start()
         self.started_at = time.time()
         deadline = time.monotonic() + attach_timeout_s
         while time.monotonic() < deadline:
@@ -152,6 +218,8 @@ class PySpyRecorder:
             self.proc.wait()
             self.problem = f"py-spy did not stop within {timeout_s:.0f} s and was killed; its samples are lost"
         self.stopped_at = time.time()
+        if self.on_time is not None:
+            self.on_time.stop()
         if self._watcher is not None:
             self._watcher.join(timeout=5.0)  # it closes py-spy's stderr once py-spy has exited
         if self.problem is None and not (self.out.exists() and self.out.stat().st_size > 0):

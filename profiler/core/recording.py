@@ -218,7 +218,8 @@ class Recording:
             self._pyspy_problem = problem
             self.event("warning", problem, "pyspy")
             self._warn(problem)
-        self.annotate(pyspy_stopped_at=recorder.stopped_at, pyspy_problem=problem)
+        scheduling = recorder.on_time.scheduling if recorder.on_time is not None else None
+        self.annotate(pyspy_stopped_at=recorder.stopped_at, pyspy_problem=problem, pyspy_scheduling=scheduling)
 
     def _summarize(self, store: RunStore) -> Summary | None:
         from profiler.analysis import summarize

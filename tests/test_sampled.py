@@ -1,0 +1,106 @@
+"""The stack estimate as read from a whole run record (profiler.analysis.sampled): the training span's ends,
+a rank py-spy never sampled itself, and the note for a py-spy that ran at normal priority.
+
+Each record is a hand-made speedscope document with the process and thread frames py-spy writes, so the
+expected fractions are counted from the test's own samples.
+"""
+
+from __future__ import annotations
+
+import json
+
+from profiler.analysis.sampled import rank_stacks, stack_estimates
+from profiler.core.store import RunRecord
+
+LAUNCHER = 100
+LOADER = "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py"
+MODULE = ("<module>", "train.py", 90)
+NEXT = [MODULE, ("main", "train.py", 78), ("_BaseDataLoaderIter.__next__", LOADER, 725), ("select", "sel.py", 41)]
+FORWARD = [MODULE, ("main", "train.py", 80), ("Module._call_impl", "/torch/nn/modules/module.py", 1794)]
+OTHER = [MODULE, ("main", "train.py", 86), ("broadcast", "/torch/distributed/c10d.py", 12)]
+DEL = [MODULE, ("_MultiProcessingDataLoaderIter.__del__", LOADER, 1706), ("_shutdown_workers", LOADER, 1656)]
+WORKER = [
+    MODULE,
+    ("_worker_loop", "/torch/utils/data/_utils/worker.py", 335),
+    ("Queue.get", "multiprocessing/queues.py", 113),
+]
+
+
+def speedscope(threads: dict[tuple[tuple[int, ...], str], list[list[tuple[str, str, int]]]]) -> str:
+    """{(process chain from the launcher down, thread id): its samples in order} -> py-spy's speedscope JSON."""
+    frames: list[dict[str, object]] = []
+    index: dict[tuple[str, str, int], int] = {}
+
+    def at(name: str, file: str = "", line: int = 0) -> int:
+        key = (name, file, line)
+        if key not in index:
+            index[key] = len(frames)
+            frames.append({"name": name, "file": file, "line": line} if file else {"name": name})
+        return index[key]
+
+    profiles = []
+    for (chain, tid), stacks in threads.items():
+        heads = [at(f'process {pid}:"python train.py"') for pid in chain]
+        profiles.append(
+            {
+                "type": "sampled",
+                "name": f'Process {chain[-1]} Thread {tid} "MainThread"',
+                "unit": "seconds",
+                "samples": [heads + [at(*f) for f in st] for st in stacks],
+                "weights": [0.01] * len(stacks),
+            }
+        )
+    return json.dumps({"shared": {"frames": frames}, "profiles": profiles})
+
+
+def record(text: str, ranks: list[tuple[int, int]] = (), **meta: object) -> RunRecord:
+    meta = {"target_pid": LAUNCHER, "pyspy_rate": 100, **meta}
+    if ranks:
+        meta["ranks"] = [{"rank": r, "pid": p} for r, p in ranks]
+    return RunRecord(meta=meta, steps=[], phases=[], samples=[], events=[], stacks_text=text)
+
+
+def test_an_iterators_teardown_after_the_last_step_is_outside_the_span() -> None:
+    # 30 waits, 10 forward steps, then the abandoned iterator's __del__ joins its workers for 20 samples
+    main = [NEXT] * 30 + [FORWARD] * 10 + [DEL] * 20
+    est, _ = stack_estimates(record(speedscope({((1,), "1"): main}), target_pid=1))
+    assert est is not None and est.overall is not None
+    assert est.overall.samples == 40 and est.overall.data_wait.samples == 30
+    assert est.trimmed_outside_training == 20
+
+
+def test_an_iterators_teardown_between_epochs_is_data_wait() -> None:
+    # the next epoch's training follows the shutdown: the training waited on the loader for it
+    main = [NEXT] * 10 + [FORWARD] * 10 + [DEL] * 5 + [NEXT] * 10 + [FORWARD] * 5
+    est, _ = stack_estimates(record(speedscope({((1,), "1"): main}), target_pid=1))
+    assert est is not None and est.overall is not None
+    assert est.overall.samples == 40 and est.overall.data_wait.samples == 25
+
+
+def test_a_rank_pyspy_never_sampled_itself_is_not_estimated_from_its_worker() -> None:
+    # py-spy gave up on rank 0 (pid 200) as it started; it still sampled rank 0's worker (pid 201), whose
+    # stack is all queue waits: read as rank 0's main thread it would say 100% data wait
+    threads = {
+        ((LAUNCHER, 200, 201), "201"): [WORKER] * 50,
+        ((LAUNCHER, 300), "300"): [NEXT] * 40 + [FORWARD] * 10,
+        ((LAUNCHER, 300, 301), "301"): [WORKER] * 50,
+    }
+    rec = record(speedscope(threads), ranks=[(0, 200), (1, 300)])
+    rows = {r.rank: r for r in rank_stacks(rec)}
+    assert rows[0].estimate.overall is None and rows[0].attribution is None
+    assert "no sample of pid 200 itself" in (rows[0].estimate.note or "")
+    assert rows[1].estimate.overall is not None and rows[1].estimate.overall.data_wait.fraction == 0.8
+    pooled, _ = stack_estimates(rec)
+    assert pooled is not None and pooled.overall is not None
+    assert pooled.overall.samples == 50 and pooled.overall.data_wait.samples == 40  # rank 1's alone
+    assert any("no sample of pid 200 itself" in n for n in pooled.notes)
+
+
+def test_a_pyspy_at_normal_priority_is_said_and_a_real_time_one_is_not() -> None:
+    text = speedscope({((1,), "1"): [NEXT] * 30 + [FORWARD] * 10 + [OTHER] * 5})
+    normal = "normal priority (SCHED_FIFO not allowed here: Operation not permitted)"
+    est, _ = stack_estimates(record(text, target_pid=1, pyspy_scheduling=normal))
+    assert est is not None and any(n.startswith(f"py-spy ran at {normal}") and "SYS_NICE" in n for n in est.notes)
+    for scheduling in ("SCHED_FIFO 1, each thread from 0.5 s after it starts", None):
+        est, _ = stack_estimates(record(text, target_pid=1, pyspy_scheduling=scheduling))
+        assert est is not None and not any("priority" in n for n in est.notes)
