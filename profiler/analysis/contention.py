@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from profiler.analysis.meta import JSON
+from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe
 from profiler.core.store import RunRecord, StepRow
@@ -146,13 +146,19 @@ def _fixes(c: Contention) -> str:
     )
 
 
+_NO_SCHEDSTAT = {
+    "zero-code": "zero-code run: no step phases on the training thread to time (see the sampled figures)",
+    AUTO_INSTRUMENTED: "the start-up module could not read the training thread's schedstat",
+}
+
+
 def _unavailable(meta: Mapping[str, object], measured: list[StepRow]) -> str | None:
     status = meta.get("schedstat")
     if status is None:
-        version = meta.get("schema_version")
-        if meta.get("mode") == "zero-code":
-            return "zero-code run: no step phases on the training thread to time (see the sampled figures)"
-        return f"not recorded: run store schema v{version} predates run-queue wait"
+        return _NO_SCHEDSTAT.get(
+            str(meta.get("mode")),
+            f"not recorded: run store schema v{meta.get('schema_version')} predates run-queue wait",
+        )
     if status != "available":
         return str(status).removeprefix("unavailable: ")
     if not measured:

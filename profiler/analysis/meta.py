@@ -7,6 +7,8 @@ value of another type reads as missing (None, or an empty object / list), never 
 from __future__ import annotations
 
 JSON = dict[str, object]  # a JSON object as json.loads gives it
+# a run's meta ``mode``: a script stallscope launched and timed through its start-up module (zerocode/instrument)
+AUTO_INSTRUMENTED = "auto-instrumented"
 Scalar = str | int | float | None  # what a config fact or a JSON leaf is
 
 

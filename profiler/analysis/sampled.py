@@ -49,6 +49,7 @@ from profiler.core.store import RunRecord
 
 WINDOW_S = 5.0
 MIN_SAMPLES = 30  # below this an estimate is reported but not used for a verdict
+MAX_PYSPY_RATE = 1000  # the highest --pyspy-rate stallscope accepts (core.pyspy.MAX_RATE)
 
 
 def _share(s: Share) -> Estimate:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from profiler.analysis.contention import Contention, contention_of
-from profiler.analysis.meta import JSON
+from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
 from profiler.analysis.parts import (
     CORE_PHASES,
     EVENT_TIMERS,
@@ -45,9 +45,9 @@ from profiler.analysis.parts import (
     is_peak,
     nvml_source,
 )
-from profiler.analysis.sampled import MIN_SAMPLES, stack_estimates
+from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, stack_estimates
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
-from profiler.analysis.verdict import Figures, Recommendation, recommend, verdict_for
+from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, verdict_for
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
 
 
@@ -226,6 +226,8 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     stall, workers = timing.stall_fraction, meta.get("workers")
     if mode == "zero-code":
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
+    elif mode == AUTO_INSTRUMENTED:
+        sources = _auto_sources(sources, meta, notes)
     loader_only = bool(meta.get("loader_only"))
     synthetic = bool(meta.get("synthetic_input"))
     contention = contention_of(rec, host)
@@ -248,7 +250,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         contention=contention,
     )
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
-    recommendations = () if math.isnan(stall) or loader_only or synthetic else tuple(recommend(figures))
+    recommendations = _recommendations(figures, meta, none=math.isnan(stall) or loader_only or synthetic)
     return _summary(
         rec,
         now,
@@ -299,7 +301,7 @@ def _summary(
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=stall,
         device_busy_fraction=timing.busy_fraction,
-        verdict=_verdict(stall, loader_only, synthetic),
+        verdict=_verdict(figures, loader_only, synthetic),
         recommendations=recommendations,
         sampler=figures.sampler,
         status=run_status(meta, now),
@@ -425,12 +427,34 @@ def _throughput(m: _Measured, notes: list[str]) -> tuple[float, int]:
     return (samples_total / wall if wall > 0 and len(counted) == m.n else math.nan), samples_total
 
 
-def _verdict(stall: float, loader_only: bool, synthetic: bool = False) -> str:
+def _recommendations(figures: Figures, meta: JSON, *, none: bool) -> tuple[Recommendation, ...]:
+    """The rules' advice, advice on the loader naming where the script builds it; ``none``: no advice."""
+    site = meta.get("loader_site")
+    return () if none else tuple(at_site(recommend(figures), site if isinstance(site, str) else None))
+
+
+def _verdict(figures: Figures, loader_only: bool, synthetic: bool = False) -> str:
     if loader_only:
         return "loader only (no model): throughput is the pipeline's prep rate"
     if synthetic:
         return "synthetic input (one batch reused): the input pipeline was not measured"
-    return verdict_for(stall) if not math.isnan(stall) else "unknown: no measured steps"
+    stall = figures.stall_fraction
+    if not math.isnan(stall):
+        return verdict_for(stall)
+    return _too_few(figures.stack_estimate) if figures.mode == "zero-code" else "unknown: no measured steps"
+
+
+def _too_few(est: StackEstimate | None) -> str:
+    """A zero-code run's verdict when its estimate has too few samples: how many, and what would give enough."""
+    o = est.overall if est is not None else None
+    n, span = (o.samples, o.seconds) if o is not None else (0, 0.0)
+    fix = "run it longer"
+    if span > 0 and (need := math.ceil(1.5 * MIN_SAMPLES / span)) <= MAX_PYSPY_RATE:
+        fix += f", or sample faster: --pyspy-rate {need}"  # 1.5x: set-up and tear-down are cut from the span
+    return (
+        f"unknown: {n} main-thread stack samples over {span:.1f} s of training, fewer than the {MIN_SAMPLES} an "
+        f"estimate needs: {fix}"
+    )
 
 
 def cost_figures(price_per_hour: object, throughput: float, epoch_samples: object) -> Cost | None:
@@ -454,6 +478,23 @@ def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[
         if p.depth == 0:
             out[p.step][p.name] += p.t_end - p.t_start
     return out
+
+
+def _auto_sources(sources: Sources, meta: JSON, notes: list[str]) -> Sources:
+    """What the figures of a script timed by the start-up module are (profiler/zerocode/instrument.py)."""
+    site = meta.get("loader_site") or "?"
+    notes.append(
+        f"auto-instrumented: steps are the script's own next() calls on the DataLoader built at {site}, timed "
+        "by stallscope's start-up module; compute is the rest of each step"
+    )
+    if meta.get("instrument_note"):
+        notes.append(str(meta["instrument_note"]))
+    return dataclasses.replace(
+        sources,
+        h2d="not measured apart: host-to-device copies are inside compute (auto-instrumentation)",
+        compute="host perf_counter: the step after its batch arrived, the script's whole step body "
+        "(forward, backward, optimizer, copies, logging)",
+    )
 
 
 def _zero_code_figures(

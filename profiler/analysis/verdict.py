@@ -74,6 +74,16 @@ def verdict_for(stall_fraction: float) -> str:
     return "not input-bound"
 
 
+LOADER_CODES = frozenset({"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT"})
+
+
+def at_site(recs: list[Recommendation], site: str | None) -> list[Recommendation]:
+    """Advice on the loader's knobs prefixed with where the script builds it (``train.py:57: ...``)."""
+    if not site:
+        return recs
+    return [Recommendation(r.code, f"{site}: {r.text}") if r.code in LOADER_CODES else r for r in recs]
+
+
 def recommend(s: Figures) -> list[Recommendation]:
     out = _from_stacks(s)
     b = s.breakdown

@@ -87,6 +87,12 @@ def _add_run(sub: Any) -> None:
         help="py-spy sampling rate for zero-code runs (`run -- CMD`) and loader attribution (default 10)",
     )
     r.add_argument(
+        "--no-instrument",
+        action="store_true",
+        help="zero-code (`run -- CMD`): do not load the start-up module that times the script's DataLoaders "
+        "(the figures are then py-spy estimates)",
+    )
+    r.add_argument(
         "--no-attribution",
         action="store_true",
         help="with --workers > 0: do not sample the workers with py-spy for the loader attribution",
@@ -223,6 +229,7 @@ def _profile_external(
                 sample_hz=args.sample_hz,
                 pyspy_rate=args.pyspy_rate or DEFAULT_RATE,
                 duration_s=getattr(args, "duration", None),
+                instrument=command is not None and not getattr(args, "no_instrument", False),
                 child_stdout=sys.stderr if args.json else None,
                 monitor=live_monitor(args.no_live, None, exporter, lambda: StoreFeed(out)),
             )

@@ -2,8 +2,11 @@
 
 What is recorded: the background sampler on the target's process tree (host) and NVML, into the same run
 store as an instrumented run, plus py-spy's stacks of the target and its DataLoader workers in
-``RUN_DIR/pyspy.txt``. What is not: step boundaries and phase times, which only instrumentation sees; the
-summary says so rather than guess, and estimates the data-wait fraction from the main thread's stacks.
+``RUN_DIR/pyspy.txt``. A command started here also loads the start-up module that times its DataLoaders
+(:mod:`profiler.zerocode.instrument`): its steps go into the store as a Session's do, and the run's mode
+becomes ``auto-instrumented``. Without them (``attach``, ``--no-instrument``, a script that iterates no
+DataLoader) there are no step boundaries: the summary says so rather than guess, and estimates the
+data-wait fraction from the main thread's stacks.
 
 Invariants: the target's output reaches the user unchanged (on stderr when stdout must hold JSON); its
 exit code is recorded; a py-spy that cannot attach leaves a sampler-only run that still completes, with
@@ -22,12 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from profiler.analysis.meta import AUTO_INSTRUMENTED
 from profiler.core.pyspy import DEFAULT_RATE
 from profiler.core.recording import Recording, default_sources, log_warning
 from profiler.core.session import Interrupted
 from profiler.core.sources.ranks import RankMeta, RankSource
 from profiler.core.store import pid_alive
 from profiler.live.feeds import Monitor, StoreFeed
+from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, child_env
+
+INSTRUMENT_DIR = "instrument"  # in the run directory: the start-up module's records, as it wrote them
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -55,12 +62,17 @@ def profile_external(
     child_stdout: IO[str] | IO[bytes] | int | None = None,
     monitor: Monitor | None = None,
     warn: Callable[[str], None] = log_warning,
+    instrument: bool = False,
 ) -> ZeroCodeResult:
-    """Profile ``command`` (started here) or ``pid`` (already running) until it exits or ``duration_s``."""
+    """Profile ``command`` (started here) or ``pid`` (already running) until it exits or ``duration_s``.
+
+    ``instrument``: start ``command`` with the start-up module that times its DataLoaders
+    (:mod:`profiler.zerocode.instrument`); its steps are recorded as a Session's are."""
     if (command is None) == (pid is None):
         raise ValueError("give exactly one of command or pid")
     t0 = time.perf_counter()
-    child = _start(command, child_stdout) if command is not None else None
+    reader = _instrumented(out, t0) if instrument and command is not None else None
+    child = _start(command, child_stdout, child_env(reader.directory) if reader else None) if command else None
     target = child.pid if child is not None else pid
     assert target is not None
     # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
@@ -72,7 +84,7 @@ def profile_external(
         sources=[*default_sources(target), ranks],
         warn=warn,
     )
-    note_ranks = _RankNotes(rec, ranks)
+    tick = _Tick(rec, _RankNotes(rec, ranks), reader)
     exit_code: int | None = None
     status, error = "complete", None
     try:
@@ -84,7 +96,7 @@ def profile_external(
             unavailable="{problem}; the run goes on with the host and NVML sampler only",
         )
         with monitor(StoreFeed(out)) if monitor else nullcontext():
-            exit_code = _wait(child, target, duration_s, note_ranks)
+            exit_code = _wait(child, target, duration_s, tick)
         if exit_code:
             status, error = "failed", f"the command exited with code {exit_code}"
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -92,7 +104,7 @@ def profile_external(
         if child is not None:
             exit_code = _reap(child)
     finally:
-        note_ranks()
+        tick.last()
         summary = rec.close(status, error, command_exit_code=exit_code)
     job = _job(rec, summary)
     return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job)
@@ -110,9 +122,52 @@ def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
     return job
 
 
-def _start(command: list[str], child_stdout: IO[str] | IO[bytes] | int | None) -> subprocess.Popen[bytes]:
+def _instrumented(out: Path, t0: float) -> InstrumentReader:
+    directory = out / INSTRUMENT_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    return InstrumentReader(directory, t0)
+
+
+def _instrument_facts(reader: InstrumentReader) -> dict[str, object]:
+    """The meta of an instrumented run: its loaders, and the mode its figures have (measured steps or not)."""
+    facts = reader.facts()
+    if reader.steps:
+        return {**facts, "mode": AUTO_INSTRUMENTED, "warmup_steps": reader.warmup, "pipeline": "DataLoader"}
+    if not facts["instrumented_processes"]:
+        why = "no Python process of the command loaded it (python -I / -S, or a PYTHONPATH the command resets)"
+    elif facts.get("instrument_aside"):
+        why = "; ".join(facts["instrument_aside"])
+    else:
+        why = f"no DataLoader was iterated {LOCK_CALLS} times"
+    return {**facts, "instrument_note": f"the start-up module measured no step: {why}"}
+
+
+@dataclass
+class _Tick:
+    """What the wait loop does each tick: keep the ranks seen, move the start-up module's steps into the store."""
+
+    rec: Recording
+    note_ranks: _RankNotes
+    reader: InstrumentReader | None
+
+    def __call__(self) -> None:
+        self.note_ranks()
+        if self.reader is not None:
+            for row, phases in self.reader.poll():
+                self.rec.on_step(row, phases)
+
+    def last(self) -> None:
+        """The last tick, before the store closes: and the instrumented run's facts into its meta."""
+        self()
+        if self.reader is not None:
+            self.rec.annotate(**_instrument_facts(self.reader))
+
+
+def _start(
+    command: list[str], child_stdout: IO[str] | IO[bytes] | int | None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     try:
-        return subprocess.Popen(command, stdout=child_stdout)
+        return subprocess.Popen(command, stdout=child_stdout, env=env)
     except OSError as exc:
         raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
 

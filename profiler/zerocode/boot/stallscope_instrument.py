@@ -1,0 +1,318 @@
+"""Times every DataLoader iteration inside a program stallscope launched, with no change to the program.
+
+Loaded at interpreter start-up by this directory's ``sitecustomize`` (``stallscope run -- CMD`` puts the
+directory first on the command's ``PYTHONPATH``). It runs in the *script's* environment, which need not be
+stallscope's: it imports only the standard library, and torch only once the script imports it.
+
+What it does, once ``torch.utils.data.dataloader`` is imported (a post-import hook on ``sys.meta_path``):
+
+- ``DataLoader.__init__``: records the construction site (the first frame outside torch and this module,
+  ``train.py:57``) and the loader's knobs; applies the overrides stallscope gave (``STALLSCOPE_OVERRIDES``,
+  a JSON object: ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``, ``batch_size``).
+- ``DataLoader.__iter__``: the time ``iter()`` took (workers start there) and which loader the iterator is.
+- ``_BaseDataLoaderIter.__next__``: each call's start and end on ``time.perf_counter`` (CLOCK_MONOTONIC on
+  Linux, the clock stallscope's own process reads) and the batch's sample count; the call that raises
+  StopIteration ends the epoch.
+
+Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by a daemon thread
+every ``FLUSH_S`` (the training thread only appends to a deque) and at exit. ``STALLSCOPE_STOP_AFTER`` (a
+number of ``next()`` calls of one loader) ends the process cleanly once reached (SystemExit from ``next()``),
+for tuning trials. A torch this cannot handle makes it step aside with one line on stderr and an ``aside``
+record; the profiler's py-spy estimate goes on. The record format is read by profiler/zerocode/instrument.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import importlib.abc
+import importlib.machinery
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+DIR_ENV = "STALLSCOPE_INSTRUMENT_DIR"
+OVERRIDES_ENV = "STALLSCOPE_OVERRIDES"
+STOP_ENV = "STALLSCOPE_STOP_AFTER"
+FLUSH_S = 0.2
+KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
+_TORCH = os.sep + "torch" + os.sep
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Writer:
+    """Appends records to this process's file: the hot path appends a tuple; a daemon thread writes."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.pending: collections.deque[dict[str, Any]] = collections.deque()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def put(self, record: dict[str, Any]) -> None:
+        self.pending.append(record)
+        if self.thread is None:
+            self._start()
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="stallscope-instrument", daemon=True)
+                self.thread.start()
+
+    def forked(self) -> None:
+        """In a forked child (a DataLoader worker): no writer thread, nothing of the parent's to write."""
+        self.lock = threading.Lock()
+        self.pending.clear()
+        self.thread = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(FLUSH_S)
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            lines = []
+            while self.pending:
+                lines.append(json.dumps(self.pending.popleft(), separators=(",", ":")))
+            if not lines:
+                return
+            path = os.path.join(self.directory, f"p{os.getpid()}.jsonl")
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
+
+
+def batch_len(batch: Any) -> int | None:
+    """Samples in a batch: a tensor's (or array's) first dimension, else the first element's, else None."""
+    for _ in range(4):
+        shape = getattr(batch, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+        if isinstance(batch, dict):
+            batch = next(iter(batch.values()), None)
+        elif isinstance(batch, (list, tuple)) and batch:
+            if not any(hasattr(b, "shape") or isinstance(b, (list, tuple, dict)) for b in batch):
+                return len(batch)
+            batch = batch[0]
+        else:
+            return None
+    return None
+
+
+def call_site() -> tuple[str, int]:
+    """(file, line) of the first frame outside torch and this directory: where the script built the loader."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if _TORCH not in path and not path.startswith(_HERE) and not path.startswith("<"):
+            return path, frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?", 0
+
+
+class RunQueue:
+    """The calling thread's run-queue wait so far (ns, /proc/thread-self/schedstat), for the thread that first
+    asks; None on any other thread or where schedstat is not there."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.owner: int | None = None
+
+    def read(self) -> int | None:
+        if self.owner is None:
+            self.owner = threading.get_ident()
+            try:
+                self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError:
+                self.fd = None
+        if self.fd is None or threading.get_ident() != self.owner:
+            return None
+        try:
+            return int(os.pread(self.fd, 64, 0).split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+
+class Instrument:
+    """The patches and their records; one per process."""
+
+    def __init__(self, writer: Writer, overrides: dict[str, Any], stop_after: int | None) -> None:
+        self.writer = writer
+        self.overrides = overrides
+        self.stop_after = stop_after
+        self.loaders = 0
+        self.calls: collections.Counter[int] = collections.Counter()
+        self.runq = RunQueue()
+
+    def start(self) -> None:
+        self.writer.put({"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, **_rank_env()})
+
+    def patch_dataloader(self, module: ModuleType) -> None:
+        """Wrap DataLoader.__init__ / __iter__ and _BaseDataLoaderIter.__next__ in the module just imported."""
+        missing = [n for n in ("DataLoader", "_BaseDataLoaderIter") if not hasattr(module, n)]
+        if missing:
+            self.aside(f"torch.utils.data.dataloader has no {', '.join(missing)}")
+            return
+        loader_cls, iter_cls = module.DataLoader, module._BaseDataLoaderIter
+        init, it, nxt = loader_cls.__init__, loader_cls.__iter__, iter_cls.__next__
+        try:
+            signature = inspect.signature(init)
+        except (TypeError, ValueError) as exc:
+            self.aside(f"cannot read DataLoader.__init__'s signature: {exc}")
+            return
+        loader_cls.__init__ = self._init(init, signature)
+        loader_cls.__iter__ = self._iter(it)
+        iter_cls.__next__ = self._next(nxt)
+
+    def aside(self, why: str) -> None:
+        sys.stderr.write(f"stallscope: instrumentation steps aside ({why}); the py-spy estimate goes on\n")
+        self.writer.put({"k": "aside", "why": why})
+
+    def _init(self, init: Callable[..., None], signature: inspect.Signature) -> Callable[..., None]:
+        inst = self
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(loader, *args, **kwargs)
+            applied = apply_overrides(bound.arguments, inst.overrides)
+            init(*bound.args, **bound.kwargs)
+            inst.loaders += 1
+            lid = inst.loaders
+            loader._stallscope_id = lid
+            path, line = call_site()
+            inst.writer.put(
+                {"k": "loader", "id": lid, "file": path, "line": line, "args": knobs(loader), "applied": applied}
+            )
+
+        return __init__
+
+    def _iter(self, it: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        writer, runq = self.writer, self.runq
+
+        def __iter__(loader: Any) -> Any:
+            q0, t0 = runq.read(), time.perf_counter()
+            iterator = it(loader)
+            lid = getattr(loader, "_stallscope_id", 0)
+            try:
+                iterator._stallscope_id = lid
+            except AttributeError:
+                return iterator
+            writer.put({"k": "iter", "id": lid, "t0": t0, "t1": time.perf_counter(), "q0": q0})
+            return iterator
+
+        return __iter__
+
+    def _next(self, nxt: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        writer, calls, clock, runq = self.writer, self.calls, time.perf_counter, self.runq
+
+        def __next__(iterator: Any) -> Any:
+            # the clock is read first and last: the call's time, as the script sees it, includes this wrapper
+            t0, q0 = clock(), runq.read()
+            lid = getattr(iterator, "_stallscope_id", 0)
+            try:
+                batch = nxt(iterator)
+            except StopIteration:
+                writer.put({"k": "end", "id": lid, "t0": t0, "t1": clock(), "q0": q0})
+                raise
+            rec = {"k": "next", "id": lid, "t0": t0, "q0": q0, "q1": runq.read(), "n": batch_len(batch)}
+            calls[lid] += 1
+            rec["t1"] = t1 = clock()
+            writer.put(rec)
+            if self.stop_after is not None and calls[lid] > self.stop_after:
+                writer.put({"k": "stop", "id": lid, "t": t1})
+                raise SystemExit(0)
+            return batch
+
+        return __next__
+
+
+def knobs(loader: Any) -> dict[str, Any]:
+    """The loader's knobs and its sampler's kind, as built."""
+    out = {k: getattr(loader, k, None) for k in KNOBS}
+    sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(sampler, "sampler", None)
+    out["sampler"] = type(inner if inner is not None else getattr(loader, "sampler", None)).__name__
+    out["dataset"] = type(getattr(loader, "dataset", None)).__name__
+    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
+
+
+def apply_overrides(arguments: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set the overridden knobs in a bound DataLoader call; the values applied. Knobs that need workers
+    (prefetch_factor, persistent_workers) are dropped when the workers are overridden to 0."""
+    applied = {k: v for k, v in overrides.items() if k in KNOBS}
+    arguments.update(applied)
+    if applied.get("num_workers") == 0:
+        for k in ("prefetch_factor", "persistent_workers"):
+            if k in arguments:
+                arguments[k] = None if k == "prefetch_factor" else False
+    return applied
+
+
+def _rank_env() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"):
+        value = os.environ.get(key)
+        if value is not None and value.isdigit():
+            out[key.lower()] = int(value)
+    return out
+
+
+class PostImport(importlib.abc.MetaPathFinder):
+    """Runs ``patch(module)`` right after the module ``name`` executes, whoever imports it."""
+
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.patch = patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = Patching(spec.loader, self.patch)
+        return spec
+
+
+class Patching(importlib.abc.Loader):
+    def __init__(self, inner: Any, patch: Callable[[ModuleType], None]) -> None:
+        self.inner = inner
+        self.patch = patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        created: ModuleType | None = self.inner.create_module(spec)
+        return created
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        self.patch(module)
+
+
+def install() -> Instrument | None:
+    """Set up from the environment; None when stallscope did not ask for instrumentation."""
+    directory = os.environ.get(DIR_ENV)
+    if not directory or not os.path.isdir(directory):
+        return None
+    try:
+        overrides = json.loads(os.environ.get(OVERRIDES_ENV) or "{}")
+        stop = os.environ.get(STOP_ENV)
+        stop_after = int(stop) if stop else None
+    except ValueError as exc:
+        sys.stderr.write(f"stallscope: instrumentation steps aside (bad {OVERRIDES_ENV}/{STOP_ENV}: {exc})\n")
+        return None
+    writer = Writer(directory)
+    os.register_at_fork(after_in_child=writer.forked)
+    inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop_after)
+    inst.start()
+    atexit.register(writer.flush)
+    if "torch.utils.data.dataloader" in sys.modules:
+        inst.patch_dataloader(sys.modules["torch.utils.data.dataloader"])
+    else:
+        sys.meta_path.insert(0, PostImport("torch.utils.data.dataloader", inst.patch_dataloader))
+    return inst

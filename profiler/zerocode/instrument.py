@@ -1,0 +1,293 @@
+"""Exact step figures for a program stallscope launched: the start-up module's records, turned into steps.
+
+``stallscope run -- CMD`` starts CMD with :func:`child_env`: the directory of
+``profiler/zerocode/boot/`` first on ``PYTHONPATH``, whose ``sitecustomize`` times every DataLoader iteration
+in every Python process the command starts and writes ``p<pid>.jsonl`` files (format: the boot module's
+docstring). :class:`InstrumentReader` tails those files while the command runs and turns the training
+loader's iterations into the StepRows and PhaseRows a Session writes, so the store, the report, the live view
+and the trace read them as they read any run.
+
+The rules (docs/zero-code.md, "Exact step figures"):
+
+- **The training loader** of a process is the first loader to reach ``LOCK_CALLS`` ``next()`` calls while
+  holding at least twice any other loader's calls (a short sanity-check pass over a validation loader first
+  does not take it). Steps come from one process: rank 0's under a launcher, else the process that iterated
+  most.
+- **A step** runs from one ``next()`` call on the training loader to the next call (or to the call that
+  ends the epoch); its data wait is the call's duration, plus ``iter()``'s for an epoch's first step (workers
+  start there), as under ``Session.wrap``. The last batch's step has no end and is not counted.
+- **Phases:** other loaders iterated inside a step are a phase ``loader FILE:LINE`` each (first call's start to
+  last call's end); the rest of the step after its batch arrived is ``compute``: the script's whole step body
+  (forward, backward, optimizer, logging, host-to-device copies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler.core.rows import PhaseRow, StepRow
+from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV, STOP_ENV
+
+BOOT_DIR = Path(__file__).with_name("boot")
+LOCK_CALLS = 20
+WARMUP_STEPS = 1  # the first step starts the workers and fills their queues
+
+
+def child_env(
+    directory: Path,
+    base: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    stop_after: int | None = None,
+) -> dict[str, str]:
+    """The environment for the command: the boot directory first on PYTHONPATH, where to write, what to change."""
+    env = dict(os.environ if base is None else base)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(BOOT_DIR) + (os.pathsep + rest if rest else "")
+    env[DIR_ENV] = str(directory)
+    if overrides:
+        env[OVERRIDES_ENV] = json.dumps(dict(overrides))
+    if stop_after is not None:
+        env[STOP_ENV] = str(stop_after)
+    return env
+
+
+@dataclass
+class LoaderInfo:
+    """One DataLoader a process built: where, with what knobs, and how often it was iterated."""
+
+    pid: int
+    id: int
+    file: str
+    line: int
+    args: dict[str, Any]
+    applied: dict[str, Any]
+    calls: int = 0
+
+    @property
+    def site(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def to_meta(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "site": self.site,
+            "file": self.file,
+            "line": self.line,
+            "args": self.args,
+            "overrides": self.applied,
+            "next_calls": self.calls,
+        }
+
+
+@dataclass
+class Process:
+    """One instrumented process's records so far."""
+
+    pid: int
+    info: dict[str, Any] = field(default_factory=dict)
+    loaders: dict[int, LoaderInfo] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)  # iter / next / end / stop, in order
+    aside: str | None = None
+    offset: int = 0  # bytes of its file read
+    training: int | None = None  # the training loader's id, once chosen
+
+    @property
+    def rank(self) -> int | None:
+        rank = self.info.get("rank")
+        return rank if isinstance(rank, int) else None
+
+    def take(self, rec: dict[str, Any]) -> None:
+        kind = rec.get("k")
+        if kind == "proc":
+            self.info = rec
+        elif kind == "aside":
+            self.aside = str(rec.get("why"))
+        elif kind == "loader":
+            lid = int(rec["id"])
+            self.loaders[lid] = LoaderInfo(
+                self.pid, lid, str(rec["file"]), int(rec["line"]), dict(rec["args"]), dict(rec.get("applied") or {})
+            )
+        elif kind in ("iter", "next", "end", "stop"):
+            if kind == "next" and (loader := self.loaders.get(int(rec["id"]))) is not None:
+                loader.calls += 1
+            self.records.append(rec)
+
+    def choose_training(self) -> int | None:
+        """The training loader's id once one qualifies (see the module docstring); fixed from then on."""
+        if self.training is None:
+            ranked = sorted(self.loaders.values(), key=lambda lo: -lo.calls)
+            if ranked and ranked[0].calls >= LOCK_CALLS and (len(ranked) < 2 or ranked[0].calls >= 2 * ranked[1].calls):
+                self.training = ranked[0].id
+        return self.training
+
+
+class InstrumentReader:
+    """Tails the start-up module's files in ``directory``; :meth:`poll` returns the steps completed since."""
+
+    def __init__(self, directory: Path, t0: float, warmup: int = WARMUP_STEPS) -> None:
+        self.directory = directory
+        self.t0 = t0
+        self.warmup = warmup
+        self.processes: dict[int, Process] = {}
+        self.source: Process | None = None  # the process whose training loader makes the steps
+        self.steps = 0
+        self._done = 0  # index into source.records of the first record not yet turned into steps
+        self._open: _OpenStep | None = None
+        self._iter: dict[str, Any] | None = None  # the training loader's iter(): its epoch's first step starts there
+        self.runq_seen = False  # a record carried the training thread's run-queue wait
+
+    def poll(self) -> list[tuple[StepRow, list[PhaseRow]]]:
+        self._read()
+        source = self._source()
+        if source is None or source.training is None:
+            return []
+        return self._steps(source)
+
+    def _read(self) -> None:
+        try:
+            names = sorted(os.listdir(self.directory))
+        except OSError:
+            return
+        for name in names:
+            if not (name.startswith("p") and name.endswith(".jsonl") and name[1:-6].isdigit()):
+                continue
+            pid = int(name[1:-6])
+            proc = self.processes.setdefault(pid, Process(pid))
+            try:
+                with open(self.directory / name, "rb") as fh:
+                    fh.seek(proc.offset)
+                    data = fh.read()
+            except OSError:
+                continue
+            whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+            proc.offset += len(whole)
+            for line in whole.splitlines():
+                try:
+                    proc.take(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a damaged line costs that record only
+
+    def _source(self) -> Process | None:
+        if self.source is None:
+            for proc in self.processes.values():
+                proc.choose_training()
+            candidates = [p for p in self.processes.values() if p.training is not None]
+            if any(p.rank is not None for p in self.processes.values()):  # a launcher's ranks: rank 0's, once ready
+                candidates = [p for p in candidates if p.rank == 0]
+            ranked = sorted(candidates, key=lambda p: -p.loaders[p.training or 0].calls)
+            self.source = ranked[0] if ranked else None
+        return self.source
+
+    def _steps(self, proc: Process) -> list[tuple[StepRow, list[PhaseRow]]]:
+        out: list[tuple[StepRow, list[PhaseRow]]] = []
+        train = proc.training
+        for rec in proc.records[self._done :]:
+            self._done += 1
+            if rec["id"] != train:
+                if self._open is not None:
+                    self._open.others.append(rec)
+                continue
+            kind = rec["k"]
+            if self._open is not None and kind in ("next", "end", "iter"):
+                out.append(self._close(self._open, float(rec["t0"]), rec.get("q0"), proc))
+                self._open = None
+            if kind == "iter":
+                self._iter = rec
+            elif kind == "next":
+                first, self._iter = self._iter or rec, None
+                q0, q1 = first.get("q0"), rec.get("q1")
+                self._open = _OpenStep(float(first["t0"]), float(rec["t1"]), rec.get("n"), q0, q1)
+        return out
+
+    def _close(self, step: _OpenStep, t_end: float, q_end: object, proc: Process) -> tuple[StepRow, list[PhaseRow]]:
+        index = self.steps
+        self.steps += 1
+        base = self.t0
+        n = step.samples if isinstance(step.samples, int) else None
+        wait_q = _ns_between(step.q0, step.q1)
+        step_q = _ns_between(step.q0, q_end)
+        self.runq_seen = self.runq_seen or step_q is not None
+        row = StepRow(index, step.t0 - base, t_end - base, step.t1 - step.t0, n, index < self.warmup, wait_q, step_q)
+        return row, _phases(index, step, (t_end, q_end), proc, base)
+
+    def facts(self) -> dict[str, Any]:
+        """What the run's meta keeps: every loader, the training one, and the knobs the report quotes."""
+        loaders = [lo for p in self.processes.values() for lo in p.loaders.values()]
+        out: dict[str, Any] = {
+            "instrumented_processes": len([p for p in self.processes.values() if p.info]),
+            "loaders": [lo.to_meta() for lo in loaders],
+        }
+        asides = sorted({p.aside for p in self.processes.values() if p.aside})
+        if asides:
+            out["instrument_aside"] = asides
+        if self.runq_seen:
+            out["schedstat"] = "available"
+        src = self.source
+        if src is not None and src.training is not None:
+            lo = src.loaders[src.training]
+            out["training_loader"] = lo.to_meta()
+            out["loader_site"] = lo.site
+            out.update(_knob_facts(lo.args))
+            most = max(src.loaders.values(), key=lambda x: x.calls)
+            if most.id != lo.id:
+                out["instrument_note"] = (
+                    f"the loader at {most.site} ended with more next() calls ({most.calls}) than the one taken as "
+                    f"training at {lo.site} ({lo.calls}), which reached {LOCK_CALLS} calls first"
+                )
+        return out
+
+
+@dataclass
+class _OpenStep:
+    t0: float
+    t1: float  # the batch arrived
+    samples: object
+    q0: object  # the training thread's run-queue wait (ns) at the step's start, and when its batch arrived
+    q1: object
+    others: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _ns_between(a: object, b: object) -> float | None:
+    """Seconds between two run-queue readings in ns; None when either is missing."""
+    if isinstance(a, int) and isinstance(b, int) and b >= a:
+        return (b - a) / 1e9
+    return None
+
+
+def _phases(index: int, step: _OpenStep, end: tuple[float, object], proc: Process, base: float) -> list[PhaseRow]:
+    """Other loaders iterated in the step (one phase each), and the rest after the batch arrived: compute (with
+    its run-queue wait when it is one piece). ``end``: the step's end and the run-queue reading there."""
+    t_end, q_end = end
+    spans: dict[int, tuple[float, float]] = {}
+    for rec in step.others:
+        if rec["k"] in ("next", "end"):
+            a, b = float(rec["t0"]), float(rec["t1"])
+            lo, hi = spans.get(int(rec["id"]), (a, b))
+            spans[int(rec["id"])] = (min(lo, a), max(hi, b))
+    out = []
+    cursor = step.t1
+    for lid, (first, last) in sorted(spans.items(), key=lambda kv: kv[1]):
+        a, b = max(first, cursor), min(last, t_end)
+        if b <= a:
+            continue
+        out.append(PhaseRow(index, "compute", 0, cursor - base, a - base))
+        loader = proc.loaders.get(lid)
+        out.append(PhaseRow(index, f"loader {loader.site if loader else lid}", 0, a - base, b - base))
+        cursor = b
+    runq = _ns_between(step.q1, q_end) if not out else None
+    out.append(PhaseRow(index, "compute", 0, cursor - base, t_end - base, runq_s=runq))
+    return [p for p in out if p.t_end > p.t_start]
+
+
+def _knob_facts(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The loader's knobs under the names every run's meta uses."""
+    out: dict[str, Any] = {}
+    for key, name in (("num_workers", "workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size")):
+        if isinstance(args.get(key), (int, bool)):
+            out[name] = args[key]
+    return out

@@ -1,0 +1,183 @@
+"""Exact step figures for an unmodified script (``stallscope run -- CMD`` with its start-up module).
+
+The truth: tests/data/meter_train.py times itself the way common training scripts do (an average meter for
+data time and batch time around a ``for`` loop over its DataLoader) and writes every step's pair; stallscope's
+steps for the same step indices must agree within 3%, at 0 and 2 workers and under torchrun. The start-up
+module's own mechanics (site, knobs, overrides, chaining an existing sitecustomize, stepping aside, stopping
+after N calls) are checked on small scripts run with the module on their PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, stallscope
+
+from profiler.core.store import load_run
+from profiler.zerocode.boot.stallscope_instrument import apply_overrides, batch_len
+from profiler.zerocode.instrument import child_env
+
+METER = str(ROOT / "tests" / "data" / "meter_train.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+# The issue's bound: 3% of the script's own figure. The script's data time also holds what runs after next()
+# returns and before its next line: with workers, releasing the previous batch's shared-memory tensors as the
+# loop rebinds x, y (measured: 20 us a step on a quiet host, 50-80 us beside two busy processes), which
+# stallscope counts in the step's compute. The items here sleep 10 ms so that the data wait (13-27 ms a step at 2
+# workers beside two busy processes) dwarfs it. Measured errors there: data wait -0.02% (0 workers),
+# -0.33% to -0.70% (2 workers, 7 runs), -0.08% (torchrun, rank 0); step time within 0.2% in every run.
+TOLERANCE = 0.03
+
+
+def run_meter(tmp_path: Path, *launcher: str, workers: int, steps: int = 40) -> tuple[dict[str, Any], Path]:
+    out = tmp_path / "run"
+    truth = tmp_path / "truth-{rank}.json"
+    res = stallscope(
+        "run", "--json", "--no-live", "--out", str(out), "--", *launcher, METER,
+        "--workers", str(workers), "--steps", str(steps), "--truth", str(truth),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout), out
+
+
+def compare(out: Path, truth_file: Path) -> tuple[float, float]:
+    """(relative error of the mean data wait, of the mean step time) over the steps both measured."""
+    truth = json.loads(truth_file.read_text())
+    steps = [s for s in load_run(out).steps if not s.warmup]
+    assert len(steps) >= 20
+    ours_wait = sum(s.data_wait_s for s in steps) / len(steps)
+    ours_step = sum(s.t_end - s.t_start for s in steps) / len(steps)
+    their_wait = sum(truth[s.step][0] for s in steps) / len(steps)
+    their_step = sum(truth[s.step][1] for s in steps) / len(steps)
+    return ours_wait / their_wait - 1, ours_step / their_step - 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_step_figures_match_the_scripts_own_meters(tmp_path: Path, workers: int) -> None:
+    summary, out = run_meter(tmp_path, sys.executable, workers=workers)
+    wait_err, step_err = compare(out, tmp_path / "truth-0.json")
+    assert abs(wait_err) <= TOLERANCE and abs(step_err) <= TOLERANCE, (wait_err, step_err)
+    assert summary["mode"] == "auto-instrumented" and summary["steps"] >= 20
+    assert summary["throughput_samples_per_s"] > 0 and summary["workers"] == workers
+    assert summary["breakdown_ms_per_step"]["data_wait"] > 0
+    assert summary["pipeline"] == "DataLoader" and summary["batch_size"] == 8
+    meta = load_run(out).meta
+    assert meta["loader_site"] == "meter_train.py:63" and meta["training_loader"]["args"]["num_workers"] == workers
+
+
+def test_each_rank_of_a_torchrun_job_is_timed(tmp_path: Path) -> None:
+    _summary, out = run_meter(tmp_path, *TORCHRUN, workers=1, steps=40)
+    wait_err, step_err = compare(out, tmp_path / "truth-0.json")  # the run's steps are rank 0's
+    assert abs(wait_err) <= TOLERANCE and abs(step_err) <= TOLERANCE, (wait_err, step_err)
+    meta = load_run(out).meta
+    assert meta["instrumented_processes"] >= 2 and meta["training_loader"]["args"]["sampler"] == "DistributedSampler"
+
+
+def test_the_report_names_the_loaders_line_and_no_instrument_falls_back_to_the_estimate(tmp_path: Path) -> None:
+    summary, _out = run_meter(tmp_path, sys.executable, workers=0, steps=30)
+    advice = [r for r in summary["recommendations"] if r["code"] == "RAISE_WORKERS"]
+    assert advice and advice[0]["text"].startswith("meter_train.py:63: ")
+    res = stallscope(
+        "run", "--json", "--no-live", "--no-instrument", "--pyspy-rate", "50", "--out", str(tmp_path / "plain"),
+        "--", sys.executable, METER, "--steps", "30", "--truth", str(tmp_path / "t.json"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    plain = json.loads(res.stdout)
+    assert plain["mode"] == "zero-code" and plain["steps"] == 0 and plain["throughput_samples_per_s"] is None
+    assert not (tmp_path / "plain" / "instrument").exists()
+
+
+def run_script(tmp_path: Path, code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` as a script under the start-up module, writing its records to tmp_path/rec."""
+    (tmp_path / "rec").mkdir(exist_ok=True)
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    full = {**child_env(tmp_path / "rec"), **env}
+    cmd = [sys.executable, str(script)]
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=120, check=False)
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    files = sorted((tmp_path / "rec").glob("p*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+LOOP = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+data = TensorDataset(torch.arange(64.0).reshape(32, 2), torch.arange(32))
+loader = DataLoader(data, batch_size=4, num_workers=0)
+for epoch in range(2):
+    for x, y in loader:
+        pass
+print("done")
+"""
+
+
+def test_the_module_records_site_knobs_and_every_call(tmp_path: Path) -> None:
+    res = run_script(tmp_path, LOOP)
+    assert res.returncode == 0 and res.stdout == "done\n", res.stderr
+    recs = records(tmp_path)
+    (lo,) = [r for r in recs if r["k"] == "loader"]
+    assert lo["line"] == 4 and lo["file"].endswith("script.py") and lo["args"]["batch_size"] == 4
+    assert lo["args"]["sampler"] == "SequentialSampler" and lo["args"]["dataset"] == "TensorDataset"
+    kinds = [r["k"] for r in recs if r["k"] in ("iter", "next", "end")]
+    assert kinds == (["iter"] + ["next"] * 8 + ["end"]) * 2
+    assert all(r["n"] == 4 for r in recs if r["k"] == "next")
+
+
+def test_overrides_change_the_loader_and_stop_after_ends_the_script_cleanly(tmp_path: Path) -> None:
+    res = run_script(
+        tmp_path, LOOP, STALLSCOPE_OVERRIDES='{"num_workers": 2, "persistent_workers": true}', STALLSCOPE_STOP_AFTER="5"
+    )
+    assert res.returncode == 0 and "done" not in res.stdout, res.stderr  # stopped inside the first epoch
+    recs = records(tmp_path)
+    (lo,) = [r for r in recs if r["k"] == "loader"]
+    assert lo["args"]["num_workers"] == 2 and lo["args"]["persistent_workers"] is True
+    assert lo["applied"] == {"num_workers": 2, "persistent_workers": True}
+    assert [r["k"] for r in recs].count("next") == 6 and recs[-1]["k"] == "stop"
+
+
+def test_an_existing_sitecustomize_still_runs(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")
+    env = child_env(tmp_path / "rec", base={**os.environ, "PYTHONPATH": str(theirs)})
+    res = run_script(tmp_path, "import os\nprint(os.environ.get('THEIRS_RAN'))\n" + LOOP, PYTHONPATH=env["PYTHONPATH"])
+    assert res.returncode == 0 and res.stdout.splitlines()[0] == "yes", res.stderr
+    assert any(r["k"] == "next" for r in records(tmp_path))
+
+
+def test_a_torch_it_cannot_handle_makes_it_step_aside_in_one_line(tmp_path: Path) -> None:
+    fake = tmp_path / "fake" / "torch" / "utils" / "data"
+    fake.mkdir(parents=True)
+    for d in (fake.parents[1], fake.parent, fake):
+        (d / "__init__.py").write_text("")
+    (fake / "dataloader.py").write_text("class DataLoader:\n    pass\n")  # no _BaseDataLoaderIter
+    env = child_env(tmp_path / "rec")
+    res = run_script(
+        tmp_path, "import torch.utils.data.dataloader\nprint('ran')\n",
+        PYTHONPATH=env["PYTHONPATH"] + os.pathsep + str(tmp_path / "fake"),
+    )  # fmt: skip
+    assert res.returncode == 0 and res.stdout == "ran\n"
+    (line,) = res.stderr.splitlines()
+    assert "steps aside (torch.utils.data.dataloader has no _BaseDataLoaderIter)" in line
+    assert [r["why"] for r in records(tmp_path) if r["k"] == "aside"]
+
+
+def test_batch_len_and_overrides() -> None:
+    import numpy as np
+    import torch
+
+    assert batch_len((torch.zeros(5, 3), torch.zeros(5))) == 5
+    assert batch_len({"input_ids": np.zeros((7, 2))}) == 7
+    assert batch_len([1, 2, 3]) == 3 and batch_len(object()) is None
+    args: dict[str, Any] = {"num_workers": 4, "prefetch_factor": 4, "persistent_workers": True}
+    applied = apply_overrides(args, {"num_workers": 0, "not_a_knob": 1})
+    assert applied == {"num_workers": 0}  # unknown keys are not applied
+    assert args == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
