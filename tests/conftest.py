@@ -157,6 +157,7 @@ def _has_cuda() -> bool:
 TIMING_FILES = {
     "test_contention.py",
     "test_device_timing.py",
+    "test_instrument.py",
     "test_integration_budget.py",
     "test_joblive.py",
     "test_launch.py",
