@@ -27,10 +27,11 @@ METER = str(ROOT / "tests" / "data" / "meter_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
 # The bound: 3% of the script's own figure. The script's data time also holds what runs after next()
 # returns and before its next line: with workers, releasing the previous batch's shared-memory tensors as the
-# loop rebinds x, y (measured: 20 us a step on a quiet host, 50-80 us beside two busy processes), which
-# stallscope counts in the step's compute. The items here sleep 10 ms so that the data wait (13-27 ms a step at 2
-# workers beside two busy processes) dwarfs it. Measured errors there: data wait -0.02% (0 workers),
-# -0.33% to -0.70% (2 workers, 7 runs), -0.08% (torchrun, rank 0); step time within 0.2% in every run.
+# loop rebinds x, y (measured: 20 us a step on a quiet host, 50-80 us with four busy processes beside it), which
+# stallscope counts in the step's compute. The items here sleep 10 ms so that the data wait (22-36 ms a step at
+# 2 workers) dwarfs it. Measured errors of the mean data wait, quiet / beside two busy processes: 0 workers
+# -0.03% / -0.02%; 2 workers -0.27% / -0.19% to -0.34% (7 runs); torchrun rank 0 -0.09% / -0.09%. Step time:
+# within 0.01% in every run.
 TOLERANCE = 0.03
 
 

@@ -18,8 +18,8 @@ EXAMPLE = str(ROOT / "examples" / "train.py")
 def test_estimate_is_within_5pp_of_the_scripts_own_figure(tmp_path: Path) -> None:
     truth_file = tmp_path / "truth.json"
     res = stallscope(
-        "run", "--json", "--no-live", "--pyspy-rate", "100", "--out", str(tmp_path / "run"), "--",
-        sys.executable, EXAMPLE, "--steps", "80", "--workers", "0", "--truth", str(truth_file),
+        "run", "--json", "--no-live", "--no-instrument", "--pyspy-rate", "100", "--out", str(tmp_path / "run"),
+        "--", sys.executable, EXAMPLE, "--steps", "80", "--workers", "0", "--truth", str(truth_file),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)  # stdout holds only the summary ...

@@ -225,7 +225,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     sources = _figure_sources(m.events, timing.busy_source, device.nvml, simulated=device.simulated)
     stall, workers = timing.stall_fraction, meta.get("workers")
     if mode == "zero-code":
-        stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources)
+        stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources, meta=meta)
     elif mode == AUTO_INSTRUMENTED:
         sources = _auto_sources(sources, meta, notes)
     loader_only = bool(meta.get("loader_only"))
@@ -503,8 +503,12 @@ def _zero_code_figures(
     host: HostFigures,
     notes: list[str],
     sources: Sources,
+    *,
+    meta: JSON,
 ) -> tuple[float, int | None, Sources]:
     """Stall fraction, worker count and figure sources of a run observed from outside (no steps, no phases)."""
+    if meta.get("instrument_note"):  # run -- CMD whose start-up module measured nothing: why
+        notes.append(str(meta["instrument_note"]))
     notes.append(
         "zero-code run: step time, throughput and the per-step breakdown need instrumentation "
         "(stallscope run SCENARIO, or profiler.Session in the script) and are not measured"

@@ -18,6 +18,7 @@ from html import escape
 from pathlib import Path
 
 from profiler.analysis import Summary
+from profiler.analysis.meta import JSON
 from profiler.analysis.parts import STACK_PHASES, Estimate
 from profiler.analysis.timeline import Series, Timeline, build_timeline
 from profiler.core.store import RunRecord
@@ -34,7 +35,7 @@ from profiler.render.figures import (
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
-from profiler.zerocode.analysis import NOT_MEASURED, ZeroCodeJob, zero_code_job
+from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
 _PART_COLORS = {"data_wait": "#D55E00", "h2d": "#E69F00", "compute": "#0072B2", "other": "#aaaaaa"}
 _EXTRA_COLORS = ("#009E73", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
@@ -378,18 +379,27 @@ def _plots(s: Summary, tl: Timeline) -> str:
     )
 
 
+def _measured(measured: JSON | None, key: str) -> float:
+    value = (measured or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
 def _ranks(job: ZeroCodeJob | None) -> str:
     """A zero-code job's ranks: each rank's estimated data wait, CPU and busiest loader frames."""
     if job is None:
         return ""
+    steps = ("step_time_ms", "data_wait_ms", "throughput_samples_per_s") if job.measured else ()
     head = (
-        "<thead><tr><th>rank</th><th>pid</th><th>data wait (estimated)</th><th>95% interval</th>"
+        "<thead><tr><th>rank</th><th>pid</th>"
+        + ("<th>step ms</th><th>data wait ms</th><th>samples/s</th>" if steps else "")
+        + "<th>data wait (estimated)</th><th>95% interval</th>"
         "<th>main-thread samples</th><th>verdict</th><th>main CPU</th><th>workers CPU</th>"
         "<th>top loader frames</th></tr></thead>"
     )
     rows = "".join(
         f'<tr data-rank="{r.rank}"><th>{r.rank}</th><td class="num">{r.pid}</td>'
-        f'<td class="num">{_e(_pct(r.data_wait.fraction if r.data_wait else math.nan))}</td>'
+        + "".join(f'<td class="num">{_e(_num(_measured(r.measured, k), "{:.1f}", ""))}</td>' for k in steps)
+        + f'<td class="num">{_e(_pct(r.data_wait.fraction if r.data_wait else math.nan))}</td>'
         f'<td class="num">{_e(_pct(r.data_wait.low) + "-" + _pct(r.data_wait.high) if r.data_wait else "")}</td>'
         f'<td class="num">{r.estimate.overall.samples if r.estimate.overall else 0}</td><td>{_e(r.verdict)}</td>'
         f'<td class="num">{_e(_num(r.main_cpu_pct, "{:.0f}", "%"))}</td>'
@@ -402,7 +412,7 @@ def _ranks(job: ZeroCodeJob | None) -> str:
         "ranks",
         f"Ranks ({len(job.ranks)} of world size {job.world_size or '?'}), seen from outside",
         f'<table class="grid">{head}<tbody>{rows}</tbody></table><p>{_e(evidence)}</p>'
-        f'<p class="muted">{_e(NOT_MEASURED)}. CPU: psutil means, 100% = one core. The main-thread estimate and '
+        f'<p class="muted">{_e(job.not_measured)}. CPU: psutil means, 100% = one core. The main-thread estimate and '
         "loader attribution above pool every rank; the host 'main' CPU is the launcher's.</p>",
     )
 

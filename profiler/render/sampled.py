@@ -87,14 +87,19 @@ def attribution_table(att: LoaderAttribution) -> Table:
 
 
 def rank_table(job: ZeroCodeJob) -> Table:
-    """One row per rank of a zero-code job: the estimated data wait, CPU and the busiest loader frames."""
+    """One row per rank of a zero-code job: its measured step figures (when the start-up module ran), the
+    estimated data wait, CPU and the busiest loader frames."""
+    how = "step figures measured in each rank, " if job.measured else ""
     t = Table(
-        title=f"Ranks ({len(job.ranks)} of world size {job.world_size or '?'}), seen from outside: data wait "
-        "estimated from py-spy samples, no step figures",
+        title=f"Ranks ({len(job.ranks)} of world size {job.world_size or '?'}): {how}data wait "
+        f"estimated from py-spy samples{'' if job.measured else ', no step figures'}",
         title_justify="left",
     )
     t.add_column("rank", justify="right")
     t.add_column("pid", justify="right")
+    if job.measured:
+        for name in ("step ms", "data wait ms", "samples/s"):
+            t.add_column(name, justify="right")
     t.add_column("data wait (95%)", justify="right")
     t.add_column("samples", justify="right")
     t.add_column("input-bound")
@@ -105,16 +110,21 @@ def rank_table(job: ZeroCodeJob) -> Table:
         wait = f"{dw.fraction:.0%} ({dw.low:.0%}-{dw.high:.0%})" if dw else "n/a"
         top = ", ".join(f"{_bare(f)} {x:.0%}" for _c, f, x in r.top_loader_frames(2)) or "no worker samples"
         cpu = f"{_cpu(r.main_cpu_pct)} / {_cpu(r.workers_cpu_pct)} ({r.workers})"
-        t.add_row(str(r.rank), str(r.pid), wait, str(o.samples if o else 0), _bound(r.verdict), cpu, top)
+        steps = [_fig(r.measured, k) for k in ("step_time_ms", "data_wait_ms", "throughput_samples_per_s")]
+        t.add_row(str(r.rank), str(r.pid), *(steps if job.measured else []), wait, str(o.samples if o else 0),
+                  _bound(r.verdict), cpu, top)  # fmt: skip
     lines = [job.straggler_evidence() or "no rank's data wait stands apart from the others' (95% intervals overlap)"]
-    lines.append(f"{job.input_bound_ranks} of {len(job.ranks)} ranks input-bound (estimated stall >= 5%)")
-    lines.append(
-        "CPU: psutil means, 100% = one core, (n) worker processes. Not measured from outside: throughput, step "
-        "time, data wait in ms, sync (instrument with `stallscope run SCENARIO --nproc N`)"
-    )
+    how = "measured" if job.measured else "estimated"
+    lines.append(f"{job.input_bound_ranks} of {len(job.ranks)} ranks input-bound ({how} stall >= 5%)")
+    lines.append(f"CPU: psutil means, 100% = one core, (n) worker processes. {job.not_measured}")
     t.caption = "\n".join(lines)
     t.caption_justify = "left"
     return t
+
+
+def _fig(measured: dict[str, object] | None, key: str) -> str:
+    value = (measured or {}).get(key)
+    return f"{value:.1f}" if isinstance(value, (int, float)) else "n/a"
 
 
 def _bound(verdict: str) -> str:

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from profiler.analysis.meta import JSON
+from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON, objects
 from profiler.analysis.parts import Estimate, LoaderAttribution, StackEstimate, StackParse
 from profiler.analysis.sampled import MIN_SAMPLES, rank_stacks
 from profiler.analysis.stats import json_safe, mean
@@ -26,10 +26,15 @@ from profiler.core.store import RunRecord
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
 
+AUTO_NOT_MEASURED = (
+    "auto-instrumented: each rank's throughput, step time and data wait in ms are measured; device busy, sync "
+    "and the per-step breakdown are not measured per rank and are null (the run's own breakdown is rank 0's)"
+)
 NOT_MEASURED = (
     "zero-code: throughput, step time, data wait in ms, sync and the per-step breakdown need instrumentation "
     "(stallscope run SCENARIO --nproc N) and are null"
 )
+_MEASURED_KEYS = ("throughput_samples_per_s", "step_time_ms", "data_wait_ms")  # what the start-up module gives a rank
 _STEP_KEYS = (
     "throughput_samples_per_s",
     "step_time_ms",
@@ -56,6 +61,7 @@ class RankRow:
     main_cpu_pct: float
     workers_cpu_pct: float
     rss_mb_max: float
+    measured: JSON | None = None  # the start-up module's figures for this rank (meta ``rank_steps``), when it ran
 
     @property
     def data_wait(self) -> Estimate | None:
@@ -64,6 +70,11 @@ class RankRow:
 
     @property
     def stall_fraction(self) -> float:
+        """Measured (the start-up module's data wait / step time) when the rank was timed, else estimated."""
+        m = self.measured or {}
+        wait, step = m.get("data_wait_ms"), m.get("step_time_ms")
+        if isinstance(wait, (int, float)) and isinstance(step, (int, float)) and step > 0:
+            return float(wait) / float(step)
         o = self.estimate.overall
         return o.data_wait.fraction + o.h2d.fraction if o is not None and o.samples >= MIN_SAMPLES else math.nan
 
@@ -91,6 +102,8 @@ class RankRow:
             "pid": self.pid,
             "status": None,  # a rank is the launcher's child, not ours: its exit is not seen
             **dict.fromkeys(_STEP_KEYS),
+            **{k: self.measured.get(k) for k in _MEASURED_KEYS if self.measured is not None},
+            "steps": self.measured.get("steps") if self.measured is not None else 0,
             "stall_fraction": self.stall_fraction,
             "data_wait_fraction": dw.to_dict() if dw else None,  # its "samples": those in the loader
             "main_thread_samples": self.estimate.overall.samples if self.estimate.overall else 0,
@@ -116,6 +129,16 @@ class ZeroCodeJob:
     launcher_pid: int | None
     world_size: int | None
     ranks: tuple[RankRow, ...]
+    mode: str = "zero-code"
+
+    @property
+    def measured(self) -> bool:
+        """Whether the start-up module timed the ranks' steps (``run --`` without ``--no-instrument``)."""
+        return any(r.measured for r in self.ranks)
+
+    @property
+    def not_measured(self) -> str:
+        return AUTO_NOT_MEASURED if self.measured else NOT_MEASURED
 
     @property
     def input_bound_ranks(self) -> int:
@@ -147,13 +170,13 @@ class ZeroCodeJob:
         out: JSON = {
             "ranks": [r.to_dict() for r in self.ranks],
             "job": {
-                "mode": "zero-code",
+                "mode": self.mode,
                 "launcher_pid": self.launcher_pid,
                 "world_size": self.world_size,
                 "ranks_seen": len(self.ranks),
                 "status": None,
                 "first_failure": None,
-                "not_measured": NOT_MEASURED,
+                "not_measured": self.not_measured,
             },
             "input_bound_ranks": self.input_bound_ranks,
             "straggler": None
@@ -183,9 +206,10 @@ def zero_code_job(rec: RunRecord) -> ZeroCodeJob | None:
     """The job view of a zero-code run that found ranks under its target; None for any other run."""
     meta = rec.meta
     found = [r for r in meta.get("ranks") or [] if isinstance(r, dict)]
-    if meta.get("mode") != "zero-code" or not found:
+    if meta.get("mode") not in ("zero-code", AUTO_INSTRUMENTED) or not found:
         return None
     stacks = {s.pid: s for s in rank_stacks(rec)}
+    measured = {r.get("pid"): r for r in objects(meta.get("rank_steps"))}
     series = _rank_series(rec)
     rows = []
     for r in sorted(found, key=lambda r: (r.get("rank", 0), r.get("pid", 0))):
@@ -208,11 +232,13 @@ def zero_code_job(rec: RunRecord) -> ZeroCodeJob | None:
                 main_cpu_pct=mean(m.get("main.cpu_pct", [])),
                 workers_cpu_pct=mean(m.get("workers.cpu_pct", [])),
                 rss_mb_max=max(m.get("rss_mb", []), default=math.nan),
+                measured=measured.get(pid),
             )
         )
     sizes = {row.world_size for row in rows if row.world_size is not None}
     target = meta.get("target_pid")
-    return ZeroCodeJob(target if isinstance(target, int) else None, max(sizes) if sizes else None, tuple(rows))
+    world = max(sizes) if sizes else None
+    return ZeroCodeJob(target if isinstance(target, int) else None, world, tuple(rows), str(meta.get("mode")))
 
 
 def _rank_series(rec: RunRecord) -> dict[int, dict[str, list[float]]]:

@@ -126,27 +126,100 @@ class Process:
         return self.training
 
 
+class StepBuilder:
+    """Turns one process's training-loader records into steps, as they arrive (rules: the module docstring)."""
+
+    def __init__(self, proc: Process, t0: float, warmup: int) -> None:
+        self.proc = proc
+        self.t0 = t0
+        self.warmup = warmup
+        self.steps = 0
+        self.runq_seen = False  # a record carried the training thread's run-queue wait
+        self.rows: list[StepRow] = []  # every step built (for the per-rank figures)
+        self._done = 0  # index into proc.records of the first record not yet turned into steps
+        self._open: _OpenStep | None = None
+        self._iter: dict[str, Any] | None = None  # the training loader's iter(): its epoch's first step starts there
+
+    def build(self) -> list[tuple[StepRow, list[PhaseRow]]]:
+        out: list[tuple[StepRow, list[PhaseRow]]] = []
+        proc, train = self.proc, self.proc.training
+        for rec in proc.records[self._done :]:
+            self._done += 1
+            if rec["id"] != train:
+                if self._open is not None:
+                    self._open.others.append(rec)
+                continue
+            kind = rec["k"]
+            if self._open is not None and kind in ("next", "end", "iter"):
+                out.append(self._close(self._open, float(rec["t0"]), rec.get("q0")))
+                self._open = None
+            if kind == "iter":
+                self._iter = rec
+            elif kind == "next":
+                first, self._iter = self._iter or rec, None
+                q0, q1 = first.get("q0"), rec.get("q1")
+                self._open = _OpenStep(float(first["t0"]), float(rec["t1"]), rec.get("n"), q0, q1)
+        return out
+
+    def _close(self, step: _OpenStep, t_end: float, q_end: object) -> tuple[StepRow, list[PhaseRow]]:
+        index = self.steps
+        self.steps += 1
+        base = self.t0
+        n = step.samples if isinstance(step.samples, int) else None
+        wait_q = _ns_between(step.q0, step.q1)
+        step_q = _ns_between(step.q0, q_end)
+        self.runq_seen = self.runq_seen or step_q is not None
+        row = StepRow(index, step.t0 - base, t_end - base, step.t1 - step.t0, n, index < self.warmup, wait_q, step_q)
+        self.rows.append(row)
+        return row, _phases(index, step, (t_end, q_end), self.proc, base)
+
+    def figures(self) -> dict[str, Any]:
+        """This process's measured step figures (the per-rank row of a launcher's job)."""
+        rows = [r for r in self.rows if not r.warmup]
+        wall = sum(r.t_end - r.t_start for r in rows)
+        counted = [r.samples for r in rows if r.samples is not None]
+        lo = self.proc.loaders.get(self.proc.training or 0)
+        return {
+            "rank": self.proc.rank,
+            "pid": self.proc.pid,
+            "steps": len(rows),
+            "step_time_ms": wall / len(rows) * 1e3 if rows else None,
+            "data_wait_ms": sum(r.data_wait_s for r in rows) / len(rows) * 1e3 if rows else None,
+            "throughput_samples_per_s": sum(counted) / wall
+            if rows and wall > 0 and len(counted) == len(rows)
+            else None,
+            "loader_site": lo.site if lo else None,
+        }
+
+
 class InstrumentReader:
-    """Tails the start-up module's files in ``directory``; :meth:`poll` returns the steps completed since."""
+    """Tails the start-up module's files in ``directory``; :meth:`poll` returns the run's steps completed since
+    (the source process's); every other process with a training loader is built too, for its own figures."""
 
     def __init__(self, directory: Path, t0: float, warmup: int = WARMUP_STEPS) -> None:
         self.directory = directory
         self.t0 = t0
         self.warmup = warmup
         self.processes: dict[int, Process] = {}
-        self.source: Process | None = None  # the process whose training loader makes the steps
-        self.steps = 0
-        self._done = 0  # index into source.records of the first record not yet turned into steps
-        self._open: _OpenStep | None = None
-        self._iter: dict[str, Any] | None = None  # the training loader's iter(): its epoch's first step starts there
-        self.runq_seen = False  # a record carried the training thread's run-queue wait
+        self.builders: dict[int, StepBuilder] = {}
+        self.source: Process | None = None  # the process whose training loader makes the run's steps
+
+    @property
+    def steps(self) -> int:
+        """Steps the run has (the source process's)."""
+        return self.builders[self.source.pid].steps if self.source is not None else 0
 
     def poll(self) -> list[tuple[StepRow, list[PhaseRow]]]:
         self._read()
         source = self._source()
-        if source is None or source.training is None:
-            return []
-        return self._steps(source)
+        out: list[tuple[StepRow, list[PhaseRow]]] = []
+        for proc in self.processes.values():
+            if proc.choose_training() is None:
+                continue
+            built = self.builders.setdefault(proc.pid, StepBuilder(proc, self.t0, self.warmup)).build()
+            if proc is source:
+                out = built
+        return out
 
     def _read(self) -> None:
         try:
@@ -183,38 +256,6 @@ class InstrumentReader:
             self.source = ranked[0] if ranked else None
         return self.source
 
-    def _steps(self, proc: Process) -> list[tuple[StepRow, list[PhaseRow]]]:
-        out: list[tuple[StepRow, list[PhaseRow]]] = []
-        train = proc.training
-        for rec in proc.records[self._done :]:
-            self._done += 1
-            if rec["id"] != train:
-                if self._open is not None:
-                    self._open.others.append(rec)
-                continue
-            kind = rec["k"]
-            if self._open is not None and kind in ("next", "end", "iter"):
-                out.append(self._close(self._open, float(rec["t0"]), rec.get("q0"), proc))
-                self._open = None
-            if kind == "iter":
-                self._iter = rec
-            elif kind == "next":
-                first, self._iter = self._iter or rec, None
-                q0, q1 = first.get("q0"), rec.get("q1")
-                self._open = _OpenStep(float(first["t0"]), float(rec["t1"]), rec.get("n"), q0, q1)
-        return out
-
-    def _close(self, step: _OpenStep, t_end: float, q_end: object, proc: Process) -> tuple[StepRow, list[PhaseRow]]:
-        index = self.steps
-        self.steps += 1
-        base = self.t0
-        n = step.samples if isinstance(step.samples, int) else None
-        wait_q = _ns_between(step.q0, step.q1)
-        step_q = _ns_between(step.q0, q_end)
-        self.runq_seen = self.runq_seen or step_q is not None
-        row = StepRow(index, step.t0 - base, t_end - base, step.t1 - step.t0, n, index < self.warmup, wait_q, step_q)
-        return row, _phases(index, step, (t_end, q_end), proc, base)
-
     def facts(self) -> dict[str, Any]:
         """What the run's meta keeps: every loader, the training one, and the knobs the report quotes."""
         loaders = [lo for p in self.processes.values() for lo in p.loaders.values()]
@@ -225,8 +266,11 @@ class InstrumentReader:
         asides = sorted({p.aside for p in self.processes.values() if p.aside})
         if asides:
             out["instrument_aside"] = asides
-        if self.runq_seen:
+        if self.source is not None and self.builders[self.source.pid].runq_seen:
             out["schedstat"] = "available"
+        ranks = [b.figures() for b in self.builders.values() if b.proc.rank is not None]
+        if ranks:
+            out["rank_steps"] = sorted(ranks, key=lambda r: r["rank"])
         src = self.source
         if src is not None and src.training is not None:
             lo = src.loaders[src.training]

@@ -7,7 +7,9 @@ Every item costs every rank a little CPU in ``augment`` (numpy); on ``--slow-ran
 ``--sleep-ms`` in ``slow_read`` (a stand-in for slow storage), so that rank's loader is the bottleneck and
 the other rank waits for it in DDP's gradient all-reduce (inside backward), not in its loader. Each rank
 times its own ``iter``/``next(loader)`` and writes ``DIR/truth-rank{RANK}.json``: its data-wait fraction over its
-training loop, the ground truth the profiler's stack-sample estimate is checked against, plus its pid.
+training loop, the ground truth the profiler's stack-sample estimate is checked against; the same after its first
+step (``steady_data_wait_fraction``, the truth for the start-up module's figures, whose first step is warm-up);
+and its pid.
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def main() -> None:
     start = time.perf_counter()
     it = iter(loader)  # starts the worker: the device would wait for that too
     wait += time.perf_counter() - start
+    first: tuple[float, float] | None = None  # (wait, time) when the second step began: the first is warm-up
     while True:
         t = time.perf_counter()
+        if steps == 1:
+            first = (wait, t - start)
         x, y = next(it)
         wait += time.perf_counter() - t
         loss = nn.functional.cross_entropy(model(x), y)
@@ -88,8 +93,9 @@ def main() -> None:
             break
     total = time.perf_counter() - start
     out = Path(args.truth) / f"truth-rank{RANK}.json"
+    steady = (wait - first[0]) / (total - first[1]) if first else None
     out.write_text(json.dumps({"rank": RANK, "pid": os.getpid(), "data_wait_fraction": wait / total,
-                               "seconds": total, "steps": steps}))  # fmt: skip
+                               "steady_data_wait_fraction": steady, "seconds": total, "steps": steps}))  # fmt: skip
     dist.destroy_process_group()
 
 
