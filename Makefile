@@ -62,6 +62,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/zerocode.py
+	$(BIN)/python benchmarks/instrument.py
 	$(BIN)/python benchmarks/loaders.py
 	$(BIN)/python benchmarks/sweep.py
 	$(BIN)/python benchmarks/whatif.py

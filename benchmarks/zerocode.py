@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pairing import paired_ratios  # benchmarks/ is this script's sys.path[0]
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "train.py")
 
@@ -49,18 +51,18 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=10)
     ap.add_argument("--nproc", type=int, default=1, help="ranks under torchrun (1: a plain process)")
     args = ap.parse_args()
-    ratios = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for i in range(args.pairs):
-            order = (False, True) if i % 2 == 0 else (True, False)
-            got = {p: one(args.steps, p, args.rate, tmp, f"{i}{'p' if p else 'b'}", nproc=args.nproc) for p in order}
-            ratios.append(got[True] / got[False])
-            print(
-                f"  pair {i + 1}: alone {got[False]:.2f} steps/s, profiled {got[True]:.2f} steps/s, "
-                f"ratio {ratios[-1]:.4f}",
-                flush=True,
-            )
+
+        def show(i: int, alone: float, profiled: float) -> None:
+            print(f"  pair {i + 1}: alone {alone:.2f} steps/s, profiled {profiled:.2f} steps/s, "
+                  f"ratio {profiled / alone:.4f}", flush=True)  # fmt: skip
+
+        ratios = paired_ratios(
+            lambda side, i: one(args.steps, side, args.rate, tmp, f"{i}{'p' if side else 'b'}", nproc=args.nproc),
+            args.pairs,
+            show,
+        )
     med = statistics.median(ratios)
     print(
         f"py-spy at {args.rate} Hz + sampler: median throughput ratio {med:.4f} "
