@@ -69,6 +69,9 @@ def test_step_figures_match_the_scripts_own_meters(tmp_path: Path, workers: int)
     assert summary["pipeline"] == "DataLoader" and summary["batch_size"] == 8
     meta = load_run(out).meta
     assert meta["loader_site"] == "meter_train.py:63" and meta["training_loader"]["args"]["num_workers"] == workers
+    loader = summary["loader"]
+    assert loader["site"] == "meter_train.py:63" and loader["args"]["batch_size"] == 8
+    assert loader["args"]["sampler"] == "SequentialSampler" and loader["file"] == METER
 
 
 def test_each_rank_of_a_torchrun_job_is_timed(tmp_path: Path) -> None:
@@ -83,6 +86,9 @@ def test_the_report_names_the_loaders_line_and_no_instrument_falls_back_to_the_e
     summary, _out = run_meter(tmp_path, sys.executable, workers=0, steps=30)
     advice = [r for r in summary["recommendations"] if r["code"] == "RAISE_WORKERS"]
     assert advice and advice[0]["text"].startswith("meter_train.py:63: ")
+    report = stallscope("report", str(_out))
+    text = " ".join(report.stdout.replace("│", " ").split())  # the panel wraps long lines
+    assert "DataLoader meter_train.py:63 DataLoader(num_workers=0, pin_memory=False," in text
     res = stallscope(
         "run", "--json", "--no-live", "--no-instrument", "--pyspy-rate", "50", "--out", str(tmp_path / "plain"),
         "--", sys.executable, METER, "--steps", "30", "--truth", str(tmp_path / "t.json"),

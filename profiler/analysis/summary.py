@@ -81,6 +81,7 @@ class Summary:
     stall_ms_per_step: InputStall = field(default_factory=lambda: InputStall(math.nan, math.nan))
     mode: str = "instrumented"  # or "zero-code": no steps, figures estimated from stack samples
     command_exit_code: int | None = None
+    loader: JSON | None = None  # auto-instrumented: the training DataLoader's site and knobs (meta training_loader)
     stack_estimate: StackEstimate | None = None  # main-thread phase fractions from py-spy samples
     loader_attribution: LoaderAttribution | None = None  # where the loader workers' CPU goes
     host: HostFigures = field(default_factory=HostFigures)
@@ -122,6 +123,7 @@ class Summary:
             "stall_ms_per_step": self.stall_ms_per_step.to_dict(),
             "mode": self.mode,
             "command_exit_code": self.command_exit_code,
+            "loader": self.loader,
             "stack_estimate": self.stack_estimate.to_dict() if self.stack_estimate else None,
             "loader_attribution": self.loader_attribution.to_dict() if self.loader_attribution else None,
             "host": self.host.to_dict(),
@@ -285,8 +287,7 @@ def _summary(
     """The Summary itself, from the figures the rules read and the rest of what summarize gathered."""
     meta = rec.meta
     stall, workers = figures.stall_fraction, figures.workers
-    loader_only = bool(meta.get("loader_only"))
-    synthetic = bool(meta.get("synthetic_input"))
+    loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     return Summary(
         run_id=meta.get("run_id"),
         scenario=meta.get("scenario"),
@@ -314,6 +315,7 @@ def _summary(
         stall_ms_per_step=timing.stall_ms,
         mode=figures.mode,
         command_exit_code=meta.get("command_exit_code"),
+        loader=_loader(meta),
         stack_estimate=figures.stack_estimate,
         loader_attribution=figures.loader_attribution,
         host=figures.host,
@@ -425,6 +427,14 @@ def _throughput(m: _Measured, notes: list[str]) -> tuple[float, int]:
     if m.n and len(counted) < m.n:
         notes.append("batch sizes were not known for every step: throughput is not reported")
     return (samples_total / wall if wall > 0 and len(counted) == m.n else math.nan), samples_total
+
+
+def _loader(meta: JSON) -> JSON | None:
+    """The training DataLoader the start-up module found: where the script builds it and its knobs."""
+    lo = meta.get("training_loader")
+    if not isinstance(lo, dict):
+        return None
+    return {"site": lo.get("site"), "file": lo.get("file"), "line": lo.get("line"), "args": lo.get("args")}
 
 
 def _recommendations(figures: Figures, meta: JSON, *, none: bool) -> tuple[Recommendation, ...]:

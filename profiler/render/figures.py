@@ -8,6 +8,7 @@ time, NVML) say "simulated" in their row, and :func:`simulated_line` is the line
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from profiler.analysis import Summary
@@ -87,11 +88,20 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(("device time", times + ("  (simulated, sim-events)" if sim else "  (CUDA events)")))
     if s.command_exit_code is not None:
         rows.append(("command", f"exited with code {s.command_exit_code}"))
+    if s.loader is not None:
+        rows.append(("DataLoader", loader_text(s.loader)))
     rows.extend(_nvml_rows(s))
     rows.extend(_host_rows(s.host))
     if s.contention is not None:
         rows.append(("CPU contention", contention_text(s)))
     return rows
+
+
+def loader_text(loader: Mapping[str, object]) -> str:
+    """``train.py:86  DataLoader(batch_size=32, num_workers=0, ...)``: the call as the script made it."""
+    args = loader.get("args")
+    knobs = ", ".join(f"{k}={v}" for k, v in args.items()) if isinstance(args, dict) else ""
+    return f"{loader.get('site')}  DataLoader({knobs})  (timed by the start-up module)"
 
 
 def _nvml_rows(s: Summary) -> list[tuple[str, str]]:
