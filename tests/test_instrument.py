@@ -188,3 +188,32 @@ def test_batch_len_and_overrides() -> None:
     applied = apply_overrides(args, {"num_workers": 0, "not_a_knob": 1})
     assert applied == {"num_workers": 0}  # unknown keys are not applied
     assert args == {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
+
+
+DALI_LOOP = """\
+from nvidia.dali import fn, pipeline_def
+from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+@pipeline_def(batch_size=4, num_threads=1, device_id=None)
+def pipe():
+    return fn.random.uniform(range=[0.0, 1.0], shape=[8])
+
+it = DALIGenericIterator(pipe(), ["x"], size=40)
+for epoch in range(2):
+    for batch in it:
+        pass
+print("done")
+"""
+
+
+def test_a_dali_iterator_is_timed_as_its_own_loader(tmp_path: Path) -> None:
+    pytest.importorskip("nvidia.dali")
+    res = run_script(tmp_path, DALI_LOOP)
+    assert res.returncode == 0 and res.stdout == "done\n", res.stderr[-2000:]
+    recs = records(tmp_path)
+    (lo,) = [r for r in recs if r["k"] == "loader"]
+    assert lo["kind"] == "DALIGenericIterator" and lo["line"] == 8
+    assert lo["args"]["batch_size"] == 4 and lo["args"]["num_threads"] == 1
+    mine = [r for r in recs if r.get("id") == lo["id"] and r["k"] in ("iter", "next", "end")]
+    assert [r["k"] for r in mine].count("next") == 20 and all(r["n"] == 4 for r in mine if r["k"] == "next")
+    assert [r["k"] for r in mine].count("end") == 2

@@ -434,7 +434,8 @@ def _loader(meta: JSON) -> JSON | None:
     lo = meta.get("training_loader")
     if not isinstance(lo, dict):
         return None
-    return {"site": lo.get("site"), "file": lo.get("file"), "line": lo.get("line"), "args": lo.get("args")}
+    keys = ("site", "file", "line", "kind", "args")
+    return {k: lo.get(k) for k in keys}
 
 
 def _recommendations(figures: Figures, meta: JSON, *, none: bool) -> tuple[Recommendation, ...]:

@@ -101,7 +101,7 @@ def loader_text(loader: Mapping[str, object]) -> str:
     """``train.py:86  DataLoader(batch_size=32, num_workers=0, ...)``: the call as the script made it."""
     args = loader.get("args")
     knobs = ", ".join(f"{k}={v}" for k, v in args.items()) if isinstance(args, dict) else ""
-    return f"{loader.get('site')}  DataLoader({knobs})  (timed by the start-up module)"
+    return f"{loader.get('site')}  {loader.get('kind') or 'DataLoader'}({knobs})  (timed by the start-up module)"
 
 
 def _nvml_rows(s: Summary) -> list[tuple[str, str]]:

@@ -66,6 +66,7 @@ class LoaderInfo:
     line: int
     args: dict[str, Any]
     applied: dict[str, Any]
+    kind: str = "DataLoader"  # or a DALI iterator's class name
     calls: int = 0
 
     @property
@@ -80,6 +81,7 @@ class LoaderInfo:
             "line": self.line,
             "args": self.args,
             "overrides": self.applied,
+            "kind": self.kind,
             "next_calls": self.calls,
         }
 
@@ -109,9 +111,9 @@ class Process:
             self.aside = str(rec.get("why"))
         elif kind == "loader":
             lid = int(rec["id"])
-            self.loaders[lid] = LoaderInfo(
-                self.pid, lid, str(rec["file"]), int(rec["line"]), dict(rec["args"]), dict(rec.get("applied") or {})
-            )
+            args, applied = dict(rec["args"]), dict(rec.get("applied") or {})
+            kind = str(rec.get("kind") or "DataLoader")
+            self.loaders[lid] = LoaderInfo(self.pid, lid, str(rec["file"]), int(rec["line"]), args, applied, kind)
         elif kind in ("iter", "next", "end", "stop"):
             if kind == "next" and (loader := self.loaders.get(int(rec["id"]))) is not None:
                 loader.calls += 1
@@ -276,7 +278,7 @@ class InstrumentReader:
             lo = src.loaders[src.training]
             out["training_loader"] = lo.to_meta()
             out["loader_site"] = lo.site
-            out.update(_knob_facts(lo.args))
+            out.update(_knob_facts(lo.args), pipeline="DALI" if lo.kind.startswith("DALI") else "DataLoader")
             most = max(src.loaders.values(), key=lambda x: x.calls)
             if most.id != lo.id:
                 out["instrument_note"] = (
@@ -331,7 +333,13 @@ def _phases(index: int, step: _OpenStep, end: tuple[float, object], proc: Proces
 def _knob_facts(args: Mapping[str, Any]) -> dict[str, Any]:
     """The loader's knobs under the names every run's meta uses."""
     out: dict[str, Any] = {}
-    for key, name in (("num_workers", "workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size")):
+    knobs = (
+        ("num_workers", "workers"),
+        ("num_threads", "workers"),
+        ("pin_memory", "pin_memory"),
+        ("batch_size", "batch_size"),
+    )
+    for key, name in knobs:
         if isinstance(args.get(key), (int, bool)):
             out[name] = args[key]
     return out

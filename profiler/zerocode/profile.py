@@ -132,7 +132,7 @@ def _instrument_facts(reader: InstrumentReader) -> dict[str, object]:
     """The meta of an instrumented run: its loaders, and the mode its figures have (measured steps or not)."""
     facts = reader.facts()
     if reader.steps:
-        return {**facts, "mode": AUTO_INSTRUMENTED, "warmup_steps": reader.warmup, "pipeline": "DataLoader"}
+        return {**facts, "mode": AUTO_INSTRUMENTED, "warmup_steps": reader.warmup}
     if not facts["instrumented_processes"]:
         why = "no Python process of the command loaded it (python -I / -S, or a PYTHONPATH the command resets)"
     elif facts.get("instrument_aside"):

@@ -13,6 +13,8 @@ What it does, once ``torch.utils.data.dataloader`` is imported (a post-import ho
 - ``_BaseDataLoaderIter.__next__``: each call's start and end on ``time.perf_counter`` (CLOCK_MONOTONIC on
   Linux, the clock stallscope's own process reads) and the batch's sample count; the call that raises
   StopIteration ends the epoch.
+- ``nvidia.dali.plugin.pytorch.DALIGenericIterator`` (and its subclasses), once imported: the same records,
+  the iterator being its own loader (knobs from its pipeline: batch size, CPU threads, queue depth).
 
 Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by a daemon thread
 every ``FLUSH_S`` (the training thread only appends to a deque) and at exit. ``STALLSCOPE_STOP_AFTER`` (a
@@ -42,7 +44,7 @@ OVERRIDES_ENV = "STALLSCOPE_OVERRIDES"
 STOP_ENV = "STALLSCOPE_STOP_AFTER"
 FLUSH_S = 0.2
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
-_TORCH = os.sep + "torch" + os.sep
+_LIBRARIES = (os.sep + "torch" + os.sep, os.sep + "nvidia" + os.sep + "dali" + os.sep)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -107,11 +109,11 @@ def batch_len(batch: Any) -> int | None:
 
 
 def call_site() -> tuple[str, int]:
-    """(file, line) of the first frame outside torch and this directory: where the script built the loader."""
+    """(file, line) of the first frame outside torch, DALI and this directory: where the script built the loader."""
     frame = sys._getframe(2)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if _TORCH not in path and not path.startswith(_HERE) and not path.startswith("<"):
+        if not any(lib in path for lib in _LIBRARIES) and not path.startswith((_HERE, "<")):
             return path, frame.f_lineno
         frame = frame.f_back  # type: ignore[assignment]
     return "?", 0
@@ -171,6 +173,30 @@ class Instrument:
         loader_cls.__iter__ = self._iter(it)
         iter_cls.__next__ = self._next(nxt)
 
+    def patch_dali(self, module: ModuleType) -> None:
+        """Wrap DALIGenericIterator (and so DALIClassificationIterator): it is its own loader and iterator."""
+        cls = getattr(module, "DALIGenericIterator", None)
+        if cls is None:
+            self.aside("nvidia.dali.plugin.pytorch has no DALIGenericIterator")
+            return
+        init, it, nxt = cls.__init__, cls.__iter__, cls.__next__
+        cls.__init__ = self._dali_init(init)
+        cls.__iter__ = self._iter(it)
+        cls.__next__ = self._next(nxt)
+
+    def _dali_init(self, init: Callable[..., None]) -> Callable[..., None]:
+        inst = self
+
+        def __init__(iterator: Any, *args: Any, **kwargs: Any) -> None:
+            init(iterator, *args, **kwargs)  # its first batch may be prepared here: a call of loader 0, ignored
+            inst.loaders += 1
+            iterator._stallscope_id = lid = inst.loaders
+            path, line = call_site()
+            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": dali_knobs(iterator), "applied": {}}
+            inst.writer.put({**rec, "kind": type(iterator).__name__})
+
+        return __init__
+
     def aside(self, why: str) -> None:
         sys.stderr.write(f"stallscope: instrumentation steps aside ({why}); the py-spy estimate goes on\n")
         self.writer.put({"k": "aside", "why": why})
@@ -186,9 +212,8 @@ class Instrument:
             lid = inst.loaders
             loader._stallscope_id = lid
             path, line = call_site()
-            inst.writer.put(
-                {"k": "loader", "id": lid, "file": path, "line": line, "args": knobs(loader), "applied": applied}
-            )
+            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": knobs(loader), "applied": applied}
+            inst.writer.put({**rec, "kind": "DataLoader"})
 
         return __init__
 
@@ -239,6 +264,21 @@ def knobs(loader: Any) -> dict[str, Any]:
     inner = getattr(sampler, "sampler", None)
     out["sampler"] = type(inner if inner is not None else getattr(loader, "sampler", None)).__name__
     out["dataset"] = type(getattr(loader, "dataset", None)).__name__
+    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
+
+
+def dali_knobs(iterator: Any) -> dict[str, Any]:
+    """A DALI iterator's knobs, from its (first) pipeline: batch size, CPU threads, device, queue depth."""
+    pipes = getattr(iterator, "_pipes", None) or [None]
+    pipe = pipes[0]
+    out = {
+        "batch_size": getattr(pipe, "max_batch_size", None),
+        "num_threads": getattr(pipe, "num_threads", None),
+        "device_id": getattr(pipe, "device_id", None),
+        "prefetch_queue_depth": getattr(pipe, "prefetch_queue_depth", None),
+        "pipelines": len(pipes),
+        "reader_name": getattr(iterator, "_reader_name", None),
+    }
     return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
 
 
@@ -311,8 +351,12 @@ def install() -> Instrument | None:
     inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop_after)
     inst.start()
     atexit.register(writer.flush)
-    if "torch.utils.data.dataloader" in sys.modules:
-        inst.patch_dataloader(sys.modules["torch.utils.data.dataloader"])
-    else:
-        sys.meta_path.insert(0, PostImport("torch.utils.data.dataloader", inst.patch_dataloader))
+    for name, patch in (
+        ("torch.utils.data.dataloader", inst.patch_dataloader),
+        ("nvidia.dali.plugin.pytorch", inst.patch_dali),
+    ):
+        if name in sys.modules:
+            patch(sys.modules[name])
+        else:
+            sys.meta_path.insert(0, PostImport(name, patch))
     return inst
