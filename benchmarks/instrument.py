@@ -8,6 +8,10 @@ Two scripts, each timing itself (so start-up is not counted against either side)
 - ``fast``: tests/data/meter_train.py with items that do not sleep and 0 workers: steps of about a
   millisecond, the worst case for a per-step cost; steps / the sum of its own batch times.
 
+The throughput pairs on a shared 2-core machine spread by several percent, more than a 1% effect, so the
+script also measures the module's cost per ``next()`` directly (``per_call``: 20,000 calls on a trivial
+in-memory loader, plain vs patched, medians of 5 in one process); that cost over a step time is the overhead.
+
 Run: ``.venv/bin/python benchmarks/instrument.py [--pairs 7]``.
 """
 
@@ -49,11 +53,46 @@ def one(name: str, instrumented: bool, tmp: Path, tag: str) -> float:
     return len(got) / sum(batch for _data, batch in got)
 
 
+PER_CALL = """
+import os, statistics, sys, tempfile, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+def run(n=20000):
+    it = iter(DataLoader(TensorDataset(torch.zeros(n, 2)), batch_size=1, num_workers=0))
+    t = time.perf_counter()
+    for _ in range(n - 1):
+        next(it)
+    return (time.perf_counter() - t) / (n - 1) * 1e6
+
+plain = statistics.median(run() for _ in range(5))
+sys.path.insert(0, sys.argv[1])
+import stallscope_instrument as si
+os.environ[si.DIR_ENV] = tempfile.mkdtemp()
+si.install()  # torch.utils.data is imported already: it patches now
+print(plain, statistics.median(run() for _ in range(5)))
+"""
+
+
+def per_call() -> tuple[float, float]:
+    """(us per next() plain, patched) on a trivial loader: the module's own cost per call."""
+    boot = str(ROOT / "profiler" / "zerocode" / "boot")
+    res = subprocess.run([sys.executable, "-c", PER_CALL, boot], check=True, cwd=ROOT, capture_output=True, text=True)
+    plain, patched = (float(x) for x in res.stdout.split())
+    return plain, patched
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--scripts", default="train,fast")
     args = ap.parse_args()
+    plain, patched = per_call()
+    print(
+        f"per next(): plain {plain:.1f} us, with the start-up module {patched:.1f} us: {patched - plain:.1f} us a "
+        f"call, {(patched - plain) / 100:.3f}% of a 10 ms step",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for name in args.scripts.split(","):
