@@ -88,6 +88,8 @@ def test_the_report_names_the_loaders_line_and_no_instrument_falls_back_to_the_e
     assert advice and advice[0]["text"].startswith("meter_train.py:63: ")
     report = stallscope("report", str(_out))
     text = " ".join(report.stdout.replace("│", " ").split())  # the panel wraps long lines
+    refused = stallscope("whatif", str(_out), "--workers", "2")  # nothing it could re-run to check
+    assert refused.returncode == 2 and "needs a scenario it can re-run" in refused.stderr
     assert "DataLoader meter_train.py:63 DataLoader(num_workers=0, pin_memory=False," in text
     res = stallscope(
         "run", "--json", "--no-live", "--no-instrument", "--pyspy-rate", "50", "--out", str(tmp_path / "plain"),

@@ -58,7 +58,10 @@ def read_run(run_dir: str) -> Source:
     summary = summarize(rec)
     meta = rec.meta
     if summary.mode != "instrumented":
-        raise WhatIfError(f"{run_dir} is a zero-code run: whatif needs a run with measured steps (stallscope run)")
+        raise WhatIfError(
+            f"{run_dir} is a run of a command ({summary.mode}): whatif needs a scenario it can re-run "
+            "(stallscope run SCENARIO)"
+        )
     if summary.steps < 1 or not summary.throughput_samples_per_s > 0:
         raise WhatIfError(f"{run_dir} has no measured steps: whatif needs a run that measured at least one step")
     if not isinstance(meta.get("batch_bytes"), int):
