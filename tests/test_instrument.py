@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, stallscope
 
+from profiler.core.session import batch_len as session_batch_len
 from profiler.core.store import load_run
 from profiler.zerocode.boot.stallscope_instrument import apply_overrides, batch_len
 from profiler.zerocode.instrument import child_env
@@ -186,6 +187,9 @@ def test_batch_len_and_overrides() -> None:
     assert batch_len((torch.zeros(5, 3), torch.zeros(5))) == 5
     assert batch_len({"input_ids": np.zeros((7, 2))}) == 7
     assert batch_len([1, 2, 3]) == 3 and batch_len(object()) is None
+    # the start-up module's copy counts as a Session does
+    batches = [(torch.zeros(5, 3), 1), [{"x": torch.zeros(4)}], {}, [], ["a", "b"], [[1, 2], [3, 4]], torch.tensor(3.0)]
+    assert [batch_len(b) for b in batches] == [session_batch_len(b) for b in batches]
     args: dict[str, Any] = {"num_workers": 4, "prefetch_factor": 4, "persistent_workers": True}
     applied = apply_overrides(args, {"num_workers": 0, "not_a_knob": 1})
     assert applied == {"num_workers": 0}  # unknown keys are not applied

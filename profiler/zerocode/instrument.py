@@ -213,11 +213,10 @@ class InstrumentReader:
 
     def poll(self) -> list[tuple[StepRow, list[PhaseRow]]]:
         self._read()
-        source = self._source()
+        ready = [p for p in self.processes.values() if p.choose_training() is not None]
+        source = self._source(ready)
         out: list[tuple[StepRow, list[PhaseRow]]] = []
-        for proc in self.processes.values():
-            if proc.choose_training() is None:
-                continue
+        for proc in ready:
             built = self.builders.setdefault(proc.pid, StepBuilder(proc, self.t0, self.warmup)).build()
             if proc is source:
                 out = built
@@ -247,11 +246,9 @@ class InstrumentReader:
                 except (ValueError, KeyError, TypeError):
                     continue  # a damaged line costs that record only
 
-    def _source(self) -> Process | None:
+    def _source(self, candidates: list[Process]) -> Process | None:
+        """The process whose steps are the run's, once one qualifies (``candidates``: those with a training loader)."""
         if self.source is None:
-            for proc in self.processes.values():
-                proc.choose_training()
-            candidates = [p for p in self.processes.values() if p.training is not None]
             if any(p.rank is not None for p in self.processes.values()):  # a launcher's ranks: rank 0's, once ready
                 candidates = [p for p in candidates if p.rank == 0]
             ranked = sorted(candidates, key=lambda p: -p.loaders[p.training or 0].calls)

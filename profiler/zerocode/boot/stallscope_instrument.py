@@ -92,17 +92,19 @@ class Writer:
 
 
 def batch_len(batch: Any) -> int | None:
-    """Samples in a batch: a tensor's (or array's) first dimension, else the first element's, else None."""
+    """Samples in a batch, by profiler.core.session.batch_len's rule (copied: this module imports nothing of
+    stallscope; tests/test_instrument.py checks the two agree): the leading dim of the first tensor-like."""
     for _ in range(4):
         shape = getattr(batch, "shape", None)
         if shape is not None and len(shape) > 0:
             return int(shape[0])
-        if isinstance(batch, dict):
-            batch = next(iter(batch.values()), None)
-        elif isinstance(batch, (list, tuple)) and batch:
-            if not any(hasattr(b, "shape") or isinstance(b, (list, tuple, dict)) for b in batch):
-                return len(batch)
-            batch = batch[0]
+        if isinstance(batch, (list, tuple)) and batch:
+            first = batch[0]
+            if not (hasattr(first, "shape") or isinstance(first, (list, tuple, dict))):
+                return len(batch)  # a batch of plain items
+            batch = first
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
         else:
             return None
     return None
