@@ -5,9 +5,10 @@
 
 Under torchrun (WORLD_SIZE set) it trains data-parallel: gloo, a DistributedSampler, DistributedDataParallel.
 
-Its Dataset decodes a JPEG and augments it per item (the usual CPU-bound input pipeline) and its loop
-times its own data wait, which it prints at the end (and writes with --truth FILE): the ground truth the
-tests compare stallscope's stack-sample estimate against. Data is generated in memory (synthetic).
+Its Dataset reads each item (``--read-ms``: a sleep standing in for storage latency, a disk or a network
+filesystem; 0 for data already in memory), decodes a JPEG and augments it (the usual CPU-bound input
+pipeline), and its loop times its own data wait, which it prints at the end (and writes with --truth FILE): the
+ground truth the tests compare stallscope's stack-sample estimate against. Data is generated in memory.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def make_jpegs(n: int, size: int, seed: int = 0) -> list[bytes]:
 
 
 class JpegDataset(torch.utils.data.Dataset):
-    def __init__(self, jpegs: list[bytes], crop: int) -> None:
+    def __init__(self, jpegs: list[bytes], crop: int, read_s: float = 0.0) -> None:
         self.jpegs = jpegs
+        self.read_s = read_s
         self.tf = v2.Compose(
             [
                 v2.PILToTensor(),
@@ -62,6 +64,8 @@ class JpegDataset(torch.utils.data.Dataset):
         return 100_000
 
     def __getitem__(self, i: int):
+        if self.read_s:
+            time.sleep(self.read_s)  # reading the file from storage
         img = Image.open(io.BytesIO(self.jpegs[i % len(self.jpegs)]))
         img.load()
         return self.tf(img.convert("RGB")), i % 10
@@ -74,6 +78,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--image-size", type=int, default=320)
     ap.add_argument("--crop", type=int, default=64)
+    ap.add_argument("--read-ms", type=float, default=2.0, help="storage latency per item (0: data in memory)")
     ap.add_argument("--truth", help="write the loop's own data-wait fraction to this JSON file ({rank}: the rank)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -81,7 +86,7 @@ def main() -> None:
     if distributed:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if distributed else 0
-    data = JpegDataset(make_jpegs(64, args.image_size), args.crop)
+    data = JpegDataset(make_jpegs(64, args.image_size), args.crop, args.read_ms / 1e3)
     sampler = torch.utils.data.DistributedSampler(data) if distributed else None
     loader = torch.utils.data.DataLoader(
         data, batch_size=args.batch_size, num_workers=args.workers, shuffle=sampler is None, sampler=sampler

@@ -143,7 +143,7 @@ def test_the_module_records_site_knobs_and_every_call(tmp_path: Path) -> None:
 
 def test_overrides_change_the_loader_and_stop_after_ends_the_script_cleanly(tmp_path: Path) -> None:
     res = run_script(
-        tmp_path, LOOP, STALLSCOPE_OVERRIDES='{"num_workers": 2, "persistent_workers": true}', STALLSCOPE_STOP_AFTER="5"
+        tmp_path, LOOP, STALLSCOPE_OVERRIDES='{"num_workers": 2, "persistent_workers": true}', STALLSCOPE_STOP="5"
     )
     assert res.returncode == 0 and "done" not in res.stdout, res.stderr  # stopped inside the first epoch
     recs = records(tmp_path)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV, STOP_ENV
-from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, child_env
+from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, TrialStop, child_env
 
 
 def write(directory: Path, pid: int, records: list[dict[str, Any]], *, tail: str = "") -> None:
@@ -123,11 +123,11 @@ def test_rank_zero_gives_the_steps_and_a_partial_or_damaged_line_costs_nothing_e
 
 
 def test_child_env_puts_the_boot_directory_first_and_says_what_to_change(tmp_path: Path) -> None:
-    env = child_env(tmp_path, base={"PYTHONPATH": "/a:/b"}, overrides={"num_workers": 4}, stop_after=30)
+    env = child_env(tmp_path, base={"PYTHONPATH": "/a:/b"}, overrides={"num_workers": 4}, stop=TrialStop(30))
     first, *rest = env["PYTHONPATH"].split(":")
     assert Path(first, "sitecustomize.py").is_file() and rest == ["/a", "/b"]
     assert env[DIR_ENV] == str(tmp_path) and json.loads(env[OVERRIDES_ENV]) == {"num_workers": 4}
-    assert env[STOP_ENV] == "30"
+    assert env[STOP_ENV] == "30" and TrialStop(None, 2.5, 24).env() == ",2.5,24"
     assert OVERRIDES_ENV not in child_env(tmp_path, base={}) and STOP_ENV not in child_env(tmp_path, base={})
 
 

@@ -77,6 +77,15 @@ def test_an_iterators_teardown_between_epochs_is_data_wait() -> None:
     assert est.overall.samples == 40 and est.overall.data_wait.samples == 25
 
 
+def test_a_run_whose_only_loader_samples_are_a_teardown_has_no_span() -> None:
+    # a run of a few steps sampled at a low rate: the iterator's __del__ was caught, no next() was; the span
+    # cannot be placed (it was max() of nothing, and the summary failed: docs/sim.md's 2-step run, once)
+    main = [OTHER] * 3 + [DEL] * 2
+    est, _ = stack_estimates(record(speedscope({((1,), "1"): main}), target_pid=1))
+    assert est is not None and est.trimmed_outside_training == 0  # nothing marks a span: every sample is kept
+    assert est.overall is not None and est.overall.samples == 5
+
+
 def test_a_rank_pyspy_never_sampled_itself_is_not_estimated_from_its_worker() -> None:
     # py-spy gave up on rank 0 (pid 200) as it started; it still sampled rank 0's worker (pid 201), whose
     # stack is all queue waits: read as rank 0's main thread it would say 100% data wait

@@ -279,13 +279,10 @@ def _training_span(
     roles = identify(samples, root_pid)
     main = [s for s in samples if s.order is not None and roles.is_main_thread(s)]
     phase = {id(s): classify_main_sample(s.frames, sites) for s in main}
-    starts = [s.order for s in main if s.order is not None and phase[id(s)] == "data_wait"]
-    ends = [
-        s.order
-        for s in main
-        if s.order is not None and phase[id(s)] in ("data_wait", "compute") and not _loader_teardown(s.frames)
-    ]
-    if not starts:
+    training = [s for s in main if s.order is not None and not _loader_teardown(s.frames)]
+    starts = [s.order for s in training if s.order is not None and phase[id(s)] == "data_wait"]
+    ends = [s.order for s in training if s.order is not None and phase[id(s)] in ("data_wait", "compute")]
+    if not starts:  # no batch fetched while sampled (a teardown is not a fetch): nothing marks the training
         return samples, 0
     first, last = min(starts), max(ends)
     drop = {id(s) for s in main if not first <= (s.order or 0) <= last or not _whole(s.frames)}

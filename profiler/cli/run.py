@@ -119,24 +119,34 @@ def _add_attach(sub: Any) -> None:
     add_prometheus_option(at)
 
 
+# the commands that take ``-- CMD``, and the handler each then dispatches to
+COMMAND_HANDLERS = {"run": "run-command", "tune": "tune-command"}
+
+
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``run [OPTIONS] -- CMD ...``: the stallscope arguments and the command to profile (None without ``--``)."""
-    if "--" in argv and argv and argv[0] == "run":
+    """``run|tune [OPTIONS] -- CMD ...``: the stallscope arguments and the command (None without ``--``)."""
+    if "--" in argv and argv and argv[0] in COMMAND_HANDLERS:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1 :]
     return argv, None
 
 
 def check_command(args: argparse.Namespace, command: list[str]) -> None:
-    """A zero-code ``run``: BadInput unless there is exactly a command to profile."""
+    """``run -- CMD`` / ``tune -- CMD``: BadInput unless there is exactly a command (and no scenario)."""
+    verb = "profile" if args.command == "run" else args.command
     if not command:
-        raise BadInput("nothing after `--`: give the command to profile, e.g. `stallscope run -- python train.py`")
+        raise BadInput(
+            f"nothing after `--`: give the command to {verb}, e.g. `stallscope {args.command} -- python train.py`"
+        )
     if args.scenario is not None:
         raise BadInput(f"give a scenario ({args.scenario!r}) or a command after `--`, not both")
+    args.command_argv = command
+    if args.command == "tune":
+        args.command = COMMAND_HANDLERS["tune"]
+        return
     if args.nproc is not None:
         raise BadInput("--nproc launches a scenario's ranks; for your own job: stallscope run -- torchrun ...")
-    args.command_argv = command
-    args.command = "run-command"
+    args.command = COMMAND_HANDLERS["run"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

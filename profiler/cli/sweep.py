@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -146,6 +148,14 @@ def _add_tune(sub: Any) -> None:
     t.add_argument(
         "--pipelines", type=_name_list, help="comma-separated (default: every installed pipeline that can train it)"
     )
+    t.add_argument(
+        "--batch-sizes",
+        type=int_list(1, MAX_BATCH),
+        metavar="B,B,...",
+        help="the batch sizes to try (default: a scenario's doubled and halved; a command's own only, since "
+        "another batch size changes its training)",
+    )
+    t.add_argument("--dry-run", action="store_true", help="print the plan (what each trial runs) and run nothing")
     _limit_options(t, "trial")
     add_training_options(t)
     t.add_argument("--nproc", help=argparse.SUPPRESS)  # refused with a pointer to sweep --nproc (cmd_tune)
@@ -273,6 +283,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise BadInput(f"--pipelines: {exc}") from None
     max_batch, max_workers = tune_bounds(scenario.batch_size, args.max_batch_size, args.max_workers, MAX_BATCH)
     cores = pipelines.usable_cores()
+    if args.dry_run:
+        return _print_plan(
+            scenario.name, args, first=f"{', '.join(names)}: batch {scenario.batch_size}, 0 workers (the setting to "
+            "beat: the naive pipeline)", knobs="", max_workers=max_workers, cores=cores,
+            batches=f"the listed {args.batch_sizes}" if args.batch_sizes else f"doubled while it helps, up to "
+            f"{max_batch}, else halved while it helps", for_real="trains the scenario in this process",
+        )  # fmt: skip
     out = _out_dir(args.out, "tune", args.scenario)
     guard = SignalStop(defer_first=True)
     h = _harness(args, training, out, "tune", guard)
@@ -285,7 +302,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         with guard:
             result = run_tune(
                 h, out, pipelines=names, max_batch=max_batch, max_workers=max_workers, budget_s=args.budget_s,
-                cores=cores, left_out=left_out, skip_inapplicable=args.pipelines is None,
+                cores=cores, left_out=left_out, skip_inapplicable=args.pipelines is None, batches=args.batch_sizes,
                 **({"min_trial_s": 0.0} if args.steps is not None else {}),
             )  # fmt: skip
     except TrainingError as exc:  # bad user data or an unwritable store, as in cmd_sweep
@@ -302,4 +319,99 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK if result.recommended is not None else EXIT_FAILED
 
 
-HANDLERS: dict[str, Handler] = {"sweep": cmd_sweep, "tune": cmd_tune}
+def _print_plan(what: str, args: argparse.Namespace, **plan: Any) -> int:
+    from profiler.sweep.plan import tune_plan
+    from profiler.sweep.run import trial_seconds
+
+    seconds = trial_seconds(args.seconds, args.budget_s)
+    print("\n".join(tune_plan(what, seconds=seconds, steps=args.steps, budget_s=args.budget_s, **plan)))
+    return EXIT_OK
+
+
+# tune -- CMD: the flags that only a scenario's training reads (name -> its default)
+_SCENARIO_ONLY = {
+    "pipelines": None, "max_batch_size": None, "nproc": None, "device": "auto", "warmup": None, "seed": 0,
+    "model": None, "data": None, "on_bad_sample": "fail", "synthetic_input": False, "price_per_hour": None,
+}  # fmt: skip
+
+
+def cmd_tune_command(args: argparse.Namespace) -> int:
+    """``tune [OPTIONS] -- CMD``: the command's DataLoader tuned through the start-up module (sweep.command)."""
+    import pipelines
+    from profiler.sweep.command import CommandFailed, CommandSpec, run_command_tune, usable_command
+    from profiler.sweep.render import render_tune, row_line, trial_line
+    from profiler.sweep.run import trial_seconds
+    from profiler.sweep.tuner import WORKER_CAP
+
+    command = args.command_argv
+    if problem := usable_command(command):
+        raise BadInput(problem)
+    for name, default in _SCENARIO_ONLY.items():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise BadInput(f"{flag}: a scenario's option; tune -- CMD changes only the command's DataLoader knobs")
+    cores = pipelines.usable_cores()
+    max_workers = args.max_workers if args.max_workers is not None else WORKER_CAP
+    script = _script(command)
+    if args.dry_run:
+        return _print_plan(
+            " ".join(command), args, first="the command unchanged: its training DataLoader's knobs are the setting "
+            "to beat", knobs="; with workers, persistent_workers=True, and pin_memory=True where CUDA is available",
+            max_workers=max_workers, cores=cores,
+            batches=f"the listed {args.batch_sizes} (this changes the training)" if args.batch_sizes else "the "
+            "script's own (--batch-sizes B,B,... to try others: that changes the training)",
+            for_real="runs the command for real (it trains, and writes what it writes), ended by stallscope's "
+            "start-up module in it",
+        )  # fmt: skip
+    out = _out_dir(args.out, "tune", script)
+    guard = SignalStop(defer_first=True)
+    spec = CommandSpec(
+        command=command, seconds=trial_seconds(args.seconds, args.budget_s), steps=args.steps,
+        batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, sample_hz=args.sample_hz,
+        on_start=lambda i, run_dir, overrides: say(trial_line(i, run_dir, overrides)),
+        on_finish=lambda row: print(row_line(row), file=sys.stderr, flush=True), stop_requested=lambda: guard.received,
+    )  # fmt: skip
+    once = _Once()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(once)
+    say(f"tuning the DataLoader of {' '.join(command)} (budget {args.budget_s:g} s; each trial runs it) -> {out}")
+    try:
+        with guard:
+            result = run_command_tune(spec, out, max_workers=max_workers, budget_s=args.budget_s, cores=cores)
+    except CommandFailed as exc:
+        say(f"error: the command, run unchanged, gave no step to tune from: {exc} (its run: {out / 't01-script'})")
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from profiler.render.report import make_console
+
+        render_tune(result, make_console(), out)
+    if result.stopped_by:
+        return exit_signal(result.stopped_by)
+    return EXIT_OK if result.recommended is not None else EXIT_FAILED
+
+
+class _Once(logging.Filter):
+    """Each warning once a tune (every trial's recording warns alike: NVML missing, say); the sampler's note that
+    the command's process exited is every trial's normal end, not said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        key = re.sub(r"[0-9.]+", "#", message)
+        if key in self.seen or "exited; sampling goes on" in message:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def _script(command: Sequence[str]) -> str:
+    """The name a command's tune directory gets: its first .py argument's, else the program's."""
+    return next((Path(a).stem for a in command[1:] if a.endswith(".py")), Path(command[0]).name)
+
+
+HANDLERS: dict[str, Handler] = {"sweep": cmd_sweep, "tune": cmd_tune, "tune-command": cmd_tune_command}

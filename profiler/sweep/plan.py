@@ -68,3 +68,42 @@ def tune_bounds(scenario_batch: int, max_batch: int | None, max_workers: int | N
         max_batch=max_batch or min(ceiling, MAX_BATCH_FACTOR * scenario_batch),
         max_workers=max_workers if max_workers is not None else WORKER_CAP,
     )
+
+
+def tune_plan(
+    what: str,
+    *,
+    first: str,
+    knobs: str,
+    max_workers: int,
+    cores: int,
+    batches: str,
+    seconds: float,
+    steps: int | None,
+    budget_s: float,
+    for_real: str,
+) -> list[str]:
+    """What ``tune --dry-run`` prints: the trials a tune would run, in order, and what each does."""
+    from profiler.sweep.tuner import FINAL_ROUNDS, IMPROVE, worker_ladder
+
+    ladder = worker_ladder(max_workers, cores)
+    inside = [w for w in ladder if w <= cores]
+    past = [w for w in ladder if w > cores]
+    climb = ", ".join(map(str, inside)) + (
+        f", then {', '.join(map(str, past[:3]))}{', ...' if len(past) > 3 else ''} (up to {max_workers}) only while "
+        "the workers' measured CPU use leaves room on the cores"
+        if past
+        else ""
+    )
+    cap = f" or {steps} measured steps" if steps is not None else ""
+    return [
+        f"tune {what}: the plan (nothing is run now)",
+        f"  each trial: {for_real}; measured for {seconds:g} s{cap} after its warm-up",
+        f"  1. {first}",
+        f"  2. workers {climb}, each step taken only when throughput improves by more than {IMPROVE:.0%} "
+        f"({cores} core{'' if cores == 1 else 's'} here){knobs}",
+        f"  3. batch size: {batches}",
+        f"  4. the pick and the setting to beat re-run alternately, up to {FINAL_ROUNDS} rounds each: the speedup "
+        "is the ratio of their median throughputs",
+        f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit",
+    ]

@@ -436,6 +436,11 @@ class _TuneTrials:
         return row
 
 
+def trial_seconds(seconds: float | None, budget_s: float) -> float:
+    """A tune trial's measured seconds: ``seconds`` (--seconds) when given, else the budget's TRIAL_SHARE-th."""
+    return seconds if seconds is not None else max(TRIAL_MIN_S, budget_s / TRIAL_SHARE)
+
+
 def run_tune(
     h: Harness,
     out_dir: Path,
@@ -448,12 +453,13 @@ def run_tune(
     left_out: dict[str, str] | None = None,
     skip_inapplicable: bool = False,
     min_trial_s: float = TRIAL_MIN_S,
+    batches: Sequence[int] | None = None,
 ) -> TuneResult:
     """The tuner's search and final comparison (``profiler.sweep.tuner``), every trial a run store in ``out_dir``.
     ``cores`` None: :func:`usable_cores`. ``left_out``: pipelines not searched, with why (for the result).
     ``min_trial_s``: each trial's least measured time (the CLI passes 0 when ``--steps`` was given). Without a
     seconds cap in ``h.limits``, each trial's measured time is capped at ``budget_s / TRIAL_SHARE``."""
-    seconds = h.limits.seconds if h.limits.seconds is not None else max(TRIAL_MIN_S, budget_s / TRIAL_SHARE)
+    seconds = trial_seconds(h.limits.seconds, budget_s)
     floor = min(min_trial_s, seconds)
     h = replace(h, limits=replace(h.limits, seconds=seconds, min_seconds=max(h.limits.min_seconds, floor)))
     trial = _TuneTrials(h, out_dir, skip_inapplicable)
@@ -466,6 +472,7 @@ def run_tune(
         budget_s=budget_s,
         cores=usable_cores() if cores is None else cores,
         left_out=left_out,
+        batches=batches,
     )
     write_json(out_dir / "tune.json", result.to_dict())
     return result

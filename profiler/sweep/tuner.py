@@ -60,6 +60,10 @@ class TuneResult:
     left_out: dict[str, str] = field(default_factory=dict)  # pipelines not searched (they cannot train it)
     cores: int = 0
     max_workers: int = 0
+    # a tune of a command: the training loader's site and the knobs the recommendation changes there
+    # (``{"site", "file", "line", "kind", "args"}``), and the command
+    change: dict[str, Any] | None = None
+    command: list[str] | None = None
 
     def medians(self) -> dict[str, float | None]:
         return {role: finite_or_none(_median(self.final, role)) for role in ("recommended", "default")}
@@ -94,7 +98,7 @@ class TuneResult:
                 "speedup = ratio of median throughputs",
             },
             "notes": list(self.notes),
-        }
+        } | ({"command": list(self.command), "change": self.change} if self.command is not None else {})
 
 
 def tune_from_dict(d: dict[str, Any]) -> TuneResult:
@@ -122,6 +126,8 @@ def tune_from_dict(d: dict[str, Any]) -> TuneResult:
         left_out=dict(d.get("left_out", {})),
         cores=int(d.get("cores", 0)),
         max_workers=int(d.get("max_workers", 0)),
+        change=d.get("change"),
+        command=d.get("command"),
     )
 
 
@@ -152,8 +158,10 @@ class _Search:
         max_batch: int,
         max_workers: int,
         cores: int,
+        batches: Sequence[int] | None = None,
     ) -> None:
         self.trial = trial
+        self.batches = batches
         self.budget_s = budget_s
         self.clock = clock
         self.t0 = clock()
@@ -264,7 +272,10 @@ def _unsampled(reason: str, at: int | None) -> str:
 
 def _climb_batch(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
     """Double the batch at ``best``'s workers; when no doubling helps, halve it while halving helps (the
-    default was past the knee). The best row and why the climb stopped."""
+    default was past the knee). The best row and why the climb stopped. With ``s.batches``, the same climb
+    over those batch sizes only (:func:`_climb_listed`)."""
+    if s.batches is not None:
+        return _climb_listed(s, best, s.batches)
     pipeline, start, max_batch = best.pipeline, best.batch_size, s.max_batch
     b = start * 2
     while b <= max_batch:
@@ -291,6 +302,28 @@ def _climb_batch(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
     else:
         down = "batch 1 is the smallest"
     return best, f"stopped at {best.batch_size}: {up}; {down}"
+
+
+def _climb_listed(s: _Search, best: SweepRow, batches: Sequence[int]) -> tuple[SweepRow, str]:
+    """The batch climb over the listed sizes: up from ``best``'s through the larger ones while each helps, then,
+    when none did, down through the smaller ones."""
+    start = best.batch_size
+    if not [b for b in batches if b != start]:
+        return best, f"stopped at {start}: not searched (the script's own batch size; --batch-sizes to try others)"
+    why = []
+    for ladder in (sorted(b for b in batches if b > start), sorted((b for b in batches if b < start), reverse=True)):
+        if best.batch_size != start:
+            break
+        for b in ladder:
+            row = s.run(Config(best.pipeline, b, best.workers), best)
+            if not _better(row, best):
+                why.append(_step(best, row, "batch"))
+                break
+            best = row
+        else:
+            if ladder:
+                why.append(f"batch {ladder[-1]} is the last of --batch-sizes that way")
+    return best, f"stopped at {best.batch_size}: {'; '.join(why) or 'no other batch size to try'}"
 
 
 def _knob(row: SweepRow, knob: str) -> int:
@@ -330,14 +363,27 @@ def tune(
     cores: int,
     left_out: dict[str, str] | None = None,
     clock: Callable[[], float] = time.monotonic,
+    default: Config | None = None,
+    first: SweepRow | None = None,
+    batches: Sequence[int] | None = None,
 ) -> TuneResult:
     """Search, then measure the recommendation against the default side by side (see the module docstring).
 
+    ``default``: the configuration to beat (the naive pipeline at ``default_batch`` with no workers when None);
+    ``first``: its row, already measured (a script's own setting: it counts as the first trial and its time as
+    spent); ``batches``: the batch sizes the climb may try (None: doubling and halving up to ``max_batch``).
     KeyboardInterrupt (or the CLI's :class:`Interrupted`) during a trial ends the search: the result then
     has status "interrupted", ``stopped_by`` the signal, and holds whatever ran.
     """
-    default = Config(DEFAULT_PIPELINE, default_batch, 0)
-    s = _Search(trial, budget_s, clock, default, max_batch=max_batch, max_workers=max_workers, cores=max(1, cores))
+    default = default or Config(DEFAULT_PIPELINE, default_batch, 0)
+    s = _Search(
+        trial, budget_s, clock, default, max_batch=max_batch, max_workers=max_workers, cores=max(1, cores),
+        batches=batches,
+    )  # fmt: skip
+    if first is not None:
+        s.rows.append(first)
+        s.cache[default] = first
+        s.t0 -= first.wall_s if math.isfinite(first.wall_s) else 0.0
     result = TuneResult(
         None, default, None, s.rows, [], budget_s, 0.0, notes=s.notes, stopped=s.stopped,
         left_out=dict(left_out or {}), cores=cores, max_workers=max_workers,

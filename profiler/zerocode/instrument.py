@@ -38,11 +38,25 @@ LOCK_CALLS = 20
 WARMUP_STEPS = 1  # the first step starts the workers and fills their queues
 
 
+@dataclass(frozen=True, slots=True)
+class TrialStop:
+    """When the start-up module ends a tuning trial's process (SystemExit(0) from ``next()``): after ``calls``
+    batches of one loader, or ``seconds`` after its first batch once it has returned ``min_calls``."""
+
+    calls: int | None = None
+    seconds: float | None = None
+    min_calls: int = 0
+
+    def env(self) -> str:
+        calls = "" if self.calls is None else str(self.calls)
+        return calls if self.seconds is None else f"{calls},{self.seconds:g},{self.min_calls}"
+
+
 def child_env(
     directory: Path,
     base: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
-    stop_after: int | None = None,
+    stop: TrialStop | None = None,
 ) -> dict[str, str]:
     """The environment for the command: the boot directory first on PYTHONPATH, where to write, what to change."""
     env = dict(os.environ if base is None else base)
@@ -51,8 +65,8 @@ def child_env(
     env[DIR_ENV] = str(directory)
     if overrides:
         env[OVERRIDES_ENV] = json.dumps(dict(overrides))
-    if stop_after is not None:
-        env[STOP_ENV] = str(stop_after)
+    if stop is not None:
+        env[STOP_ENV] = stop.env()
     return env
 
 
@@ -97,6 +111,7 @@ class Process:
     aside: str | None = None
     offset: int = 0  # bytes of its file read
     training: int | None = None  # the training loader's id, once chosen
+    stopped: str | None = None  # why the start-up module ended it (a tuning trial): "steps" or "seconds"
 
     @property
     def rank(self) -> int | None:
@@ -115,6 +130,8 @@ class Process:
             kind = str(rec.get("kind") or "DataLoader")
             self.loaders[lid] = LoaderInfo(self.pid, lid, str(rec["file"]), int(rec["line"]), args, applied, kind)
         elif kind in ("iter", "next", "end", "stop"):
+            if kind == "stop":
+                self.stopped = str(rec.get("why") or "steps")
             if kind == "next" and (loader := self.loaders.get(int(rec["id"]))) is not None:
                 loader.calls += 1
             self.records.append(rec)
@@ -207,6 +224,11 @@ class InstrumentReader:
         self.source: Process | None = None  # the process whose training loader makes the run's steps
 
     @property
+    def batches(self) -> int:
+        """Batches returned so far by any loader of any process."""
+        return sum(lo.calls for p in self.processes.values() for lo in p.loaders.values())
+
+    @property
     def steps(self) -> int:
         """Steps the run has (the source process's)."""
         return self.builders[self.source.pid].steps if self.source is not None else 0
@@ -262,6 +284,12 @@ class InstrumentReader:
             "instrumented_processes": len([p for p in self.processes.values() if p.info]),
             "loaders": [lo.to_meta() for lo in loaders],
         }
+        firsts = [float(r["t1"]) for p in self.processes.values() for r in p.records[:50] if r["k"] == "next"]
+        if firsts:
+            out["first_batch_s"] = min(firsts) - self.t0
+        stops = sorted({p.stopped for p in self.processes.values() if p.stopped})
+        if stops:
+            out["trial_stop"] = stops[0]
         asides = sorted({p.aside for p in self.processes.values() if p.aside})
         if asides:
             out["instrument_aside"] = asides

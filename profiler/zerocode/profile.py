@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from profiler.analysis.meta import AUTO_INSTRUMENTED
 from profiler.core.pyspy import DEFAULT_RATE
@@ -32,9 +33,10 @@ from profiler.core.session import Interrupted
 from profiler.core.sources.ranks import RankMeta, RankSource
 from profiler.core.store import pid_alive
 from profiler.live.feeds import Monitor, StoreFeed
-from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, child_env
+from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, TrialStop, child_env
 
 INSTRUMENT_DIR = "instrument"  # in the run directory: the start-up module's records, as it wrote them
+COMMAND_LOG = "command.log"  # in a trial's run directory: the command's own output
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -49,6 +51,23 @@ class ZeroCodeResult:
     status: str
     summary: Summary | None  # built once at close (None only if it could not be built)
     job: ZeroCodeJob | None = None  # the ranks, when the command was a launcher (torchrun) of several
+    error: str | None = None
+    left_behind: int = 0  # a trial's processes still alive when its command ended (then killed)
+    step_s: tuple[float, ...] = ()  # the measured (not warm-up) steps' durations, when instrumented
+    facts: dict[str, Any] = field(default_factory=dict)  # the start-up module's facts (loaders, trial_stop)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandTrial:
+    """A tuning trial of a command: its DataLoaders' knobs overridden, its process stopped by the start-up module
+    (``stop``), in a process group of its own that is ended with it. ``first_batch_s``: the command must return
+    its first batch within this many seconds of its start; ``limit_s``: and end within this."""
+
+    overrides: dict[str, object]
+    stop: TrialStop
+    first_batch_s: float
+    limit_s: float
+    stop_requested: Callable[[], str | None] | None = None  # a signal the caller received: end the trial now
 
 
 def profile_external(
@@ -63,16 +82,21 @@ def profile_external(
     monitor: Monitor | None = None,
     warn: Callable[[str], None] = log_warning,
     instrument: bool = False,
+    trial: CommandTrial | None = None,
 ) -> ZeroCodeResult:
     """Profile ``command`` (started here) or ``pid`` (already running) until it exits or ``duration_s``.
 
     ``instrument``: start ``command`` with the start-up module that times its DataLoaders
-    (:mod:`profiler.zerocode.instrument`); its steps are recorded as a Session's are."""
+    (:mod:`profiler.zerocode.instrument`); its steps are recorded as a Session's are. ``trial``: run it as a
+    tuning trial (instrumented, no py-spy, its output to ``RUN_DIR/command.log``; see :class:`CommandTrial`)."""
     if (command is None) == (pid is None):
         raise ValueError("give exactly one of command or pid")
     t0 = time.perf_counter()
-    reader = _instrumented(out, t0) if instrument and command is not None else None
-    child = _start(command, child_stdout, child_env(reader.directory) if reader else None) if command else None
+    reader = _instrumented(out, t0) if (instrument or trial) and command is not None else None
+    env = None
+    if reader is not None:
+        env = child_env(reader.directory, overrides=trial and trial.overrides, stop=trial.stop if trial else None)
+    child = _start(command, child_stdout, env, trial is not None, out) if command else None
     target = child.pid if child is not None else pid
     assert target is not None
     # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
@@ -87,27 +111,39 @@ def profile_external(
     tick = _Tick(rec, _RankNotes(rec, ranks), reader)
     exit_code: int | None = None
     status, error = "complete", None
+    left = 0
     try:
         rec.start(t0=t0)
-        rec.start_pyspy(
-            target,
-            rate=pyspy_rate,
-            attach_timeout_s=3.0,
-            unavailable="{problem}; the run goes on with the host and NVML sampler only",
-        )
+        if trial is None:
+            rec.start_pyspy(
+                target,
+                rate=pyspy_rate,
+                attach_timeout_s=3.0,
+                unavailable="{problem}; the run goes on with the host and NVML sampler only",
+            )
+        watch = _Watch(trial, reader, t0) if trial is not None else None
         with monitor(StoreFeed(out)) if monitor else nullcontext():
-            exit_code = _wait(child, target, duration_s, tick)
-        if exit_code:
+            exit_code = _wait(child, target, duration_s, tick, watch)
+        if watch is not None and watch.signame:
+            status, error = "interrupted", f"stopped by {watch.signame}"
+        elif watch is not None and watch.why:
+            status, error = "failed", watch.why
+        elif exit_code:
             status, error = "failed", f"the command exited with code {exit_code}"
     except (KeyboardInterrupt, Interrupted) as exc:
         status, error = "interrupted", f"stopped by {getattr(exc, 'signame', 'SIGINT')}"
-        if child is not None:
+        if child is not None and trial is None:
             exit_code = _reap(child)
     finally:
+        if child is not None and trial is not None:
+            left = end_group(child)
         tick.last()
-        summary = rec.close(status, error, command_exit_code=exit_code)
+        summary = rec.close(status, error, command_exit_code=exit_code, **({"left_behind": left} if trial else {}))
     job = _job(rec, summary)
-    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job)
+    steps = rec.store.record().steps if rec.store is not None and reader is not None else []
+    step_s = tuple(r.t_end - r.t_start for r in steps if not r.warmup)
+    facts = reader.facts() if reader is not None else {}
+    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job, error, left, step_s, facts)
 
 
 def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
@@ -164,12 +200,85 @@ class _Tick:
 
 
 def _start(
-    command: list[str], child_stdout: IO[str] | IO[bytes] | int | None, env: dict[str, str] | None = None
+    command: list[str],
+    child_stdout: IO[str] | IO[bytes] | int | None,
+    env: dict[str, str] | None,
+    trial: bool,
+    out: Path,
 ) -> subprocess.Popen[bytes]:
+    """The command, as a trial in its own process group with its output in ``out/command.log``."""
     try:
-        return subprocess.Popen(command, stdout=child_stdout, env=env)
+        if not trial:
+            return subprocess.Popen(command, stdout=child_stdout, env=env)
+        with open(out / COMMAND_LOG, "wb") as log:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
     except OSError as exc:
         raise FileNotFoundError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from None
+
+
+def end_group(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> int:
+    """End a trial's process group: the command itself if still running (SIGTERM, then SIGKILL after
+    ``grace_s``), and anything of its group left behind (DataLoader workers orphaned by a crash). The number of
+    the group's processes that were still alive once the command had ended."""
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    left = group_members(child.pid)
+    if left:
+        with suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while group_members(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if group_members(child.pid):
+            with suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+    return len(left)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes (not zombies) whose process group is ``pgid``, from /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            out.append(int(entry.name))
+    return out
+
+
+@dataclass
+class _Watch:
+    """A trial's limits, checked each tick: its first batch within ``first_batch_s``, its end within ``limit_s``."""
+
+    trial: CommandTrial
+    reader: InstrumentReader | None
+    t0: float
+    why: str | None = None
+    signame: str | None = None
+
+    def __call__(self) -> bool:
+        """True when the trial must be ended now (``why`` or ``signame`` says why)."""
+        asked = self.trial.stop_requested
+        self.signame = asked() if asked is not None else None
+        if self.signame:
+            return True
+        elapsed = time.perf_counter() - self.t0
+        batches = self.reader.batches if self.reader is not None else 0
+        if batches == 0 and elapsed > self.trial.first_batch_s:
+            self.why = f"no DataLoader returned a batch within {self.trial.first_batch_s:.0f} s of the start"
+        elif elapsed > self.trial.limit_s:
+            self.why = f"the command did not end within {self.trial.limit_s:.0f} s (its trial's limit)"
+        return self.why is not None
 
 
 def _meta(command: list[str] | None, pid: int, pyspy_rate: int) -> dict[str, object]:
@@ -222,11 +331,17 @@ class _RankNotes:
 
 
 def _wait(
-    child: subprocess.Popen[bytes] | None, pid: int, duration_s: float | None, tick: Callable[[], None]
+    child: subprocess.Popen[bytes] | None,
+    pid: int,
+    duration_s: float | None,
+    tick: Callable[[], None],
+    watch: Callable[[], bool] | None = None,
 ) -> int | None:
     deadline = None if duration_s is None else time.monotonic() + duration_s
     while True:
         tick()
+        if watch is not None and watch():
+            return None
         if child is not None:
             code = child.poll()
             if code is not None:

@@ -17,9 +17,13 @@ What it does, once ``torch.utils.data.dataloader`` is imported (a post-import ho
   the iterator being its own loader (knobs from its pipeline: batch size, CPU threads, queue depth).
 
 Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by a daemon thread
-every ``FLUSH_S`` (the training thread only appends to a deque) and at exit. ``STALLSCOPE_STOP_AFTER`` (a
-number of ``next()`` calls of one loader) ends the process cleanly once reached (SystemExit from ``next()``),
-for tuning trials. A torch this cannot handle makes it step aside with one line on stderr and an ``aside``
+every ``FLUSH_S`` (the training thread only appends to a deque) and at exit. For tuning trials,
+``STALLSCOPE_STOP`` (``CALLS[,SECONDS,MIN_CALLS]``) ends the process cleanly (SystemExit(0) from ``next()``)
+once a loader has returned CALLS batches, or SECONDS after its first batch once it has returned MIN_CALLS (the
+seconds rule only in a single-process job: ranks must stop at the same step). ``pin_memory: "auto"`` means
+True where CUDA is available, else the script's own value.
+
+A torch this cannot handle makes it step aside with one line on stderr and an ``aside``
 record; the profiler's py-spy estimate goes on. The record format is read by profiler/zerocode/instrument.py.
 """
 
@@ -41,7 +45,7 @@ from typing import Any
 
 DIR_ENV = "STALLSCOPE_INSTRUMENT_DIR"
 OVERRIDES_ENV = "STALLSCOPE_OVERRIDES"
-STOP_ENV = "STALLSCOPE_STOP_AFTER"
+STOP_ENV = "STALLSCOPE_STOP"
 FLUSH_S = 0.2
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 _LIBRARIES = (os.sep + "torch" + os.sep, os.sep + "nvidia" + os.sep + "dali" + os.sep)
@@ -121,6 +125,39 @@ def call_site() -> tuple[str, int]:
     return "?", 0
 
 
+class Stop:
+    """When a trial ends: after ``calls`` batches of one loader, or ``seconds`` after its first batch once it
+    has returned ``min_calls`` (the seconds rule is off in a job of several ranks)."""
+
+    def __init__(self, calls: int | None, seconds: float | None = None, min_calls: int = 0) -> None:
+        self.calls = calls
+        self.seconds = seconds if int(os.environ.get("WORLD_SIZE") or 1) <= 1 else None
+        self.min_calls = min_calls
+        self.first: dict[int, float] = {}
+
+    @classmethod
+    def parse(cls, text: str | None) -> Stop | None:
+        """``CALLS[,SECONDS,MIN_CALLS]``; CALLS may be empty (no cap on calls). ValueError on anything else."""
+        if not text:
+            return None
+        parts = text.split(",")
+        if len(parts) not in (1, 3):
+            raise ValueError(f"{text!r} is not CALLS[,SECONDS,MIN_CALLS]")
+        calls = int(parts[0]) if parts[0] else None
+        if len(parts) == 1:
+            return cls(calls)
+        return cls(calls, float(parts[1]), int(parts[2]))
+
+    def due(self, lid: int, calls: int, t: float) -> str | None:
+        """Why loader ``lid`` ends the process now that its ``calls``-th batch arrived at ``t``, else None."""
+        first = self.first.setdefault(lid, t)
+        if self.calls is not None and calls > self.calls:
+            return "steps"
+        if self.seconds is not None and calls >= self.min_calls and t - first >= self.seconds:
+            return "seconds"
+        return None
+
+
 class RunQueue:
     """The calling thread's run-queue wait so far (ns, /proc/thread-self/schedstat), for the thread that first
     asks; None on any other thread or where schedstat is not there."""
@@ -147,10 +184,10 @@ class RunQueue:
 class Instrument:
     """The patches and their records; one per process."""
 
-    def __init__(self, writer: Writer, overrides: dict[str, Any], stop_after: int | None) -> None:
+    def __init__(self, writer: Writer, overrides: dict[str, Any], stop: Stop | None) -> None:
         self.writer = writer
         self.overrides = overrides
-        self.stop_after = stop_after
+        self.stop = stop
         self.loaders = 0
         self.calls: collections.Counter[int] = collections.Counter()
         self.runq = RunQueue()
@@ -251,8 +288,9 @@ class Instrument:
             calls[lid] += 1
             rec["t1"] = t1 = clock()
             writer.put(rec)
-            if self.stop_after is not None and calls[lid] > self.stop_after:
-                writer.put({"k": "stop", "id": lid, "t": t1})
+            why = self.stop.due(lid, calls[lid], t1) if self.stop is not None else None
+            if why is not None:
+                writer.put({"k": "stop", "id": lid, "t": t1, "why": why})
                 raise SystemExit(0)
             return batch
 
@@ -288,12 +326,25 @@ def apply_overrides(arguments: dict[str, Any], overrides: dict[str, Any]) -> dic
     """Set the overridden knobs in a bound DataLoader call; the values applied. Knobs that need workers
     (prefetch_factor, persistent_workers) are dropped when the workers are overridden to 0."""
     applied = {k: v for k, v in overrides.items() if k in KNOBS}
+    if applied.get("pin_memory") == "auto":
+        if _cuda_available():
+            applied["pin_memory"] = True
+        else:
+            del applied["pin_memory"]
     arguments.update(applied)
     if applied.get("num_workers") == 0:
         for k in ("prefetch_factor", "persistent_workers"):
             if k in arguments:
                 arguments[k] = None if k == "prefetch_factor" else False
     return applied
+
+
+def _cuda_available() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - a torch without a working CUDA query: no pinning asked for
+        return False
 
 
 def _rank_env() -> dict[str, Any]:
@@ -343,14 +394,13 @@ def install() -> Instrument | None:
         return None
     try:
         overrides = json.loads(os.environ.get(OVERRIDES_ENV) or "{}")
-        stop = os.environ.get(STOP_ENV)
-        stop_after = int(stop) if stop else None
+        stop = Stop.parse(os.environ.get(STOP_ENV))
     except ValueError as exc:
         sys.stderr.write(f"stallscope: instrumentation steps aside (bad {OVERRIDES_ENV}/{STOP_ENV}: {exc})\n")
         return None
     writer = Writer(directory)
     os.register_at_fork(after_in_child=writer.forked)
-    inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop_after)
+    inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop)
     inst.start()
     atexit.register(writer.flush)
     for name, patch in (

@@ -1,0 +1,58 @@
+"""A training script with no stallscope code, for ``stallscope tune -- CMD`` (tests/test_tune_command.py).
+
+Its items either wait (``--items wait``: a sleep, a stand-in for storage or the network: more workers than
+cores help) or compute (``--items compute``: a busy loop, so that past the cores more workers only compete);
+its step computes on the CPU for ``--step-ms``. Its DataLoader is built on one line the test names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+class Items(Dataset[torch.Tensor]):
+    def __init__(self, kind: str, item_ms: float) -> None:
+        self.kind, self.item_s = kind, item_ms / 1e3
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.kind == "wait":
+            time.sleep(self.item_s)
+        else:
+            spin(self.item_s)
+        return torch.full((16,), float(i % 7))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", choices=("wait", "compute"), default="wait")
+    ap.add_argument("--item-ms", type=float, default=10.0)
+    ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=100_000)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    loader = DataLoader(Items(args.items, args.item_ms), batch_size=args.batch_size, num_workers=args.workers)
+    for step, _batch in enumerate(loader):
+        spin(args.step_ms / 1e3)
+        if step + 1 >= args.steps:
+            break
+    print(f"trained {step + 1} steps")
+
+
+if __name__ == "__main__":
+    main()
