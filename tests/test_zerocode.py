@@ -41,7 +41,8 @@ def test_estimate_is_within_5pp_of_the_scripts_own_figure(tmp_path: Path) -> Non
 def test_workers_are_attributed(tmp_path: Path) -> None:
     out = tmp_path / "run"
     res = stallscope(
-        "run", "--no-live", "--pyspy-rate", "25", "--out", str(out), "--", sys.executable, EXAMPLE, "--steps", "40", "--read-ms", "0"
+        "run", "--no-live", "--pyspy-rate", "25", "--out", str(out),
+        "--", sys.executable, EXAMPLE, "--steps", "40", "--read-ms", "0",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "Loader workers' CPU (2 worker(s)" in res.stdout
