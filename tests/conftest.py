@@ -171,6 +171,7 @@ TIMING_FILES = {
     "test_sweep_nproc.py",
     "test_sync_breakdown.py",
     "test_tune.py",
+    "test_tune_command.py",
     "test_tune_pipelines.py",
     "test_tune_workers.py",
     "test_whatif.py",

@@ -274,6 +274,37 @@ def test_the_batch_is_halved_when_doubling_does_not_help() -> None:
     )
 
 
+def test_listed_batch_sizes_are_the_only_ones_tried() -> None:
+    def model(c: Config) -> float:  # 16 is best; 32 no better; the doubling rule would try 128 and 4 too
+        return {4: 100.0, 8: 300.0, 16: 500.0, 32: 505.0, 128: 900.0}[c.batch_size]
+
+    result = run(FakeTrials(model), pipelines=["naive"], default_batch=8, max_workers=0, batches=[4, 8, 16, 32])
+    assert [r.batch_size for r in result.trials] == [8, 16, 32]
+    assert result.recommended == Config("naive", 16, 0)
+    assert result.stopped["naive"]["batch"] == (
+        "stopped at 16: batch 32 was 1.0% faster than batch 16 (505.0 vs 500.0 samples/s: within 3%)"
+    )
+    # none listed but the start: the batch is not searched, and the reason says how to search it
+    none = run(FakeTrials(model), pipelines=["naive"], default_batch=8, max_workers=0, batches=[])
+    assert [r.batch_size for r in none.trials] == [8]
+    assert "not searched" in none.stopped["naive"]["batch"] and "--batch-sizes" in none.stopped["naive"]["batch"]
+
+
+def test_a_given_default_and_its_measured_row_start_the_search() -> None:
+    # a command's tune: the script's own setting (4 workers) was measured first; it counts as a trial, its time
+    # as spent, and the final comparison re-runs it (as "default") beside the pick
+    trials = FakeTrials(lambda c: {0: 100.0, 1: 150.0, 2: 250.0, 4: 240.0}[c.workers], wall_s=10.0)
+    own = Config("script", 8, 4)
+    first = dataclasses.replace(trials(own, "t01-script", "trial"), role="trial")
+    result = run(trials, pipelines=["script"], default=own, first=first, batches=[], max_workers=4, cores=4)
+    assert result.default == own and result.trials[0] is first
+    assert [r.workers for r in result.trials] == [4, 0, 1, 2]  # 4 is not run again: its row is the first
+    assert result.recommended == Config("script", 8, 2)
+    assert {(r.role, r.workers) for r in result.final} == {("default", 4), ("recommended", 2)}
+    assert result.speedup == pytest.approx(250.0 / 240.0)
+    assert result.elapsed_s == pytest.approx(10.0 * (len(result.trials) + len(result.final)))
+
+
 def test_budget_stops_the_search_and_keeps_the_final_comparison() -> None:
     trials = FakeTrials(lanes_model, wall_s=10.0)
     result = run(trials, budget_s=75.0)

@@ -40,6 +40,7 @@ from profiler.cli.common import (
     say,
     stem,
 )
+from profiler.core.session import Interrupted
 from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
@@ -381,6 +382,9 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
     except CommandFailed as exc:
         say(f"error: the command, run unchanged, gave no step to tune from: {exc} (its run: {out / 't01-script'})")
         return EXIT_FAILED
+    except Interrupted as exc:  # during the first trial: the setting to beat was not measured
+        say(f"stopped by {exc.signame} before the command's own setting was measured; what ran: {out}")
+        return exit_signal(exc.signame)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -403,7 +407,7 @@ class _Once(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         key = re.sub(r"[0-9.]+", "#", message)
-        if key in self.seen or "exited; sampling goes on" in message:
+        if key in self.seen or ("exited" in message and "sampling goes on without it" in message):
             return False
         self.seen.add(key)
         return True

@@ -199,7 +199,12 @@ def run_command_tune(
     and the final comparison beside the command unchanged; ``tune.json`` in ``out_dir``. Raises CommandFailed
     when the command unchanged measured no step (what ran is in ``out_dir``)."""
     trials = CommandTrials(spec, out_dir)
-    first = trials.first()
+    try:
+        first = trials.first()
+    except Interrupted as exc:  # before the setting to beat was measured: nothing to compare, what ran is kept
+        stopped = {"status": "interrupted", "stopped_by": exc.signame, "command": list(spec.command)}
+        write_json(out_dir / "tune.json", {**stopped, "runs": [r.to_dict() for r in trials.done]})
+        raise
     own = trials.own
     assert own is not None
     batches = sorted(set(spec.batch_sizes) | {own.batch_size}) if spec.batch_sizes else []

@@ -94,8 +94,10 @@ def profile_external(
     t0 = time.perf_counter()
     reader = _instrumented(out, t0) if (instrument or trial) and command is not None else None
     env = None
-    if reader is not None:
-        env = child_env(reader.directory, overrides=trial and trial.overrides, stop=trial.stop if trial else None)
+    if reader is not None and trial is not None:
+        env = child_env(reader.directory, overrides=trial.overrides, stop=trial.stop)
+    elif reader is not None:
+        env = child_env(reader.directory)
     child = _start(command, child_stdout, env, trial is not None, out) if command else None
     target = child.pid if child is not None else pid
     assert target is not None
@@ -142,7 +144,7 @@ def profile_external(
     job = _job(rec, summary)
     steps = rec.store.record().steps if rec.store is not None and reader is not None else []
     step_s = tuple(r.t_end - r.t_start for r in steps if not r.warmup)
-    facts = reader.facts() if reader is not None else {}
+    facts = _instrument_facts(reader) if reader is not None else {}
     return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job, error, left, step_s, facts)
 
 

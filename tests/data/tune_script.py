@@ -1,8 +1,10 @@
 """A training script with no stallscope code, for ``stallscope tune -- CMD`` (tests/test_tune_command.py).
 
-Its items either wait (``--items wait``: a sleep, a stand-in for storage or the network: more workers than
-cores help) or compute (``--items compute``: a busy loop, so that past the cores more workers only compete);
-its step computes on the CPU for ``--step-ms``. Its DataLoader is built on one line the test names.
+Its items either wait (``--items wait``: a sleep of ``--item-ms``, a stand-in for storage or the network: more
+workers than cores help) or compute (``--items compute``: a fixed amount of CPU work, about ``--item-ms`` on an
+idle core, so that past the cores more workers only compete); its step does a fixed amount of CPU work, about
+``--step-ms``. Work is counted in loop iterations, not timed: a busy host stretches it rather than cutting it
+short. Its DataLoader is built on one line the test names.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+PER_MS = 40_000  # loop iterations in about a millisecond of one idle core here
 
-def spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
+
+def work(ms: float) -> int:
     x = 0
-    while time.perf_counter() < end:
-        x += 1
+    for i in range(int(ms * PER_MS)):
+        x += i
+    return x
 
 
 class Items(Dataset[torch.Tensor]):
@@ -32,7 +36,7 @@ class Items(Dataset[torch.Tensor]):
         if self.kind == "wait":
             time.sleep(self.item_s)
         else:
-            spin(self.item_s)
+            work(self.item_s * 1e3)
         return torch.full((16,), float(i % 7))
 
 
@@ -48,7 +52,7 @@ def main() -> None:
     torch.set_num_threads(1)
     loader = DataLoader(Items(args.items, args.item_ms), batch_size=args.batch_size, num_workers=args.workers)
     for step, _batch in enumerate(loader):
-        spin(args.step_ms / 1e3)
+        work(args.step_ms)
         if step + 1 >= args.steps:
             break
     print(f"trained {step + 1} steps")

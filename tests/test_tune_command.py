@@ -1,0 +1,223 @@
+"""``stallscope tune -- CMD``: the pick against a plain grid of runs of the same script over the same knobs
+(items that wait, items that compute), and a trial's edges: the start-up module's stop rule, a script that
+builds no DataLoader, a trial that fails, one that never returns a batch, processes left behind, a signal.
+
+tests/data/tune_script.py is the script: its items sleep (``--items wait``) or spin (``--items compute``) for
+``--item-ms``, its step spins ``--step-ms``; its DataLoader is built on line 54.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope, wait_until
+from test_cli import assert_one_line_error
+
+from profiler.sweep.analysis import Config
+from profiler.sweep.command import PIPELINE, CommandSpec, CommandTrials
+from profiler.zerocode.boot.stallscope_instrument import Stop, apply_overrides
+from profiler.zerocode.instrument import TrialStop
+from profiler.zerocode.profile import CommandTrial, profile_external
+
+SCRIPT = str(ROOT / "tests" / "data" / "tune_script.py")
+SECONDS = 1.5  # a trial's measured seconds: 30 to 250 steps of these scripts
+GRID = {"wait": [0, 1, 2, 4, 8], "compute": [0, 1, 2, 4]}  # the workers the tuner may try (--max-workers 8)
+
+
+def command(items: str, *extra: str) -> list[str]:
+    return [sys.executable, SCRIPT, "--items", items, *extra]
+
+
+@pytest.mark.parametrize("items", ["wait", "compute"])
+def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items: str) -> None:
+    # the grid: every worker count, run through the same trial code the tuner uses (the script's own setting
+    # first, as a tune starts), in the same test, on the same host
+    grid = CommandTrials(CommandSpec(command(items), seconds=SECONDS), tmp_path / "grid")
+    own = grid.first()
+    assert own.workers == 0 and own.batch_size == 4
+    rows = [own] + [grid(Config(PIPELINE, 4, w), f"w{w}", "grid") for w in GRID[items] if w != 0]
+    assert all(r.ok for r in rows), [(r.name, r.error) for r in rows]
+    best = max(rows, key=lambda r: r.throughput_samples_per_s)
+    res = stallscope(
+        "tune", "--json", "--seconds", str(SECONDS), "--max-workers", "8", "--budget-s", "90",
+        "--out", str(tmp_path / "tune"), "--", *command(items),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout)
+    picked = result["final_median_samples_per_s"]["recommended"]
+    grid_line = {r.workers: round(r.throughput_samples_per_s, 1) for r in rows}
+    assert picked >= 0.9 * best.throughput_samples_per_s, (result["recommended"], picked, grid_line)
+    # the result names the line to change and the knobs stallscope changed there, as built
+    change = result["change"]
+    assert change["site"] == "tune_script.py:54" and change["kind"] == "DataLoader"
+    assert change["args"] == {"num_workers": result["recommended"]["workers"], "persistent_workers": True}
+    assert result["speedup"] > 1.0 and result["command"] == command(items)
+    if items == "wait":  # sleeping items: the climb went past the 2 cores, on the workers' measured CPU use
+        assert result["recommended"]["workers"] > 2, grid_line
+
+
+def test_the_stop_rule_counts_batches_and_seconds_and_spares_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    stop = Stop.parse("10")
+    assert stop is not None and [stop.due(1, n, 0.0) for n in (10, 11)] == [None, "steps"]
+    stop = Stop.parse(",1.5,5")
+    assert stop is not None and stop.calls is None
+    assert stop.due(1, 1, 100.0) is None  # the first batch starts the clock
+    assert stop.due(1, 3, 102.0) is None  # past the seconds, but fewer than 5 batches
+    assert stop.due(1, 5, 102.0) == "seconds" and stop.due(2, 5, 102.0) is None  # per loader
+    monkeypatch.setenv("WORLD_SIZE", "2")  # ranks must stop at the same step: batches only
+    stop = Stop.parse("50,1.5,5")
+    assert stop is not None and stop.seconds is None and stop.calls == 50
+    with pytest.raises(ValueError):
+        Stop.parse("1,2")
+    assert TrialStop(None, 2.5, 24).env() == ",2.5,24" and TrialStop(30).env() == "30"
+
+
+def test_pin_memory_auto_asks_for_pinning_only_where_cuda_is() -> None:
+    args: dict[str, object] = {"pin_memory": False, "num_workers": 0}
+    applied = apply_overrides(args, {"pin_memory": "auto", "num_workers": 2})
+    import torch
+
+    if torch.cuda.is_available():
+        assert applied == {"pin_memory": True, "num_workers": 2} and args["pin_memory"] is True
+    else:
+        assert applied == {"num_workers": 2} and args["pin_memory"] is False
+
+
+def test_a_script_that_builds_no_dataloader_is_one_line_and_leaves_nothing_running(tmp_path: Path) -> None:
+    script = tmp_path / "plain.py"
+    script.write_text("import time\nprint('no loader here')\ntime.sleep(0.2)\n")
+    res = stallscope("tune", "--out", str(tmp_path / "t"), "--", sys.executable, str(script))
+    assert res.returncode == 1, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if "error" in ln]
+    assert len(errors) == 1 and "Traceback" not in res.stderr
+    assert "gave no step to tune from" in errors[0] and "no DataLoader was iterated" in errors[0]
+    assert (tmp_path / "t" / "t01-script" / "run.sqlite").exists()  # what ran is kept
+    assert "no loader here" in (tmp_path / "t" / "t01-script" / "command.log").read_text()
+
+
+FAILS_AT_TWO = """\
+import time
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 100000
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return i
+
+loader = DataLoader(Slow(), batch_size=4)
+if loader.num_workers >= 2:
+    raise RuntimeError(f"cannot use {loader.num_workers} workers here")
+for b in loader:
+    time.sleep(0.01)
+"""
+
+
+def test_a_failed_trial_is_a_row_that_says_why_and_the_search_goes_on(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS_AT_TWO)
+    res = stallscope(
+        "tune", "--json", "--seconds", "0.5", "--budget-s", "40", "--max-workers", "4",
+        "--out", str(tmp_path / "t"), "--", sys.executable, str(script),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout)
+    failed = [r for r in result["trials"] if r["status"] == "failed"]
+    assert [r["workers"] for r in failed] == [2]
+    assert "exited with code 1" in failed[0]["error"] and "cannot use 2 workers here" in failed[0]["error"]
+    assert result["recommended"]["workers"] in (0, 1)
+    assert "2 workers failed" in result["stopped"]["script"]["workers"]
+
+
+def test_a_trial_that_returns_no_batch_in_time_is_ended_with_its_group(tmp_path: Path) -> None:
+    # the script starts a helper that would outlive it, then never reaches its loader
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600.5)'])\n"
+        "time.sleep(600)\n"
+    )
+    trial = CommandTrial(overrides={}, stop=TrialStop(10), first_batch_s=1.0, limit_s=60.0)
+    t0 = time.monotonic()
+    result = profile_external(tmp_path / "run", command=[sys.executable, str(script)], trial=trial)
+    assert time.monotonic() - t0 < 20
+    assert result.status == "failed" and result.error == "no DataLoader returned a batch within 1 s of the start"
+    assert result.left_behind == 1  # the helper, still alive once the script was ended: ended too
+    assert running(Path("time.sleep(600.5)")) == []
+    assert result.summary is not None and result.summary.status == "failed"
+
+
+def test_a_trial_stopped_by_the_module_leaves_no_worker_behind(tmp_path: Path) -> None:
+    spec = CommandSpec(command("wait"), seconds=0.5)
+    trials = CommandTrials(spec, tmp_path)
+    trials.first()
+    row = trials(Config(PIPELINE, 4, 4), "w4", "trial")
+    assert row.ok and row.stop_reason == "seconds" and row.workers == 4
+    meta = json.loads((tmp_path / "w4" / "summary.json").read_text())
+    assert meta["status"] == "complete" and meta["command_exit_code"] == 0  # its own exit is not a failure
+
+
+def test_sigint_ends_the_trial_at_once_and_keeps_what_finished(tmp_path: Path) -> None:
+    script = tmp_path / "mine.py"  # a copy only this test runs: its processes are told apart by its path
+    script.write_text(Path(SCRIPT).read_text())
+    out = tmp_path / "t"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "profiler", "tune", "--seconds", "30", "--out", str(out),
+         "--", sys.executable, str(script), "--workers", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert wait_until(lambda: len(running(script)) >= 3, 60)  # the script and its 2 workers
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 15, err  # not the trial's 30 s
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "stopped by SIGINT" in err
+    table = json.loads((out / "tune.json").read_text())
+    assert table["status"] == "interrupted" and [r["status"] for r in table["runs"]] == ["interrupted"]
+    assert running(script) == []
+
+
+def running(script: Path) -> list[int]:
+    """Live processes (not zombies) whose command line holds ``script``."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(script).encode() in cmdline and state != b"Z":
+            out.append(int(pid))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["tune", "--device", "cpu", "--", "python", "x.py"], ["--device", "a scenario's option"]),
+        (["tune", "--pipelines", "naive", "--", "python", "x.py"], ["--pipelines"]),
+        (["tune", "--"], ["nothing after `--`", "stallscope tune -- python train.py"]),
+        (["tune", "fashion-vgg", "--", "python", "x.py"], ["'fashion-vgg'", "not both"]),
+        (["tune", "--", "no-such-program-here"], ["'no-such-program-here'", "not found"]),
+    ],
+)
+def test_tune_command_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
+    assert_one_line_error(stallscope(*args), *needles)
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
+    res = stallscope("tune", "--dry-run", "--budget-s", "120", "--out", str(tmp_path / "t"), "--", *command("wait"))
+    assert res.returncode == 0, res.stderr
+    assert "nothing is run now" in res.stdout and "runs the command for real" in res.stdout
+    assert "measured for 10 s" in res.stdout and "workers 0, 1, 2, then 4, 8, 16" in res.stdout
+    assert not (tmp_path / "t").exists()
