@@ -34,7 +34,7 @@ from pairing import paired_ratios  # noqa: E402
 from profiler.zerocode.instrument import child_env  # noqa: E402
 
 SCRIPTS = {
-    "train": [str(ROOT / "examples" / "train.py"), "--workers", "2", "--steps", "120"],
+    "train": [str(ROOT / "examples" / "train.py"), "--workers", "2", "--steps", "120", "--read-ms", "0"],
     "fast": [str(ROOT / "tests" / "data" / "meter_train.py"), "--workers", "0", "--sleep-ms", "0", "--steps", "3000"],
 }
 

@@ -32,7 +32,7 @@ def one(steps: int, profiled: bool, rate: int, tmp: Path, tag: str, *, nproc: in
     truth = tmp / f"{tag}-rank{{rank}}.json"
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)] if nproc > 1 else []
     script = [*launch, *([] if launch else [sys.executable]), EXAMPLE, "--steps", str(steps), "--workers", "2",
-              "--truth", str(truth)]  # fmt: skip
+              "--read-ms", "0", "--truth", str(truth)]  # fmt: skip
     if profiled:
         cmd = [sys.executable, "-m", "profiler", "run", "--no-live", "--json", "--pyspy-rate", str(rate),
                "--out", str(tmp / tag), "--", *script]  # fmt: skip

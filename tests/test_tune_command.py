@@ -222,5 +222,5 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
     res = stallscope("tune", "--dry-run", "--budget-s", "120", "--out", str(tmp_path / "t"), "--", *command("wait"))
     assert res.returncode == 0, res.stderr
     assert "nothing is run now" in res.stdout and "runs the command for real" in res.stdout
-    assert "measured for 10 s" in res.stdout and "workers 0, 1, 2, then 4, 8, 16" in res.stdout
+    assert "10 s measured from its first batch" in res.stdout and "workers 0, 1, 2, then 4, 8, 16" in res.stdout
     assert not (tmp_path / "t").exists()

@@ -289,7 +289,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             scenario.name, args, first=f"{', '.join(names)}: batch {scenario.batch_size}, 0 workers (the setting to "
             "beat: the naive pipeline)", knobs="", max_workers=max_workers, cores=cores,
             batches=f"the listed {args.batch_sizes}" if args.batch_sizes else f"doubled while it helps, up to "
-            f"{max_batch}, else halved while it helps", for_real="trains the scenario in this process",
+            f"{max_batch}, else halved while it helps",
+            for_real="trains the scenario in this process, {measured} measured after its warm-up",
         )  # fmt: skip
     out = _out_dir(args.out, "tune", args.scenario)
     guard = SignalStop(defer_first=True)
@@ -361,8 +362,8 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
             max_workers=max_workers, cores=cores,
             batches=f"the listed {args.batch_sizes} (this changes the training)" if args.batch_sizes else "the "
             "script's own (--batch-sizes B,B,... to try others: that changes the training)",
-            for_real="runs the command for real (it trains, and writes what it writes), ended by stallscope's "
-            "start-up module in it",
+            for_real="runs the command for real (it trains, and writes what it writes); {measured} measured from its "
+            "first batch, then the start-up module in it ends it",
         )  # fmt: skip
     out = _out_dir(args.out, "tune", script)
     guard = SignalStop(defer_first=True)

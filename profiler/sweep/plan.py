@@ -95,10 +95,10 @@ def tune_plan(
         if past
         else ""
     )
-    cap = f" or {steps} measured steps" if steps is not None else ""
+    cap = f" (or {steps} measured steps)" if steps is not None else ""
     return [
         f"tune {what}: the plan (nothing is run now)",
-        f"  each trial: {for_real}; measured for {seconds:g} s{cap} after its warm-up",
+        f"  each trial: {for_real.format(measured=f'{seconds:g} s{cap}')}",
         f"  1. {first}",
         f"  2. workers {climb}, each step taken only when throughput improves by more than {IMPROVE:.0%} "
         f"({cores} core{'' if cores == 1 else 's'} here){knobs}",
