@@ -4,6 +4,7 @@ input, and one end-to-end check against the known-cost scenario tests/data/scena
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import replace
@@ -319,6 +320,30 @@ def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Pat
         "delivery" in out["measured"]["loader_cost"]["method"]
         or "data wait" in out["measured"]["loader_cost"]["method"]
     )
+    # asked again about the same run: the calibration just made is reused, and said to be
+    again = stallscope("whatif", str(measured), "--workers", "0,2,4", "--json")
+    assert again.returncode == 0 and "is reused" in again.stderr, again.stderr
+    gap, kept = out["worker_gap"], json.loads(again.stdout)["worker_gap"]
+    assert kept["factor"] == gap["factor"] and kept["samples"] == gap["samples"] and "reused" in kept["source"]
+
+
+def test_a_kept_calibration_is_reused_only_for_the_same_key_and_while_fresh(tmp_path: Path) -> None:
+    import time as clock
+
+    from profiler.whatif.source import GAP_REUSE_S, kept_gap
+
+    path = tmp_path / "loader-gap.json"
+    gap = gap_from_rounds([0.010] * 3, [0.012] * 3, samples=96)
+    key = {"host": "h", "batch_size": 8, "threads": 2, "usable_cores": 2, "samples": 128}
+    doc = {"key": key, "at": clock.time() - 5, "gap": dataclasses.asdict(gap)}
+    path.write_text(json.dumps(doc))
+    kept = kept_gap(path, key)
+    assert kept is not None and kept[0] == gap and 4 < kept[1] < 60
+    assert kept_gap(path, {**key, "batch_size": 16}) is None  # another batch size: measured again
+    path.write_text(json.dumps({**doc, "at": clock.time() - GAP_REUSE_S - 1}))
+    assert kept_gap(path, key) is None  # too old
+    path.write_text("{not json")
+    assert kept_gap(path, key) is None
 
 
 class _PlaceCost:

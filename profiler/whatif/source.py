@@ -5,9 +5,13 @@ The one module of the package that reads a run store back. Every failure a user 
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from contextlib import suppress
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,15 +228,61 @@ def needs_gap(m: MeasuredRun, targets: Sequence[Target]) -> bool:
     return False
 
 
+GAP_FILE = "loader-gap.json"  # in RUN_DIR/whatif/: the last measurement of the run's worker vs main-process cost
+GAP_REUSE_S = 3600.0  # reused for this long on the same host, the same batch size, threads and usable cores
+
+
 def measure_gap(src: Source, note: Note) -> LoaderGap:
-    """The worker vs main-process cost of the run's dataset (profiler.whatif.loadergap), or 1 with the reason."""
+    """The worker vs main-process cost of the run's dataset (profiler.whatif.loadergap), or 1 with the reason.
+    A measurement of the same run, batch size, thread count and usable cores on this host within GAP_REUSE_S
+    is reused, saying so (``RUN_DIR/whatif/loader-gap.json``; delete it to measure again)."""
+    from pipelines.base import usable_cores
+    from profiler.whatif.loadergap import DEFAULT_SAMPLES
+
+    threads = src.meta.get("torch_threads")
+    key = {
+        "host": os.uname().nodename, "batch_size": src.measured.batch_size, "threads": threads,
+        "usable_cores": usable_cores(), "samples": DEFAULT_SAMPLES,
+    }  # fmt: skip
+    path = src.run_dir / "whatif" / GAP_FILE
+    kept = kept_gap(path, key)
+    if kept is not None:
+        gap, age = kept
+        note(
+            f"the worker vs main-process loading cost measured {age:.0f} s ago is reused ({path}; delete it to "
+            "measure again)"
+        )
+        return replace(gap, source=f"{gap.source}; measured {age:.0f} s ago, reused")
+    gap = _measure_gap(src, note, threads)
+    if gap.samples:
+        with suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"key": key, "at": time.time(), "gap": asdict(gap)}) + "\n")
+    return gap
+
+
+def kept_gap(path: Path, key: dict[str, object]) -> tuple[LoaderGap, float] | None:
+    """The kept measurement and its age in seconds, when it was made for ``key`` within GAP_REUSE_S."""
+    try:
+        doc = json.loads(path.read_text())
+        age = time.time() - float(doc["at"])
+        if doc["key"] != key or not 0 <= age <= GAP_REUSE_S:
+            return None
+        g = dict(doc["gap"])
+        for name in ("rounds", "cores_rounds"):
+            g[name] = tuple(g.get(name) or ())
+        return LoaderGap(**g), age
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _measure_gap(src: Source, note: Note, threads: object) -> LoaderGap:
     from profiler.whatif import loadergap
     from scenarios import DataOptions
 
     root, m = src.data_root, src.measured
     device_type = "cpu" if m.device_kind == "cpu" else "cuda"
     options = None if root is None else DataOptions(root=root, on_bad_sample="skip", device_type=device_type)
-    threads = src.meta.get("torch_threads")
     note(
         f"measuring the worker vs main-process loading cost: {loadergap.DEFAULT_SAMPLES} samples x "
         f"{loadergap.DEFAULT_ROUNDS} rounds (more, up to {loadergap.DEFAULT_MAX_ROUNDS} or "
