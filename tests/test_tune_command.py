@@ -30,7 +30,7 @@ SCRIPT = str(ROOT / "tests" / "data" / "tune_script.py")
 LOADER_LINE = 1 + Path(SCRIPT).read_text().splitlines().index(
     "    loader = DataLoader(Items(args.items, args.item_ms), batch_size=args.batch_size, num_workers=args.workers)"
 )
-SECONDS = 1.5  # a trial's measured seconds: 30 to 250 steps of these scripts
+SECONDS = 1.0  # a trial's measured seconds (and at least 21 batches): 21 to 170 steps of these scripts
 GRID = {"wait": [0, 1, 2, 4, 8], "compute": [0, 1, 2, 4]}  # the workers the tuner may try (--max-workers 8)
 
 
@@ -54,9 +54,11 @@ def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items:
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout)
-    picked = result["final_median_samples_per_s"]["recommended"]
-    grid_line = {r.workers: round(r.throughput_samples_per_s, 1) for r in rows}
-    assert picked >= 0.9 * best.throughput_samples_per_s, (result["recommended"], picked, grid_line)
+    # the pick, as the grid measured it, against the grid's best: both from the same phase of the test, so that
+    # a host that got busier or quieter between the grid and the tune does not decide it
+    grid_line = {r.workers: r.throughput_samples_per_s for r in rows}
+    picked = grid_line[result["recommended"]["workers"]]
+    assert picked >= 0.9 * best.throughput_samples_per_s, (result["recommended"], grid_line)
     # the result names the line to change and the knobs stallscope changed there, as built
     change = result["change"]
     assert change["site"] == f"tune_script.py:{LOADER_LINE}" and change["kind"] == "DataLoader"
