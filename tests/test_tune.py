@@ -274,6 +274,19 @@ def test_the_batch_is_halved_when_doubling_does_not_help() -> None:
     )
 
 
+def test_within_the_cores_a_step_that_does_not_help_does_not_end_the_climb() -> None:
+    # a computing loader and a light model on 2 cores: one worker only moves the loading off the training
+    # process (no faster), two load in parallel (x1.8): the climb must reach 2 (found on CI: it stopped at 0)
+    trials = FakeTrials(lambda c: {0: 90.0, 1: 89.0, 2: 160.0, 4: 158.0}[c.workers], cpu=lambda c: 0.95)
+    result = run(trials, pipelines=["naive"], max_workers=8, cores=2, max_batch=8)
+    assert [r.workers for r in result.trials][:3] == [0, 1, 2]
+    assert result.recommended == Config("naive", 8, 2)
+    assert result.stopped["naive"]["workers"] == (
+        "stopped at 2: 1 workers was 1.1% slower than 0 (89.0 vs 90.0 samples/s); the workers were 95% busy on "
+        "CPU per item at 2, so about 2 fit on 2 cores (4 would not)"
+    )
+
+
 def test_listed_batch_sizes_are_the_only_ones_tried() -> None:
     def model(c: Config) -> float:  # 16 is best; 32 no better; the doubling rule would try 128 and 4 too
         return {4: 100.0, 8: 300.0, 16: 500.0, 32: 505.0, 128: 900.0}[c.batch_size]

@@ -214,6 +214,7 @@ def running(script: Path) -> list[int]:
         (["tune", "--"], ["nothing after `--`", "stallscope tune -- python train.py"]),
         (["tune", "fashion-vgg", "--", "python", "x.py"], ["'fashion-vgg'", "not both"]),
         (["tune", "--", "no-such-program-here"], ["'no-such-program-here'", "not found"]),
+        (["tune", "--", "torchrun", "--nproc-per-node", "2", "x.py"], ["torchrun", "give --steps N"]),
     ],
 )
 def test_tune_command_bad_input_is_one_line_and_exit_2(args: list[str], needles: list[str]) -> None:
@@ -226,3 +227,21 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path: Path) -> None:
     assert "nothing is run now" in res.stdout and "runs the command for real" in res.stdout
     assert "10 s measured from its first batch" in res.stdout and "workers 0, 1, 2, then 4, 8, 16" in res.stdout
     assert not (tmp_path / "t").exists()
+
+
+def test_sweep_of_a_command_runs_it_unchanged_then_each_worker_count(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    res = stallscope(
+        "sweep", "--json", "--workers", "0,2", "--seconds", "0.5", "--out", str(out), "--", *command("wait"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads(res.stdout)
+    rows = {r["config"]: r for r in result["rows"]}
+    # the command unchanged (0 workers: its own) stands for w0, so only w2 runs besides it
+    assert list(rows) == ["script-b4-w0", "script-b4-w2"] and [r["role"] for r in result["rows"]] == ["own", "sweep"]
+    assert all(r["status"] == "complete" for r in rows.values())
+    # items that sleep 10 ms, 4 a batch: 2 workers deliver about twice the batches
+    assert rows["script-b4-w2"]["throughput_samples_per_s"] > 1.5 * rows["script-b4-w0"]["throughput_samples_per_s"]
+    assert (out / "sweep.json").exists() and (out / "own" / "run.sqlite").exists()
+    assert (out / "script-b4-w2" / "run.sqlite").exists()
+    assert_one_line_error(stallscope("sweep", "--nproc", "1,2", "--", "python", "x.py"), "--nproc", "a scenario's")

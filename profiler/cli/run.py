@@ -120,11 +120,11 @@ def _add_attach(sub: Any) -> None:
 
 
 # the commands that take ``-- CMD``, and the handler each then dispatches to
-COMMAND_HANDLERS = {"run": "run-command", "tune": "tune-command"}
+COMMAND_HANDLERS = {"run": "run-command", "tune": "tune-command", "sweep": "sweep-command"}
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``run|tune [OPTIONS] -- CMD ...``: the stallscope arguments and the command (None without ``--``)."""
+    """``run|tune|sweep [OPTIONS] -- CMD ...``: the stallscope arguments and the command (None without ``--``)."""
     if "--" in argv and argv and argv[0] in COMMAND_HANDLERS:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1 :]
@@ -132,7 +132,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def check_command(args: argparse.Namespace, command: list[str]) -> None:
-    """``run -- CMD`` / ``tune -- CMD``: BadInput unless there is exactly a command (and no scenario)."""
+    """``run|tune|sweep -- CMD``: BadInput unless there is exactly a command (and no scenario)."""
     verb = "profile" if args.command == "run" else args.command
     if not command:
         raise BadInput(
@@ -141,8 +141,8 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
     if args.scenario is not None:
         raise BadInput(f"give a scenario ({args.scenario!r}) or a command after `--`, not both")
     args.command_argv = command
-    if args.command == "tune":
-        args.command = COMMAND_HANDLERS["tune"]
+    if args.command in ("tune", "sweep"):
+        args.command = COMMAND_HANDLERS[args.command]
         return
     if args.nproc is not None:
         raise BadInput("--nproc launches a scenario's ranks; for your own job: stallscope run -- torchrun ...")

@@ -337,21 +337,85 @@ _SCENARIO_ONLY = {
 }  # fmt: skip
 
 
+def _refuse_scenario_flags(args: argparse.Namespace, sweep: bool) -> None:
+    """A scenario's flags given with ``-- CMD``: BadInput naming the first."""
+    only = {**_SCENARIO_ONLY, **({"pipelines": ["naive"], "nproc": [1]} if sweep else {})}
+    for name, default in only.items():
+        if getattr(args, name, default) != default:
+            flag = "--" + name.replace("_", "-")
+            raise BadInput(
+                f"{flag}: a scenario's option; {args.command.split('-')[0]} -- CMD changes only the "
+                "command's DataLoader knobs"
+            )
+
+
+def _command_spec(args: argparse.Namespace, seconds: float | None, guard: SignalStop, what: str) -> Any:
+    from profiler.sweep.command import CommandSpec
+    from profiler.sweep.render import row_line, trial_line
+
+    return CommandSpec(
+        command=args.command_argv, seconds=seconds, steps=args.steps,
+        batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, sample_hz=args.sample_hz,
+        on_start=lambda i, run_dir, overrides: say(trial_line(what, i, run_dir, overrides)),
+        on_finish=lambda row: print(row_line(row), file=sys.stderr, flush=True), stop_requested=lambda: guard.received,
+    )  # fmt: skip
+
+
+def _quiet_repeats() -> None:
+    once = _Once()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(once)
+
+
+def cmd_sweep_command(args: argparse.Namespace) -> int:
+    """``sweep [OPTIONS] -- CMD``: the command unchanged, then each workers (x batch size) setting of its loader."""
+    from profiler.sweep.analysis import DEFAULT_STEPS
+    from profiler.sweep.command import CommandFailed, run_command_sweep, usable_command
+    from profiler.sweep.plan import default_workers
+    from profiler.sweep.render import render_sweep, sweep_svg
+
+    _refuse_scenario_flags(args, sweep=True)
+    if problem := usable_command(args.command_argv, args.steps or (None if args.seconds else DEFAULT_STEPS)):
+        raise BadInput(problem)
+    out = _out_dir(args.out, "sweep", _script(args.command_argv))
+    guard = SignalStop(defer_first=True)
+    if args.steps is None and args.seconds is None:
+        args.steps = DEFAULT_STEPS
+    spec = _command_spec(args, args.seconds, guard, "sweep")
+    workers = args.workers if args.workers is not None else default_workers()
+    say(f"sweeping the DataLoader of {' '.join(args.command_argv)} (each run runs it for real) -> {out}")
+    _quiet_repeats()
+    try:
+        with guard:
+            result, stopped = run_command_sweep(spec, out, workers=workers, batch_sizes=args.batch_sizes)
+    except CommandFailed as exc:
+        say(f"error: the command, run unchanged, gave no step to sweep from: {exc} (its run: {out / 'own'})")
+        return EXIT_FAILED
+    (out / "sweep.svg").write_text(sweep_svg(result))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        from profiler.render.report import make_console
+
+        render_sweep(result, make_console(), out)
+    if stopped:
+        say(f"stopped by {stopped}; the table holds the runs that finished")
+        return exit_signal(stopped)
+    return EXIT_OK if any(r.ok for r in result.rows) else EXIT_FAILED
+
+
 def cmd_tune_command(args: argparse.Namespace) -> int:
     """``tune [OPTIONS] -- CMD``: the command's DataLoader tuned through the start-up module (sweep.command)."""
     import pipelines
-    from profiler.sweep.command import CommandFailed, CommandSpec, run_command_tune, usable_command
-    from profiler.sweep.render import render_tune, row_line, trial_line
+    from profiler.sweep.command import CommandFailed, run_command_tune, usable_command
+    from profiler.sweep.render import render_tune
     from profiler.sweep.run import trial_seconds
     from profiler.sweep.tuner import WORKER_CAP
 
     command = args.command_argv
-    if problem := usable_command(command):
+    _refuse_scenario_flags(args, sweep=False)
+    if problem := usable_command(command, args.steps):
         raise BadInput(problem)
-    for name, default in _SCENARIO_ONLY.items():
-        if getattr(args, name) != default:
-            flag = "--" + name.replace("_", "-")
-            raise BadInput(f"{flag}: a scenario's option; tune -- CMD changes only the command's DataLoader knobs")
     cores = pipelines.usable_cores()
     max_workers = args.max_workers if args.max_workers is not None else WORKER_CAP
     script = _script(command)
@@ -367,15 +431,8 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
         )  # fmt: skip
     out = _out_dir(args.out, "tune", script)
     guard = SignalStop(defer_first=True)
-    spec = CommandSpec(
-        command=command, seconds=trial_seconds(args.seconds, args.budget_s), steps=args.steps,
-        batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None, sample_hz=args.sample_hz,
-        on_start=lambda i, run_dir, overrides: say(trial_line(i, run_dir, overrides)),
-        on_finish=lambda row: print(row_line(row), file=sys.stderr, flush=True), stop_requested=lambda: guard.received,
-    )  # fmt: skip
-    once = _Once()
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(once)
+    spec = _command_spec(args, trial_seconds(args.seconds, args.budget_s), guard, "tune")
+    _quiet_repeats()
     say(f"tuning the DataLoader of {' '.join(command)} (budget {args.budget_s:g} s; each trial runs it) -> {out}")
     try:
         with guard:
@@ -419,4 +476,6 @@ def _script(command: Sequence[str]) -> str:
     return next((Path(a).stem for a in command[1:] if a.endswith(".py")), Path(command[0]).name)
 
 
-HANDLERS: dict[str, Handler] = {"sweep": cmd_sweep, "tune": cmd_tune, "tune-command": cmd_tune_command}
+HANDLERS: dict[str, Handler] = {
+    "sweep": cmd_sweep, "tune": cmd_tune, "tune-command": cmd_tune_command, "sweep-command": cmd_sweep_command,
+}  # fmt: skip

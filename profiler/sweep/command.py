@@ -1,6 +1,6 @@
-"""Tune a command (``stallscope tune -- CMD``): every trial runs the user's command for real, its DataLoader's
-knobs overridden at construction by the start-up module and its process ended by it after the trial's seconds
-or steps (docs/sweep-and-tune.md, "Tuning your own script").
+"""Tune or sweep a command (``stallscope tune -- CMD``, ``sweep -- CMD``): every trial runs the user's command for
+real, its DataLoader's knobs overridden at construction by the start-up module and its process ended by it after
+the trial's seconds or steps (docs/sweep-and-tune.md, "Tuning your own script").
 
 Invariants: the first trial runs the command unchanged and its training loader's knobs are the configuration
 to beat; a configuration equal to it runs the command unchanged again, any other sets ``num_workers``,
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.core.session import Interrupted
-from profiler.sweep.analysis import Config, SweepRow, row_from_summary
+from profiler.sweep.analysis import Config, SweepResult, SweepRow, row_from_summary
 from profiler.sweep.run import ConfigStopped, OnFinish, write_json
 from profiler.sweep.tuner import TuneResult, tune
 from profiler.zerocode.instrument import LOCK_CALLS, WARMUP_STEPS, TrialStop
@@ -38,6 +38,7 @@ LIMIT_FACTOR = 3.0
 # the batches a trial must return before its seconds may end it: enough for the training loader to be told
 # apart (LOCK_CALLS) and for the warm-up and a few measured steps
 MIN_CALLS = max(LOCK_CALLS, WARMUP_STEPS + 5) + 1
+UNTIMED_S = 60.0  # a trial bounded by steps alone is ended after LIMIT_FACTOR x this (+ its start)
 
 
 class CommandFailed(Exception):
@@ -47,7 +48,7 @@ class CommandFailed(Exception):
 @dataclass(frozen=True, slots=True)
 class CommandSpec:
     command: list[str]
-    seconds: float  # a trial's measured seconds, from its first batch
+    seconds: float | None  # a trial's measured seconds, from its first batch (None: ``steps`` alone)
     steps: int | None = None  # a cap on its measured steps
     batch_sizes: tuple[int, ...] | None = None  # batch sizes to try (None: the script's own only)
     sample_hz: float = 10.0
@@ -78,10 +79,10 @@ class CommandTrials:
             out["batch_size"] = cfg.batch_size
         return out
 
-    def first(self) -> SweepRow:
+    def first(self, label: str = "t01-script", role: str = "trial") -> SweepRow:
         """Run the command unchanged: its row, with ``own`` set to its loader's batch size and workers. Raises
         CommandFailed when it gave no step figures (the reason: the row's error)."""
-        row = self._trial(None, "t01-script", "trial")
+        row = self._trial(None, label, role)
         if not row.ok:
             raise CommandFailed(row.error or row.status)
         return row
@@ -111,7 +112,7 @@ class CommandTrials:
                     min_calls=MIN_CALLS,
                 ),
                 first_batch_s=self.first_batch_s,
-                limit_s=self.first_batch_s + LIMIT_FACTOR * spec.seconds + FIRST_BATCH_SLACK_S,
+                limit_s=self.first_batch_s + LIMIT_FACTOR * (spec.seconds or UNTIMED_S) + FIRST_BATCH_SLACK_S,
                 stop_requested=spec.stop_requested,
             ),
         )
@@ -221,13 +222,57 @@ def run_command_tune(
     return result
 
 
-def usable_command(command: Sequence[str]) -> str | None:
-    """Why ``command`` cannot be tuned (one line), or None."""
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch", "accelerate", "deepspeed")
+
+
+def usable_command(command: Sequence[str], steps: int | None = None) -> str | None:
+    """Why ``command`` cannot be tuned (one line), or None. A launcher of ranks needs ``steps``: its ranks must
+    stop at the same step, so the seconds rule is off in them."""
     if not command:
         return "nothing after `--`: give the command to tune, e.g. `stallscope tune -- python train.py`"
+    launcher = next((a for a in command[:3] if os.path.basename(a) in LAUNCHERS), None)
+    if launcher is not None and steps is None:
+        return f"{launcher} starts ranks that must stop at the same step: give --steps N (measured steps a trial)"
     exe = command[0]
     if os.sep not in exe and not any(
         os.access(os.path.join(d, exe), os.X_OK) for d in os.environ.get("PATH", "").split(os.pathsep) if d
     ):
         return f"cannot start {exe!r}: not found on PATH"
     return None
+
+
+def run_command_sweep(
+    spec: CommandSpec, out_dir: Path, *, workers: Sequence[int], batch_sizes: Sequence[int] | None
+) -> tuple[SweepResult, str | None]:
+    """The command unchanged, then every workers x batch size configuration of its training loader (the
+    script's own batch size unless ``batch_sizes``); the analysed table and the signal that stopped it, if any.
+    ``sweep.json`` in ``out_dir`` after each. Raises CommandFailed as :func:`run_command_tune` does."""
+    from profiler.sweep.analysis import analyse_sweep
+
+    trials = CommandTrials(spec, out_dir)
+    rows: list[SweepRow] = []
+    stopped: str | None = None
+    planned = 1
+
+    def result() -> SweepResult:
+        status = "interrupted" if stopped else "complete"
+        name = " ".join(spec.command)
+        return analyse_sweep(rows, scenario=name, device="chosen by the command", planned=planned, status=status)
+
+    try:
+        own = trials.first("own", "own")
+        rows.append(own)
+        configs = [Config(PIPELINE, b, w) for w in workers for b in (batch_sizes or [own.batch_size])]
+        configs = [c for c in configs if c != trials.own]  # the command unchanged stands for its own setting
+        planned = 1 + len(configs)
+        for cfg in configs:
+            write_json(out_dir / "sweep.json", result().to_dict())
+            rows.append(trials(cfg, cfg.name, "sweep"))
+    except ConfigStopped as exc:
+        rows.append(exc.row)
+        stopped = exc.signame
+    except Interrupted as exc:
+        stopped = exc.signame
+    final = result()
+    write_json(out_dir / "sweep.json", final.to_dict())
+    return final, stopped

@@ -31,10 +31,10 @@ def start_line(index: int, planned: int | None, cfg: Config, run_dir: Path, what
     )
 
 
-def trial_line(index: int, run_dir: Path, overrides: Mapping[str, object]) -> str:
-    """The header printed to stderr before a trial of a command starts."""
+def trial_line(verb: str, index: int, run_dir: Path, overrides: Mapping[str, object]) -> str:
+    """The header printed to stderr before a trial of a command starts (``verb``: tune or sweep)."""
     what = ", ".join(f"{k}={v}" for k, v in overrides.items()) or "the command unchanged"
-    return f"tune [{index}] {what} -> {run_dir}"
+    return f"{verb} [{index}] {what} -> {run_dir}"
 
 
 def row_line(row: SweepRow) -> str:

@@ -91,9 +91,9 @@ class TuneResult:
             "max_workers": self.max_workers,
             "rules": {
                 "improve": f"a step of the search is taken only when throughput improves by more than {IMPROVE:.0%}",
-                "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores, then further only while "
-                "the next count stays under cores / (the workers' CPU busy fraction), at most "
-                f"{self.max_workers}",
+                "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores (every count tried), then "
+                "further only while each step helps and the next count stays under cores / (the workers' CPU busy "
+                f"fraction), at most {self.max_workers}",
                 "final": f"recommended and default re-run alternately, up to {FINAL_ROUNDS} rounds each; "
                 "speedup = ratio of median throughputs",
             },
@@ -244,24 +244,34 @@ def _climb(s: _Search, pipeline: str, start_batch: int) -> SweepRow | None:
 
 
 def _climb_workers(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
-    """Climb the worker ladder at ``best``'s batch; the best row and why the climb stopped."""
+    """Climb the worker ladder at ``best``'s batch; the best row and why the climb stopped. Up to the cores every
+    rung is tried (a step that does not help does not end it: one worker that only moves the loading off the
+    training process can gain little where two gain much); past the cores the first step that does not help
+    ends it."""
     unmeasured: int | None = None  # the worker count past the cores whose CPU use was not sampled
     cores = s.cores
+    passed: list[str] = []  # rungs within the cores that did not help, said in the reason
     for w in worker_ladder(s.max_workers, cores)[1:]:
         f = best.worker_cpu_busy_fraction
         if w > cores and not math.isfinite(f):
             unmeasured = best.workers if unmeasured is None else unmeasured
         elif w > cores and f * w > cores:  # w > cores / f: w workers would need more than the cores
             fit = max(best.workers, math.floor(cores / f))
-            return best, (
-                f"stopped at {best.workers}: the workers were {f:.0%} busy on CPU per item at {best.workers}, so "
-                f"about {fit} fit on {cores} core{'' if cores == 1 else 's'} ({w} would not)"
+            ceiling = (
+                f"the workers were {f:.0%} busy on CPU per item at {best.workers}, so about {fit} fit on {cores} "
+                f"core{'' if cores == 1 else 's'} ({w} would not)"
             )
+            return best, f"stopped at {best.workers}: {'; '.join([*passed, ceiling])}"
         row = s.run(Config(best.pipeline, best.batch_size, w), best)
         if not _better(row, best):
-            return best, _unsampled(f"stopped at {best.workers}: {_step(best, row, 'workers')}", unmeasured)
+            if w < min(cores, s.max_workers):
+                passed.append(_step(best, row, "workers"))
+                continue
+            why = "; ".join([*passed, _step(best, row, "workers")])
+            return best, _unsampled(f"stopped at {best.workers}: {why}", unmeasured)
         best = row
-    return best, _unsampled(f"stopped at {best.workers}: the most workers allowed (--max-workers)", unmeasured)
+    why = "; ".join([*passed, "the most workers allowed (--max-workers)"])
+    return best, _unsampled(f"stopped at {best.workers}: {why}", unmeasured)
 
 
 def _unsampled(reason: str, at: int | None) -> str:

@@ -36,6 +36,7 @@ from profiler.live.feeds import Monitor, StoreFeed
 from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, TrialStop, child_env
 
 INSTRUMENT_DIR = "instrument"  # in the run directory: the start-up module's records, as it wrote them
+PYSPY_UNAVAILABLE = "{problem}; the run goes on with the host and NVML sampler only"
 COMMAND_LOG = "command.log"  # in a trial's run directory: the command's own output
 
 if TYPE_CHECKING:
@@ -93,12 +94,7 @@ def profile_external(
         raise ValueError("give exactly one of command or pid")
     t0 = time.perf_counter()
     reader = _instrumented(out, t0) if (instrument or trial) and command is not None else None
-    env = None
-    if reader is not None and trial is not None:
-        env = child_env(reader.directory, overrides=trial.overrides, stop=trial.stop)
-    elif reader is not None:
-        env = child_env(reader.directory)
-    child = _start(command, child_stdout, env, trial is not None, out) if command else None
+    child = _launch(out, command, child_stdout, reader, trial)
     target = child.pid if child is not None else pid
     assert target is not None
     # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
@@ -116,22 +112,12 @@ def profile_external(
     left = 0
     try:
         rec.start(t0=t0)
-        if trial is None:
-            rec.start_pyspy(
-                target,
-                rate=pyspy_rate,
-                attach_timeout_s=3.0,
-                unavailable="{problem}; the run goes on with the host and NVML sampler only",
-            )
+        if trial is None:  # a trial's throughput is what it measures: py-spy's cost would be in it
+            rec.start_pyspy(target, rate=pyspy_rate, attach_timeout_s=3.0, unavailable=PYSPY_UNAVAILABLE)
         watch = _Watch(trial, reader, t0) if trial is not None else None
         with monitor(StoreFeed(out)) if monitor else nullcontext():
             exit_code = _wait(child, target, duration_s, tick, watch)
-        if watch is not None and watch.signame:
-            status, error = "interrupted", f"stopped by {watch.signame}"
-        elif watch is not None and watch.why:
-            status, error = "failed", watch.why
-        elif exit_code:
-            status, error = "failed", f"the command exited with code {exit_code}"
+        status, error = _ended(watch, exit_code)
     except (KeyboardInterrupt, Interrupted) as exc:
         status, error = "interrupted", f"stopped by {getattr(exc, 'signame', 'SIGINT')}"
         if child is not None and trial is None:
@@ -141,11 +127,53 @@ def profile_external(
             left = end_group(child)
         tick.last()
         summary = rec.close(status, error, command_exit_code=exit_code, **({"left_behind": left} if trial else {}))
+    return _result(rec, reader, summary, exit_code, status=status, error=error, left=left)
+
+
+def _launch(
+    out: Path,
+    command: list[str] | None,
+    child_stdout: IO[str] | IO[bytes] | int | None,
+    reader: InstrumentReader | None,
+    trial: CommandTrial | None,
+) -> subprocess.Popen[bytes] | None:
+    """The command started (None when attaching), with the start-up module's environment when instrumented."""
+    if command is None:
+        return None
+    env = None
+    if reader is not None and trial is not None:
+        env = child_env(reader.directory, overrides=trial.overrides, stop=trial.stop)
+    elif reader is not None:
+        env = child_env(reader.directory)
+    return _start(command, child_stdout, env, trial is not None, out)
+
+
+def _ended(watch: _Watch | None, exit_code: int | None) -> tuple[str, str | None]:
+    """The run's status and error once the wait ended: a trial's limits, else the command's exit code."""
+    if watch is not None and watch.signame:
+        return "interrupted", f"stopped by {watch.signame}"
+    if watch is not None and watch.why:
+        return "failed", watch.why
+    if exit_code:
+        return "failed", f"the command exited with code {exit_code}"
+    return "complete", None
+
+
+def _result(
+    rec: Recording,
+    reader: InstrumentReader | None,
+    summary: Summary | None,
+    exit_code: int | None,
+    *,
+    status: str,
+    error: str | None,
+    left: int,
+) -> ZeroCodeResult:
     job = _job(rec, summary)
     steps = rec.store.record().steps if rec.store is not None and reader is not None else []
     step_s = tuple(r.t_end - r.t_start for r in steps if not r.warmup)
     facts = _instrument_facts(reader) if reader is not None else {}
-    return ZeroCodeResult(out, exit_code, rec.pyspy_problem, status, summary, job, error, left, step_s, facts)
+    return ZeroCodeResult(rec.out_dir, exit_code, rec.pyspy_problem, status, summary, job, error, left, step_s, facts)
 
 
 def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
