@@ -131,7 +131,7 @@ def test_a_failed_trial_is_a_row_that_says_why_and_the_search_goes_on(tmp_path: 
     script = tmp_path / "fails.py"
     script.write_text(FAILS_AT_TWO)
     res = stallscope(
-        "tune", "--json", "--seconds", "0.5", "--budget-s", "40", "--max-workers", "4",
+        "tune", "--json", "--seconds", "0.5", "--budget-s", "14", "--max-workers", "4",
         "--out", str(tmp_path / "t"), "--", sys.executable, str(script),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
