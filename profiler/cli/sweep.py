@@ -45,8 +45,9 @@ from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
     from profiler.drivers.runner import TrainingError  # imports torch: only where a command trains
-    from profiler.sweep.analysis import Config, SweepRow
+    from profiler.sweep.analysis import Config, SweepResult, SweepRow
     from profiler.sweep.run import Harness
+    from profiler.sweep.tuner import TuneResult
 
 MAX_BUDGET_S = 7 * 24 * 3600.0
 DEFAULT_BUDGET_S = 300.0
@@ -234,6 +235,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             result, stopped = run_sweep(h, configs, out)
     except TrainingError as exc:  # bad user data or an unwritable store: every configuration would fail alike
         return _stopped_early(exc, out / "sweep.json")
+    return _sweep_outcome(args, result, stopped, out)
+
+
+def _sweep_outcome(args: argparse.Namespace, result: SweepResult, stopped: str | None, out: Path) -> int:
+    """Write the plot, print the table (or its JSON) and give the exit code of a sweep that ran."""
     from profiler.sweep.render import render_sweep, sweep_svg
 
     (out / "sweep.svg").write_text(sweep_svg(result))
@@ -309,6 +315,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             )  # fmt: skip
     except TrainingError as exc:  # bad user data or an unwritable store, as in cmd_sweep
         return _stopped_early(exc, out / "tune.json")
+    return _tune_outcome(args, result, out)
+
+
+def _tune_outcome(args: argparse.Namespace, result: TuneResult, out: Path) -> int:
+    """Print the tune's table and verdict (or its JSON) and give its exit code."""
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -372,7 +383,6 @@ def cmd_sweep_command(args: argparse.Namespace) -> int:
     from profiler.sweep.analysis import DEFAULT_STEPS
     from profiler.sweep.command import CommandFailed, run_command_sweep, usable_command
     from profiler.sweep.plan import default_workers
-    from profiler.sweep.render import render_sweep, sweep_svg
 
     _refuse_scenario_flags(args, sweep=True)
     if problem := usable_command(args.command_argv, args.steps or (None if args.seconds else DEFAULT_STEPS)):
@@ -391,24 +401,13 @@ def cmd_sweep_command(args: argparse.Namespace) -> int:
     except CommandFailed as exc:
         say(f"error: the command, run unchanged, gave no step to sweep from: {exc} (its run: {out / 'own'})")
         return EXIT_FAILED
-    (out / "sweep.svg").write_text(sweep_svg(result))
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        from profiler.render.report import make_console
-
-        render_sweep(result, make_console(), out)
-    if stopped:
-        say(f"stopped by {stopped}; the table holds the runs that finished")
-        return exit_signal(stopped)
-    return EXIT_OK if any(r.ok for r in result.rows) else EXIT_FAILED
+    return _sweep_outcome(args, result, stopped, out)
 
 
 def cmd_tune_command(args: argparse.Namespace) -> int:
     """``tune [OPTIONS] -- CMD``: the command's DataLoader tuned through the start-up module (sweep.command)."""
     import pipelines
     from profiler.sweep.command import CommandFailed, run_command_tune, usable_command
-    from profiler.sweep.render import render_tune
     from profiler.sweep.run import trial_seconds
     from profiler.sweep.tuner import WORKER_CAP
 
@@ -443,15 +442,7 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
     except Interrupted as exc:  # during the first trial: the setting to beat was not measured
         say(f"stopped by {exc.signame} before the command's own setting was measured; what ran: {out}")
         return exit_signal(exc.signame)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        from profiler.render.report import make_console
-
-        render_tune(result, make_console(), out)
-    if result.stopped_by:
-        return exit_signal(result.stopped_by)
-    return EXIT_OK if result.recommended is not None else EXIT_FAILED
+    return _tune_outcome(args, result, out)
 
 
 class _Once(logging.Filter):
