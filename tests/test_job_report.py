@@ -52,7 +52,9 @@ def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
 @pytest.fixture(scope="module")
 def even_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, RankPlan]]:
     d = tmp_path_factory.mktemp("even")
-    plans = {0: RankPlan(sync_s=0.002, nested=True), 1: RankPlan(sync_s=0.002, nested=True)}
+    # 40 ms of compute to 0.5 ms of data wait: beside a busy neighbour the 0.5 ms sleep took long enough that a
+    # 15 ms step read 5% stall (the "moderately" band) on CI; here it stays under it even at 2 ms a wake-up
+    plans = {r: RankPlan(compute_s=0.04, sync_s=0.002, nested=True) for r in (0, 1)}
     job_json(d)
     run_ranks(d, plans, world=2, job_id="job-a")
     return d, plans
