@@ -7,7 +7,9 @@ expected fractions are counted from the test's own samples.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from pathlib import Path
 
 from profiler.analysis.sampled import rank_stacks, stack_estimates
 from profiler.core.store import RunRecord
@@ -113,3 +115,21 @@ def test_a_pyspy_at_normal_priority_is_said_and_a_real_time_one_is_not() -> None
     for scheduling in ("SCHED_FIFO 1, each thread from 0.5 s after it starts", None):
         est, _ = stack_estimates(record(text, target_pid=1, pyspy_scheduling=scheduling))
         assert est is not None and not any("priority" in n for n in est.notes)
+
+
+def test_a_run_recorded_with_nonblocking_reads_says_its_data_wait_reads_low() -> None:
+    from profiler.core.pyspy import PySpyRecorder
+
+    text = speedscope({((1,), "1"): [NEXT] * 30 + [FORWARD] * 10})
+    old = ["py-spy", "record", "--pid", "1", "--idle", "--threads", "--nonblocking", "--rate", "100"]
+    est, _ = stack_estimates(record(text, target_pid=1, pyspy_args=old))
+    assert est is not None and "--nonblocking" in est.method
+    assert any(n.startswith("recorded with py-spy --nonblocking") and "reads low" in n for n in est.notes)
+    # what stallscope runs now pauses the process for each read, and its runs say so, with no such note
+    rec = PySpyRecorder(1, Path("/nonexistent/out.json"), exe="/bin/false")
+    with contextlib.suppress(Exception):
+        rec.start(attach_timeout_s=0.1)  # /bin/false exits at once: the args are built all the same
+    assert rec.args and "--nonblocking" not in rec.args and "--idle" in rec.args
+    est, _ = stack_estimates(record(text, target_pid=1, pyspy_args=rec.args))
+    assert est is not None and "each read with the process paused" in est.method
+    assert not any("nonblocking" in n for n in est.notes)

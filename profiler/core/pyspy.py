@@ -1,6 +1,6 @@
 """Running py-spy beside a training process: attach, record to a file in the run directory, stop.
 
-Its flags (``--nonblocking``, 10 Hz, ``--idle``, ``--subprocesses``, ``--format speedscope``) and why:
+Its flags (10 Hz, ``--idle``, ``--subprocesses``, ``--format speedscope``; not ``--nonblocking``) and why:
 docs/zero-code.md, "How the estimate is made" (measured with benchmarks/zerocode.py). It runs under
 SCHED_FIFO where the host allows it (:class:`OnTime`), so that its samples are taken on time on a host
 with no idle core.
@@ -161,7 +161,7 @@ class PySpyRecorder:
             self.problem = "py-spy is not installed: `pip install py-spy` (it ships a static binary)"
             return self.problem
         self.args = [
-            exe, "record", "--pid", str(self.pid), "--subprocesses", "--idle", "--threads", "--nonblocking",
+            exe, "record", "--pid", str(self.pid), "--subprocesses", "--idle", "--threads",
             "--rate", str(self.rate), "--format", "speedscope", "--output", str(self.out),
         ]  # fmt: skip
         # py-spy prints progress on stderr; keep it for the failure reason, never show it to the user
