@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from profiler.analysis.contention import Contention, contention_of
+from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
 from profiler.analysis.parts import (
     CORE_PHASES,
@@ -94,6 +95,7 @@ class Summary:
     bad_samples: BadSamples | None = None
     cost: Cost | None = None
     contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
+    loader_time: LoaderTime | None = None  # where the loader processes' time goes (on a CPU, blocked on what)
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -137,6 +139,7 @@ class Summary:
             "bad_samples": self.bad_samples.to_dict() if self.bad_samples else None,
             "cost": self.cost.to_dict() if self.cost else None,
             "contention": self.contention.to_dict() if self.contention else None,
+            "loader_time": self.loader_time.to_dict() if self.loader_time else None,
         }
         return json_safe(out)
 
@@ -328,6 +331,7 @@ def _summary(
         bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
+        loader_time=loader_time(figures.host),
     )
 
 

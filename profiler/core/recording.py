@@ -40,13 +40,20 @@ def log_warning(message: str) -> None:
 
 def default_sources(pid: int | None = None) -> list[Source]:
     """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
-    threads and workers (schedstat; workers labelled as the host source labels them), and NVML."""
+    threads and workers (schedstat; workers labelled as the host source labels them), where its loader
+    processes' time goes (on a CPU, waiting for one, blocked on what), and NVML."""
+    from profiler.core.sources.blocked import BlockedSource
     from profiler.core.sources.host import HostSource
     from profiler.core.sources.nvml import NvmlSource
     from profiler.core.sources.sched import SchedSource
 
     host = HostSource(pid)
-    return [host, SchedSource(pid, workers=host.pid_labels), NvmlSource()]
+    return [
+        host,
+        SchedSource(pid, workers=host.pid_labels),
+        BlockedSource(pid, workers=host.pid_labels),
+        NvmlSource(),
+    ]
 
 
 class Recording:

@@ -16,6 +16,7 @@ from rich.text import Text
 from profiler.analysis import Summary
 from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
 from profiler.render.figures import num as _num
+from profiler.render.loader import loader_time_table
 from profiler.render.figures import pct as _pct
 
 _VERDICT_STYLE = {
@@ -118,6 +119,8 @@ def render_report(s: Summary, console: Console) -> None:
             body.append(crosscheck_line(overall, wait / step))
     if att:
         body.append(attribution_table(att))
+    if s.loader_time is not None and s.loader_time.workers is not None:
+        body.append(loader_time_table(s.loader_time))
     body += [verdict_block(s), sampler_block(s)]
     if s.error:
         body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))  # above everything but the header

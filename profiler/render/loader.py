@@ -1,0 +1,46 @@
+"""The loader processes' time as a table: a row per process, % of its wall time on a CPU, waiting for one, and
+blocked on each kind of wait. Formats the Summary's ``loader_time``; computes nothing."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from profiler.analysis.loader_time import LoaderTime, ProcessTime
+
+COLUMNS = (
+    ("cpu", "CPU"),
+    ("runq", "runq"),
+    ("storage", "storage"),
+    ("network", "network"),
+    ("queue", "work"),
+    ("sleep", "sleep"),
+    ("lock", "lock"),
+    ("other", "other"),
+)
+KEY = (
+    "CPU: on a CPU; runq: runnable, waiting for a CPU; blocked in: storage (a read of a file, disk I/O), network "
+    "(a socket), work (waiting for the next indices: the loader is ahead), sleep, lock (a lock or a thread), other"
+)
+
+
+def _cell(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.0f}%"
+
+
+def _name(p: ProcessTime) -> str:
+    return {"main": "main", "workers": "mean"}.get(p.label, p.label)
+
+
+def loader_time_table(lt: LoaderTime) -> Table:
+    t = Table(title="Where the loader processes' time goes (% of wall time; main: the training thread)", title_justify="left")
+    t.add_column("process")
+    for _key, label in COLUMNS:
+        t.add_column(label, justify="right")
+    rows = list(lt.processes) + ([lt.workers] if lt.workers is not None and len(lt.processes) > 2 else [])
+    for p in rows:
+        t.add_row(_name(p), *(_cell(getattr(p, key)) for key, _ in COLUMNS))
+    t.caption = (lt.headline + "\n" if lt.headline else "") + f"{KEY}\nsource: {lt.method}"
+    t.caption_justify = "left"
+    return t
