@@ -162,6 +162,7 @@ TIMING_FILES = {
     "test_joblive.py",
     "test_launch.py",
     "test_live.py",
+    "test_loader_time_truth.py",
     "test_pipelines_prefetch.py",
     "test_prometheus.py",
     "test_sampler.py",

@@ -24,7 +24,8 @@ METHOD = (
     "schedstat of each loader process's loop thread (time on a CPU, time waiting for one: exact); the rest of "
     "the time split by the system call the thread was blocked in, polled from /proc 25 times a second (sampled)"
 )
-_METRIC = re.compile(r"loader\.(main|w\d+)\.([a-z]+)_pct")
+_METRIC = re.compile(r"loader\.(main|w\d+)\.(?:([a-z]+)_pct|polls_([a-z]+))")
+BLOCKED = PARTS[2:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +57,38 @@ class LoaderTime:
 
 
 def loader_time(host: HostFigures) -> LoaderTime | None:
-    """The loader processes' time from the sampled means; None when the ``loader`` source gave nothing."""
-    rows: dict[str, dict[str, float]] = {}
+    """The loader processes' time from the sampled means; None when the ``loader`` source gave nothing.
+
+    The off-CPU share (exact) is split by the blocked polls of the whole window: the ratio of the polls' means
+    is the ratio of their counts. With no blocked poll in the window it is all ``other``.
+    """
+    pct: dict[str, dict[str, float]] = {}
+    polls: dict[str, dict[str, float]] = {}
     for metric, value in host.by_metric.items():
         m = _METRIC.fullmatch(metric)
-        if m is not None and m.group(2) in PARTS:
-            rows.setdefault(m.group(1), {})[m.group(2)] = value
-    measured = {k: v for k, v in rows.items() if not math.isnan(v.get("cpu", math.nan))}
+        if m is not None:
+            part, category = m.group(2), m.group(3)
+            (pct if part else polls).setdefault(m.group(1), {})[part or category] = value
+    measured = [k for k, v in pct.items() if not math.isnan(v.get("cpu", math.nan))]
     if not measured:
         return None
     order = sorted(measured, key=lambda k: (k != "main", int(k[1:]) if k != "main" else 0))
-    processes = tuple(ProcessTime(k, *(measured[k].get(p, math.nan) for p in PARTS)) for k in order)
+    processes = tuple(_row(k, pct[k], polls.get(k, {})) for k in order)
     workers = [p for p in processes if p.label != "main"]
     mean = _mean(workers) if workers else None
     bottleneck, headline = _read(mean, len(workers)) if mean is not None else (None, None)
     return LoaderTime(METHOD, processes, mean, bottleneck, headline)
+
+
+def _row(label: str, pct: dict[str, float], polls: dict[str, float]) -> ProcessTime:
+    off = pct.get("off", math.nan)
+    counts = {c: polls.get(c, 0.0) for c in BLOCKED}
+    counts = {c: 0.0 if math.isnan(v) else v for c, v in counts.items()}
+    total = math.fsum(counts.values())
+    shares = (
+        {c: off * counts[c] / total for c in BLOCKED} if total > 0 else {**dict.fromkeys(BLOCKED, 0.0), "other": off}
+    )
+    return ProcessTime(label, pct.get("cpu", math.nan), pct.get("runq", math.nan), *(shares[c] for c in BLOCKED))
 
 
 def _mean(rows: list[ProcessTime]) -> ProcessTime:

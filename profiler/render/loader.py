@@ -34,7 +34,9 @@ def _name(p: ProcessTime) -> str:
 
 
 def loader_time_table(lt: LoaderTime) -> Table:
-    t = Table(title="Where the loader processes' time goes (% of wall time; main: the training thread)", title_justify="left")
+    t = Table(
+        title="Where the loader processes' time goes (% of wall time; main: the training thread)", title_justify="left"
+    )
     t.add_column("process")
     for _key, label in COLUMNS:
         t.add_column(label, justify="right")

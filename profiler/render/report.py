@@ -16,8 +16,8 @@ from rich.text import Text
 from profiler.analysis import Summary
 from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
 from profiler.render.figures import num as _num
-from profiler.render.loader import loader_time_table
 from profiler.render.figures import pct as _pct
+from profiler.render.loader import loader_time_table
 
 _VERDICT_STYLE = {
     "highly input-bound": "bold red",

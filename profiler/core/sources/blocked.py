@@ -2,10 +2,11 @@
 
 For the loop thread of each loader worker (its process's first thread) and for the training process's main
 thread: schedstat fields 1 and 2 give the exact time on a CPU and runnable-but-waiting in each sampling period;
-the rest of the period the thread was off the CPU. A poller thread reads, :data:`POLL_HZ` times a second, each
-thread's state (``/proc/PID/task/TID/stat`` field 3) and, when it is blocked, the system call it is blocked in
-(``/proc/PID/task/TID/syscall``) and what that call waits on (``/proc/PID/fd/N``: a regular file, a socket, a
-pipe). Each period's off-CPU share is split in the proportions of that period's blocked polls:
+the rest of the period the thread was off the CPU. A poller thread reads, :data:`POLL_HZ` times a second on
+average (at random intervals), each thread's state (``/proc/PID/task/TID/stat`` field 3) and, when it is
+blocked, the system call it is blocked in (``/proc/PID/task/TID/syscall``) and what that call waits on
+(``/proc/PID/fd/N``: a regular file, a socket, a pipe). The off-CPU share of a window is split in the
+proportions of the window's blocked polls:
 
 - ``storage``: a read-family call on a regular file, or uninterruptible sleep (state D: disk I/O, a page
   fault on a mapped file);
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import random
 import struct
 import threading
 import time
@@ -104,26 +106,19 @@ class ThreadProbe:
     def blocked_on(self, state: str) -> str:
         """The category of a thread seen blocked (state S or D)."""
         call = self._syscall()
-        if call is None:
-            return "storage" if state == "D" else "other"
-        number, args = call
-        family = self.table.get(number)
+        family = self.table.get(call[0]) if call is not None else None
         if family == "restart":
             family = self._wchan_family()
+        if call is None or family is None:
+            return "storage" if state == "D" else "other"
+        args = call[1]
         if family in ("read", "write"):
             kind = self._fd(args[0])
-            if kind == "socket":
-                return "network"
-            if kind == "pipe":
-                return "queue"
-            return "storage" if kind == "file" or state == "D" else "other"
-        if family == "socket":
-            return "network"
+            by_kind = {"socket": "network", "pipe": "queue", "file": "storage"}
+            return by_kind.get(kind, "storage" if state == "D" else "other")
         if family in ("poll", "select", "epoll"):
             return of_kinds(self._waited(family, args))
-        if family in ("sleep", "lock"):
-            return family
-        return "storage" if state == "D" else "other"
+        return "network" if family == "socket" else family  # sleep, lock
 
     def _syscall(self) -> tuple[int, list[int]] | None:
         try:
@@ -220,8 +215,8 @@ class BlockedSource:
     """Sampled CPU / run-queue / blocked split of the main thread and each loader worker's loop thread.
 
     ``workers`` returns label -> pid as ``HostSource.pid_labels`` does (its ``main`` entry is the training
-    process); metrics are ``loader.<label>.<part>_pct``, % of the period, for ``cpu``, ``runq`` and each of
-    :data:`CATEGORIES`.
+    process); metrics are ``loader.<label>.<part>_pct``, % of the period, for ``cpu``, ``runq`` and ``off``,
+    and ``loader.<label>.polls_<category>``, the period's blocked polls in each of :data:`CATEGORIES`.
     """
 
     name = "loader"
@@ -300,7 +295,11 @@ class BlockedSource:
                     t.blocked[category] += 1
 
     def _poll_loop(self) -> None:
-        while not self._stop.wait(self._period):
+        # exponential intervals (a Poisson process): polls at a fixed period alias with a loader whose items
+        # take the same period, and would see the same part of every item (measured: a 20 ms sleep and a 20 ms
+        # spin per item, polled every 40 ms, read 0% asleep)
+        rng = random.Random()
+        while not self._stop.wait(rng.expovariate(1.0 / self._period)):
             self.poll_once()
 
     def _watch(self, label: str, pid: int) -> None:
@@ -343,13 +342,17 @@ class BlockedSource:
 def split(
     label: str, prev: tuple[int, int] | None, now: tuple[int, int], dt: float | None, blocked: Counter[str]
 ) -> dict[str, float]:
-    """One thread's period: % on a CPU, % waiting for one, and the rest split by its blocked polls."""
-    keys = [f"loader.{label}.{part}_pct" for part in ("cpu", "runq", *CATEGORIES)]
+    """One thread's period: % on a CPU, % waiting for one, % off the CPU, and its blocked polls by category.
+
+    The polls are counts, not shares: a period of 0.1 s holds two or three polls, too few to split its own
+    off-CPU time; the analysis splits the off-CPU time of a whole window by the window's polls.
+    """
+    keys = [f"loader.{label}.{part}_pct" for part in ("cpu", "runq", "off")]
+    polls = [f"loader.{label}.polls_{c}" for c in CATEGORIES]
     if prev is None or dt is None or dt <= 0:
-        return dict.fromkeys(keys, _NAN)
+        return dict.fromkeys(keys + polls, _NAN)
     cpu = max(0.0, (now[0] - prev[0]) / (dt * 1e9) * 100.0)
     runq = max(0.0, (now[1] - prev[1]) / (dt * 1e9) * 100.0)
-    off = max(0.0, 100.0 - cpu - runq)
-    n = sum(blocked.values())
-    shares = {c: off * blocked[c] / n for c in CATEGORIES} if n else {**dict.fromkeys(CATEGORIES, 0.0), "other": off}
-    return dict(zip(keys, (cpu, runq, *(shares[c] for c in CATEGORIES)), strict=True))
+    out = dict(zip(keys, (cpu, runq, max(0.0, 100.0 - cpu - runq)), strict=True))
+    out.update((key, float(blocked[c])) for key, c in zip(polls, CATEGORIES, strict=True))
+    return out

@@ -1,0 +1,151 @@
+"""Loader time against the data set's own timing: workers whose items sleep, spin, or fetch their bytes over a
+socket from a local server that sends them slowly, and workers that have nothing to do because the training
+is slow. The truth is each worker's own record of when it was sleeping, spinning or receiving, over the run's
+measured window, on the same clock (CLOCK_MONOTONIC is one clock for every process).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from profiler import Session
+from profiler.core.sources.blocked import calls
+
+pytestmark = pytest.mark.skipif(not calls(), reason="system call numbers known only for x86_64 and aarch64")
+
+ITEM_S = 0.02
+WORKERS = 2
+MAX_ITEMS = 4000
+CHUNKS = 4  # the server sends an item in this many pieces, ITEM_S / CHUNKS apart
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class Timed(torch.utils.data.Dataset):
+    """Items made of parts (sleep, spin, network), each ITEM_S long; each worker notes every part's (start,
+    end) in shared memory, by part."""
+
+    def __init__(self, parts: tuple[str, ...], port: int = 0) -> None:
+        self.parts, self.port = parts, port
+        self.spans = {p: [mp.Array("d", 2 * MAX_ITEMS, lock=False) for _ in range(WORKERS)] for p in parts}
+        self.counts = {p: mp.Array("i", WORKERS, lock=False) for p in parts}
+
+    def __len__(self) -> int:
+        return 1_000_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        w = info.id if info is not None else 0
+        for part in self.parts:
+            t0 = time.perf_counter()
+            if part == "sleep":
+                time.sleep(ITEM_S)
+            elif part == "spin":
+                _spin(ITEM_S)
+            elif part == "network":
+                with socket.create_connection(("127.0.0.1", self.port)) as conn:
+                    while conn.recv(65536):
+                        pass
+            t1 = time.perf_counter()
+            n = self.counts[part][w]
+            if n < MAX_ITEMS:
+                self.spans[part][w][2 * n], self.spans[part][w][2 * n + 1] = t0, t1
+                self.counts[part][w] = n + 1
+        return torch.zeros(4)
+
+    def share(self, part: str, w: int, start: float, end: float) -> float:
+        """Worker ``w``'s time in ``part`` over [start, end], % of it."""
+        spans = self.spans[part][w]
+        inside = sum(
+            max(0.0, min(end, spans[2 * k + 1]) - max(start, spans[2 * k])) for k in range(self.counts[part][w])
+        )
+        return 100.0 * inside / (end - start)
+
+
+def _slow_server() -> tuple[socket.socket, threading.Event, threading.Thread]:
+    """A local server that sends each connection 4 pieces of 8 KiB, ITEM_S / CHUNKS apart, and closes it."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            for _ in range(CHUNKS):
+                time.sleep(ITEM_S / CHUNKS)
+                conn.sendall(b"x" * 8192)
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    return srv, stop, server
+
+
+def _train(tmp: Path, data: Timed, *, step_s: float, steps: int) -> tuple[dict, float, float]:
+    loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=WORKERS)
+    warmup = 4
+    with Session(tmp, warmup=warmup, meta={"workers": WORKERS}) as s:
+        for i, _batch in enumerate(s.wrap(loader)):
+            if i == warmup:
+                start = time.perf_counter()
+            if step_s:
+                time.sleep(step_s)
+            if i + 1 == warmup + steps:
+                break
+        end = time.perf_counter()
+    return json.loads((tmp / "summary.json").read_text()), start, end
+
+
+@pytest.mark.parametrize("parts", [("sleep", "spin"), ("network", "spin"), ("sleep",)], ids="+".join)
+def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple[str, ...]) -> None:
+    server = _slow_server() if "network" in parts else None
+    try:
+        data = Timed(parts, server[0].getsockname()[1] if server else 0)
+        # 3 s measured: the sampler finds the workers within its first second, and their first reading is a start
+        summary, start, end = _train(tmp_path, data, step_s=0.0, steps=round(3.0 / (len(parts) * ITEM_S)))
+    finally:
+        if server is not None:
+            srv, stop, thread = server
+            stop.set()
+            thread.join()
+            srv.close()
+    lt = summary["loader_time"]
+    rows = {p["label"]: p for p in lt["processes"]}
+    assert set(rows) == {"main", "w0", "w1"}, rows
+    for w in range(WORKERS):
+        row = rows[f"w{w}"]
+        # a spin's own wall time holds its waits for a CPU too; a sleep or a receive is off the CPU
+        got = {"sleep": row["sleep"], "spin": row["cpu"] + row["runq"], "network": row["network"]}
+        for part in parts:
+            truth = data.share(part, w, start, end)
+            assert abs(got[part] - truth) <= 10.0, (part, w, got[part], truth, row)
+    if parts == ("sleep",):
+        assert lt["bottleneck"] == "sleep" and "slept" in lt["headline"]
+
+
+def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:
+    data = Timed(())
+    summary, _start, _end = _train(tmp_path, data, step_s=0.05, steps=30)
+    lt = summary["loader_time"]
+    w = lt["workers"]
+    assert data.counts == {}  # the truth: the items take no time at all
+    assert w["queue"] >= 85.0 and w["cpu"] + w["runq"] <= 10.0, w
+    assert lt["bottleneck"] == "ahead" and "more workers will not help" in lt["headline"]
