@@ -17,7 +17,11 @@ import pytest
 import torch
 
 from profiler import Session
+from profiler.analysis import summarize
+from profiler.analysis.timeline import build_timeline
 from profiler.core.sources.blocked import calls
+from profiler.core.store.reader import load_run
+from profiler.render.html import render_html
 
 pytestmark = pytest.mark.skipif(not calls(), reason="system call numbers known only for x86_64 and aarch64")
 
@@ -149,3 +153,7 @@ def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:
     assert data.counts == {}  # the truth: the items take no time at all
     assert w["queue"] >= 85.0 and w["cpu"] + w["runq"] <= 10.0, w
     assert lt["bottleneck"] == "ahead" and "more workers will not help" in lt["headline"]
+    # the HTML report shows the same rows
+    rec = load_run(tmp_path)
+    html = render_html(summarize(rec), build_timeline(rec))
+    assert 'id="loader-time"' in html and 'data-process="w1"' in html and "waited for work" in html

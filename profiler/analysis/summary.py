@@ -289,7 +289,6 @@ def _summary(
 ) -> Summary:
     """The Summary itself, from the figures the rules read and the rest of what summarize gathered."""
     meta = rec.meta
-    stall, workers = figures.stall_fraction, figures.workers
     loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     return Summary(
         run_id=meta.get("run_id"),
@@ -297,13 +296,13 @@ def _summary(
         pipeline=meta.get("pipeline"),
         device=device,
         batch_size=meta.get("batch_size"),
-        workers=workers,
+        workers=figures.workers,
         steps=m.n,
         warmup_steps=len(rec.steps) - m.n,
         throughput_samples_per_s=throughput,
         step_time_ms=timing.step_time,
         breakdown_ms_per_step=timing.breakdown,
-        stall_fraction=stall,
+        stall_fraction=figures.stall_fraction,
         device_busy_fraction=timing.busy_fraction,
         verdict=_verdict(figures, loader_only, synthetic),
         recommendations=recommendations,

@@ -34,6 +34,7 @@ from profiler.render.figures import (
 )
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
+from profiler.render.loader import COLUMNS, KEY, cell
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
@@ -196,6 +197,27 @@ def _sampled(s: Summary) -> str:
             f'<table class="grid">{head.format("category", "top functions")}<tbody>{rows}</tbody></table>{line}',
         )
     return out
+
+
+def _loader_time(s: Summary) -> str:
+    """The loader processes' time (runs with workers): a row per process, % of wall time by part."""
+    lt = s.loader_time
+    if lt is None or lt.workers is None:
+        return ""
+    head = "".join(f"<th>{_e(label)}</th>" for _key, label in COLUMNS)
+    rows = "".join(
+        f'<tr data-process="{_e(p.label)}"><th>{_e(p.label)}</th>'
+        + "".join(f"<td>{_e(cell(getattr(p, key)))}</td>" for key, _label in COLUMNS)
+        + "</tr>"
+        for p in (*lt.processes, lt.workers)
+    )
+    line = f'<p class="headline">{_e(lt.headline)}</p>' if lt.headline else ""
+    return _section(
+        "loader-time",
+        "Where the loader processes' time goes (% of wall time; main: the training thread)",
+        f'<table class="grid"><thead><tr><th>process</th>{head}</tr></thead><tbody>{rows}</tbody></table>{line}'
+        f'<p class="note">{_e(KEY)}. Source: {_e(lt.method)}.</p>',
+    )
 
 
 def _recommendations(s: Summary) -> str:
@@ -431,6 +453,7 @@ def render_html(
         + ("" if s.mode == "zero-code" else _breakdown(s))
         + _ranks(job)
         + _sampled(s)
+        + _loader_time(s)
         + _recommendations(s)
         + _plots(s, timeline)
         + _sampler(s)

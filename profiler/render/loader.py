@@ -25,7 +25,7 @@ KEY = (
 )
 
 
-def _cell(v: float) -> str:
+def cell(v: float) -> str:
     return "n/a" if math.isnan(v) else f"{v:.0f}%"
 
 
@@ -42,7 +42,7 @@ def loader_time_table(lt: LoaderTime) -> Table:
         t.add_column(label, justify="right")
     rows = list(lt.processes) + ([lt.workers] if lt.workers is not None and len(lt.processes) > 2 else [])
     for p in rows:
-        t.add_row(_name(p), *(_cell(getattr(p, key)) for key, _ in COLUMNS))
+        t.add_row(_name(p), *(cell(getattr(p, key)) for key, _ in COLUMNS))
     t.caption = (lt.headline + "\n" if lt.headline else "") + f"{KEY}\nsource: {lt.method}"
     t.caption_justify = "left"
     return t
