@@ -143,6 +143,9 @@ def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple
             assert abs(got[part] - truth) <= 10.0, (part, w, got[part], truth, row)
     if parts == ("sleep",):
         assert lt["bottleneck"] == "sleep" and "slept" in lt["headline"]
+        # input-bound (the training takes no time): the loader advice quotes what the workers' time says
+        recs = {r["code"]: r["text"] for r in summary["recommendations"]}
+        assert "the workers slept" in recs["LOADER_TOO_SLOW"], recs
 
 
 def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:

@@ -253,6 +253,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         loader_attribution=attribution,
         cpu_count=meta.get("cpu_count"),
         contention=contention,
+        loader_time=loader_time(host),
     )
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
     recommendations = _recommendations(figures, meta, none=math.isnan(stall) or loader_only or synthetic)
@@ -330,7 +331,7 @@ def _summary(
         bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
-        loader_time=loader_time(figures.host),
+        loader_time=figures.loader_time,
     )
 
 

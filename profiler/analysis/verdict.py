@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from profiler.analysis.contention import Contention, contention_advice
+from profiler.analysis.loader_time import LoaderTime
 from profiler.analysis.parts import (
     EVENT_TIMERS,
     Breakdown,
@@ -60,6 +61,7 @@ class Figures:
     device: RunDevice | None = None
     device_busy_fraction: float = math.nan
     nvml: NvmlFigures | None = None
+    loader_time: LoaderTime | None = None  # where the loader processes' time goes (the ``loader`` source)
 
     @property
     def simulated(self) -> bool:
@@ -126,7 +128,7 @@ def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
         return []
     sys_cpu = s.host.sys_cpu_pct
     busy = f" while system CPU averaged {sys_cpu:.0f}%" if math.isfinite(sys_cpu) else ""
-    advice = (
+    advice = _by_loader_time(s.loader_time) or (
         "the cores are saturated: make per-item work cheaper (decode on the GPU with DALI, smaller images, "
         "cheaper augmentation)"
         if sys_cpu >= 85
@@ -139,6 +141,30 @@ def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
             f"{busy}: {advice}." + idle,
         )
     ]
+
+
+def _by_loader_time(lt: LoaderTime | None) -> str | None:
+    """The advice that fits what the workers' own time says (docs/metrics.md, "Loader time"), or None."""
+    if lt is None or lt.workers is None or lt.bottleneck is None:
+        return None
+    w = lt.workers
+    return {
+        "storage": f"the workers were blocked reading storage {w.storage:.0f}% of their time: cache the data set "
+        "(page cache, local disk), use a faster store or larger sequential reads (sharded files); more workers "
+        "help only while the store has bandwidth to spare",
+        "network": f"the workers were blocked on the network {w.network:.0f}% of their time: more workers (more "
+        "requests in flight) help while the server has bandwidth to spare; a local cache helps either way",
+        "cores": f"the workers computed {w.cpu:.0f}% of their time and waited for a CPU {w.runq:.0f}%: the cores "
+        "are saturated, so make per-item work cheaper (DALI decode, smaller stored images, lighter augmentation)",
+        "cpu": f"the workers computed {w.cpu:.0f}% of their time: add workers while cores are idle, or make "
+        "per-item work cheaper (DALI decode, lighter augmentation)",
+        "ahead": f"yet the workers waited for work {w.queue:.0f}% of their time: batches were ready, and the wait "
+        "is in the main process receiving them (unpickling, shared memory, pin memory); more workers will not help",
+        "sleep": f"the workers slept {w.sleep:.0f}% of their time: find the time.sleep (or the retry back-off) in "
+        "the data set",
+        "lock": f"the workers waited on a lock or a thread {w.lock:.0f}% of their time: look for a lock shared "
+        "between items (a logger, a file handle, a thread pool)",
+    }.get(lt.bottleneck)
 
 
 def _loop_overhead(other: float, step: float) -> list[Recommendation]:
