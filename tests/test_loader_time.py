@@ -182,3 +182,20 @@ def test_no_loader_figures_no_loader_time_and_the_table_shows_each_process() -> 
     text = console.export_text()
     for cell in ("main", "w0", "w1", "mean", "waited for work 94%", "source: schedstat"):
         assert cell in text, text
+
+
+def test_the_live_view_shows_the_workers_recent_time() -> None:
+    from profiler.live.analysis import LiveAggregator
+    from profiler.live.render import frame
+
+    agg = LiveAggregator(window_s=5.0)
+    old = _host({"w0": (90, 5, {}), "w1": (90, 5, {})}).by_metric  # 10 s ago: computing
+    new = _host({"w0": (4, 1, {"queue": 3.0}), "w1": (4, 1, {"queue": 2.0})}).by_metric  # now: ahead
+    agg.add_samples([(1.0, old), *((10.0 + i / 10, new) for i in range(20))])
+    snap = agg.snapshot()
+    assert snap.loader is not None and snap.loader.bottleneck == "ahead"  # the old samples left the window
+    assert snap.loader.workers is not None and snap.loader.workers.queue == pytest.approx(95.0)
+    console = Console(record=True, width=120)
+    console.print(frame(snap, {"workers": 2}))
+    text = console.export_text()
+    assert "workers     ahead" in text and "work 95% (mean of 2, recent samples)" in text, text

@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from profiler.analysis.loader_time import LoaderTime, loader_time
+from profiler.analysis.parts import HostFigures
 from profiler.core.store import PhaseRow, StepRow
 
 
@@ -61,6 +63,17 @@ class LiveSnapshot:
     util_history: dict[str, list[float]]  # "gpu0" -> mean NVML utilization.gpu % per second
     latest: dict[str, float]  # the newest sample's metrics
     latest_t: float  # run time of the newest step end or sample, s
+    loader: LoaderTime | None = None  # the loader processes' time over the last window_s seconds of samples
+
+
+def _means(samples: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Per metric, the mean of its non-NaN values over the samples."""
+    acc: dict[str, list[float]] = {}
+    for metrics in samples:
+        for k, v in metrics.items():
+            if not math.isnan(v):
+                acc.setdefault(k, []).append(v)
+    return {k: math.fsum(vs) / len(vs) for k, vs in sorted(acc.items())}
 
 
 class LiveAggregator:
@@ -80,6 +93,7 @@ class LiveAggregator:
         self._util: dict[str, dict[int, list[float]]] = {}  # gpu -> second -> [sum, n]
         self._latest: dict[str, float] = {}
         self._latest_t = 0.0
+        self._loader: deque[tuple[float, dict[str, float]]] = deque()  # recent samples' loader.* metrics
 
     def add_steps(self, rows: Iterable[tuple[StepRow, Sequence[PhaseRow]]]) -> None:
         for row, phases in rows:
@@ -101,6 +115,7 @@ class LiveAggregator:
             self._last_sample_t = t
             self._latest = metrics
             self._latest_t = max(self._latest_t, t)
+            self._loader.append((t, {k: v for k, v in metrics.items() if k.startswith("loader.")}))
             for metric, value in metrics.items():
                 if metric.endswith(".util_pct") and metric.startswith("gpu") and not math.isnan(value):
                     acc = self._util.setdefault(metric.split(".")[0], {}).setdefault(int(t), [0.0, 0.0])
@@ -109,6 +124,8 @@ class LiveAggregator:
         self._trim()
 
     def _trim(self) -> None:
+        while self._loader and self._loader[0][0] < self._last_sample_t - self._window_s:
+            self._loader.popleft()
         oldest = int(self._latest_t) - self._horizon + 1
         for sec in [s for s in self._stall if s < oldest]:
             del self._stall[sec]
@@ -125,6 +142,7 @@ class LiveAggregator:
             util_history=util,
             latest=dict(self._latest),
             latest_t=self._latest_t,
+            loader=loader_time(HostFigures(_means(m for _t, m in self._loader))),
         )
 
 

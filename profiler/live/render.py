@@ -26,6 +26,7 @@ from profiler.analysis.meta import as_json
 from profiler.analysis.parts import SIMULATED, device_where
 from profiler.live.analysis import LiveAggregator, LiveSnapshot
 from profiler.live.feeds import LiveFeed
+from profiler.render.loader import COLUMNS
 
 Tb = TracebackType | None
 _S = TypeVar("_S")  # what a view's source hands it: a run's or a job's snapshot
@@ -138,6 +139,15 @@ def frame(snap: LiveSnapshot, meta: Mapping[str, object], total_steps: int | Non
     )
     row("cpu", cpu, f"(100% = one core)  system {_f(m.get('sys.cpu_pct', math.nan), '.0f')}% of all cores")
     row("rss", _f(m.get("proc.total.rss_mb", math.nan), ".0f", " MiB"), "main + workers")
+    lt = snap.loader
+    if lt is not None and lt.workers is not None:
+        w = lt.workers
+        parts = ", ".join(f"{name} {getattr(w, key):.0f}%" for key, name in COLUMNS if getattr(w, key) >= 1)
+        row(
+            "workers",
+            lt.bottleneck or "mixed",
+            f"{parts} (mean of {sum(p.label != 'main' for p in lt.processes)}, recent samples)",
+        )
     return Group(head, *rows)
 
 
