@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import socket
 import threading
 import time
@@ -160,3 +161,52 @@ def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:
     rec = load_run(tmp_path)
     html = render_html(summarize(rec), build_timeline(rec))
     assert 'id="loader-time"' in html and 'data-process="w1"' in html and "waited for work" in html
+
+
+class Files(torch.utils.data.Dataset):
+    """Each item is one file read whole, then ITEM_S / 2 asleep (so that the run lasts long enough to sample)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.paths[i], "rb") as f:
+            data = f.read()
+        time.sleep(ITEM_S / 2)
+        return torch.tensor([len(data)])
+
+
+FILE_BYTES = 64 * 1024
+
+
+@pytest.mark.parametrize("cache", ["cold", "warm"])
+def test_bytes_from_storage_per_sample_are_the_files_when_cold_and_none_when_warm(tmp_path: Path, cache: str) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    paths = [files / f"{i:04d}.bin" for i in range(640)]
+    for p in paths:
+        p.write_bytes(os.urandom(FILE_BYTES))
+    os.sync()
+    for p in paths:  # the truth: cold evicted from the page cache (no root needed), warm read just before
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            if cache == "cold":
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            else:
+                os.read(fd, FILE_BYTES)
+        finally:
+            os.close(fd)
+    loader = torch.utils.data.DataLoader(Files(paths), batch_size=4, num_workers=WORKERS)
+    with Session(tmp_path / "run", warmup=4, meta={"workers": WORKERS}) as s:
+        for _ in s.wrap(loader):
+            pass
+    reads = json.loads((tmp_path / "run" / "summary.json").read_text())["loader_time"]["reads"]
+    per_sample = reads["storage_bytes_per_sample"]
+    if cache == "cold":
+        assert abs(per_sample - FILE_BYTES) <= 0.1 * FILE_BYTES, reads
+    else:
+        assert per_sample <= 0.05 * FILE_BYTES, reads
+    assert reads["read_mbps"] > 0

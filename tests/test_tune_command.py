@@ -39,7 +39,7 @@ GRID = {"wait": [0, 1, 2, 4, 8], "compute": [0, 1, 2]}  # the workers the tuner 
 # first step that does not help. The knobs are bounded at the 2 cores for the tuner and the grid alike: beside
 # busy processes more workers than cores take CPU from the neighbours, and on CI a grid of 0-4 workers gave a
 # best that depended on them (4 workers at 140-197 samples/s against 107-165 at 2, in three runs).
-SIZES = {"wait": [], "compute": ["--item-ms", "6", "--step-ms", "1"]}
+SIZES = {"wait": ["--item-ms", "20"], "compute": ["--item-ms", "6", "--step-ms", "1"]}
 TRIAL_S = {"wait": SECONDS, "compute": 1.5}
 MAX_WORKERS = {"wait": 8, "compute": 2}
 

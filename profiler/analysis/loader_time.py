@@ -25,6 +25,11 @@ METHOD = (
     "the time split by the system call the thread was blocked in, polled from /proc 25 times a second (sampled)"
 )
 _METRIC = re.compile(r"loader\.(main|w\d+)\.(?:([a-z]+)_pct|polls_([a-z]+))")
+_RATE = re.compile(r"loader\.(main|w\d+)\.(read|storage)_mbps")
+READS_METHOD = (
+    "/proc/PID/io of the training process and each worker: rchar (bytes through read calls: files, sockets, "
+    "pipes) and read_bytes (bytes the kernel read from storage, not served from the page cache), summed"
+)
 BLOCKED = PARTS[2:]
 
 
@@ -44,19 +49,30 @@ class ProcessTime:
 
 
 @dataclass(frozen=True, slots=True)
+class Reads:
+    """What the loader processes (the training process and its workers) read, MB/s over the window."""
+
+    method: str
+    read_mbps: float  # through read calls (files, sockets, pipes)
+    storage_mbps: float  # from storage: what the page cache did not serve
+    storage_bytes_per_sample: float  # storage bytes / samples trained (NaN without a throughput)
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderTime:
     method: str
     processes: tuple[ProcessTime, ...]  # main first, then the workers by label
     workers: ProcessTime | None  # the workers' mean (None with no worker measured)
     bottleneck: str | None  # "ahead", "storage", "network", "cpu", "cores", "sleep", "lock", or None
     headline: str | None  # one sentence quoting the figures, or None
+    reads: Reads | None = None  # None where /proc/PID/io could not be read
 
     def to_dict(self) -> JSON:
         out: JSON = asdict(self)
         return json_safe(out)
 
 
-def loader_time(host: HostFigures) -> LoaderTime | None:
+def loader_time(host: HostFigures, samples_per_s: float = math.nan) -> LoaderTime | None:
     """The loader processes' time from the sampled means; None when the ``loader`` source gave nothing.
 
     The off-CPU share (exact) is split by the blocked polls of the whole window: the ratio of the polls' means
@@ -77,7 +93,21 @@ def loader_time(host: HostFigures) -> LoaderTime | None:
     workers = [p for p in processes if p.label != "main"]
     mean = _mean(workers) if workers else None
     bottleneck, headline = _read(mean, len(workers)) if mean is not None else (None, None)
-    return LoaderTime(METHOD, processes, mean, bottleneck, headline)
+    return LoaderTime(METHOD, processes, mean, bottleneck, headline, _reads(host, samples_per_s))
+
+
+def _reads(host: HostFigures, samples_per_s: float) -> Reads | None:
+    rates: dict[str, float] = {"read": 0.0, "storage": 0.0}
+    seen = False
+    for metric, value in host.by_metric.items():
+        m = _RATE.fullmatch(metric)
+        if m is not None and not math.isnan(value):
+            rates[m.group(2)] += value
+            seen = True
+    if not seen:
+        return None
+    per_sample = rates["storage"] * 1e6 / samples_per_s if samples_per_s > 0 else math.nan
+    return Reads(READS_METHOD, rates["read"], rates["storage"], per_sample)
 
 
 def _row(label: str, pct: dict[str, float], polls: dict[str, float]) -> ProcessTime:

@@ -253,7 +253,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         loader_attribution=attribution,
         cpu_count=meta.get("cpu_count"),
         contention=contention,
-        loader_time=loader_time(host),
+        loader_time=loader_time(host, throughput),
     )
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
     recommendations = _recommendations(figures, meta, none=math.isnan(stall) or loader_only or synthetic)

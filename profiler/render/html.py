@@ -34,7 +34,7 @@ from profiler.render.figures import (
 )
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import COLUMNS, KEY, cell
+from profiler.render.loader import COLUMNS, KEY, cell, reads_line
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
@@ -212,6 +212,7 @@ def _loader_time(s: Summary) -> str:
         for p in (*lt.processes, lt.workers)
     )
     line = f'<p class="headline">{_e(lt.headline)}</p>' if lt.headline else ""
+    line += f'<p data-figure="reads">{_e(reads_line(lt))}</p>' if lt.reads else ""
     return _section(
         "loader-time",
         "Where the loader processes' time goes (% of wall time; main: the training thread)",

@@ -29,6 +29,18 @@ def cell(v: float) -> str:
     return "n/a" if math.isnan(v) else f"{v:.0f}%"
 
 
+def reads_line(lt: LoaderTime) -> str:
+    """The loader processes' reads in words ("" where they were not measured)."""
+    r = lt.reads
+    if r is None:
+        return ""
+    per = "" if math.isnan(r.storage_bytes_per_sample) else f" ({r.storage_bytes_per_sample / 1024:.1f} KiB per sample)"
+    return (
+        f"Reads: {r.read_mbps:.2f} MB/s through read calls, {r.storage_mbps:.2f} MB/s from storage{per}; "
+        "source: /proc/PID/io rchar and read_bytes"
+    )
+
+
 def _name(p: ProcessTime) -> str:
     return {"main": "main", "workers": "mean"}.get(p.label, p.label)
 
@@ -43,6 +55,9 @@ def loader_time_table(lt: LoaderTime) -> Table:
     rows = list(lt.processes) + ([lt.workers] if lt.workers is not None and len(lt.processes) > 2 else [])
     for p in rows:
         t.add_row(_name(p), *(cell(getattr(p, key)) for key, _ in COLUMNS))
-    t.caption = (lt.headline + "\n" if lt.headline else "") + f"{KEY}\nsource: {lt.method}"
+    reads = reads_line(lt)
+    t.caption = (
+        (lt.headline + "\n" if lt.headline else "") + (reads + "\n" if reads else "") + f"{KEY}\nsource: {lt.method}"
+    )
     t.caption_justify = "left"
     return t

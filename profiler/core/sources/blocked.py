@@ -93,12 +93,29 @@ class ThreadProbe:
         self.pid, self.tid, self.root = pid, tid, root
         self.table = calls() if table is None else table
         self.refused: str | None = None  # why syscall or memory could not be read (permission), once known
+        self._fds: dict[str, int] = {}  # stat, syscall, mem: opened once, read with pread (a poll is ~3 reads)
+
+    def _pread(self, name: str, size: int, offset: int = 0) -> bytes | None:
+        fd = self._fds.get(name)
+        path = f"{self.root}/{self.pid}/{name}" if name == "mem" else f"{self.root}/{self.pid}/task/{self.tid}/{name}"
+        try:
+            if fd is None:
+                fd = self._fds[name] = os.open(path, os.O_RDONLY)
+            return os.pread(fd, size, offset)
+        except PermissionError:
+            self.refused = f"{path}: permission denied (needs the permission ptrace needs)"
+        except (OSError, OverflowError, ValueError):
+            pass
+        return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def state(self) -> str | None:
-        try:
-            with open(f"{self.root}/{self.pid}/task/{self.tid}/stat", "rb") as f:
-                raw = f.read()
-        except OSError:
+        raw = self._pread("stat", 512)
+        if not raw:
             return None
         rest = raw[raw.rfind(b")") + 2 :]
         return rest[:1].decode() or None
@@ -121,14 +138,8 @@ class ThreadProbe:
         return "network" if family == "socket" else family  # sleep, lock
 
     def _syscall(self) -> tuple[int, list[int]] | None:
-        try:
-            with open(f"{self.root}/{self.pid}/task/{self.tid}/syscall", "rb") as f:
-                fields = f.read().split()
-        except PermissionError as exc:
-            self.refused = f"{exc.filename}: permission denied (needs the permission ptrace needs)"
-            return None
-        except OSError:
-            return None
+        raw = self._pread("syscall", 256)
+        fields = raw.split() if raw else []
         if not fields or not fields[0].lstrip(b"-").isdigit():
             return None  # "running", or "-1 ..." (not in a call)
         try:
@@ -170,15 +181,7 @@ class ThreadProbe:
     def _memory(self, address: int, size: int) -> bytes:
         if size <= 0 or address <= 0:
             return b""
-        try:
-            with open(f"{self.root}/{self.pid}/mem", "rb", buffering=0) as f:
-                f.seek(address)
-                return f.read(size)
-        except PermissionError as exc:
-            self.refused = f"{exc.filename}: permission denied (needs the permission ptrace needs)"
-        except (OSError, OverflowError, ValueError):
-            pass
-        return b""
+        return self._pread("mem", size, address) or b""
 
     def _epoll_targets(self, epfd: int) -> list[int]:
         try:
@@ -198,7 +201,24 @@ class _Thread:
         self.probe = ThreadProbe(pid, pid, root, table)
         self.fd = os.open(schedstat_path(pid, pid, root), os.O_RDONLY)
         self.prev: tuple[int, int] | None = None
+        self.prev_io: tuple[int, int] | None = None
         self.blocked: Counter[str] = Counter()
+        try:
+            self.io_fd: int | None = os.open(f"{root}/{pid}/io", os.O_RDONLY)
+        except OSError:
+            self.io_fd = None  # not permitted here: the reads are not measured
+
+    def io(self) -> tuple[int, int] | None:
+        """The process's (bytes through read calls, bytes read from storage) so far (``/proc/PID/io`` rchar,
+        read_bytes), None where it cannot be read."""
+        if self.io_fd is None:
+            return None
+        try:
+            raw = os.pread(self.io_fd, 512, 0)
+            fields = dict(line.split(b":", 1) for line in raw.splitlines() if b":" in line)
+            return int(fields[b"rchar"]), int(fields[b"read_bytes"])
+        except (OSError, KeyError, ValueError):
+            return None
 
     def times(self) -> tuple[int, int] | None:
         try:
@@ -209,14 +229,19 @@ class _Thread:
 
     def close(self) -> None:
         os.close(self.fd)
+        if self.io_fd is not None:
+            os.close(self.io_fd)
+        self.probe.close()
 
 
 class BlockedSource:
     """Sampled CPU / run-queue / blocked split of the main thread and each loader worker's loop thread.
 
     ``workers`` returns label -> pid as ``HostSource.pid_labels`` does (its ``main`` entry is the training
-    process); metrics are ``loader.<label>.<part>_pct``, % of the period, for ``cpu``, ``runq`` and ``off``,
-    and ``loader.<label>.polls_<category>``, the period's blocked polls in each of :data:`CATEGORIES`.
+    process); metrics are ``loader.<label>.<part>_pct``, % of the period, for ``cpu``, ``runq`` and ``off``;
+    ``loader.<label>.polls_<category>``, the period's blocked polls in each of :data:`CATEGORIES`; and
+    ``loader.<label>.read_mbps`` / ``storage_mbps``, the process's bytes through read calls and read from
+    storage rather than the page cache (``/proc/PID/io`` rchar, read_bytes), MB/s.
     """
 
     name = "loader"
@@ -227,6 +252,7 @@ class BlockedSource:
         *,
         workers: Callable[[], Mapping[str, int]] | None = None,
         poll_hz: float = POLL_HZ,
+        rescan_s: float = 1.0,
         root: str = PROC,
         clock: Callable[[], float] = time.monotonic,
         table: Mapping[int, str] | None = None,
@@ -241,6 +267,8 @@ class BlockedSource:
         self._threads: dict[str, _Thread] = {}
         self._gone: set[str] = set()
         self._last_t: float | None = None
+        self._last_scan = -math.inf
+        self._rescan_s = rescan_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
@@ -270,8 +298,11 @@ class BlockedSource:
         with self._lock:
             if "main" not in self._threads:
                 raise RuntimeError("BlockedSource.read() called before a successful open()")
-            self._rescan()
-            return self._take(self._clock())
+            now = self._clock()
+            if now - self._last_scan >= self._rescan_s:  # workers come and go rarely; rescanning costs reads
+                self._last_scan = now
+                self._rescan()
+            return self._take(now)
 
     def close(self) -> None:
         self._stop.set()
@@ -336,7 +367,21 @@ class BlockedSource:
             prev, t.prev = t.prev, times
             blocked, t.blocked = t.blocked, Counter()
             out.update(split(label, prev, times, dt, blocked))
+            prev_io, t.prev_io = t.prev_io, t.io()
+            out.update(io_rates(label, prev_io, t.prev_io, dt))
         return out
+
+
+def io_rates(
+    label: str, prev: tuple[int, int] | None, now: tuple[int, int] | None, dt: float | None
+) -> dict[str, float]:
+    """The process's MB/s through read calls (files, sockets, pipes) and read from storage over the period."""
+    if prev is None or now is None or dt is None or dt <= 0:
+        return {f"loader.{label}.read_mbps": _NAN, f"loader.{label}.storage_mbps": _NAN}
+    return {
+        f"loader.{label}.read_mbps": max(0, now[0] - prev[0]) / dt / 1e6,
+        f"loader.{label}.storage_mbps": max(0, now[1] - prev[1]) / dt / 1e6,
+    }
 
 
 def split(
