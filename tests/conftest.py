@@ -163,6 +163,7 @@ TIMING_FILES = {
     "test_launch.py",
     "test_live.py",
     "test_loader_time_truth.py",
+    "test_memory_truth.py",
     "test_pipelines_prefetch.py",
     "test_prometheus.py",
     "test_sampler.py",

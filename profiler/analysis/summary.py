@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.loader_time import LoaderTime, loader_time
+from profiler.analysis.memory import LoaderMemory, loader_memory
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
 from profiler.analysis.parts import (
     CORE_PHASES,
@@ -96,6 +97,7 @@ class Summary:
     cost: Cost | None = None
     contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
     loader_time: LoaderTime | None = None  # where the loader processes' time goes (on a CPU, blocked on what)
+    memory: LoaderMemory | None = None  # the loader processes' USS / PSS, shared memory, copy-on-read growth
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -140,6 +142,7 @@ class Summary:
             "cost": self.cost.to_dict() if self.cost else None,
             "contention": self.contention.to_dict() if self.contention else None,
             "loader_time": self.loader_time.to_dict() if self.loader_time else None,
+            "memory": self.memory.to_dict() if self.memory else None,
         }
         return json_safe(out)
 
@@ -233,9 +236,6 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources, meta=meta)
     elif mode == AUTO_INSTRUMENTED:
         sources = _auto_sources(sources, meta, notes)
-    loader_only = bool(meta.get("loader_only"))
-    synthetic = bool(meta.get("synthetic_input"))
-    contention = contention_of(rec, host)
     figures = Figures(
         step_time_ms=timing.step_time,
         breakdown=timing.breakdown,
@@ -252,9 +252,11 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         stack_estimate=stack_est,
         loader_attribution=attribution,
         cpu_count=meta.get("cpu_count"),
-        contention=contention,
+        contention=contention_of(rec, host),
         loader_time=loader_time(host, throughput),
+        memory=loader_memory(rec.samples, m.window if m.steps else None, throughput, _int_or_0(meta.get("workers"))),
     )
+    loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
     recommendations = _recommendations(figures, meta, none=math.isnan(stall) or loader_only or synthetic)
     return _summary(
@@ -271,6 +273,10 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         sources=sources,
         notes=notes,
     )
+
+
+def _int_or_0(v: object) -> int:
+    return v if isinstance(v, int) else 0
 
 
 def _summary(
@@ -290,7 +296,6 @@ def _summary(
 ) -> Summary:
     """The Summary itself, from the figures the rules read and the rest of what summarize gathered."""
     meta = rec.meta
-    loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     return Summary(
         run_id=meta.get("run_id"),
         scenario=meta.get("scenario"),
@@ -305,7 +310,7 @@ def _summary(
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=figures.stall_fraction,
         device_busy_fraction=timing.busy_fraction,
-        verdict=_verdict(figures, loader_only, synthetic),
+        verdict=_verdict(figures, bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))),
         recommendations=recommendations,
         sampler=figures.sampler,
         status=run_status(meta, now),
@@ -325,13 +330,14 @@ def _summary(
         nvml=nvml,
         notes=tuple(notes),
         model=meta.get("model"),
-        loader_only=loader_only,
-        synthetic_input=synthetic,
+        loader_only=bool(meta.get("loader_only")),
+        synthetic_input=bool(meta.get("synthetic_input")),
         augment=meta.get("augment"),
         bad_samples=BadSamples.from_meta(meta["bad_samples"]) if meta.get("bad_samples") else None,
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
         loader_time=figures.loader_time,
+        memory=figures.memory,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from profiler.analysis.contention import Contention, contention_advice
 from profiler.analysis.loader_time import LoaderTime
+from profiler.analysis.memory import LoaderMemory
 from profiler.analysis.parts import (
     EVENT_TIMERS,
     Breakdown,
@@ -62,6 +63,7 @@ class Figures:
     device_busy_fraction: float = math.nan
     nvml: NvmlFigures | None = None
     loader_time: LoaderTime | None = None  # where the loader processes' time goes (the ``loader`` source)
+    memory: LoaderMemory | None = None  # the loader processes' memory (the ``memory`` source)
 
     @property
     def simulated(self) -> bool:
@@ -88,6 +90,8 @@ def at_site(recs: list[Recommendation], site: str | None) -> list[Recommendation
 
 def recommend(s: Figures) -> list[Recommendation]:
     out = _from_stacks(s)
+    if s.memory is not None and s.memory.headline:  # whatever the stall: a growing worker ends the job
+        out.append(Recommendation("WORKER_MEMORY_GROWTH", s.memory.headline + "."))
     b = s.breakdown
     step = s.step_time_ms.mean
     if not step or math.isnan(step):

@@ -41,9 +41,10 @@ def log_warning(message: str) -> None:
 def default_sources(pid: int | None = None) -> list[Source]:
     """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
     threads and workers (schedstat; workers labelled as the host source labels them), where its loader
-    processes' time goes (on a CPU, waiting for one, blocked on what), and NVML."""
+    processes' time goes (on a CPU, waiting for one, blocked on what), their memory (USS, PSS), and NVML."""
     from profiler.core.sources.blocked import BlockedSource
     from profiler.core.sources.host import HostSource
+    from profiler.core.sources.memory import MemorySource
     from profiler.core.sources.nvml import NvmlSource
     from profiler.core.sources.sched import SchedSource
 
@@ -52,6 +53,7 @@ def default_sources(pid: int | None = None) -> list[Source]:
         host,
         SchedSource(pid, workers=host.pid_labels),
         BlockedSource(pid, workers=host.pid_labels),
+        MemorySource(host.pid_labels),
         NvmlSource(),
     ]
 

@@ -139,16 +139,21 @@ def frame(snap: LiveSnapshot, meta: Mapping[str, object], total_steps: int | Non
     )
     row("cpu", cpu, f"(100% = one core)  system {_f(m.get('sys.cpu_pct', math.nan), '.0f')}% of all cores")
     row("rss", _f(m.get("proc.total.rss_mb", math.nan), ".0f", " MiB"), "main + workers")
-    lt = snap.loader
-    if lt is not None and lt.workers is not None:
-        w = lt.workers
-        parts = ", ".join(f"{name} {getattr(w, key):.0f}%" for key, name in COLUMNS if getattr(w, key) >= 1)
-        row(
-            "workers",
-            lt.bottleneck or "mixed",
-            f"{parts} (mean of {sum(p.label != 'main' for p in lt.processes)}, recent samples)",
-        )
+    workers_row = _workers_row(snap)
+    if workers_row is not None:
+        row("workers", *workers_row)
     return Group(head, *rows)
+
+
+def _workers_row(snap: LiveSnapshot) -> tuple[str, str] | None:
+    """The workers' recent time: what it says, and its parts of 1% or more (None without workers)."""
+    lt = snap.loader
+    if lt is None or lt.workers is None:
+        return None
+    w = lt.workers
+    parts = ", ".join(f"{name} {getattr(w, key):.0f}%" for key, name in COLUMNS if getattr(w, key) >= 1)
+    n = sum(p.label != "main" for p in lt.processes)
+    return lt.bottleneck or "mixed", f"{parts} (mean of {n}, recent samples)"
 
 
 class Monitor:

@@ -221,6 +221,29 @@ def _loader_time(s: Summary) -> str:
     )
 
 
+def _memory(s: Summary) -> str:
+    """The loader processes' memory (runs with workers): USS, PSS, shared, growth per 1,000 items."""
+    mem = s.memory
+    if mem is None or len(mem.processes) < 2:
+        return ""
+    rows = "".join(
+        f'<tr data-process="{_e(p.label)}"><th>{_e(p.label)}</th>'
+        + "".join(f"<td>{_e(_num(v, '{:.0f}'))}</td>" for v in (p.uss_start_mb, p.uss_end_mb, p.pss_mean_mb))
+        + f"<td>{_e(_num(p.growth_mb_per_1k_items, '{:.1f}'))}{' grows' if p.grows else ''}</td></tr>"
+        for p in mem.processes
+    )
+    head = "<th>process</th><th>USS start</th><th>USS end</th><th>PSS mean</th><th>growth / 1,000 items</th>"
+    line = f'<p class="headline">{_e(mem.headline)}</p>' if mem.headline else ""
+    return _section(
+        "memory",
+        "Loader memory (MiB)",
+        f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{line}'
+        f'<p class="note">Job (sum of PSS) peak {_e(_num(mem.total_pss_peak_mb, "{:.0f}"))} MiB; /dev/shm peak '
+        f"{_e(_num(mem.shm_used_peak_mb, '{:.0f}'))} of {_e(_num(mem.shm_size_mb, '{:.0f}'))} MiB. Source: "
+        f"{_e(mem.method)}.</p>",
+    )
+
+
 def _recommendations(s: Summary) -> str:
     if not s.recommendations:
         return _section("recommendations", "Recommendations", '<p class="empty">None: no measured steps.</p>')
@@ -455,6 +478,7 @@ def render_html(
         + _ranks(job)
         + _sampled(s)
         + _loader_time(s)
+        + _memory(s)
         + _recommendations(s)
         + _plots(s, timeline)
         + _sampler(s)

@@ -8,6 +8,7 @@ import math
 from rich.table import Table
 
 from profiler.analysis.loader_time import LoaderTime, ProcessTime
+from profiler.analysis.memory import LoaderMemory
 
 COLUMNS = (
     ("cpu", "CPU"),
@@ -59,5 +60,35 @@ def loader_time_table(lt: LoaderTime) -> Table:
     t.caption = (
         (lt.headline + "\n" if lt.headline else "") + (reads + "\n" if reads else "") + f"{KEY}\nsource: {lt.method}"
     )
+    t.caption_justify = "left"
+    return t
+
+
+def _mib(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.0f}"
+
+
+def memory_table(mem: LoaderMemory) -> Table:
+    t = Table(
+        title="Loader memory (MiB; USS private, PSS shared pages divided among their processes)", title_justify="left"
+    )
+    for name in ("process", "USS start", "USS end", "PSS mean", "shared mean", "growth / 1,000 items"):
+        t.add_column(name, justify="left" if name == "process" else "right")
+    for p in mem.processes:
+        growth = "n/a" if math.isnan(p.growth_mb_per_1k_items) else f"{p.growth_mb_per_1k_items:.1f}"
+        t.add_row(
+            p.label,
+            _mib(p.uss_start_mb),
+            _mib(p.uss_end_mb),
+            _mib(p.pss_mean_mb),
+            _mib(p.shared_mean_mb),
+            growth + (" grows" if p.grows else ""),
+        )
+    shm = f"/dev/shm peak {_mib(mem.shm_used_peak_mb)} of {_mib(mem.shm_size_mb)} MiB"
+    host = f"host available {_mib(mem.host_available_mb)} MiB"
+    lines = [f"job (sum of PSS) peak {_mib(mem.total_pss_peak_mb)} MiB; {shm}; {host}"]
+    if mem.headline:
+        lines.insert(0, mem.headline)
+    t.caption = "\n".join([*lines, f"source: {mem.method}"])
     t.caption_justify = "left"
     return t

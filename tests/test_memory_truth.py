@@ -1,0 +1,78 @@
+"""Loader memory against the test's own reading of the workers' smaps: a data set held as a Python list of
+objects (each item read touches the reference counts of its objects, so the workers copy those pages from
+the parent) against the same data in a numpy array (read without writing a page).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from profiler import Session
+from profiler.analysis import summarize
+from profiler.analysis.timeline import build_timeline
+from profiler.core.store.reader import load_run
+from profiler.render.html import render_html
+
+N_ITEMS = 6000
+PER_ITEM = 64  # objects each item reads: ~64 x 100 bytes, about 1.6 pages of objects per item
+WORKERS = 2
+
+
+class Objects(torch.utils.data.Dataset):
+    def __init__(self, kind: str) -> None:
+        strings = [f"item-{i:08d}-" + "x" * 48 for i in range(N_ITEMS * PER_ITEM)]
+        self.kind = kind
+        self.data: list[str] | np.ndarray = strings if kind == "list" else np.array(strings)
+
+    def __len__(self) -> int:
+        return N_ITEMS
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        part = self.data[i * PER_ITEM : (i + 1) * PER_ITEM]
+        n = sum(len(s) for s in part) if self.kind == "list" else int(part.nbytes)
+        time.sleep(0.002)
+        return torch.tensor([n])
+
+
+def _uss(pids: list[int]) -> list[float]:
+    return [psutil.Process(p).memory_full_info().uss / 2**20 for p in pids]
+
+
+@pytest.mark.parametrize("kind", ["list", "numpy"])
+def test_copy_on_read_is_named_only_for_python_objects_and_its_growth_matches_smaps(tmp_path: Path, kind: str) -> None:
+    data = Objects(kind)
+    loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=WORKERS, persistent_workers=True)
+    warmup = 5
+    with Session(tmp_path, warmup=warmup, meta={"workers": WORKERS}) as s:
+        it = s.wrap(loader)
+        for i, _batch in enumerate(it):
+            if i == warmup:  # the test's own reading at the window's start: each worker's smaps
+                pids = [w.pid for w in loader._iterator._workers]
+                t0, uss0 = time.perf_counter(), _uss(pids)
+        t1, uss1 = time.perf_counter(), _uss(pids)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    mem = summary["memory"]
+    rows = {p["label"]: p for p in mem["processes"]}
+    assert set(rows) == {"main", "w0", "w1"}, rows
+    assert mem["total_pss_peak_mb"] > 0 and mem["shm_size_mb"] > 0
+    codes = [r["code"] for r in summary["recommendations"]]
+    if kind == "numpy":
+        assert mem["growing"] == [] and "WORKER_MEMORY_GROWTH" not in codes, mem
+        return
+    assert sorted(mem["growing"]) == ["w0", "w1"] and "WORKER_MEMORY_GROWTH" in codes, mem
+    rec = load_run(tmp_path)
+    html = render_html(summarize(rec), build_timeline(rec))
+    assert 'id="memory"' in html and "copy-on-read" in html
+    # the truth: growth of each worker's USS between the test's two readings, per 1,000 items it delivered
+    items_per_worker = (summary["steps"] * 8) / WORKERS
+    truth = [(b - a) / items_per_worker * 1000 for a, b in zip(uss0, uss1, strict=True)]
+    for w, true in enumerate(truth):
+        got = rows[f"w{w}"]["growth_mb_per_1k_items"]
+        assert abs(got - true) <= 0.2 * true, (w, got, true, t1 - t0)
