@@ -151,7 +151,7 @@ def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple
 
 def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:
     data = Timed(())
-    summary, _start, _end = _train(tmp_path, data, step_s=0.05, steps=30)
+    summary, _start, _end = _train(tmp_path, data, step_s=0.05, steps=60)  # 3 s: the workers are found in 1-2
     lt = summary["loader_time"]
     w = lt["workers"]
     assert data.counts == {}  # the truth: the items take no time at all
