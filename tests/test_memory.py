@@ -43,6 +43,21 @@ def test_the_source_reads_every_second_and_leaves_out_what_it_cannot_read(tmp_pa
     assert "mem.main.uss_mb" in src.read()
 
 
+def test_the_source_keeps_its_reading_cost_to_its_budget() -> None:
+    now = [0.0]
+
+    def slow(pid: int) -> Info:
+        now[0] += 0.01  # each process takes 10 ms to read
+        return Info(uss=1, pss=1, rss=1)
+
+    src = MemorySource(lambda: {"main": 1, "w0": 2}, clock=lambda: now[0], read=slow, budget=0.005)
+    assert src.read() and now[0] == pytest.approx(0.02)
+    now[0] = 3.9
+    assert src.read() == {}  # 20 ms spent is 0.5% of 4 s: the next reading is due at 4 s
+    now[0] = 4.0
+    assert src.read()
+
+
 def test_slope_and_its_fit() -> None:
     b, r2 = slope([(0, 1.0), (1, 3.0), (2, 5.0)])
     assert b == pytest.approx(2.0) and r2 == pytest.approx(1.0)

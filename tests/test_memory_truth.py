@@ -17,6 +17,8 @@ import torch
 from profiler import Session
 from profiler.analysis import summarize
 from profiler.analysis.timeline import build_timeline
+from profiler.core.recording import default_sources
+from profiler.core.sources.memory import MemorySource
 from profiler.core.store.reader import load_run
 from profiler.render.html import render_html
 
@@ -50,7 +52,11 @@ def test_copy_on_read_is_named_only_for_python_objects_and_its_growth_matches_sm
     data = Objects(kind)
     loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=WORKERS, persistent_workers=True)
     warmup = 5
-    with Session(tmp_path, warmup=warmup, meta={"workers": WORKERS}) as s:
+    sources = default_sources()
+    for src in sources:  # a reading every 0.5 s (default: as often as 0.5% of a core allows, ~5 s here)
+        if isinstance(src, MemorySource):
+            src.every_s, src.budget = 0.5, 1.0
+    with Session(tmp_path, warmup=warmup, meta={"workers": WORKERS}, sources=sources) as s:
         it = s.wrap(loader)
         for i, _batch in enumerate(it):
             if i == warmup:  # the test's own reading at the window's start: each worker's smaps
