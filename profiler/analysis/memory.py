@@ -21,7 +21,8 @@ GROWTH_MIN_SHARE = 0.05  # ... and this share of where it started ...
 GROWTH_MIN_R2 = 0.8  # ... and steadily (a straight line explains this share of its variance)
 MIN_READINGS = 4
 METHOD = (
-    "psutil memory_full_info (/proc/PID/smaps_rollup) of the training process and each worker, once a second: "
+    "psutil memory_full_info (/proc/PID/smaps_rollup) of the training process and each worker, as often as 0.5% "
+    "of one core allows: "
     "USS (private), PSS (shared pages divided among the processes that map them), shared = RSS - USS"
 )
 _PROC = re.compile(r"mem\.(main|w\d+)\.(uss|pss|shared)_mb")
