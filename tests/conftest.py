@@ -220,3 +220,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return work_unit(nodeid)
 
     return DocsTogether(config, log)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def no_children() -> None:
+    """A Session labels every child process of the training process as a loader worker: a test that counts its
+    workers needs a process with none left by an earlier test on the same pytest worker (a DataLoader iterator
+    not yet collected, persistent workers). Waits up to 10 s for them to end."""
+    import gc
+
+    import psutil
+
+    gc.collect()  # a DataLoader iterator's __del__ shuts its workers down
+    me = psutil.Process()
+    alive = lambda: [p for p in me.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]  # noqa: E731
+    wait_until(lambda: not alive(), timeout=10.0)
+    left = alive()
+    assert not left, f"child processes left by an earlier test: {[(p.pid, p.name()) for p in left]}"

@@ -24,9 +24,15 @@ from profiler.core.sources.blocked import calls
 from profiler.core.store.reader import load_run
 from profiler.render.html import render_html
 
-pytestmark = pytest.mark.skipif(not calls(), reason="system call numbers known only for x86_64 and aarch64")
+pytestmark = [
+    pytest.mark.skipif(not calls(), reason="system call numbers known only for x86_64 and aarch64"),
+    pytest.mark.usefixtures("no_children"),
+]
 
 ITEM_S = 0.02
+# each part's length; the spin is the shortest, so that two workers spinning take half a core, not a whole one
+# (beside the other tests of a CI run, which may be computing too)
+PART_S = {"sleep": 0.03, "spin": 0.01, "network": ITEM_S}
 WORKERS = 2
 MAX_ITEMS = 4000
 CHUNKS = 4  # the server sends an item in this many pieces, ITEM_S / CHUNKS apart
@@ -39,7 +45,7 @@ def _spin(seconds: float) -> None:
 
 
 class Timed(torch.utils.data.Dataset):
-    """Items made of parts (sleep, spin, network), each ITEM_S long; each worker notes every part's (start,
+    """Items made of parts (sleep, spin, network), each PART_S long; each worker notes every part's (start,
     end) in shared memory, by part."""
 
     def __init__(self, parts: tuple[str, ...], port: int = 0) -> None:
@@ -56,9 +62,9 @@ class Timed(torch.utils.data.Dataset):
         for part in self.parts:
             t0 = time.perf_counter()
             if part == "sleep":
-                time.sleep(ITEM_S)
+                time.sleep(PART_S["sleep"])
             elif part == "spin":
-                _spin(ITEM_S)
+                _spin(PART_S["spin"])
             elif part == "network":
                 with socket.create_connection(("127.0.0.1", self.port)) as conn:
                     while conn.recv(65536):
@@ -125,7 +131,7 @@ def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple
     try:
         data = Timed(parts, server[0].getsockname()[1] if server else 0)
         # 3 s measured: the sampler finds the workers within its first second, and their first reading is a start
-        summary, start, end = _train(tmp_path, data, step_s=0.0, steps=round(3.0 / (len(parts) * ITEM_S)))
+        summary, start, end = _train(tmp_path, data, step_s=0.0, steps=round(3.0 / sum(PART_S[p] for p in parts)))
     finally:
         if server is not None:
             srv, stop, thread = server

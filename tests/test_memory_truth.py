@@ -25,6 +25,7 @@ from profiler.render.html import render_html
 N_ITEMS = 6000
 PER_ITEM = 64  # objects each item reads: ~64 x 100 bytes, about 1.6 pages of objects per item
 WORKERS = 2
+pytestmark = pytest.mark.usefixtures("no_children")
 
 
 class Objects(torch.utils.data.Dataset):
@@ -63,6 +64,7 @@ def test_copy_on_read_is_named_only_for_python_objects_and_its_growth_matches_sm
                 pids = [w.pid for w in loader._iterator._workers]
                 t0, uss0 = time.perf_counter(), _uss(pids)
         t1, uss1 = time.perf_counter(), _uss(pids)
+    loader._iterator._shutdown_workers()
     summary = json.loads((tmp_path / "summary.json").read_text())
     mem = summary["memory"]
     rows = {p["label"]: p for p in mem["processes"]}
