@@ -112,8 +112,7 @@ def _reads(host: HostFigures, samples_per_s: float) -> Reads | None:
 
 def _row(label: str, pct: dict[str, float], polls: dict[str, float]) -> ProcessTime:
     off = pct.get("off", math.nan)
-    counts = {c: polls.get(c, 0.0) for c in BLOCKED}
-    counts = {c: 0.0 if math.isnan(v) else v for c, v in counts.items()}
+    counts = {c: 0.0 if math.isnan(v := polls.get(c, 0.0)) else v for c in BLOCKED}
     total = math.fsum(counts.values())
     shares = (
         {c: off * counts[c] / total for c in BLOCKED} if total > 0 else {**dict.fromkeys(BLOCKED, 0.0), "other": off}

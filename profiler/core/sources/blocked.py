@@ -18,8 +18,9 @@ proportions of the window's blocked polls:
 
 docs/metrics.md, "Loader time", defines the figures. Reading another process's ``syscall`` and memory needs the
 permission ptrace needs (root, or the same user on a process stallscope started); where it is refused the
-blocked share is ``other`` and :attr:`BlockedSource.limits` says why. Invariants: the first reading of a
-thread is NaN (figures are differences); a worker is its pid and start time, as in :mod:`.sched`.
+blocked share is ``other`` (``ThreadProbe.refused`` holds the reason; the report does not show it yet).
+Invariants: the first reading of a thread is NaN (figures are differences); a worker is its pid and start
+time, as in :mod:`.sched`.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ class ThreadProbe:
 class _Thread:
     """A watched loop thread: its probe, schedstat file and last (cpu, runq) ns, and its polls so far."""
 
-    def __init__(self, label: str, pid: int, root: str, table: Mapping[int, str]) -> None:
-        self.label, self.pid = label, pid
+    def __init__(self, pid: int, root: str, table: Mapping[int, str]) -> None:
+        self.pid = pid
         self.start = start_time(pid, root)
         self.probe = ThreadProbe(pid, pid, root, table)
         self.fd = os.open(schedstat_path(pid, pid, root), os.O_RDONLY)
@@ -273,12 +274,6 @@ class BlockedSource:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
 
-    @property
-    def limits(self) -> str | None:
-        """Why the blocked split is partial (reading syscall or memory was refused), else None."""
-        with self._lock:
-            return next((t.probe.refused for t in self._threads.values() if t.probe.refused), None)
-
     def open(self) -> str | None:
         try:
             with open(schedstat_path(self.pid, self.pid, self._root), "rb") as f:
@@ -335,7 +330,7 @@ class BlockedSource:
 
     def _watch(self, label: str, pid: int) -> None:
         try:
-            self._threads[label] = _Thread(label, pid, self._root, self._table)
+            self._threads[label] = _Thread(pid, self._root, self._table)
         except OSError:
             self._gone.add(label)  # exited before it was seen: labels are never reused
 
