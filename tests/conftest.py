@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import warm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,10 +86,11 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, every: floa
 
 
 def stallscope(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would (a fresh interpreter), capturing both streams."""
+    """Run the CLI as a user would, capturing both streams: ``python -m profiler ARGS`` forked from a warm
+    interpreter that has torch imported already (tests/warm.py; ``STALLSCOPE_TEST_COLD=1``: a fresh one)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "profiler", *args],
+        warm.argv(args),
         capture_output=True,
         check=False,
         text=True,

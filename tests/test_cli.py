@@ -7,10 +7,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import warm
 from conftest import ROOT, stallscope, wait_until
 
 from profiler.core.store import StoreError, load_run
@@ -140,9 +140,7 @@ def test_signal_ends_the_run_cleanly_with_a_report(tmp_path: Path, tiny_scenario
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "profiler",
+            *warm.argv(),
             "run",
             str(tiny_scenario(forward_sleep=0.01, steps=100000)),
             "--out",

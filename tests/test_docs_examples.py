@@ -27,7 +27,8 @@ The convention (the docs follow it; ``test_docs_follow_the_convention`` enforces
 
 Commands run in document order with bash, in one fresh directory per doc file, in which ``examples/``, the
 recorded runs and scenarios of ``tests/data/`` and every ``write=`` file are present. ``stallscope`` is this
-checkout's ``python -m profiler``, ``python`` this interpreter and ``torchrun`` its ``-m torch.distributed.run``.
+checkout's ``python -m profiler`` (forked from a warm interpreter that has torch imported: tests/warm.py),
+``python`` this interpreter and ``torchrun`` its ``-m torch.distributed.run``.
 ``$STALLSCOPE_DATA`` is one directory for the session, so a default data set is generated once. A command
 selected alone (``-k``) first runs the commands above it in its doc, since they make what it reads
 (``report runs/x`` after ``run --out runs/x``).
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+import warm
 from conftest import ROOT, work_unit
 
 pytestmark = pytest.mark.docs
@@ -396,7 +398,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureR
     shims = root / "bin"
     shims.mkdir()
     shimmed = (
-        ("stallscope", f'"{sys.executable}" -m profiler'),
+        ("stallscope", shlex.join(warm.argv())),
         ("python", f'"{sys.executable}"'),
         ("torchrun", f'"{sys.executable}" -m torch.distributed.run'),
     )

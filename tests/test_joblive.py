@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import warm
 from conftest import ROOT, wait_until
 from jobfake import WARMUP, RankPlan, job_json, run_ranks
 from rich.console import Console
@@ -194,7 +195,7 @@ def test_plain_live_prints_lines_from_a_job_dir(tmp_path: Path) -> None:
 
 
 def test_run_nproc_off_a_terminal_prints_plain_lines_naming_the_straggler(tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "profiler", "run", RANKS, "--nproc", "2", "--device", "cpu", "--out", str(tmp_path)]
+    args = [*warm.argv(), "run", RANKS, "--nproc", "2", "--device", "cpu", "--out", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "STALLSCOPE_TEST_STRAGGLER": "1"}
     # 120 steps of ~85 ms: over 5 s of training, so at least one line of the 5 s cadence falls inside it
     res = subprocess.run([*args, "--steps", "120", "--warmup", "3", "--json"], capture_output=True, text=True,
@@ -228,7 +229,7 @@ def test_watch_follows_a_job_to_its_end(tmp_path: Path) -> None:
     try:
         assert wait_until((tmp_path / "job.json").exists, timeout=30)
         watch = subprocess.Popen(
-            [sys.executable, "-m", "profiler", "watch", str(tmp_path), "--json"],
+            [*warm.argv(),  "watch", str(tmp_path), "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
         )  # fmt: skip
         assert watch.stderr is not None

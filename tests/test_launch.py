@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from conftest import ROOT, stallscope, wait_until
 
 from profiler.core.store import StoreError, load_run
@@ -27,7 +28,7 @@ STEPS, WARMUP, BATCH = 20, 3, 8
 
 
 def job(out: Path, *extra: str, env: dict[str, str] | None = None, nproc: int = 2) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "profiler", "run", RANKS, "--nproc", str(nproc), "--device", "cpu", "--out", str(out)]
+    args = [*warm.argv(), "run", RANKS, "--nproc", str(nproc), "--device", "cpu", "--out", str(out)]
     return subprocess.run(
         [*args, "--steps", str(STEPS), "--warmup", str(WARMUP), "--no-live", *extra],
         capture_output=True,
@@ -160,9 +161,7 @@ def test_two_nodes_on_localhost_merge_into_one_job(tmp_path: Path) -> None:
     procs = [
         subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "profiler",
+                *warm.argv(),
                 "run",
                 RANKS,
                 "--nproc",

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import warm
 from conftest import ROOT, Truth, sleep_loader, stallscope, wait_until
 
 from profiler import Session
@@ -261,7 +262,7 @@ def test_run_serves_the_summary_stall_while_it_trains(tmp_path: Path) -> None:
         str(out),
     ]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "profiler", "run", *args],
+        [*warm.argv(), "run", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -313,7 +314,7 @@ def _serving(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     """A stallscope command started with ``--prometheus 0`` and the address it printed first."""
     cut = args.index("--") if "--" in args else len(args)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "profiler", *args[:cut], "--prometheus", "0", *args[cut:]],
+        [*warm.argv(), *args[:cut], "--prometheus", "0", *args[cut:]],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+import warm
 
 from profiler.core.devices import DeviceError, DeviceInfo, resolve_device
 from profiler.sim.cost import StepCost
@@ -275,11 +276,10 @@ def test_device_bound_resnet50_is_within_25_percent_of_nvidia_published(row: Pub
 
 def test_a_model_that_cannot_be_traced_on_meta_is_bad_input(tmp_path: Path) -> None:
     import subprocess
-    import sys
 
     scenario = Path(__file__).parent / "data" / "scenarios" / "untraceable.py"
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "profiler", "run", str(scenario), "--device", "sim:v100", "--no-live"]
+    cmd = [*warm.argv(), "run", str(scenario), "--device", "sim:v100", "--no-live"]
     args = [*cmd, "--steps", "2", "--out", str(out)]
     done = subprocess.run(args, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr

@@ -12,12 +12,12 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 from conftest import ROOT, stallscope, wait_until
 from rich.console import Console
 from test_cli import assert_one_line_error
@@ -243,7 +243,7 @@ def test_sweep_json_goes_past_a_failed_configuration_and_ctrl_c_keeps_the_rows(t
     out = tmp_path / "sw"
     args = ["sweep", str(SCENARIOS / "knee.py"), "--batch-sizes", "16,128,8", "--workers", "0,1,2"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "profiler", *args, "--out", str(out), "--json", "--no-live", "--price-per-hour", "3.6"],
+        [*warm.argv(), *args, "--out", str(out), "--json", "--no-live", "--price-per-hour", "3.6"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -12,11 +12,11 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import warm
 
 from profiler.cli import main
 from profiler.sweep.analysis import SweepRow, row_from_dict
@@ -28,7 +28,7 @@ SCENARIO = str(ROOT / "tests/data/scenarios/stop_mid_sweep.py")
 def _stop_after_first_row(args: list[str], table: Path, sig: int) -> tuple[int, str]:
     """Run ``stallscope ARGS``, send ``sig`` once ``table`` holds a finished row; (exit code, stderr)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "profiler", *args, "--no-live"],
+        [*warm.argv(), *args, "--no-live"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm
 from conftest import ROOT, stallscope, wait_until
 from test_cli import assert_one_line_error
 
@@ -186,7 +187,7 @@ def test_sigint_ends_the_trial_at_once_and_keeps_what_finished(tmp_path: Path) -
     script.write_text(Path(SCRIPT).read_text())
     out = tmp_path / "t"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "profiler", "tune", "--seconds", "30", "--out", str(out),
+        [*warm.argv(),  "tune", "--seconds", "30", "--out", str(out),
          "--", sys.executable, str(script), "--workers", "2"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
