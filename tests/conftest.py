@@ -101,17 +101,26 @@ def stallscope(*args: str, timeout: float = 300, cwd: Path | None = None) -> sub
 
 
 TINY_SCENARIO = """
+import atexit
 import time
 import torch
 from torch import nn
 from scenarios import Scenario
 
+TRUTH = {truth!r}  # where each item's start and end go (one line per item, in order), when set
+SPENT = []
+if TRUTH:
+    atexit.register(lambda: open(TRUTH, "w").write("".join(f"{{a}} {{b}}\\n" for a, b in SPENT)))
+
 class Items(torch.utils.data.Dataset):
     def __len__(self):
         return 4096
     def __getitem__(self, i):
+        t0 = time.perf_counter()
         time.sleep({item_sleep})
-        return torch.full((4,), float(i % 7)), i % 3
+        out = torch.full((4,), float(i % 7)), i % 3
+        SPENT.append((t0, time.perf_counter()))
+        return out
 
 class Model(nn.Module):
     def __init__(self):
@@ -132,13 +141,18 @@ scenario = Scenario(name="tiny", dataset=Items, model=Model, loss=nn.functional.
 
 @pytest.fixture
 def tiny_scenario(tmp_path: Path) -> Callable[..., Path]:
-    """Write a user scenario file with known per-item and per-forward cost; returns its path."""
+    """Write a user scenario file with known per-item and per-forward cost; returns its path. With ``truth=PATH``
+    the scenario writes each item's start and end (``time.perf_counter()``) there, one line per item in the order
+    fetched."""
 
-    def make(item_sleep: float = 0.0, forward_sleep: float = 0.0, fail_at: int = 0, steps: int = 10) -> Path:
+    def make(
+        item_sleep: float = 0.0, forward_sleep: float = 0.0, fail_at: int = 0, steps: int = 10, truth: str = ""
+    ) -> Path:
         p = tmp_path / f"tiny_{item_sleep}_{forward_sleep}_{fail_at}_{steps}.py"
-        p.write_text(
-            TINY_SCENARIO.format(item_sleep=item_sleep, forward_sleep=forward_sleep, fail_at=fail_at, steps=steps)
+        text = TINY_SCENARIO.format(
+            item_sleep=item_sleep, forward_sleep=forward_sleep, fail_at=fail_at, steps=steps, truth=truth
         )
+        p.write_text(text)
         return p
 
     return make
