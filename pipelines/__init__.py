@@ -28,6 +28,7 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "applicable",
+    "check",
     "get",
     "load_attr",
     "names",
@@ -85,6 +86,11 @@ def require(asked: Sequence[str], data: str | None, scenario: str) -> None:
             raise PipelineError(
                 f"{name} cannot train scenario {scenario!r}: {why}; pipelines that can: {', '.join(usable)}"
             )
+
+
+def check(name: str) -> None:
+    """Raise PipelineError naming the allowed ones unless ``name`` is a registered pipeline (imports nothing)."""
+    _target(name)
 
 
 def get(name: str) -> Pipeline:

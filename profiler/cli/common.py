@@ -254,9 +254,13 @@ def resolve_training(
     from profiler.core.devices import resolve_device
 
     args.scenario = DEFAULT_SCENARIO if args.scenario is None else args.scenario  # "" is an unknown name
-    try:
-        scenario = scenarios.get(args.scenario)
+    try:  # the checks that import nothing first: a bad name is one line at once, not after torch's import
         for name in pipeline_names:  # an unknown name raises naming the allowed ones
+            pipelines.check(name)
+        if not str(args.device).startswith(("auto", "cuda")):  # those ask torch
+            resolve_device(args.device)
+        scenario = scenarios.get(args.scenario)
+        for name in pipeline_names:
             pipelines.get(name)
         scenario.model_factory(args.model)
         device = resolve_device(args.device)

@@ -170,8 +170,7 @@ def _precheck(names: Sequence[str], out: str | None) -> None:
 
     try:
         for name in names:
-            if name not in pipelines.names():
-                pipelines.get(name)  # raises the registry's PipelineError; an unknown name imports nothing
+            pipelines.check(name)
     except pipelines.PipelineError as exc:
         raise BadInput(f"--pipelines: {exc}") from None
     path = Path(out) if out is not None else None
@@ -214,11 +213,11 @@ def _harness(args: argparse.Namespace, training: Training, out: Path, what: str,
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    _precheck(args.pipelines, args.out)
     from profiler.drivers.runner import TrainingError
     from profiler.sweep.plan import nproc_problem, sweep_configs
     from profiler.sweep.run import run_sweep
 
-    _precheck(args.pipelines, args.out)
     training = resolve_training(args, args.pipelines, "--pipelines")
     scenario = training.scenario
     cuda = training.device.kind == "cuda"
@@ -271,10 +270,6 @@ def _stopped_early(exc: TrainingError, table: Path) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import pipelines
-    from profiler.drivers.runner import TrainingError
-    from profiler.sweep.plan import tune_bounds
-    from profiler.sweep.render import tune_header
-    from profiler.sweep.run import run_tune, tune_pipelines
 
     if args.nproc is not None:
         raise BadInput(
@@ -282,6 +277,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             "--nproc 1,2,4 to measure rank counts"
         )
     _precheck(args.pipelines or pipelines.names(), args.out)
+    from profiler.drivers.runner import TrainingError
+    from profiler.sweep.plan import tune_bounds
+    from profiler.sweep.render import tune_header
+    from profiler.sweep.run import run_tune, tune_pipelines
+
     training = resolve_training(args, args.pipelines or (), "--pipelines")
     scenario = training.scenario
     try:
