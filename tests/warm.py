@@ -129,7 +129,9 @@ def serve(sock_path: str, parent: int) -> None:
                 _mind(conn, sensitive(before), added)  # never returns
             conn.close()
         _reap()
-    os.unlink(sock_path)
+    with contextlib.suppress(OSError):  # the socket and the directory socket_path() made for it
+        os.unlink(sock_path)
+        os.rmdir(os.path.dirname(sock_path))
 
 
 def _alive(pid: int) -> bool:
