@@ -143,11 +143,16 @@ def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple
     assert set(rows) == {"main", "w0", "w1"}, rows
     for w in range(WORKERS):
         row = rows[f"w{w}"]
-        # a spin's own wall time holds its waits for a CPU too; a sleep or a receive is off the CPU
-        got = {"sleep": row["sleep"], "spin": row["cpu"] + row["runq"], "network": row["network"]}
+        # Each part's own clock (the truth) holds its own state's time (on a CPU for a spin, asleep, blocked in a
+        # receive) and the waits for a CPU within it: a spin preempted, and a sleep or a receive that has ended
+        # but whose thread waits to run (on two busy cores that wake-up wait reached 28% of a worker's time, all
+        # read as the receive's by the data set's clock). Which part a run-queue wait fell in is not measured, so
+        # each part is bounded between its own state's share and that plus all of the run-queue's, 10 points
+        # either side; on a quiet host (run-queue near 0) that is the part's share within 10 points.
+        own = {"sleep": row["sleep"], "spin": row["cpu"], "network": row["network"]}
         for part in parts:
             truth = data.share(part, w, start, end)
-            assert abs(got[part] - truth) <= 10.0, (part, w, got[part], truth, row)
+            assert own[part] - 10.0 <= truth <= own[part] + row["runq"] + 10.0, (part, w, own[part], truth, row)
     if parts == ("sleep",):
         assert lt["bottleneck"] == "sleep" and "slept" in lt["headline"]
         # input-bound (the training takes no time): the loader advice quotes what the workers' time says

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -68,8 +69,19 @@ def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items:
     # the pick, as the grid measured it, against the grid's best: both from the same phase of the test, so that
     # a host that got busier or quieter between the grid and the tune does not decide it
     grid_line = {r.workers: r.throughput_samples_per_s for r in rows}
-    picked = grid_line[result["recommended"]["workers"]]
-    assert picked >= 0.9 * best.throughput_samples_per_s, (result["recommended"], grid_line)
+    pick = result["recommended"]["workers"]
+    picked, top = grid_line[pick], best.throughput_samples_per_s
+    again: dict[int, list[float]] = {}
+    if picked < 0.9 * top:
+        # one trial each, seconds apart on a shared host: beside two busy processes 8 workers read 127 samples/s
+        # against 4's 168 in the grid, while the tuner measured 8 best. Measure the two again, alternating, and
+        # compare the medians of their three trials each
+        again = {pick: [picked], best.workers: [top]}
+        for k in range(2):
+            for w in (pick, best.workers):
+                again[w].append(grid(Config(PIPELINE, 4, w), f"again{k}-w{w}", "grid").throughput_samples_per_s)
+        picked, top = statistics.median(again[pick]), statistics.median(again[best.workers])
+    assert picked >= 0.9 * top, (result["recommended"], grid_line, again)
     # the result names the line to change and the knobs stallscope changed there, as built
     change = result["change"]
     assert change["site"] == f"tune_script.py:{LOADER_LINE}" and change["kind"] == "DataLoader"
