@@ -229,7 +229,7 @@ def test_watch_follows_a_job_to_its_end(tmp_path: Path) -> None:
     try:
         assert wait_until((tmp_path / "job.json").exists, timeout=30)
         watch = subprocess.Popen(
-            [*warm.argv(),  "watch", str(tmp_path), "--json"],
+            [*warm.argv(), "watch", str(tmp_path), "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
         )  # fmt: skip
         assert watch.stderr is not None

@@ -141,7 +141,7 @@ def test_watch_follows_a_run_to_its_end(tmp_path: Path) -> None:
         assert wait_until((run / "run.sqlite").exists, timeout=30)
         with err.open("w") as err_file:
             watcher = subprocess.Popen(
-                [*warm.argv(),  "watch", str(run), "--json"],
+                [*warm.argv(), "watch", str(run), "--json"],
                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err_file, text=True,
             )  # fmt: skip
             assert wait_until(lambda: "watching" in err.read_text(), timeout=60)  # it follows the run in progress

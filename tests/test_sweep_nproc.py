@@ -159,7 +159,7 @@ def test_two_ranks_sweep_to_about_twice_the_throughput(tmp_path: Path) -> None:
 def test_a_failed_job_is_a_failed_row_and_the_sweep_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "sw"
     res = subprocess.run(
-        [*warm.argv(),  "sweep", RANKS, "--nproc", "2", "--workers", "0", "--batch-sizes", "4,8",
+        [*warm.argv(), "sweep", RANKS, "--nproc", "2", "--workers", "0", "--batch-sizes", "4,8",
          "--device", "cpu", "--steps", "5", "--warmup", "1", "--no-live", "--json", "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
         env={**ENV, "STALLSCOPE_TEST_KILL_RANK": "1", "STALLSCOPE_TEST_KILL_AT": "1"},

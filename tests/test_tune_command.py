@@ -199,7 +199,7 @@ def test_sigint_ends_the_trial_at_once_and_keeps_what_finished(tmp_path: Path) -
     script.write_text(Path(SCRIPT).read_text())
     out = tmp_path / "t"
     proc = subprocess.Popen(
-        [*warm.argv(),  "tune", "--seconds", "30", "--out", str(out),
+        [*warm.argv(), "tune", "--seconds", "30", "--out", str(out),
          "--", sys.executable, str(script), "--workers", "2"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -50,9 +50,14 @@ def sensitive(env: dict[str, str]) -> dict[str, str]:
 # --- client ---------------------------------------------------------------------------------------------------
 
 
+def fresh_argv(args: list[str] | tuple[str, ...]) -> list[str]:
+    """``python -m profiler ARGS`` in a fresh interpreter, as a user runs it."""
+    return [sys.executable, "-m", "profiler", *args]
+
+
 def fresh(args: list[str]) -> None:
-    """Run the command in a fresh interpreter, as a user would (replaces this process)."""
-    os.execv(sys.executable, [sys.executable, "-m", "profiler", *args])
+    """Run the command in a fresh interpreter (replaces this process)."""
+    os.execv(sys.executable, fresh_argv(args))
 
 
 def call(sock_path: str, args: list[str]) -> None:
@@ -304,7 +309,7 @@ def argv(args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The argv that runs ``stallscope ARGS`` for a test: through the warm server, or fresh when cold."""
     path = socket_path()
     if path is None:
-        return [sys.executable, "-m", "profiler", *args]
+        return fresh_argv(args)
     return [sys.executable, "-S", "-E", __file__, "call", path, *args]
 
 

@@ -257,13 +257,12 @@ def resolve_training(
     try:  # the checks that import nothing first: a bad name is one line at once, not after torch's import
         for name in pipeline_names:  # an unknown name raises naming the allowed ones
             pipelines.check(name)
-        if not str(args.device).startswith(("auto", "cuda")):  # those ask torch
-            resolve_device(args.device)
+        asks_torch = str(args.device).startswith(("auto", "cuda"))
+        device = None if asks_torch else resolve_device(args.device)
         scenario = scenarios.get(args.scenario)
-        for name in pipeline_names:
-            pipelines.get(name)
         scenario.model_factory(args.model)
-        device = resolve_device(args.device)
+        if device is None:
+            device = resolve_device(args.device)
     except ValueError as exc:  # ScenarioError, PipelineError, DeviceError, or an unknown --model
         raise BadInput(str(exc)) from None
     try:
