@@ -84,6 +84,26 @@ def test_unwritable_out_and_existing_run_are_refused(tmp_path: Path, tiny_scenar
     )
 
 
+def test_runs_started_in_the_same_second_get_their_own_default_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the docs tier found it: two quick runs in one directory within a second, the second refused with "already
+    # holds a run" for a directory the user never named
+    from profiler.cli import common
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(common.time, "strftime", lambda _fmt: "20260101-000000")
+    first = common.prepare_out(None, "x-naive")
+    (first / "run.sqlite").write_text("")  # the first run recorded
+    second = common.prepare_out(None, "x-naive")
+    third = common.prepare_out(None, "x-naive")  # an empty directory is taken too: another run may be starting
+    assert [p.as_posix() for p in (first, second, third)] == [
+        "runs/x-naive-20260101-000000", "runs/x-naive-20260101-000000-2", "runs/x-naive-20260101-000000-3"
+    ]  # fmt: skip
+    common.discard_made()  # bad input after the directories were made: this invocation's are removed, runs/ too
+    assert not (tmp_path / "runs").exists()
+
+
 def test_corrupt_or_empty_run_dirs_are_bad_input(tmp_path: Path) -> None:
     assert_one_line_error(stallscope("report", str(tmp_path)), "holds no run.sqlite")
     (tmp_path / "run.sqlite").write_bytes(b"garbage" * 500)

@@ -170,11 +170,13 @@ _MADE: list[Path] = []
 
 
 def prepare_out(out: str | None, default_name: str) -> Path:
-    """The run (or sweep, tune) directory, created and checked writable; ``out`` None: runs/<default_name>-<time>."""
-    if out is None:
-        out = os.path.join("runs", f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    """The run (or sweep, tune) directory, created and checked writable; ``out`` None: a new
+    runs/<default_name>-<time>[-N] (two runs started in the same second each get their own)."""
     from profiler.core.store import DB_NAME, RunDirBusy, claim_run_dir, make_dir
 
+    claimed = None
+    if out is None:
+        out, claimed = _claim_default(default_name)
     path = Path(out)
     allowed = "allowed a directory that holds no run yet"
     if path.is_symlink() and not path.exists():
@@ -183,7 +185,7 @@ def prepare_out(out: str | None, default_name: str) -> Path:
         raise BadInput(f"--out '{out}' is a file: {allowed}")
     if path.is_dir() and not os.access(path, os.R_OK | os.W_OK | os.X_OK):
         raise BadInput(f"--out '{out}' is not readable and writable by this user: {allowed}")
-    new = _topmost_missing(path)
+    new = claimed if claimed is not None else _topmost_missing(path)
     try:
         make_dir(path)
         if new is not None:
@@ -200,6 +202,27 @@ def prepare_out(out: str | None, default_name: str) -> Path:
     if (path / DB_NAME).exists():
         raise BadInput(f"--out '{out}' already holds a run: choose a new directory")
     return path
+
+
+def _claim_default(default_name: str) -> tuple[str, Path | None]:
+    """A default run directory no other run has: created here (mkdir fails for a name taken, even by a run started
+    at the same moment); the topmost directory this made, for discard_made."""
+    from profiler.core.store import make_dir, no_world_write
+
+    base = os.path.join("runs", f"{default_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    for k in range(1, 1000):
+        cand = Path(base if k == 1 else f"{base}-{k}")
+        top = _topmost_missing(cand)
+        try:
+            make_dir(cand.parent)
+            cand.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise BadInput(f"--out '{cand}' (the default) is not writable: {exc.strerror or exc}") from None
+        no_world_write(cand)
+        return str(cand), top
+    raise BadInput(f"--out: 999 runs named '{base}' already exist: pass --out DIR")
 
 
 def _topmost_missing(path: Path) -> Path | None:
