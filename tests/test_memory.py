@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from profiler.analysis.memory import GROWTH_MIN_MB, loader_memory, slope
-from profiler.core.sources.memory import MemorySource
+from profiler.analysis.memory import GROWTH_MIN_MB, loader_memory, shm_exhausted, shm_headline, shm_need, slope
+from profiler.core.sources.memory import MemorySource, shm_files
 from profiler.render.loader import memory_table
 
 
@@ -31,16 +32,46 @@ def test_the_source_reads_every_second_and_leaves_out_what_it_cannot_read(tmp_pa
             raise ProcessLookupError(pid)
         return Info(uss=10 * mib * pid, pss=20 * mib * pid, rss=50 * mib * pid)
 
-    src = MemorySource(lambda: {"main": 1, "w0": 2, "w1": 3}, clock=lambda: now[0], read=read, shm=str(tmp_path))
+    def maps(pid: int) -> dict[tuple[int, int], int]:
+        # main maps batch files 1 and 2; worker 0 holds 2 (sent, not yet let go) and 3 (not yet taken)
+        return {1: {(7, 1): 3 * mib, (7, 2): 2 * mib}, 2: {(7, 2): 2 * mib, (7, 3): mib}}.get(pid, {})
+
+    src = MemorySource(
+        lambda: {"main": 1, "w0": 2, "w1": 3}, clock=lambda: now[0], read=read, shm=str(tmp_path), maps=maps
+    )
     assert src.open() is None
     got = src.read()
     assert got["mem.main.uss_mb"] == 10 and got["mem.w0.pss_mb"] == 40 and got["mem.w0.shared_mb"] == 80
     assert "mem.w1.uss_mb" not in got and got["mem.total.pss_mb"] == 60  # main 20 + w0 40
+    assert got["mem.shm.job_mb"] == 6  # 1, 2, 3 once each: a file two processes hold is one batch
     assert got["mem.shm.size_mb"] > 0 and got["mem.host.available_mb"] > 0
     now[0] = 0.5
-    assert src.read() == {}  # not a second yet
+    # not a second yet: only the segment's use (one statvfs), which every call reads
+    assert set(src.read()) == {"mem.shm.used_mb", "mem.shm.size_mb"}
     now[0] = 1.0
     assert "mem.main.uss_mb" in src.read()
+
+
+def test_the_shared_memory_files_a_process_maps_or_holds_are_read_from_proc() -> None:
+    import mmap
+    import os
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here")
+    path = shm / f"stallscope-test-{os.getpid()}"
+    with path.open("w+b") as f:
+        f.truncate(3 * mmap.PAGESIZE)
+        region = mmap.mmap(f.fileno(), 3 * mmap.PAGESIZE)
+        path.unlink()  # as torch does: mapped and open, no longer named ("(deleted)" in maps)
+        try:
+            mapped_and_open = shm_files(os.getpid())
+        finally:
+            region.close()
+        held_open = shm_files(os.getpid())  # unmapped, the descriptor still open: a batch sent, not yet taken
+    assert sorted(mapped_and_open.values()) == [3 * mmap.PAGESIZE], mapped_and_open
+    assert sorted(held_open.values()) == [3 * mmap.PAGESIZE], held_open
+    assert shm_files(os.getpid()) == {}  # closed: gone
 
 
 def test_the_source_keeps_its_reading_cost_to_its_budget() -> None:
@@ -50,12 +81,14 @@ def test_the_source_keeps_its_reading_cost_to_its_budget() -> None:
         now[0] += 0.01  # each process takes 10 ms to read
         return Info(uss=1, pss=1, rss=1)
 
-    src = MemorySource(lambda: {"main": 1, "w0": 2}, clock=lambda: now[0], read=slow, budget=0.005)
+    src = MemorySource(
+        lambda: {"main": 1, "w0": 2}, clock=lambda: now[0], read=slow, budget=0.005, maps=lambda _pid: {}
+    )
     assert src.read() and now[0] == pytest.approx(0.02)
     now[0] = 3.9
-    assert src.read() == {}  # 20 ms spent is 0.5% of 4 s: the next reading is due at 4 s
+    assert "mem.main.uss_mb" not in src.read()  # 20 ms spent is 0.5% of 4 s: the next reading is due at 4 s
     now[0] = 4.0
-    assert src.read()
+    assert "mem.main.uss_mb" in src.read()
 
 
 def test_slope_and_its_fit() -> None:
@@ -106,3 +139,59 @@ def test_no_memory_readings_no_figures_and_the_table() -> None:
     console.print(memory_table(mem))
     text = console.export_text()
     assert "80.0 grows" in text and "copy-on-read" in text and "sum of PSS" in text, text
+
+
+MIB = 2**20
+
+
+def test_the_shared_memory_need_counts_the_batches_in_flight() -> None:
+    loader = {"pipeline": "naive", "workers": 4, "prefetch_factor": 2, "pin_memory": False}
+    need = shm_need({"loader": loader, "batch_bytes": 6 * MIB, "device": {"kind": "cpu"}})
+    assert need is not None and need.batches == 4 * 2 + 1 and need.need_mb == pytest.approx(54.0)
+    assert need.rule == "4 workers x prefetch_factor 2 + 1 held by the step"
+    # torch's default prefetch_factor (2) where the loader did not say; prefetch's queue on a CPU device holds the
+    # batches as received (in shared memory), pinned or on CUDA it holds copies
+    prefetch = {"pipeline": "prefetch", "workers": 1, "prefetch_factor": None, "pin_memory": False, "depth": 3}
+    queued = shm_need({"loader": prefetch, "batch_bytes": MIB, "device": {"kind": "cpu"}})
+    assert queued is not None and queued.batches == 1 * 2 + 1 + 3 and "3 queued by the prefetch thread" in queued.rule
+    pinned = shm_need({"loader": {**prefetch, "pin_memory": True}, "batch_bytes": MIB, "device": {"kind": "cuda"}})
+    assert pinned is not None and pinned.batches == 3
+    # nothing in shared memory: no worker processes (0 workers, DALI's threads), resident batches, no batch size
+    assert shm_need({"loader": {**loader, "workers": 0}, "batch_bytes": MIB}) is None
+    dali = {"pipeline": "dali", "workers": 2, "worker_processes": 0}
+    assert shm_need({"loader": dali, "batch_bytes": MIB}) is None
+    assert shm_need({"loader": loader, "batch_bytes": MIB, "synthetic_input": True}) is None
+    assert shm_need({"loader": loader}) is None
+
+
+def test_shared_memory_is_said_when_the_need_or_the_use_comes_near_the_segment() -> None:
+    need = shm_need({"loader": {"workers": 2, "prefetch_factor": 2}, "batch_bytes": 16 * MIB})
+    assert need is not None and need.need_mb == 80
+    said = shm_headline(need, free_mb=64.0, size_mb=64.0, used_peak_mb=10.0)
+    assert said is not None and "needs about 80 MiB" in said and "64 MiB free of 64" in said and "--shm-size" in said
+    assert shm_headline(need, free_mb=100.0, size_mb=128.0, used_peak_mb=30.0) is None  # 80 < 0.9 x 100
+    full = shm_headline(None, free_mb=math.nan, size_mb=64.0, used_peak_mb=60.0)
+    assert full is not None and "reached 60 of 64 MiB" in full
+    samples = [
+        (0.0, "memory", "mem.shm.used_mb", 4.0), (0.0, "memory", "mem.shm.size_mb", 64.0),
+        (1.0, "memory", "mem.shm.used_mb", 50.0), (1.0, "memory", "mem.shm.size_mb", 64.0),
+        (1.0, "memory", "mem.shm.job_mb", 46.0),
+    ]  # fmt: skip
+    mem = loader_memory(samples, None, 10.0, 2, need)  # no smaps reading: the shm figures alone
+    assert mem is not None and mem.processes == () and mem.shm_free_start_mb == 60 and mem.shm_job_peak_mb == 46
+    assert mem.shm_headline is not None and "60 MiB free of 64" in mem.shm_headline
+
+
+@pytest.mark.parametrize(
+    ("error", "out_of_shm"),
+    [
+        ("DataLoader worker 1 of 2 (pid 9) raised RuntimeError: unable to allocate shared memory(shm) for file", True),
+        ("DataLoader worker 0 of 2 (pid 9) was killed by SIGBUS", True),
+        ("DataLoader worker (pid 9) is killed by signal: Bus error. It is possible that dataloader's workers", True),
+        ("DataLoader worker 0 of 2 (pid 9) was killed by SIGKILL (the kernel's out-of-memory killer", False),
+        ("DataLoader worker 0 of 2 (pid 9) raised OSError: [Errno 28] No space left on device: 'out.bin'", False),
+        (None, False),
+    ],
+)
+def test_a_worker_out_of_shared_memory_is_told_from_other_deaths(error: str | None, out_of_shm: bool) -> None:
+    assert shm_exhausted(error) is out_of_shm

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from profiler.analysis.meta import JSON
@@ -20,6 +20,13 @@ GROWTH_MIN_MB = 8.0  # a worker's private memory must grow at least this much ov
 GROWTH_MIN_SHARE = 0.05  # ... and this share of where it started ...
 GROWTH_MIN_R2 = 0.8  # ... and steadily (a straight line explains this share of its variance)
 MIN_READINGS = 4
+SHM_NEAR = 0.9  # the need, or the segment's use, within this share of what there is: said
+TORCH_PREFETCH_FACTOR = 2  # DataLoader's default with workers
+_MIB = 1024 * 1024
+SHM_FIX = (
+    "Give the job a larger segment (docker run --shm-size, or a larger /dev/shm), or hold fewer batches in flight "
+    "(fewer num_workers, a lower prefetch_factor, a smaller batch)"
+)
 METHOD = (
     "psutil memory_full_info (/proc/PID/smaps_rollup) of the training process and each worker, as often as 0.5% "
     "of one core allows: "
@@ -42,35 +49,96 @@ class ProcessMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class ShmNeed:
+    """PREDICTED: the ``/dev/shm`` the loader's batches in flight need, from the run's batch size in bytes and
+    its loader's knobs (:func:`shm_need`)."""
+
+    batch_mb: float
+    batches: int  # in flight at most: in the workers and their queue, and held by the training process
+    need_mb: float
+    rule: str  # how ``batches`` was counted, in words
+
+
+@dataclass(frozen=True, slots=True)
 class LoaderMemory:
     method: str
     processes: tuple[ProcessMemory, ...]  # main first, then the workers by label
     total_pss_peak_mb: float  # the job's memory: the peak of the sum of PSS
-    shm_used_peak_mb: float  # /dev/shm
+    shm_used_peak_mb: float  # /dev/shm, the whole segment (every process's)
     shm_size_mb: float
+    shm_free_start_mb: float  # the segment's free space at the run's first reading, before the loader started
+    shm_job_peak_mb: float  # the /dev/shm files the job's own processes mapped (its batches in flight), peak
+    shm_need: ShmNeed | None  # predicted; None where the loader puts no batch in shared memory
     host_available_mb: float  # at the window's last reading
     growing: tuple[str, ...]  # the workers whose private memory grew
     out_of_memory_in_s: float  # host available / the growing workers' summed slope (NaN: none grows)
     headline: str | None
+    shm_headline: str | None  # the loader needs more /dev/shm than the segment had free, or came close to it
 
     def to_dict(self) -> JSON:
         out: JSON = asdict(self)
         return json_safe(out)
 
 
+def shm_need(meta: Mapping[str, object]) -> ShmNeed | None:
+    """PREDICTED ``/dev/shm`` for a run's loader from its meta (``batch_bytes``, ``loader``, ``device``): a
+    DataLoader worker collates each batch into a shared-memory file and the training process maps it, so up to
+    workers x prefetch_factor batches are in flight, one more is the step's, and the ``prefetch`` pipeline's
+    queue holds ``depth`` more where it keeps them as received (no pinning, CPU device). None without worker
+    processes (batches built in the training process), or a run that did not record its batch size in bytes."""
+    loader, batch_bytes = meta.get("loader"), meta.get("batch_bytes")
+    if not isinstance(loader, Mapping) or not isinstance(batch_bytes, int) or meta.get("synthetic_input"):
+        return None
+    workers = loader.get("worker_processes", loader.get("workers"))
+    if not isinstance(workers, int) or workers <= 0:
+        return None
+    prefetch = loader.get("prefetch_factor")
+    prefetch = prefetch if isinstance(prefetch, int) and prefetch > 0 else TORCH_PREFETCH_FACTOR
+    device = meta.get("device")
+    kind = device.get("kind") if isinstance(device, Mapping) else None
+    depth = loader.get("depth") if loader.get("pipeline") == "prefetch" else None
+    queued = depth if isinstance(depth, int) and not loader.get("pin_memory") and kind == "cpu" else 0
+    batches = workers * prefetch + 1 + queued
+    rule = f"{workers} worker{'s' if workers != 1 else ''} x prefetch_factor {prefetch} + 1 held by the step"
+    if queued:
+        rule += f" + {queued} queued by the prefetch thread"
+    batch_mb = batch_bytes / _MIB
+    return ShmNeed(batch_mb, batches, batches * batch_mb, rule)
+
+
+# a worker out of shared memory: torch's own error when it cannot size the file, a SIGBUS when a page of it cannot
+# be had (torch's worker prints "Unexpected bus error ... insufficient shared memory (shm)"), in torch's words or ours
+_SHM_OUT = re.compile(
+    r"unable to allocate shared memory|unable to write to file </torch_|insufficient shared memory|"
+    r"killed by SIGBUS|killed by signal: Bus error"
+)
+
+
+def shm_exhausted(error: str | None) -> bool:
+    """Whether a loader's error says a worker ran out of shared memory."""
+    return error is not None and _SHM_OUT.search(error) is not None
+
+
 def loader_memory(
-    samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None, samples_per_s: float, workers: int
+    samples: Sequence[tuple[float, str, str, float | None]],
+    window: Interval | None,
+    samples_per_s: float,
+    workers: int,
+    need: ShmNeed | None = None,
 ) -> LoaderMemory | None:
     """The loader's memory over ``window`` from the run's samples; None without ``memory`` readings in it."""
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    first_used = math.nan
     for t, _source, metric, value in samples:
         if value is None or not metric.startswith("mem.") or math.isnan(value):
             continue
+        if metric == "mem.shm.used_mb" and math.isnan(first_used):
+            first_used = value  # the segment before the loader started: its free space is size - this
         if window is not None and not window[0] <= t <= window[1]:
             continue
         series[metric].append((t, value))
     labels = sorted({m.group(1) for k in series if (m := _PROC.fullmatch(k))}, key=_order)
-    if not labels:
+    if not labels and not series.get("mem.shm.job_mb"):
         return None
     per_worker = samples_per_s / workers if workers > 0 and samples_per_s > 0 else math.nan
     procs = tuple(_process(label, series, per_worker) for label in labels)
@@ -78,16 +146,41 @@ def loader_memory(
     available = series["mem.host.available_mb"][-1][1] if series.get("mem.host.available_mb") else math.nan
     rate = math.fsum(p.growth_mb_per_s for p in procs if p.grows)
     eta = available / rate if growing and rate > 0 else math.nan
+    size = _peak(series, "mem.shm.size_mb")
+    free = size - first_used
+    used_peak = _peak(series, "mem.shm.used_mb")
     return LoaderMemory(
-        METHOD,
-        procs,
-        _peak(series, "mem.total.pss_mb"),
-        _peak(series, "mem.shm.used_mb"),
-        _peak(series, "mem.shm.size_mb"),
-        available,
-        growing,
-        eta,
-        _headline([p for p in procs if p.grows], eta),
+        method=METHOD,
+        processes=procs,
+        total_pss_peak_mb=_peak(series, "mem.total.pss_mb"),
+        shm_used_peak_mb=used_peak,
+        shm_size_mb=size,
+        shm_free_start_mb=free,
+        shm_job_peak_mb=_peak(series, "mem.shm.job_mb"),
+        shm_need=need,
+        host_available_mb=available,
+        growing=growing,
+        out_of_memory_in_s=eta,
+        headline=_headline([p for p in procs if p.grows], eta),
+        shm_headline=shm_headline(need, free, size, used_peak),
+    )
+
+
+def shm_headline(need: ShmNeed | None, free_mb: float, size_mb: float, used_peak_mb: float) -> str | None:
+    """Said when the predicted need exceeds :data:`SHM_NEAR` of the free segment, or the segment's use came within
+    1 - :data:`SHM_NEAR` of its size; None otherwise (or without the figures)."""
+    short = need is not None and math.isfinite(free_mb) and need.need_mb > SHM_NEAR * free_mb
+    full = math.isfinite(used_peak_mb) and size_mb > 0 and used_peak_mb >= SHM_NEAR * size_mb
+    if not (short or full):
+        return None
+    what = (
+        f"the loader needs about {need.need_mb:.0f} MiB of /dev/shm (predicted: {need.batches} batches of "
+        f"{need.batch_mb:.1f} MiB, {need.rule}) and the segment had {free_mb:.0f} MiB free of {size_mb:.0f}"
+        if short and need is not None
+        else f"/dev/shm reached {used_peak_mb:.0f} of {size_mb:.0f} MiB"
+    )
+    return (
+        f"Shared memory: {what}. When it runs out a worker dies of a bus error or 'No space left on device'. {SHM_FIX}"
     )
 
 

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.loader_time import LoaderTime, loader_time
-from profiler.analysis.memory import LoaderMemory, loader_memory
+from profiler.analysis.memory import LoaderMemory, loader_memory, shm_need
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
 from profiler.analysis.parts import (
     CORE_PHASES,
@@ -254,7 +254,9 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         cpu_count=meta.get("cpu_count"),
         contention=contention_of(rec, host),
         loader_time=loader_time(host, throughput),
-        memory=loader_memory(rec.samples, m.window if m.steps else None, throughput, _int_or_0(meta.get("workers"))),
+        memory=loader_memory(
+            rec.samples, m.window if m.steps else None, throughput, _int_or_0(meta.get("workers")), shm_need(meta)
+        ),
     )
     loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     # the rules read the figures before the Summary exists; a run with no stall figure gets none

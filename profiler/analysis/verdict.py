@@ -78,7 +78,7 @@ def verdict_for(stall_fraction: float) -> str:
     return "not input-bound"
 
 
-LOADER_CODES = frozenset({"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT"})
+LOADER_CODES = frozenset({"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT", "SHM_TOO_SMALL"})
 
 
 def at_site(recs: list[Recommendation], site: str | None) -> list[Recommendation]:
@@ -92,6 +92,8 @@ def recommend(s: Figures) -> list[Recommendation]:
     out = _from_stacks(s)
     if s.memory is not None and s.memory.headline:  # whatever the stall: a growing worker ends the job
         out.append(Recommendation("WORKER_MEMORY_GROWTH", s.memory.headline + "."))
+    if s.memory is not None and s.memory.shm_headline:  # whatever the stall: a worker out of /dev/shm ends the job
+        out.append(Recommendation("SHM_TOO_SMALL", s.memory.shm_headline + "."))
     b = s.breakdown
     step = s.step_time_ms.mean
     if not step or math.isnan(step):

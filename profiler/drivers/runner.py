@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
+from profiler.analysis.memory import SHM_FIX, shm_exhausted, shm_need
 from profiler.core.devices import DeviceInfo
 from profiler.core.recording import Recording, default_sources
 from profiler.core.session import Interrupted, Session
 from profiler.core.sources.base import Source
+from profiler.core.sources.memory import SHM
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
 from profiler.live.feeds import Monitor, SessionFeed
 from profiler.sim.cost import CostModelError
@@ -341,7 +344,32 @@ class _Loop:
             if failure is None or _bad_input(exc) is not None:  # bad data stays the user's (exit 2)
                 raise
             step, kept = self.done, f"steps 0-{self.done - 1} are kept" if self.done else "no step had finished"
+            if shm_exhausted(failure) or shm_exhausted(str(exc)):
+                failure += f"; {self._shm_words()}"
             raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc
+
+    def _shm_words(self) -> str:
+        """Shared memory ran out: what the loader needed (predicted from its knobs and a batch's bytes), what the
+        segment has, and the fix."""
+        assert self.built is not None
+        batch_bytes, sized = self.batch_bytes, "a batch"
+        if batch_bytes is None:  # it failed before the first batch arrived: one item's bytes x the batch size
+            with contextlib.suppress(Exception):
+                batch_bytes, sized = tensor_bytes(self.dataset[0]) * self.plan.batch_size, "one item x the batch size"
+        meta = {"loader": self.built.config, "batch_bytes": batch_bytes, "device": {"kind": self.cfg.device.kind}}
+        need = shm_need(meta)
+        try:
+            seg = shutil.disk_usage(SHM)
+            has = f"it has {seg.total / 2**20:.0f} MiB ({seg.free / 2**20:.0f} free now)"
+        except OSError:
+            has = "its size could not be read"
+        needs = (
+            f"the loader needs about {need.need_mb:.0f} MiB (predicted: {need.batches} batches of "
+            f"{need.batch_mb:.1f} MiB ({sized}), {need.rule})"
+            if need is not None
+            else "what the loader needs could not be sized"
+        )
+        return f"shared memory ({SHM}) ran out: {needs}; {has}. {SHM_FIX}"
 
     def _epoch(self, done: int, total: int) -> tuple[int, int, bool]:
         """One pass over the loader: h2d then compute per batch; (steps done, total, any batch seen)."""

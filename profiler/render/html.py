@@ -34,7 +34,7 @@ from profiler.render.figures import (
 )
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import COLUMNS, KEY, cell, reads_line
+from profiler.render.loader import COLUMNS, KEY, cell, reads_line, shm_line
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
@@ -233,14 +233,14 @@ def _memory(s: Summary) -> str:
         for p in mem.processes
     )
     head = "<th>process</th><th>USS start</th><th>USS end</th><th>PSS mean</th><th>growth / 1,000 items</th>"
-    line = f'<p class="headline">{_e(mem.headline)}</p>' if mem.headline else ""
+    line = "".join(f'<p class="headline">{_e(h)}</p>' for h in (mem.shm_headline, mem.headline) if h)
     return _section(
         "memory",
         "Loader memory (MiB)",
         f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{line}'
         f'<p class="note">Job (sum of PSS) peak {_e(_num(mem.total_pss_peak_mb, "{:.0f}"))} MiB; /dev/shm peak '
-        f"{_e(_num(mem.shm_used_peak_mb, '{:.0f}'))} of {_e(_num(mem.shm_size_mb, '{:.0f}'))} MiB. Source: "
-        f"{_e(mem.method)}.</p>",
+        f"{_e(_num(mem.shm_used_peak_mb, '{:.0f}'))} of {_e(_num(mem.shm_size_mb, '{:.0f}'))} MiB; "
+        f"{_e(shm_line(mem))}. Source: {_e(mem.method)}.</p>",
     )
 
 

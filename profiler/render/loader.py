@@ -86,9 +86,22 @@ def memory_table(mem: LoaderMemory) -> Table:
         )
     shm = f"/dev/shm peak {_mib(mem.shm_used_peak_mb)} of {_mib(mem.shm_size_mb)} MiB"
     host = f"host available {_mib(mem.host_available_mb)} MiB"
-    lines = [f"job (sum of PSS) peak {_mib(mem.total_pss_peak_mb)} MiB; {shm}; {host}"]
-    if mem.headline:
-        lines.insert(0, mem.headline)
+    lines = [f"job (sum of PSS) peak {_mib(mem.total_pss_peak_mb)} MiB; {shm}; {host}", shm_line(mem)]
+    lines[:0] = [h for h in (mem.shm_headline, mem.headline) if h]
     t.caption = "\n".join([*lines, f"source: {mem.method}"])
     t.caption_justify = "left"
     return t
+
+
+def shm_line(mem: LoaderMemory) -> str:
+    """The loader's shared memory: its batches in flight as measured, the need as predicted, the free segment."""
+    need = mem.shm_need
+    predicted = (
+        f"; PREDICTED need {need.need_mb:.0f} MiB ({need.batches} batches of {need.batch_mb:.1f} MiB: {need.rule})"
+        if need is not None
+        else ""
+    )
+    return (
+        f"shared memory: the job's /dev/shm files peak {_mib(mem.shm_job_peak_mb)} MiB measured{predicted}; "
+        f"{_mib(mem.shm_free_start_mb)} MiB free at the start"
+    )

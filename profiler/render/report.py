@@ -17,7 +17,7 @@ from profiler.analysis import Summary
 from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import loader_time_table, memory_table
+from profiler.render.loader import loader_time_table, memory_table, shm_line
 
 _VERDICT_STYLE = {
     "highly input-bound": "bold red",
@@ -123,6 +123,8 @@ def render_report(s: Summary, console: Console) -> None:
         body.append(loader_time_table(s.loader_time))
     if s.memory is not None and len(s.memory.processes) > 1:
         body.append(memory_table(s.memory))
+    elif s.memory is not None and s.memory.shm_need is not None:  # no smaps reading in the window: the shm figures
+        body.append(Text("\n".join(h for h in (s.memory.shm_headline, shm_line(s.memory)) if h)))
     body += [verdict_block(s), sampler_block(s)]
     if s.error:
         body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))  # above everything but the header

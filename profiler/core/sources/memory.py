@@ -44,6 +44,35 @@ def full_info(pid: int) -> _FullInfo:
     return info
 
 
+def shm_files(pid: int) -> dict[tuple[int, int], int]:
+    """The shared-memory files (``/dev/shm``, where torch puts the batches its workers send) that ``pid`` maps or
+    holds open: (device, inode) -> bytes (the larger of the file's size and its largest mapping). A batch a
+    worker has sent but the training process has not yet taken is only an open descriptor in the worker (torch's
+    file_descriptor sharing); one the training process took is a mapping there."""
+    out: dict[tuple[int, int], int] = {}
+    with open(f"/proc/{pid}/maps", "rb") as f:
+        for line in f:
+            if b" /dev/shm/" not in line:
+                continue
+            span, _perms, _offset, dev, inode, *_ = line.split(maxsplit=5)
+            lo, _, hi = span.partition(b"-")
+            major, _, minor = dev.partition(b":")
+            key = (os.makedev(int(major, 16), int(minor, 16)), int(inode))
+            out[key] = max(out.get(key, 0), int(hi, 16) - int(lo, 16))
+    fds = f"/proc/{pid}/fd"
+    for name in os.listdir(fds):
+        path = f"{fds}/{name}"
+        try:
+            if not os.readlink(path).startswith("/dev/shm/"):
+                continue
+            st = os.stat(path)
+        except OSError:  # closed meanwhile
+            continue
+        key = (st.st_dev, st.st_ino)
+        out[key] = max(out.get(key, 0), st.st_size)
+    return out
+
+
 def available_mb() -> float:
     import psutil
 
@@ -55,9 +84,11 @@ class MemorySource:
 
     ``processes`` returns label -> pid (``HostSource.pid_labels``: ``main`` and the workers). Metrics, at most
     every ``every_s`` and as often as ``budget`` allows: ``mem.<label>.uss_mb``, ``pss_mb``, ``shared_mb``
-    (RSS - USS), ``mem.total.pss_mb`` (the sum of PSS: the job's memory), ``mem.shm.used_mb`` / ``size_mb``,
-    ``mem.host.available_mb``. Between readings it returns nothing; a process that cannot be read (exited, no
-    permission) is left out of that reading.
+    (RSS - USS), ``mem.total.pss_mb`` (the sum of PSS: the job's memory), ``mem.host.available_mb``; on a
+    schedule of its own under the same rule, ``mem.shm.job_mb`` (the ``/dev/shm`` files the job's processes map
+    or hold open, from ``/proc/PID/maps`` and ``/proc/PID/fd``: its batches in flight; 0.4 ms a process here);
+    at every call (one ``statvfs``, microseconds) ``mem.shm.used_mb`` / ``size_mb`` (the whole segment, every
+    process's). A process that cannot be read (exited, no permission) is left out of that reading.
     """
 
     name = "memory"
@@ -71,13 +102,16 @@ class MemorySource:
         clock: Callable[[], float] = time.monotonic,
         read: Callable[[int], _FullInfo] = full_info,
         shm: str = SHM,
+        maps: Callable[[int], Mapping[tuple[int, int], int]] = shm_files,
     ) -> None:
         self._processes = processes
         self.every_s, self.budget = every_s, budget
         self._clock = clock
         self._read = read
         self._shm = shm
-        self._next = -math.inf
+        self._maps = maps
+        self._next = -math.inf  # the next smaps reading
+        self._next_maps = -math.inf  # the next reading of the job's /dev/shm files (maps: ~10x cheaper than smaps)
 
     def open(self) -> str | None:
         try:
@@ -87,13 +121,41 @@ class MemorySource:
         return None
 
     def read(self) -> dict[str, float]:
+        out = self._segment()
         now = self._clock()
-        if now < self._next:
-            return {}
-        out = self._reading()
-        spent = self._clock() - now
-        self._next = now + max(self.every_s, spent / self.budget if self.budget > 0 else 0.0)
+        if now >= self._next_maps:
+            out.update(self._job_shm())
+            self._next_maps = self._due(now)
+        now = self._clock()
+        if now >= self._next:
+            out.update(self._reading())
+            self._next = self._due(now)
         return out
+
+    def _due(self, start: float) -> float:
+        """When the next reading of the kind that began at ``start`` may run: its cost kept to the budget."""
+        spent = self._clock() - start
+        return start + max(self.every_s, spent / self.budget if self.budget > 0 else 0.0)
+
+    def _job_shm(self) -> dict[str, float]:
+        files: dict[tuple[int, int], int] = {}
+        read = 0
+        for pid in self._processes().values():
+            try:
+                mapped = self._maps(pid)
+            except Exception:  # noqa: BLE001 - exited or not readable: left out of this reading
+                continue
+            read += 1
+            for key, size in mapped.items():
+                files[key] = max(files.get(key, 0), size)
+        return {"mem.shm.job_mb": sum(files.values()) / _MIB} if read else {}
+
+    def _segment(self) -> dict[str, float]:
+        try:
+            usage = shutil.disk_usage(self._shm)
+        except OSError:
+            return {}
+        return {"mem.shm.used_mb": usage.used / _MIB, "mem.shm.size_mb": usage.total / _MIB}
 
     def _reading(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -109,11 +171,6 @@ class MemorySource:
             total += info.pss / _MIB
         if out:
             out["mem.total.pss_mb"] = total
-        try:
-            usage = shutil.disk_usage(self._shm)
-            out["mem.shm.used_mb"], out["mem.shm.size_mb"] = usage.used / _MIB, usage.total / _MIB
-        except OSError:
-            pass
         out["mem.host.available_mb"] = available_mb()
         return out
 

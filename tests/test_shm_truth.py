@@ -1,0 +1,86 @@
+"""The loader's shared memory against what the run really held: the predicted need (workers x prefetch_factor
+batches + the step's) against the /dev/shm files the job's processes mapped or held open, at two batch sizes;
+and a loader whose batches do not fit a small segment: the run fails with the shared-memory line, exit 1, no
+traceback, its store readable.
+
+tests/data/scenarios/shm_batches.py: 1 MiB items made at once, a model that sleeps 40 ms a step, so every
+prefetch slot holds a finished batch (the loader is far ahead, also beside busy processes: 2-3 ms of CPU a batch).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope
+
+from profiler.cli import main
+
+SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "shm_batches.py")
+SMALL_SHM_MB = 12
+
+
+@pytest.mark.parametrize("batch", [4, 8])
+def test_the_predicted_need_matches_the_batches_the_job_held(tmp_path: Path, batch: int) -> None:
+    out = tmp_path / "run"
+    res = stallscope(
+        "run", SCENARIO, "--workers", "2", "--batch-size", str(batch), "--steps", "60", "--no-attribution",
+        "--out", str(out), "--no-live", "--json",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    mem = json.loads(res.stdout)["memory"]
+    need = mem["shm_need"]
+    assert need["batches"] == 2 * 2 + 1 and need["rule"] == "2 workers x prefetch_factor 2 + 1 held by the step"
+    assert need["batch_mb"] == pytest.approx(batch, rel=0.01)  # B items of 1 MiB (and B labels)
+    # the truth: the /dev/shm files the training process and its workers mapped or held open, read from /proc
+    # (this job's alone: the host-wide segment also holds whatever the other tests running beside it hold)
+    assert mem["shm_job_peak_mb"] == pytest.approx(need["need_mb"], rel=0.20), mem
+    assert mem["shm_headline"] is None  # 20-40 MiB against a segment of gigabytes
+
+
+def _private_shm_works() -> str | None:
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size={SMALL_SHM_MB}m tmpfs /dev/shm"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if probe.returncode == 0 else f"no private /dev/shm here (unshare -m + mount: {probe.stderr.strip()})"
+
+
+def test_a_loader_that_outgrows_a_small_segment_fails_naming_shared_memory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if (why := _private_shm_works()) is not None:
+        pytest.skip(why)
+    out = tmp_path / "run"
+    # batch 8 needs 5 x 8 MiB = 40 MiB; the run's own /dev/shm is 12 MiB (a container's default is 64 MiB)
+    run = (
+        f"mount -t tmpfs -o size={SMALL_SHM_MB}m tmpfs /dev/shm && exec {sys.executable} -m profiler run {SCENARIO}"
+        f" --workers 2 --batch-size 8 --steps 50 --no-attribution --no-live --json --out {out}"
+    )
+    res = subprocess.run(
+        ["unshare", "-m", "sh", "-c", run], capture_output=True, text=True, cwd=ROOT, timeout=120, check=False
+    )
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    failed = [ln for ln in res.stderr.splitlines() if "failed" in ln]
+    assert len(failed) == 1, res.stderr
+    line = failed[0]
+    assert re.search(r"DataLoader worker \d of 2 \(pid \d+\) raised RuntimeError: unable to allocate shared", line)
+    assert "shared memory (/dev/shm) ran out" in line, line
+    assert f"it has {SMALL_SHM_MB} MiB" in line and "--shm-size" in line, line
+    # the need: 5 batches of 8 MiB, sized by the first batch, or by one item when a worker failed before it came
+    sized = r"\((a batch|one item x the batch size)\)"
+    assert re.search(rf"needs about 40 MiB \(predicted: 5 batches of 8\.0 MiB {sized}", line), line
+    summary = json.loads(res.stdout)
+    assert summary["status"] == "failed" and "shared memory" in summary["error"]
+    with sqlite3.connect(out / "run.sqlite") as con:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert main(["report", str(out)]) == 0
+    assert "shared memory" in capsys.readouterr().out
