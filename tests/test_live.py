@@ -97,6 +97,20 @@ def test_frame_without_nvml_says_so(tmp_path: Path) -> None:
     assert " w0 " in text and " w1 " in text  # loader workers listed by label
 
 
+def test_the_memory_row_shows_the_newest_reading_of_each_figure() -> None:
+    agg = LiveAggregator()
+    agg.add_steps(_steps(10, 0.1, 0.03))
+    agg.add_samples([(0.2, {"mem.total.pss_mb": 612.4, "mem.shm.job_mb": 40.1, "mem.shm.used_mb": 41.0})])
+    agg.add_samples([(0.3, {"mem.shm.used_mb": 44.6, "mem.shm.size_mb": 64.0, "sys.cpu_pct": 10.0})])
+    assert agg.snapshot().latest == {"mem.shm.used_mb": 44.6, "mem.shm.size_mb": 64.0, "sys.cpu_pct": 10.0}
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(frame(agg.snapshot(), {}))
+    row = next(ln for ln in buf.getvalue().splitlines() if ln.startswith("memory"))
+    assert row.split() == (
+        "memory PSS 612 MiB /dev/shm: the job's 40 MiB, segment 45/64 MiB (newest reading)".split()
+    ), row
+
+
 def test_status_line_is_exact() -> None:
     agg = LiveAggregator(window_s=10)
     agg.add_steps(_steps(10, 0.1, 0.03, 0.01))

@@ -128,6 +128,25 @@ def test_run_metrics_use_base_units_and_label_a_simulated_device() -> None:
     assert {lab["status"]: v for lab, v in got["stallscope_run_status"].samples}["running"] == 1.0
 
 
+def test_memory_figures_are_the_newest_reading_of_each_in_bytes() -> None:
+    agg = LiveAggregator()
+    first = {"mem.main.uss_mb": 100.0, "mem.w0.uss_mb": 20.0, "mem.w0.pss_mb": 30.0, "mem.total.pss_mb": 250.0}
+    agg.add_samples([(1.0, {**first, "mem.shm.job_mb": 40.0, "mem.shm.used_mb": 41.0, "mem.shm.size_mb": 64.0})])
+    # a later tick without a smaps reading (the memory source reads every second or more seldom): kept, not lost
+    agg.add_samples([(1.1, {"sys.cpu_pct": 10.0, "mem.shm.used_mb": 45.0, "mem.shm.size_mb": 64.0})])
+    got = {m.name: m for m in run_metrics(agg.snapshot(), TotalsFolder().totals(), {}, "running")}
+    mib = 2**20
+    assert got["stallscope_process_unique_memory_bytes"].samples == [
+        ({"process": "main"}, 100 * mib), ({"process": "w0"}, 20 * mib)
+    ]  # fmt: skip
+    assert got["stallscope_process_proportional_memory_bytes"].samples == [({"process": "w0"}, 30 * mib)]
+    assert got["stallscope_job_proportional_memory_bytes"].samples == [({}, 250 * mib)]
+    assert got["stallscope_shm_job_bytes"].samples == [({}, 40 * mib)]
+    assert got["stallscope_shm_used_bytes"].samples == [({}, 45 * mib)]  # the newest reading
+    assert got["stallscope_shm_size_bytes"].samples == [({}, 64 * mib)]
+    assert got["stallscope_host_available_memory_bytes"].samples == []  # never read: left out, not NaN
+
+
 def test_figures_not_known_yet_are_left_out_not_nan() -> None:
     got = {m.name: m for m in run_metrics(LiveAggregator().snapshot(), TotalsFolder().totals(), {}, "running")}
     assert got["stallscope_stall_ratio"].samples == []

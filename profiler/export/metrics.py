@@ -146,7 +146,45 @@ def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, object
         h2d.add(st.h2d_ms / 1e3, sim)
         comp.add(st.compute_ms / 1e3, sim)
         n.add(st.window_steps, sim)
-    return [*out, stall, thr, step, wait, h2d, comp, n, *sampler_metrics(snap.latest, sim)]
+    return [
+        *out,
+        stall,
+        thr,
+        step,
+        wait,
+        h2d,
+        comp,
+        n,
+        *sampler_metrics(snap.latest, sim),
+        *memory_metrics(snap.memory),
+    ]
+
+
+def memory_metrics(memory: Mapping[str, float]) -> list[Metric]:
+    """The loader's memory, newest reading of each figure (docs/metrics.md, "Loader memory")."""
+    uss = Metric("stallscope_process_unique_memory_bytes", "gauge", "USS: memory only this process maps (smaps).")
+    pss = Metric("stallscope_process_proportional_memory_bytes", "gauge", "PSS: shared pages divided among "
+                 "the processes that map them (smaps).")  # fmt: skip
+    for key, value in sorted(memory.items()):
+        _mem, proc, figure = [*key.split(".", 2), "", ""][:3]
+        if figure == "uss_mb" and proc not in ("shm", "host", "total"):
+            uss.add(value * MIB, {"process": proc})
+        elif figure == "pss_mb" and proc not in ("shm", "host", "total"):
+            pss.add(value * MIB, {"process": proc})
+    singles = [
+        ("stallscope_job_proportional_memory_bytes", "mem.total.pss_mb", "The job's memory: the sum of PSS."),
+        ("stallscope_shm_job_bytes", "mem.shm.job_mb", "The /dev/shm files the job's processes map or hold open."),
+        ("stallscope_shm_used_bytes", "mem.shm.used_mb", "The /dev/shm segment in use, every process's files."),
+        ("stallscope_shm_size_bytes", "mem.shm.size_mb", "The /dev/shm segment's size."),
+        ("stallscope_host_available_memory_bytes", "mem.host.available_mb", "The host's available memory."),
+    ]
+    out = [uss, pss]
+    for name, key, help_ in singles:
+        metric = Metric(name, "gauge", help_ + " Newest reading.")
+        if key in memory:
+            metric.add(memory[key] * MIB)
+        out.append(metric)
+    return out
 
 
 def job_metrics(

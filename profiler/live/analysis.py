@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.parts import HostFigures
@@ -64,6 +64,8 @@ class LiveSnapshot:
     latest: dict[str, float]  # the newest sample's metrics
     latest_t: float  # run time of the newest step end or sample, s
     loader: LoaderTime | None = None  # the loader processes' time over the last window_s seconds of samples
+    memory: dict[str, float] = field(default_factory=dict)  # the newest reading of each mem.* figure (a reading
+    # of the memory source comes every second or more seldom: the newest sample may hold none)
 
 
 def _means(samples: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -94,6 +96,7 @@ class LiveAggregator:
         self._latest: dict[str, float] = {}
         self._latest_t = 0.0
         self._loader: deque[tuple[float, dict[str, float]]] = deque()  # recent samples' loader.* metrics
+        self._memory: dict[str, float] = {}  # the newest value of each mem.* metric
 
     def add_steps(self, rows: Iterable[tuple[StepRow, Sequence[PhaseRow]]]) -> None:
         for row, phases in rows:
@@ -116,6 +119,7 @@ class LiveAggregator:
             self._latest = metrics
             self._latest_t = max(self._latest_t, t)
             self._loader.append((t, {k: v for k, v in metrics.items() if k.startswith("loader.")}))
+            self._memory.update((k, v) for k, v in metrics.items() if k.startswith("mem.") and not math.isnan(v))
             for metric, value in metrics.items():
                 if metric.endswith(".util_pct") and metric.startswith("gpu") and not math.isnan(value):
                     acc = self._util.setdefault(metric.split(".")[0], {}).setdefault(int(t), [0.0, 0.0])
@@ -143,6 +147,7 @@ class LiveAggregator:
             latest=dict(self._latest),
             latest_t=self._latest_t,
             loader=loader_time(HostFigures(_means(m for _t, m in self._loader))),
+            memory=dict(self._memory),
         )
 
 
