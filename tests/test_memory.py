@@ -13,6 +13,7 @@ from rich.console import Console
 
 from profiler.analysis.memory import GROWTH_MIN_MB, loader_memory, shm_exhausted, shm_headline, shm_need, slope
 from profiler.core.sources.memory import MemorySource, shm_files
+from profiler.core.sources.pin import PinSource
 from profiler.render.loader import memory_table
 
 
@@ -195,3 +196,30 @@ def test_shared_memory_is_said_when_the_need_or_the_use_comes_near_the_segment()
 )
 def test_a_worker_out_of_shared_memory_is_told_from_other_deaths(error: str | None, out_of_shm: bool) -> None:
     assert shm_exhausted(error) is out_of_shm
+
+
+def test_the_pin_source_reads_the_pin_threads_cpu_and_the_pinned_bytes() -> None:
+    now, cpu = [10.0], {7: 0}
+    src = PinSource(
+        threads=lambda: list(cpu), cpu_ns=lambda tid: cpu[tid], pinned=lambda: 96 * MIB, clock=lambda: now[0]
+    )
+    first = src.read()
+    assert math.isnan(first["pin.cpu_pct"]) and first["pin.threads"] == 1 and first["pin.pinned_mb"] == 96
+    now[0], cpu[7] = 12.0, 500_000_000  # 0.5 s of CPU in 2 s
+    assert src.read()["pin.cpu_pct"] == pytest.approx(25.0)
+    cpu.clear()  # the iterator ended: no thread, no CPU figure; nothing pinned where CUDA is not in use
+    assert PinSource(threads=list, pinned=lambda: math.nan).read() == {}
+
+
+def test_the_pin_threads_figures_reach_the_report_table() -> None:
+    samples = [
+        *_samples([20.0] * 3, [20.0] * 3),
+        (0.0, "pin", "pin.cpu_pct", math.nan), (1.0, "pin", "pin.cpu_pct", 30.0), (2.0, "pin", "pin.cpu_pct", 50.0),
+        (1.0, "pin", "pin.pinned_mb", 64.0), (2.0, "pin", "pin.pinned_mb", 96.0),
+    ]  # fmt: skip
+    mem = loader_memory(samples, None, 100.0, 2)
+    assert mem is not None and mem.pin_cpu_pct == pytest.approx(40.0) and mem.pinned_peak_mb == 96
+    console = Console(record=True, width=160)
+    console.print(memory_table(mem))
+    assert "pin memory: the pin-memory thread 40% of a core; pinned 96 MiB at the peak" in console.export_text()
+    assert math.isnan(loader_memory(_samples([20.0] * 3, [20.0] * 3), None, 100.0, 2).pin_cpu_pct)  # type: ignore[union-attr]

@@ -6,6 +6,8 @@ the parent) against the same data in a numpy array (read without writing a page)
 from __future__ import annotations
 
 import json
+import math
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from profiler.analysis import summarize
 from profiler.analysis.timeline import build_timeline
 from profiler.core.recording import default_sources
 from profiler.core.sources.memory import MemorySource
+from profiler.core.sources.pin import PIN_TARGET, PinSource, pin_threads
 from profiler.core.store.reader import load_run
 from profiler.render.html import render_html
 
@@ -84,3 +87,34 @@ def test_copy_on_read_is_named_only_for_python_objects_and_its_growth_matches_sm
     for w, true in enumerate(truth):
         got = rows[f"w{w}"]["growth_mb_per_1k_items"]
         assert abs(got - true) <= 0.2 * true, (w, got, true, t1 - t0)
+
+
+def test_the_pin_threads_cpu_matches_the_threads_own_clock() -> None:
+    stop, spent = threading.Event(), []
+
+    def loop() -> None:  # spins 5 ms, sleeps 5 ms, as a pin thread copying batches as they come would
+        t0 = time.thread_time()
+        while not stop.is_set():
+            end = time.perf_counter() + 0.005
+            while time.perf_counter() < end:
+                pass
+            time.sleep(0.005)
+        spent.append(time.thread_time() - t0)
+
+    thread = threading.Thread(target=loop, name=f"Thread-99 {PIN_TARGET}", daemon=True)
+    src = PinSource(pinned=lambda: math.nan)
+    assert src.read() == {}  # no pin thread yet
+    thread.start()
+    assert pin_threads() == [thread.native_id]
+    src.read()  # its first reading: the CPU so far
+    t0 = time.monotonic()
+    time.sleep(1.0)
+    got = src.read()["pin.cpu_pct"]
+    stop.set()
+    thread.join()
+    span = time.monotonic() - t0
+    # the truth: the thread's own CPU clock over its life, scaled to the reading's span; the two differ by the CPU it
+    # spent between its start and the first reading and after the last (at most one 5 ms spin each: 1% of 1 s)
+    truth = 100 * spent[0] / span
+    assert got == pytest.approx(truth, abs=2.5), (got, truth)
+    assert got > 5  # it did spin: a check that a reading of 0 cannot pass

@@ -69,6 +69,8 @@ class LoaderMemory:
     shm_free_start_mb: float  # the segment's free space at the run's first reading, before the loader started
     shm_job_peak_mb: float  # the /dev/shm files the job's own processes mapped (its batches in flight), peak
     shm_need: ShmNeed | None  # predicted; None where the loader puts no batch in shared memory
+    pin_cpu_pct: float  # the pin-memory thread(s): mean CPU over the window, 100 = one core (NaN: no pin thread)
+    pinned_peak_mb: float  # torch's pinned host allocator at its peak (NaN: nothing pinned, or no CUDA)
     host_available_mb: float  # at the window's last reading
     growing: tuple[str, ...]  # the workers whose private memory grew
     out_of_memory_in_s: float  # host available / the growing workers' summed slope (NaN: none grows)
@@ -130,7 +132,7 @@ def loader_memory(
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     first_used = math.nan
     for t, _source, metric, value in samples:
-        if value is None or not metric.startswith("mem.") or math.isnan(value):
+        if value is None or not metric.startswith(("mem.", "pin.")) or math.isnan(value):
             continue
         if metric == "mem.shm.used_mb" and math.isnan(first_used):
             first_used = value  # the segment before the loader started: its free space is size - this
@@ -138,7 +140,7 @@ def loader_memory(
             continue
         series[metric].append((t, value))
     labels = sorted({m.group(1) for k in series if (m := _PROC.fullmatch(k))}, key=_order)
-    if not labels and not series.get("mem.shm.job_mb"):
+    if not labels and not series.get("mem.shm.job_mb") and not series.get("pin.cpu_pct"):
         return None
     per_worker = samples_per_s / workers if workers > 0 and samples_per_s > 0 else math.nan
     procs = tuple(_process(label, series, per_worker) for label in labels)
@@ -158,6 +160,8 @@ def loader_memory(
         shm_free_start_mb=free,
         shm_job_peak_mb=_peak(series, "mem.shm.job_mb"),
         shm_need=need,
+        pin_cpu_pct=_mean(series.get("pin.cpu_pct", [])),
+        pinned_peak_mb=_peak(series, "pin.pinned_mb"),
         host_available_mb=available,
         growing=growing,
         out_of_memory_in_s=eta,

@@ -41,7 +41,8 @@ def log_warning(message: str) -> None:
 def default_sources(pid: int | None = None) -> list[Source]:
     """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
     threads and workers (schedstat; workers labelled as the host source labels them), where its loader
-    processes' time goes (on a CPU, waiting for one, blocked on what), their memory (USS, PSS), and NVML."""
+    processes' time goes (on a CPU, waiting for one, blocked on what), their memory (USS, PSS), NVML, and (in
+    this process) the pin-memory thread's CPU and the pinned bytes."""
     from profiler.core.sources.blocked import BlockedSource
     from profiler.core.sources.host import HostSource
     from profiler.core.sources.memory import MemorySource
@@ -49,13 +50,18 @@ def default_sources(pid: int | None = None) -> list[Source]:
     from profiler.core.sources.sched import SchedSource
 
     host = HostSource(pid)
-    return [
+    sources: list[Source] = [
         host,
         SchedSource(pid, workers=host.pid_labels),
         BlockedSource(pid, workers=host.pid_labels),
         MemorySource(host.pid_labels),
         NvmlSource(),
     ]
+    if pid is None:  # the pin-memory thread is found by its Python name: only in this process
+        from profiler.core.sources.pin import PinSource
+
+        sources.append(PinSource())
+    return sources
 
 
 class Recording:

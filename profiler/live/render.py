@@ -139,17 +139,20 @@ def frame(snap: LiveSnapshot, meta: Mapping[str, object], total_steps: int | Non
     )
     row("cpu", cpu, f"(100% = one core)  system {_f(m.get('sys.cpu_pct', math.nan), '.0f')}% of all cores")
     row("rss", _f(m.get("proc.total.rss_mb", math.nan), ".0f", " MiB"), "main + workers")
-    mem = snap.memory
-    if mem:
-        shm = f"/dev/shm: the job's {_f(mem.get('mem.shm.job_mb', math.nan), '.0f')} MiB, segment "
-        shm += (
-            f"{_f(mem.get('mem.shm.used_mb', math.nan), '.0f')}/{_f(mem.get('mem.shm.size_mb', math.nan), '.0f')} MiB"
-        )
-        row("memory", f"PSS {_f(mem.get('mem.total.pss_mb', math.nan), '.0f', ' MiB')}", shm + "  (newest reading)")
-    workers_row = _workers_row(snap)
-    if workers_row is not None:
-        row("workers", *workers_row)
+    for label, make in (("memory", _memory_row), ("workers", _workers_row)):
+        if (cells := make(snap)) is not None:
+            row(label, *cells)
     return Group(head, *rows)
+
+
+def _memory_row(snap: LiveSnapshot) -> tuple[str, str] | None:
+    """The job's memory and shared memory, newest reading of each (None before the first reading)."""
+    mem = snap.memory
+    if not mem:
+        return None
+    used, size = _f(mem.get("mem.shm.used_mb", math.nan), ".0f"), _f(mem.get("mem.shm.size_mb", math.nan), ".0f")
+    shm = f"/dev/shm: the job's {_f(mem.get('mem.shm.job_mb', math.nan), '.0f')} MiB, segment {used}/{size} MiB"
+    return f"PSS {_f(mem.get('mem.total.pss_mb', math.nan), '.0f', ' MiB')}", shm + "  (newest reading)"
 
 
 def _workers_row(snap: LiveSnapshot) -> tuple[str, str] | None:

@@ -101,7 +101,11 @@ def shm_line(mem: LoaderMemory) -> str:
         if need is not None
         else ""
     )
-    return (
+    line = (
         f"shared memory: the job's /dev/shm files peak {_mib(mem.shm_job_peak_mb)} MiB measured{predicted}; "
         f"{_mib(mem.shm_free_start_mb)} MiB free at the start"
     )
+    if not math.isnan(mem.pin_cpu_pct) or not math.isnan(mem.pinned_peak_mb):
+        cpu = "n/a" if math.isnan(mem.pin_cpu_pct) else f"{mem.pin_cpu_pct:.0f}% of a core"
+        line += f"\npin memory: the pin-memory thread {cpu}; pinned {_mib(mem.pinned_peak_mb)} MiB at the peak"
+    return line
