@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -214,14 +215,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # A documented command may read what the commands above it in its doc made, so a doc's commands run in order on
 # one worker (tests/test_docs_examples.py reruns them otherwise, which doubled the docs tier). xdist's own
 # `xdist_group` mark does nothing under pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer
-# reads), so the grouping is done here, where xdist asks for its scheduler: one unit per doc, one per other test.
+# reads), so the grouping is done here, where xdist asks for its scheduler: one unit per doc, one per file whose
+# tests share a module- or session-scoped fixture (a fixture runs once per worker that runs one of its tests:
+# test_zerocode_ranks' torchrun job ran twice, 16 s each), one per other test.
 DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
+SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
+
+
+@functools.cache
+def shares_a_fixture(path: str) -> bool:
+    """Whether the test file at ``path`` (relative to the checkout) defines a module- or session-scoped fixture."""
+    file = ROOT / path
+    return file.is_file() and SHARED_FIXTURE.search(file.read_text(encoding="utf-8")) is not None
 
 
 def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its doc for a documented command, else the test itself."""
+    """The xdist work unit of a test: its doc for a documented command, its file where the file's tests share a
+    fixture, else the test itself."""
     m = DOC_COMMAND.search(nodeid)
-    return m.group(1) if m else nodeid
+    if m:
+        return m.group(1)
+    path = nodeid.split("::", 1)[0]
+    return path if shares_a_fixture(path) else nodeid
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

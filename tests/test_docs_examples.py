@@ -480,3 +480,6 @@ def test_each_docs_commands_are_one_work_unit_under_xdist() -> None:
     units = [work_unit(i) for i in ids]
     assert units == [c.doc for c in DOCS_PARSED.commands]
     assert work_unit("tests/test_cli.py::test_x[a:1]") == "tests/test_cli.py::test_x[a:1]"  # others: their own
+    # a file whose tests share a module-scoped fixture (one torchrun job) is one unit: the job runs once
+    assert work_unit("tests/test_zerocode_ranks.py::test_a") == work_unit("tests/test_zerocode_ranks.py::test_b")
+    assert work_unit("tests/test_zerocode_ranks.py::test_a") == "tests/test_zerocode_ranks.py"
