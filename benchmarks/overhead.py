@@ -202,6 +202,34 @@ def loader_poll_cost(polls: int = 500, repeats: int = 5) -> dict[str, float]:
     return {"poll_us_median": statistics.median(per_poll), "read_us_median": statistics.median(per_read)}
 
 
+def memory_source_cost(repeats: int = 20) -> dict[str, float]:
+    """The memory source's three readings with a training process and 2 DataLoader workers holding batches in
+    /dev/shm: smaps of each (USS, PSS), the job's /dev/shm files (maps + fds), the segment (statvfs); median
+    milliseconds each, and the share of one core at the schedule the source keeps (its budget, at least 1 s
+    apart; the segment at every 10 Hz tick)."""
+    from profiler.core.sources.memory import BUDGET, EVERY_S, MemorySource
+
+    loader = torch.utils.data.DataLoader(torch.zeros(4096, 256, 64), batch_size=16, num_workers=2)
+    it = iter(loader)
+    next(it)  # the workers are up, each with prefetch_factor batches sent or in flight in /dev/shm
+    pids = {"main": os.getpid(), **{f"w{i}": w.pid for i, w in enumerate(it._workers)}}
+    src = MemorySource(lambda: pids)
+    cost: dict[str, list[float]] = {"smaps": [], "shm_files": [], "segment": []}
+    try:
+        for _ in range(repeats):
+            for name, call in (("smaps", src._reading), ("shm_files", src._job_shm), ("segment", src._segment)):
+                t = time.perf_counter()
+                call()
+                cost[name].append((time.perf_counter() - t) * 1e3)
+    finally:
+        del it
+    ms = {k: statistics.median(v) for k, v in cost.items()}
+    every = {k: max(EVERY_S, ms[k] / 1e3 / BUDGET) for k in ("smaps", "shm_files")}
+    share = sum(ms[k] / 1e3 / every[k] for k in every) + ms["segment"] / 1e3 * 10
+    return {**{f"{k}_ms_median": v for k, v in ms.items()}, **{f"{k}_every_s": v for k, v in every.items()},
+            "core_share_pct": 100 * share}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--pairs", type=int, default=5)
@@ -224,6 +252,12 @@ def main() -> int:
         f"loader source: one poll of the main thread and 2 waiting workers {lp['poll_us_median']:.0f} us "
         f"(at 25 Hz: {lp['poll_us_median'] * 25 / 1e4:.2f}% of a core); one read {lp['read_us_median']:.0f} us"
     )
+    mc = memory_source_cost()
+    print(
+        f"memory source, main + 2 workers: smaps {mc['smaps_ms_median']:.1f} ms (every {mc['smaps_every_s']:.1f} s), "
+        f"the job's /dev/shm files {mc['shm_files_ms_median']:.2f} ms (every {mc['shm_files_every_s']:.1f} s), "
+        f"the segment {mc['segment_ms_median'] * 1e3:.0f} us (10 Hz): {mc['core_share_pct']:.2f}% of a core"
+    )
     print(f"Session (10 Hz, default sources) vs bare loop, {args.pairs} pairs of {args.steps} steps:", flush=True)
     sess = session_vs_bare(args.pairs, args.steps)
     verdict = "meets" if sess["median_throughput_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
@@ -238,7 +272,8 @@ def main() -> int:
         f"median CPU-per-step ratio {live['median_cpu_per_step_ratio']:.4f}"
     )
     if args.json:
-        print(json.dumps({"phase_cost": cost, "loader_poll": lp, "session": sess, "live_view": live}, indent=2))
+        out = {"phase_cost": cost, "loader_poll": lp, "memory_source": mc, "session": sess, "live_view": live}
+        print(json.dumps(out, indent=2))
     return 0
 
 

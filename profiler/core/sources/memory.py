@@ -51,9 +51,9 @@ def shm_files(pid: int) -> dict[tuple[int, int], int]:
     file_descriptor sharing); one the training process took is a mapping there."""
     out: dict[tuple[int, int], int] = {}
     with open(f"/proc/{pid}/maps", "rb") as f:
-        for line in f:
-            if b" /dev/shm/" not in line:
-                continue
+        maps = f.read()  # at once: the kernel generates the file anew for each read, line by line costs 3x
+    for line in maps.splitlines() if b" /dev/shm/" in maps else ():
+        if b" /dev/shm/" in line:
             span, _perms, _offset, dev, inode, *_ = line.split(maxsplit=5)
             lo, _, hi = span.partition(b"-")
             major, _, minor = dev.partition(b":")
