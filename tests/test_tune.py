@@ -360,6 +360,35 @@ def test_a_pick_no_faster_side_by_side_is_not_confirmed() -> None:
     assert result.to_dict()["unconfirmed"]["batch_size"] == 16
 
 
+@pytest.mark.parametrize(
+    ("recommended", "rounds", "confirmed"),
+    [
+        ([150.0, 150.0], 2, True),  # the rounds agree: two are enough
+        ([147.0, 110.0, 150.0], 3, True),  # they split (the stress run's pair): a third decides it
+        ([147.0, 110.0, 120.0], 3, False),  # the third says slower: the medians keep the default
+    ],
+)
+def test_the_final_comparison_runs_a_third_round_when_two_split(
+    recommended: list[float], rounds: int, confirmed: bool
+) -> None:
+    class Noisy(FakeTrials):  # the default reads 135 in every round; the pick as listed, round by round
+        def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
+            row = super().__call__(cfg, label, role)
+            if role == "trial":
+                return row
+            index = int(label.partition("-")[0].removeprefix("final")) - 1
+            thr = recommended[index] if role == "recommended" else 135.0
+            return dataclasses.replace(row, throughput_samples_per_s=thr)
+
+    result = run(Noisy(lanes_model), pipelines=["naive"])
+    assert [r.role for r in result.final].count("recommended") == rounds
+    assert (result.unconfirmed is None) is confirmed, result.notes
+    assert any("rounds split" in n for n in result.notes) is (rounds > 2)
+    # the budget is kept: with room for the search and two rounds only, two it is
+    two = run(Noisy(lanes_model), pipelines=["naive"], budget_s=result.elapsed_s - 2)
+    assert [r.role for r in two.final].count("recommended") == 2 if rounds > 2 else True
+
+
 def test_default_already_best_is_measured_against_the_best_alternative() -> None:
     def speed(c: Config) -> float:
         return 100.0 if c == Config("naive", 8, 0) else 60.0 if c == Config("naive", 8, 1) else 50.0

@@ -84,7 +84,7 @@ def tune_plan(
     for_real: str,
 ) -> list[str]:
     """What ``tune --dry-run`` prints: the trials a tune would run, in order, and what each does."""
-    from profiler.sweep.tuner import FINAL_ROUNDS, IMPROVE, worker_ladder
+    from profiler.sweep.tuner import FINAL_MAX_ROUNDS, FINAL_ROUNDS, IMPROVE, worker_ladder
 
     ladder = worker_ladder(max_workers, cores)
     inside = [w for w in ladder if w <= cores]
@@ -103,7 +103,7 @@ def tune_plan(
         f"  2. workers {climb}, each step taken only when throughput improves by more than {IMPROVE:.0%} "
         f"({cores} core{'' if cores == 1 else 's'} here){knobs}",
         f"  3. batch size: {batches}",
-        f"  4. the pick and the setting to beat re-run alternately, up to {FINAL_ROUNDS} rounds each: the speedup "
-        "is the ratio of their median throughputs",
+        f"  4. the pick and the setting to beat re-run alternately, {FINAL_ROUNDS} rounds each "
+        f"({FINAL_MAX_ROUNDS} when they split): the speedup is the ratio of their median throughputs",
         f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit",
     ]

@@ -21,6 +21,10 @@ from profiler.sweep.analysis import Config, SweepRow, row_from_dict
 
 IMPROVE = 0.03
 FINAL_ROUNDS = 2
+# a third round when the two split (the pick faster than the default beside it in one, slower in the other) and
+# the budget allows: two short trials each decide nothing on a busy host (a pick 1.25x in the search read 147 and
+# 110 against the default's 131 and 139: x0.95, while the same pair re-run a minute later read 1.7x)
+FINAL_MAX_ROUNDS = 3
 DEFAULT_PIPELINE = "naive"
 # tune's default --max-workers: a hard cap on the climb past the cores (each worker is a process holding a
 # copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
@@ -94,7 +98,8 @@ class TuneResult:
                 "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores (every count tried), then "
                 "further only while each step helps and the next count stays under cores / (the workers' CPU busy "
                 f"fraction), at most {self.max_workers}",
-                "final": f"recommended and default re-run alternately, up to {FINAL_ROUNDS} rounds each; "
+                "final": f"recommended and default re-run alternately, {FINAL_ROUNDS} rounds each ({FINAL_MAX_ROUNDS} "
+                "when they split); "
                 "speedup = ratio of median throughputs",
             },
             "notes": list(self.notes),
@@ -457,12 +462,18 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
         rounds -= 1
     if s.elapsed() + per_round > s.budget_s:
         s.notes.append(f"the final comparison ({per_round:.0f} s a round) runs past the {s.budget_s:g} s budget")
-    for i in range(rounds):
+    i = 0
+    while i < rounds or (
+        i < FINAL_MAX_ROUNDS and _rounds_split(result.final) and s.elapsed() + per_round <= s.budget_s
+    ):
         order = [("default", result.default), ("recommended", rec)]
         if i % 2:
             order.reverse()
         for role, cfg in order:
             result.final.append(s.trial(cfg, f"final{i + 1}-{role}-{cfg.name}", role))
+        i += 1
+    if i > rounds:
+        s.notes.append(f"the final comparison's rounds split (the pick faster in one, slower in another): {i} rounds")
     rec_m, def_m = _median(result.final, "recommended"), _median(result.final, "default")
     if math.isfinite(rec_m) and math.isfinite(def_m) and def_m > 0:
         result.speedup = rec_m / def_m
@@ -476,6 +487,14 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
             result.recommended, result.speedup = result.default, 1.0
     else:
         s.notes.append("the final comparison did not complete for both configurations: no measured speedup")
+
+
+def _rounds_split(final: Sequence[SweepRow]) -> bool:
+    """Whether as many rounds of the final comparison had the pick faster than the default beside it as slower."""
+    rec = [r.throughput_samples_per_s for r in final if r.role == "recommended" and r.ok]
+    dflt = [r.throughput_samples_per_s for r in final if r.role == "default" and r.ok]
+    faster = [a > b for a, b in zip(rec, dflt, strict=False)]
+    return bool(faster) and 2 * sum(faster) == len(faster)
 
 
 def _fastest(rows: Sequence[SweepRow]) -> Config:
