@@ -33,12 +33,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipelines import stages
 from pipelines.augment import IMAGENET_MEAN, IMAGENET_STD
 from pipelines.imagefolder import (
     BadSample,
     DataSourceError,
     check_file,
-    decode_rgb,
+    load_rgb,
     no_usable_image,
     one_line,
     rejected,
@@ -274,7 +275,7 @@ class DetectionDataset:
         import torch
         from torchvision import tv_tensors
 
-        rgb = decode_rgb(self.source.files[index], self.source.on_bad_sample)
+        rgb = load_rgb(self.source.files[index], self.source.on_bad_sample)
         if isinstance(rgb, BadSample):
             return rgb
         boxes = tv_tensors.BoundingBoxes(
@@ -283,7 +284,8 @@ class DetectionDataset:
             canvas_size=(rgb.height, rgb.width),
         )
         labels = torch.tensor(self.source.labels[index], dtype=torch.int64)
-        image, target = self.transform(rgb, {"boxes": boxes, "labels": labels})
+        with stages.timed("augment"):
+            image, target = self.transform(rgb, {"boxes": boxes, "labels": labels})
         # plain tensors from here on: the model and the collate need no tv_tensors metadata
         return image, {"boxes": target["boxes"].as_subclass(torch.Tensor), "labels": target["labels"]}
 

@@ -18,12 +18,14 @@ the scan; a ``BadSampleError`` message is one line that starts with "bad sample 
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines import stages
 from pipelines.augment import AugmentSpec, torchvision_transform
 
 POLICIES = ("fail", "skip")
@@ -194,24 +196,44 @@ class ImageFolderDataset:
     def __getitem__(self, index: int) -> Any:
         import torch
 
-        rgb = decode_rgb(self.source.files[index], self.source.on_bad_sample)
+        rgb = load_rgb(self.source.files[index], self.source.on_bad_sample)
         if isinstance(rgb, BadSample):
             return rgb
-        return self.transform(rgb), torch.tensor(self.source.labels[index], dtype=torch.int64)
+        with stages.timed("augment"):
+            x = self.transform(rgb)
+        return x, torch.tensor(self.source.labels[index], dtype=torch.int64)
 
 
-def decode_rgb(path: str, on_bad_sample: str) -> Any:
-    """The file decoded by PIL as RGB; a decode failure is a ``BadSample`` (skip policy) or ``BadSampleError``."""
+def load_rgb(path: str, on_bad_sample: str) -> Any:
+    """The file read (the ``fetch`` stage), then decoded by PIL as RGB (``decode``); a file that cannot be read or
+    decoded is a ``BadSample`` (skip policy) or ``BadSampleError``."""
+    with stages.timed("fetch"):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            return _bad(path, one_line(exc), on_bad_sample)
+    with stages.timed("decode"):
+        return decode_rgb(path, data, on_bad_sample)
+
+
+def decode_rgb(path: str, data: bytes, on_bad_sample: str) -> Any:
+    """``data`` (the bytes of ``path``) decoded by PIL as RGB; a failure is a ``BadSample`` or ``BadSampleError``."""
     from PIL import Image, UnidentifiedImageError
 
+    stream = io.BytesIO(data)
     try:
-        with Image.open(path) as img:
+        with Image.open(stream) as img:
             return img.convert("RGB")
     except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as exc:
-        reason = one_line(exc)
-        if on_bad_sample == "skip":
-            return BadSample(path, reason)
-        raise BadSampleError(f"bad sample {path!r}: {reason}") from None
+        # PIL names the stream it was given ("cannot identify image file <_io.BytesIO ...>"): name the file
+        return _bad(path, one_line(exc).replace(repr(stream), repr(path)), on_bad_sample)
+
+
+def _bad(path: str, reason: str, on_bad_sample: str) -> BadSample:
+    if on_bad_sample == "skip":
+        return BadSample(path, reason)
+    raise BadSampleError(f"bad sample {path!r}: {reason}") from None
 
 
 class SkipCollate:

@@ -25,8 +25,9 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, default_collate
 
+from pipelines import stages
 from pipelines.base import BuiltLoader, LoaderSpec
 from pipelines.imagefolder import SkipCollate, SkipLog, StrippedBatches
 
@@ -202,8 +203,11 @@ def data_loader(
         "persistent_workers": persistent_workers and spec.workers > 0,
     }
     skips = SkipLog.for_dataset(dataset)
-    # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor)
+    # a dataset may bring its own collate (detection: a list of per-image targets, not a stacked tensor); timed as
+    # the collate stage where a stallscope run installed the stage clock (pipelines.stages)
     collate = getattr(dataset, "collate_fn", None)
+    if stages.installed():
+        collate = stages.TimedCollate(collate if collate is not None else default_collate)
     sampler = (
         EpochShards(dataset, spec.num_shards, spec.shard, shuffle=spec.shuffle, seed=spec.seed, drop_last=True)
         if spec.num_shards > 1

@@ -185,6 +185,7 @@ TIMING_FILES = {
     "test_sampler.py",
     "test_session_ground_truth.py",
     "test_shm_truth.py",
+    "test_stages_truth.py",
     "test_sim_device.py",
     "test_sweep.py",
     "test_sweep_nproc.py",

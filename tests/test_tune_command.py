@@ -85,8 +85,14 @@ def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items:
     # the result names the line to change and the knobs stallscope changed there, as built
     change = result["change"]
     assert change["site"] == f"tune_script.py:{LOADER_LINE}" and change["kind"] == "DataLoader"
-    assert change["args"] == {"num_workers": result["recommended"]["workers"], "persistent_workers": True}
-    assert result["speedup"] > 1.0 and result["command"] == command(items)
+    assert result["command"] == command(items)
+    if pick == own.workers:
+        # the script's setting kept (beside busy processes a computing worker can gain nothing: no core is free),
+        # which the check above found within 0.9 of the grid's best, measured alternately: nothing to change
+        assert change["args"] == {} and result["speedup"] == 1.0 and items == "compute", (result, grid_line, again)
+    else:
+        assert change["args"] == {"num_workers": pick, "persistent_workers": True}
+        assert result["speedup"] > 1.0
     if items == "wait":  # sleeping items: the climb went past the 2 cores, on the workers' measured CPU use
         assert result["recommended"]["workers"] > 2, grid_line
 

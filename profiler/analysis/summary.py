@@ -48,6 +48,7 @@ from profiler.analysis.parts import (
     nvml_source,
 )
 from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, stack_estimates
+from profiler.analysis.stages import LoaderStages, loader_stages
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, verdict_for
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
@@ -98,6 +99,7 @@ class Summary:
     contention: Contention | None = None  # run-queue wait of the training thread and workers (schedstat)
     loader_time: LoaderTime | None = None  # where the loader processes' time goes (on a CPU, blocked on what)
     memory: LoaderMemory | None = None  # the loader processes' USS / PSS, shared memory, copy-on-read growth
+    stages: LoaderStages | None = None  # the loader's stages (fetch, decode, augment, collate): capacity vs demand
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -143,6 +145,7 @@ class Summary:
             "contention": self.contention.to_dict() if self.contention else None,
             "loader_time": self.loader_time.to_dict() if self.loader_time else None,
             "memory": self.memory.to_dict() if self.memory else None,
+            "stages": self.stages.to_dict() if self.stages else None,
         }
         return json_safe(out)
 
@@ -257,6 +260,14 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         memory=loader_memory(
             rec.samples, m.window if m.steps else None, throughput, _int_or_0(meta.get("workers")), shm_need(meta)
         ),
+        stages=loader_stages(
+            rec.samples,
+            m.window if m.steps else None,
+            workers=_int_or_0(meta.get("workers")),
+            batch_size=float(meta.get("batch_size") or math.nan),
+            step_ms=timing.step_time.mean,
+            data_wait_ms=timing.breakdown.data_wait,
+        ),
     )
     loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
@@ -340,6 +351,7 @@ def _summary(
         contention=figures.contention,
         loader_time=figures.loader_time,
         memory=figures.memory,
+        stages=figures.stages,
     )
 
 

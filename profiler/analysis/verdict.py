@@ -28,6 +28,7 @@ from profiler.analysis.parts import (
     StackEstimate,
     StepTimes,
 )
+from profiler.analysis.stages import LoaderStages
 
 HIGH = 0.20
 MODERATE = 0.05
@@ -64,6 +65,7 @@ class Figures:
     nvml: NvmlFigures | None = None
     loader_time: LoaderTime | None = None  # where the loader processes' time goes (the ``loader`` source)
     memory: LoaderMemory | None = None  # the loader processes' memory (the ``memory`` source)
+    stages: LoaderStages | None = None  # the loader's stages: time per item, capacity against demand
 
     @property
     def simulated(self) -> bool:
@@ -78,7 +80,9 @@ def verdict_for(stall_fraction: float) -> str:
     return "not input-bound"
 
 
-LOADER_CODES = frozenset({"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT", "SHM_TOO_SMALL"})
+LOADER_CODES = frozenset(
+    {"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT", "SHM_TOO_SMALL", "LOADER_STAGE"}
+)
 
 
 def at_site(recs: list[Recommendation], site: str | None) -> list[Recommendation]:
@@ -99,6 +103,8 @@ def recommend(s: Figures) -> list[Recommendation]:
     if not step or math.isnan(step):
         return out
     input_bound = s.stall_fraction >= MODERATE
+    if input_bound and s.stages is not None and s.stages.bottleneck is not None:
+        out.append(Recommendation("LOADER_STAGE", s.stages.headline + "."))
     # a simulated device's compute phase is the host launching kernels it does not run: its wait for a CPU is
     # no loss of the model's compute, which the simulator times (docs/sim.md)
     contended = None if s.simulated else contention_advice(s.contention)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
+from pipelines import stages as pipeline_stages
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, shm_exhausted, shm_need
@@ -27,6 +28,7 @@ from profiler.core.recording import Recording, default_sources
 from profiler.core.session import Interrupted, Session
 from profiler.core.sources.base import Source
 from profiler.core.sources.memory import SHM
+from profiler.core.sources.stages import StageSource
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
 from profiler.live.feeds import Monitor, SessionFeed
 from profiler.sim.cost import CostModelError
@@ -196,6 +198,16 @@ def _rank_sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
     return []
 
 
+def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
+    """What the run samples: a rank its own device, a simulated run the host and its twin, else the defaults; and
+    the loader's stage times (the clock is made here, before the loader's workers fork and inherit it)."""
+    pipeline_stages.install()
+    base = (
+        _rank_sources(cfg, sim) if cfg.dist is not None else _sim_sources(sim) if sim is not None else default_sources()
+    )
+    return [*base, StageSource(pipeline_stages.totals)]
+
+
 def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None) -> Session:
     """The Session starts before set-up, so that a dataset or model that fails to build leaves a reportable
     run (status "failed", no steps) and set-up's host load is on the record too."""
@@ -207,7 +219,7 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         sample_hz=cfg.sample_hz,
         device=cfg.device,
         timer=sim.timer() if sim is not None else None,
-        sources=_rank_sources(cfg, sim) if cfg.dist is not None else _sim_sources(sim) if sim is not None else None,
+        sources=_sources(cfg, sim),
         warmup=plan.warmup,
         store_errors="raise",  # a store that stops writing stops the run: training on would record nothing
         meta={

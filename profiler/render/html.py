@@ -34,7 +34,7 @@ from profiler.render.figures import (
 )
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import COLUMNS, KEY, cell, reads_line, shm_line
+from profiler.render.loader import COLUMNS, KEY, cell, rate, reads_line, shm_line, stages_caption
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
@@ -218,6 +218,26 @@ def _loader_time(s: Summary) -> str:
         "Where the loader processes' time goes (% of wall time; main: the training thread)",
         f'<table class="grid"><thead><tr><th>process</th>{head}</tr></thead><tbody>{rows}</tbody></table>{line}'
         f'<p class="note">{_e(KEY)}. Source: {_e(lt.method)}.</p>',
+    )
+
+
+def _stages(s: Summary) -> str:
+    """The loader's stages: time per item, share, capacity; capacity against demand."""
+    st = s.stages
+    if st is None:
+        return ""
+    rows = "".join(
+        f'<tr data-stage="{_e(x.name)}"><th>{_e(x.name)}{" (bottleneck)" if x.name == st.bottleneck else ""}</th>'
+        f"<td>{_e(f'{x.ms_per_item:.2f}')}</td><td>{_e(_pct(x.share))}</td>"
+        f"<td>{_e(rate(x.capacity_samples_per_s))}</td></tr>"
+        for x in st.stages
+    )
+    head = "<th>stage</th><th>ms / item</th><th>share</th><th>capacity (samples/s)</th>"
+    return _section(
+        "stages",
+        "Loader stages (per item, where they run)",
+        f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+        f'<p class="headline">{_e(st.headline)}</p><p class="note">{_e(stages_caption(st))}</p>',
     )
 
 
@@ -478,6 +498,7 @@ def render_html(
         + _ranks(job)
         + _sampled(s)
         + _loader_time(s)
+        + _stages(s)
         + _memory(s)
         + _recommendations(s)
         + _plots(s, timeline)

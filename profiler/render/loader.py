@@ -9,6 +9,7 @@ from rich.table import Table
 
 from profiler.analysis.loader_time import LoaderTime, ProcessTime
 from profiler.analysis.memory import LoaderMemory
+from profiler.analysis.stages import LoaderStages
 
 COLUMNS = (
     ("cpu", "CPU"),
@@ -109,3 +110,30 @@ def shm_line(mem: LoaderMemory) -> str:
         cpu = "n/a" if math.isnan(mem.pin_cpu_pct) else f"{mem.pin_cpu_pct:.0f}% of a core"
         line += f"\npin memory: the pin-memory thread {cpu}; pinned {_mib(mem.pinned_peak_mb)} MiB at the peak"
     return line
+
+
+def rate(v: float) -> str:
+    return "n/a" if math.isnan(v) else "unbounded" if math.isinf(v) else f"{v:.0f}"
+
+
+def stages_caption(st: LoaderStages) -> str:
+    """Capacity against demand in words, and the method."""
+    return (
+        f"{st.headline}\ncapacity {rate(st.capacity_samples_per_s)} samples/s with {st.processes} loader "
+        f"process{'es' if st.processes != 1 else ''} (measured stage times, derived rate); demand "
+        f"{rate(st.demand_samples_per_s)} samples/s (the batch / the step time without the data wait)\n"
+        f"source: {st.method}"
+    )
+
+
+def stages_table(st: LoaderStages) -> Table:
+    t = Table(title="Loader stages (per item, where they run)", title_justify="left")
+    for name in ("stage", "ms / item", "share", "capacity (samples/s)"):
+        t.add_column(name, justify="left" if name == "stage" else "right")
+    for stage in st.stages:
+        mark = "  <- bottleneck" if stage.name == st.bottleneck else ""
+        share = "n/a" if math.isnan(stage.share) else f"{stage.share:.0%}"
+        t.add_row(stage.name + mark, f"{stage.ms_per_item:.2f}", share, rate(stage.capacity_samples_per_s))
+    t.caption = stages_caption(st)
+    t.caption_justify = "left"
+    return t

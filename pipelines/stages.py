@@ -1,0 +1,84 @@
+"""Per-item stage times of the torch pipelines' built-in data sets: fetch (the file's bytes), decode, augment, and
+the collate of each batch, timed where they run (a DataLoader worker, or the training process with 0 workers).
+
+The times go into one array of shared memory that the training process makes before its loader starts
+(:func:`install`) and its forked workers inherit: a row per loader process (the training process, then each
+worker by id), a pair (seconds, items) per stage, each row written by its own process only. Reading it
+(:func:`totals`) sums the rows. Without :func:`install` nothing is timed (a data set used outside a stallscope
+run pays one ``None`` check). A data set of your own can time its stages with :func:`timed`.
+
+docs/pipelines.md, "Stages", and docs/metrics.md, "Loader stages", say what each stage covers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+STAGES = ("fetch", "decode", "augment", "collate")
+ROWS = 257  # the training process and up to 256 workers (ids past that share rows: the sums stay right)
+_clock: Any = None  # the shared array, once installed
+
+
+def install() -> None:
+    """Make the shared array (once per process): call before the DataLoader's workers start."""
+    global _clock  # noqa: PLW0603 - one array per process, inherited by the workers it forks
+    if _clock is None:
+        _clock = multiprocessing.RawArray("d", ROWS * len(STAGES) * 2)
+
+
+def installed() -> bool:
+    return _clock is not None
+
+
+def _row() -> int:
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return 0 if info is None else 1 + info.id % (ROWS - 1)
+
+
+def record(stage: str, seconds: float, items: int = 1) -> None:
+    """Add ``seconds`` spent on ``items`` items in ``stage`` (one of :data:`STAGES`) for this loader process."""
+    if _clock is None:
+        return
+    at = (_row() * len(STAGES) + STAGES.index(stage)) * 2
+    _clock[at] += seconds
+    _clock[at + 1] += items
+
+
+@contextmanager
+def timed(stage: str, items: int = 1) -> Iterator[None]:
+    """Time the block as ``stage`` for ``items`` items (nothing is timed unless a stallscope run installed it)."""
+    if _clock is None:
+        yield
+        return
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        record(stage, time.perf_counter() - t0, items)
+
+
+def totals() -> dict[str, tuple[float, float]]:
+    """Per stage, (seconds, items) summed over every loader process so far; empty before :func:`install`."""
+    if _clock is None:
+        return {}
+    import numpy as np
+
+    sums = np.frombuffer(_clock, dtype=np.float64).reshape(ROWS, len(STAGES), 2).sum(axis=0)
+    return {stage: (float(s), float(n)) for stage, (s, n) in zip(STAGES, sums, strict=True) if n}
+
+
+class TimedCollate:
+    """A collate function timed as the ``collate`` stage (items: the batch's length)."""
+
+    def __init__(self, collate: Any) -> None:
+        self.collate = collate
+
+    def __call__(self, items: list[Any]) -> Any:
+        with timed("collate", len(items)):
+            return self.collate(items)

@@ -1,0 +1,115 @@
+"""The loader's stages: each item's time in fetch, decode, augment and collate, what the loader can deliver at
+those times (its capacity), what the training consumes (its demand), and the stage that holds it back.
+
+Pure: the ``stages`` source's cumulative readings (:mod:`profiler.core.sources.stages`) in, a
+:class:`LoaderStages` out. The times are measured where the stages run (the built-in data sets and the
+collate time themselves: :mod:`pipelines.stages`); capacity and demand are derived from them and the run's
+step times. docs/metrics.md, "Loader stages", defines the figures.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from profiler.analysis.meta import JSON
+from profiler.analysis.stats import Interval, json_safe
+
+METHOD = (
+    "each stage timed with perf_counter where it runs (the data set's fetch, decode and augment, the collate of "
+    "each batch), summed over the loader processes; capacity = loader processes / the stages' time per item"
+)
+KEEPS_UP = 1.1  # capacity at least this multiple of the demand: the loader keeps up
+_METRIC = re.compile(r"stage\.([a-z]+)\.(s|n)")
+FIXES = {
+    "fetch": "the bytes come slowly: cache the data set (page cache, local disk), use a faster store or larger "
+    "sequential reads (shards); more workers help where the fetch waits rather than computes",
+    "decode": "a faster decoder (DALI, a SIMD JPEG library), or smaller stored images",
+    "augment": "cheaper augmentation, or augmentation on the accelerator (DALI, torchvision v2 on device tensors)",
+    "collate": "fewer, larger tensors per item (the collate copies each into the batch)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    ms_per_item: float
+    share: float  # of an item's time in the stages, 0..1
+    capacity_samples_per_s: float  # this stage alone: the loader processes / its time per item
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderStages:
+    method: str
+    stages: tuple[Stage, ...]
+    processes: int  # the loader processes that run the stages: the workers, or 1 (the training process)
+    capacity_samples_per_s: float  # MEASURED times, DERIVED rate: processes / (the stages' ms per item)
+    demand_samples_per_s: float  # batch / (step time - data wait): what the training consumes at its own pace
+    headroom: float  # capacity / demand (NaN without a demand)
+    bottleneck: str | None  # the slowest stage, when the loader cannot keep up
+    headline: str
+
+    def to_dict(self) -> JSON:
+        out: JSON = asdict(self)
+        return json_safe(out)
+
+
+def loader_stages(
+    samples: Sequence[tuple[float, str, str, float | None]],
+    window: Interval | None,
+    *,
+    workers: int,
+    batch_size: float,
+    step_ms: float,
+    data_wait_ms: float,
+) -> LoaderStages | None:
+    """The stages over ``window`` (their first and last readings in it); None without two readings of a stage."""
+    first: dict[tuple[str, str], float] = {}
+    last: dict[tuple[str, str], float] = {}
+    for t, _source, metric, value in samples:
+        m = _METRIC.fullmatch(metric)
+        if m is None or value is None or math.isnan(value) or (window and not window[0] <= t <= window[1]):
+            continue
+        first.setdefault((m.group(1), m.group(2)), value)
+        last[(m.group(1), m.group(2))] = value
+    times: dict[str, float] = {}
+    for (name, kind), end in last.items():
+        if kind == "s":
+            items = last.get((name, "n"), math.nan) - first.get((name, "n"), math.nan)
+            if items > 0:
+                times[name] = (end - first[(name, "s")]) / items
+    if not times:
+        return None
+    total = math.fsum(times.values())
+    processes = max(1, workers)
+    order = ("fetch", "decode", "augment", "collate")
+    stages = tuple(
+        Stage(name, 1e3 * s, s / total if total > 0 else math.nan, processes / s if s > 0 else math.inf)
+        for name, s in sorted(times.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+    )
+    capacity = processes / total if total > 0 else math.inf
+    compute_ms = step_ms - data_wait_ms
+    demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+    headroom = capacity / demand if demand > 0 else math.nan
+    slowest = max(stages, key=lambda st: st.ms_per_item)
+    bottleneck = slowest.name if headroom < KEEPS_UP else None
+    headline = _headline(slowest, capacity, demand, headroom, workers)
+    return LoaderStages(METHOD, stages, processes, capacity, demand, headroom, bottleneck, headline)
+
+
+def _headline(slowest: Stage, capacity: float, demand: float, headroom: float, workers: int) -> str:
+    who = f"{workers} worker{'s' if workers != 1 else ''}" if workers > 0 else "0 workers (in the training process)"
+    at = f"{slowest.name} ({slowest.ms_per_item:.1f} ms an item, {slowest.share:.0%} of an item's time)"
+    if math.isnan(headroom):
+        return f"The loader's slowest stage is {at}; it can deliver {capacity:.0f} samples/s"
+    if headroom >= KEEPS_UP:
+        return (
+            f"The loader keeps up: it can deliver {capacity:.0f} samples/s with {who} against the training's "
+            f"{demand:.0f} (headroom x{headroom:.2f}); its slowest stage is {at}"
+        )
+    return (
+        f"Input-bound at the {slowest.name} stage: the loader can deliver {capacity:.0f} samples/s with {who}, the "
+        f"training would take {demand:.0f} (x{headroom:.2f}); {at}. {FIXES.get(slowest.name, '').capitalize()}"
+    ).rstrip(". ")

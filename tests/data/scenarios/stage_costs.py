@@ -1,0 +1,66 @@
+"""Known-cost scenario for the loader's stages: each item's fetch, decode and augment sleep for known times,
+timed through pipelines.stages as the built-in data sets time theirs, and the model sleeps MODEL_S a step, so that
+the loader (2 workers) cannot keep up and the slowest stage is the one the case names.
+
+STAGE_CASE=fetch: fetch 10 ms, decode 1 ms, augment 1 ms; STAGE_CASE=augment: fetch 1 ms, decode 1 ms, augment
+8 ms. With STAGE_TRUTH set, each item appends "stage seconds" lines, timed around the same sleeps, to that file.
+"""
+
+import os
+import time
+
+import torch
+from torch import nn
+
+from pipelines import stages
+from scenarios import Scenario
+
+COSTS = {
+    "fetch": {"fetch": 0.010, "decode": 0.001, "augment": 0.001},
+    "augment": {"fetch": 0.001, "decode": 0.001, "augment": 0.008},
+}[os.environ.get("STAGE_CASE", "fetch")]
+TRUTH = os.environ.get("STAGE_TRUTH")
+MODEL_S = 0.004
+
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, i):
+        spent = []
+        for stage, seconds in COSTS.items():
+            t0 = time.perf_counter()
+            with stages.timed(stage):
+                time.sleep(seconds)
+            spent.append(f"{stage} {time.perf_counter() - t0}\n")
+        if TRUTH:
+            with open(TRUTH, "a") as f:
+                f.write("".join(spent))
+        return torch.full((4,), float(i % 5)), i % 3
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        time.sleep(MODEL_S)
+        return self.lin(x)
+
+
+def squared_error(out, y):
+    return (out - y.unsqueeze(1).float()).square().mean()
+
+
+scenario = Scenario(
+    name="stage-costs",
+    dataset=Items,
+    model=Model,
+    loss=squared_error,
+    batch_size=4,
+    steps=40,
+    warmup=4,
+    description="fetch / decode / augment sleeps of known length per item, a 4 ms model: loader-bound",
+)
