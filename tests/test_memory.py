@@ -61,18 +61,23 @@ def test_the_shared_memory_files_a_process_maps_or_holds_are_read_from_proc() ->
     if not shm.is_dir():
         pytest.skip("no /dev/shm here")
     path = shm / f"stallscope-test-{os.getpid()}"
+    before = shm_files(os.getpid())  # what this process held already (multiprocessing's heap lives there too)
     with path.open("w+b") as f:
         f.truncate(3 * mmap.PAGESIZE)
         region = mmap.mmap(f.fileno(), 3 * mmap.PAGESIZE)
         path.unlink()  # as torch does: mapped and open, no longer named ("(deleted)" in maps)
         try:
-            mapped_and_open = shm_files(os.getpid())
+            mapped_and_open = _new(before, shm_files(os.getpid()))
         finally:
             region.close()
-        held_open = shm_files(os.getpid())  # unmapped, the descriptor still open: a batch sent, not yet taken
+        held_open = _new(before, shm_files(os.getpid()))  # unmapped, the descriptor open: a batch sent, not taken
     assert sorted(mapped_and_open.values()) == [3 * mmap.PAGESIZE], mapped_and_open
     assert sorted(held_open.values()) == [3 * mmap.PAGESIZE], held_open
-    assert shm_files(os.getpid()) == {}  # closed: gone
+    assert _new(before, shm_files(os.getpid())) == {}  # closed: gone
+
+
+def _new(before: dict[tuple[int, int], int], now: dict[tuple[int, int], int]) -> dict[tuple[int, int], int]:
+    return {k: v for k, v in now.items() if k not in before}
 
 
 def test_the_source_keeps_its_reading_cost_to_its_budget() -> None:

@@ -66,20 +66,7 @@ def loader_stages(
     data_wait_ms: float,
 ) -> LoaderStages | None:
     """The stages over ``window`` (their first and last readings in it); None without two readings of a stage."""
-    first: dict[tuple[str, str], float] = {}
-    last: dict[tuple[str, str], float] = {}
-    for t, _source, metric, value in samples:
-        m = _METRIC.fullmatch(metric)
-        if m is None or value is None or math.isnan(value) or (window and not window[0] <= t <= window[1]):
-            continue
-        first.setdefault((m.group(1), m.group(2)), value)
-        last[(m.group(1), m.group(2))] = value
-    times: dict[str, float] = {}
-    for (name, kind), end in last.items():
-        if kind == "s":
-            items = last.get((name, "n"), math.nan) - first.get((name, "n"), math.nan)
-            if items > 0:
-                times[name] = (end - first[(name, "s")]) / items
+    times = per_item(samples, window)
     if not times:
         return None
     total = math.fsum(times.values())
@@ -97,6 +84,24 @@ def loader_stages(
     bottleneck = slowest.name if headroom < KEEPS_UP else None
     headline = _headline(slowest, capacity, demand, headroom, workers)
     return LoaderStages(METHOD, stages, processes, capacity, demand, headroom, bottleneck, headline)
+
+
+def per_item(samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None) -> dict[str, float]:
+    """Seconds per item of each stage between its first and last reading in ``window``."""
+    first: dict[tuple[str, str], float] = {}
+    last: dict[tuple[str, str], float] = {}
+    for t, _source, metric, value in samples:
+        m = _METRIC.fullmatch(metric)
+        if m is None or value is None or math.isnan(value) or (window and not window[0] <= t <= window[1]):
+            continue
+        first.setdefault((m.group(1), m.group(2)), value)
+        last[(m.group(1), m.group(2))] = value
+    times: dict[str, float] = {}
+    for (name, kind), end in last.items():
+        items = last.get((name, "n"), math.nan) - first.get((name, "n"), math.nan)
+        if kind == "s" and items > 0:
+            times[name] = (end - first[(name, "s")]) / items
+    return times
 
 
 def _headline(slowest: Stage, capacity: float, demand: float, headroom: float, workers: int) -> str:

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.loader_time import LoaderTime, loader_time
@@ -257,17 +257,7 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         cpu_count=meta.get("cpu_count"),
         contention=contention_of(rec, host),
         loader_time=loader_time(host, throughput),
-        memory=loader_memory(
-            rec.samples, m.window if m.steps else None, throughput, _int_or_0(meta.get("workers")), shm_need(meta)
-        ),
-        stages=loader_stages(
-            rec.samples,
-            m.window if m.steps else None,
-            workers=_int_or_0(meta.get("workers")),
-            batch_size=float(meta.get("batch_size") or math.nan),
-            step_ms=timing.step_time.mean,
-            data_wait_ms=timing.breakdown.data_wait,
-        ),
+        **_loader_figures(rec, m, timing, throughput),
     )
     loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
@@ -279,7 +269,6 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         timing=timing,
         figures=figures,
         device=device,
-        nvml=nvml,
         recommendations=recommendations,
         throughput=throughput,
         samples_total=samples_total,
@@ -300,7 +289,6 @@ def _summary(
     timing: _Timing,
     figures: Figures,
     device: RunDevice,
-    nvml: NvmlFigures,
     recommendations: tuple[Recommendation, ...],
     throughput: float,
     samples_total: int,
@@ -340,7 +328,7 @@ def _summary(
         stack_estimate=figures.stack_estimate,
         loader_attribution=figures.loader_attribution,
         host=figures.host,
-        nvml=nvml,
+        nvml=figures.nvml or NvmlFigures(),
         notes=tuple(notes),
         model=meta.get("model"),
         loader_only=bool(meta.get("loader_only")),
@@ -353,6 +341,28 @@ def _summary(
         memory=figures.memory,
         stages=figures.stages,
     )
+
+
+def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: float) -> _LoaderFigures:
+    """The loader's memory and stages over the measured window."""
+    meta, window = rec.meta, m.window if m.steps else None
+    workers = _int_or_0(meta.get("workers"))
+    return {
+        "memory": loader_memory(rec.samples, window, throughput, workers, shm_need(meta)),
+        "stages": loader_stages(
+            rec.samples,
+            window,
+            workers=workers,
+            batch_size=float(meta.get("batch_size") or math.nan),
+            step_ms=timing.step_time.mean,
+            data_wait_ms=timing.breakdown.data_wait,
+        ),
+    }
+
+
+class _LoaderFigures(TypedDict):
+    memory: LoaderMemory | None
+    stages: LoaderStages | None
 
 
 def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
