@@ -63,6 +63,7 @@ def test_capacity_demand_and_the_bottleneck() -> None:
     console.print(stages_table(st))
     text = console.export_text()
     assert "fetch  <- bottleneck" in text and "capacity 100 samples/s with 2 loader processes" in text
+    assert "an upper bound" in text
     # the same stages beside a slow model: the loader keeps up, nothing is named
     slow = loader_stages(samples, None, workers=2, batch_size=4, step_ms=100.0, data_wait_ms=0.0)
     assert slow is not None and slow.bottleneck is None and slow.headline.startswith("The loader keeps up")
