@@ -78,6 +78,9 @@ def test_a_loader_that_outgrows_a_small_segment_fails_naming_shared_memory(
     # the need: 5 batches of 8 MiB, sized by the first batch, or by one item when a worker failed before it came
     sized = r"\((a batch|one item x the batch size)\)"
     assert re.search(rf"needs about 40 MiB \(predicted: 5 batches of 8\.0 MiB {sized}", line), line
+    if "(a batch)" in line:  # a batch arrived before a worker failed: at that batch the run warned, before the end
+        warned = [ln for ln in res.stderr.splitlines() if "Shared memory: the loader needs about 40 MiB" in ln]
+        assert warned and res.stderr.index(warned[0]) < res.stderr.index(line), res.stderr
     summary = json.loads(res.stdout)
     assert summary["status"] == "failed" and "shared memory" in summary["error"]
     with sqlite3.connect(out / "run.sqlite") as con:

@@ -9,6 +9,7 @@ or synchronises per step: that would add a stall the user's own loop may not hav
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import sys
@@ -22,9 +23,9 @@ from pipelines import get as get_pipeline
 from pipelines import stages as pipeline_stages
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
-from profiler.analysis.memory import SHM_FIX, shm_exhausted, shm_need
+from profiler.analysis.memory import SHM_FIX, shm_exhausted, shm_headline, shm_need
 from profiler.core.devices import DeviceInfo
-from profiler.core.recording import Recording, default_sources
+from profiler.core.recording import Recording, default_sources, log_warning
 from profiler.core.session import Interrupted, Session
 from profiler.core.sources.base import Source
 from profiler.core.sources.memory import SHM
@@ -254,6 +255,7 @@ class _Loop:
         self.loss: Any = None
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
         self.batch_bytes: int | None = None
+        self.shm_free_mb = self.shm_size_mb = math.nan  # /dev/shm at set-up, before the workers started
         self.sync: SyncTimer | None = None  # a rank under DDP: times the all-reduce wait after backward
         self.done = 0  # steps finished (warm-up included): the index of the step in flight
 
@@ -262,6 +264,9 @@ class _Loop:
         import torch
 
         session, scenario, cfg = self.session, self.scenario, self.cfg
+        with contextlib.suppress(OSError):  # the segment before the loader's workers put batches in it
+            seg = shutil.disk_usage(SHM)
+            self.shm_free_mb, self.shm_size_mb = seg.free / 2**20, seg.total / 2**20
         self.dataset = dataset = scenario.build_dataset(self.plan.data)
         if cfg.augment_epochs is not None:
             if not hasattr(dataset, "augment_epochs"):
@@ -360,6 +365,15 @@ class _Loop:
                 failure += f"; {self._shm_words()}"
             raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc
 
+    def _warn_shm(self) -> None:
+        """Said once, at the first batch, when the batches in flight will not fit the shared-memory segment."""
+        assert self.built is not None
+        meta = {"loader": self.built.config, "batch_bytes": self.batch_bytes, "device": {"kind": self.cfg.device.kind}}
+        said = shm_headline(shm_need(meta), self.shm_free_mb, self.shm_size_mb, math.nan)
+        if said is not None:
+            log_warning(said)
+            self.session.event("warning", said)
+
     def _shm_words(self) -> str:
         """Shared memory ran out: what the loader needed (predicted from its knobs and a batch's bytes), what the
         segment has, and the fix."""
@@ -395,6 +409,7 @@ class _Loop:
             if self.batch_bytes is None:  # what one batch moves to the device, recorded once
                 self.batch_bytes = tensor_bytes(batch)
                 session.annotate(batch_bytes=self.batch_bytes)
+                self._warn_shm()
             progressed = True
             if resident is not None:  # already on the device: no copy
                 x, y = batch
