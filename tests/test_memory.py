@@ -38,7 +38,12 @@ def test_the_source_reads_every_second_and_leaves_out_what_it_cannot_read(tmp_pa
         return {1: {(7, 1): 3 * mib, (7, 2): 2 * mib}, 2: {(7, 2): 2 * mib, (7, 3): mib}}.get(pid, {})
 
     src = MemorySource(
-        lambda: {"main": 1, "w0": 2, "w1": 3}, clock=lambda: now[0], read=read, shm=str(tmp_path), maps=maps
+        lambda: {"main": 1, "w0": 2, "w1": 3},
+        clock=lambda: now[0],
+        cpu_clock=lambda: 0.0,  # readings that cost nothing: the schedule is EVERY_S
+        read=read,
+        shm=str(tmp_path),
+        maps=maps,
     )
     assert src.open() is None
     got = src.read()
@@ -88,7 +93,12 @@ def test_the_source_keeps_its_reading_cost_to_its_budget() -> None:
         return Info(uss=1, pss=1, rss=1)
 
     src = MemorySource(
-        lambda: {"main": 1, "w0": 2}, clock=lambda: now[0], read=slow, budget=0.005, maps=lambda _pid: {}
+        lambda: {"main": 1, "w0": 2},
+        clock=lambda: now[0],
+        cpu_clock=lambda: now[0],  # the fake reading's time is all CPU
+        read=slow,
+        budget=0.005,
+        maps=lambda _pid: {},
     )
     assert src.read() and now[0] == pytest.approx(0.02)
     now[0] = 3.9
@@ -148,6 +158,20 @@ def test_no_memory_readings_no_figures_and_the_table() -> None:
 
 
 MIB = 2**20
+
+
+def test_time_a_reading_waited_for_a_cpu_or_the_gil_is_not_its_cost() -> None:
+    wall, cpu = [0.0], [0.0]
+
+    def stalled(pid: int) -> Info:
+        wall[0] += 0.090  # 90 ms of wall time (the training process held the GIL), 1 ms of CPU
+        cpu[0] += 0.001
+        return Info(uss=1, pss=1, rss=1)
+
+    src = MemorySource(lambda: {"main": 1}, clock=lambda: wall[0], cpu_clock=lambda: cpu[0], read=stalled, maps=dict)
+    assert "mem.main.uss_mb" in src.read()
+    wall[0] = 1.0  # 1 ms of CPU is 0.1% of a second: the next reading comes after EVERY_S, not 18 s
+    assert "mem.main.uss_mb" in src.read()
 
 
 def test_the_shared_memory_need_counts_the_batches_in_flight() -> None:

@@ -128,7 +128,8 @@ def loader_memory(
     workers: int,
     need: ShmNeed | None = None,
 ) -> LoaderMemory | None:
-    """The loader's memory over ``window`` from the run's samples; None without ``memory`` readings in it."""
+    """The loader's memory over ``window`` from the run's samples (shared memory over the whole run: it runs out
+    whenever it runs out, warm-up included); None without ``memory`` readings."""
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     first_used = math.nan
     for t, _source, metric, value in samples:
@@ -136,9 +137,8 @@ def loader_memory(
             continue
         if metric == "mem.shm.used_mb" and math.isnan(first_used):
             first_used = value  # the segment before the loader started: its free space is size - this
-        if window is not None and not window[0] <= t <= window[1]:
-            continue
-        series[metric].append((t, value))
+        if metric.startswith("mem.shm.") or window is None or window[0] <= t <= window[1]:
+            series[metric].append((t, value))
     labels = sorted({m.group(1) for k in series if (m := _PROC.fullmatch(k))}, key=_order)
     if not labels and not series.get("mem.shm.job_mb") and not series.get("pin.cpu_pct"):
         return None

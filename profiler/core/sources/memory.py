@@ -7,8 +7,8 @@ count is written when it is read). USS (pages only this process maps) and PSS (e
 processes that map it) do: the job's memory is the sum of PSS, and a worker's USS grows by the pages it copied.
 Both come from ``/proc/PID/smaps_rollup`` (psutil ``memory_full_info``), which walks the process's page tables:
 6-12 ms a process here (a torch process of 500 MiB, and each of its workers). So the source keeps its own cost
-to a budget: after each reading it waits until that reading's time is :data:`BUDGET` of the time since (and at
-least :data:`EVERY_S`): 23 ms for the main process and 2 workers gives a reading every 4.6 s.
+to a budget: after each reading it waits until that reading's CPU time is :data:`BUDGET` of the time since (and
+at least :data:`EVERY_S`): 23 ms for the main process and 2 workers gives a reading every 4.6 s.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class MemorySource:
         read: Callable[[int], _FullInfo] = full_info,
         shm: str = SHM,
         maps: Callable[[int], Mapping[tuple[int, int], int]] = shm_files,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self._processes = processes
         self.every_s, self.budget = every_s, budget
@@ -110,6 +111,7 @@ class MemorySource:
         self._read = read
         self._shm = shm
         self._maps = maps
+        self._cpu_clock = cpu_clock
         self._next = -math.inf  # the next smaps reading
         self._next_maps = -math.inf  # the next reading of the job's /dev/shm files (maps: ~10x cheaper than smaps)
 
@@ -122,20 +124,21 @@ class MemorySource:
 
     def read(self) -> dict[str, float]:
         out = self._segment()
-        now = self._clock()
+        now, cpu = self._clock(), self._cpu_clock()
         if now >= self._next_maps:
             out.update(self._job_shm())
-            self._next_maps = self._due(now)
-        now = self._clock()
+            self._next_maps = now + self._wait(self._cpu_clock() - cpu)
+        now, cpu = self._clock(), self._cpu_clock()
         if now >= self._next:
             out.update(self._reading())
-            self._next = self._due(now)
+            self._next = now + self._wait(self._cpu_clock() - cpu)
         return out
 
-    def _due(self, start: float) -> float:
-        """When the next reading of the kind that began at ``start`` may run: its cost kept to the budget."""
-        spent = self._clock() - start
-        return start + max(self.every_s, spent / self.budget if self.budget > 0 else 0.0)
+    def _wait(self, spent_cpu_s: float) -> float:
+        """How long until the next reading of a kind whose last one cost ``spent_cpu_s`` of this thread's CPU: the
+        budget is a share of a core, so the wall time a reading waited for the GIL or a CPU does not count (a
+        reading during the training process's set-up took 94 ms of wall time, and the next came 18 s later)."""
+        return max(self.every_s, spent_cpu_s / self.budget if self.budget > 0 else 0.0)
 
     def _job_shm(self) -> dict[str, float]:
         files: dict[tuple[int, int], int] = {}
