@@ -25,17 +25,29 @@ SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "shm_batches.py")
 SMALL_SHM_MB = 12
 
 
-@pytest.mark.parametrize("batch", [4, 8])
-def test_the_predicted_need_matches_the_batches_the_job_held(tmp_path: Path, batch: int) -> None:
+RULE = "2 workers x prefetch_factor 2 + 1 held by the step"
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "batch", "batches", "rule"),
+    [
+        ("naive", 4, 5, RULE),
+        ("naive", 8, 5, RULE),
+        ("prefetch", 4, 7, RULE + " + 2 queued by the prefetch thread"),  # on a CPU it queues the batches as taken
+    ],
+)
+def test_the_predicted_need_matches_the_batches_the_job_held(
+    tmp_path: Path, pipeline: str, batch: int, batches: int, rule: str
+) -> None:
     out = tmp_path / "run"
     res = stallscope(
-        "run", SCENARIO, "--workers", "2", "--batch-size", str(batch), "--steps", "60", "--no-attribution",
-        "--out", str(out), "--no-live", "--json",
+        "run", SCENARIO, "--pipeline", pipeline, "--workers", "2", "--batch-size", str(batch), "--steps", "60",
+        "--no-attribution", "--out", str(out), "--no-live", "--json",
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     mem = json.loads(res.stdout)["memory"]
     need = mem["shm_need"]
-    assert need["batches"] == 2 * 2 + 1 and need["rule"] == "2 workers x prefetch_factor 2 + 1 held by the step"
+    assert need["batches"] == batches and need["rule"] == rule
     assert need["batch_mb"] == pytest.approx(batch, rel=0.01)  # B items of 1 MiB (and B labels)
     # the truth: the /dev/shm files the training process and its workers mapped or held open, read from /proc
     # (this job's alone: the host-wide segment also holds whatever the other tests running beside it hold)
