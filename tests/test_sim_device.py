@@ -202,9 +202,14 @@ def _run(tmp: Path, device: DeviceInfo, workers: int, scenario_file: Path) -> di
     )  # fmt: skip
     s = run_scenario(scenario, cfg).summary()
     assert s is not None
+    # the part of the input stall in which the training thread was runnable but had no CPU (schedstat, the same
+    # run): the host's contention, not the loader's delay, and not what a device model reproduces
+    runq = s.contention.runq_ms_per_step if s.contention is not None and s.contention.available else {}
+    host_wait = (runq.get("data_wait", 0.0) + runq.get("h2d", 0.0)) / s.step_time_ms.mean
     return {
         "throughput": s.throughput_samples_per_s,
         "stall": s.stall_fraction,
+        "loader_stall": max(0.0, s.stall_fraction - host_wait),
         "compute_s": s.breakdown_ms_per_step.compute / 1e3,
     }
 
@@ -241,7 +246,10 @@ def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int
         return r["throughput"] / (1.0 - r["stall"])
 
     assert unstalled(sim) == pytest.approx(unstalled(cpu), rel=0.05), (cpu, sim)
-    assert sim["stall"] == pytest.approx(cpu["stall"], abs=0.05), (cpu, sim)
+    # the stall the loader caused: beside busy processes a model-bound CPU run read 5.3% stall against its twin's
+    # 0, and all of its 3.4 ms of data wait a step was its training thread waiting for a CPU (the CPU run's model
+    # holds the GIL and the cores; the twin's does not run)
+    assert sim["loader_stall"] == pytest.approx(cpu["loader_stall"], abs=0.05), (cpu, sim)
     assert sim["compute_s"] == pytest.approx(cpu["compute_s"], rel=0.05), (cpu, sim)  # the simulated device time
     assert not math.isnan(sim["stall"])
 
