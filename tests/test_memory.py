@@ -177,15 +177,15 @@ def test_time_a_reading_waited_for_a_cpu_or_the_gil_is_not_its_cost() -> None:
 def test_the_shared_memory_need_counts_the_batches_in_flight() -> None:
     loader = {"pipeline": "naive", "workers": 4, "prefetch_factor": 2, "pin_memory": False}
     need = shm_need({"loader": loader, "batch_bytes": 6 * MIB, "device": {"kind": "cpu"}})
-    assert need is not None and need.batches == 4 * 2 + 1 and need.need_mb == pytest.approx(54.0)
-    assert need.rule == "4 workers x prefetch_factor 2 + 1 held by the step"
+    assert need is not None and need.batches == 4 * 2 + 2 and need.need_mb == pytest.approx(60.0)
+    assert need.rule == "4 workers x prefetch_factor 2 + 2 held by the loop"
     # torch's default prefetch_factor (2) where the loader did not say; prefetch's queue on a CPU device holds the
     # batches as received (in shared memory), pinned or on CUDA it holds copies
     prefetch = {"pipeline": "prefetch", "workers": 1, "prefetch_factor": None, "pin_memory": False, "depth": 3}
     queued = shm_need({"loader": prefetch, "batch_bytes": MIB, "device": {"kind": "cpu"}})
-    assert queued is not None and queued.batches == 1 * 2 + 1 + 3 and "3 queued by the prefetch thread" in queued.rule
+    assert queued is not None and queued.batches == 1 * 2 + 2 + 3 and "3 queued by the prefetch thread" in queued.rule
     pinned = shm_need({"loader": {**prefetch, "pin_memory": True}, "batch_bytes": MIB, "device": {"kind": "cuda"}})
-    assert pinned is not None and pinned.batches == 3
+    assert pinned is not None and pinned.batches == 4
     # nothing in shared memory: no worker processes (0 workers, DALI's threads), resident batches, no batch size
     assert shm_need({"loader": {**loader, "workers": 0}, "batch_bytes": MIB}) is None
     dali = {"pipeline": "dali", "workers": 2, "worker_processes": 0}
@@ -196,10 +196,10 @@ def test_the_shared_memory_need_counts_the_batches_in_flight() -> None:
 
 def test_shared_memory_is_said_when_the_need_or_the_use_comes_near_the_segment() -> None:
     need = shm_need({"loader": {"workers": 2, "prefetch_factor": 2}, "batch_bytes": 16 * MIB})
-    assert need is not None and need.need_mb == 80
+    assert need is not None and need.need_mb == 96
     said = shm_headline(need, free_mb=64.0, size_mb=64.0, used_peak_mb=10.0)
-    assert said is not None and "needs about 80 MiB" in said and "64 MiB free of 64" in said and "--shm-size" in said
-    assert shm_headline(need, free_mb=100.0, size_mb=128.0, used_peak_mb=30.0) is None  # 80 < 0.9 x 100
+    assert said is not None and "needs about 96 MiB" in said and "64 MiB free of 64" in said and "--shm-size" in said
+    assert shm_headline(need, free_mb=120.0, size_mb=128.0, used_peak_mb=30.0) is None  # 96 < 0.9 x 120
     full = shm_headline(None, free_mb=math.nan, size_mb=64.0, used_peak_mb=60.0)
     assert full is not None and "reached 60 of 64 MiB" in full
     samples = [

@@ -25,15 +25,15 @@ SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "shm_batches.py")
 SMALL_SHM_MB = 12
 
 
-RULE = "2 workers x prefetch_factor 2 + 1 held by the step"
+RULE = "2 workers x prefetch_factor 2 + 2 held by the loop"
 
 
 @pytest.mark.parametrize(
     ("pipeline", "batch", "batches", "rule"),
     [
-        ("naive", 4, 5, RULE),
-        ("naive", 8, 5, RULE),
-        ("prefetch", 4, 7, RULE + " + 2 queued by the prefetch thread"),  # on a CPU it queues the batches as taken
+        ("naive", 4, 6, RULE),
+        ("naive", 8, 6, RULE),
+        ("prefetch", 4, 8, RULE + " + 2 queued by the prefetch thread"),  # on a CPU it queues the batches as taken
     ],
 )
 def test_the_predicted_need_matches_the_batches_the_job_held(
@@ -50,9 +50,11 @@ def test_the_predicted_need_matches_the_batches_the_job_held(
     assert need["batches"] == batches and need["rule"] == rule
     assert need["batch_mb"] == pytest.approx(batch, rel=0.01)  # B items of 1 MiB (and B labels)
     # the truth: the /dev/shm files the training process and its workers mapped or held open, read from /proc
-    # (this job's alone: the host-wide segment also holds whatever the other tests running beside it hold)
-    assert mem["shm_job_peak_mb"] == pytest.approx(need["need_mb"], rel=0.20), mem
-    assert mem["shm_headline"] is None  # 20-40 MiB against a segment of gigabytes
+    # (this job's alone: the host-wide segment also holds whatever the other tests running beside it hold). The
+    # need is the most the loader can hold; a reading catches the loop's second batch (the step's, alive while the
+    # next arrives) only now and then: 20.06 and 24.08 MiB at batch 4 against 24 predicted, so never above it
+    assert 0.8 * need["need_mb"] <= mem["shm_job_peak_mb"] <= 1.02 * need["need_mb"], mem
+    assert mem["shm_headline"] is None  # 24-48 MiB against a segment of gigabytes
 
 
 def _private_shm_works() -> str | None:
@@ -71,7 +73,7 @@ def test_a_loader_that_outgrows_a_small_segment_fails_naming_shared_memory(
     if (why := _private_shm_works()) is not None:
         pytest.skip(why)
     out = tmp_path / "run"
-    # batch 8 needs 5 x 8 MiB = 40 MiB; the run's own /dev/shm is 12 MiB (a container's default is 64 MiB)
+    # batch 8 needs 6 x 8 MiB = 48 MiB; the run's own /dev/shm is 12 MiB (a container's default is 64 MiB)
     run = (
         f"mount -t tmpfs -o size={SMALL_SHM_MB}m tmpfs /dev/shm && exec {sys.executable} -m profiler run {SCENARIO}"
         f" --workers 2 --batch-size 8 --steps 50 --no-attribution --no-live --json --out {out}"
@@ -87,11 +89,11 @@ def test_a_loader_that_outgrows_a_small_segment_fails_naming_shared_memory(
     assert re.search(r"DataLoader worker \d of 2 \(pid \d+\) raised RuntimeError: unable to allocate shared", line)
     assert "shared memory (/dev/shm) ran out" in line, line
     assert f"it has {SMALL_SHM_MB} MiB" in line and "--shm-size" in line, line
-    # the need: 5 batches of 8 MiB, sized by the first batch, or by one item when a worker failed before it came
+    # the need: 6 batches of 8 MiB, sized by the first batch, or by one item when a worker failed before it came
     sized = r"\((a batch|one item x the batch size)\)"
-    assert re.search(rf"needs about 40 MiB \(predicted: 5 batches of 8\.0 MiB {sized}", line), line
+    assert re.search(rf"needs about 48 MiB \(predicted: 6 batches of 8\.0 MiB {sized}", line), line
     if "(a batch)" in line:  # a batch arrived before a worker failed: at that batch the run warned, before the end
-        warned = [ln for ln in res.stderr.splitlines() if "Shared memory: the loader needs about 40 MiB" in ln]
+        warned = [ln for ln in res.stderr.splitlines() if "Shared memory: the loader needs about 48 MiB" in ln]
         assert warned and res.stderr.index(warned[0]) < res.stderr.index(line), res.stderr
     summary = json.loads(res.stdout)
     assert summary["status"] == "failed" and "shared memory" in summary["error"]

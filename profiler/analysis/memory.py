@@ -85,9 +85,11 @@ class LoaderMemory:
 def shm_need(meta: Mapping[str, object]) -> ShmNeed | None:
     """PREDICTED ``/dev/shm`` for a run's loader from its meta (``batch_bytes``, ``loader``, ``device``): a
     DataLoader worker collates each batch into a shared-memory file and the training process maps it, so up to
-    workers x prefetch_factor batches are in flight, one more is the step's, and the ``prefetch`` pipeline's
-    queue holds ``depth`` more where it keeps them as received (no pinning, CPU device). None without worker
-    processes (batches built in the training process), or a run that did not record its batch size in bytes."""
+    workers x prefetch_factor batches are in flight, and the training loop holds two: the step's, still alive
+    while ``next()`` takes the next one (``for x, y in loader`` rebinds x, y only after it returns); the
+    ``prefetch`` pipeline's queue holds ``depth`` more where it keeps them as received (no pinning, CPU device).
+    None without worker processes (batches built in the training process), or a run that did not record its batch
+    size in bytes."""
     loader, batch_bytes = meta.get("loader"), meta.get("batch_bytes")
     if not isinstance(loader, Mapping) or not isinstance(batch_bytes, int) or meta.get("synthetic_input"):
         return None
@@ -100,8 +102,8 @@ def shm_need(meta: Mapping[str, object]) -> ShmNeed | None:
     kind = device.get("kind") if isinstance(device, Mapping) else None
     depth = loader.get("depth") if loader.get("pipeline") == "prefetch" else None
     queued = depth if isinstance(depth, int) and not loader.get("pin_memory") and kind == "cpu" else 0
-    batches = workers * prefetch + 1 + queued
-    rule = f"{workers} worker{'s' if workers != 1 else ''} x prefetch_factor {prefetch} + 1 held by the step"
+    batches = workers * prefetch + 2 + queued
+    rule = f"{workers} worker{'s' if workers != 1 else ''} x prefetch_factor {prefetch} + 2 held by the loop"
     if queued:
         rule += f" + {queued} queued by the prefetch thread"
     batch_mb = batch_bytes / _MIB
