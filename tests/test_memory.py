@@ -160,18 +160,25 @@ def test_no_memory_readings_no_figures_and_the_table() -> None:
 MIB = 2**20
 
 
-def test_time_a_reading_waited_for_a_cpu_or_the_gil_is_not_its_cost() -> None:
+def test_the_shm_files_are_paced_on_cpu_time_and_smaps_on_wall_time() -> None:
     wall, cpu = [0.0], [0.0]
 
-    def stalled(pid: int) -> Info:
+    def stalled(pid: int) -> dict[tuple[int, int], int]:
         wall[0] += 0.090  # 90 ms of wall time (the training process held the GIL), 1 ms of CPU
+        cpu[0] += 0.001
+        return {}
+
+    def smaps(pid: int) -> Info:
+        wall[0] += 0.020  # a page-table walk: 20 ms, paced on wall time (it holds the process's map lock)
         cpu[0] += 0.001
         return Info(uss=1, pss=1, rss=1)
 
-    src = MemorySource(lambda: {"main": 1}, clock=lambda: wall[0], cpu_clock=lambda: cpu[0], read=stalled, maps=dict)
-    assert "mem.main.uss_mb" in src.read()
-    wall[0] = 1.0  # 1 ms of CPU is 0.1% of a second: the next reading comes after EVERY_S, not 18 s
-    assert "mem.main.uss_mb" in src.read()
+    src = MemorySource(lambda: {"main": 1}, clock=lambda: wall[0], cpu_clock=lambda: cpu[0], read=smaps, maps=stalled)
+    first = src.read()
+    assert "mem.shm.job_mb" in first and "mem.main.uss_mb" in first
+    wall[0] = 1.2  # 1 ms of CPU is 0.1% of a second: the shm files again after EVERY_S, not 18 s
+    second = src.read()
+    assert "mem.shm.job_mb" in second and "mem.main.uss_mb" not in second  # smaps: 20 ms of wall is due at 4 s
 
 
 def test_the_shared_memory_need_counts_the_batches_in_flight() -> None:

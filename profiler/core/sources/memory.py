@@ -128,17 +128,18 @@ class MemorySource:
         if now >= self._next_maps:
             out.update(self._job_shm())
             self._next_maps = now + self._wait(self._cpu_clock() - cpu)
-        now, cpu = self._clock(), self._cpu_clock()
+        now = self._clock()
         if now >= self._next:
             out.update(self._reading())
-            self._next = now + self._wait(self._cpu_clock() - cpu)
+            self._next = now + self._wait(self._clock() - now)
         return out
 
-    def _wait(self, spent_cpu_s: float) -> float:
-        """How long until the next reading of a kind whose last one cost ``spent_cpu_s`` of this thread's CPU: the
-        budget is a share of a core, so the wall time a reading waited for the GIL or a CPU does not count (a
-        reading during the training process's set-up took 94 ms of wall time, and the next came 18 s later)."""
-        return max(self.every_s, spent_cpu_s / self.budget if self.budget > 0 else 0.0)
+    def _wait(self, spent_s: float) -> float:
+        """How long until the next reading of a kind whose last one took ``spent_s``. The job's shared-memory files
+        are paced on the reading thread's CPU time (a reading during the training process's set-up waited 94 ms for
+        the GIL, and the next came 18 s later); smaps on wall time, which backs off further on a busy host: its
+        walk of a process's page tables holds that process's memory-map lock while it runs."""
+        return max(self.every_s, spent_s / self.budget if self.budget > 0 else 0.0)
 
     def _job_shm(self) -> dict[str, float]:
         files: dict[tuple[int, int], int] = {}
