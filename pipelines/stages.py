@@ -13,6 +13,7 @@ docs/pipelines.md, "Stages", and docs/metrics.md, "Loader stages", say what each
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,11 +35,18 @@ def installed() -> bool:
     return _clock is not None
 
 
-def _row() -> int:
-    from torch.utils.data import get_worker_info
+_rows: dict[int, int] = {}  # pid -> its row (a forked worker inherits the parent's entry under another pid)
 
-    info = get_worker_info()
-    return 0 if info is None else 1 + info.id % (ROWS - 1)
+
+def _row() -> int:
+    pid = os.getpid()
+    row = _rows.get(pid)
+    if row is None:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        row = _rows[pid] = 0 if info is None else 1 + info.id % (ROWS - 1)
+    return row
 
 
 def record(stage: str, seconds: float, items: int = 1) -> None:

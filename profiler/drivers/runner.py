@@ -23,7 +23,7 @@ from pipelines import get as get_pipeline
 from pipelines import stages as pipeline_stages
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
-from profiler.analysis.memory import SHM_FIX, shm_exhausted, shm_headline, shm_need
+from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
 from profiler.core.devices import DeviceInfo
 from profiler.core.recording import Recording, default_sources, log_warning
 from profiler.core.session import Interrupted, Session
@@ -365,11 +365,15 @@ class _Loop:
                 failure += f"; {self._shm_words()}"
             raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc
 
+    def _shm_need(self, batch_bytes: int | None) -> ShmNeed | None:
+        """The loader's predicted /dev/shm need (profiler.analysis.memory.shm_need) at ``batch_bytes`` a batch."""
+        assert self.built is not None
+        meta = {"loader": self.built.config, "batch_bytes": batch_bytes, "device": {"kind": self.cfg.device.kind}}
+        return shm_need(meta)
+
     def _warn_shm(self) -> None:
         """Said once, at the first batch, when the batches in flight will not fit the shared-memory segment."""
-        assert self.built is not None
-        meta = {"loader": self.built.config, "batch_bytes": self.batch_bytes, "device": {"kind": self.cfg.device.kind}}
-        said = shm_headline(shm_need(meta), self.shm_free_mb, self.shm_size_mb, math.nan)
+        said = shm_headline(self._shm_need(self.batch_bytes), self.shm_free_mb, self.shm_size_mb, math.nan)
         if said is not None:
             log_warning(said)
             self.session.event("warning", said)
@@ -377,13 +381,11 @@ class _Loop:
     def _shm_words(self) -> str:
         """Shared memory ran out: what the loader needed (predicted from its knobs and a batch's bytes), what the
         segment has, and the fix."""
-        assert self.built is not None
         batch_bytes, sized = self.batch_bytes, "a batch"
         if batch_bytes is None:  # it failed before the first batch arrived: one item's bytes x the batch size
             with contextlib.suppress(Exception):
                 batch_bytes, sized = tensor_bytes(self.dataset[0]) * self.plan.batch_size, "one item x the batch size"
-        meta = {"loader": self.built.config, "batch_bytes": batch_bytes, "device": {"kind": self.cfg.device.kind}}
-        need = shm_need(meta)
+        need = self._shm_need(batch_bytes)
         try:
             seg = shutil.disk_usage(SHM)
             has = f"it has {seg.total / 2**20:.0f} MiB ({seg.free / 2**20:.0f} free now)"
