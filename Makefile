@@ -38,7 +38,7 @@ $(CHROMIUM):
 
 # The suite in tiers (docs/testing.md); `make test` runs all of them, two tests at a time (pytest-xdist; each
 # doc's commands stay together on one worker). PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 4 --dist loadgroup
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: $(STAMP) $(CHROMIUM)

@@ -174,6 +174,7 @@ TIMING_FILES = {
     "test_contention.py",
     "test_device_timing.py",
     "test_instrument.py",
+    "test_instrument_device.py",
     "test_integration_budget.py",
     "test_joblive.py",
     "test_launch.py",

@@ -23,6 +23,7 @@ The rules (docs/zero-code.md, "Exact step figures"):
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from collections.abc import Mapping
@@ -112,6 +113,9 @@ class Process:
     offset: int = 0  # bytes of its file read
     training: int | None = None  # the training loader's id, once chosen
     stopped: str | None = None  # why the start-up module ended it (a tuning trial): "steps" or "seconds"
+    device: dict[str, Any] | None = None  # its CUDA device, once the start-up module's device clock started
+    dev: dict[int, float] = field(default_factory=dict)  # event number -> when the device reached it
+    dev_off: str | None = None  # why the device clock stopped
 
     @property
     def rank(self) -> int | None:
@@ -124,6 +128,12 @@ class Process:
             self.info = rec
         elif kind == "aside":
             self.aside = str(rec.get("why"))
+        elif kind == "dev":
+            self.dev[int(rec["m"])] = float(rec["t"])
+        elif kind == "devclock":
+            self.device = {"index": int(rec["device"]), "name": str(rec.get("name") or "?")}
+        elif kind == "dev_off":
+            self.dev_off = str(rec.get("why"))
         elif kind == "loader":
             lid = int(rec["id"])
             args, applied = dict(rec["args"]), dict(rec.get("applied") or {})
@@ -157,10 +167,12 @@ class StepBuilder:
         self.rows: list[StepRow] = []  # every step built (for the per-rank figures)
         self._done = 0  # index into proc.records of the first record not yet turned into steps
         self._open: _OpenStep | None = None
+        self._held: collections.deque[tuple[StepRow, _OpenStep, _Edge]] = collections.deque()
         self._iter: dict[str, Any] | None = None  # the training loader's iter(): its epoch's first step starts there
 
-    def build(self) -> list[tuple[StepRow, list[PhaseRow]]]:
-        out: list[tuple[StepRow, list[PhaseRow]]] = []
+    def build(self, final: bool = False) -> list[tuple[StepRow, list[PhaseRow]]]:
+        """The steps completed since the last call whose device times (on CUDA) have arrived; ``final``: every
+        step completed, with the device times there are."""
         proc, train = self.proc, self.proc.training
         for rec in proc.records[self._done :]:
             self._done += 1
@@ -170,27 +182,41 @@ class StepBuilder:
                 continue
             kind = rec["k"]
             if self._open is not None and kind in ("next", "end", "iter"):
-                out.append(self._close(self._open, float(rec["t0"]), rec.get("q0")))
+                self._close(self._open, _Edge(float(rec["t0"]), rec.get("q0"), rec.get("m0")))
                 self._open = None
             if kind == "iter":
                 self._iter = rec
             elif kind == "next":
                 first, self._iter = self._iter or rec, None
                 q0, q1 = first.get("q0"), rec.get("q1")
-                self._open = _OpenStep(float(first["t0"]), float(rec["t1"]), rec.get("n"), q0, q1)
-        return out
+                self._open = _OpenStep(float(first["t0"]), float(rec["t1"]), rec.get("n"), q0, q1, rec.get("m1"))
+        return self._release(final)
 
-    def _close(self, step: _OpenStep, t_end: float, q_end: object) -> tuple[StepRow, list[PhaseRow]]:
+    def _close(self, step: _OpenStep, end: _Edge) -> None:
         index = self.steps
         self.steps += 1
-        base = self.t0
         n = step.samples if isinstance(step.samples, int) else None
         wait_q = _ns_between(step.q0, step.q1)
-        step_q = _ns_between(step.q0, q_end)
+        step_q = _ns_between(step.q0, end.q)
         self.runq_seen = self.runq_seen or step_q is not None
-        row = StepRow(index, step.t0 - base, t_end - base, step.t1 - step.t0, n, index < self.warmup, wait_q, step_q)
+        row = StepRow(
+            index, step.t0 - self.t0, end.t - self.t0, step.t1 - step.t0, n, index < self.warmup, wait_q, step_q
+        )
         self.rows.append(row)
-        return row, _phases(index, step, (t_end, q_end), self.proc, base)
+        self._held.append((row, step, end))
+
+    def _release(self, final: bool) -> list[tuple[StepRow, list[PhaseRow]]]:
+        """Held steps, in order, once the device has reached each of their events (the start-up module writes
+        an event's time when the device gets there, after the call's own record)."""
+        out: list[tuple[StepRow, list[PhaseRow]]] = []
+        proc, held = self.proc, self._held
+        while held:
+            row, step, end = held[0]
+            if not final and proc.dev_off is None and any(m not in proc.dev for m in step.marks(end)):
+                break
+            held.popleft()
+            out.append((row, _phases(row.step, step, end, proc, self.t0)))
+        return out
 
     def figures(self) -> dict[str, Any]:
         """This process's measured step figures (the per-rank row of a launcher's job)."""
@@ -233,13 +259,14 @@ class InstrumentReader:
         """Steps the run has (the source process's)."""
         return self.builders[self.source.pid].steps if self.source is not None else 0
 
-    def poll(self) -> list[tuple[StepRow, list[PhaseRow]]]:
+    def poll(self, final: bool = False) -> list[tuple[StepRow, list[PhaseRow]]]:
+        """The run's steps completed since the last poll; ``final``: the last poll, nothing held back."""
         self._read()
         ready = [p for p in self.processes.values() if p.choose_training() is not None]
         source = self._source(ready)
         out: list[tuple[StepRow, list[PhaseRow]]] = []
         for proc in ready:
-            built = self.builders.setdefault(proc.pid, StepBuilder(proc, self.t0, self.warmup)).build()
+            built = self.builders.setdefault(proc.pid, StepBuilder(proc, self.t0, self.warmup)).build(final)
             if proc is source:
                 out = built
         return out
@@ -299,11 +326,22 @@ class InstrumentReader:
         if ranks:
             out["rank_steps"] = sorted(ranks, key=lambda r: r["rank"])
         src = self.source
+        if src is not None and src.device is not None:
+            index = src.device["index"]
+            out["device"] = {
+                "kind": "cuda",
+                "torch_device": f"cuda:{index}",
+                "name": src.device["name"],
+                "index": index,
+            }
+            out["device_timer"] = "cuda-events"
+            if src.dev_off:
+                out["device_timer_off"] = src.dev_off
         if src is not None and src.training is not None:
             lo = src.loaders[src.training]
             out["training_loader"] = lo.to_meta()
             out["loader_site"] = lo.site
-            out.update(_knob_facts(lo.args), pipeline="DALI" if lo.kind.startswith("DALI") else "DataLoader")
+            out.update(_knob_facts(lo.args), pipeline=_pipeline(lo.kind))
             most = max(src.loaders.values(), key=lambda x: x.calls)
             if most.id != lo.id:
                 out["instrument_note"] = (
@@ -320,7 +358,22 @@ class _OpenStep:
     samples: object
     q0: object  # the training thread's run-queue wait (ns) at the step's start, and when its batch arrived
     q1: object
+    m1: object = None  # the device event recorded as the batch arrived (on CUDA)
     others: list[dict[str, Any]] = field(default_factory=list)
+
+    def marks(self, end: _Edge) -> list[int]:
+        """The device events the step's phases start and end at."""
+        found = [self.m1, end.m] + [r.get(k) for r in self.others if r["k"] in ("next", "end") for k in ("m0", "m1")]
+        return [m for m in found if isinstance(m, int)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Edge:
+    """A point of a step: its host time, the run-queue reading there and the device event recorded there."""
+
+    t: float
+    q: object = None
+    m: object = None
 
 
 def _ns_between(a: object, b: object) -> float | None:
@@ -330,29 +383,47 @@ def _ns_between(a: object, b: object) -> float | None:
     return None
 
 
-def _phases(index: int, step: _OpenStep, end: tuple[float, object], proc: Process, base: float) -> list[PhaseRow]:
+def _phases(index: int, step: _OpenStep, end: _Edge, proc: Process, base: float) -> list[PhaseRow]:
     """Other loaders iterated in the step (one phase each), and the rest after the batch arrived: compute (with
-    its run-queue wait when it is one piece). ``end``: the step's end and the run-queue reading there."""
-    t_end, q_end = end
-    spans: dict[int, tuple[float, float]] = {}
+    its run-queue wait when it is one piece), each with the device times of its events where it has both."""
+    spans: dict[int, tuple[_Edge, _Edge]] = {}
     for rec in step.others:
         if rec["k"] in ("next", "end"):
-            a, b = float(rec["t0"]), float(rec["t1"])
+            a, b = _Edge(float(rec["t0"]), m=rec.get("m0")), _Edge(float(rec["t1"]), m=rec.get("m1"))
             lo, hi = spans.get(int(rec["id"]), (a, b))
-            spans[int(rec["id"])] = (min(lo, a), max(hi, b))
+            spans[int(rec["id"])] = (lo if lo.t <= a.t else a, hi if hi.t >= b.t else b)
     out = []
-    cursor = step.t1
-    for lid, (first, last) in sorted(spans.items(), key=lambda kv: kv[1]):
-        a, b = max(first, cursor), min(last, t_end)
-        if b <= a:
+    cursor = _Edge(step.t1, m=step.m1)
+    for lid, (first, last) in sorted(spans.items(), key=lambda kv: kv[1][0].t):
+        a = first if first.t > cursor.t else cursor
+        b = last if last.t < end.t else end
+        if b.t <= a.t:
             continue
-        out.append(PhaseRow(index, "compute", 0, cursor - base, a - base))
+        out.append(_phase(index, "compute", cursor, a, proc=proc, base=base))
         loader = proc.loaders.get(lid)
-        out.append(PhaseRow(index, f"loader {loader.site if loader else lid}", 0, a - base, b - base))
+        out.append(_phase(index, f"loader {loader.site if loader else lid}", a, b, proc=proc, base=base))
         cursor = b
-    runq = _ns_between(step.q1, q_end) if not out else None
-    out.append(PhaseRow(index, "compute", 0, cursor - base, t_end - base, runq_s=runq))
+    runq = _ns_between(step.q1, end.q) if not out else None
+    out.append(_phase(index, "compute", cursor, end, proc=proc, base=base, runq=runq))
     return [p for p in out if p.t_end > p.t_start]
+
+
+def _phase(
+    index: int, name: str, a: _Edge, b: _Edge, *, proc: Process, base: float, runq: float | None = None
+) -> PhaseRow:
+    """A top-level phase from ``a`` to ``b``; its device times where the device reached both their events."""
+    d0 = proc.dev.get(a.m) if isinstance(a.m, int) else None
+    d1 = proc.dev.get(b.m) if isinstance(b.m, int) else None
+    if d0 is None or d1 is None:
+        return PhaseRow(index, name, 0, a.t - base, b.t - base, runq_s=runq)
+    return PhaseRow(index, name, 0, a.t - base, b.t - base, d0 - base, d1 - base, runq)
+
+
+def _pipeline(kind: str) -> str:
+    """The run's pipeline name for the training loader's kind (the start-up module's ``kind``)."""
+    if kind.startswith("DALI"):
+        return "DALI"
+    return "torchdata.nodes" if kind.startswith("torchdata") else "DataLoader"
 
 
 def _knob_facts(args: Mapping[str, Any]) -> dict[str, Any]:

@@ -216,15 +216,16 @@ class _Tick:
     note_ranks: _RankNotes
     reader: InstrumentReader | None
 
-    def __call__(self) -> None:
+    def __call__(self, final: bool = False) -> None:
         self.note_ranks()
         if self.reader is not None:
-            for row, phases in self.reader.poll():
+            for row, phases in self.reader.poll(final):
                 self.rec.on_step(row, phases)
 
     def last(self) -> None:
-        """The last tick, before the store closes: and the instrumented run's facts into its meta."""
-        self()
+        """The last tick, before the store closes (nothing held back for device times), and the instrumented
+        run's facts into its meta."""
+        self(final=True)
         if self.reader is not None:
             self.rec.annotate(**_instrument_facts(self.reader))
 

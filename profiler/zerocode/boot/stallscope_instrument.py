@@ -15,6 +15,9 @@ What it does, once ``torch.utils.data.dataloader`` is imported (a post-import ho
   StopIteration ends the epoch.
 - ``nvidia.dali.plugin.pytorch.DALIGenericIterator`` (and its subclasses), once imported: the same records,
   the iterator being its own loader (knobs from its pipeline: batch size, CPU threads, queue depth).
+- ``torchdata.nodes.Loader`` / ``LoaderIterator.__next__``, once imported: the same records (knobs from its
+  graph: batch size, the mapper's workers, prefetch depth, pinning). Overrides apply to DataLoaders only.
+- On CUDA, once the script has initialised it: an event at each ``next()``'s start and return (DeviceClock).
 
 Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by a daemon thread
 every ``FLUSH_S`` (the training thread only appends to a deque) and at exit. For tuning trials,
@@ -48,7 +51,7 @@ OVERRIDES_ENV = "STALLSCOPE_OVERRIDES"
 STOP_ENV = "STALLSCOPE_STOP"
 FLUSH_S = 0.2
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
-_LIBRARIES = (os.sep + "torch" + os.sep, os.sep + "nvidia" + os.sep + "dali" + os.sep)
+_LIBRARIES = tuple(os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata"))
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -181,6 +184,98 @@ class RunQueue:
             return None
 
 
+class DeviceClock:
+    """CUDA events at every ``next()`` boundary, once the script itself has initialised CUDA (this never does):
+    an event recorded on the current stream as a call starts and as it returns, turned into a time on
+    ``time.perf_counter``'s timeline (a reference event synchronised once) when the device reaches it, and
+    written as a ``dev`` record under the mark's number, which the call's own record carries (``m0``/``m1``).
+    Any CUDA error turns it off with one ``dev_off`` record; the host figures go on."""
+
+    POOL = 1024
+    MAX_PENDING = 4096  # events the device has not reached yet; beyond that the oldest is waited for
+
+    def __init__(self, writer: Writer) -> None:
+        self.writer = writer
+        self.cuda: Any = None
+        self.ref: Any = None
+        self.ref_t = 0.0
+        self.device = -1
+        self.off = False
+        self.pending: collections.deque[tuple[int, Any]] = collections.deque()
+        self.pool: list[Any] = []
+        self.marks = 0
+
+    def mark(self) -> int | None:
+        """An event on the current stream now: its number, or None where none was recorded."""
+        if self.off:
+            return None
+        try:
+            if self.ref is None and not self._start():
+                return None
+            cuda = self.cuda
+            if cuda.current_device() != self.device:
+                return None  # the script moved to another device: its events would not compare with the reference
+            ev = self.pool.pop() if self.pool else cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks += 1
+            self.pending.append((self.marks, ev))
+            self.drain(wait=len(self.pending) > self.MAX_PENDING)
+            return self.marks
+        except Exception as exc:  # noqa: BLE001 - a CUDA error is the script's to meet, not the profiler's
+            self.stop(exc)
+            return None
+
+    def _start(self) -> bool:
+        """The reference event, once torch has initialised CUDA in this process; False until then."""
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return False
+        self.cuda, self.device = cuda, int(cuda.current_device())
+        cuda.synchronize(self.device)
+        ref = cuda.Event(enable_timing=True)
+        before = time.perf_counter()
+        ref.record()  # on an idle device: reached between the two clock reads; the middle is off by half at most
+        ref.synchronize()
+        after = time.perf_counter()
+        self.ref, self.ref_t = ref, (before + after) / 2
+        name = str(cuda.get_device_name(self.device))
+        self.writer.put(
+            {"k": "devclock", "device": self.device, "name": name, "t": self.ref_t, "err": after - self.ref_t}
+        )
+        return True
+
+    def drain(self, wait: bool = False) -> None:
+        """Write the times of the events the device has reached (all of them, waiting, when ``wait``)."""
+        pending, ref, put = self.pending, self.ref, self.writer.put
+        while pending:
+            m, ev = pending[0]
+            if wait:
+                ev.synchronize()
+                wait = len(pending) > self.MAX_PENDING
+            elif not ev.query():
+                return
+            pending.popleft()
+            put({"k": "dev", "m": m, "t": self.ref_t + float(ref.elapsed_time(ev)) / 1e3})
+            if len(self.pool) < self.POOL:
+                self.pool.append(ev)
+
+    def close(self) -> None:
+        """At exit: wait for the device to reach every event still pending and write their times."""
+        if self.off or self.ref is None or not self.pending:
+            return
+        try:
+            self.cuda.synchronize(self.device)
+            self.drain()
+        except Exception as exc:  # noqa: BLE001 - as in mark()
+            self.stop(exc)
+
+    def stop(self, exc: BaseException) -> None:
+        self.off = True
+        self.pending.clear()
+        self.writer.put({"k": "dev_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
+
+
 class Instrument:
     """The patches and their records; one per process."""
 
@@ -191,6 +286,7 @@ class Instrument:
         self.loaders = 0
         self.calls: collections.Counter[int] = collections.Counter()
         self.runq = RunQueue()
+        self.device = DeviceClock(writer)
 
     def start(self) -> None:
         self.writer.put({"k": "proc", "pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, **_rank_env()})
@@ -222,6 +318,30 @@ class Instrument:
         cls.__init__ = self._dali_init(init)
         cls.__iter__ = self._iter(it)
         cls.__next__ = self._next(nxt)
+
+    def patch_torchdata(self, module: ModuleType) -> None:
+        """Wrap torchdata.nodes' Loader (its site and the knobs of its graph) and LoaderIterator.__next__."""
+        missing = [n for n in ("Loader", "LoaderIterator") if not hasattr(module, n)]
+        if missing:
+            self.aside(f"torchdata.nodes.loader has no {', '.join(missing)}")
+            return
+        loader_cls, iter_cls = module.Loader, module.LoaderIterator
+        loader_cls.__init__ = self._nodes_init(loader_cls.__init__)
+        loader_cls.__iter__ = self._iter(loader_cls.__iter__)
+        iter_cls.__next__ = self._next(iter_cls.__next__)
+
+    def _nodes_init(self, init: Callable[..., None]) -> Callable[..., None]:
+        inst = self
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            init(loader, *args, **kwargs)
+            inst.loaders += 1
+            loader._stallscope_id = lid = inst.loaders
+            path, line = call_site()
+            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": node_knobs(loader), "applied": {}}
+            inst.writer.put({**rec, "kind": "torchdata.nodes.Loader"})
+
+        return __init__
 
     def _dali_init(self, init: Callable[..., None]) -> Callable[..., None]:
         inst = self
@@ -257,34 +377,42 @@ class Instrument:
         return __init__
 
     def _iter(self, it: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        writer, runq = self.writer, self.runq
+        writer, runq, dev = self.writer, self.runq, self.device
 
         def __iter__(loader: Any) -> Any:
             q0, t0 = runq.read(), time.perf_counter()
+            m0 = dev.mark()
             iterator = it(loader)
             lid = getattr(loader, "_stallscope_id", 0)
             try:
                 iterator._stallscope_id = lid
             except AttributeError:
                 return iterator
-            writer.put({"k": "iter", "id": lid, "t0": t0, "t1": time.perf_counter(), "q0": q0})
+            rec = {"k": "iter", "id": lid, "t0": t0, "t1": time.perf_counter(), "q0": q0}
+            if m0 is not None:
+                rec["m0"] = m0
+            writer.put(rec)
             return iterator
 
         return __iter__
 
     def _next(self, nxt: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        writer, calls, clock, runq = self.writer, self.calls, time.perf_counter, self.runq
+        writer, calls, clock, runq, dev = self.writer, self.calls, time.perf_counter, self.runq, self.device
 
         def __next__(iterator: Any) -> Any:
             # the clock is read first and last: the call's time, as the script sees it, includes this wrapper
             t0, q0 = clock(), runq.read()
             lid = getattr(iterator, "_stallscope_id", 0)
+            m0 = dev.mark()
             try:
                 batch = nxt(iterator)
             except StopIteration:
-                writer.put({"k": "end", "id": lid, "t0": t0, "t1": clock(), "q0": q0})
+                writer.put({"k": "end", "id": lid, "t0": t0, "t1": clock(), "q0": q0, "m0": m0})
                 raise
+            m1 = dev.mark()
             rec = {"k": "next", "id": lid, "t0": t0, "q0": q0, "q1": runq.read(), "n": batch_len(batch)}
+            if m0 is not None and m1 is not None:
+                rec["m0"], rec["m1"] = m0, m1
             calls[lid] += 1
             rec["t1"] = t1 = clock()
             writer.put(rec)
@@ -319,6 +447,30 @@ def dali_knobs(iterator: Any) -> dict[str, Any]:
         "pipelines": len(pipes),
         "reader_name": getattr(iterator, "_reader_name", None),
     }
+    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
+
+
+def node_knobs(loader: Any) -> dict[str, Any]:
+    """A torchdata.nodes Loader's knobs, from its graph (root first, following each node's ``source``): the
+    batch size, the widest mapper's workers and method, the prefetch depth, pinning, the nodes' names in order."""
+    out: dict[str, Any] = {"batch_size": None, "num_workers": None, "prefetch_factor": None, "pin_memory": False}
+    names = []
+    node = getattr(loader, "root", None)
+    for _ in range(64):  # a graph is a chain here; a cycle (never built by torchdata) must not hang the script
+        if node is None:
+            break
+        kind = type(node).__name__
+        names.append(kind)
+        for key in ("batch_size", "prefetch_factor"):
+            value = getattr(node, key, None)
+            if out[key] is None and isinstance(value, int):
+                out[key] = value
+        workers = getattr(node, "num_workers", None)
+        if isinstance(workers, int) and workers >= (out["num_workers"] or 0):  # the widest mapper's
+            out["num_workers"], out["method"] = workers, getattr(node, "method", None)
+        out["pin_memory"] = out["pin_memory"] or kind == "PinMemory"
+        node = getattr(node, "source", None)
+    out["nodes"] = " <- ".join(names)
     return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
 
 
@@ -403,9 +555,11 @@ def install() -> Instrument | None:
     inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop)
     inst.start()
     atexit.register(writer.flush)
+    atexit.register(inst.device.close)  # runs first (atexit is last-in, first-out): its records then flush
     for name, patch in (
         ("torch.utils.data.dataloader", inst.patch_dataloader),
         ("nvidia.dali.plugin.pytorch", inst.patch_dali),
+        ("torchdata.nodes.loader", inst.patch_torchdata),
     ):
         if name in sys.modules:
             patch(sys.modules[name])
