@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipelines import stages
+from pipelines import stages, store
 from pipelines.augment import AugmentSpec, torchvision_transform
 
 POLICIES = ("fail", "skip")
@@ -205,14 +205,15 @@ class ImageFolderDataset:
 
 
 def load_rgb(path: str, on_bad_sample: str) -> Any:
-    """The file read (the ``fetch`` stage), then decoded by PIL as RGB (``decode``); a file that cannot be read or
-    decoded is a ``BadSample`` (skip policy) or ``BadSampleError``."""
+    """The file read (the ``fetch`` stage, paced by :mod:`pipelines.store` when installed), then decoded by PIL as
+    RGB (``decode``); a file that cannot be read or decoded is a ``BadSample`` (skip policy) or ``BadSampleError``."""
     with stages.timed("fetch"):
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except OSError as exc:
             return _bad(path, one_line(exc), on_bad_sample)
+        store.pace(len(data))  # an emulated store (run --store-mbps), when one is installed
     with stages.timed("decode"):
         return decode_rgb(path, data, on_bad_sample)
 

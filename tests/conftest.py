@@ -196,6 +196,7 @@ TIMING_FILES = {
     "test_tune_pipelines.py",
     "test_tune_workers.py",
     "test_whatif.py",
+    "test_whatif_storage.py",
     "test_zerocode.py",
     "test_zerocode_ranks.py",
 }

@@ -75,9 +75,10 @@ def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items:
     if picked < 0.9 * top:
         # one trial each, seconds apart on a shared host: beside two busy processes 8 workers read 127 samples/s
         # against 4's 168 in the grid, while the tuner measured 8 best. Measure the two again, alternating, and
-        # compare the medians of their three trials each
+        # compare the medians of their five trials each (with three, computing items beside two busy processes
+        # and three other tests read 39-107 samples/s for one worker and 70-125 for two)
         again = {pick: [picked], best.workers: [top]}
-        for k in range(2):
+        for k in range(4):
             for w in (pick, best.workers):
                 again[w].append(grid(Config(PIPELINE, 4, w), f"again{k}-w{w}", "grid").throughput_samples_per_s)
         picked, top = statistics.median(again[pick]), statistics.median(again[best.workers])
@@ -180,11 +181,12 @@ def test_a_trial_that_returns_no_batch_in_time_is_ended_with_its_group(tmp_path:
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600.5)'])\n"
         "time.sleep(600)\n"
     )
-    trial = CommandTrial(overrides={}, stop=TrialStop(10), first_batch_s=1.0, limit_s=60.0)
+    # 4 s: time for the script to start its helper first (beside busy processes, 1 s ended it before it had)
+    trial = CommandTrial(overrides={}, stop=TrialStop(10), first_batch_s=4.0, limit_s=60.0)
     t0 = time.monotonic()
     result = profile_external(tmp_path / "run", command=[sys.executable, str(script)], trial=trial)
-    assert time.monotonic() - t0 < 20
-    assert result.status == "failed" and result.error == "no DataLoader returned a batch within 1 s of the start"
+    assert time.monotonic() - t0 < 25
+    assert result.status == "failed" and result.error == "no DataLoader returned a batch within 4 s of the start"
     assert result.left_behind == 1  # the helper, still alive once the script was ended: ended too
     assert running(Path("time.sleep(600.5)")) == []
     assert result.summary is not None and result.summary.status == "failed"

@@ -366,16 +366,17 @@ class _PlaceCost:
         return torch.zeros(4), i
 
 
-@pytest.mark.parametrize(("main_ms", "worker_ms"), [(10.0, 20.0), (10.0, 10.0)])
+@pytest.mark.parametrize(("main_ms", "worker_ms"), [(40.0, 80.0), (40.0, 40.0)])
 def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: float) -> None:
-    # items of 10 ms or more, so that the scheduling delays of a shared 2-core host (a few ms a wake-up at a
-    # load of 6) stay inside the tolerance; the median of 5 rounds drops a round that a burst hit
+    # items of 40 ms or more, so that the scheduling delays of a shared 2-core host (a few ms a wake-up at a
+    # load of 6) stay inside the tolerance: with 10 ms items, four tests at a time beside two busy processes
+    # read 0.79 for an injected 1.0; the median of 5 rounds drops a round that a burst hit
     from profiler.whatif.loadergap import measure_gap
 
-    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=24, rounds=5, max_rounds=5, threads=1)
+    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=12, rounds=5, max_rounds=5, threads=1)
     assert gap.factor == pytest.approx(worker_ms / main_ms, rel=0.2), gap
     assert gap.main_s == pytest.approx(main_ms / 1e3, rel=0.5)
-    assert gap.samples == 5 * 24
+    assert gap.samples == 5 * 12
     assert len(gap.rounds) == 5
 
 
@@ -394,11 +395,18 @@ def test_the_medians_standard_error_decides_when_the_rounds_have_settled() -> No
 
 
 class _NoisyInWorkers(_PlaceCost):
-    """Items that cost each worker process its own 10-40 ms (uniform, drawn from the worker's seed): rounds that
-    disagree, as on a host whose load comes and goes."""
+    """Items that cost 10 ms in the training process and, in a worker process, 10 ms in the first worker started,
+    20 in the second, 40 in the third, 10 in the fourth, ...: rounds that disagree (x1, x2, x4, ...) as on a host
+    whose load comes and goes, by construction (a count in shared memory that each worker takes one number from;
+    two rounds alike and one apart would settle: one burst must not unsettle rounds that agree)."""
+
+    def __init__(self, main_ms: float, worker_ms: float) -> None:
+        import multiprocessing
+
+        super().__init__(main_ms, worker_ms)
+        self.started = multiprocessing.get_context("fork").Value("i", 0)
 
     def __getitem__(self, i: int) -> Any:
-        import random
         import time
 
         import torch
@@ -406,7 +414,10 @@ class _NoisyInWorkers(_PlaceCost):
 
         info = get_worker_info()
         if info is not None and not hasattr(self, "worker_ms_drawn"):
-            self.worker_ms_drawn = random.Random(info.seed).uniform(10.0, 40.0)
+            with self.started.get_lock():
+                k = self.started.value
+                self.started.value = k + 1
+            self.worker_ms_drawn = (10.0, 20.0, 40.0)[k % 3]
         time.sleep((10.0 if info is None else self.worker_ms_drawn) / 1e3)
         return torch.zeros(4), i
 
@@ -423,7 +434,7 @@ def test_the_calibration_takes_more_rounds_until_its_medians_settle() -> None:
         _PlaceCost(40.0, 40.0), 4, samples=16, rounds=3, max_rounds=6, precision=0.1, threads=1, cores=1
     )
     assert len(steady.rounds) == 3, steady.rounds
-    # a worker's 10-40 ms against the main process's 10: rounds from x1 to x4, never settled to 3% in 6 rounds
+    # a worker's 10, 20 or 40 ms, round after round, against the main process's 10: never settled to 3% in 6 rounds
     noisy = measure_gap(_NoisyInWorkers(10.0, 10.0), 4, samples=8, rounds=3, max_rounds=6, threads=1, cores=1)
     assert len(noisy.rounds) == 6, noisy.rounds
     capped = measure_gap(

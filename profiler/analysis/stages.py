@@ -9,6 +9,7 @@ step times. docs/metrics.md, "Loader stages", defines the figures.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -51,6 +52,11 @@ class LoaderStages:
     headroom: float  # capacity / demand (NaN without a demand)
     bottleneck: str | None  # the slowest stage, when the loader cannot keep up
     headline: str
+    # an emulated store (run --store-mbps): its throughput, and per item read the wait for it (inside fetch) and
+    # the bytes; MEASURED by the store's own pacing (pipelines/store.py), None without one
+    store_mbps: float | None = None
+    store_wait_ms_per_item: float | None = None
+    bytes_per_item: float | None = None
 
     def to_dict(self) -> JSON:
         out: JSON = asdict(self)
@@ -65,6 +71,7 @@ def loader_stages(
     batch_size: float,
     step_ms: float,
     data_wait_ms: float,
+    store_mbps: float | None = None,
 ) -> LoaderStages | None:
     """The stages over ``window`` (their first and last readings in it); None without two readings of a stage."""
     times = per_item(samples, window)
@@ -84,7 +91,43 @@ def loader_stages(
     slowest = max(stages, key=lambda st: st.ms_per_item)
     bottleneck = slowest.name if headroom < KEEPS_UP else None
     headline = _headline(slowest, capacity, demand, headroom, workers)
-    return LoaderStages(METHOD, stages, processes, capacity, demand, headroom, bottleneck, headline)
+    store = store_per_item(samples, window)
+    if store_mbps is not None and store:
+        headline += (
+            f" (an emulated store of {store_mbps:g} MB/s: {store['wait_s'] * 1e3:.1f} ms of each item's fetch "
+            f"waited for it, {store['bytes'] / 1e3:.0f} kB an item)"
+        )
+    return LoaderStages(
+        METHOD,
+        stages,
+        processes,
+        capacity,
+        demand,
+        headroom,
+        bottleneck,
+        headline,
+        store_mbps if store else None,
+        store["wait_s"] * 1e3 if store else None,
+        store["bytes"] if store else None,
+    )
+
+
+def store_per_item(
+    samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None
+) -> dict[str, float]:
+    """The emulated store's seconds waited and bytes per read between its first and last readings in ``window``;
+    empty without two readings that differ."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for t, _source, metric, value in samples:
+        if not metric.startswith("store.") or value is None or (window and not window[0] <= t <= window[1]):
+            continue
+        first.setdefault(metric, value)
+        last[metric] = value
+    reads = last.get("store.reads", math.nan) - first.get("store.reads", math.nan)
+    if not reads > 0:
+        return {}
+    return {key: (last[f"store.{key}"] - first[f"store.{key}"]) / reads for key in ("wait_s", "bytes")}
 
 
 def per_item(samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None) -> dict[str, float]:
@@ -103,6 +146,23 @@ def per_item(samples: Sequence[tuple[float, str, str, float | None]], window: In
         if kind == "s" and items > 0:
             times[name] = (end - first[(name, "s")]) / items
     return times
+
+
+def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> list[tuple[float, str, float]]:
+    """(t, stage, ms per item) over each span between two readings of a stage in which it handled items: the
+    stages' times as they went, for a timeline (the trace's "loader stage ms/item" counter)."""
+    readings: dict[str, dict[float, dict[str, float]]] = {}
+    for t, _source, metric, value in samples:
+        m = _METRIC.fullmatch(metric)
+        if m is not None and value is not None and not math.isnan(value):
+            readings.setdefault(m.group(1), {}).setdefault(t, {})[m.group(2)] = value
+    out: list[tuple[float, str, float]] = []
+    for name, by_t in readings.items():
+        pairs = [(t, r["s"], r["n"]) for t, r in sorted(by_t.items()) if "s" in r and "n" in r]
+        for (_t0, s0, n0), (t1, s1, n1) in itertools.pairwise(pairs):
+            if n1 > n0:
+                out.append((t1, name, 1e3 * (s1 - s0) / (n1 - n0)))
+    return sorted(out)
 
 
 def _headline(slowest: Stage, capacity: float, demand: float, headroom: float, workers: int) -> str:

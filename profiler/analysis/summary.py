@@ -281,6 +281,10 @@ def _int_or_0(v: object) -> int:
     return v if isinstance(v, int) else 0
 
 
+def _float_or_none(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def _summary(
     rec: RunRecord,
     now: float | None,
@@ -356,6 +360,7 @@ def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: f
             batch_size=float(meta.get("batch_size") or math.nan),
             step_ms=timing.step_time.mean,
             data_wait_ms=timing.breakdown.data_wait,
+            store_mbps=_float_or_none(meta.get("store_mbps")),
         ),
     }
 

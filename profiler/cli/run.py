@@ -80,6 +80,19 @@ def _add_run(sub: Any) -> None:
         help="no model: iterate the pipeline and the copy to the device, to measure the loader's prep rate",
     )
     r.add_argument(
+        "--store-mbps",
+        type=bounded(float, 0.001, 1e6, "a number"),
+        metavar="MB/S",
+        help="read the data set as from a store of this many MB/s serving one read at a time: each file read is "
+        "paced (torch pipelines; docs/pipelines.md, 'An emulated store')",
+    )
+    r.add_argument(
+        "--page-cache",
+        choices=("warm", "cold"),
+        help="before the run, read the data set's files once (warm) or drop them from the page cache (cold, "
+        "posix_fadvise: no root needed)",
+    )
+    r.add_argument(
         "--pyspy-rate",
         type=bounded(int, 1, 1000, "an integer"),
         default=None,
@@ -140,6 +153,8 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
         )
     if args.scenario is not None:
         raise BadInput(f"give a scenario ({args.scenario!r}) or a command after `--`, not both")
+    if getattr(args, "store_mbps", None) is not None or getattr(args, "page_cache", None):
+        raise BadInput("--store-mbps and --page-cache act on a scenario's data set: not allowed with a command")
     args.command_argv = command
     if args.command in ("tune", "sweep"):
         args.command = COMMAND_HANDLERS[args.command]
@@ -163,6 +178,7 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
     from profiler.drivers.runner import RunStopped, TrainingError, run_scenario
 
     steps = args.steps or t.scenario.steps
+    _check_storage(args, t)
     cfg = replace(
         base_run_config(args, t, out),
         pipeline=args.pipeline,
@@ -173,6 +189,8 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
         loader_only=args.loader_only,
         augment_epochs=args.augment_epochs,
+        store_mbps=args.store_mbps,
+        page_cache=args.page_cache,
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"
@@ -193,6 +211,18 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         say(f"{failure}; the run ended, {failure.kept}")
         return EXIT_FAILED
     return report_outcome(session.summary(), out, args.json, EXIT_OK)
+
+
+def _check_storage(args: argparse.Namespace, t: Training) -> None:
+    """--store-mbps / --page-cache act on a file-backed scenario's files, read by a torch pipeline."""
+    flag = "--store-mbps" if args.store_mbps is not None else "--page-cache" if args.page_cache else None
+    if flag is None:
+        return
+    if t.data is None and (flag == "--page-cache" or not args.scenario.endswith(".py")):
+        # a scenario file's data set may pace its own reads (pipelines.store.pace); a built-in one reads no files
+        raise BadInput(f"{flag}: scenario {t.scenario.name!r} reads no files: allowed with imagenet or ssd")
+    if args.store_mbps is not None and args.pipeline == "dali":
+        raise BadInput("--store-mbps paces the torch pipelines' file reads: allowed with --pipeline naive or prefetch")
 
 
 def _training_failed(exc: TrainingError, out: Path, as_json: bool) -> int:

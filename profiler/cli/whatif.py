@@ -97,12 +97,26 @@ def add_parsers(sub: Any) -> None:
         "the loading between them or changes how many workers load (default); off: assume the same cost and that "
         "each worker adds a whole one",
     )
+    store = w.add_mutually_exclusive_group()
+    store.add_argument(
+        "--cached",
+        action="store_true",
+        help="predict with the data set in the page cache: the loader's measured wait for storage removed "
+        "(--check: checked on a warm page cache)",
+    )
+    store.add_argument(
+        "--storage-mbps",
+        type=bounded(float, 0.001, 1e6, "a number"),
+        metavar="MB/S",
+        help="predict with the data set on a store of this many MB/s serving one read at a time (--check: the "
+        "reads paced so, run --store-mbps)",
+    )
     w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     from profiler.whatif.check import CheckPlan, CheckStopped
-    from profiler.whatif.model import WhatIfError
+    from profiler.whatif.model import Storage, WhatIfError
     from profiler.whatif.run import Request, run_whatif
 
     request = Request(
@@ -111,6 +125,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         workers=args.workers,
         batch_sizes=args.batch_size,
         worker_gap=args.worker_gap,
+        storage=Storage(cached=args.cached, mbps=args.storage_mbps),
         check=args.check,
         plan=CheckPlan(repeat=args.repeat, steps=args.steps, warmup=args.warmup),
     )

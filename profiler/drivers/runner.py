@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
 from pipelines import get as get_pipeline
 from pipelines import stages as pipeline_stages
+from pipelines import store as pipeline_store
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
@@ -99,6 +100,9 @@ class RunConfig:
     # the loader's first batch, copied to the device once and trained on every step (NVIDIA's and tf_cnn_benchmarks'
     # "synthetic data"): the device's and the ranks' own rate, with the input pipeline out of the measurement
     synthetic_input: bool = False
+    # the data set's reads paced as a store of this many MB/s would serve them (pipelines/store.py; torch pipelines)
+    store_mbps: float | None = None
+    page_cache: str | None = None  # "warm": the data set's files read once before the run; "cold": evicted
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -203,10 +207,14 @@ def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
     """What the run samples: a rank its own device, a simulated run the host and its twin, else the defaults; and
     the loader's stage times (the clock is made here, before the loader's workers fork and inherit it)."""
     pipeline_stages.install()
+    if cfg.store_mbps is not None:
+        pipeline_store.install(cfg.store_mbps)
+    else:
+        pipeline_store.uninstall()
     base = (
         _rank_sources(cfg, sim) if cfg.dist is not None else _sim_sources(sim) if sim is not None else default_sources()
     )
-    return [*base, StageSource(pipeline_stages.totals)]
+    return [*base, StageSource(pipeline_stages.totals, pipeline_store.totals)]
 
 
 def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None) -> Session:
@@ -235,10 +243,22 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
             "model": cfg.model or scenario.model_name,
             "loader_only": cfg.loader_only,
             **({"data_root": str(data.root), "on_bad_sample": cfg.on_bad_sample} if data else {}),
+            **_storage_meta(cfg, data.root if data else None),
             **(cfg.dist.to_meta() if cfg.dist is not None else {}),
             **cfg.extra_meta,
         },
     )
+
+
+def _storage_meta(cfg: RunConfig, root: Path | None) -> dict[str, Any]:
+    """The run's storage conditions, set up here (the page cache before the loader starts): its meta."""
+    out: dict[str, Any] = {}
+    if cfg.store_mbps is not None:
+        out["store_mbps"] = cfg.store_mbps
+    if cfg.page_cache is not None and root is not None:
+        files, nbytes = pipeline_store.set_page_cache(root, cfg.page_cache)
+        out["page_cache"] = {"state": cfg.page_cache, "files": files, "bytes": nbytes}
+    return out
 
 
 class _Loop:

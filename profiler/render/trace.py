@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.analysis.parts import device_where
+from profiler.analysis.stages import stage_series
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
 from profiler.jobs.analysis import JobInput
 
@@ -83,6 +84,9 @@ _COUNTER_RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[str,
 ]
 
 
+STAGE_FAMILY = "loader stage ms/item"  # each stage's time per item since the sampler's previous reading
+
+
 def _series_order(series: str) -> tuple[int, int, str]:
     """main, w0, w1, ..., total, system; tx before rx (alphabetical would put rx first)."""
     fixed = {"main": (0, 0), "total": (2, 0), "system": (3, 0), "tx": (0, 0), "rx": (0, 1)}
@@ -112,6 +116,8 @@ def _counters(record: RunRecord) -> dict[tuple[int, str], dict[str, float]]:
         if fam is not None:
             family = f"{fam[0]} (simulated)" if source == SIM_SOURCE else fam[0]
             out.setdefault((_ns(t), family), {})[fam[1]] = float(value)
+    for t, stage, ms in stage_series(record.samples):
+        out.setdefault((_ns(t), STAGE_FAMILY), {})[stage] = ms
     return out
 
 

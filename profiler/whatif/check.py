@@ -47,6 +47,8 @@ def check_label(p: Prediction, steps: int | None = None, warmup: int | None = No
     t = p.target
     device = re.sub(r"[^A-Za-z0-9.]+", "-", t.device.replace("precision=", "").replace("efficiency=", "e"))
     out = f"{device.strip('-')}-{t.pipeline}-b{t.batch_size}-w{t.workers}"
+    if t.storage.label:
+        out += "-" + re.sub(r"[^A-Za-z0-9.]+", "", t.storage.label.replace(" MB/s", "mbps"))
     if steps is not None or warmup is not None:
         out += f"-steps{'' if steps is None else steps}-warmup{'' if warmup is None else warmup}"
     return out + (f"-r{rep}" if rep > 1 else "")
@@ -119,6 +121,10 @@ def _measure(src: Source, p: Prediction, device: DeviceInfo, out: Path, plan: Ch
         model=meta.get("model"),
         attribution=False,
         on_bad_sample=str(meta.get("on_bad_sample", "fail")),
+        # a changed storage is checked on a warm page cache, so that the disk under it adds nothing; else the
+        # run's own conditions (its emulated store, its page cache) are the check's
+        store_mbps=t.storage.mbps if t.storage.label else meta.get("store_mbps"),
+        page_cache="warm" if t.storage.label else (meta.get("page_cache") or {}).get("state"),
         extra_meta={"whatif_of": str(src.run_dir)} | _source_meta(meta),
     )
     try:

@@ -54,6 +54,10 @@ class MeasuredRun:
     workers_cpu_pct: float  # all loader worker processes together, % of one core (NaN: none or not sampled)
     other_processes_cpu_pct: float  # the rest of the machine, % of one core (NaN: not sampled)
     usable_cores: int
+    # the loader processes' seconds per sample waiting for storage (blocked in reads the page cache did not
+    # serve, and an emulated store's waits) and the bytes a sample reads (NaN: not measured)
+    storage_s_per_sample: float = 0.0
+    read_bytes_per_sample: float = math.nan
 
     @property
     def bytes_per_sample(self) -> float:
@@ -73,6 +77,42 @@ class LoaderCost:
 
 
 MAIN, WORKER = "main process", "worker processes"
+
+
+@dataclass(frozen=True, slots=True)
+class Storage:
+    """Where a prediction's bytes come from: as measured (the default), all from the page cache (``cached``), or
+    from a store of ``mbps`` MB/s that serves one read at a time (its reads queue behind each other)."""
+
+    cached: bool = False
+    mbps: float | None = None
+
+    @property
+    def label(self) -> str:
+        if self.mbps is not None:
+            return f"store {self.mbps:g} MB/s"
+        return "cached" if self.cached else ""
+
+    def cost(self, cost: LoaderCost, run: MeasuredRun) -> LoaderCost:
+        """The loader's cost per sample with its storage wait replaced: none when cached; one read of the
+        sample's bytes at ``mbps`` from such a store (the queueing behind other reads is :meth:`period`'s)."""
+        if not (self.cached or self.mbps is not None):
+            return cost
+        wall = max(cost.cpu_s, cost.wall_s - run.storage_s_per_sample)
+        how = f"{cost.method}, less {run.storage_s_per_sample * 1e3:.2f} ms a sample waiting for storage"
+        if self.mbps is not None:
+            wall += _nan0(run.read_bytes_per_sample) / (self.mbps * 1e6)
+            how += f", plus {_nan0(run.read_bytes_per_sample) / 1e3:.0f} kB read at {self.mbps:g} MB/s"
+        return LoaderCost(wall, cost.cpu_s, how)
+
+    def period(self, batch: int, run: MeasuredRun) -> float:
+        """Seconds the store takes to serve one batch's reads, one after another (0 without a store)."""
+        if self.mbps is None:
+            return 0.0
+        return batch * _nan0(run.read_bytes_per_sample) / (self.mbps * 1e6)
+
+
+AS_MEASURED = Storage()
 
 
 def loader_place(pipeline: str, workers: int) -> str:
@@ -220,6 +260,7 @@ class Target:
     h2d_s: float  # H: one batch's copy on this pipeline's path (pageable or pinned)
     memory_bytes: int  # the step's tensors plus the CUDA context
     memory_total_bytes: int
+    storage: Storage = AS_MEASURED
 
     @property
     def fits(self) -> bool:
@@ -227,7 +268,8 @@ class Target:
 
     @property
     def label(self) -> str:
-        return f"{self.device} {self.pipeline} b{self.batch_size} w{self.workers}"
+        where = f" {self.storage.label}" if self.storage.label else ""
+        return f"{self.device} {self.pipeline} b{self.batch_size} w{self.workers}{where}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +299,7 @@ class Prediction:
             "pipeline": t.pipeline,
             "batch_size": t.batch_size,
             "workers": t.workers,
+            "storage": t.storage.label or "as measured",
             "status": self.status,
             "predicted_throughput_samples_per_s": num(self.samples_per_s),
             "predicted_step_time_ms": num(self.step_ms),
@@ -356,9 +399,18 @@ def _needed(gap: LoaderGap, rate: float) -> int:
     return n
 
 
-def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, measured_at: str = MAIN) -> Prediction:
+def predict(
+    cost: LoaderCost,
+    host: Host,
+    t: Target,
+    gap: LoaderGap = NO_GAP,
+    measured_at: str = MAIN,
+    *,
+    store_s: float = 0.0,
+) -> Prediction:
     """The steady state of ``t`` (see the module docstring for the equations). ``cost`` was measured with the
-    loading at ``measured_at``; ``gap`` takes it to where ``t`` loads."""
+    loading at ``measured_at``; ``gap`` takes it to where ``t`` loads. ``store_s``: the seconds a store that
+    serves one read at a time takes for one batch's reads (:meth:`Storage.period`), a floor under the loader's."""
     if not t.fits:
         return Prediction(t, "OOM")
     b = t.batch_size
@@ -368,6 +420,7 @@ def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, me
     # worker processes deliver together what ``gap`` measured, not ``threads`` times one
     eff = gap.parallel(threads) / threads if threads > 1 and loader_place(t.pipeline, t.workers) == WORKER else 1.0
     loader = batch_load if threads == 0 else max(batch_load / (threads * eff), batch_cpu / (host.free_cores * eff))
+    loader = max(loader, store_s)
     launch = host.overhead_s + t.launch_s  # the host's own part of the step: loop overhead + kernel launches
     dev = max(t.device_s, t.launch_s)  # D'
     period = _period(t.pipeline, threads, loader, dev=dev, launch=launch, h2d=t.h2d_s)
@@ -375,7 +428,11 @@ def predict(cost: LoaderCost, host: Host, t: Target, gap: LoaderGap = NO_GAP, me
         t.pipeline, max(threads, 1), 0.0, dev=dev, launch=launch, h2d=t.h2d_s
     )  # the same with an instant loader
     parts = {"loader": loader, "device": t.device_s, "launch": launch, "host link": t.h2d_s}
+    if store_s > 0:
+        parts["storage"] = store_s
     binding = max(parts, key=lambda k: parts[k])
+    if binding == "loader" and store_s > 0 and store_s >= loader:
+        binding = "storage"  # the store's serial reads set the loader's pace
     return Prediction(
         t,
         "ok",
@@ -472,6 +529,26 @@ class WhatIf:
     notes: tuple[str, ...] = ()
     gap: LoaderGap = NO_GAP
     repeat: int = 1  # check runs per configuration
+    storage: Storage = AS_MEASURED
+
+    @property
+    def storage_line(self) -> str | None:
+        """Where the predictions' bytes come from, when not as measured: what was taken out and put in."""
+        st, run = self.storage, self.run
+        if not st.label:
+            return None
+        waited = (
+            f"the run's loader waited {run.storage_s_per_sample * 1e3:.3g} ms a sample for storage (MEASURED: "
+            f"an emulated store's waits and reads blocked on storage)"
+        )
+        if st.mbps is None:
+            return f"Storage: cached, PREDICTED with that wait removed; {waited}"
+        kb = run.read_bytes_per_sample / 1e3
+        return (
+            f"Storage: a store of {st.mbps:g} MB/s serving one read at a time, PREDICTED with that wait replaced by "
+            f"{kb:.0f} kB a sample read at {st.mbps:g} MB/s ({kb / st.mbps:.3g} ms; MEASURED bytes) and the store "
+            f"at most {st.mbps * 1e6 / run.read_bytes_per_sample:.0f} samples/s; {waited}"
+        )
 
     @property
     def measured_at(self) -> str:
@@ -525,6 +602,7 @@ class WhatIf:
             "model": "docs/whatif.md",
             "header": self.header,
             "worker_gap_line": self.gap_line,
+            "storage_line": self.storage_line,
             "measured": {
                 "pipeline": self.run.pipeline,
                 "device_kind": self.run.device_kind,

@@ -36,7 +36,7 @@ def _err(x: float) -> str:
 
 def _config(p: Prediction) -> str:
     t = p.target
-    return f"{t.pipeline} b{t.batch_size} w{t.workers}"
+    return f"{t.pipeline} b{t.batch_size} w{t.workers}" + (f" {t.storage.label}" if t.storage.label else "")
 
 
 def _devices(predictions: Sequence[Prediction]) -> list[str]:
@@ -129,6 +129,8 @@ def check_table(device: str, checked: Sequence[Checked], repeat: int = 1) -> Tab
 
 def render_whatif(result: WhatIf, console: Console) -> None:
     parts: list[Text | Table] = [Text(result.header, style="bold"), Text(result.gap_line)]
+    if result.storage_line:
+        parts.append(Text(result.storage_line))
     for device in _devices(result.predictions):
         parts.append(prediction_table(device, [p for p in result.predictions if p.target.device == device]))
     parts.append(

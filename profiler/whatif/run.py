@@ -4,11 +4,22 @@ renders; progress lines go to the caller's ``note``."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from profiler.whatif.check import CheckPlan, check_all
-from profiler.whatif.model import NO_GAP, WhatIf, WhatIfError, host_of, loader_cost, loader_place, predict
+from profiler.whatif.model import (
+    AS_MEASURED,
+    NO_GAP,
+    Storage,
+    WhatIf,
+    WhatIfError,
+    host_of,
+    loader_cost,
+    loader_place,
+    predict,
+)
 from profiler.whatif.source import (
     Note,
     StepCosts,
@@ -31,6 +42,7 @@ class Request:
     workers: Sequence[int] | None = None
     batch_sizes: Sequence[int] | None = None
     worker_gap: str = "measure"  # or "off": assume a worker's cost is the main process's
+    storage: Storage = AS_MEASURED  # where the bytes come from: as measured, cached, or a store of N MB/s
     check: bool = False
     plan: CheckPlan = field(default_factory=CheckPlan)
 
@@ -56,16 +68,26 @@ def run_whatif(req: Request, note: Note) -> Outcome:
     workers = req.workers if req.workers is not None else [m.workers]
     batches = req.batch_sizes if req.batch_sizes is not None else [m.batch_size]
     steps = StepCosts(src)
+    if req.storage.mbps is not None and math.isnan(m.read_bytes_per_sample):
+        raise WhatIfError(f"--storage-mbps: run {m.run_id} did not measure the bytes a sample reads")
     targets = [
-        steps.target(dev, m.pipeline, w, b, m.bytes_per_sample) for dev in devices for b in batches for w in workers
+        replace(steps.target(dev, m.pipeline, w, b, m.bytes_per_sample), storage=req.storage)
+        for dev in devices
+        for b in batches
+        for w in workers
     ]
     gap = NO_GAP
     if needs_gap(m, targets):
         gap = measure_gap(src, note) if req.worker_gap == "measure" else replace(NO_GAP, source="--worker-gap off")
         cost = loader_cost(m, gap)
     measured_at = loader_place(m.pipeline, m.workers)
-    predictions = [predict(cost, host, t, gap, measured_at) for t in targets]
-    result = WhatIf(str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(notes(src)), gap=gap)
+    stored = req.storage.cost(cost, m)
+    predictions = [
+        predict(stored, host, t, gap, measured_at, store_s=req.storage.period(t.batch_size, m)) for t in targets
+    ]
+    result = WhatIf(
+        str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(notes(src)), gap=gap, storage=req.storage
+    )
     if not req.check:
         return Outcome(result)
     checked, failed = check_all(src, predictions, devices, plan, note)

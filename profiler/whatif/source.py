@@ -99,7 +99,37 @@ def _measured(summary: Summary, meta: dict[str, Any]) -> MeasuredRun:
         workers_cpu_pct=host.children_cpu_pct if workers else math.nan,
         other_processes_cpu_pct=cpu.get("other processes", math.nan),
         usable_cores=pipelines.usable_cores(),
+        storage_s_per_sample=storage_wait(summary),
+        read_bytes_per_sample=read_bytes(summary),
     )
+
+
+def storage_wait(summary: Summary) -> float:
+    """Seconds per sample the loader processes waited for storage: an emulated store's measured waits per item,
+    plus the time they were blocked in reads from storage (loader time: their share x the measured window)."""
+    wait = 0.0
+    stages = summary.stages
+    if stages is not None and stages.store_wait_ms_per_item is not None:
+        wait += stages.store_wait_ms_per_item / 1e3
+    lt = summary.loader_time
+    samples = summary.samples_measured or 0
+    if lt is not None and samples > 0 and summary.measured_s > 0:
+        loaders = [p for p in lt.processes if p.label != "main"] or list(lt.processes[:1])
+        blocked = math.fsum(p.storage for p in loaders if not math.isnan(p.storage)) / 100
+        wait += blocked * summary.measured_s / samples
+    return wait
+
+
+def read_bytes(summary: Summary) -> float:
+    """Bytes a sample reads: an emulated store's count per item, else the loader processes' read calls (rchar:
+    files, sockets and pipes) per sample trained; NaN when neither was measured."""
+    stages = summary.stages
+    if stages is not None and stages.bytes_per_item is not None:
+        return stages.bytes_per_item
+    reads = summary.loader_time.reads if summary.loader_time is not None else None
+    if reads is not None and summary.throughput_samples_per_s > 0:
+        return reads.read_mbps * 1e6 / summary.throughput_samples_per_s
+    return math.nan
 
 
 def _scenario(meta: dict[str, Any], run_dir: str) -> Scenario:

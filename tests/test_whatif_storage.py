@@ -1,0 +1,108 @@
+"""``whatif --cached`` / ``--storage-mbps`` against their ``--check`` runs, and the emulated store under them.
+
+The truth: tests/data/scenarios/store_costs.py reads 100 kB an item from the emulated store (pipelines/store.py)
+and works 10 ms an item (sleeps), 2 workers, a 2 ms model. Measured on a store of 4 MB/s (it can serve 40
+samples/s, the workers without it 200), whatif predicts the run cached and on a store of 8 MB/s; each check run
+measures that configuration, and the prediction must be within 15% of it (the issue's bound). The store itself is
+checked against its definition (reads served one at a time at the rate) and the page-cache helper against the
+kernel's own count of bytes read from storage (``/proc/self/io``).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope
+
+from pipelines import store
+
+SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "store_costs.py")
+BOUND = 0.15
+
+
+def _reader(nbytes: int, reads: int) -> None:
+    for _ in range(reads):
+        store.pace(nbytes)
+
+
+def test_the_store_serves_one_read_at_a_time_at_its_rate() -> None:
+    store.install(10.0)  # 10 MB/s: a read of 100 kB takes 10 ms, two processes' reads queue behind each other
+    try:
+        t0 = time.perf_counter()
+        procs = [multiprocessing.get_context("fork").Process(target=_reader, args=(100_000, 5)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        elapsed = time.perf_counter() - t0
+        totals = store.totals()
+    finally:
+        store.uninstall()
+    # 10 reads of 10 ms one after another: at least 100 ms, whatever the processes' start-up adds after
+    assert elapsed >= 0.100 and totals["reads"] == 10 and totals["bytes"] == 1_000_000
+    # each read waited its own 10 ms and, half of the time, the other process's read before it
+    assert 0.100 <= totals["wait_s"] <= elapsed * 2, totals
+    assert store.totals() == {} and store.mbps() is None
+
+
+def _read_from_storage(path: Path) -> int:
+    """Bytes this process read from storage (not the page cache) while reading ``path`` whole."""
+
+    def storage_bytes() -> int:
+        with open("/proc/self/io", encoding="ascii") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("read_bytes:"))
+
+    before = storage_bytes()
+    with open(path, "rb") as fh:
+        while fh.read(1 << 20):
+            pass
+    return storage_bytes() - before
+
+
+def test_the_page_cache_is_dropped_or_filled_as_asked(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    size = 8 << 20
+    (data / "a.bin").write_bytes(os.urandom(size))
+    files, nbytes = store.set_page_cache(data, "cold")
+    assert (files, nbytes) == (1, size)
+    cold = _read_from_storage(data / "a.bin")
+    assert store.set_page_cache(data, "warm") == (1, size)
+    warm = _read_from_storage(data / "a.bin")
+    # the kernel's count: the whole file from storage when cold (readahead may round it up), nothing when warm
+    assert size * 0.9 <= cold <= size * 1.1 and warm < size * 0.05, (cold, warm)
+    with pytest.raises(ValueError, match="allowed warm or cold"):
+        store.set_page_cache(data, "hot")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("store") / "run"
+    res = stallscope(
+        "run", SCENARIO, "--device", "sim:a100", "--workers", "2", "--store-mbps", "4", "--no-attribution",
+        "--no-live", "--json", "--out", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    stages = json.loads(res.stdout)["stages"]
+    assert stages["store_mbps"] == 4 and stages["bytes_per_item"] == 100_000 and stages["bottleneck"] == "fetch"
+    return out
+
+
+@pytest.mark.parametrize(("flag", "label"), [(["--cached"], "cached"), (["--storage-mbps", "8"], "store 8 MB/s")])
+def test_whatif_storage_is_within_15_percent_of_its_check_run(measured: Path, flag: list[str], label: str) -> None:
+    res = stallscope("whatif", str(measured), "--device", "sim:a100", *flag, "--check", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    d = json.loads(res.stdout)
+    (row,) = d["predictions"]
+    line = "Storage: cached" if label == "cached" else "Storage: a store of 8 MB/s"
+    assert row["storage"] == label and d["storage_line"].startswith(line)
+    print(label, row["predicted_throughput_samples_per_s"], row["measured_throughput_samples_per_s"])
+    assert abs(row["relative_error"]) <= BOUND, row
+    check = json.loads((Path(row["check_run"]) / "summary.json").read_text())
+    # the check ran what was predicted: no store when cached, the new store's rate otherwise
+    assert (check["stages"]["store_mbps"] if check["stages"] else None) == (8 if "8" in label else None)
