@@ -113,12 +113,14 @@ def test_copy_waiting_for_queued_compute_is_not_an_input_stall(tmp_path: Path) -
     # host until the queue drains, so the host sits ~19 ms in "h2d" though the loader is instant.
     s, stream = _session(tmp_path, {"work": [0.0, 0.001, 0.0, 0.020]})
     exposed: list[float] = []  # per step: host time in h2d after the queue drained (the device idles then)
+    host: list[float] = []  # per step: the host's whole time in h2d, the drain included
     with s:
         for _ in s.wrap(sleep_loader(16, 0.0)):
             with s.phase("h2d"):
                 t_enter, drained = s._now(), stream.cursor
                 time.sleep(max(0.0, drained - t_enter) + 0.001)  # drain the queue, then copy 1 ms
                 exposed.append(s._now() - max(t_enter, drained))
+                host.append(s._now() - t_enter)
             with s.phase("compute"):
                 time.sleep(0.001)
     summ = s.summary()
@@ -128,7 +130,10 @@ def test_copy_waiting_for_queued_compute_is_not_an_input_stall(tmp_path: Path) -
     # host-time accounting would call this ~95% input-bound; only the exposed copy stalls the device
     assert summ.stall_ms_per_step.h2d == pytest.approx(copy_ms, abs=0.6), (summ.stall_ms_per_step, copy_ms)
     assert summ.stall_fraction == pytest.approx(copy_ms / summ.step_time_ms.mean, abs=0.03)
-    assert summ.stall_fraction < 0.25, (summ.stall_fraction, b, summ.stall_ms_per_step)
+    # host-time accounting would count the whole h2d phase, drain included: the stall is well under half of it
+    # (a fixed 25% read 25.8% beside busy processes, where the copy's 1 ms sleep overshot to 6.5 ms)
+    host_ms = 1e3 * sum(host[s.warmup :]) / len(host[s.warmup :])
+    assert summ.stall_fraction < 0.5 * host_ms / summ.step_time_ms.mean, (summ.stall_fraction, host_ms, b)
     assert b["compute"] > 15  # the drain is charged to compute
     assert summ.device_busy_fraction > 0.75
 

@@ -75,13 +75,16 @@ def main() -> None:
     start = time.perf_counter()
     it = iter(loader)  # starts the worker: the device would wait for that too
     wait += time.perf_counter() - start
-    first: tuple[float, float] | None = None  # (wait, time) when the second step began: the first is warm-up
+    # each step's start (its next() call) and data wait: the start-up module's steps run from one next() call to
+    # the next, the first is warm-up and the last has no end, so its truth is over steps 1 .. n-2 exactly
+    starts: list[float] = []
+    waits: list[float] = []
     while True:
         t = time.perf_counter()
-        if steps == 1:
-            first = (wait, t - start)
+        starts.append(t)
         x, y = next(it)
-        wait += time.perf_counter() - t
+        waits.append(time.perf_counter() - t)
+        wait += waits[-1]
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -93,7 +96,7 @@ def main() -> None:
             break
     total = time.perf_counter() - start
     out = Path(args.truth) / f"truth-rank{RANK}.json"
-    steady = (wait - first[0]) / (total - first[1]) if first else None
+    steady = sum(waits[1:-1]) / (starts[-1] - starts[1]) if steps >= 3 else None
     out.write_text(json.dumps({"rank": RANK, "pid": os.getpid(), "data_wait_fraction": wait / total,
                                "steady_data_wait_fraction": steady, "seconds": total, "steps": steps}))  # fmt: skip
     dist.destroy_process_group()
