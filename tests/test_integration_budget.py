@@ -145,25 +145,64 @@ class Net(pl.LightningModule):  # type: ignore[misc]
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class FetchSpans(pl.profilers.Profiler):  # type: ignore[misc]
+    """Lightning with no stallscope: the span of each of its fetch actions (``[...].train_dataloader_next``, the
+    action Lightning times the loader's ``next()`` under), on the same clock as the shim. Its excess over the shim
+    is Lightning's own fetch path (its data fetcher and combined loader), which any profiler's span holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: list[float] = []
+        self.t0: float | None = None
+
+    def start(self, action_name: str) -> None:
+        if action_name.endswith("].train_dataloader_next"):
+            self.t0 = time.perf_counter()
+
+    def stop(self, action_name: str) -> None:
+        if action_name.endswith("].train_dataloader_next") and self.t0 is not None:
+            self.spans.append(time.perf_counter() - self.t0)
+            self.t0 = None
+
+    def summary(self) -> str:
+        return ""
+
+
+def _lightning(profiler: Any, truth: Truth) -> None:
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        profiler=profiler,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Net(), TimedLoader(DataLoader(Items(), batch_size=BATCH, collate_fn=list), truth))
+
+
 def test_lightning_data_wait_is_within_the_sessions_phase_budget(tmp_path: Path) -> None:
-    def standalone(run: Path, truth: Truth) -> None:
-        _standalone(run, TimedLoader(DataLoader(Items(), batch_size=BATCH, collate_fn=list), truth))
-
-    def lightning(run: Path, truth: Truth) -> None:
-        trainer = pl.Trainer(
-            max_epochs=1,
-            accelerator="cpu",
-            devices=1,
-            profiler=StallscopeProfiler(run, warmup=WARMUP, sources=[], report=False),
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        trainer.fit(Net(), TimedLoader(DataLoader(Items(), batch_size=BATCH, collate_fn=list), truth))
-
-    problem = _interleaved(tmp_path, standalone, lightning)
-    assert problem is None, problem
+    """Lightning's own fetch path is in any profiler's span of its fetch action, and on a loaded host it alone
+    grew from ~28 to ~50 us: the integration's excess is taken net of it, measured the same way in the same
+    rounds with a profiler that only records the spans (:class:`FetchSpans`)."""
+    alone: list[float] = []
+    inside: list[float] = []
+    framework: list[float] = []
+    for k in range(ROUNDS):
+        base, truth, bare = Truth(), Truth(), Truth()
+        _standalone(tmp_path / f"alone{k}", TimedLoader(DataLoader(Items(), batch_size=BATCH, collate_fn=list), base))
+        spans = FetchSpans()
+        _lightning(spans, bare)
+        _lightning(StallscopeProfiler(tmp_path / f"run{k}", warmup=WARMUP, sources=[], report=False), truth)
+        alone += _excesses(tmp_path / f"alone{k}", base)
+        inside += _excesses(tmp_path / f"run{k}", truth)
+        fetches = bare.spent["next"]
+        assert len(spans.spans) == len(fetches) >= STEPS, (len(spans.spans), len(fetches))
+        framework += [span - fetch for span, fetch in zip(spans.spans[WARMUP:], fetches[WARMUP:], strict=True)]
+    own = statistics.median(inside) - statistics.median(framework)
+    problem = _over_budget(own, statistics.median(alone))
+    assert problem is None, (problem, f"Lightning's own fetch path {statistics.median(framework) * 1e6:.1f} us")
 
 
 class HFNet(nn.Module):

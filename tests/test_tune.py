@@ -204,8 +204,10 @@ def test_a_worker_count_rejected_within_the_trials_noise_is_tried_again() -> Non
     noisy = NoisyFirstTrial(ci=0.30)
     result = run(noisy, pipelines=["naive"], max_workers=2, cores=2, max_batch=8)
     assert result.stopped["naive"]["workers"].startswith("stopped at 2"), result.stopped
-    assert [c[1] for c in noisy.calls if c[1].endswith("-again")] == ["t04-naive-b8-w1-again", "t05-naive-b8-w2-again"]
-    assert any("within the trials' noise: both tried again alternately, the means x1.50" in n for n in result.notes)
+    again = [c[1] for c in noisy.calls if c[1].endswith("-again")]
+    assert again[-2:] == ["t06-naive-b8-w1-again", "t07-naive-b8-w2-again"], again  # 0 -> 1 was undecided too
+    assert any("within the trials' noise of the 3% a step needs: both tried again alternately, the means x1.50" in n
+               for n in result.notes)  # fmt: skip
     # trials as steady as a quiet host's (+-0.5% each: a band of 2%): x1.0 cannot hide a gain over 3%; nothing is
     # tried again
     steady = NoisyFirstTrial(ci=0.005)

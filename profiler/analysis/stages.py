@@ -23,10 +23,13 @@ METHOD = (
     "each batch), summed over the loader processes; capacity = loader processes / the stages' time per item"
 )
 KEEPS_UP = 1.1  # capacity at least this multiple of the demand: the loader keeps up
+STORE_SATURATED = 0.9  # an emulated store busy this share of the time or more is the loader's limit
 _METRIC = re.compile(r"stage\.([a-z]+)\.(s|n)")
 FIXES = {
     "fetch": "the bytes come slowly: cache the data set (page cache, local disk), use a faster store or larger "
     "sequential reads (shards); more workers help where the fetch waits rather than computes",
+    "store": "the store serves reads one after another and is saturated: more workers would only queue more reads "
+    "behind it; cache the data set, use a faster store, or store fewer bytes an item (smaller images, compression)",
     "decode": "a faster decoder (DALI, a SIMD JPEG library), or smaller stored images",
     "augment": "cheaper augmentation, or augmentation on the accelerator (DALI, torchvision v2 on device tensors)",
     "collate": "fewer, larger tensors per item (the collate copies each into the batch)",
@@ -57,6 +60,12 @@ class LoaderStages:
     store_mbps: float | None = None
     store_wait_ms_per_item: float | None = None
     bytes_per_item: float | None = None
+    store_busy: float | None = None  # DERIVED: items read per second x bytes per item / the store's rate, 0..1
+
+    @property
+    def store_saturated(self) -> bool:
+        """The emulated store served reads nearly all the time: more readers only queue behind it."""
+        return self.store_busy is not None and self.store_busy >= STORE_SATURATED
 
     def to_dict(self) -> JSON:
         out: JSON = asdict(self)
@@ -90,12 +99,16 @@ def loader_stages(
     headroom = capacity / demand if demand > 0 else math.nan
     slowest = max(stages, key=lambda st: st.ms_per_item)
     bottleneck = slowest.name if headroom < KEEPS_UP else None
-    headline = _headline(slowest, capacity, demand, headroom, workers)
     store = store_per_item(samples, window)
-    if store_mbps is not None and store:
+    busy = store["reads_per_s"] * store["bytes"] / (store_mbps * 1e6) if store_mbps is not None and store else None
+    saturated = busy is not None and busy >= STORE_SATURATED
+    headline = _headline(slowest, capacity, demand, headroom, workers, saturated=saturated)
+    if busy is not None:
         headline += (
             f" (an emulated store of {store_mbps:g} MB/s: {store['wait_s'] * 1e3:.1f} ms of each item's fetch "
-            f"waited for it, {store['bytes'] / 1e3:.0f} kB an item)"
+            f"waited for it, {store['bytes'] / 1e3:.0f} kB an item, the store busy {busy:.0%} of the time"
+            + (": saturated" if saturated else "")
+            + ")"
         )
     return LoaderStages(
         METHOD,
@@ -109,25 +122,30 @@ def loader_stages(
         store_mbps if store else None,
         store["wait_s"] * 1e3 if store else None,
         store["bytes"] if store else None,
+        busy,
     )
 
 
 def store_per_item(
     samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None
 ) -> dict[str, float]:
-    """The emulated store's seconds waited and bytes per read between its first and last readings in ``window``;
-    empty without two readings that differ."""
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
+    """The emulated store's seconds waited and bytes per read, and its reads per second, between its first and
+    last readings in ``window``; empty without two readings that differ."""
+    first: dict[str, tuple[float, float]] = {}
+    last: dict[str, tuple[float, float]] = {}
     for t, _source, metric, value in samples:
         if not metric.startswith("store.") or value is None or (window and not window[0] <= t <= window[1]):
             continue
-        first.setdefault(metric, value)
-        last[metric] = value
-    reads = last.get("store.reads", math.nan) - first.get("store.reads", math.nan)
-    if not reads > 0:
+        first.setdefault(metric, (t, value))
+        last[metric] = (t, value)
+    if "store.reads" not in first:
         return {}
-    return {key: (last[f"store.{key}"] - first[f"store.{key}"]) / reads for key in ("wait_s", "bytes")}
+    (t0, r0), (t1, r1) = first["store.reads"], last["store.reads"]
+    reads = r1 - r0
+    if not reads > 0 or not t1 > t0:
+        return {}
+    out = {key: (last[f"store.{key}"][1] - first[f"store.{key}"][1]) / reads for key in ("wait_s", "bytes")}
+    return {**out, "reads_per_s": reads / (t1 - t0)}
 
 
 def per_item(samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None) -> dict[str, float]:
@@ -165,7 +183,9 @@ def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> lis
     return sorted(out)
 
 
-def _headline(slowest: Stage, capacity: float, demand: float, headroom: float, workers: int) -> str:
+def _headline(
+    slowest: Stage, capacity: float, demand: float, headroom: float, workers: int, *, saturated: bool = False
+) -> str:
     who = f"{workers} worker{'s' if workers != 1 else ''}" if workers > 0 else "0 workers (in the training process)"
     at = f"{slowest.name} ({slowest.ms_per_item:.1f} ms an item, {slowest.share:.0%} of an item's time)"
     if math.isnan(headroom):
@@ -175,7 +195,8 @@ def _headline(slowest: Stage, capacity: float, demand: float, headroom: float, w
             f"The loader keeps up: it can deliver {capacity:.0f} samples/s with {who} against the training's "
             f"{demand:.0f} (headroom x{headroom:.2f}); its slowest stage is {at}"
         )
+    fix = FIXES.get("store" if saturated and slowest.name == "fetch" else slowest.name, "")
     return (
         f"Input-bound at the {slowest.name} stage: the loader can deliver {capacity:.0f} samples/s with {who}, the "
-        f"training would take {demand:.0f} (x{headroom:.2f}); {at}. {FIXES.get(slowest.name, '').capitalize()}"
+        f"training would take {demand:.0f} (x{headroom:.2f}); {at}. {fix.capitalize()}"
     ).rstrip(". ")

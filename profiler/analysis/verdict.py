@@ -123,6 +123,8 @@ def recommend(s: Figures) -> list[Recommendation]:
 def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
     """An input-bound run's advice on its loader: workers to add, or per-item work to make cheaper."""
     idle = _simulated_idle(s)
+    if s.stages is not None and s.stages.store_saturated:
+        return []  # the store is the limit: LOADER_STAGE says so; no advice here may add readers
     if s.workers == 0:
         cores = _cores(s.cpu_count)
         top = f"2-{cores}" if cores and cores > 2 else "2"

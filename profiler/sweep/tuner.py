@@ -3,7 +3,8 @@ pick re-run side by side with the default (docs/sweep-and-tune.md, "The search",
 
 Invariants: the search and the stop reasons it records are a pure function of the ``trial`` callable's rows, the
 ``clock`` and the arguments (the core count included); a configuration is tried at most once, but for a worker
-count whose one trial read within the trials' noise of the best's (both are then tried once more); a trial starts
+count whose one trial cannot tell, within the trials' noise, whether it beats the best (both are then tried once
+more); a trial starts
 only when it and the reserve for the final comparison fit in ``budget_s`` (the first always runs).
 """
 
@@ -226,10 +227,11 @@ class _Search:
             mean = (first.throughput_samples_per_s + second.throughput_samples_per_s) / 2
             out.append(replace(second, throughput_samples_per_s=mean))
         again_best, again_row = out
+        mean_best = again_best.throughput_samples_per_s
         self.notes.append(
             f"{row.workers} workers read x{row.throughput_samples_per_s / best.throughput_samples_per_s:.2f} of "
-            f"{best.workers} in one trial each, within the trials' noise: both tried again alternately, the means "
-            f"x{again_row.throughput_samples_per_s / again_best.throughput_samples_per_s:.2f}"
+            f"{best.workers} in one trial each, within the trials' noise of the {IMPROVE:.0%} a step needs: both "
+            f"tried again alternately, the means x{again_row.throughput_samples_per_s / mean_best:.2f}"
         )
         self.cache[best.config], self.cache[row.config] = again_best, again_row
         return again_row, again_best
@@ -250,13 +252,15 @@ def _better(new: SweepRow, old: SweepRow) -> bool:
     return new.ok and new.throughput_samples_per_s > old.throughput_samples_per_s * (1 + IMPROVE)
 
 
-def _within_noise(row: SweepRow, best: SweepRow) -> bool:
-    """Whether a worker count rejected on one trial each could still be faster: its throughput within the two
-    trials' own noise (twice the sum of their steps' 95% half-widths) below ``best``'s. Trials without that
-    figure (too few steps) are taken as they read."""
+def _undecided(row: SweepRow, best: SweepRow) -> bool:
+    """Whether one trial each cannot tell if a worker count is more than IMPROVE faster than ``best``: the
+    threshold lies within the two trials' own noise (twice the sum of their steps' 95% half-widths) of the
+    count's throughput ratio, either way. Trials without that figure (too few steps) are taken as they read."""
     noise = 2 * (row.step_time_rel_ci + best.step_time_rel_ci)
-    ratio = row.throughput_samples_per_s / best.throughput_samples_per_s if best.throughput_samples_per_s > 0 else 0
-    return row.ok and best.ok and math.isfinite(noise) and ratio * (1 + noise) > 1 + IMPROVE
+    if not (row.ok and best.ok and math.isfinite(noise) and best.throughput_samples_per_s > 0):
+        return False
+    ratio = row.throughput_samples_per_s / best.throughput_samples_per_s
+    return ratio / (1 + noise) < 1 + IMPROVE < ratio * (1 + noise)
 
 
 def _climb(s: _Search, pipeline: str, start_batch: int) -> SweepRow | None:
@@ -302,7 +306,7 @@ def _climb_workers(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
             )
             return best, f"stopped at {best.workers}: {'; '.join([*passed, ceiling])}"
         row = s.run(Config(best.pipeline, best.batch_size, w), best)
-        if not _better(row, best) and _within_noise(row, best):
+        if _undecided(row, best):
             row, best = s.again(row, best)
         if not _better(row, best):
             if w < min(cores, s.max_workers):
