@@ -79,19 +79,7 @@ def _add_run(sub: Any) -> None:
         action="store_true",
         help="no model: iterate the pipeline and the copy to the device, to measure the loader's prep rate",
     )
-    r.add_argument(
-        "--store-mbps",
-        type=bounded(float, 0.001, 1e6, "a number"),
-        metavar="MB/S",
-        help="read the data set as from a store of this many MB/s serving one read at a time: each file read is "
-        "paced (torch pipelines; docs/pipelines.md, 'An emulated store')",
-    )
-    r.add_argument(
-        "--page-cache",
-        choices=("warm", "cold"),
-        help="before the run, read the data set's files once (warm) or drop them from the page cache (cold, "
-        "posix_fadvise: no root needed)",
-    )
+    _add_storage_options(r)
     r.add_argument(
         "--pyspy-rate",
         type=bounded(int, 1, 1000, "an integer"),
@@ -113,6 +101,23 @@ def _add_run(sub: Any) -> None:
     add_job_options(r)
     add_prometheus_option(r)
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
+
+
+def _add_storage_options(r: Any) -> None:
+    """Where a scenario's data set is read from: an emulated store, and the page cache before the run."""
+    r.add_argument(
+        "--store-mbps",
+        type=bounded(float, 0.001, 1e6, "a number"),
+        metavar="MB/S",
+        help="read the data set as from a store of this many MB/s serving one read at a time: each file read is "
+        "paced (torch pipelines; docs/pipelines.md, 'An emulated store')",
+    )
+    r.add_argument(
+        "--page-cache",
+        choices=("warm", "cold"),
+        help="before the run, read the data set's files once (warm) or drop them from the page cache (cold, "
+        "posix_fadvise: no root needed)",
+    )
 
 
 def _add_attach(sub: Any) -> None:

@@ -62,6 +62,22 @@ def add_parsers(sub: Any) -> None:
     w.add_argument(
         "--batch-size", type=int_list(1, MAX_BATCH), metavar="B,B,...", help="batch sizes (default the run's)"
     )
+    _add_check_options(w)
+    w.add_argument(
+        "--worker-gap",
+        choices=("measure", "off"),
+        default="measure",
+        help="measure how much more a sample costs a worker process than the main process on the run's dataset, "
+        "and how much the usable cores' worth of workers deliver together, and apply them where a prediction moves "
+        "the loading between them or changes how many workers load (default); off: assume the same cost and that "
+        "each worker adds a whole one",
+    )
+    _add_storage_options(w)
+    w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
+
+
+def _add_check_options(w: Any) -> None:
+    """``--check`` and how it measures: ``--repeat``, ``--steps``, ``--warmup``."""
     w.add_argument(
         "--check",
         action="store_true",
@@ -88,15 +104,10 @@ def add_parsers(sub: Any) -> None:
         metavar="N",
         help="with --check: warm-up steps of each check run (default the run's)",
     )
-    w.add_argument(
-        "--worker-gap",
-        choices=("measure", "off"),
-        default="measure",
-        help="measure how much more a sample costs a worker process than the main process on the run's dataset, "
-        "and how much the usable cores' worth of workers deliver together, and apply them where a prediction moves "
-        "the loading between them or changes how many workers load (default); off: assume the same cost and that "
-        "each worker adds a whole one",
-    )
+
+
+def _add_storage_options(w: Any) -> None:
+    """Where the predictions' bytes come from: ``--cached`` or ``--storage-mbps N``."""
     store = w.add_mutually_exclusive_group()
     store.add_argument(
         "--cached",
@@ -111,7 +122,6 @@ def add_parsers(sub: Any) -> None:
         help="predict with the data set on a store of this many MB/s serving one read at a time (--check: the "
         "reads paced so, run --store-mbps)",
     )
-    w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
