@@ -180,42 +180,6 @@ def test_a_waiting_loader_climbs_past_the_cores_while_throughput_rises() -> None
     assert "cores / (the workers' CPU busy fraction)" in d["rules"]["workers"]
 
 
-class NoisyFirstTrial(FakeTrials):
-    """computing_loader, but the first trial of 2 workers reads half its rate (a burst of load on a busy host), and
-    every trial's steps carry a 95% half-width of ``ci`` of their mean."""
-
-    def __init__(self, ci: float) -> None:
-        super().__init__(computing_loader, cpu=computing_cpu)
-        self.ci = ci
-        self.twos = 0
-
-    def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
-        row = super().__call__(cfg, label, role)
-        if cfg.workers == 2 and role == "trial":
-            self.twos += 1
-            if self.twos == 1:
-                row = dataclasses.replace(row, throughput_samples_per_s=row.throughput_samples_per_s * 0.5)
-        return dataclasses.replace(row, step_time_rel_ci=self.ci)
-
-
-def test_a_worker_count_rejected_within_the_trials_noise_is_tried_again() -> None:
-    # 2 workers are 2x 1 worker; their first trial read 0.5x its rate: x1.0 of 1 worker. Trials as noisy as a busy
-    # host's (+-30% each) cannot tell them apart: both are tried again and the means (x1.5) decide
-    noisy = NoisyFirstTrial(ci=0.30)
-    result = run(noisy, pipelines=["naive"], max_workers=2, cores=2, max_batch=8)
-    assert result.stopped["naive"]["workers"].startswith("stopped at 2"), result.stopped
-    again = [c[1] for c in noisy.calls if c[1].endswith("-again")]
-    assert again[-2:] == ["t06-naive-b8-w1-again", "t07-naive-b8-w2-again"], again  # 0 -> 1 was undecided too
-    assert any("within the trials' noise of the 3% a step needs: both tried again alternately, the means x1.50" in n
-               for n in result.notes)  # fmt: skip
-    # trials as steady as a quiet host's (+-0.5% each: a band of 2%): x1.0 cannot hide a gain over 3%; nothing is
-    # tried again
-    steady = NoisyFirstTrial(ci=0.005)
-    result = run(steady, pipelines=["naive"], max_workers=2, cores=2, max_batch=8)
-    assert result.stopped["naive"]["workers"].startswith("stopped at 1"), result.stopped
-    assert not any(c[1].endswith("-again") for c in steady.calls)
-
-
 def test_a_computing_loader_stops_at_the_cores_and_says_why() -> None:
     trials = FakeTrials(computing_loader, cpu=computing_cpu)
     result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)

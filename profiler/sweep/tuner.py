@@ -2,9 +2,7 @@
 pick re-run side by side with the default (docs/sweep-and-tune.md, "The search", states the rules).
 
 Invariants: the search and the stop reasons it records are a pure function of the ``trial`` callable's rows, the
-``clock`` and the arguments (the core count included); a configuration is tried at most once, but for a worker
-count whose one trial cannot tell, within the trials' noise, whether it beats the best (both are then tried once
-more); a trial starts
+``clock`` and the arguments (the core count included); a configuration is tried at most once; a trial starts
 only when it and the reserve for the final comparison fit in ``budget_s`` (the first always runs).
 """
 
@@ -13,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
@@ -211,31 +209,6 @@ class _Search:
         b_s = best.wall_s if best is not None and math.isfinite(best.wall_s) else d_s
         return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
 
-    def again(self, row: SweepRow, best: SweepRow) -> tuple[SweepRow, SweepRow]:
-        """``best`` and ``row`` each tried once more, alternately; each returned with the mean throughput of its
-        two trials (a busy host's burst falls on one trial, not on a configuration). As they were when the
-        budget does not hold the two trials."""
-        pair = (best, row)
-        if self.elapsed() + self.estimate(best.config) + self.estimate(row.config) + self.reserve(best) > self.budget_s:
-            return row, best
-        out = []
-        for first in pair:
-            second = self.trial(first.config, f"t{len(self.rows) + 1:02d}-{first.config.name}-again", "trial")
-            self.rows.append(second)
-            if not second.ok:
-                return row, best
-            mean = (first.throughput_samples_per_s + second.throughput_samples_per_s) / 2
-            out.append(replace(second, throughput_samples_per_s=mean))
-        again_best, again_row = out
-        mean_best = again_best.throughput_samples_per_s
-        self.notes.append(
-            f"{row.workers} workers read x{row.throughput_samples_per_s / best.throughput_samples_per_s:.2f} of "
-            f"{best.workers} in one trial each, within the trials' noise of the {IMPROVE:.0%} a step needs: both "
-            f"tried again alternately, the means x{again_row.throughput_samples_per_s / mean_best:.2f}"
-        )
-        self.cache[best.config], self.cache[row.config] = again_best, again_row
-        return again_row, again_best
-
     def run(self, cfg: Config, best: SweepRow | None) -> SweepRow:
         hit = self.cache.get(cfg)
         if hit is not None:
@@ -250,17 +223,6 @@ class _Search:
 
 def _better(new: SweepRow, old: SweepRow) -> bool:
     return new.ok and new.throughput_samples_per_s > old.throughput_samples_per_s * (1 + IMPROVE)
-
-
-def _undecided(row: SweepRow, best: SweepRow) -> bool:
-    """Whether one trial each cannot tell if a worker count is more than IMPROVE faster than ``best``: the
-    threshold lies within the two trials' own noise (twice the sum of their steps' 95% half-widths) of the
-    count's throughput ratio, either way. Trials without that figure (too few steps) are taken as they read."""
-    noise = 2 * (row.step_time_rel_ci + best.step_time_rel_ci)
-    if not (row.ok and best.ok and math.isfinite(noise) and best.throughput_samples_per_s > 0):
-        return False
-    ratio = row.throughput_samples_per_s / best.throughput_samples_per_s
-    return ratio / (1 + noise) < 1 + IMPROVE < ratio * (1 + noise)
 
 
 def _climb(s: _Search, pipeline: str, start_batch: int) -> SweepRow | None:
@@ -306,8 +268,6 @@ def _climb_workers(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
             )
             return best, f"stopped at {best.workers}: {'; '.join([*passed, ceiling])}"
         row = s.run(Config(best.pipeline, best.batch_size, w), best)
-        if _undecided(row, best):
-            row, best = s.again(row, best)
         if not _better(row, best):
             if w < min(cores, s.max_workers):
                 passed.append(_step(best, row, "workers"))
