@@ -119,22 +119,30 @@ def test_copy_waiting_for_queued_compute_is_not_an_input_stall(tmp_path: Path) -
     # host until the queue drains, so the host sits ~19 ms in "h2d" though the loader is instant.
     s, stream = _session(tmp_path, {"work": [0.0, 0.001, 0.0, 0.020]})
     exposed: list[float] = []  # per step: host time in h2d after the queue drained (the device idles then)
+    around: list[float] = []  # the same, timed around the phase: its own enter and exit are inside it
     host: list[float] = []  # per step: the host's whole time in h2d, the drain included
     with s:
         for _ in s.wrap(sleep_loader(16, 0.0)):
+            t_before, queued = s._now(), stream.cursor  # the queue's end: the step before's kernels
             with s.phase("h2d"):
                 t_enter, drained = s._now(), stream.cursor
                 time.sleep(max(0.0, drained - t_enter) + 0.001)  # drain the queue, then copy 1 ms
                 exposed.append(s._now() - max(t_enter, drained))
                 host.append(s._now() - t_enter)
+            around.append(s._now() - max(t_before, queued))
             with s.phase("compute"):
                 time.sleep(0.001)
     summ = s.summary()
     b = summ.breakdown_ms_per_step
-    # the truth as it ran: ~1 ms a step, more where the sleeps overshot on a loaded machine
-    copy_ms = 1e3 * sum(exposed[s.warmup :]) / len(exposed[s.warmup :])
+    # the truth as it ran: ~1 ms a step, more where the sleeps overshot on a loaded machine. The phase's own enter
+    # and exit (a clock read, the event) lie between the two truths: inside the phase the host is in the copy by
+    # stallscope's account and by the device's, so a host preempted there lengthens the exposed copy (beside busy
+    # processes, 12.2 ms measured against 8.1 timed inside the phase). Microseconds apart on a quiet host.
+    inner = 1e3 * sum(exposed[s.warmup :]) / len(exposed[s.warmup :])
+    outer = 1e3 * sum(around[s.warmup :]) / len(around[s.warmup :])
+    copy_ms = summ.stall_ms_per_step.h2d
     # host-time accounting would call this ~95% input-bound; only the exposed copy stalls the device
-    assert summ.stall_ms_per_step.h2d == pytest.approx(copy_ms, abs=0.6), (summ.stall_ms_per_step, copy_ms)
+    assert inner - 0.6 <= copy_ms <= outer + 0.6, (summ.stall_ms_per_step, inner, outer)
     assert summ.stall_fraction == pytest.approx(copy_ms / summ.step_time_ms.mean, abs=0.03)
     # host-time accounting would count the whole h2d phase, drain included: the stall is well under half of it
     # (a fixed 25% read 25.8% beside busy processes, where the copy's 1 ms sleep overshot to 6.5 ms)

@@ -32,6 +32,8 @@ from profiler.sweep.analysis import (
     explain_slowdown,
     is_stable,
     knee_of,
+    own_drop,
+    own_step_ms,
     relative_ci,
 )
 from profiler.sweep.render import render_sweep, sweep_svg
@@ -163,6 +165,28 @@ def test_analysis_skips_failed_rows_and_noise_sized_drops() -> None:
     svg = sweep_svg(result)
     assert svg.startswith("<?xml") and 'xmlns="http://www.w3.org/2000/svg"' in svg
     assert "naive, 0 workers" in svg and "naive, 2 workers" in svg
+
+
+def test_a_drop_the_training_threads_cpu_wait_explains_is_not_a_slowdown() -> None:
+    # batch 32 steps 15% slower per sample than 16, and all of the excess is the training thread waiting for a
+    # CPU inside compute (run delay): 16 at 200 ms/step with 5% of its 180 ms compute waited; 32 at 470 ms with
+    # 20% of its 450 ms compute waited -> own steps 191 and 380 ms: 83.8 vs 84.2 samples/s, no drop of its own
+    small = row(16, 16 / 0.200, compute=180.0, runq_compute_fraction=0.05)
+    large = row(32, 32 / 0.470, compute=450.0, runq_compute_fraction=0.20)
+    assert own_step_ms(small) == pytest.approx(200 - 9.0) and own_step_ms(large) == pytest.approx(470 - 90.0)
+    assert own_drop(small, large) == pytest.approx(1 - (32 / 380) / (16 / 191))
+    result = analyse_sweep([small, large], scenario="x", device="cpu", planned=2)
+    assert result.slowdowns == []
+    assert any("wait for a CPU" in n and "naive-b32-w0 vs naive-b16-w0 (15% slower; -1% on its own time)" in n
+               for n in result.notes), result.notes  # fmt: skip
+    # the same drop with the wait unchanged between the rows is the batch's: named
+    large_own = row(32, 32 / 0.470, compute=450.0, runq_compute_fraction=0.05)
+    named = analyse_sweep([small, large_own], scenario="x", device="cpu", planned=2)
+    assert [(s.batch_size, s.smaller_batch_size, s.cause) for s in named.slowdowns] == [(32, 16, "compute")]
+    # not measured (NaN): judged on the throughput alone, as before
+    plain = analyse_sweep([row(16, 80.0, compute=180.0), row(32, 68.1, compute=450.0)], scenario="x", device="cpu",
+                          planned=2)  # fmt: skip
+    assert [(s.batch_size, s.smaller_batch_size) for s in plain.slowdowns] == [(32, 16)]
 
 
 # -- real sweeps over scenarios of known cost ---------------------------------------------------------------

@@ -329,18 +329,31 @@ class Session:
             while True:
                 t0 = clock()
                 r0 = raw() if raw else None
+                # the step before ends at t0, but its row is made after next() returns: the bookkeeping (sinks,
+                # the store's queue) is not the loader's time, and on a busy host it can wait for a CPU or a lock
+                ended: list[_PhaseRec] | None = None
                 if self._step >= 0:
-                    self._end_step(t0, r0)
                     if halt is not None and (stop := halt(self._next_index)) is not None:
+                        self._end_step(t0, r0)
                         raise stop
+                    ended, self._phases = self._phases, []
                 elif t_iter is not None:
                     t0, t_iter, r0 = t_iter, None, r_iter
                 try:
                     batch = next(it)
                 except StopIteration:
+                    if ended is not None:
+                        self._end_step(t0, r0, ended)
                     return
+                except BaseException:
+                    if ended is not None:  # the loader failed: the step before still ended at t0
+                        self._end_step(t0, r0, ended)
+                    raise
                 t1 = clock()
-                self._step_raws = (r0, raw() if raw else None)
+                r1 = raw() if raw else None
+                if ended is not None:
+                    self._end_step(t0, r0, ended)
+                self._step_raws = (r0, r1)
                 self._step = self._next_index
                 self._next_index += 1
                 self._step_t0 = t0
@@ -432,8 +445,11 @@ class Session:
         full = "/".join([*stack, name]) if stack else name
         self._phases.append((full, len(stack), t_start, t_end, None, None, None, None))
 
-    def _end_step(self, t_end: float, r_end: bytes | None = None) -> None:
-        phases, self._phases = self._phases, []
+    def _end_step(self, t_end: float, r_end: bytes | None = None, phases: list[_PhaseRec] | None = None) -> None:
+        """End the open step at ``t_end`` with ``phases`` (those recorded since it began, taken out of the list
+        already; None: take them now)."""
+        if phases is None:
+            phases, self._phases = self._phases, []
         t0 = self._t0
         row = StepRow(
             step=self._step,

@@ -482,24 +482,66 @@ def _pct(x: float) -> str:
 
 
 def slowdowns_of(
-    line: Sequence[SweepRow], min_drop: float = SLOWDOWN_MIN_DROP, unresolved: list[str] | None = None
+    line: Sequence[SweepRow],
+    min_drop: float = SLOWDOWN_MIN_DROP,
+    unresolved: list[str] | None = None,
+    contended: list[str] | None = None,
 ) -> list[Slowdown]:
     """Every row of a line (sorted by batch size) more than ``min_drop`` slower than its predecessor beyond the two
     rows' step-time uncertainty together (95% CI half-widths): a drop of ``min_drop`` is what matters, and it
     must stand clear of what noise could explain. A drop that does not is not claimed, but named in
     ``unresolved``. (With the drop required only to exceed the uncertainty, batch 32 of tests/data/scenarios/knee.py,
     as fast as batch 16 by design, was named slower than 16 in 2 of 4 CI runs, on a host whose load changed
-    between the two.)"""
+    between the two.) Where both rows measured the training thread's wait for a CPU, the drop must also hold on
+    the training's own time (the step less that wait): a drop the host's load explains is named in ``contended``,
+    not blamed on the batch."""
     out = []
     for small, large in pairwise(line):
         if large.throughput_samples_per_s < small.throughput_samples_per_s * (1 - min_drop):
             drop = 1 - large.throughput_samples_per_s / small.throughput_samples_per_s
             noise = small.step_time_rel_ci + large.step_time_rel_ci  # NaN (too few steps) compares False
-            if drop > min_drop + noise:
+            own = own_drop(small, large)
+            if drop > min_drop + noise and not own <= min_drop + noise:  # NaN own (not measured): judged on drop
                 out.append(explain_slowdown(small, large))
+            elif drop > min_drop + noise and contended is not None:
+                contended.append(f"{large.name} vs {small.name} ({drop:.0%} slower; {own:.0%} on its own time)")
             elif unresolved is not None:
                 unresolved.append(f"{large.name} vs {small.name} ({drop:.0%} slower)")
     return out
+
+
+def own_step_ms(row: SweepRow) -> float:
+    """The mean step less the training thread's wait for a CPU inside its compute (schedstat run delay): the
+    step as the training would take it on cores of its own. NaN where the run did not measure that wait."""
+    compute = row.breakdown_ms_per_step.get("compute")
+    if compute is None or not math.isfinite(row.runq_compute_fraction):
+        return math.nan
+    return row.step_time_ms["mean"] - row.runq_compute_fraction * compute
+
+
+def own_drop(small: SweepRow, large: SweepRow) -> float:
+    """The larger batch's drop in samples/s against the smaller's, on their own time (:func:`own_step_ms`)."""
+    a, b = own_step_ms(small), own_step_ms(large)
+    if not (a > 0 and b > 0):
+        return math.nan
+    return 1 - (large.batch_size / b) / (small.batch_size / a)
+
+
+def _unclaimed(unresolved: list[str], contended: list[str]) -> list[str]:
+    """The notes that name drops not claimed as slowdowns, and why."""
+    notes = []
+    if unresolved:
+        notes.append(
+            "not flagged as slowdowns, the drop being within the step-time uncertainty (more --steps or --seconds "
+            "would tell): " + "; ".join(unresolved)
+        )
+    if contended:
+        notes.append(
+            "not flagged as slowdowns, the training thread's wait for a CPU (schedstat run delay in compute) "
+            "explaining the drop: the host's load changed between the runs, not the cost of the batch (run again "
+            "on a quieter host): " + "; ".join(contended)
+        )
+    return notes
 
 
 def analyse_sweep(
@@ -523,13 +565,9 @@ def analyse_sweep(
             (k for k in knees if (k.pipeline, k.workers, k.nproc) == (top.pipeline, top.workers, top.nproc)), None
         )
     unresolved: list[str] = []
-    slow = [s for line in by_line.values() for s in slowdowns_of(line, slowdown_min_drop, unresolved)]
-    notes = []
-    if unresolved:
-        notes.append(
-            "not flagged as slowdowns, the drop being within the step-time uncertainty (more --steps or --seconds "
-            "would tell): " + "; ".join(unresolved)
-        )
+    contended: list[str] = []
+    slow = [s for line in by_line.values() for s in slowdowns_of(line, slowdown_min_drop, unresolved, contended)]
+    notes = _unclaimed(unresolved, contended)
     failed = [r for r in rows if r.status == "failed"]
     if failed:
         notes.append(f"{len(failed)} of {len(rows)} configurations failed: their rows carry the error")
