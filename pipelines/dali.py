@@ -221,7 +221,11 @@ def reader_options(spec: LoaderSpec) -> dict[str, Any]:
     return {"pad_last_batch": True, "seed": spec.seed, "name": READER, **shuffle, **shard}
 
 
-def _build_pipe(dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: LoaderSpec, cuda: int | None) -> Any:
+def _build_pipe(
+    dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: LoaderSpec, cuda: int | None, *, upto: str = "augment"
+) -> Any:
+    """The graph, or its prefix up to and with ``upto`` (one of :data:`STAGES`: the reader alone, the reader and the
+    decoder, the whole graph) for :func:`time_stages`."""
     fn, types = dali.fn, dali.types
     pipe = new_pipe(dali, spec, cuda)
     with pipe:
@@ -230,14 +234,65 @@ def _build_pipe(dali: Any, source: ImageFolderSource, aug: AugmentSpec, spec: Lo
         encoded, index = fn.readers.file(
             files=list(source.files), labels=list(range(len(source.files))), **reader_options(spec)
         )
+        if upto == "fetch":
+            pipe.set_outputs(encoded, index)
+            return pipe
         images = fn.decoders.image(
             encoded,
             device="cpu" if cuda is None else "mixed",
             output_type=types.GRAY if aug.grayscale else types.RGB,
             adjust_orientation=False,
         )
-        pipe.set_outputs(_augment(dali, images, aug), index)
+        pipe.set_outputs(_augment(dali, images, aug) if upto == "augment" else images, index)
     return pipe
+
+
+STAGES = ("fetch", "decode", "augment")  # the graph's prefixes: reader; + decoder; + augmentation (the whole)
+STAGE_ROUNDS = 7  # rounds of the three prefixes in turn: a burst on a shared host falls on all three alike
+STAGE_BATCHES = 2  # batches of each prefix a round
+
+
+def time_stages(
+    dataset: Any, spec: LoaderSpec, rounds: int = STAGE_ROUNDS, batches: int = STAGE_BATCHES
+) -> dict[str, Any]:
+    """Seconds per sample of each prefix of the image-folder graph, each run alone (``pipe.run()``, no training)
+    with the spec's threads: the reader; the reader and the decoder; the whole graph, in ``rounds`` rounds of
+    ``batches`` batches each, the three in turn; the median round of each. DALI gives no per-operator times (its
+    executor statistics are memory sizes), so a stage's time is what adding it costs a sample: the difference of
+    two prefixes. MEASURED prefixes; the stages DERIVED from them."""
+    import statistics
+    import time
+
+    try:
+        source, aug = _image_folder(dataset)
+    except PipelineError:
+        return {"not_timed": f"{type(dataset).__name__} is not an image-folder data set: only that graph is timed"}
+    dali = import_dali()
+    device = pinned_device(spec.device)
+    cuda = device.index if device.type == "cuda" else None
+    pipes = {upto: _build_pipe(dali, source, aug, spec, cuda, upto=upto) for upto in STAGES}
+    spent: dict[str, list[float]] = {upto: [] for upto in STAGES}
+    try:
+        for pipe in pipes.values():
+            pipe.build()
+            for _ in range(PREFETCH_QUEUE_DEPTH):  # the queue's first batches, prepared ahead of the clock
+                pipe.run()
+        for _ in range(rounds):
+            for upto, pipe in pipes.items():
+                t0 = time.perf_counter()
+                for _ in range(batches):
+                    pipe.run()
+                spent[upto].append((time.perf_counter() - t0) / (batches * spec.batch_size))
+    finally:
+        pipes.clear()
+    return {
+        "prefix_s_per_sample": {upto: statistics.median(xs) for upto, xs in spent.items()},
+        "rounds": rounds,
+        "batches": batches,
+        "batch_size": spec.batch_size,
+        "threads": max(1, spec.workers),
+        "decoder": "cpu" if cuda is None else "mixed",
+    }
 
 
 def _dali_reason(message: str) -> str:

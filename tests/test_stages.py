@@ -4,6 +4,7 @@ The figures against a data set's own timing are in tests/test_stages_truth.py.""
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from rich.console import Console
 
 from pipelines import stages
-from profiler.analysis.stages import loader_stages
+from profiler.analysis.stages import loader_stages, prefix_stages
 from profiler.core.sources.stages import StageSource
 from profiler.render.loader import stages_table
 
@@ -84,3 +85,37 @@ def test_no_stage_readings_no_figures() -> None:
         _readings({"fetch": 0.01}, [1, 2]), None, workers=1, batch_size=math.nan, step_ms=1.0, data_wait_ms=0.0
     )
     assert nan_demand is not None and math.isnan(nan_demand.headroom) and nan_demand.bottleneck is None
+
+
+def test_dali_stages_are_the_differences_of_its_prefixes() -> None:
+    # with 2 threads, the reader 1 ms a sample, + the decoder 5 ms, the whole graph 8 ms (wall): in a thread, fetch
+    # 2 ms an item, decode 8, augment 6; the whole graph's rate (125 samples/s) is the capacity, measured; the
+    # training would take 8 / (20 - 2 ms) = 444 samples/s
+    prefixes = {
+        "prefix_s_per_sample": {"fetch": 0.001, "decode": 0.005, "augment": 0.008},
+        "rounds": 7,
+        "batches": 2,
+        "batch_size": 8,
+        "threads": 2,
+    }
+    st = prefix_stages(prefixes, batch_size=8, step_ms=20.0, data_wait_ms=2.0)
+    assert st is not None
+    got = {s.name: s.ms_per_item for s in st.stages}
+    assert got == pytest.approx({"fetch": 2.0, "decode": 8.0, "augment": 6.0})
+    assert {s.name: s.capacity_samples_per_s for s in st.stages} == pytest.approx(
+        {"fetch": 1000.0, "decode": 250.0, "augment": 1000 / 3}
+    )
+    assert st.capacity_samples_per_s == pytest.approx(125.0) and st.processes == 2
+    assert st.demand_samples_per_s == pytest.approx(8 / 0.018)
+    assert st.bottleneck == "decode" and "DALI's 2 threads" in st.headline
+    assert "no per-operator times" in st.method and "7 rounds of 2 batches of 8 each" in st.method
+    assert st.capacity_basis.startswith("measured: the whole graph")
+    buf = io.StringIO()
+    Console(file=buf, width=200, color_system=None).print(stages_table(st))
+    text = " ".join(buf.getvalue().split())  # the caption wraps at the table's width
+    assert "with DALI's 2 threads (measured: the whole graph run alone" in text and "decode <- bottleneck" in text
+    # a prefix that ran faster than the one before it (noise) costs nothing rather than a negative time
+    noisy = {**prefixes, "prefix_s_per_sample": {"fetch": 0.002, "decode": 0.0019, "augment": 0.004}}
+    st2 = prefix_stages(noisy, batch_size=8, step_ms=20.0, data_wait_ms=2.0)
+    assert st2 is not None and {s.name: s.ms_per_item for s in st2.stages}["decode"] == 0.0
+    assert prefix_stages({"not_timed": "x"}, batch_size=8, step_ms=20.0, data_wait_ms=2.0) is None

@@ -22,6 +22,17 @@ METHOD = (
     "each stage timed with perf_counter where it runs (the data set's fetch, decode and augment, the collate of "
     "each batch), summed over the loader processes; capacity = loader processes / the stages' time per item"
 )
+CAPACITY_DERIVED = (
+    "derived from the measured stage times: an upper bound, the loader's work outside the stages, moving each "
+    "batch between processes, is not in it"
+)
+DALI_METHOD = (
+    "DALI gives no per-operator times: the graph's prefixes (the reader; the reader and the decoder; the whole "
+    "graph) each run alone before training with the run's threads, in turn, {rounds} rounds of {batches} batches "
+    "of {batch} each after its prefetch queue, the median round of each (perf_counter); a stage's time per item is "
+    "what adding it cost (the difference of two "
+    "prefixes), times its threads: the time in the thread that ran it"
+)
 KEEPS_UP = 1.1  # capacity at least this multiple of the demand: the loader keeps up
 STORE_SATURATED = 0.9  # an emulated store busy this share of the time or more is the loader's limit
 _METRIC = re.compile(r"stage\.([a-z]+)\.(s|n)")
@@ -61,6 +72,8 @@ class LoaderStages:
     store_wait_ms_per_item: float | None = None
     bytes_per_item: float | None = None
     store_busy: float | None = None  # DERIVED: items read per second x bytes per item / the store's rate, 0..1
+    capacity_basis: str = CAPACITY_DERIVED  # how the capacity was had: derived, or measured (DALI's whole graph)
+    runners: str | None = None  # what runs the stages, where not loader processes ("DALI's 2 threads")
 
     @property
     def store_saturated(self) -> bool:
@@ -126,6 +139,48 @@ def loader_stages(
     )
 
 
+def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wait_ms: float) -> LoaderStages | None:
+    """DALI's stages from its prefixes run alone (``pipelines.dali.time_stages``, the run's meta
+    ``dali_stages``): each stage the difference of two prefixes' seconds per sample (never below 0), the capacity
+    the whole graph's MEASURED rate; None when a prefix is missing."""
+    raw = prefixes.get("prefix_s_per_sample")
+    per = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float))} if isinstance(raw, dict) else {}
+    order = ("fetch", "decode", "augment")
+    if not all(per.get(k, 0.0) > 0 for k in order):
+        return None
+    threads = prefixes.get("threads")
+    threads = threads if isinstance(threads, int) and threads > 0 else 1
+    # a prefix's wall time per sample with its threads working side by side; a stage's time per item is in one
+    # thread (x threads), as a worker's is in one process, so that the columns read alike for every pipeline
+    times = {k: threads * max(0.0, per[k] - (per[order[i - 1]] if i else 0.0)) for i, k in enumerate(order)}
+    total = math.fsum(times.values())
+    stages = tuple(
+        Stage(k, 1e3 * t, t / total if total > 0 else math.nan, threads / t if t > 0 else math.inf)
+        for k, t in times.items()
+    )
+    capacity = 1 / per["augment"]
+    compute_ms = step_ms - data_wait_ms
+    demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+    headroom = capacity / demand if demand > 0 else math.nan
+    slowest = max(stages, key=lambda st: st.ms_per_item)
+    method = DALI_METHOD.format(
+        rounds=prefixes.get("rounds"), batches=prefixes.get("batches"), batch=prefixes.get("batch_size")
+    )
+    return LoaderStages(
+        method,
+        stages,
+        threads,
+        capacity,
+        demand,
+        headroom,
+        slowest.name if headroom < KEEPS_UP else None,
+        _headline(slowest, capacity, demand, headroom, 0, threads=threads),
+        capacity_basis="measured: the whole graph run alone before training; the iterator's hand-over to torch "
+        "and the training beside it are not in it",
+        runners=f"DALI's {threads} thread{'s' if threads != 1 else ''}",
+    )
+
+
 def store_per_item(
     samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None
 ) -> dict[str, float]:
@@ -184,9 +239,18 @@ def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> lis
 
 
 def _headline(
-    slowest: Stage, capacity: float, demand: float, headroom: float, workers: int, *, saturated: bool = False
+    slowest: Stage,
+    capacity: float,
+    demand: float,
+    headroom: float,
+    workers: int,
+    *,
+    saturated: bool = False,
+    threads: int | None = None,
 ) -> str:
     who = f"{workers} worker{'s' if workers != 1 else ''}" if workers > 0 else "0 workers (in the training process)"
+    if threads is not None:
+        who = f"DALI's {threads} thread{'s' if threads != 1 else ''}"
     at = f"{slowest.name} ({slowest.ms_per_item:.1f} ms an item, {slowest.share:.0%} of an item's time)"
     if math.isnan(headroom):
         return f"The loader's slowest stage is {at}; it can deliver {capacity:.0f} samples/s"

@@ -48,7 +48,7 @@ from profiler.analysis.parts import (
     nvml_source,
 )
 from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, stack_estimates
-from profiler.analysis.stages import LoaderStages, loader_stages
+from profiler.analysis.stages import LoaderStages, loader_stages, prefix_stages
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, verdict_for
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
@@ -361,8 +361,22 @@ def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: f
             step_ms=timing.step_time.mean,
             data_wait_ms=timing.breakdown.data_wait,
             store_mbps=_float_or_none(meta.get("store_mbps")),
-        ),
+        )
+        or _dali_stages(meta, timing),
     }
+
+
+def _dali_stages(meta: JSON, timing: _Timing) -> LoaderStages | None:
+    """A DALI run's stages from its prefixes (``run --dali-stages``), where it timed them."""
+    prefixes = meta.get("dali_stages")
+    if not isinstance(prefixes, dict):
+        return None
+    return prefix_stages(
+        prefixes,
+        batch_size=_float_or_none(meta.get("batch_size")) or math.nan,
+        step_ms=timing.step_time.mean,
+        data_wait_ms=timing.breakdown.data_wait,
+    )
 
 
 class _LoaderFigures(TypedDict):

@@ -113,6 +113,12 @@ def _add_storage_options(r: Any) -> None:
         "paced (torch pipelines; docs/pipelines.md, 'An emulated store')",
     )
     r.add_argument(
+        "--dali-stages",
+        action="store_true",
+        help="--pipeline dali on an image-folder scenario: before training, run the graph's prefixes alone (the "
+        "reader; + the decoder; the whole graph) to time each stage (DALI gives no per-operator times)",
+    )
+    r.add_argument(
         "--page-cache",
         choices=("warm", "cold"),
         help="before the run, read the data set's files once (warm) or drop them from the page cache (cold, "
@@ -196,6 +202,7 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         augment_epochs=args.augment_epochs,
         store_mbps=args.store_mbps,
         page_cache=args.page_cache,
+        dali_stages=args.dali_stages,
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"
@@ -219,7 +226,10 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
 
 
 def _check_storage(args: argparse.Namespace, t: Training) -> None:
-    """--store-mbps / --page-cache act on a file-backed scenario's files, read by a torch pipeline."""
+    """--store-mbps / --page-cache act on a file-backed scenario's files, read by a torch pipeline; --dali-stages on
+    an image-folder scenario's DALI graph."""
+    if args.dali_stages and args.pipeline != "dali":
+        raise BadInput(f"--dali-stages times a DALI graph's stages: allowed with --pipeline dali, not {args.pipeline}")
     flag = "--store-mbps" if args.store_mbps is not None else "--page-cache" if args.page_cache else None
     if flag is None:
         return

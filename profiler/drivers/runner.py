@@ -103,6 +103,7 @@ class RunConfig:
     # the data set's reads paced as a store of this many MB/s would serve them (pipelines/store.py; torch pipelines)
     store_mbps: float | None = None
     page_cache: str | None = None  # "warm": the data set's files read once before the run; "cold": evicted
+    dali_stages: bool = False  # dali: time the graph's prefixes alone before training (pipelines.dali.time_stages)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -306,6 +307,10 @@ class _Loop:
             num_shards=shard[1],
         )
         self.built = built = self.plan.pipeline.build(dataset, spec)
+        if cfg.dali_stages and built.config.get("pipeline") == "dali":
+            from pipelines.dali import time_stages
+
+            session.annotate(dali_stages=time_stages(dataset, spec))
         augment: Any = getattr(dataset, "augment", None)
         session.annotate(
             workers=int(built.config.get("workers", cfg.workers)),

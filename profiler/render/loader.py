@@ -119,9 +119,9 @@ def rate(v: float) -> str:
 def stages_caption(st: LoaderStages) -> str:
     """Capacity against demand in words, and the method."""
     return (
-        f"{st.headline}\ncapacity {rate(st.capacity_samples_per_s)} samples/s with {st.processes} loader "
-        f"process{'es' if st.processes != 1 else ''} (derived from the measured stage times: an upper bound, the "
-        "loader's work outside the stages, moving each batch between processes, is not in it); demand "
+        f"{st.headline}\ncapacity {rate(st.capacity_samples_per_s)} samples/s with "
+        + (st.runners or f"{st.processes} loader process{'es' if st.processes != 1 else ''}")
+        + f" ({st.capacity_basis}); demand "
         f"{rate(st.demand_samples_per_s)} samples/s (the batch / the step time without the data wait)\n"
         f"source: {st.method}"
     )
