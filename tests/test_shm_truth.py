@@ -51,9 +51,12 @@ def test_the_predicted_need_matches_the_batches_the_job_held(
     assert need["batch_mb"] == pytest.approx(batch, rel=0.01)  # B items of 1 MiB (and B labels)
     # the truth: the /dev/shm files the training process and its workers mapped or held open, read from /proc
     # (this job's alone: the host-wide segment also holds whatever the other tests running beside it hold). The
-    # need is the most the loader can hold; a reading catches the loop's second batch (the step's, alive while the
-    # next arrives) only now and then: 20.06 and 24.08 MiB at batch 4 against 24 predicted, so never above it
-    assert 0.8 * need["need_mb"] <= mem["shm_job_peak_mb"] <= 1.02 * need["need_mb"], mem
+    # need is the most the loader can hold, so never above it; at least the batches that wait in the full prefetch
+    # slots (and the prefetch thread's full queue) are held at every reading, while the loop's two (the step's,
+    # alive while the next arrives) come and go between readings about a second apart: 20.06 and 24.08 MiB at
+    # batch 4 against 24 predicted on quiet and busy hosts, and 16.08 (the four slots' alone) in a CI run
+    always = (need["batches"] - 2) * need["batch_mb"]
+    assert 0.98 * always <= mem["shm_job_peak_mb"] <= 1.02 * need["need_mb"], mem
     assert mem["shm_headline"] is None  # 24-48 MiB against a segment of gigabytes
 
 
