@@ -360,6 +360,32 @@ def test_a_pick_no_faster_side_by_side_is_not_confirmed() -> None:
     assert result.to_dict()["unconfirmed"]["batch_size"] == 16
 
 
+@pytest.mark.parametrize(("ci", "confirmed"), [(0.045, False), (0.01, True), (math.nan, True)])
+def test_one_round_must_clear_the_runs_own_uncertainty(ci: float, confirmed: bool) -> None:
+    # a real script (pytorch/examples imagenet, alexnet on the CPU): one round fitted the budget, and it read x1.05
+    # from two runs whose mean step times were known to +-4.5% and +-4.8%: within their noise, not a speedup
+    class OneRound(FakeTrials):
+        def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
+            row = super().__call__(cfg, label, role)
+            if role == "trial":
+                return row
+            thr = 105.0 if role == "recommended" else 100.0
+            return dataclasses.replace(row, throughput_samples_per_s=thr, step_time_rel_ci=ci)
+
+    result = run(OneRound(lanes_model, wall_s=10.0), pipelines=["naive"], budget_s=45.0)
+    assert [r.role for r in result.final] == ["default", "recommended"]  # one round: two would not fit
+    assert (result.unconfirmed is None) is confirmed, result.notes
+    if confirmed:
+        assert result.speedup == pytest.approx(1.05) and result.recommended == Config("naive", 8, 1)
+    else:
+        assert result.recommended == result.default and result.speedup == 1.0
+        assert result.unconfirmed_speedup == pytest.approx(1.05)
+        assert any("within the two runs' own uncertainty (+-9%)" in n for n in result.notes), result.notes
+    # two rounds that agree need no such margin: the second round is the check
+    two = run(OneRound(lanes_model, wall_s=10.0), pipelines=["naive"])
+    assert two.unconfirmed is None and two.speedup == pytest.approx(1.05)
+
+
 @pytest.mark.parametrize(
     ("recommended", "rounds", "confirmed"),
     [

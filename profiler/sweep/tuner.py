@@ -477,16 +477,33 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
     rec_m, def_m = _median(result.final, "recommended"), _median(result.final, "default")
     if math.isfinite(rec_m) and math.isfinite(def_m) and def_m > 0:
         result.speedup = rec_m / def_m
-        if result.speedup <= 1.0:
+        # one round (the budget allowed no second) has no other round to agree with: its gain must clear the two
+        # runs' own uncertainty (a real script's x1.05 from one pair of runs known to +-4.5% and +-4.8% each)
+        noise = _final_noise(result.final) if i < FINAL_ROUNDS else math.nan
+        if result.speedup <= 1.0 or result.speedup <= 1.0 + noise:
             # the search's pick won on one short trial each; side by side it was no faster: that was noise
+            why = (
+                "not confirmed, the default is kept"
+                if result.speedup <= 1.0
+                else f"within the two runs' own uncertainty (+-{noise:.0%}) in the one round the budget allowed: "
+                "not confirmed, the default is kept (a larger --budget-s runs more rounds)"
+            )
             s.notes.append(
                 f"re-run side by side, {rec.name} made x{result.speedup:.2f} of the default's "
-                f"throughput (median of {rounds} rounds): not confirmed, the default is kept"
+                f"throughput (median of {i} round{'s' if i != 1 else ''}): {why}"
             )
             result.unconfirmed, result.unconfirmed_speedup = rec, result.speedup
             result.recommended, result.speedup = result.default, 1.0
     else:
         s.notes.append("the final comparison did not complete for both configurations: no measured speedup")
+
+
+def _final_noise(final: Sequence[SweepRow]) -> float:
+    """The final runs' relative uncertainty together: each role's widest step-time CI (95%, relative), summed;
+    NaN where a run did not measure it."""
+    widest = [max((r.step_time_rel_ci for r in final if r.role == role and r.ok), default=math.nan)
+              for role in ("recommended", "default")]  # fmt: skip
+    return math.fsum(widest)
 
 
 def _rounds_split(final: Sequence[SweepRow]) -> bool:
