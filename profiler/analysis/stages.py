@@ -163,6 +163,7 @@ def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wai
     demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
     headroom = capacity / demand if demand > 0 else math.nan
     slowest = max(stages, key=lambda st: st.ms_per_item)
+    runners = f"DALI's {threads} thread{'s' if threads != 1 else ''}"
     method = DALI_METHOD.format(
         rounds=prefixes.get("rounds"), batches=prefixes.get("batches"), batch=prefixes.get("batch_size")
     )
@@ -174,10 +175,10 @@ def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wai
         demand,
         headroom,
         slowest.name if headroom < KEEPS_UP else None,
-        _headline(slowest, capacity, demand, headroom, 0, threads=threads),
+        _headline(slowest, capacity, demand, headroom, 0, runners=runners),
         capacity_basis="measured: the whole graph run alone before training; the iterator's hand-over to torch "
         "and the training beside it are not in it",
-        runners=f"DALI's {threads} thread{'s' if threads != 1 else ''}",
+        runners=runners,
     )
 
 
@@ -246,11 +247,11 @@ def _headline(
     workers: int,
     *,
     saturated: bool = False,
-    threads: int | None = None,
+    runners: str | None = None,
 ) -> str:
-    who = f"{workers} worker{'s' if workers != 1 else ''}" if workers > 0 else "0 workers (in the training process)"
-    if threads is not None:
-        who = f"DALI's {threads} thread{'s' if threads != 1 else ''}"
+    who = runners or (
+        f"{workers} worker{'s' if workers != 1 else ''}" if workers > 0 else "0 workers (in the training process)"
+    )
     at = f"{slowest.name} ({slowest.ms_per_item:.1f} ms an item, {slowest.share:.0%} of an item's time)"
     if math.isnan(headroom):
         return f"The loader's slowest stage is {at}; it can deliver {capacity:.0f} samples/s"
