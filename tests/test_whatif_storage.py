@@ -95,7 +95,10 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize(("flag", "label"), [(["--cached"], "cached"), (["--storage-mbps", "8"], "store 8 MB/s")])
 def test_whatif_storage_is_within_15_percent_of_its_check_run(measured: Path, flag: list[str], label: str) -> None:
-    res = stallscope("whatif", str(measured), "--device", "sim:a100", *flag, "--check", "--json")
+    # each configuration checked three times, the median its measured figure: a check run measures 36 steps (0.7 s
+    # cached), and beside two busy processes and three other tests one such run read 17-25% off a prediction that
+    # two busy processes alone left within 1% (cached 182.2 predicted, 182.4 measured; 80.0 and 80.0 on the store)
+    res = stallscope("whatif", str(measured), "--device", "sim:a100", *flag, "--check", "--repeat", "3", "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     d = json.loads(res.stdout)
     (row,) = d["predictions"]

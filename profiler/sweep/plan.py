@@ -104,6 +104,7 @@ def tune_plan(
         f"({cores} core{'' if cores == 1 else 's'} here){knobs}",
         f"  3. batch size: {batches}",
         f"  4. the pick and the setting to beat re-run alternately, {FINAL_ROUNDS} rounds each "
-        f"({FINAL_MAX_ROUNDS} when they split): the speedup is the ratio of their median throughputs",
+        f"(up to {FINAL_MAX_ROUNDS} while they split or vary more than they differ): the speedup is the ratio of "
+        "their median throughputs",
         f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit",
     ]

@@ -21,10 +21,13 @@ from profiler.sweep.analysis import Config, SweepRow, row_from_dict
 
 IMPROVE = 0.03
 FINAL_ROUNDS = 2
-# a third round when the two split (the pick faster than the default beside it in one, slower in the other) and
-# the budget allows: two short trials each decide nothing on a busy host (a pick 1.25x in the search read 147 and
-# 110 against the default's 131 and 139: x0.95, while the same pair re-run a minute later read 1.7x)
-FINAL_MAX_ROUNDS = 3
+# more rounds, while the budget allows, when the rounds are not settled: they split (the pick faster than the
+# default beside it in one, slower in another), or a configuration's own throughput varied from round to round
+# by more than the two differ. Two short trials each decide nothing on a busy host: a pick 1.25x in the search
+# read 147 and 110 against the default's 131 and 139 (x0.95, while the same pair re-run a minute later read
+# 1.7x); two computing workers read 141 and 38 samples/s in two rounds beside the default's 95 and 81, and the
+# default was kept where alternating runs put the pick at x1.37
+FINAL_MAX_ROUNDS = 5
 DEFAULT_PIPELINE = "naive"
 # tune's default --max-workers: a hard cap on the climb past the cores (each worker is a process holding a
 # copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
@@ -98,8 +101,8 @@ class TuneResult:
                 "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores (every count tried), then "
                 "further only while each step helps and the next count stays under cores / (the workers' CPU busy "
                 f"fraction), at most {self.max_workers}",
-                "final": f"recommended and default re-run alternately, {FINAL_ROUNDS} rounds each ({FINAL_MAX_ROUNDS} "
-                "when they split); "
+                "final": f"recommended and default re-run alternately, {FINAL_ROUNDS} rounds each (up to "
+                f"{FINAL_MAX_ROUNDS} while they split or vary more than they differ); "
                 "speedup = ratio of median throughputs",
             },
             "notes": list(self.notes),
@@ -464,7 +467,7 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
         s.notes.append(f"the final comparison ({per_round:.0f} s a round) runs past the {s.budget_s:g} s budget")
     i = 0
     while i < rounds or (
-        i < FINAL_MAX_ROUNDS and _rounds_split(result.final) and s.elapsed() + per_round <= s.budget_s
+        i < FINAL_MAX_ROUNDS and _unsettled(result.final) is not None and s.elapsed() + per_round <= s.budget_s
     ):
         order = [("default", result.default), ("recommended", rec)]
         if i % 2:
@@ -473,7 +476,7 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
             result.final.append(s.trial(cfg, f"final{i + 1}-{role}-{cfg.name}", role))
         i += 1
     if i > rounds:
-        s.notes.append(f"the final comparison's rounds split (the pick faster in one, slower in another): {i} rounds")
+        s.notes.append(f"the final comparison's rounds {_unsettled(result.final[: 2 * rounds])}: {i} rounds")
     rec_m, def_m = _median(result.final, "recommended"), _median(result.final, "default")
     if math.isfinite(rec_m) and math.isfinite(def_m) and def_m > 0:
         result.speedup = rec_m / def_m
@@ -506,12 +509,32 @@ def _final_noise(final: Sequence[SweepRow]) -> float:
     return math.fsum(widest)
 
 
-def _rounds_split(final: Sequence[SweepRow]) -> bool:
-    """Whether as many rounds of the final comparison had the pick faster than the default beside it as slower."""
+def _unsettled(final: Sequence[SweepRow]) -> str | None:
+    """Why the final comparison's rounds so far do not settle it, or None: they split (as many rounds had the pick
+    faster than the default beside it as slower), or one configuration's throughput varied across the rounds
+    (:func:`_spread`) by more than the ratio of the medians differs from 1."""
     rec = [r.throughput_samples_per_s for r in final if r.role == "recommended" and r.ok]
     dflt = [r.throughput_samples_per_s for r in final if r.role == "default" and r.ok]
     faster = [a > b for a, b in zip(rec, dflt, strict=False)]
-    return bool(faster) and 2 * sum(faster) == len(faster)
+    if not faster:
+        return None
+    if 2 * sum(faster) == len(faster):
+        return "split (the pick faster in one, slower in another)"
+    rec_m, def_m = quantile(rec, 0.5), quantile(dflt, 0.5)
+    if not (rec_m > 0 and def_m > 0):
+        return None
+    spread = max(_spread(rec, rec_m), _spread(dflt, def_m))
+    gap = abs(rec_m / def_m - 1)
+    if spread > gap:
+        return f"varied by {spread:.0%} from round to round, more than the two differ ({gap:.0%})"
+    return None
+
+
+def _spread(xs: Sequence[float], median: float) -> float:
+    """(max - min) / median of ``xs``, less the one farthest from the median once there are three or more: one
+    disturbed trial is what the median already outvotes, and it must not hold the rounds open to the last."""
+    kept = sorted(xs, key=lambda x: abs(x - median))[: len(xs) - 1] if len(xs) >= 3 else list(xs)
+    return (max(kept) - min(kept)) / median
 
 
 def _fastest(rows: Sequence[SweepRow]) -> Config:
