@@ -165,6 +165,7 @@ class Session:
         self._step_t0 = 0.0
         self._step_wait = 0.0
         self._step_samples: int | None = None
+        self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
         self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
         self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
         # the training thread's schedstat reader (opened by the first wrap()), and raws at step start / data
@@ -201,6 +202,11 @@ class Session:
     def error(self) -> str | None:
         """For a failed or interrupted run: what stopped it, and where."""
         return self._error
+
+    @property
+    def waiting_since(self) -> float | None:
+        """When (a :attr:`clock` reading) the ``next()`` that :meth:`wrap` is in now began; None outside one."""
+        return self._waiting_since
 
     @property
     def t0(self) -> float:
@@ -327,7 +333,7 @@ class Session:
         it = iter(iterable)
         try:
             while True:
-                t0 = clock()
+                t0 = self._waiting_since = clock()
                 r0 = raw() if raw else None
                 # the step before ends at t0, but its row is made after next() returns: the bookkeeping (sinks,
                 # the store's queue) is not the loader's time, and on a busy host it can wait for a CPU or a lock
@@ -349,7 +355,7 @@ class Session:
                     if ended is not None:  # the loader failed: the step before still ended at t0
                         self._end_step(t0, r0, ended)
                     raise
-                t1 = clock()
+                t1, self._waiting_since = clock(), None
                 r1 = raw() if raw else None
                 if ended is not None:
                     self._end_step(t0, r0, ended)
@@ -361,6 +367,7 @@ class Session:
                 self._step_samples = count(batch)
                 yield batch
         finally:
+            self._waiting_since = None
             # the loop broke out or raised: the step in flight ends now
             if self._step >= 0 and self._status is None:
                 self._end_step(clock(), raw() if raw else None)

@@ -32,6 +32,7 @@ from profiler.core.sources.base import Source
 from profiler.core.sources.memory import SHM
 from profiler.core.sources.stages import StageSource
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
+from profiler.drivers.shmwatch import ShmWatch, segment_mb
 from profiler.live.feeds import Monitor, SessionFeed
 from profiler.sim.cost import CostModelError
 from scenarios import DataOptions, Scenario
@@ -279,6 +280,7 @@ class _Loop:
         self.shm_free_mb = self.shm_size_mb = math.nan  # /dev/shm at set-up, before the workers started
         self.sync: SyncTimer | None = None  # a rank under DDP: times the all-reduce wait after backward
         self.done = 0  # steps finished (warm-up included): the index of the step in flight
+        self.item_batch_mb: float | None = None  # one item's MiB x the batch, while no batch has come
 
     def set_up(self) -> None:
         """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
@@ -369,6 +371,10 @@ class _Loop:
         here), unless the error is the user's data (a bad sample: ``_bad_input``)."""
         assert self.built is not None
         total, epoch, done = self.plan.total, 0, 0
+        watch = None
+        if int(self.built.config.get("worker_processes", self.built.config.get("workers", 0))) > 0:
+            session = self.session
+            watch = ShmWatch(lambda: session.waiting_since, session.clock, self._watched_batch_mb).start()
         try:
             while done < total:
                 if hasattr(self.dataset, "set_epoch"):
@@ -383,12 +389,28 @@ class _Loop:
         except Exception as exc:
             explain = self.built.worker_failure
             failure = explain(exc) if explain is not None else None
-            if failure is None or _bad_input(exc) is not None:  # bad data stays the user's (exit 2)
+            stuck = watch.finding if watch is not None else None
+            if stuck is None and (failure is None or _bad_input(exc) is not None):  # bad data: the user's (exit 2)
                 raise
             step, kept = self.done, f"steps 0-{self.done - 1} are kept" if self.done else "no step had finished"
-            if shm_exhausted(failure) or shm_exhausted(str(exc)):
+            if stuck is not None:  # the watch stopped the workers: its finding, not their deaths, is the cause
+                failure = f"{stuck}; {self._shm_words()}"
+            elif failure is not None and (shm_exhausted(failure) or shm_exhausted(str(exc))):
                 failure += f"; {self._shm_words()}"
             raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _watched_batch_mb(self) -> float | None:
+        """A batch's MiB for the shared-memory watch: the first batch's; before it came, one item's x the batch,
+        read only when the segment is half used (one item more through the dataset: never on a roomy segment)."""
+        if self.batch_bytes is not None:
+            return self.batch_bytes / 2**20
+        if self.item_batch_mb is None and (seg := segment_mb()) is not None and seg[0] < seg[1] / 2:
+            with contextlib.suppress(Exception):
+                self.item_batch_mb = tensor_bytes(self.dataset[0]) * self.plan.batch_size / 2**20
+        return self.item_batch_mb
 
     def _shm_need(self, batch_bytes: int | None) -> ShmNeed | None:
         """The loader's predicted /dev/shm need (profiler.analysis.memory.shm_need) at ``batch_bytes`` a batch."""
