@@ -36,21 +36,14 @@ $(CHROMIUM):
 		|| echo "chromium could not be installed: tests/test_html_chromium.py will be skipped"; \
 	else echo "no chromium (needs root and apt-get): tests/test_html_chromium.py will be skipped"; fi
 
-# The suite in tiers (docs/testing.md), each three tests at a time (pytest-xdist; each doc's commands stay together
-# on one worker): at four, three fresh-clone CI runs in a row were red on timing checks. `make test` runs the
-# timing tier at normal priority and, beside it at nice 10, all the rest (docs, fast, slow: nothing there compares
-# a clock with a truth), so that the rest takes the CPU the timing tests leave idle (the suite used a third of the
-# two cores) and never competes with them as an equal. Its output follows the timing tier's; both must pass.
-# PYTEST_ARGS adds flags to both (e.g. -k store).
+# The suite in tiers (docs/testing.md); `make test` runs all of them, three tests at a time (pytest-xdist; each
+# doc's commands stay together on one worker): at four, three fresh-clone CI runs in a row were red on timing
+# checks. PYTEST_ARGS adds flags (e.g. --junitxml=FILE).
 XDIST := -n 3 --dist loadgroup
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-REST_LOG := .pytest-rest.log
 
 test: $(STAMP) $(CHROMIUM)
-	@nice -n 10 $(PYTEST) $(XDIST) -m "not timing" --durations=10 > $(REST_LOG) 2>&1 & rest=$$!; status=0; \
-	echo "the timing tier (the rest runs beside it at nice 10: its output follows)"; \
-	$(PYTEST) $(XDIST) -m timing --durations=15 || status=$$?; \
-	wait $$rest || status=1; echo "the rest (not timing):"; cat $(REST_LOG); exit $$status
+	$(PYTEST) $(XDIST) --durations=25
 
 test-fast: $(STAMP)
 	$(PYTEST) $(XDIST) -m "not timing and not docs and not slow and not gpu"

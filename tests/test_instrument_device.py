@@ -118,8 +118,12 @@ def test_the_stall_is_the_time_the_device_idled_for_input(tmp_path: Path, sync: 
     assert abs(stall_ms - truth_stall) <= BOUND_MS, (stall_ms, truth_stall)
     assert abs(compute_ms - truth_compute) <= BOUND_MS, (compute_ms, truth_compute)
     if sync == "overlap" and item_ms == "5":
-        # the host waited ~20 ms a step for data, all of it under the device's queued work: no stall
-        assert summary["breakdown_ms_per_step"]["data_wait"] > 15 and stall_ms < 1.0
+        # the host waited ~20 ms a step for data, under the device's queued work: host-time accounting would call
+        # the step mostly data wait, the device idled little of it. Little, not none: on a busy host the loop fell
+        # behind the device's 30 ms now and then (a fresh-clone CI run: 26.7 ms of wait a step, the device idle
+        # 2.54 ms of it by the truth, 2.53 measured), so the premise is the truth's share, and the figure the truth
+        wait = summary["breakdown_ms_per_step"]["data_wait"]
+        assert wait > 15 and truth_stall < 0.2 * wait and stall_ms < 0.2 * wait, (wait, truth_stall, stall_ms)
 
 
 @pytest.mark.gpu
