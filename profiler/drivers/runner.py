@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -280,16 +279,15 @@ class _Loop:
         self.shm_free_mb = self.shm_size_mb = math.nan  # /dev/shm at set-up, before the workers started
         self.sync: SyncTimer | None = None  # a rank under DDP: times the all-reduce wait after backward
         self.done = 0  # steps finished (warm-up included): the index of the step in flight
-        self.item_batch_mb: float | None = None  # one item's MiB x the batch, while no batch has come
+        self.item_batch_bytes: int | None = None  # one item's bytes x the batch, read once when needed
 
     def set_up(self) -> None:
         """Dataset, loader and model; py-spy on the loader workers when asked for and there are any."""
         import torch
 
         session, scenario, cfg = self.session, self.scenario, self.cfg
-        with contextlib.suppress(OSError):  # the segment before the loader's workers put batches in it
-            seg = shutil.disk_usage(SHM)
-            self.shm_free_mb, self.shm_size_mb = seg.free / 2**20, seg.total / 2**20
+        if (seg := segment_mb()) is not None:  # the segment before the loader's workers put batches in it
+            self.shm_free_mb, self.shm_size_mb = seg
         self.dataset = dataset = scenario.build_dataset(self.plan.data)
         if cfg.augment_epochs is not None:
             if not hasattr(dataset, "augment_epochs"):
@@ -332,8 +330,7 @@ class _Loop:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
         # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
         rec = session.recording
-        processes = int(built.config.get("worker_processes", built.config.get("workers", 0)))
-        if cfg.attribution and isinstance(rec, Recording) and processes > 0:
+        if cfg.attribution and isinstance(rec, Recording) and self.worker_processes > 0:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )
@@ -372,7 +369,7 @@ class _Loop:
         assert self.built is not None
         total, epoch, done = self.plan.total, 0, 0
         watch = None
-        if int(self.built.config.get("worker_processes", self.built.config.get("workers", 0))) > 0:
+        if self.worker_processes > 0:
             session = self.session
             watch = ShmWatch(lambda: session.waiting_since, session.clock, self._watched_batch_mb).start()
         try:
@@ -402,15 +399,29 @@ class _Loop:
             if watch is not None:
                 watch.close()
 
+    @property
+    def worker_processes(self) -> int:
+        """The loader's worker processes (DALI's workers are threads: 0)."""
+        assert self.built is not None
+        return int(self.built.config.get("worker_processes", self.built.config.get("workers", 0)))
+
+    def _item_batch_bytes(self) -> int | None:
+        """One item's bytes x the batch size: a batch's size before the first batch came (read once; None where the
+        item cannot be read)."""
+        if self.item_batch_bytes is None:
+            with contextlib.suppress(Exception):
+                self.item_batch_bytes = tensor_bytes(self.dataset[0]) * self.plan.batch_size
+        return self.item_batch_bytes
+
     def _watched_batch_mb(self) -> float | None:
         """A batch's MiB for the shared-memory watch: the first batch's; before it came, one item's x the batch,
-        read only when the segment is half used (one item more through the dataset: never on a roomy segment)."""
+        read only once the segment is half used (one item more through the dataset: never on a roomy segment)."""
         if self.batch_bytes is not None:
             return self.batch_bytes / 2**20
-        if self.item_batch_mb is None and (seg := segment_mb()) is not None and seg[0] < seg[1] / 2:
-            with contextlib.suppress(Exception):
-                self.item_batch_mb = tensor_bytes(self.dataset[0]) * self.plan.batch_size / 2**20
-        return self.item_batch_mb
+        if self.item_batch_bytes is None and not ((seg := segment_mb()) is not None and seg[0] < seg[1] / 2):
+            return None
+        nbytes = self._item_batch_bytes()
+        return None if nbytes is None else nbytes / 2**20
 
     def _shm_need(self, batch_bytes: int | None) -> ShmNeed | None:
         """The loader's predicted /dev/shm need (profiler.analysis.memory.shm_need) at ``batch_bytes`` a batch."""
@@ -430,14 +441,10 @@ class _Loop:
         segment has, and the fix."""
         batch_bytes, sized = self.batch_bytes, "a batch"
         if batch_bytes is None:  # it failed before the first batch arrived: one item's bytes x the batch size
-            with contextlib.suppress(Exception):
-                batch_bytes, sized = tensor_bytes(self.dataset[0]) * self.plan.batch_size, "one item x the batch size"
+            batch_bytes, sized = self._item_batch_bytes(), "one item x the batch size"
         need = self._shm_need(batch_bytes)
-        try:
-            seg = shutil.disk_usage(SHM)
-            has = f"it has {seg.total / 2**20:.0f} MiB ({seg.free / 2**20:.0f} free now)"
-        except OSError:
-            has = "its size could not be read"
+        seg = segment_mb()
+        has = f"it has {seg[1]:.0f} MiB ({seg[0]:.0f} free now)" if seg is not None else "its size could not be read"
         needs = (
             f"the loader needs about {need.need_mb:.0f} MiB (predicted: {need.batches} batches of "
             f"{need.batch_mb:.1f} MiB ({sized}), {need.rule})"
