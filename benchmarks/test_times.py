@@ -2,12 +2,17 @@
 
 Run: ``.venv/bin/python benchmarks/test_times.py AFTER.xml [--before BEFORE.xml]``. Prints a Markdown table, one
 row per test file (its tier, tests, and the seconds summed over its tests), slowest first, and the totals.
+``--cpu DIR`` adds each file's CPU seconds, from a run with ``STALLSCOPE_TEST_CPU=DIR`` (tests/conftest.py: what the
+test's pytest process, its warm server and every process under them used while it ran).
+``--write-durations`` also writes tests/durations.json: the seconds of every test that took at least a second,
+which the suite's scheduler reads to start the longest work units first (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -35,6 +40,30 @@ def per_file(junit: Path) -> tuple[dict[str, float], dict[str, int]]:
     return seconds, count
 
 
+def per_test(junit: Path, floor: float = 1.0) -> dict[str, float]:
+    """{pytest node id: seconds} of the tests that took at least ``floor`` seconds."""
+    out: dict[str, float] = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        seconds = float(case.get("time", 0.0))
+        parts = case.get("classname", "").split(".")
+        i = next((k for k, p in enumerate(parts) if p.startswith("test_")), None)
+        if seconds < floor or i is None:
+            continue
+        node = "/".join(parts[: i + 1]) + ".py::" + "::".join([*parts[i + 1 :], case.get("name", "")])
+        out[node] = max(out.get(node, 0.0), round(seconds, 1))
+    return out
+
+
+def cpu_per_file(folder: Path) -> dict[str, float]:
+    """{test file: CPU seconds} from the per-worker JSON lines a ``STALLSCOPE_TEST_CPU`` run wrote."""
+    out: dict[str, float] = defaultdict(float)
+    for f in sorted(folder.glob("*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            out[rec["test"].split("::", 1)[0].rsplit("/", 1)[-1]] += float(rec["cpu_s"])
+    return out
+
+
 def tier(module: str, timing: set[str]) -> str:
     if module == "test_docs_examples.py":
         return "docs"
@@ -45,11 +74,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("after", type=Path)
     parser.add_argument("--before", type=Path)
+    parser.add_argument("--cpu", type=Path, help="a STALLSCOPE_TEST_CPU folder: each file's CPU seconds too")
+    parser.add_argument("--write-durations", action="store_true", help="write tests/durations.json from AFTER")
     args = parser.parse_args()
+    if args.write_durations:
+        found = per_test(args.after)
+        (ROOT / "tests" / "durations.json").write_text(json.dumps(dict(sorted(found.items())), indent=0) + "\n")
     after, count = per_file(args.after)
     before = per_file(args.before)[0] if args.before else {}
     timing = timing_files()
-    head = "| file | tier | tests | before (s) | after (s) |" if before else "| file | tier | tests | seconds |"
+    cpu = cpu_per_file(args.cpu) if args.cpu else {}
+    head = "| file | tier | tests |" + (" before (s) | after (s) |" if before else " seconds |")
+    head += " CPU (s) |" if cpu else ""
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for module in sorted(after, key=lambda m: -after[m]):
@@ -57,11 +93,15 @@ def main() -> int:
         if before:
             cells.append(f"{before.get(module, 0.0):.1f}")
         cells.append(f"{after[module]:.1f}")
+        if cpu:
+            cells.append(f"{cpu.get(module, 0.0):.1f}")
         print("| " + " | ".join(cells) + " |")
     totals = ["**total**", "", str(sum(count.values()))]
     if before:
         totals.append(f"{sum(before.values()):.0f}")
     totals.append(f"{sum(after.values()):.0f}")
+    if cpu:
+        totals.append(f"{sum(cpu.values()):.0f}")
     print("| " + " | ".join(totals) + " |")
     return 0
 

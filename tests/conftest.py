@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import warm
@@ -242,18 +244,102 @@ def work_unit(nodeid: str) -> str:
     return path if shares_a_fixture(path) else nodeid
 
 
+# The suite's slowest tests, seconds each, as a fresh-clone CI run measured them (benchmarks/test_times.py
+# --write-durations): the scheduler hands out the longest work units first, so that none of them starts last and
+# holds the run open alone (a 170 s test collected near the end did; a test not listed counts DEFAULT_S).
+DURATIONS = ROOT / "tests" / "durations.json"
+DEFAULT_S = 1.0
+
+
+@functools.cache
+def durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text(encoding="utf-8")).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def expected_seconds(nodeids: list[str]) -> float:
+    known = durations()
+    return sum(known.get(n, DEFAULT_S) for n in nodeids)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class DocsTogether(LoadScopeScheduling):
-        """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""
+        """Each doc's commands are one work unit; every other test is a unit of its own (or its file's, where the
+        file shares a fixture); the units longest first (``expected_seconds``)."""
+
+        ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the first call: the queue is whole
+                units = sorted(self.workqueue.items(), key=lambda u: -expected_seconds(list(u[1])))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
     return DocsTogether(config, log)  # type: ignore[arg-type]
+
+
+# STALLSCOPE_TEST_CPU=DIR: each test's CPU seconds, written to DIR/<worker>.jsonl (benchmarks/test_times.py --cpu DIR
+# sums them per file). A test's CPU is what this pytest process and its warm server (tests/warm.py) and every process
+# under either used while it ran, the children they reaped included: on the 2-core machine the suite is CPU-bound
+# (both cores busy most of a run), so its wall clock follows its CPU, and this says where that goes.
+def _warm_server() -> Any:
+    """This pytest process's warm server (tests/warm.py), or None: of the processes whose command line names its
+    socket (the server and the commands it forked), the one whose parent does not."""
+    import psutil
+
+    path = warm._SERVER.get("path")
+    if not path:
+        return None
+    named = {p.pid: p for p in psutil.process_iter(["cmdline"]) if path in (p.info["cmdline"] or [])}
+    return next((p for p in named.values() if p.ppid() not in named), None)
+
+
+def tree_cpu_seconds() -> float:
+    import psutil
+
+    roots = [psutil.Process()]
+    server = _warm_server()
+    if server is not None:
+        roots.append(server)
+    total = 0.0
+    for root in roots:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    out = os.environ.get("STALLSCOPE_TEST_CPU")
+    if not out:
+        yield
+        return
+    t0, c0 = time.monotonic(), tree_cpu_seconds()
+    yield
+    cpu, wall = tree_cpu_seconds() - c0, time.monotonic() - t0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with open(Path(out) / f"{worker}.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}) + "\n")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ def test_estimate_is_within_5pp_of_the_scripts_own_figure(tmp_path: Path) -> Non
     truth_file = tmp_path / "truth.json"
     res = stallscope(
         "run", "--json", "--no-live", "--no-instrument", "--pyspy-rate", "100", "--out", str(tmp_path / "run"),
-        "--", sys.executable, EXAMPLE, "--steps", "120", "--workers", "0", "--read-ms", "0", "--truth", str(truth_file),
+        "--", sys.executable, EXAMPLE, "--steps", "200", "--batch-size", "8", "--image-size", "160", "--workers", "0", "--read-ms", "0", "--truth", str(truth_file),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)  # stdout holds only the summary ...

@@ -2,7 +2,7 @@
 device runs the queue in order, and a sync waits for it. No stallscope code: tests/test_instrument_device.py
 runs it under ``stallscope run --`` and checks the start-up module's device (CUDA event) figures against the
 device's own record of when it worked (``--truth FILE``: its busy intervals, when each batch arrived and when each step
-ended, on ``time.perf_counter``).
+ended, and, modelled, when it reached each event recorded on it, on ``time.perf_counter``).
 
 Without ``--real`` the device is a model (:class:`ModelDevice`, installed as ``torch.cuda`` so that the start-up
 module's events go to it): work queued runs for exactly ``--gpu-ms``; an event is reached once the work queued
@@ -152,11 +152,12 @@ def main() -> None:
         ref.synchronize()
         t0 = time.perf_counter()
         busy = [(t0 + ref.elapsed_time(a) / 1e3, t0 + ref.elapsed_time(b) / 1e3) for a, b in device.spans]
+        reached: list[float] = []  # the start-up module's events are CUDA's own here
     else:
         assert isinstance(device, ModelDevice)
-        busy = device.busy
+        busy, reached = device.busy, device.reached
     with open(args.truth, "w", encoding="utf-8") as fh:
-        json.dump({"busy": busy, "arrived": arrived, "ended": ended}, fh)
+        json.dump({"busy": busy, "arrived": arrived, "ended": ended, "reached": reached}, fh)
 
 
 if __name__ == "__main__":
