@@ -4,8 +4,6 @@ Run: ``.venv/bin/python benchmarks/test_times.py AFTER.xml [--before BEFORE.xml]
 row per test file (its tier, tests, and the seconds summed over its tests), slowest first, and the totals.
 ``--cpu DIR`` adds each file's CPU seconds, from a run with ``STALLSCOPE_TEST_CPU=DIR`` (tests/conftest.py: what the
 test's pytest process, its warm server and every process under them used while it ran).
-``--write-durations`` also writes tests/durations.json: the seconds of every test that took at least a second,
-which the suite's scheduler reads to start the longest work units first (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -40,20 +38,6 @@ def per_file(junit: Path) -> tuple[dict[str, float], dict[str, int]]:
     return seconds, count
 
 
-def per_test(junit: Path, floor: float = 1.0) -> dict[str, float]:
-    """{pytest node id: seconds} of the tests that took at least ``floor`` seconds."""
-    out: dict[str, float] = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        seconds = float(case.get("time", 0.0))
-        parts = case.get("classname", "").split(".")
-        i = next((k for k, p in enumerate(parts) if p.startswith("test_")), None)
-        if seconds < floor or i is None:
-            continue
-        node = "/".join(parts[: i + 1]) + ".py::" + "::".join([*parts[i + 1 :], case.get("name", "")])
-        out[node] = max(out.get(node, 0.0), round(seconds, 1))
-    return out
-
-
 def cpu_per_file(folder: Path) -> dict[str, float]:
     """{test file: CPU seconds} from the per-worker JSON lines a ``STALLSCOPE_TEST_CPU`` run wrote."""
     out: dict[str, float] = defaultdict(float)
@@ -75,11 +59,7 @@ def main() -> int:
     parser.add_argument("after", type=Path)
     parser.add_argument("--before", type=Path)
     parser.add_argument("--cpu", type=Path, help="a STALLSCOPE_TEST_CPU folder: each file's CPU seconds too")
-    parser.add_argument("--write-durations", action="store_true", help="write tests/durations.json from AFTER")
     args = parser.parse_args()
-    if args.write_durations:
-        found = per_test(args.after)
-        (ROOT / "tests" / "durations.json").write_text(json.dumps(dict(sorted(found.items())), indent=0) + "\n")
     after, count = per_file(args.after)
     before = per_file(args.before)[0] if args.before else {}
     timing = timing_files()

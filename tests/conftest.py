@@ -244,47 +244,16 @@ def work_unit(nodeid: str) -> str:
     return path if shares_a_fixture(path) else nodeid
 
 
-# The suite's slowest tests, seconds each, as a fresh-clone CI run measured them (benchmarks/test_times.py
-# --write-durations): the scheduler hands out the longest work units first, so that none of them starts last and
-# holds the run open alone (a 170 s test collected near the end did; a test not listed counts DEFAULT_S).
-DURATIONS = ROOT / "tests" / "durations.json"
-DEFAULT_S = 1.0
-
-
-@functools.cache
-def durations() -> dict[str, float]:
-    try:
-        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text(encoding="utf-8")).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def expected_seconds(nodeids: list[str]) -> float:
-    known = durations()
-    return sum(known.get(n, DEFAULT_S) for n in nodeids)
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class DocsTogether(LoadScopeScheduling):
-        """Each doc's commands are one work unit; every other test is a unit of its own (or its file's, where the
-        file shares a fixture); the units longest first (``expected_seconds``)."""
-
-        ordered = False
+        """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            if not self.ordered:  # the first call: the queue is whole
-                units = sorted(self.workqueue.items(), key=lambda u: -expected_seconds(list(u[1])))
-                self.workqueue.clear()
-                self.workqueue.update(units)
-                self.ordered = True
-            super()._assign_work_unit(node)
 
     return DocsTogether(config, log)  # type: ignore[arg-type]
 
@@ -298,7 +267,7 @@ def _warm_server() -> Any:
     socket (the server and the commands it forked), the one whose parent does not."""
     import psutil
 
-    path = warm._SERVER.get("path")
+    path = warm.server_socket()
     if not path:
         return None
     named = {p.pid: p for p in psutil.process_iter(["cmdline"]) if path in (p.info["cmdline"] or [])}

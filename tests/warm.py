@@ -305,6 +305,11 @@ def socket_path() -> str | None:
     return _SERVER["path"]
 
 
+def server_socket() -> str | None:
+    """The socket of this pytest process's server, None before it is started (or when cold)."""
+    return _SERVER.get("path")
+
+
 def argv(args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The argv that runs ``stallscope ARGS`` for a test: through the warm server, or fresh when cold."""
     path = socket_path()
