@@ -109,6 +109,27 @@ def test_the_memory_row_shows_the_newest_reading_of_each_figure() -> None:
     assert " ".join(row.split()) == "memory PSS 612 MiB /dev/shm: the job's 40 MiB, segment 45/64 MiB (newest reading)"
 
 
+def test_the_stages_row_is_the_recent_time_per_item_of_each_stage() -> None:
+    # cumulative stage totals a second apart: in the 5 s window before the newest sample (t 3..8), fetch took
+    # 5 x 0.44 s over 5 x 40 items = 11.0 ms an item, decode 1.5 ms; the readings before t 3 fell out of it
+    agg = LiveAggregator(window_s=5.0)
+    agg.add_samples([(float(t), {"stage.fetch.s": 0.5 * t if t < 3 else 1.5 + 0.44 * (t - 3),
+                                 "stage.fetch.n": 40.0 * t, "stage.decode.s": 0.06 * t, "stage.decode.n": 40.0 * t})
+                     for t in range(9)])  # fmt: skip
+    snap = agg.snapshot()
+    assert snap.stages == pytest.approx({"fetch": 0.011, "decode": 0.0015})
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(frame(snap, {}))
+    line = next(x for x in buf.getvalue().splitlines() if x.startswith("stages"))
+    assert "slowest: fetch" in line and "fetch 11.0, decode 1.5 ms an item" in line, line
+    # no stage timed (a scenario file's own data set, DALI): no row
+    bare = LiveAggregator()
+    bare.add_samples([(0.5, {"sys.cpu_pct": 10.0})])
+    buf = io.StringIO()
+    Console(file=buf, width=120, color_system=None).print(frame(bare.snapshot(), {}))
+    assert not any(x.startswith("stages") for x in buf.getvalue().splitlines())
+
+
 def test_status_line_is_exact() -> None:
     agg = LiveAggregator(window_s=10)
     agg.add_steps(_steps(10, 0.1, 0.03, 0.01))

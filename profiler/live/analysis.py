@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.parts import HostFigures
+from profiler.analysis.stages import per_item
 from profiler.core.store import PhaseRow, StepRow
 
 
@@ -66,6 +67,8 @@ class LiveSnapshot:
     loader: LoaderTime | None = None  # the loader processes' time over the last window_s seconds of samples
     memory: dict[str, float] = field(default_factory=dict)  # the newest reading of each mem.* figure (a reading
     # of the memory source comes every second or more seldom: the newest sample may hold none)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per item of each loader stage over the last
+    # window_s of samples (the report's definition, docs/metrics.md "Loader stages"); empty where none is timed
 
 
 def _means(samples: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -97,6 +100,7 @@ class LiveAggregator:
         self._latest_t = 0.0
         self._loader: deque[tuple[float, dict[str, float]]] = deque()  # recent samples' loader.* metrics
         self._memory: dict[str, float] = {}  # the newest value of each mem.* metric
+        self._stages: deque[tuple[float, str, str, float | None]] = deque()  # recent samples' stage.* totals
 
     def add_steps(self, rows: Iterable[tuple[StepRow, Sequence[PhaseRow]]]) -> None:
         for row, phases in rows:
@@ -120,6 +124,7 @@ class LiveAggregator:
             self._latest_t = max(self._latest_t, t)
             self._loader.append((t, {k: v for k, v in metrics.items() if k.startswith("loader.")}))
             self._memory.update((k, v) for k, v in metrics.items() if k.startswith("mem.") and not math.isnan(v))
+            self._stages.extend((t, "stages", k, v) for k, v in metrics.items() if k.startswith("stage."))
             for metric, value in metrics.items():
                 if metric.endswith(".util_pct") and metric.startswith("gpu") and not math.isnan(value):
                     acc = self._util.setdefault(metric.split(".")[0], {}).setdefault(int(t), [0.0, 0.0])
@@ -130,6 +135,8 @@ class LiveAggregator:
     def _trim(self) -> None:
         while self._loader and self._loader[0][0] < self._last_sample_t - self._window_s:
             self._loader.popleft()
+        while self._stages and self._stages[0][0] < self._last_sample_t - self._window_s:
+            self._stages.popleft()
         oldest = int(self._latest_t) - self._horizon + 1
         for sec in [s for s in self._stall if s < oldest]:
             del self._stall[sec]
@@ -148,6 +155,7 @@ class LiveAggregator:
             latest_t=self._latest_t,
             loader=loader_time(HostFigures(_means(m for _t, m in self._loader))),
             memory=dict(self._memory),
+            stages=per_item(list(self._stages), None),
         )
 
 

@@ -139,7 +139,7 @@ def frame(snap: LiveSnapshot, meta: Mapping[str, object], total_steps: int | Non
     )
     row("cpu", cpu, f"(100% = one core)  system {_f(m.get('sys.cpu_pct', math.nan), '.0f')}% of all cores")
     row("rss", _f(m.get("proc.total.rss_mb", math.nan), ".0f", " MiB"), "main + workers")
-    for label, make in (("memory", _memory_row), ("workers", _workers_row)):
+    for label, make in (("memory", _memory_row), ("workers", _workers_row), ("stages", _stages_row)):
         if (cells := make(snap)) is not None:
             row(label, *cells)
     return Group(head, *rows)
@@ -164,6 +164,15 @@ def _workers_row(snap: LiveSnapshot) -> tuple[str, str] | None:
     parts = ", ".join(f"{name} {getattr(w, key):.0f}%" for key, name in COLUMNS if getattr(w, key) >= 1)
     n = sum(p.label != "main" for p in lt.processes)
     return lt.bottleneck or "mixed", f"{parts} (mean of {n}, recent samples)"
+
+
+def _stages_row(snap: LiveSnapshot) -> tuple[str, str] | None:
+    """The loader stages' recent time per item, slowest first named (None where no stage is timed)."""
+    if not snap.stages:
+        return None
+    slowest = max(snap.stages, key=lambda name: snap.stages[name])
+    times = ", ".join(f"{name} {1e3 * s:.1f}" for name, s in snap.stages.items())
+    return f"slowest: {slowest}", f"{times} ms an item (recent samples)"
 
 
 class Monitor:
