@@ -180,6 +180,7 @@ TIMING_FILES = {
     "test_integration_budget.py",
     "test_joblive.py",
     "test_launch.py",
+    "test_headspace.py",
     "test_live.py",
     "test_loader_time_truth.py",
     "test_memory_truth.py",

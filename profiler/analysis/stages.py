@@ -265,3 +265,61 @@ def _headline(
         f"Input-bound at the {slowest.name} stage: the loader can deliver {capacity:.0f} samples/s with {who}, the "
         f"training would take {demand:.0f} (x{headroom:.2f}); {at}. {fix.capitalize()}"
     ).rstrip(". ")
+
+
+HEADSPACE_METHOD = (
+    "the run's own pipeline, data set and knobs built a second time and iterated alone before training (no model, "
+    "no copy), its first batches not timed; samples over the timed batches / their seconds (perf_counter)"
+)
+DELIVERED_SHORT = 0.9  # the training got less than this share of its demand: the loader held it back
+
+
+@dataclass(frozen=True, slots=True)
+class Headspace:
+    """``run --headspace``: the loader's rate alone (MEASURED before training) against the training's demand
+    (DERIVED: batch / (step time - data wait)) and what it delivered beside the training (MEASURED: the run's
+    throughput). ``headspace`` = alone / demand: above 1 the loader alone could feed the training."""
+
+    alone_samples_per_s: float
+    batches: int
+    seconds: float
+    demand_samples_per_s: float
+    delivered_samples_per_s: float
+    headspace: float
+    headline: str
+    method: str = HEADSPACE_METHOD
+
+    def to_dict(self) -> JSON:
+        out: JSON = asdict(self)
+        return json_safe(out)
+
+
+def headspace(
+    alone: object, *, batch_size: float, step_ms: float, data_wait_ms: float, throughput: float
+) -> Headspace | None:
+    """The headspace from the meta record ``loader_alone`` (profiler.drivers.headspace) and the run's step
+    figures; None where the run did not measure the loader alone (or it delivered nothing)."""
+    if not isinstance(alone, dict) or not isinstance(alone.get("samples_per_s"), (int, float)):
+        return None
+    rate = float(alone["samples_per_s"])
+    compute_ms = step_ms - data_wait_ms
+    demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+    ratio = rate / demand if demand > 0 else math.nan
+    alone_words = f"The loader alone delivered {rate:.0f} samples/s ({alone.get('batches')} batches before training)"
+    if math.isnan(ratio):
+        headline = f"{alone_words}; the training's demand is not known"
+    elif ratio < 1:
+        headline = (
+            f"{alone_words}, less than the {demand:.0f} the training consumes at its own pace (headspace "
+            f"x{ratio:.2f}): the loader cannot keep up even alone; its capacity is the limit (its stages say where)"
+        )
+    elif throughput < DELIVERED_SHORT * demand:
+        headline = (
+            f"{alone_words}, x{ratio:.2f} the {demand:.0f} the training consumes, but beside the training it "
+            f"delivered {throughput:.0f}: the loader slows down when the training runs beside it (they compete for "
+            "the CPU; the contention figures say how much): fewer workers, or fewer threads for the model"
+        )
+    else:
+        headline = f"{alone_words}, x{ratio:.2f} the {demand:.0f} the training consumes: the loader is not the limit"
+    return Headspace(rate, int(alone.get("batches") or 0), float(alone.get("seconds") or 0.0), demand, throughput,
+                     ratio, headline)  # fmt: skip

@@ -48,7 +48,7 @@ from profiler.analysis.parts import (
     nvml_source,
 )
 from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, stack_estimates
-from profiler.analysis.stages import LoaderStages, loader_stages, prefix_stages
+from profiler.analysis.stages import Headspace, LoaderStages, headspace, loader_stages, prefix_stages
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, verdict_for
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
@@ -100,6 +100,7 @@ class Summary:
     loader_time: LoaderTime | None = None  # where the loader processes' time goes (on a CPU, blocked on what)
     memory: LoaderMemory | None = None  # the loader processes' USS / PSS, shared memory, copy-on-read growth
     stages: LoaderStages | None = None  # the loader's stages (fetch, decode, augment, collate): capacity vs demand
+    headspace: Headspace | None = None  # run --headspace: the loader alone before training against the demand
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -146,6 +147,7 @@ class Summary:
             "loader_time": self.loader_time.to_dict() if self.loader_time else None,
             "memory": self.memory.to_dict() if self.memory else None,
             "stages": self.stages.to_dict() if self.stages else None,
+            "headspace": self.headspace.to_dict() if self.headspace else None,
         }
         return json_safe(out)
 
@@ -342,9 +344,12 @@ def _summary(
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
         loader_time=figures.loader_time,
-        memory=figures.memory,
-        stages=figures.stages,
+        **_loader_parts(figures),
     )
+
+
+def _loader_parts(figures: Figures) -> _LoaderFigures:
+    return {"memory": figures.memory, "stages": figures.stages, "headspace": figures.headspace}
 
 
 def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: float) -> _LoaderFigures:
@@ -363,6 +368,13 @@ def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: f
             store_mbps=_float_or_none(meta.get("store_mbps")),
         )
         or _dali_stages(meta, timing),
+        "headspace": headspace(
+            meta.get("loader_alone"),
+            batch_size=float(meta.get("batch_size") or math.nan),
+            step_ms=timing.step_time.mean,
+            data_wait_ms=timing.breakdown.data_wait,
+            throughput=throughput,
+        ),
     }
 
 
@@ -382,6 +394,7 @@ def _dali_stages(meta: JSON, timing: _Timing) -> LoaderStages | None:
 class _LoaderFigures(TypedDict):
     memory: LoaderMemory | None
     stages: LoaderStages | None
+    headspace: Headspace | None
 
 
 def _measured(rec: RunRecord, notes: list[str]) -> _Measured:

@@ -28,7 +28,7 @@ from profiler.analysis.parts import (
     StackEstimate,
     StepTimes,
 )
-from profiler.analysis.stages import LoaderStages
+from profiler.analysis.stages import Headspace, LoaderStages
 
 HIGH = 0.20
 MODERATE = 0.05
@@ -66,6 +66,7 @@ class Figures:
     loader_time: LoaderTime | None = None  # where the loader processes' time goes (the ``loader`` source)
     memory: LoaderMemory | None = None  # the loader processes' memory (the ``memory`` source)
     stages: LoaderStages | None = None  # the loader's stages: time per item, capacity against demand
+    headspace: Headspace | None = None  # run --headspace: the loader alone against the training's demand
 
     @property
     def simulated(self) -> bool:

@@ -90,6 +90,7 @@ def cmd_job(args: argparse.Namespace, t: Training, exporter: PrometheusExporter 
         pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
         loader_only=args.loader_only,
         augment_epochs=args.augment_epochs,
+        headspace=args.headspace,
     )
     scenario = str(Path(args.scenario).resolve()) if args.scenario.endswith(".py") else args.scenario
     job = JobSpec(

@@ -79,6 +79,12 @@ def _add_run(sub: Any) -> None:
         action="store_true",
         help="no model: iterate the pipeline and the copy to the device, to measure the loader's prep rate",
     )
+    r.add_argument(
+        "--headspace",
+        action="store_true",
+        help="before training, iterate a second loader of the run's pipeline alone for a few seconds: its rate "
+        "beside what the training consumed says whether the loader could keep up (docs/pipelines.md, 'Headspace')",
+    )
     _add_storage_options(r)
     r.add_argument(
         "--pyspy-rate",
@@ -203,6 +209,7 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         store_mbps=args.store_mbps,
         page_cache=args.page_cache,
         dali_stages=args.dali_stages,
+        headspace=args.headspace,
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"
@@ -230,6 +237,9 @@ def _check_storage(args: argparse.Namespace, t: Training) -> None:
     an image-folder scenario's DALI graph."""
     if args.dali_stages and args.pipeline != "dali":
         raise BadInput(f"--dali-stages times a DALI graph's stages: allowed with --pipeline dali, not {args.pipeline}")
+    if args.headspace and (args.loader_only or args.synthetic_input):
+        what = "--loader-only" if args.loader_only else "--synthetic-input"
+        raise BadInput(f"--headspace sets the loader alone beside the training: not allowed with {what}")
     flag = "--store-mbps" if args.store_mbps is not None else "--page-cache" if args.page_cache else None
     if flag is None:
         return

@@ -31,6 +31,7 @@ from profiler.core.sources.base import Source
 from profiler.core.sources.memory import SHM
 from profiler.core.sources.stages import StageSource
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
+from profiler.drivers.headspace import loader_alone
 from profiler.drivers.shmwatch import ShmWatch, segment_mb
 from profiler.live.feeds import Monitor, SessionFeed
 from profiler.sim.cost import CostModelError
@@ -104,6 +105,7 @@ class RunConfig:
     store_mbps: float | None = None
     page_cache: str | None = None  # "warm": the data set's files read once before the run; "cold": evicted
     dali_stages: bool = False  # dali: time the graph's prefixes alone before training (pipelines.dali.time_stages)
+    headspace: bool = False  # iterate a second loader alone before training (profiler.drivers.headspace)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -311,6 +313,10 @@ class _Loop:
             from pipelines.dali import time_stages
 
             session.annotate(dali_stages=time_stages(dataset, spec))
+        if cfg.headspace:
+            pipeline, clock = self.plan.pipeline, session.clock
+            run_time = lambda: clock() - session.t0  # noqa: E731 - the run's timeline, as its samples and steps
+            session.annotate(loader_alone=loader_alone(lambda: pipeline.build(dataset, spec), clock=run_time))
         augment: Any = getattr(dataset, "augment", None)
         session.annotate(
             workers=int(built.config.get("workers", cfg.workers)),

@@ -34,7 +34,7 @@ from profiler.render.figures import (
 )
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import COLUMNS, KEY, cell, rate, reads_line, shm_line, stages_caption
+from profiler.render.loader import COLUMNS, KEY, cell, headspace_text, rate, reads_line, shm_line, stages_caption
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
@@ -239,6 +239,15 @@ def _stages(s: Summary) -> str:
         f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
         f'<p class="headline">{_e(st.headline)}</p><p class="note">{_e(stages_caption(st))}</p>',
     )
+
+
+def _headspace(s: Summary) -> str:
+    """``run --headspace``: the loader alone before training against the training's demand."""
+    h = s.headspace
+    if h is None:
+        return ""
+    first, rest = headspace_text(h).split("\n", 1)
+    return _section("headspace", "Headspace", f'<p class="headline">{_e(first)}</p><p class="note">{_e(rest)}</p>')
 
 
 def _memory(s: Summary) -> str:
@@ -499,6 +508,7 @@ def render_html(
         + _sampled(s)
         + _loader_time(s)
         + _stages(s)
+        + _headspace(s)
         + _memory(s)
         + _recommendations(s)
         + _plots(s, timeline)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from profiler.analysis.loader_time import LoaderTime, ProcessTime
 from profiler.analysis.memory import LoaderMemory
-from profiler.analysis.stages import LoaderStages
+from profiler.analysis.stages import Headspace, LoaderStages
 
 COLUMNS = (
     ("cpu", "CPU"),
@@ -138,3 +138,13 @@ def stages_table(st: LoaderStages) -> Table:
     t.caption = stages_caption(st)
     t.caption_justify = "left"
     return t
+
+
+def headspace_text(h: Headspace) -> str:
+    """``run --headspace`` in words: the headline, the three rates and the method."""
+    return (
+        f"Headspace: {h.headline}\nalone {rate(h.alone_samples_per_s)} samples/s ({h.batches} batches in "
+        f"{h.seconds:.1f} s); the training's demand {rate(h.demand_samples_per_s)} samples/s (the batch / the step "
+        f"time without the data wait); delivered beside the training {rate(h.delivered_samples_per_s)} samples/s; "
+        f"headspace x{h.headspace:.2f}\nsource: {h.method}"
+    )

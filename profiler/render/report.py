@@ -17,7 +17,7 @@ from profiler.analysis import Summary
 from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import loader_time_table, memory_table, shm_line, stages_table
+from profiler.render.loader import headspace_text, loader_time_table, memory_table, shm_line, stages_table
 
 _VERDICT_STYLE = {
     "highly input-bound": "bold red",
@@ -123,6 +123,8 @@ def render_report(s: Summary, console: Console) -> None:
         body.append(loader_time_table(s.loader_time))
     if s.stages is not None:
         body.append(stages_table(s.stages))
+    if s.headspace is not None:
+        body.append(Text(headspace_text(s.headspace)))
     if s.memory is not None and len(s.memory.processes) > 1:
         body.append(memory_table(s.memory))
     elif s.memory is not None and s.memory.shm_need is not None:  # no smaps reading in the window: the shm figures
