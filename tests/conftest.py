@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -310,6 +311,41 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / f"{worker}.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}) + "\n")
+
+
+@contextlib.contextmanager
+def slow_server(item_s: float, chunks: int, chunk_bytes: int = 8192) -> Iterator[int]:
+    """A local server that sends each connection ``chunks`` pieces of ``chunk_bytes``, ``item_s / chunks`` apart,
+    then closes it: an item fetched over a real socket at a known pace. Yields its port."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with conn:
+            for _ in range(chunks):
+                time.sleep(item_s / chunks)
+                conn.sendall(b"x" * chunk_bytes)
+
+    def serve() -> None:
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        stop.set()
+        server.join()
+        srv.close()
 
 
 @pytest.fixture

@@ -6,16 +6,17 @@ measured window, on the same clock (CLOCK_MONOTONIC is one clock for every proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import slow_server
 
 from profiler import Session
 from profiler.analysis import summarize
@@ -85,31 +86,6 @@ class Timed(torch.utils.data.Dataset):
         return 100.0 * inside / (end - start)
 
 
-def _slow_server() -> tuple[socket.socket, threading.Event, threading.Thread]:
-    """A local server that sends each connection 4 pieces of 8 KiB, ITEM_S / CHUNKS apart, and closes it."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def one(conn: socket.socket) -> None:
-        with conn:
-            for _ in range(CHUNKS):
-                time.sleep(ITEM_S / CHUNKS)
-                conn.sendall(b"x" * 8192)
-
-    def serve() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=one, args=(conn,), daemon=True).start()
-
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
-    return srv, stop, server
-
-
 def _train(tmp: Path, data: Timed, *, step_s: float, steps: int) -> tuple[dict, float, float]:
     loader = torch.utils.data.DataLoader(data, batch_size=2, num_workers=WORKERS)
     warmup = 4
@@ -127,17 +103,10 @@ def _train(tmp: Path, data: Timed, *, step_s: float, steps: int) -> tuple[dict, 
 
 @pytest.mark.parametrize("parts", [("sleep", "spin"), ("network", "spin"), ("sleep",)], ids="+".join)
 def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple[str, ...]) -> None:
-    server = _slow_server() if "network" in parts else None
-    try:
-        data = Timed(parts, server[0].getsockname()[1] if server else 0)
+    with slow_server(ITEM_S, CHUNKS) if "network" in parts else contextlib.nullcontext(0) as port:
+        data = Timed(parts, port)
         # 3 s measured: the sampler finds the workers within its first second, and their first reading is a start
         summary, start, end = _train(tmp_path, data, step_s=0.0, steps=round(3.0 / sum(PART_S[p] for p in parts)))
-    finally:
-        if server is not None:
-            srv, stop, thread = server
-            stop.set()
-            thread.join()
-            srv.close()
     lt = summary["loader_time"]
     rows = {p["label"]: p for p in lt["processes"]}
     assert set(rows) == {"main", "w0", "w1"}, rows

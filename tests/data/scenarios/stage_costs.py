@@ -3,10 +3,13 @@ timed through pipelines.stages as the built-in data sets time theirs, and the mo
 the loader (2 workers) cannot keep up and the slowest stage is the one the case names.
 
 STAGE_CASE=fetch: fetch 10 ms, decode 1 ms, augment 1 ms; STAGE_CASE=augment: fetch 1 ms, decode 1 ms, augment
-8 ms. With STAGE_TRUTH set, each item appends "stage seconds" lines, timed around the same sleeps, to that file.
+8 ms; STAGE_CASE=network: the fetch receives the item's bytes over a real socket from the local server at port
+STAGE_PORT (tests/conftest.py slow_server: 10 ms an item), decode 1 ms, augment 1 ms. With STAGE_TRUTH set, each
+item appends "stage seconds" lines, timed around the same work, to that file.
 """
 
 import os
+import socket
 import time
 
 import torch
@@ -18,7 +21,9 @@ from scenarios import Scenario
 COSTS = {
     "fetch": {"fetch": 0.010, "decode": 0.001, "augment": 0.001},
     "augment": {"fetch": 0.001, "decode": 0.001, "augment": 0.008},
+    "network": {"fetch": 0.010, "decode": 0.001, "augment": 0.001},
 }[os.environ.get("STAGE_CASE", "fetch")]
+PORT = int(os.environ.get("STAGE_PORT") or 0) if os.environ.get("STAGE_CASE") == "network" else 0
 TRUTH = os.environ.get("STAGE_TRUTH")
 MODEL_S = 0.004
 
@@ -32,7 +37,12 @@ class Items(torch.utils.data.Dataset):
         for stage, seconds in COSTS.items():
             t0 = time.perf_counter()
             with stages.timed(stage):
-                time.sleep(seconds)
+                if stage == "fetch" and PORT:
+                    with socket.create_connection(("127.0.0.1", PORT)) as conn:
+                        while conn.recv(65536):
+                            pass
+                else:
+                    time.sleep(seconds)
             spent.append(f"{stage} {time.perf_counter() - t0}\n")
         if TRUTH:
             with open(TRUTH, "a") as f:
