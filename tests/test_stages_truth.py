@@ -135,8 +135,11 @@ def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Pa
     # decoding a JPEG costs far more than reading its cached bytes (measured 6-20x here)
     assert got["decode"] > 3 * got["fetch"], got
     assert st["processes"] == 2 and st["runners"] == "DALI's 2 threads"
-    ratio = st["capacity_samples_per_s"] / summary["throughput_samples_per_s"]
-    assert 0.8 <= ratio <= 1.7, (st["capacity_samples_per_s"], summary["throughput_samples_per_s"])
+    # the loader-only run's rate from its median step (8 samples / p50), not its mean: a burst on the host that
+    # slows a few of its 40 steps is not the loader's (a CI run beside other test runs: x1.71 from the mean)
+    typical = 8 / (summary["step_time_ms"]["p50"] / 1e3)
+    ratio = st["capacity_samples_per_s"] / typical
+    assert 0.8 <= ratio <= 1.7, (st["capacity_samples_per_s"], typical, summary["throughput_samples_per_s"])
     assert "no per-operator times" in st["method"]
     meta = load_run(tmp_path / "run").meta["dali_stages"]
     assert set(meta["prefix_s_per_sample"]) == {"fetch", "decode", "augment"} and meta["threads"] == 2
