@@ -7,10 +7,10 @@ costs, so two ranks on two cores do not slow each other down.
 
 Ground truth: when STALLSCOPE_TEST_TRUTH names a directory, every rank writes there, after every 8th item, what
 its loading really took so far (perf_counter around each item's whole work, and around the straggler's extra
-sleep) and the items: truth-rank{R}.json (not at exit: a rank forked by the launcher's fork server ends with
-os._exit, and atexit handlers do not run). The injected excess per step is the difference of the ranks' loading
-time per item times the batch: it includes what a busy host adds to the slower rank's sleeps, which the extra
-sleep's own timing alone does not.
+sleep), the items, and each item's time in load order: truth-rank{R}.json (not at exit: a rank forked by the
+launcher's fork server ends with os._exit, and atexit handlers do not run). The injected excess per step is the
+difference of the ranks' loading time over a step's items: it includes what a busy host adds to the slower rank's
+sleeps, which the extra sleep's own timing alone does not.
 STALLSCOPE_TEST_KILL_RANK / STALLSCOPE_TEST_KILL_AT: that rank SIGKILLs itself when it loads item number
 KILL_AT (counting its own loads), as the OOM killer would.
 """
@@ -50,10 +50,11 @@ class Items(torch.utils.data.Dataset):
         truth = os.environ.get("STALLSCOPE_TEST_TRUTH")
         self.truth = Path(truth) if truth and self.rank is not None else None
         self.load_s = 0.0
+        self.each = []  # each item's loading time, in the order this rank loaded them
 
     def _write_truth(self):
         self.truth.mkdir(parents=True, exist_ok=True)
-        facts = json.dumps({"extra_s": self.slept, "load_s": self.load_s, "items": self.loads})
+        facts = json.dumps({"extra_s": self.slept, "load_s": self.load_s, "items": self.loads, "each_s": self.each})
         (self.truth / f"truth-rank{self.rank}.json").write_text(facts)
 
     def __len__(self):
@@ -70,7 +71,8 @@ class Items(torch.utils.data.Dataset):
             time.sleep(self.extra_s)
             self.slept += time.perf_counter() - t0
         item = torch.full((4,), float(i % 7)), i % 3
-        self.load_s += time.perf_counter() - start
+        self.each.append(time.perf_counter() - start)
+        self.load_s += self.each[-1]
         if self.truth is not None and self.loads % 8 == 0:
             self._write_truth()
         return item
