@@ -85,6 +85,12 @@ class LoaderStages:
         return json_safe(out)
 
 
+def demand_of(batch_size: float, step_ms: float, data_wait_ms: float) -> float:
+    """What the training consumes at its own pace, samples/s: the batch / (step time - data wait); NaN unknown."""
+    compute_ms = step_ms - data_wait_ms
+    return batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+
+
 def loader_stages(
     samples: Sequence[tuple[float, str, str, float | None]],
     window: Interval | None,
@@ -107,8 +113,7 @@ def loader_stages(
         for name, s in sorted(times.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
     )
     capacity = processes / total if total > 0 else math.inf
-    compute_ms = step_ms - data_wait_ms
-    demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+    demand = demand_of(batch_size, step_ms, data_wait_ms)
     headroom = capacity / demand if demand > 0 else math.nan
     slowest = max(stages, key=lambda st: st.ms_per_item)
     bottleneck = slowest.name if headroom < KEEPS_UP else None
@@ -159,8 +164,7 @@ def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wai
         for k, t in times.items()
     )
     capacity = 1 / per["augment"]
-    compute_ms = step_ms - data_wait_ms
-    demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+    demand = demand_of(batch_size, step_ms, data_wait_ms)
     headroom = capacity / demand if demand > 0 else math.nan
     slowest = max(stages, key=lambda st: st.ms_per_item)
     runners = f"DALI's {threads} thread{'s' if threads != 1 else ''}"
@@ -302,8 +306,7 @@ def headspace(
     if not isinstance(alone, dict) or not isinstance(alone.get("samples_per_s"), (int, float)):
         return None
     rate = float(alone["samples_per_s"])
-    compute_ms = step_ms - data_wait_ms
-    demand = batch_size / (compute_ms / 1e3) if compute_ms > 0 else math.nan
+    demand = demand_of(batch_size, step_ms, data_wait_ms)
     ratio = rate / demand if demand > 0 else math.nan
     alone_words = f"The loader alone delivered {rate:.0f} samples/s ({alone.get('batches')} batches before training)"
     if math.isnan(ratio):
