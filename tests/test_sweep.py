@@ -12,7 +12,9 @@ import os
 import random
 import signal
 import subprocess
+import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +190,39 @@ def test_a_drop_the_training_threads_cpu_wait_explains_is_not_a_slowdown() -> No
     plain = analyse_sweep([row(16, 80.0, compute=180.0), row(32, 68.1, compute=450.0)], scenario="x", device="cpu",
                           planned=2)  # fmt: skip
     assert [(s.batch_size, s.smaller_batch_size) for s in plain.slowdowns] == [(32, 16)]
+
+
+def test_a_drop_is_judged_against_the_steps_own_spread_where_their_cpu_wait_was_measured() -> None:
+    # a 40% drop from rows whose wall-clock steps spread +-25% each (a step the host kept off the cores for
+    # 300 ms): beyond 5% + 50% of noise, not claimed; the same rows' steps less their run-queue wait spread +-2%
+    wide = [row(8, 267, step_time_rel_ci=0.25), row(16, 160, step_time_rel_ci=0.25)]
+    assert analyse_sweep(wide, scenario="x", device="cpu", planned=2).slowdowns == []
+    own = [replace(r, own_step_rel_ci=0.02) for r in wide]
+    named = analyse_sweep(own, scenario="x", device="cpu", planned=2)
+    assert [(s.batch_size, s.smaller_batch_size) for s in named.slowdowns] == [(16, 8)]
+    # measured on one row only: the wall-clock spread decides, as before
+    one = [own[0], wide[1]]
+    assert analyse_sweep(one, scenario="x", device="cpu", planned=2).slowdowns == []
+    # and the own spread can also hold a drop back: noisy on its own time, steady on the wall clock
+    steady = [row(8, 267, step_time_rel_ci=0.01, own_step_rel_ci=0.3), row(16, 160, step_time_rel_ci=0.01,
+                                                                           own_step_rel_ci=0.3)]  # fmt: skip
+    assert analyse_sweep(steady, scenario="x", device="cpu", planned=2).slowdowns == []
+
+
+def test_own_step_times_are_the_steps_less_their_cpu_wait(tmp_path: Path) -> None:
+    from profiler.core.session import Session
+
+    with Session(tmp_path / "run", sample_hz=10, device="cpu") as s:
+        for _ in s.wrap(range(6)):
+            time.sleep(0.002)
+    steps, own = s.step_times(), s.own_step_times()
+    rows = [r for r in load_run(tmp_path / "run").steps if not r.warmup]
+    assert rows and steps == pytest.approx([r.t_end - r.t_start for r in rows])
+    if all(r.runq_s is not None for r in rows):  # schedstat measured the wait (it does here): each step less it
+        assert own == pytest.approx([r.t_end - r.t_start - r.runq_s for r in rows])
+        assert all(0 < o <= t for o, t in zip(own, steps, strict=True))
+    else:
+        assert own == []
 
 
 # -- real sweeps over scenarios of known cost ---------------------------------------------------------------

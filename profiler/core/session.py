@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -305,6 +306,16 @@ class Session:
         """Seconds of each measured (non-warm-up) step the store holds, in order, read back from it: while the
         run goes on, those committed so far (at most ``flush_s`` behind); after close, every one."""
         return [s.t_end - s.t_start for s in self._recorder.committed_steps() if not s.warmup]
+
+    def own_step_times(self) -> list[float]:
+        """:meth:`step_times` less each step's run-queue wait (the training thread runnable but given no CPU): the
+        steps as the training would take them on a core of its own. Empty where a step's wait was not measured."""
+        own = [
+            s.t_end - s.t_start - s.runq_s if s.runq_s is not None else math.nan
+            for s in self._recorder.committed_steps()
+            if not s.warmup
+        ]
+        return own if all(math.isfinite(t) for t in own) else []
 
     @property
     def recording(self) -> Recorder:

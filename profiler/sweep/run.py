@@ -327,6 +327,7 @@ def _row(
         workers=cfg.workers,
         run_dir=str(out),
         step_s=session.step_times(),
+        own_step_s=session.own_step_times(),
         stop_reason=rule.reason or ("steps" if status is None else None),
         wall_s=wall_s,
         status=status,
