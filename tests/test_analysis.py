@@ -49,6 +49,25 @@ def test_loader_too_slow_with_workers_cites_system_cpu() -> None:
     assert "system CPU averaged 60%" in rec["LOADER_TOO_SLOW"]
 
 
+def test_computing_workers_are_told_to_grow_only_into_idle_cores() -> None:
+    # two workers on a CPU 75% of their time (waiting for one 5%): "cpu"-bound; the host's mean CPU use decides
+    for sys_cpu, grow in ((60.0, True), (92.0, False)):
+        rec = _with(known_record(), workers=2)
+        extra = [
+            (t, "loader", f"loader.{w}.{part}_pct", v)
+            for t, *_ in rec.samples[::6]
+            for w in ("w0", "w1")
+            for part, v in (("cpu", 75.0), ("runq", 5.0), ("off", 20.0))
+        ]
+        samples = [(t, src, m, sys_cpu if m == "sys.cpu_pct" else v) for t, src, m, v in rec.samples]
+        s = summarize(dataclasses.replace(rec, samples=samples + extra))
+        assert s.loader_time is not None and s.loader_time.bottleneck == "cpu"
+        text = {r.code: r.text for r in s.recommendations}["LOADER_TOO_SLOW"]
+        assert f"the workers computed 75% of their time and the cores were {sys_cpu:.0f}% busy" in text, text
+        assert ("add workers to use the idle cores" in text) is grow, text
+        assert (f"more workers can add at most the idle {100 - sys_cpu:.0f}%" in text) is not grow, text
+
+
 def test_sampler_slow_is_flagged() -> None:
     s = summarize(_with(known_record(), sample_hz=50.0))  # the record's samples are 10 Hz apart
     assert "SAMPLER_SLOW" in [r.code for r in s.recommendations]

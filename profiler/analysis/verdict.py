@@ -35,6 +35,7 @@ MODERATE = 0.05
 OTHER_SHARE = 0.10
 OTHER_MIN_MS = 1.0
 PIN_SHARE = 0.05
+SATURATED_PCT = 85.0  # mean host CPU use (%) at which the cores count as saturated
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +144,10 @@ def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
         return []
     sys_cpu = s.host.sys_cpu_pct
     busy = f" while system CPU averaged {sys_cpu:.0f}%" if math.isfinite(sys_cpu) else ""
-    advice = _by_loader_time(s.loader_time) or (
+    advice = _by_loader_time(s.loader_time, sys_cpu) or (
         "the cores are saturated: make per-item work cheaper (decode on the GPU with DALI, smaller images, "
         "cheaper augmentation)"
-        if sys_cpu >= 85
+        if sys_cpu >= SATURATED_PCT
         else "add workers if cores are idle, or make per-item work cheaper (DALI decode, lighter augmentation)"
     )
     return [
@@ -158,11 +159,23 @@ def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
     ]
 
 
-def _by_loader_time(lt: LoaderTime | None) -> str | None:
-    """The advice that fits what the workers' own time says (docs/metrics.md, "Loader time"), or None."""
+def _by_loader_time(lt: LoaderTime | None, sys_cpu: float = math.nan) -> str | None:
+    """The advice that fits what the workers' own time says (docs/metrics.md, "Loader time"), or None.
+    ``sys_cpu``: the host's mean CPU use (%), which says whether computing workers have idle cores to grow into."""
     if lt is None or lt.workers is None or lt.bottleneck is None:
         return None
     w = lt.workers
+    if lt.bottleneck == "cpu" and math.isfinite(sys_cpu):
+        if sys_cpu >= SATURATED_PCT:
+            return (
+                f"the workers computed {w.cpu:.0f}% of their time and the cores were {sys_cpu:.0f}% busy: more "
+                f"workers can add at most the idle {100 - sys_cpu:.0f}%, so make per-item work cheaper (DALI decode, "
+                "smaller stored images, lighter augmentation)"
+            )
+        return (
+            f"the workers computed {w.cpu:.0f}% of their time and the cores were {sys_cpu:.0f}% busy: add workers "
+            "to use the idle cores, or make per-item work cheaper (DALI decode, lighter augmentation)"
+        )
     return {
         "storage": f"the workers were blocked reading storage {w.storage:.0f}% of their time: cache the data set "
         "(page cache, local disk), use a faster store or larger sequential reads (sharded files); more workers "

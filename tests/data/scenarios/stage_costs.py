@@ -3,7 +3,8 @@ timed through pipelines.stages as the built-in data sets time theirs, and the mo
 the loader (2 workers) cannot keep up and the slowest stage is the one the case names.
 
 STAGE_CASE=fetch: fetch 10 ms, decode 1 ms, augment 1 ms; STAGE_CASE=augment: fetch 1 ms, decode 1 ms, augment
-8 ms; STAGE_CASE=network: the fetch receives the item's bytes over a real socket from the local server at port
+8 ms; STAGE_CASE=cpu-augment: as augment, but the augment spins on the CPU for 8 ms of its thread's CPU time (a
+transform that computes, where the other stages sleep as I/O waits); STAGE_CASE=network: the fetch receives the item's bytes over a real socket from the local server at port
 STAGE_PORT (tests/conftest.py slow_server: 10 ms an item), decode 1 ms, augment 1 ms. With STAGE_TRUTH set, each
 item appends "stage seconds" lines, timed around the same work, to that file.
 """
@@ -21,11 +22,22 @@ from scenarios import Scenario
 COSTS = {
     "fetch": {"fetch": 0.010, "decode": 0.001, "augment": 0.001},
     "augment": {"fetch": 0.001, "decode": 0.001, "augment": 0.008},
+    "cpu-augment": {"fetch": 0.001, "decode": 0.001, "augment": 0.008},
     "network": {"fetch": 0.010, "decode": 0.001, "augment": 0.001},
 }[os.environ.get("STAGE_CASE", "fetch")]
+SPIN = {"augment"} if os.environ.get("STAGE_CASE") == "cpu-augment" else set()
 PORT = int(os.environ.get("STAGE_PORT") or 0) if os.environ.get("STAGE_CASE") == "network" else 0
 TRUTH = os.environ.get("STAGE_TRUTH")
 MODEL_S = 0.004
+
+
+def spin(cpu_s):
+    """Busy CPU work until this thread has used ``cpu_s`` seconds of CPU time."""
+    end = time.thread_time() + cpu_s
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+    return x
 
 
 class Items(torch.utils.data.Dataset):
@@ -41,6 +53,8 @@ class Items(torch.utils.data.Dataset):
                     with socket.create_connection(("127.0.0.1", PORT)) as conn:
                         while conn.recv(65536):
                             pass
+                elif stage in SPIN:
+                    spin(seconds)
                 else:
                     time.sleep(seconds)
             spent.append(f"{stage} {time.perf_counter() - t0}\n")
