@@ -4,8 +4,9 @@ the loader (2 workers) cannot keep up and the slowest stage is the one the case 
 
 STAGE_CASE=fetch: fetch 10 ms, decode 1 ms, augment 1 ms; STAGE_CASE=augment: fetch 1 ms, decode 1 ms, augment
 8 ms; STAGE_CASE=cpu-augment: as augment, but the augment spins on the CPU for 8 ms of its thread's CPU time (a
-transform that computes, where the other stages sleep as I/O waits); STAGE_CASE=network: the fetch receives the item's bytes over a real socket from the local server at port
-STAGE_PORT (tests/conftest.py slow_server: 10 ms an item), decode 1 ms, augment 1 ms. With STAGE_TRUTH set, each
+transform that computes, where the other stages sleep as I/O waits); STAGE_CASE=network: the fetch receives the
+item's bytes over a real socket from the local server at port STAGE_PORT (tests/conftest.py slow_server: 10 ms an
+item), decode 1 ms, augment 1 ms. With STAGE_TRUTH set, each
 item appends "stage seconds" lines, timed around the same work, to that file.
 """
 
