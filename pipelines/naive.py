@@ -13,6 +13,7 @@ messages do not say together (a death gives the pid alone, an exception the inde
 
 from __future__ import annotations
 
+import multiprocessing.queues as mp_queues
 import os
 import re
 import signal
@@ -90,11 +91,14 @@ def how_it_ended(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _quiet_worker_threads(_worker_id: int) -> None:
+def _quiet_worker_threads(worker_id: int) -> None:
     """``worker_init_fn``: in a worker, drop the traceback multiprocessing's resource-sharer thread prints (through
     ``sys.excepthook``) when the main process stops reading mid-transfer, as it does when another worker died:
     the main process reports that death in one line, and a second process's traceback on the same stderr only
-    hides it. Any other error still reaches the hook as before."""
+    hides it. Any other error still reaches the hook as before. A batch the worker's queue thread cannot send
+    (shared memory full: the batch is dropped, and the main process names the cause) is one line, not the
+    traceback multiprocessing prints for it."""
+    mp_queues.Queue._on_queue_feeder_error = staticmethod(partial(_unsent_batch, worker_id))  # type: ignore[attr-defined]
     default = sys.excepthook
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
@@ -104,6 +108,15 @@ def _quiet_worker_threads(_worker_id: int) -> None:
         default(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def _unsent_batch(worker_id: int, exc: Exception, _obj: object) -> None:
+    """One line for a batch a worker's queue thread could not send (in place of multiprocessing's traceback)."""
+    sys.stderr.write(
+        f"stallscope: DataLoader worker {worker_id} (pid {os.getpid()}) could not send a batch: "
+        f"{type(exc).__name__}: {exc}\n"
+    )
+    sys.stderr.flush()
 
 
 class WatchedLoader(DataLoader[Any]):

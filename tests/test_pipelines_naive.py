@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -9,6 +13,7 @@ import pipelines
 from pipelines import LoaderSpec, PipelineError
 from pipelines.naive import NaivePipeline, move
 from scenarios.fashion_vgg import SyntheticFashion
+from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +86,40 @@ def test_move_handles_nested_batches() -> None:
     assert moved["meta"] == "kept"
     assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
     assert torch.equal(moved["x"], batch["x"])
+
+
+def test_a_batch_a_worker_cannot_send_is_one_line_not_a_traceback() -> None:
+    # what a worker's queue thread does with a batch it cannot put in shared memory ("unable to allocate shared
+    # memory ... No space left on device"): multiprocessing prints the traceback, then drops the batch. In a
+    # worker of the naive pipeline (its worker_init_fn run, as in every worker) that is one line naming the worker.
+    code = """
+import multiprocessing, sys, time
+import pipelines
+from pipelines import LoaderSpec
+from scenarios.fashion_vgg import SyntheticFashion
+
+FULL = "unable to allocate shared memory(shm) for file </torch_1_2_3>: No space left on device (28)"
+
+class Unsendable:
+    def __reduce__(self):
+        raise RuntimeError(FULL)
+
+data = SyntheticFashion(length=8, seed=0, augment=False)
+built = pipelines.get("naive").build(data, LoaderSpec(batch_size=4, workers=2))
+built.batches.worker_init_fn(1)
+queue = multiprocessing.Queue()
+queue.put(Unsendable())
+queue.put("sent")
+print(queue.get(timeout=30))
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+    )
+    assert res.returncode == 0 and res.stdout == "sent\n", res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert "Traceback" not in res.stderr and len(lines) == 1, res.stderr
+    assert re.fullmatch(
+        r"stallscope: DataLoader worker 1 \(pid \d+\) could not send a batch: RuntimeError: unable to allocate shared "
+        r"memory\(shm\) for file </torch_1_2_3>: No space left on device \(28\)",
+        lines[0],
+    ), lines

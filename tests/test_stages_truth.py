@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -66,9 +67,11 @@ def test_stage_times_bottleneck_and_capacity_match_the_data_sets_own_timing(
     if case == "cpu-augment":  # the workers compute: more workers only where the cores have room for them
         advice = codes["LOADER_TOO_SLOW"]
         cpu = summary["host"]["sys_cpu_pct_mean"]
-        assert "RAISE_WORKERS" not in codes and f"the cores were {cpu:.0f}% busy" in advice, advice
-        full = cpu >= 85  # 86% here, the two workers computing 70-82% of their time; 100% beside busy processes
-        assert ("make per-item work cheaper" in advice) and (("add workers" in advice) is not full), advice
+        # quoting the host's CPU use, from the workers' own time ("the workers computed 70% of their time and the
+        # cores were 86% busy") or, where that names no part (a CI run: the cores 100% busy), the host's alone
+        assert "RAISE_WORKERS" not in codes and re.search(rf"\b{cpu:.0f}% busy|averaged {cpu:.0f}%:", advice), advice
+        full = cpu >= 85  # 86% here, the two workers computing 70-82% of their time; 100% beside other tests
+        assert "make per-item work cheaper" in advice and ("add workers" in advice) is not full, advice
     # the capacity is derived (2 workers / the stages' time per item): the run is loader-bound, so the throughput
     # it measured is the capacity less what the training process adds per batch (receiving it, the 4 ms step
     # overlapping): measured 134 against 144 samples/s (-7%) on a quiet host
