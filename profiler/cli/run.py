@@ -183,6 +183,7 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     check_job_options(args)
+    _check_flags(args)  # before the scenario's default data set is made: a bad pair of flags is told at once
     t = resolve_training(args, [args.pipeline])
     with exporter_for(args) as exporter:
         if args.nproc is not None:
@@ -232,14 +233,18 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
     return report_outcome(session.summary(), out, args.json, EXIT_OK)
 
 
-def _check_storage(args: argparse.Namespace, t: Training) -> None:
-    """--store-mbps / --page-cache act on a file-backed scenario's files, read by a torch pipeline; --dali-stages on
-    an image-folder scenario's DALI graph."""
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that exclude each other whatever the scenario: --dali-stages times a DALI graph's stages, --headspace
+    sets the loader alone beside a training."""
     if args.dali_stages and args.pipeline != "dali":
         raise BadInput(f"--dali-stages times a DALI graph's stages: allowed with --pipeline dali, not {args.pipeline}")
     if args.headspace and (args.loader_only or args.synthetic_input):
         what = "--loader-only" if args.loader_only else "--synthetic-input"
         raise BadInput(f"--headspace sets the loader alone beside the training: not allowed with {what}")
+
+
+def _check_storage(args: argparse.Namespace, t: Training) -> None:
+    """--store-mbps / --page-cache act on a file-backed scenario's files, read by a torch pipeline."""
     flag = "--store-mbps" if args.store_mbps is not None else "--page-cache" if args.page_cache else None
     if flag is None:
         return
