@@ -74,8 +74,12 @@ def test_stage_times_bottleneck_and_capacity_match_the_data_sets_own_timing(
         assert "make per-item work cheaper" in advice and ("add workers" in advice) is not full, advice
     # the capacity is derived (2 workers / the stages' time per item): the run is loader-bound, so the throughput
     # it measured is the capacity less what the training process adds per batch (receiving it, the 4 ms step
-    # overlapping): measured 134 against 144 samples/s (-7%) on a quiet host
-    assert summary["throughput_samples_per_s"] == pytest.approx(st["capacity_samples_per_s"], rel=0.15), st
+    # overlapping): measured 134 against 144 samples/s (-7%) on a quiet host. Where the augment computes, that work
+    # outside the stages (collating, pickling, the training process receiving each batch) takes its CPU from the
+    # same two cores as the spinning workers, so the capacity is an upper bound that a busy host holds further off:
+    # 163 against 171 (-5%) quiet, 94.1 against 112.6 (-16%) beside two busy processes and two other tests
+    ratio = summary["throughput_samples_per_s"] / st["capacity_samples_per_s"]
+    assert (0.7 <= ratio <= 1.05) if case == "cpu-augment" else (0.85 <= ratio <= 1.15), st
     assert st["demand_samples_per_s"] > 2 * st["capacity_samples_per_s"]  # a 4 ms model would take far more
     assert os.path.exists(tmp_path / "run" / "run.sqlite")
 

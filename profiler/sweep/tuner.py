@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
@@ -20,6 +20,7 @@ from profiler.core.session import Interrupted
 from profiler.sweep.analysis import Config, SweepRow, row_from_dict
 
 IMPROVE = 0.03
+RUNNER_UP = "runner-up"  # the final comparison's role for a trial the pick beat only within their uncertainty
 FINAL_ROUNDS = 2
 # more rounds, while the budget allows, when the rounds are not settled: they split (the pick faster than the
 # default beside it in one, slower in another), or a configuration's own throughput varied from round to round
@@ -457,9 +458,32 @@ def _interrupted(result: TuneResult, s: _Search, exc: BaseException) -> None:
         s.notes.append("recommended: the best trial before the stop (the search did not finish)")
 
 
+def _runner_up(s: _Search, rec: Config, default: Config) -> Config | None:
+    """The trial the pick beat by less than the two trials' own uncertainty (their step-time 95% CIs, relative,
+    summed), the fastest such; None where every other trial lost clearly or the uncertainty was not measured."""
+    picked = s.cache.get(rec)
+    if picked is None or not picked.ok:
+        return None
+    thr = picked.throughput_samples_per_s
+    close = [
+        r
+        for r in s.rows
+        if r.ok
+        and r.config not in (rec, default)
+        and r.throughput_samples_per_s >= thr * (1 - picked.step_time_rel_ci - r.step_time_rel_ci)
+    ]  # NaN (not measured) compares False
+    return _fastest(close) if close else None
+
+
 def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
-    """Re-run recommended and default alternately; the speedup is the ratio of the medians."""
+    """Re-run recommended and default alternately (and the runner-up, where the pick beat it only within the two
+    trials' uncertainty: the better median of the two is then the pick); the speedup is the ratio of the medians."""
+    runner = _runner_up(s, rec, result.default)
     per_round = s.estimate(rec) + s.estimate(result.default)
+    if runner is not None and s.elapsed() + per_round + s.estimate(runner) > s.budget_s:
+        runner = None  # the budget holds no round of three: the pick and the default as before
+    if runner is not None:
+        per_round += s.estimate(runner)
     rounds = FINAL_ROUNDS
     while rounds > 1 and s.elapsed() + rounds * per_round > s.budget_s:
         rounds -= 1
@@ -469,14 +493,17 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
     while i < rounds or (
         i < FINAL_MAX_ROUNDS and _unsettled(result.final) is not None and s.elapsed() + per_round <= s.budget_s
     ):
-        order = [("default", result.default), ("recommended", rec)]
+        order = [("default", result.default), ("recommended", rec)] + ([(RUNNER_UP, runner)] if runner else [])
         if i % 2:
             order.reverse()
         for role, cfg in order:
             result.final.append(s.trial(cfg, f"final{i + 1}-{role}-{cfg.name}", role))
         i += 1
     if i > rounds:
-        s.notes.append(f"the final comparison's rounds {_unsettled(result.final[: 2 * rounds])}: {i} rounds")
+        per = 3 if runner is not None else 2
+        s.notes.append(f"the final comparison's rounds {_unsettled(result.final[: per * rounds])}: {i} rounds")
+    if runner is not None:
+        rec = _settle_runner_up(result, s, rec, runner)
     rec_m, def_m = _median(result.final, "recommended"), _median(result.final, "default")
     if math.isfinite(rec_m) and math.isfinite(def_m) and def_m > 0:
         result.speedup = rec_m / def_m
@@ -501,6 +528,25 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
         s.notes.append("the final comparison did not complete for both configurations: no measured speedup")
 
 
+def _settle_runner_up(result: TuneResult, s: _Search, rec: Config, runner: Config) -> Config:
+    """The pick or the runner-up, whichever had the better median beside the default; the winner's final rows
+    carry the role "recommended", the other's "runner-up"."""
+    rec_m, run_m = _median(result.final, "recommended"), _median(result.final, RUNNER_UP)
+    tried = {r.config: r.throughput_samples_per_s for r in s.rows if r.ok}
+    head = (
+        f"{runner.name} ({tried[runner]:.1f} samples/s) was within the two trials' uncertainty of {rec.name} "
+        f"({tried[rec]:.1f}) and was re-run beside it: medians {run_m:.1f} against {rec_m:.1f} samples/s"
+    )
+    if not run_m > rec_m:
+        s.notes.append(f"{head}; {rec.name} stays the pick")
+        return rec
+    s.notes.append(f"{head}; {runner.name} is the pick")
+    swap = {"recommended": RUNNER_UP, RUNNER_UP: "recommended"}
+    result.final[:] = [replace(r, role=swap.get(r.role or "", r.role)) for r in result.final]
+    result.recommended = runner
+    return runner
+
+
 def _final_noise(final: Sequence[SweepRow]) -> float:
     """The final runs' relative uncertainty together: each role's widest step-time CI (95%, relative), summed;
     NaN where a run did not measure it."""
@@ -510,11 +556,21 @@ def _final_noise(final: Sequence[SweepRow]) -> float:
 
 
 def _unsettled(final: Sequence[SweepRow]) -> str | None:
-    """Why the final comparison's rounds so far do not settle it, or None: they split (as many rounds had the pick
-    faster than the default beside it as slower), or one configuration's throughput varied across the rounds
+    """Why the final comparison's rounds so far do not settle it, or None: the pick against the default, and
+    against the runner-up where one runs (:func:`_unsettled_pair`)."""
+    why = _unsettled_pair(final, "default")
+    if why is None and any(r.role == RUNNER_UP for r in final):
+        why = _unsettled_pair(final, RUNNER_UP)
+        return None if why is None else f"{why} (the pick against the runner-up)"
+    return why
+
+
+def _unsettled_pair(final: Sequence[SweepRow], other: str) -> str | None:
+    """Why the rounds do not settle the pick against ``other``, or None: they split (as many rounds had the pick
+    faster than ``other`` beside it as slower), or one configuration's throughput varied across the rounds
     (:func:`_spread`) by more than the ratio of the medians differs from 1."""
     rec = [r.throughput_samples_per_s for r in final if r.role == "recommended" and r.ok]
-    dflt = [r.throughput_samples_per_s for r in final if r.role == "default" and r.ok]
+    dflt = [r.throughput_samples_per_s for r in final if r.role == other and r.ok]
     faster = [a > b for a, b in zip(rec, dflt, strict=False)]
     if not faster:
         return None
