@@ -281,3 +281,35 @@ def test_ranks_announce_their_pid(tmp_path: Path) -> None:
     (tmp_path / "rank-4").mkdir()
     (tmp_path / "rank-4" / "rank.pid").write_text("garbage")
     assert announced_ranks(tmp_path) == {os.getpid(): 3}
+
+
+def test_a_rank_whose_training_raises_says_one_line_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a rank whose collective fails because its peer died first (gloo: "Connection reset by peer", raised from
+    # DDP's backward), before the launcher stops it: a stress pass read that rank's traceback on the job's stderr
+    import profiler.drivers.runner as runner
+    from profiler.core.devices import resolve_device
+    from profiler.drivers.runner import RunConfig
+    from profiler.jobs.launch import JobSpec, rank_main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def lost_peer(*_args: object, **_kw: object) -> None:
+        raise RuntimeError("[pair.cc:545] Read error [127.0.0.1]:52138: Connection reset by peer.\nmore lines")
+
+    monkeypatch.setattr(runner, "run_scenario", lost_peer)
+    job_spec = JobSpec(RANKS, RunConfig(tmp_path, resolve_device("cpu")), nproc=1)
+    with pytest.raises(SystemExit) as exited:
+        rank_main(job_spec)
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "stallscope: rank 0: training failed: RuntimeError: [pair.cc:545] Read error [127.0.0.1]:52138: Connection "
+        "reset by peer.\n"
+    ), err

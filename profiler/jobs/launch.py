@@ -364,6 +364,10 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
         except TrainingError as exc:  # one line, not a traceback; the store says where; exit 1 stops the job
             sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}\n")
             raise SystemExit(1) from None
+        except Exception as exc:  # noqa: BLE001 - e.g. a collective whose peer died first: its store holds the error
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {type(exc).__name__}: {first}\n")
+            raise SystemExit(1) from None
         finally:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
