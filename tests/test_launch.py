@@ -288,8 +288,8 @@ def test_a_rank_whose_training_raises_says_one_line_and_exits_1(
 ) -> None:
     # a rank whose collective fails because its peer died first (gloo: "Connection reset by peer", raised from
     # DDP's backward), before the launcher stops it: a stress pass read that rank's traceback on the job's stderr
-    import profiler.drivers.runner as runner
     from profiler.core.devices import resolve_device
+    from profiler.drivers import runner
     from profiler.drivers.runner import RunConfig
     from profiler.jobs.launch import JobSpec, rank_main
 
