@@ -541,6 +541,13 @@ def _settle_runner_up(result: TuneResult, s: _Search, rec: Config, runner: Confi
         s.notes.append(f"{head}; {rec.name} stays the pick")
         return rec
     s.notes.append(f"{head}; {runner.name} is the pick")
+    why = s.stopped.get(runner.pipeline, {})
+    for knob, was, now in (("workers", rec.workers, runner.workers), ("batch", rec.batch_size, runner.batch_size)):
+        if knob in why and was != now and runner.pipeline == rec.pipeline:
+            why[knob] = (
+                f"stopped at {now}: re-run beside {was} in the final rounds, its median {run_m:.1f} against "
+                f"{rec_m:.1f} samples/s (the climb had {why[knob]})"
+            )
     swap = {"recommended": RUNNER_UP, RUNNER_UP: "recommended"}
     result.final[:] = [replace(r, role=swap.get(r.role or "", r.role)) for r in result.final]
     result.recommended = runner
