@@ -147,8 +147,10 @@ def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Pa
     st = summary["stages"]
     got = {s["name"]: s["ms_per_item"] for s in st["stages"]}
     assert list(got) == ["fetch", "decode", "augment"] and all(v >= 0 for v in got.values()), got
-    # decoding a JPEG costs far more than reading its cached bytes (measured 6-20x here)
-    assert got["decode"] > 3 * got["fetch"], got
+    # decoding a JPEG costs more than reading its cached bytes: 6-20x quiet, 2.3x in a CI run three tests at a time.
+    # The fetch prefix also holds what running any graph costs a batch (the Python call, the threads' hand-off),
+    # which the differences giving decode and augment cancel and a loaded host inflates (docs/metrics.md)
+    assert got["decode"] > got["fetch"], got
     assert st["processes"] == 2 and st["runners"] == "DALI's 2 threads"
     # the loader-only run's rate from its median step (8 samples / p50), not its mean: a burst on the host that
     # slows a few of its 40 steps is not the loader's (a CI run beside other test runs: x1.71 from the mean). Each
