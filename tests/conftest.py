@@ -14,6 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# One intra-op thread in every process the suite starts, unless the caller sets another count: three tests at a time
+# share two cores, and torch's default of two OpenMP threads a process spins at each barrier for a core that another
+# test holds. Side by side, three at a time: test_every_pipeline and test_detection 112 -> 62 CPU-seconds, the docs
+# tier 662 -> 562 (docs/testing.md). Set before torch is imported here, and before the warm servers start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import warm
 
 ROOT = Path(__file__).resolve().parents[1]
