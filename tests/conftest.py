@@ -320,6 +320,44 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         fh.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}) + "\n")
 
 
+# @pytest.mark.alone: a test whose truth is which configuration is best on this host's cores (the tune of computing
+# items against a grid) runs with no other test of the run beside it. Beside the suite's other tests the best turned
+# on their load from minute to minute: a CI run's grid put 2 computing workers first, its tune a minute later read
+# them the slowest beside 0 (40-45 against 53-66 samples/s, the training thread waiting for a CPU half its compute),
+# and the check's rounds right after read them x1.4 ahead again. Each test passes a turnstile and holds the cores'
+# lock shared; an alone test holds the turnstile (no test starts) and takes the lock exclusively (the running ones
+# end first). Under xdist only: one process runs one test at a time anyway.
+def _locks(config: pytest.Config) -> Path | None:
+    run = getattr(config, "workerinput", {}).get("testrunuid")
+    if run is None:
+        return None
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"stallscope-tests-{run}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+@pytest.hookimpl(hookwrapper=True, specname="pytest_runtest_protocol")
+def cores_shared_or_alone(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    import fcntl
+
+    d = _locks(item.config)
+    if d is None:
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    with open(d / "turnstile", "a") as gate, open(d / "cores", "a") as cores:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cores, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+
+
 @contextlib.contextmanager
 def slow_server(item_s: float, chunks: int, chunk_bytes: int = 8192) -> Iterator[int]:
     """A local server that sends each connection ``chunks`` pieces of ``chunk_bytes``, ``item_s / chunks`` apart,
