@@ -272,3 +272,54 @@ def test_a_hung_probe_is_unavailable_and_start_returns() -> None:
     finally:
         hung.release.set()
     assert hung.reads == 0
+
+
+class Starved:
+    """A source whose read computes ``cpu_s`` of its thread's CPU time at the lowest priority (nice 19): beside
+    processes that take every core it is runnable but given a CPU a few % of the time."""
+
+    name = "stages"
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+        self.wall_s: list[float] = []
+
+    def open(self) -> str | None:
+        return None
+
+    def read(self) -> dict[str, float]:
+        import os
+        import time
+
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        t0, c0 = time.monotonic(), time.thread_time()
+        while time.thread_time() - c0 < self.cpu_s:
+            pass
+        self.wall_s.append(time.monotonic() - t0)
+        return {"stages.value": 1.0}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_read_that_only_waits_for_a_cpu_is_not_a_hung_call() -> None:
+    # the read is out past the timeout, but waiting for a CPU (schedstat run delay) rather than hung: the out time
+    # counted is less that wait, so the source is kept (a CI run retired a loader's stage counters this way)
+    import os
+    import subprocess
+    import sys
+
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 2))]
+    src = Starved(0.03)
+    s = Sampler([src, Quick()], 20.0, call_timeout_s=0.4)
+    try:
+        s.start()
+        lost = lambda: s.stats.sources["stages"].status != "available"  # noqa: E731
+        assert wait_until(lambda: len(src.wall_s) >= 2 or lost(), timeout=60)
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+        s.stop()
+    assert max(src.wall_s) > 0.4, src.wall_s  # the premise: a read was out longer than the timeout
+    assert s.stats.sources["stages"].status == "available", (s.stats.sources["stages"], src.wall_s)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from profiler.core.sources.base import Source, SourceLost
+from profiler.core.sources.sched import run_delay_s, schedstat_path
 
 log = logging.getLogger("stallscope")
 
@@ -41,13 +42,14 @@ class _Result(Generic[_T]):
     """One call's outcome, handed from a source's thread to the waiting thread: once ``done``, ``error`` or else
     ``value``; ``since`` is when it was queued (``time.monotonic``)."""
 
-    __slots__ = ("done", "error", "since", "value")
+    __slots__ = ("done", "error", "runq_at_start", "since", "value")
     value: _T  # set by run() when the call returns
 
-    def __init__(self) -> None:
+    def __init__(self, runq_s: float | None = None) -> None:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.since = time.monotonic()
+        self.runq_at_start = runq_s  # the calling thread's run-queue wait when queued (None: not measured)
 
     def run(self, fn: Callable[[], _T]) -> None:
         try:
@@ -66,14 +68,37 @@ class _SourceThread:
 
     def __init__(self, name: str) -> None:
         self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._started = threading.Event()
+        self._schedstat: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"stallscope-source-{name}", daemon=True)
         self._thread.start()
+        self._started.wait(1.0)
         self.pending: _Result[Reading] | None = None  # the read in flight, until collected
 
     def submit(self, fn: Callable[[], _T]) -> _Result[_T]:
-        result: _Result[_T] = _Result()
+        result: _Result[_T] = _Result(self.runq_s())
         self._q.put(lambda: result.run(fn))
         return result
+
+    def runq_s(self) -> float | None:
+        """This thread's run-queue wait so far (schedstat: runnable, given no CPU); None where not readable."""
+        if self._schedstat is None:
+            return None
+        try:
+            with open(self._schedstat, "rb") as f:
+                return run_delay_s(f.read(128))
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def out_s(self, result: _Result[Reading]) -> float:
+        """How long ``result`` has been out, less the time this thread waited for a CPU meanwhile: on a host
+        whose cores are all taken, a read that is only waiting for a CPU is not a call that hangs (a CI run
+        retired a loader's stage counters, a sum over a shared array, whose thread waited past 2 s)."""
+        out = time.monotonic() - result.since
+        now = self.runq_s()
+        if now is not None and result.runq_at_start is not None:
+            out -= max(0.0, now - result.runq_at_start)
+        return out
 
     def collect(self, until: float, stop: threading.Event) -> _Result[Reading] | None:
         """The pending read's outcome once back, waiting until ``until`` (monotonic) or a stop; else None."""
@@ -93,6 +118,10 @@ class _SourceThread:
         self._q.put(None)
 
     def _run(self) -> None:
+        try:
+            self._schedstat = schedstat_path("self", threading.get_native_id())
+        finally:
+            self._started.set()
         while (call := self._q.get()) is not None:
             call()
 
@@ -275,7 +304,7 @@ class Sampler:
             res = worker.collect(give_up if id(src) in fresh else 0.0, self._stop)
             if res is None:
                 pending = worker.pending
-                out_s = time.monotonic() - pending.since if pending is not None else 0.0
+                out_s = worker.out_s(pending) if pending is not None else 0.0
                 if out_s >= self._call_timeout_s and not self._stop.is_set():
                     self._retire(src, f"lost: a read did not return within {self._call_timeout_s:g} s (the call hangs)")
                 continue
