@@ -9,7 +9,7 @@ PINS   := torch==2.14.1 torchvision==0.29.1
 # package (the `dali` extra), installed here so that all three pipelines are tested.
 DALI   := nvidia-dali-cuda130==2.4.0
 
-.PHONY: install demo test test-fast test-timing test-docs stress lint bench gpu-check clean
+.PHONY: install pyc demo test test-fast test-timing test-docs stress lint bench gpu-check clean
 
 # uv installs the ~6 GB of wheels in parallel: 33 s here from an empty cache, where pip took 75-80 s. Byte-compiled:
 # this machine sets PYTHONDONTWRITEBYTECODE=1, so an install without .pyc files makes every fresh interpreter of the
@@ -44,22 +44,19 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 # This checkout's own modules byte-compiled first: this machine sets PYTHONDONTWRITEBYTECODE=1, so otherwise every
 # interpreter the suite starts (each command, rank and trial) compiles stallscope again. Python reads a .pyc whose
 # source is unchanged and compiles any stale one in memory, as before (docs/testing.md, "Where the CPU goes").
-PYC := $(BIN)/python -m compileall -q -j 0 profiler pipelines scenarios tests examples benchmarks > /dev/null
+pyc: $(STAMP)
+	@$(BIN)/python -m compileall -q -j 0 profiler pipelines scenarios tests examples benchmarks > /dev/null
 
-test: $(STAMP) $(CHROMIUM)
-	@$(PYC)
+test: pyc $(CHROMIUM)
 	$(PYTEST) $(XDIST) --durations=25
 
-test-fast: $(STAMP)
-	@$(PYC)
+test-fast: pyc
 	$(PYTEST) $(XDIST) -m "not timing and not docs and not slow and not gpu"
 
-test-timing: $(STAMP)
-	@$(PYC)
+test-timing: pyc
 	$(PYTEST) $(XDIST) -m timing
 
-test-docs: $(STAMP) $(CHROMIUM)
-	@$(PYC)
+test-docs: pyc $(CHROMIUM)
 	$(PYTEST) $(XDIST) -m docs
 
 # The timing tier N times (default 5) beside two busy processes competing for the cores: docs/testing.md

@@ -42,7 +42,11 @@ class Truth:
         t0 = time.perf_counter()
         if seconds:
             time.sleep(seconds)
-        self.spent.setdefault(label, []).append(time.perf_counter() - t0)
+        self.add(label, time.perf_counter() - t0)
+
+    def add(self, label: str, seconds: float) -> None:
+        """One more span of ``label``, timed by the caller on this clock (``time.perf_counter``)."""
+        self.spent.setdefault(label, []).append(seconds)
 
     def mean_ms(self, label: str, skip: int = 0) -> float:
         """Mean elapsed ms of ``label``'s sleeps after the first ``skip`` (the warm-up steps); 0 if none ran."""

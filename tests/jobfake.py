@@ -53,7 +53,7 @@ def run_rank(out: Path, rank: int, world: int, plan: RankPlan, job_id: str, *, n
             t0 = time.perf_counter()
             if next(batches, None) is None:
                 break
-            plan.outer.spent.setdefault("data_wait", []).append(time.perf_counter() - t0)
+            plan.outer.add("data_wait", time.perf_counter() - t0)
             with s.phase("compute"):
                 plan.truth.sleep("compute", plan.compute_s)
                 if plan.nested:
@@ -66,7 +66,7 @@ def sync(s: Session, plan: RankPlan) -> None:
     t0 = time.perf_counter()
     with s.phase("sync"):
         plan.truth.sleep("sync", plan.sync_s)
-    plan.outer.spent.setdefault("sync", []).append(time.perf_counter() - t0)
+    plan.outer.add("sync", time.perf_counter() - t0)
 
 
 def run_ranks(job_dir: Path, plans: dict[int, RankPlan], world: int, job_id: str, node_rank: int = 0) -> None:

@@ -68,11 +68,8 @@ class _SourceThread:
 
     def __init__(self, name: str) -> None:
         self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._started = threading.Event()
-        self._schedstat: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"stallscope-source-{name}", daemon=True)
-        self._thread.start()
-        self._started.wait(1.0)
+        self._thread.start()  # returns once the thread runs: its native_id is set
         self.pending: _Result[Reading] | None = None  # the read in flight, until collected
 
     def submit(self, fn: Callable[[], _T]) -> _Result[_T]:
@@ -81,11 +78,13 @@ class _SourceThread:
         return result
 
     def runq_s(self) -> float | None:
-        """This thread's run-queue wait so far (schedstat: runnable, given no CPU); None where not readable."""
-        if self._schedstat is None:
+        """This thread's run-queue wait so far (schedstat: runnable, given no CPU); None where not readable. The
+        file is opened per call, not held: a sampler's threads outlive no file of theirs."""
+        tid = self._thread.native_id
+        if tid is None:
             return None
         try:
-            with open(self._schedstat, "rb") as f:
+            with open(schedstat_path("self", tid), "rb") as f:
                 return run_delay_s(f.read(128))
         except (OSError, ValueError, IndexError):
             return None
@@ -118,10 +117,6 @@ class _SourceThread:
         self._q.put(None)
 
     def _run(self) -> None:
-        try:
-            self._schedstat = schedstat_path("self", threading.get_native_id())
-        finally:
-            self._started.set()
         while (call := self._q.get()) is not None:
             call()
 
