@@ -373,7 +373,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # them the slowest beside 0 (40-45 against 53-66 samples/s, the training thread waiting for a CPU half its compute),
 # and the check's rounds right after read them x1.4 ahead again. Each test passes a turnstile and holds the cores'
 # lock shared; an alone test holds the turnstile (no test starts) and takes the lock exclusively (the running ones
-# end first). Under xdist only: one process runs one test at a time anyway.
+# end first). Under xdist only: one process runs one test at a time anyway. The hook's name starts with pytest_:
+# pytest registers no other name from a conftest, and under another name it did nothing for two CI runs (a tune's
+# neighbours used 0.97 of a core; tests/test_alone.py checks it now).
 def _locks(config: pytest.Config) -> Path | None:
     run = getattr(config, "workerinput", {}).get("testrunuid")
     if run is None:
@@ -384,7 +386,7 @@ def _locks(config: pytest.Config) -> Path | None:
 
 
 @pytest.hookimpl(hookwrapper=True, specname="pytest_runtest_protocol")
-def cores_shared_or_alone(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+def pytest_runtest_protocol_cores(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     import fcntl
 
     d = _locks(item.config)

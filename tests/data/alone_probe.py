@@ -1,0 +1,32 @@
+"""Run by tests/test_alone.py under ``pytest -n 2``: normal tests and one ``alone`` test that each log their span
+(start, end) to ``$ALONE_PROBE_LOG``; they sleep, so a worker blocked at the turnstile costs nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+
+def span(name: str, seconds: float) -> None:
+    t0 = time.time()
+    time.sleep(seconds)
+    with open(os.environ["ALONE_PROBE_LOG"], "a", encoding="utf-8") as fh:
+        fh.write(json.dumps([name, t0, time.time()]) + "\n")
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_before(i: int) -> None:
+    span(f"before{i}", 1.0)
+
+
+@pytest.mark.alone
+def test_alone() -> None:
+    span("alone", 2.0)
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_after(i: int) -> None:
+    span(f"after{i}", 0.5)
