@@ -127,6 +127,10 @@ def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) 
     assert helped["throughput_samples_per_s"] >= 1.5 * alone["throughput_samples_per_s"], (helped, alone)
 
 
+# alone (tests/conftest.py): the capacity is measured before training and the loader's steps after it, and beside the
+# suite's other tests the two saw different loads: x1.71 in a CI run (873 against 511 samples/s), x0.62 in a stress
+# pass (469 against 761), x1.85 in another (868 against 470)
+@pytest.mark.alone
 def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Path) -> None:
     """DALI gives no per-operator times: ``--dali-stages`` runs the graph's prefixes alone before training. The
     whole graph's rate is the capacity: an upper bound of the same loader measured by a ``--loader-only`` run (the
