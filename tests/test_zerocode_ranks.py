@@ -76,8 +76,12 @@ def test_each_ranks_data_wait_estimate_matches_its_own_measurement(job: dict[str
         est, truth = row["data_wait_fraction"], job["truth"][rank]["data_wait_fraction"]
         assert row["main_thread_samples"] >= MIN_RANK_SAMPLES, row["main_thread_samples"]
         assert abs(est["fraction"] - truth) <= TOLERANCE, (rank, est, truth)
-    # the injected straggler: rank 1 waits for data, rank 0 does not (it waits in rank 1's all-reduce)
-    assert job["truth"][1]["data_wait_fraction"] > 0.6 > job["truth"][0]["data_wait_fraction"]
+    # the injected straggler: rank 1 waits for data, rank 0 does not (it waits in rank 1's all-reduce), by more than
+    # the two estimates' tolerances together, so that the check above tells the ranks apart. (A fixed 0.6 between
+    # them failed in a CI run: beside the suite rank 1's own figure read 0.56, its augment work and compute
+    # stretched as well.)
+    waits = [job["truth"][r]["data_wait_fraction"] for r in (0, 1)]
+    assert waits[1] - waits[0] > 2 * TOLERANCE, waits
     assert rows[1]["data_wait_fraction"]["low"] > rows[0]["data_wait_fraction"]["high"]
     assert rows[1]["verdict"] == "highly input-bound"
     straggler = job["summary"]["straggler"]
