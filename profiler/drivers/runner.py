@@ -379,16 +379,22 @@ class _Loop:
             session = self.session
             watch = ShmWatch(lambda: session.waiting_since, session.clock, self._watched_batch_mb).start()
         try:
-            while done < total:
-                if hasattr(self.dataset, "set_epoch"):
-                    self.dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
-                epoch += 1
-                done, total, progressed = self._epoch(done, total)
-                if not progressed:
-                    raise RuntimeError(
-                        f"the {self.cfg.pipeline} loader produced no batch (dataset too small for batch "
-                        f"{self.plan.batch_size}?)"
-                    )
+            try:
+                while done < total:
+                    if hasattr(self.dataset, "set_epoch"):
+                        self.dataset.set_epoch(epoch)  # fresh augmentation each epoch, same for any worker count
+                    epoch += 1
+                    done, total, progressed = self._epoch(done, total)
+                    if not progressed:
+                        raise RuntimeError(
+                            f"the {self.cfg.pipeline} loader produced no batch (dataset too small for batch "
+                            f"{self.plan.batch_size}?)"
+                        )
+            finally:
+                # closed inside the handler's reach: torch's SIGCHLD handler can raise a worker's death here too,
+                # after a lost connection to the same worker ended the loop (a CI run said "training failed")
+                if watch is not None:
+                    watch.close()
         except Exception as exc:
             explain = self.built.worker_failure
             failure = explain(exc) if explain is not None else None
@@ -401,9 +407,6 @@ class _Loop:
             elif failure is not None and (shm_exhausted(failure) or shm_exhausted(str(exc))):
                 failure += f"; {self._shm_words()}"
             raise LoaderFailure(f"the loader failed at step {step} of {total} ({kept}): {failure}") from exc
-        finally:
-            if watch is not None:
-                watch.close()
 
     @property
     def worker_processes(self) -> int:
