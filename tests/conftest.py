@@ -312,12 +312,12 @@ def tree_cpu_seconds() -> float:
 
 
 def host_cpu_seconds() -> tuple[float, float]:
-    """(busy, stolen) CPU seconds of the whole host since boot, all cores summed (/proc/stat: user, nice,
-    system, irq, softirq; steal: what the hypervisor gave other guests)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
-    return (user + nice + system + irq + softirq) / hz, steal / hz
+    """(busy, stolen) CPU seconds of the whole host since boot, all cores summed (user, nice, system, irq,
+    softirq; steal: what the hypervisor gave other guests)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq, t.steal
 
 
 @dataclasses.dataclass

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from conftest import wait_until
@@ -173,7 +177,6 @@ def test_start_stop_idempotent_and_stop_is_prompt_with_real_clock() -> None:
     s.start()
     first = s._thread
     assert wait_until(lambda: s.stats.samples >= 1, timeout=5)
-    import time
 
     t = time.perf_counter()
     s.stop()
@@ -235,7 +238,6 @@ class Quick:
 
 
 def test_a_hung_read_retires_its_source_while_the_others_keep_their_rate() -> None:
-    import time
 
     rows: list = []
     hung = Hanging("gpu", after=3)
@@ -258,7 +260,6 @@ def test_a_hung_read_retires_its_source_while_the_others_keep_their_rate() -> No
 
 
 def test_a_hung_probe_is_unavailable_and_start_returns() -> None:
-    import time
 
     hung = Hanging("gpu", after=0, hang_open=True)
     s = Sampler([hung, Quick()], 20.0, open_timeout_s=0.3)
@@ -288,9 +289,6 @@ class Starved:
         return None
 
     def read(self) -> dict[str, float]:
-        import os
-        import time
-
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         t0, c0 = time.monotonic(), time.thread_time()
         while time.thread_time() - c0 < self.cpu_s:
@@ -305,10 +303,6 @@ class Starved:
 def test_a_read_that_only_waits_for_a_cpu_is_not_a_hung_call() -> None:
     # the read is out past the timeout, but waiting for a CPU (schedstat run delay) rather than hung: the out time
     # counted is less that wait, so the source is kept (a CI run retired a loader's stage counters this way)
-    import os
-    import subprocess
-    import sys
-
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 2))]
     src = Starved(0.03)
     s = Sampler([src, Quick()], 20.0, call_timeout_s=0.4)
