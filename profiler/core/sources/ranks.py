@@ -5,8 +5,9 @@ docs/multi-rank.md for ranks that announce their pid through ``announced``).
 Metrics per rank R: ``rank{R}.main.cpu_pct``, ``rank{R}.workers.cpu_pct``, ``rank{R}.cpu_pct``, ``rank{R}.rss_mb``
 and ``rank{R}.alive``, with CPU % as :mod:`profiler.core.sources.host` means it.
 
-Invariants: the tree is rescanned at most every ``refresh_s`` seconds and a process's environment is read
-once; a process that is gone or unreadable is dropped, never an error; only the loss of the root raises
+Invariants: the tree is rescanned at most every ``refresh_s`` seconds; a process's environment is read when
+it is first seen and at each rescan until it names a rank (a launcher's fork names none until it execs); a
+process that is gone or unreadable is dropped, never an error; only the loss of the root raises
 :class:`~profiler.core.sources.base.SourceLost`. Without ranks the source reads nothing (an empty reading).
 """
 
@@ -231,9 +232,8 @@ class RankSource:
         for proc in listed:
             known = self._procs.get(proc.pid)
             if known is not None and known.handle == proc:
-                if known.identity is None and proc.pid in told:  # it announced itself since the last scan
-                    known.environ = {**known.environ, "RANK": str(told[proc.pid])}
-                    known.identity = rank_identity(known.environ)
+                if known.identity is None:
+                    self._identify_again(known, told.get(proc.pid))
                 continue
             try:
                 environ = proc.environ()
@@ -268,12 +268,28 @@ class RankSource:
                     old.rank, old.pid, old.local_rank, old.world_size, old.node_rank, merged
                 )
 
+    def _identify_again(self, known: _Proc, announced_rank: int | None) -> None:
+        """Re-reads the environment of a process that named no rank when first seen. A launcher's rank is first a
+        fork of the launcher, which has no RANK until it execs the script: seen in that window, it would stay
+        unnamed, and its first loader worker (forked after the exec, with the rank's environment) would be taken
+        for the rank."""
+        try:
+            environ = known.handle.environ()
+        except (self._ps.NoSuchProcess, self._ps.ZombieProcess, self._ps.AccessDenied):
+            return
+        if announced_rank is not None and _int(environ.get("RANK")) is None:  # it announced itself since
+            environ = {**environ, "RANK": str(announced_rank)}
+        known.environ, known.identity = environ, rank_identity(environ)
+
     def _under_rank(self, pid: int) -> bool:
-        """Whether a rank process is among ``pid``'s ancestors (then ``pid`` is one of its workers)."""
+        """Whether a rank process is among ``pid``'s ancestors (then ``pid`` is one of its workers). A rank that
+        has exited still counts: its worker, still alive and listed with the rank as its parent, is not a rank."""
         cur, hops = self._procs[pid].ppid, 0
-        while cur in self._procs and hops < 64:
+        while hops < 64:
             if cur in self._seen:
                 return True
+            if cur not in self._procs:
+                return False
             cur, hops = self._procs[cur].ppid, hops + 1
         return False
 
