@@ -255,7 +255,7 @@ def test_children_failing_each_way_are_dropped_silently() -> None:
     # Children that failed after first sight keep their label; a zombie at first sight never gets one.
     labels = {"main": 1, "w0": 10, "w1": 11, "w2": 12, "w3": 13}
     assert src.pid_labels() == labels
-    src._last_refresh = -math.inf  # force a rescan that lists the failed children again
+    src.rescan_soon()  # a rescan that lists the failed children again
     assert _workers(src.read()) == {"w0"}
     assert src.pid_labels() == labels
 
@@ -274,8 +274,45 @@ def test_children_are_rescanned_at_most_every_refresh_interval() -> None:
     assert src.open() is None
     main.kids = [_FakeProcess(10)]
     assert _workers(src.read()) == set()  # not rescanned yet: the list from open() stands
-    src._last_refresh = -math.inf  # as if the interval had passed
+    src.rescan_soon()  # told that the tree changed (a loader's iter() started its workers)
     assert _workers(src.read()) == {"w0"}
+    main.kids.append(_FakeProcess(11))
+    assert _workers(src.read()) == {"w0"}  # told once, rescanned once
+
+
+def test_a_loaders_iter_has_the_sampler_rescan_at_its_next_read(tmp_path) -> None:
+    """A DataLoader starts its workers in iter(): Session.wrap tells the sampler, so a trial of one second has
+    its workers' CPU from the first readings, not from the once-a-second rescan (a CI run's tune trial had 3
+    readings of its worker, all in the last 0.3 s of its window)."""
+    from profiler.core.session import Session
+
+    class Told:
+        name = "told"
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def open(self) -> str | None:
+            return None
+
+        def read(self) -> dict[str, float]:
+            return {}
+
+        def close(self) -> None:
+            pass
+
+        def rescan_soon(self) -> None:
+            self.calls.append("rescan")
+
+    class Items:
+        def __iter__(self) -> Iterator[int]:
+            told.calls.append("iter")
+            return iter(range(3))
+
+    told = Told()
+    with Session(tmp_path / "run", sources=[told], sample_hz=20.0) as s:
+        assert list(s.wrap(Items(), samples=1)) == [0, 1, 2]
+    assert told.calls == ["iter", "rescan"]
 
 
 def test_own_py_spy_child_is_not_a_loader_worker(tmp_path) -> None:

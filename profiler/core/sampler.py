@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from profiler.core.sources.base import Source, SourceLost
+from profiler.core.sources.base import Rescans, Source, SourceLost
 from profiler.core.sources.sched import run_delay_s, schedstat_path
 
 log = logging.getLogger("stallscope")
@@ -368,6 +368,13 @@ class Sampler:
         for worker in self._threads.values():
             worker.finish()
         self._active, self._threads = [], {}
+
+    def rescan_soon(self) -> None:
+        """The process tree has just changed (a loader started its workers): every source that rescans it on a
+        schedule of its own does so at its next read, within a period, not up to a second later."""
+        for src in list(self._active):
+            if isinstance(src, Rescans):
+                src.rescan_soon()
 
     def latest(self) -> tuple[float, dict[str, float]] | None:
         """The newest sample (for live views); None before the first."""

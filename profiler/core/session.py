@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -326,6 +326,13 @@ class Session:
     def _now(self) -> float:
         return self._clock() - self._t0
 
+    def _iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """iter(): where a DataLoader starts its workers; the sampler then looks for them at its next reading."""
+        it = iter(iterable)
+        if (sampler := self._recorder.sampler) is not None:
+            sampler.rescan_soon()
+        return it
+
     def wrap(
         self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None
     ) -> Generator[Any, None, None]:
@@ -340,8 +347,7 @@ class Session:
         halt = self._recorder.halt if self._halts else None
         t_iter: float | None = clock()
         r_iter = raw() if raw else None
-        # iter() is where a DataLoader starts its workers: that wait belongs to the first step
-        it = iter(iterable)
+        it = self._iterate(iterable)  # the workers' start: that wait belongs to the first step
         try:
             while True:
                 t0 = self._waiting_since = clock()

@@ -42,9 +42,9 @@ from profiler.sweep.analysis import (
 from profiler.sweep.tuner import TuneResult, tune
 from scenarios import Scenario
 
-# A tune trial's least measured time (within its caps): the host source finds new loader workers on its
-# once-a-second rescan of the process tree and its first reading of each is a baseline, so a shorter
-# window can end before any worker's CPU use was sampled
+# A tune trial's least measured time (within its caps): the host source finds new loader workers at its first
+# reading after the loader's iter(), and its first reading of each is a baseline, so the workers' CPU share is
+# a mean of few readings in a shorter window
 TRIAL_MIN_S = 1.0
 # Without --seconds, a tune trial's measured time is capped at its budget / TRIAL_SHARE (at least TRIAL_MIN_S),
 # so that a budget holds a few trials and the final comparison (4 runs) even where a step takes seconds

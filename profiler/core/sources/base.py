@@ -37,6 +37,15 @@ class Source(Protocol):
         """Release handles. Idempotent."""
 
 
+@runtime_checkable
+class Rescans(Protocol):
+    """A source that rescans a process tree on a schedule of its own (once a second) and can be told that the
+    tree has just changed (a loader started its workers), so that it finds the new processes at its next read."""
+
+    def rescan_soon(self) -> None:
+        """Rescan at the next read. Called from any thread: it only sets a flag."""
+
+
 class MemoryInfo(Protocol):
     @property
     def rss(self) -> int: ...

@@ -270,6 +270,7 @@ class BlockedSource:
         self._last_t: float | None = None
         self._last_scan = -math.inf
         self._rescan_s = rescan_s
+        self._rescan_due = False  # rescan_soon(): set from any thread, taken by the next read
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
@@ -294,10 +295,15 @@ class BlockedSource:
             if "main" not in self._threads:
                 raise RuntimeError("BlockedSource.read() called before a successful open()")
             now = self._clock()
-            if now - self._last_scan >= self._rescan_s:  # workers come and go rarely; rescanning costs reads
-                self._last_scan = now
+            # workers come and go rarely (a loader's iter() says when); rescanning costs reads
+            if self._rescan_due or now - self._last_scan >= self._rescan_s:
+                self._last_scan, self._rescan_due = now, False
                 self._rescan()
             return self._take(now)
+
+    def rescan_soon(self) -> None:
+        """Rescan the workers at the next read (:class:`~profiler.core.sources.base.Rescans`)."""
+        self._rescan_due = True
 
     def close(self) -> None:
         self._stop.set()

@@ -58,6 +58,7 @@ class HostSource:
         # Children that failed a read, so a rescan that lists them again does not re-adopt them.
         self._dropped: dict[int, ProcessHandle] = {}
         self._last_refresh = -math.inf
+        self._rescan_due = False  # rescan_soon(): set from any thread, taken by the next read
         # psutil keeps system-wide cpu_percent state per calling thread, so a reading is only
         # meaningful on the thread that made the previous call.
         self._sys_cpu_thread: int | None = None
@@ -94,7 +95,8 @@ class HostSource:
         ps = self._ps
         with self._lock:
             now = time.monotonic()
-            if now - self._last_refresh >= self._refresh_s:
+            if self._rescan_due or now - self._last_refresh >= self._refresh_s:
+                self._rescan_due = False
                 self._refresh_children(now)
             try:
                 # open() primed it moments ago: CPU % over that sliver is tick noise (0% or 700%), not a reading
@@ -141,6 +143,10 @@ class HostSource:
             self._unprimed.clear()
             self._dropped.clear()
             self._last_refresh = -math.inf
+
+    def rescan_soon(self) -> None:
+        """Rescan the tree at the next read (:class:`~profiler.core.sources.base.Rescans`)."""
+        self._rescan_due = True
 
     def pid_labels(self) -> dict[str, int]:
         """Label -> pid for the main process and every worker seen so far (exited ones included)."""

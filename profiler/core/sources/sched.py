@@ -202,6 +202,7 @@ class SchedSource:
         self._unprimed: set[str] = set()
         self._gone: set[str] = set()
         self._last_scan = -math.inf
+        self._rescan_due = False  # rescan_soon(): set from any thread, taken by the next read
         self._last_t: float | None = None
         # close() may come from another thread than the sampler's read()
         self._lock = threading.Lock()
@@ -223,9 +224,14 @@ class SchedSource:
             if self._main is None:
                 raise RuntimeError("SchedSource.read() called before a successful open()")
             now = self._clock()
-            if now - self._last_scan >= self._rescan_s:
+            if self._rescan_due or now - self._last_scan >= self._rescan_s:
+                self._rescan_due = False
                 self._rescan(now)
             return self._take(now)
+
+    def rescan_soon(self) -> None:
+        """Rescan threads and workers at the next read (:class:`~profiler.core.sources.base.Rescans`)."""
+        self._rescan_due = True
 
     def close(self) -> None:
         with self._lock:
