@@ -105,7 +105,9 @@ def _train(tmp: Path, data: Timed, *, step_s: float, steps: int) -> tuple[dict, 
 def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple[str, ...]) -> None:
     with slow_server(ITEM_S, CHUNKS) if "network" in parts else contextlib.nullcontext(0) as port:
         data = Timed(parts, port)
-        # 3 s measured: the sampler finds the workers within its first second, and their first reading is a start
+        # 3 s measured. The sampler finds the workers at its first reading after the loader's iter(), so their
+        # readings cover the window the truth covers: found at its once-a-second rescan instead, a stress pass read
+        # a worker only late in the window, 94.9% asleep against its items' 76.5% over the whole window
         summary, start, end = _train(tmp_path, data, step_s=0.0, steps=round(3.0 / sum(PART_S[p] for p in parts)))
     lt = summary["loader_time"]
     rows = {p["label"]: p for p in lt["processes"]}
@@ -131,7 +133,7 @@ def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple
 
 def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:
     data = Timed(())
-    summary, _start, _end = _train(tmp_path, data, step_s=0.05, steps=60)  # 3 s: the workers are found in 1-2
+    summary, _start, _end = _train(tmp_path, data, step_s=0.05, steps=60)  # 3 s
     lt = summary["loader_time"]
     w = lt["workers"]
     assert data.counts == {}  # the truth: the items take no time at all
