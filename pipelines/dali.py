@@ -253,13 +253,19 @@ STAGE_BATCHES = 2  # batches of each prefix a round
 
 
 def time_stages(
-    dataset: Any, spec: LoaderSpec, rounds: int = STAGE_ROUNDS, batches: int = STAGE_BATCHES
+    dataset: Any,
+    spec: LoaderSpec,
+    rounds: int = STAGE_ROUNDS,
+    batches: int = STAGE_BATCHES,
+    waited: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """Seconds per sample of each prefix of the image-folder graph, each run alone (``pipe.run()``, no training)
     with the spec's threads: the reader; the reader and the decoder; the whole graph, in ``rounds`` rounds of
     ``batches`` batches each, the three in turn; the median round of each. DALI gives no per-operator times (its
     executor statistics are memory sizes), so a stage's time is what adding it costs a sample: the difference of
-    two prefixes. MEASURED prefixes; the stages DERIVED from them."""
+    two prefixes. MEASURED prefixes; the stages DERIVED from them. ``waited``: the calling thread's run-queue wait
+    so far (s, schedstat); each round's is taken out of its time, as the training's steps are taken net of the
+    training thread's (the thread that calls the graph is not the graph)."""
     import statistics
     import time
 
@@ -279,10 +285,11 @@ def time_stages(
                 pipe.run()
         for _ in range(rounds):
             for upto, pipe in pipes.items():
-                t0 = time.perf_counter()
+                t0, w0 = time.perf_counter(), waited() if waited else 0.0
                 for _ in range(batches):
                     pipe.run()
-                spent[upto].append((time.perf_counter() - t0) / (batches * spec.batch_size))
+                own = time.perf_counter() - t0 - ((waited() - w0) if waited else 0.0)
+                spent[upto].append(max(0.0, own) / (batches * spec.batch_size))
     finally:
         pipes.clear()
     return {
@@ -292,6 +299,7 @@ def time_stages(
         "batch_size": spec.batch_size,
         "threads": max(1, spec.workers),
         "decoder": "cpu" if cuda is None else "mixed",
+        "caller_runq_out": waited is not None,
     }
 
 

@@ -135,8 +135,9 @@ def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Pa
     """DALI gives no per-operator times: ``--dali-stages`` runs the graph's prefixes alone before training. The
     whole graph's rate is the capacity: an upper bound of the same loader measured by a ``--loader-only`` run (the
     iterator's hand-over to torch and the copy are outside the graph). Measured here on 64 JPEGs, batch 8, 2
-    threads: x0.92 and x1.12 on a quiet host, x1.03-x1.34 beside two busy processes (the loader-only run's own
-    throughput is what varies: 436-651 samples/s there)."""
+    threads, both sides net of the calling thread's wait for a CPU: x0.96 and x1.15 on a quiet host, x1.01-x1.48
+    beside two busy processes (5 runs). With only the steps taken net of it, a stress pass read x0.71 (579 against
+    814 samples/s)."""
     pytest.importorskip("nvidia.dali")
     from scenarios.datagen import make
 
