@@ -269,6 +269,7 @@ def time_stages(
     import statistics
     import time
 
+    caller_waited = waited or (lambda: 0.0)
     try:
         source, aug = _image_folder(dataset)
     except PipelineError:
@@ -285,10 +286,10 @@ def time_stages(
                 pipe.run()
         for _ in range(rounds):
             for upto, pipe in pipes.items():
-                t0, w0 = time.perf_counter(), waited() if waited else 0.0
+                t0, w0 = time.perf_counter(), caller_waited()
                 for _ in range(batches):
                     pipe.run()
-                own = time.perf_counter() - t0 - ((waited() - w0) if waited else 0.0)
+                own = time.perf_counter() - t0 - (caller_waited() - w0)
                 spent[upto].append(max(0.0, own) / (batches * spec.batch_size))
     finally:
         pipes.clear()
