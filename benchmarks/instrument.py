@@ -50,7 +50,7 @@ def one(name: str, instrumented: bool, tmp: Path, tag: str) -> float:
     got = json.loads(truth.read_text())
     if name == "train":
         return float(got["steps"] / got["seconds"])
-    return len(got) / sum(batch for _data, batch in got)
+    return len(got) / sum(row[1] for row in got)  # rows: [data_s, batch_s, ...]
 
 
 PER_CALL = """

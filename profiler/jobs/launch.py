@@ -347,6 +347,10 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
         device = resolve_device(f"cuda:{info.local_rank}")
     cfg = replace(job.run, out=Path(job.run.out) / f"rank-{info.rank}", device=device, dist=info)
     announce(cfg.out)
+    # the agent's forkserver made this process, and a child of a forkserver inherits its start method: left so,
+    # each epoch's DataLoader workers came from a new forkserver of this rank's, a fresh interpreter that imports
+    # torch again (7 s a rank on 2 cores for 3 steps of 8 images). A rank torchrun starts forks its workers.
+    multiprocessing.set_start_method("fork", force=True)
     if "OMP_NUM_THREADS" not in os.environ:  # as torchrun does: ranks share the node's cores
         import torch
 

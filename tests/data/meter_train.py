@@ -4,8 +4,11 @@ time (from the end of the last step to the end of this one), around a plain ``fo
 
 It has no stallscope code: tests/test_instrument.py runs it under ``stallscope run --`` and checks the
 start-up module's step figures against the per-step times this script writes (``--truth FILE``, a JSON list
-of ``[data_s, batch_s]``; ``{rank}`` in FILE is replaced under torchrun). Each item sleeps ``--sleep-ms`` (a
-stand-in for storage) and does a little numpy, so the loader is slower than the model with few workers.
+of ``[data_s, batch_s, data_runq_s]``; ``{rank}`` in FILE is replaced under torchrun). ``data_runq_s`` is the
+time the loop's thread waited for a CPU inside its data window (the kernel's schedstat, read just inside the
+window's two clock reads; null where the kernel has none): the test nets out what of it fell outside ``next()``.
+Each item sleeps ``--sleep-ms`` (a stand-in for storage) and does a little numpy, so the loader is slower than
+the model with few workers.
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ class AverageMeter:
     @property
     def avg(self) -> float:
         return sum(self.values) / len(self.values)
+
+
+def runq_s() -> float | None:
+    """This thread's run-queue wait so far (s), from /proc/thread-self/schedstat; None where there is none."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class Items(Dataset[tuple[torch.Tensor, int]]):
@@ -65,10 +77,13 @@ def main() -> None:
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    data_time, batch_time = AverageMeter(), AverageMeter()
+    data_time, batch_time, data_runq = AverageMeter(), AverageMeter(), []
     end = time.time()
+    q_end = runq_s()
     for i, (x, y) in enumerate(loader):
+        q_data = runq_s()
         data_time.update(time.time() - end)
+        data_runq.append(q_data - q_end if q_data is not None and q_end is not None else None)
         for _ in range(3):
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
@@ -76,12 +91,13 @@ def main() -> None:
             opt.step()
         batch_time.update(time.time() - end)
         end = time.time()
+        q_end = runq_s()
         if i + 1 == args.steps:
             break
     rank = dist.get_rank() if distributed else 0
     print(f"rank {rank}: data {data_time.avg * 1e3:.2f} ms  batch {batch_time.avg * 1e3:.2f} ms")
     with open(args.truth.format(rank=rank), "w") as fh:
-        json.dump(list(zip(data_time.values, batch_time.values, strict=True)), fh)
+        json.dump(list(zip(data_time.values, batch_time.values, data_runq, strict=True)), fh)
     if distributed:
         dist.destroy_process_group()
 
