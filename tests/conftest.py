@@ -28,6 +28,15 @@ import warm
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def runq_s() -> float | None:
+    """The calling thread's run-queue wait so far (s), from /proc/thread-self/schedstat; None where there is none."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class Truth:
     """The injected ground truth as it really ran: each sleep's own elapsed time, by label.
 
@@ -39,16 +48,29 @@ class Truth:
 
     def __init__(self) -> None:
         self.spent: dict[str, list[float]] = {}
+        # the thread's run-queue wait inside each span (s; None without schedstat), read just inside its clock reads
+        self.runq: dict[str, list[float | None]] = {}
 
     def sleep(self, label: str, seconds: float) -> None:
         t0 = time.perf_counter()
+        q0 = runq_s()
         if seconds:
             time.sleep(seconds)
-        self.add(label, time.perf_counter() - t0)
+        q1 = runq_s()
+        self.add(label, time.perf_counter() - t0, None if q0 is None or q1 is None else q1 - q0)
 
-    def add(self, label: str, seconds: float) -> None:
+    def add(self, label: str, seconds: float, runq: float | None = None) -> None:
         """One more span of ``label``, timed by the caller on this clock (``time.perf_counter``)."""
         self.spent.setdefault(label, []).append(seconds)
+        self.runq.setdefault(label, []).append(runq)
+
+    def outside_ms(self, label: str, measured_runq: list[float | None], skip: int = 0) -> float:
+        """Mean ms a span of ``label`` the measurement timed (its run-queue waits ``measured_runq``, one per span
+        from the first) waited for a CPU outside the truth's own window: the measured span holds the truth's and
+        a few lines around it, where a preemption on a busy host is the measurement's time, not the sleep's."""
+        pairs = list(zip(measured_runq, self.runq.get(label, []), strict=False))[skip:]
+        extra = [max(0.0, m - t) for m, t in pairs if m is not None and t is not None]
+        return 1e3 * sum(extra) / len(pairs) if pairs else 0.0
 
     def mean_ms(self, label: str, skip: int = 0) -> float:
         """Mean elapsed ms of ``label``'s sleeps after the first ``skip`` (the warm-up steps); 0 if none ran."""
@@ -72,13 +94,15 @@ class _SleepLoader:
 
     def __next__(self) -> list[int]:
         t0 = time.perf_counter()
+        q0 = runq_s()
         if self.left <= 0:
             raise StopIteration
         self.left -= 1
         if self.wait_s:
             time.sleep(self.wait_s)
         out = [0] * self.batch
-        self.truth.spent.setdefault("data_wait", []).append(time.perf_counter() - t0)
+        q1 = runq_s()
+        self.truth.add("data_wait", time.perf_counter() - t0, None if q0 is None or q1 is None else q1 - q0)
         return out
 
 

@@ -25,9 +25,10 @@ def _run(
     warmup: int = 2,
     workers: int | None = None,
     sources: list | None = None,
+    truth: Truth | None = None,
 ) -> tuple[Summary, dict[str, float]]:
     """Run a loop of injected sleeps; return the summary and what each part really took (ms per measured step)."""
-    truth = Truth()
+    truth = truth if truth is not None else Truth()
     with Session(tmp, warmup=warmup, sources=sources, meta={"workers": workers}) as s:
         for _batch in s.wrap(sleep_loader(steps + warmup, wait, truth=truth)):
             if h2d:
@@ -48,11 +49,20 @@ def _run(
 
 
 def test_phase_times_and_stall_fraction_match_injected_sleeps(tmp_path: Path) -> None:
-    s, t = _run(tmp_path, wait=0.030, h2d=0.020, compute=0.040)  # default sources: host + sched + nvml (unavailable)
+    truth = Truth()
+    s, t = _run(tmp_path, wait=0.030, h2d=0.020, compute=0.040, truth=truth)  # sources: host, sched, nvml (absent)
     b = s.breakdown_ms_per_step
     assert s.steps == 20 and s.warmup_steps == 2
+    # each measured span holds its truth's and a few lines around it: a preemption there, beside busy processes,
+    # is the measurement's own time (a stress pass: 57.9 ms of data wait against 48.5 in the loader's next()), so
+    # the comparison takes out the run-queue wait the measured span had beyond the truth's (schedstat, both)
+    run = load_run(tmp_path)
+    waits = [st.data_wait_runq_s for st in run.steps]
+    outside = {"data_wait": truth.outside_ms("data_wait", waits, skip=2)}
+    for part in ("h2d", "compute"):
+        outside[part] = truth.outside_ms(part, [p.runq_s for p in run.phases if p.name == part], skip=2)
     for part in ("data_wait", "h2d", "compute"):
-        assert near(b[part], t[part]), (part, b, t)
+        assert near(b[part] - outside[part], t[part]), (part, b, t, outside)
     stall = (t["data_wait"] + t["h2d"]) / t["step"]
     assert abs(s.stall_fraction - stall) <= 0.01, (s.stall_fraction, stall)
     assert near(s.step_time_ms.mean, t["step"])
