@@ -5,6 +5,7 @@ itself), plus the launcher's faults (a rank SIGKILLed, Ctrl-C), two nodes on loc
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import socket
@@ -313,3 +314,40 @@ def test_a_rank_whose_training_raises_says_one_line_and_exits_1(
         "stallscope: rank 0: training failed: RuntimeError: [pair.cc:545] Read error [127.0.0.1]:52138: Connection "
         "reset by peer.\n"
     ), err
+
+
+def test_a_rank_forks_its_loader_workers_whatever_start_method_it_inherited(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the elastic agent starts the ranks from a fork server, and a child of a fork server inherits that start
+    # method: each epoch's DataLoader workers then came from a fork server of the rank's own, a fresh interpreter
+    # that imported torch again (a 2-rank imagenet job of 3 steps: 36 s; forked, 22 s). A rank torchrun starts forks
+    from profiler.core.devices import resolve_device
+    from profiler.drivers import runner
+    from profiler.drivers.runner import RunConfig
+    from profiler.jobs.launch import JobSpec, rank_main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    seen: list[str] = []
+
+    class Trained:
+        def summary(self) -> None:
+            return None
+
+    def train(*_args: object, **_kw: object) -> Trained:
+        seen.append(multiprocessing.get_start_method())  # what a DataLoader built here would start its workers with
+        return Trained()
+
+    monkeypatch.setattr(runner, "run_scenario", train)
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)  # as a child of the agent's fork server has it
+    try:
+        assert rank_main(JobSpec(RANKS, RunConfig(tmp_path, resolve_device("cpu")), nproc=1)) is None
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert seen == ["fork"]
