@@ -284,6 +284,16 @@ def test_ranks_announce_their_pid(tmp_path: Path) -> None:
     assert announced_ranks(tmp_path) == {os.getpid(): 3}
 
 
+def one_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment torchrun gives a job's only rank, on a free local port: for ``rank_main`` in this process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
 def test_a_rank_whose_training_raises_says_one_line_and_exits_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -294,12 +304,7 @@ def test_a_rank_whose_training_raises_says_one_line_and_exits_1(
     from profiler.drivers.runner import RunConfig
     from profiler.jobs.launch import JobSpec, rank_main
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    one_rank_env(monkeypatch)
 
     def lost_peer(*_args: object, **_kw: object) -> None:
         raise RuntimeError("[pair.cc:545] Read error [127.0.0.1]:52138: Connection reset by peer.\nmore lines")
@@ -327,12 +332,7 @@ def test_a_rank_forks_its_loader_workers_whatever_start_method_it_inherited(
     from profiler.drivers.runner import RunConfig
     from profiler.jobs.launch import JobSpec, rank_main
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    one_rank_env(monkeypatch)
     seen: list[str] = []
 
     class Trained:
