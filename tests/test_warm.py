@@ -48,3 +48,18 @@ def test_an_environment_the_libraries_read_differently_runs_fresh(tmp_path: Path
         "PYTHONPATH": "a",
         "OMP_NUM_THREADS": "1",
     }  # HOME does not matter to the libraries
+
+
+def test_the_server_stays_in_the_tests_session_so_its_commands_share_its_scheduling_group() -> None:
+    # where the kernel groups processes by session for scheduling (sched_autogroup), a server in a session of its
+    # own gave its commands as much CPU as every other process of the run together: a tune measured there against
+    # a grid measured inside the test read two computing workers as x0.95 of none, the grid x1.6 (a stress pass)
+    import psutil
+
+    path = warm.socket_path()
+    assert path is not None
+    servers = [p for p in psutil.process_iter(["cmdline"]) if path in (p.info["cmdline"] or [])]
+    assert servers, path
+    for server in servers:
+        assert os.getsid(server.pid) == os.getsid(0)
+        assert os.getpgid(server.pid) != os.getpgid(0)  # a Ctrl-C at the terminal is not sent to it

@@ -294,8 +294,8 @@ def socket_path() -> str | None:
 
         path = os.path.join(tempfile.mkdtemp(prefix="stallscope-warm-"), "sock")
         env = {**os.environ, "PYTHONPATH": ROOT}
-        # double fork (setsid + the launcher exits): the server is not a child of the test process, which
-        # counts its children (conftest.no_children)
+        # double fork (the launcher exits): the server is not a child of the test process, which counts its
+        # children (conftest.no_children)
         launcher = subprocess.Popen(
             [sys.executable, __file__, "daemon", path, str(os.getpid())],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -321,7 +321,11 @@ def argv(args: list[str] | tuple[str, ...] = ()) -> list[str]:
 def _daemon(sock_path: str, parent: int) -> None:
     if os.fork() != 0:
         os._exit(0)
-    os.setsid()
+    # a process group of its own (a Ctrl-C at the terminal is not sent to it), in the test's session: a session of
+    # its own (setsid) is a scheduling group of its own where the kernel groups by session (sched_autogroup, on
+    # here), and its commands then had as much CPU as every other process of the run together; a tune measured
+    # that way against a grid run inside the test read computing workers as useless beside two busy processes
+    os.setpgid(0, 0)
     serve(sock_path, parent)
 
 
