@@ -249,9 +249,9 @@ def _build_pipe(
 
 STAGES = ("fetch", "decode", "augment")  # the graph's prefixes: reader; + decoder; + augmentation (the whole)
 STAGE_ROUNDS = 7  # rounds of the three prefixes in turn: a burst on a shared host falls on all three alike
-# batches of each prefix a round: at 2 (16 samples, ~20 ms) a round ended before a thread woken for it had used
-# up the scheduler's credit for its sleep, and beside two busy processes the capacity read up to x2.15 the rate
-# the same graph kept up in training; at 8, x0.86-x1.24 (x1.04-x1.09 quiet)
+# batches of each prefix a round: at 2 (16 samples, ~20 ms) one scheduling event decided a round (likely: threads
+# woken for it still had the scheduler's credit for their sleep), and beside two busy processes the capacity read
+# up to x2.15 the rate the same graph kept up in training; at 8, x0.86-x1.24 (x1.04-x1.09 quiet)
 STAGE_BATCHES = 8
 
 
