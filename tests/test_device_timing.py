@@ -202,7 +202,8 @@ def test_cuda_event_timer_maps_events_onto_the_session_timeline() -> None:
         def elapsed_time(self, other: Ev) -> float:
             return (other.at - self.at) * 1e3  # torch returns milliseconds
 
-    times: Iterator[float] = iter([10.0, 10.5, 12.0])
+    # the reference's tries first (the clock reads are all 3.0: the first try is kept), then the two marks
+    times: Iterator[float] = iter([10.0, 99.0, 99.0, 99.0, 99.0, 10.5, 12.0])
     cuda = SimpleNamespace(synchronize=lambda dev: None, Event=lambda enable_timing: Ev(next(times)))
     timer = CudaEventTimer(FAKE_GPU, now=lambda: 3.0, torch_mod=SimpleNamespace(cuda=cuda))
     a, b = timer.mark(), timer.mark()

@@ -6,9 +6,9 @@ stream. Events are resolved later, without a per-step synchronize, by the Sessio
 (see ``Session._resolve``), which only asks ``done``/``wait``/``time_of``.
 
 Device times are put on the host timeline through one reference event recorded and synchronised when the
-timer starts: ``t = t_ref + ref.elapsed_time(ev)``. The alignment error is the host's wake-up latency after
-that one synchronize (tens of microseconds), the same for every event, so device intervals stay exact
-relative to each other.
+timer starts: ``t = t_ref + ref.elapsed_time(ev)``, ``t_ref`` the middle of the clock reads around it, the
+tightest of a few tries. The alignment error (half their distance: tens of microseconds unless the host preempted
+every try) is the same for every event, so device intervals stay exact relative to each other.
 """
 
 from __future__ import annotations
@@ -142,6 +142,9 @@ class DeviceTimer(Protocol):
     def release(self, ev: object) -> None: ...
 
 
+REF_TRIES = 5  # reference events tried when a CUDA timer starts (the start-up module's DeviceClock does the same)
+
+
 class CudaEventTimer:
     """CUDA events on the current stream; pooled so a long run allocates a bounded number of events."""
 
@@ -152,10 +155,16 @@ class CudaEventTimer:
         self._dev = device.index
         self._pool: list[_CudaEvent] = []
         self._cuda.synchronize(self._dev)
-        self._ref = self._new()
-        self._ref.record()
-        self._ref.synchronize()
-        self._ref_t = now()
+        # on the idle device a reference is reached between the clock reads around it: of REF_TRIES, the one whose
+        # reads are closest, at their middle (one read after the synchronize alone was late by any preemption)
+        tries = []
+        for _ in range(REF_TRIES):
+            ev, before = self._new(), now()
+            ev.record()
+            ev.synchronize()
+            tries.append((now() - before, before, ev))
+        width, before, self._ref = min(tries, key=lambda t: t[0])
+        self._ref_t = before + width / 2
 
     def _new(self) -> _CudaEvent:
         ev: _CudaEvent = self._cuda.Event(enable_timing=True)

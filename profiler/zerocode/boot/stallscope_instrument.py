@@ -243,13 +243,10 @@ class DeviceClock:
             ref.record()  # on an idle device: reached between the two clock reads; the middle is off by half at most
             ref.synchronize()
             tries.append((time.perf_counter() - before, before, ref))
-        width, before, ref = min(tries, key=lambda t: t[0])
-        after = before + width
-        self.ref, self.ref_t = ref, (before + after) / 2
+        width, before, self.ref = min(tries, key=lambda t: t[0])
+        self.ref_t = before + width / 2
         name = str(cuda.get_device_name(self.device))
-        self.writer.put(
-            {"k": "devclock", "device": self.device, "name": name, "t": self.ref_t, "err": after - self.ref_t}
-        )
+        self.writer.put({"k": "devclock", "device": self.device, "name": name, "t": self.ref_t, "err": width / 2})
         return True
 
     def drain(self, wait: bool = False) -> None:
