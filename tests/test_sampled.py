@@ -72,11 +72,27 @@ def test_an_iterators_teardown_after_the_last_step_is_outside_the_span() -> None
 
 
 def test_an_iterators_teardown_between_epochs_is_data_wait() -> None:
-    # the next epoch's training follows the shutdown: the training waited on the loader for it
-    main = [NEXT] * 10 + [FORWARD] * 10 + [DEL] * 5 + [NEXT] * 10 + [FORWARD] * 5
+    # the next epoch's training follows the shutdown: the training waited on the loader for it (the first step,
+    # 10 + 10 samples, is warm-up)
+    main = [NEXT] * 10 + [FORWARD] * 10 + [NEXT] * 5 + [FORWARD] * 5 + [DEL] * 5 + [NEXT] * 10 + [FORWARD] * 5
     est, _ = stack_estimates(record(speedscope({((1,), "1"): main}), target_pid=1))
     assert est is not None and est.overall is not None
-    assert est.overall.samples == 40 and est.overall.data_wait.samples == 25
+    assert est.overall.samples == 30 and est.overall.data_wait.samples == 20
+    assert est.trimmed_outside_training == 20
+
+
+def test_the_first_step_is_warm_up_and_a_catch_up_burst_in_its_wait_is_left_out() -> None:
+    # set-up, then a first wait inflated by py-spy's making up the samples it fell behind on (60 back-to-back),
+    # then 10 steps of 2 waiting and 8 computing samples: the span opens at the second step's wait
+    main = [OTHER] * 5 + [NEXT] * 60 + [FORWARD] * 3 + ([NEXT] * 2 + [FORWARD] * 8) * 10
+    est, _ = stack_estimates(record(speedscope({((1,), "1"): main}), target_pid=1))
+    assert est is not None and est.overall is not None
+    assert est.overall.samples == 100 and est.overall.data_wait.samples == 20
+    assert est.trimmed_outside_training == 68
+    # a run sampled in one step only keeps it
+    est, _ = stack_estimates(record(speedscope({((1,), "1"): [OTHER] * 5 + [NEXT] * 6 + [FORWARD] * 4}), target_pid=1))
+    assert est is not None and est.overall is not None
+    assert est.overall.samples == 10 and est.overall.data_wait.samples == 6
 
 
 def test_a_run_whose_only_loader_samples_are_a_teardown_has_no_span() -> None:

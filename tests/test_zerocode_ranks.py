@@ -30,11 +30,13 @@ SCRIPT = str(ROOT / "tests" / "data" / "ddp_straggler.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
 # ~650-770 main-thread samples per rank at 100 Hz over ~7 s (over 4 s, ~370-440: a stress run read rank 0 7.04 pp
 # off, 3.4 sd there). The shares here are near 0.1 and 0.85, where the binomial sd at n >= 500 is <= 1.6 pp: the
-# bound is 4.4 sd; the estimate's window (first loader sample to last
-# loader-or-compute sample) and the script's (its loop) differ by a few samples at each end. Measured errors
-# (estimate - truth), py-spy real-time (core.pyspy.OnTime): beside two busy processes rank 0 -1.35, -1.44,
-# -0.55 pp and rank 1 -0.43, +0.45, -1.83 pp; beside three, rank 0 -2.1 to +4.2, rank 1 -1.2 to +2.6 pp. At
-# normal priority rank 1 read +4.3 to +7 pp high beside two.
+# bound is 4.4 sd; the estimate's window (the second step's first loader sample to the last loader-or-compute
+# sample) and the script's (its second step's next() to its loop's end) differ by a few samples at each end.
+# Measured errors (estimate - truth over the whole loop, before the first step was left out), py-spy real-time
+# (core.pyspy.OnTime): beside two busy processes rank 0 -1.35, -1.44, -0.55 pp and rank 1 -0.43, +0.45, -1.83 pp;
+# beside three, rank 0 -2.1 to +4.2, rank 1 -1.2 to +2.6 pp; at normal priority rank 1 read +4.3 to +7 pp high
+# beside two. Three runs read rank 0 +8.6 to +8.9 pp high: py-spy's samples made up in the first step (its span
+# now leaves that step out: docs/zero-code.md).
 TOLERANCE = 0.07
 MIN_RANK_SAMPLES = 500
 # The start-up module's per-rank figures against the script's own (after its first step): measured -0.11 pp
@@ -73,14 +75,14 @@ def test_both_ranks_are_identified_from_their_environment(job: dict[str, Any]) -
 def test_each_ranks_data_wait_estimate_matches_its_own_measurement(job: dict[str, Any]) -> None:
     rows = _rows(job)
     for rank, row in rows.items():
-        est, truth = row["data_wait_fraction"], job["truth"][rank]["data_wait_fraction"]
+        est, truth = row["data_wait_fraction"], job["truth"][rank]["data_wait_fraction_after_first_step"]
         assert row["main_thread_samples"] >= MIN_RANK_SAMPLES, row["main_thread_samples"]
         assert abs(est["fraction"] - truth) <= TOLERANCE, (rank, est, truth)
     # the injected straggler: rank 1 waits for data, rank 0 does not (it waits in rank 1's all-reduce), by more than
     # the two estimates' tolerances together, so that the check above tells the ranks apart. (A fixed 0.6 between
     # them failed in a CI run: beside the suite rank 1's own figure read 0.56, its augment work and compute
     # stretched as well.)
-    waits = [job["truth"][r]["data_wait_fraction"] for r in (0, 1)]
+    waits = [job["truth"][r]["data_wait_fraction_after_first_step"] for r in (0, 1)]
     assert waits[1] - waits[0] > 2 * TOLERANCE, waits
     assert rows[1]["data_wait_fraction"]["low"] > rows[0]["data_wait_fraction"]["high"]
     assert rows[1]["verdict"] == "highly input-bound"

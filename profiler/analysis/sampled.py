@@ -284,30 +284,49 @@ def _pooled(ests: list[StackEstimate], phases: list[PhaseEstimate], ranks: list[
 def _training_span(
     samples: list[StackSample], root_pid: int | None, sites: list[tuple[str, int]]
 ) -> tuple[list[StackSample], int]:
-    """Keep the main thread's samples from its first loader sample to its last loader-or-compute sample, and
-    drop its partial stacks.
+    """Keep the main thread's samples from the start of its second step to its last loader-or-compute sample,
+    and drop its partial stacks.
 
     Start-up (imports, building data and model) and tear-down are not training; left in, they would dilute
-    every fraction by however long the script takes to start. Training starts by fetching a batch, so the
-    span starts at the first loader sample: a stray torch frame during set-up (lazy torch._dynamo
-    initialisation, building modules) must not open it early. An abandoned iterator's ``__del__`` joining
-    its workers after the last step does not hold it open (measured: up to 15 samples, 4% of a 4 s run). A
-    main-thread stack whose outermost frame is not the program's ``<module>`` was read while it changed (runs
-    recorded with py-spy --nonblocking; py-spy now pauses the process for each read): its frames cannot be
-    trusted to show whether it was inside the loader, so it is left out rather than guessed.
+    every fraction by however long the script takes to start. Training starts by fetching a batch: a stray
+    torch frame during set-up (lazy torch._dynamo initialisation, building modules) must not open the span
+    early. The first step is warm-up, as in the measured figures: its wait starts the workers, and py-spy
+    makes up the samples it fell behind on during a busy start-up back-to-back (it keeps a schedule), so they
+    land in the first waits (a rank's first batch read 1.37 s of samples where its own clock said about 0.3).
+    So the span opens at the first loader sample after one outside the loader; a run sampled in one step
+    only keeps its first. An abandoned iterator's ``__del__`` joining its workers after the last step does
+    not hold the span open (measured: up to 15 samples, 4% of a 4 s run). A main-thread stack whose outermost
+    frame is not the program's ``<module>`` was read while it changed (runs recorded with py-spy
+    --nonblocking; py-spy now pauses the process for each read): it is left out rather than guessed.
     """
     roles = identify(samples, root_pid)
     main = [s for s in samples if s.order is not None and roles.is_main_thread(s)]
     phase = {id(s): classify_main_sample(s.frames, sites) for s in main}
-    training = [s for s in main if s.order is not None and not _loader_teardown(s.frames)]
+    training = sorted(
+        (s for s in main if s.order is not None and not _loader_teardown(s.frames)), key=lambda s: s.order or 0
+    )
     starts = [s.order for s in training if s.order is not None and phase[id(s)] == "data_wait"]
     ends = [s.order for s in training if s.order is not None and phase[id(s)] in ("data_wait", "compute")]
     if not starts:  # no batch fetched while sampled (a teardown is not a fetch): nothing marks the training
         return samples, 0
-    first, last = min(starts), max(ends)
+    first, last = _second_step([(s.order or 0, phase[id(s)]) for s in training], min(starts)), max(ends)
     drop = {id(s) for s in main if not first <= (s.order or 0) <= last or not _whole(s.frames)}
     kept = [s for s in samples if id(s) not in drop]
     return kept, sum(s.count for s in samples) - sum(s.count for s in kept)
+
+
+def _second_step(ordered: list[tuple[int, str]], first: int) -> int:
+    """The order of the first loader sample after ``first`` that follows a sample outside the loader: where
+    the second step's ``next()`` began. ``first`` when there is none (one step sampled)."""
+    left = False
+    for order, phase in ordered:
+        if order <= first:
+            continue
+        if phase != "data_wait":
+            left = True
+        elif left:
+            return order
+    return first
 
 
 _ROOTS = frozenset({"<module>", "_run_module_as_main", "_run_code"})

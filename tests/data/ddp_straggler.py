@@ -7,9 +7,10 @@ Every item costs every rank a little CPU in ``augment`` (numpy); on ``--slow-ran
 ``--sleep-ms`` in ``slow_read`` (a stand-in for slow storage), so that rank's loader is the bottleneck and
 the other rank waits for it in DDP's gradient all-reduce (inside backward), not in its loader. Each rank
 times its own ``iter``/``next(loader)`` and writes ``DIR/truth-rank{RANK}.json``: its data-wait fraction over its
-training loop, the ground truth the profiler's stack-sample estimate is checked against; the same after its first
-step (``steady_data_wait_fraction``, the truth for the start-up module's figures, whose first step is warm-up);
-and its pid.
+training loop; the same from its second step's ``next()`` to the loop's end (``data_wait_fraction_after_first_step``,
+the ground truth the profiler's stack-sample estimate is checked against: its span leaves the first step out as
+warm-up); over steps 1 .. n-2 (``steady_data_wait_fraction``, the truth for the start-up module's figures); and its
+pid.
 """
 
 from __future__ import annotations
@@ -94,10 +95,14 @@ def main() -> None:
         dist.broadcast(stop, 0)
         if stop[0]:
             break
-    total = time.perf_counter() - start
+    end = time.perf_counter()
+    total = end - start
     out = Path(args.truth) / f"truth-rank{RANK}.json"
     steady = sum(waits[1:-1]) / (starts[-1] - starts[1]) if steps >= 3 else None
+    # the stack estimate's span: from the second step's next() to the loop's end (its first step is warm-up)
+    after_first = sum(waits[1:]) / (end - starts[1]) if steps >= 2 else None
     out.write_text(json.dumps({"rank": RANK, "pid": os.getpid(), "data_wait_fraction": wait / total,
+                               "data_wait_fraction_after_first_step": after_first,
                                "steady_data_wait_fraction": steady, "seconds": total, "steps": steps}))  # fmt: skip
     dist.destroy_process_group()
 
