@@ -292,7 +292,7 @@ def _training_span(
     torch frame during set-up (lazy torch._dynamo initialisation, building modules) must not open the span
     early. The first step is warm-up, as in the measured figures: its wait starts the workers, and py-spy
     makes up the samples it fell behind on during a busy start-up back-to-back (it keeps a schedule), so they
-    land in the first waits (a rank's first batch read 1.37 s of samples where its own clock said about 0.3).
+    land in the first waits (a rank's first batch read 1.37 s of samples, its whole first step 0.6 s by its clock).
     So the span opens at the first loader sample after one outside the loader; a run sampled in one step
     only keeps its first. An abandoned iterator's ``__del__`` joining its workers after the last step does
     not hold the span open (measured: up to 15 samples, 4% of a 4 s run). A main-thread stack whose outermost
