@@ -79,11 +79,7 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=320)
     ap.add_argument("--crop", type=int, default=64)
     ap.add_argument("--read-ms", type=float, default=2.0, help="storage latency per item (0: data in memory)")
-    ap.add_argument(
-        "--truth",
-        help="write the loop's own data-wait fraction, over the loop and from its second step, to this JSON file "
-        "({rank}: the rank)",
-    )
+    ap.add_argument("--truth", help="write the loop's own data-wait fractions to this JSON file ({rank}: the rank)")
     args = ap.parse_args()
     torch.manual_seed(0)
     distributed = "WORLD_SIZE" in os.environ  # started by torchrun
@@ -95,18 +91,7 @@ def main() -> None:
     loader = torch.utils.data.DataLoader(
         data, batch_size=args.batch_size, num_workers=args.workers, shuffle=sampler is None, sampler=sampler
     )
-    model = nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-        nn.Linear(64, 10),
-    )
-    if distributed:
-        model = nn.parallel.DistributedDataParallel(model)
+    model = build_model(distributed)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     wait = first_wait = 0.0
     second: float | None = None  # when the second step's next() began: the first step (it starts the workers) is
@@ -137,6 +122,20 @@ def main() -> None:
                        "seconds": total, "steps": args.steps}, fh)  # fmt: skip
     if distributed:
         dist.destroy_process_group()
+
+
+def build_model(distributed: bool) -> nn.Module:
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+    return nn.parallel.DistributedDataParallel(model) if distributed else model
 
 
 if __name__ == "__main__":
