@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -249,7 +248,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in TIMING_FILES:
             item.add_marker(timing)
-    items[:] = run_order(items)
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu or _has_cuda():  # asked only where it matters: the question imports torch (seconds of CPU)
         return
@@ -285,22 +283,10 @@ def work_unit(nodeid: str) -> str:
     return path if shares_a_fixture(path) else nodeid
 
 
-def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The order xdist hands out the work units in (pytest-xdist keeps the collection's order; see below): the alone
-    tests first, then the units with the most tests, each unit's tests together, in collection order otherwise.
-    An alone test waits for the tests running beside it to end, and none starts meanwhile: in the middle of the
-    suite that wait was the longest test then running (up to two minutes, three workers idle); at the start it is
-    the first few tests' (docs/testing.md)."""
-    size = collections.Counter(work_unit(item.nodeid) for item in items)
-    return sorted(items, key=lambda it: (it.get_closest_marker("alone") is None, -size[work_unit(it.nodeid)]))
-
-
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the collection is in run_order already
 
     class DocsTogether(LoadScopeScheduling):
         """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""
