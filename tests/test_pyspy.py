@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 from profiler.core.pyspy import FIFO_PRIORITY, PROMOTE_AFTER_S, OnTime, PySpyRecorder, attach_problem, find_pyspy
 
@@ -74,6 +75,39 @@ def test_on_time_without_the_privilege_says_normal_priority(monkeypatch: pytest.
     assert on.scheduling == "normal priority (SCHED_FIFO not allowed here: Operation not permitted)"
 
 
+def _tids(pid: int) -> set[int]:
+    return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+FAKE_PYSPY = """#!/bin/sh
+# a stand-in for py-spy record: says it samples (or not), then waits to be stopped
+[ "$FAKE_SAYS" = 1 ] && echo "py-spy> Sampling process 10 times a second. Press Control-C to exit."
+trap 'echo "{}" > "$FAKE_OUT"; exit 0' INT
+while true; do sleep 0.05; done
+"""
+
+
+@pytest.mark.parametrize("says", [True, False])
+def test_start_returns_once_pyspy_says_it_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, says: bool) -> None:
+    """py-spy prints "Sampling process ..." on stdout once it has opened the process: start returns then, not at
+    the end of its attach timeout (3 s for a command, 0.5 s for a scenario's run, before its first step). A
+    py-spy that never says it is taken as attached at the timeout, as before."""
+    fake = tmp_path / "py-spy"
+    fake.write_text(FAKE_PYSPY)
+    fake.chmod(0o755)
+    monkeypatch.setenv("STALLSCOPE_PYSPY", str(fake))
+    monkeypatch.setenv("FAKE_SAYS", "1" if says else "0")
+    monkeypatch.setenv("FAKE_OUT", str(tmp_path / "out.json"))
+    rec = PySpyRecorder(pid=os.getpid(), out=tmp_path / "out.json")
+    t0 = time.monotonic()
+    assert rec.start(attach_timeout_s=4.0) is None, rec.problem
+    took = time.monotonic() - t0
+    try:
+        assert took < 2.0 if says else took >= 4.0, took
+    finally:
+        assert rec.stop() is None, rec.problem
+
+
 def test_a_recording_pyspys_threads_run_real_time_where_allowed(tmp_path: Path) -> None:
     if find_pyspy() is None:
         pytest.skip("py-spy is not installed")
@@ -82,8 +116,12 @@ def test_a_recording_pyspys_threads_run_real_time_where_allowed(tmp_path: Path) 
     try:
         assert rec.start(attach_timeout_s=0.5) is None, rec.problem
         assert rec.proc is not None and rec.on_time is not None
+        proc, on_time = rec.proc, rec.on_time
         time.sleep(PROMOTE_AFTER_S + 0.6)
-        tids = [int(t) for t in os.listdir(f"/proc/{rec.proc.pid}/task")]
+        # start returns once py-spy samples, and a thread is promoted from PROMOTE_AFTER_S old: given a few seconds
+        # on a busy host (where promoting is not allowed, the first try says so and nothing is promoted)
+        wait_until(lambda: not on_time.scheduling.startswith("SCHED") or on_time.promoted >= _tids(proc.pid), 5.0)
+        tids = _tids(proc.pid)
         policies = {os.sched_getscheduler(t) & ~os.SCHED_RESET_ON_FORK for t in tids}
         try:  # whether this host lets this process use SCHED_FIFO at all
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
@@ -92,7 +130,7 @@ def test_a_recording_pyspys_threads_run_real_time_where_allowed(tmp_path: Path) 
         except PermissionError:
             allowed = False
         if allowed:
-            assert policies == {os.SCHED_FIFO} and rec.on_time.promoted == set(tids)
+            assert policies == {os.SCHED_FIFO} and rec.on_time.promoted == tids
             assert rec.on_time.scheduling.startswith("SCHED_FIFO")
         else:
             assert policies == {os.SCHED_OTHER} and rec.on_time.scheduling.startswith("normal priority")

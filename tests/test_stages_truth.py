@@ -116,8 +116,11 @@ def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) 
     stage = next(r["text"] for r in saturated["recommendations"] if r["code"] == "LOADER_STAGE")
     assert "saturated: more workers would only queue more reads behind it" in stage
     more = _run(tmp_path, "w4", "--workers", "4", "--store-mbps", "4")
-    # the store's 40 samples/s is the limit: 4 workers within 10% of 2 (measured 40.0 and 40.0, the store busy 100%)
-    assert more["throughput_samples_per_s"] == pytest.approx(saturated["throughput_samples_per_s"], rel=0.10)
+    # the advice is that more workers do not help: 4 deliver no more than 2 (+10%), the store still the limit (measured
+    # 40.0 and 40.0 quiet, the store busy 100%). The check is one-sided, as the advice is: beside two busy loops and
+    # two other tests, 4 workers read 35.2 against 2's 39.4 in a stress pass (the store 88% busy: the CPU was
+    # scarcer than the store's reads there), which is no gain either
+    assert more["throughput_samples_per_s"] <= 1.10 * saturated["throughput_samples_per_s"], (more, saturated)
     alone = _run(tmp_path, "w0", "--workers", "0")
     advice = next(r["text"] for r in alone["recommendations"] if r["code"] == "RAISE_WORKERS")
     assert "num_workers=2" in advice

@@ -54,6 +54,11 @@ SIZES = {"wait": ["--item-ms", "40", "--step-ms", "1"], "compute": ["--item-ms",
 # tuner's few trials kept 0 workers where the grid's medians put 2 at x1.4)
 TRIAL_S = {"wait": SECONDS, "compute": 3.0}
 MAX_WORKERS = {"wait": 8, "compute": 2}
+# the tune's budget covers its climb on a loaded host; the search ends when it is done, so a quiet host takes no
+# longer. With 120 s, beside two busy loops (a stress pass: trials of ~20 s, the tune phase 92 s for 4 trials and a
+# re-run) the waiting tune ran out before it tried 8 workers and kept 4, at x0.51 of 8: the budget decided, not the
+# search (docs/testing.md, stress run 31)
+BUDGET_S = "240"
 
 
 # the re-measured rounds of pick and grid best (see the grid test); a one-sided 95% t quantile per degrees of freedom
@@ -99,7 +104,7 @@ def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items:
     with share["tune"].span():
         res = stallscope(
             "tune", "--json", "--seconds", str(TRIAL_S[items]), "--max-workers", str(MAX_WORKERS[items]),
-            "--budget-s", "120", "--out", str(tmp_path / "tune"), "--", *command(items),
+            "--budget-s", BUDGET_S, "--out", str(tmp_path / "tune"), "--", *command(items),
         )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout)

@@ -5,7 +5,8 @@ docs/zero-code.md, "How the estimate is made" (measured with benchmarks/zerocode
 SCHED_FIFO where the host allows it (:class:`OnTime`), so that its samples are taken on time on a host
 with no idle core.
 Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
-returns a reason with a fix instead, and the run goes on with the sampler alone. Once attached, a watcher
+returns a reason with a fix instead, and the run goes on with the sampler alone. ``start`` returns as soon as
+py-spy says it samples (its stdout is read to the end throughout). Once attached, a watcher
 thread drains py-spy's stderr (a full pipe never stalls it) and reports a py-spy killed or failed before
 ``stop`` once through ``on_exit``; ending with code 0 by itself (its target exited) is its normal end.
 """
@@ -90,6 +91,19 @@ class OnTime:
 
 
 NORMAL_PRIORITY = "normal priority"
+# what py-spy record prints on stdout once it has opened the process (before that it prints nothing there)
+SAMPLING_LINE = b"Sampling process"
+
+
+def _drain_stdout(proc: subprocess.Popen[bytes], attached: threading.Event) -> None:
+    """Set ``attached`` at py-spy's "Sampling process ..." line, then read its stdout to the end, so that its
+    notes (it falling behind, its closing lines) never fill the pipe and stall it."""
+    if proc.stdout is None:
+        return
+    for line in proc.stdout:
+        if SAMPLING_LINE in line:
+            attached.set()
+    proc.stdout.close()
 
 
 def find_pyspy() -> str | None:
@@ -164,19 +178,24 @@ class PySpyRecorder:
             exe, "record", "--pid", str(self.pid), "--subprocesses", "--idle", "--threads",
             "--rate", str(self.rate), "--format", "speedscope", "--output", str(self.out),
         ]  # fmt: skip
-        # py-spy prints progress on stderr; keep it for the failure reason, never show it to the user
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # py-spy prints its failures on stderr; keep them for the failure reason, never show them to the user
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.on_time = OnTime(self.proc.pid)
         self.on_time.start()
         self.started_at = time.time()
+        attached = threading.Event()
+        out = threading.Thread(target=_drain_stdout, args=(self.proc, attached), name="stallscope-pyspy-out")
+        out.daemon = True
+        out.start()
         deadline = time.monotonic() + attach_timeout_s
-        while time.monotonic() < deadline:
+        # until py-spy says it samples (it has opened the process), it exits (it could not) or the time is up
+        while not attached.is_set() and time.monotonic() < deadline:
             if (returncode := self.proc.poll()) is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
                 # killed (by a signal) while attaching says so; else py-spy's own output says why it could not
                 self.problem = exit_problem(returncode, err, self._at()) if returncode < 0 else attach_problem(err)
                 return self.problem
-            time.sleep(0.05)
+            attached.wait(0.05)
         self._watcher = threading.Thread(target=self._watch, args=(self.proc,), name="stallscope-pyspy", daemon=True)
         self._watcher.start()
         return None
