@@ -79,11 +79,17 @@ def _tids(pid: int) -> set[int]:
     return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
 
 
-FAKE_PYSPY = """#!/bin/sh
-# a stand-in for py-spy record: says it samples (or not), then waits to be stopped
-[ "$FAKE_SAYS" = 1 ] && echo "py-spy> Sampling process 10 times a second. Press Control-C to exit."
-trap 'echo "{}" > "$FAKE_OUT"; exit 0' INT
-while true; do sleep 0.05; done
+# a stand-in for py-spy record: says it samples (or not), then waits for SIGINT (set here: a pytest-xdist worker
+# ignores SIGINT, and a shell script could not take back an ignored signal), writes its output and exits 0
+FAKE_PYSPY = """import os, signal, sys, time
+if os.environ["FAKE_SAYS"] == "1":
+    print("py-spy> Sampling process 10 times a second. Press Control-C to exit.", flush=True)
+def stop(*_):
+    open(os.environ["FAKE_OUT"], "w").write("{}")
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)
+while True:
+    time.sleep(0.05)
 """
 
 
@@ -93,7 +99,7 @@ def test_start_returns_once_pyspy_says_it_samples(tmp_path: Path, monkeypatch: p
     the end of its attach timeout (3 s for a command, 0.5 s for a scenario's run, before its first step). A
     py-spy that never says it is taken as attached at the timeout, as before."""
     fake = tmp_path / "py-spy"
-    fake.write_text(FAKE_PYSPY)
+    fake.write_text(f"#!{sys.executable}\n{FAKE_PYSPY}")
     fake.chmod(0o755)
     monkeypatch.setenv("STALLSCOPE_PYSPY", str(fake))
     monkeypatch.setenv("FAKE_SAYS", "1" if says else "0")
