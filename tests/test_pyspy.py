@@ -84,6 +84,8 @@ def _tids(pid: int) -> set[int]:
 FAKE_PYSPY = """import os, signal, sys, time
 if os.environ["FAKE_SAYS"] == "1":
     print("py-spy> Sampling process 10 times a second. Press Control-C to exit.", flush=True)
+    for late in ("1.01s", "2.50s", "1.20s"):  # what py-spy prints, at most once a second, past 1 s behind
+        print(f"py-spy> {late} behind in sampling, results may be inaccurate. Try reducing the sampling rate")
 def stop(*_):
     open(os.environ["FAKE_OUT"], "w").write("{}")
     sys.exit(0)
@@ -112,6 +114,8 @@ def test_start_returns_once_pyspy_says_it_samples(tmp_path: Path, monkeypatch: p
         assert took < 2.0 if says else took >= 4.0, took
     finally:
         assert rec.stop() is None, rec.problem
+    # its stdout read to the end: how far behind its schedule it said it fell, for the estimate's note
+    assert (rec.stdout.behind_s, rec.stdout.behind_reports) == ((2.5, 3) if says else (None, 0))
 
 
 def test_a_recording_pyspys_threads_run_real_time_where_allowed(tmp_path: Path) -> None:

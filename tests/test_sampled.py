@@ -1,5 +1,5 @@
 """The stack estimate as read from a whole run record (profiler.analysis.sampled): the training span's ends,
-a rank py-spy never sampled itself, and the note for a py-spy that ran at normal priority.
+a rank py-spy never sampled itself, and the notes for a py-spy that ran at normal priority or fell behind.
 
 Each record is a hand-made speedscope document with the process and thread frames py-spy writes, so the
 expected fractions are counted from the test's own samples.
@@ -149,3 +149,30 @@ def test_a_run_recorded_with_nonblocking_reads_says_its_data_wait_reads_low() ->
     est, _ = stack_estimates(record(text, target_pid=1, pyspy_args=rec.args))
     assert est is not None and "each read with the process paused" in est.method
     assert not any("nonblocking" in n for n in est.notes)
+
+
+def test_a_pyspy_that_fell_behind_says_so_once_for_a_job_and_one_on_time_does_not() -> None:
+    text = speedscope(
+        {
+            ((LAUNCHER, 200), "200"): [FORWARD] * 5 + [NEXT] * 30 + [FORWARD] * 10,
+            ((LAUNCHER, 300), "300"): [FORWARD] * 5 + [NEXT] * 10 + [FORWARD] * 30,
+        }
+    )
+    ranks = [(0, 200), (1, 300)]
+    pooled, _ = stack_estimates(record(text, ranks, pyspy_behind_s=1.05, pyspy_behind_reports=2))
+    assert pooled is not None
+    said = [n for n in pooled.notes if n.startswith("py-spy fell up to 1.1 s behind its 100 Hz schedule")]
+    assert len(said) == 1 and "back-to-back" in said[0], pooled.notes  # once, not once per rank
+    for behind in ({}, {"pyspy_behind_s": None}):  # never said (on time, or a run made before it was recorded)
+        pooled, _ = stack_estimates(record(text, ranks, **behind))
+        assert pooled is not None and not any("behind" in n for n in pooled.notes)
+
+
+def test_the_summary_of_a_run_estimated_from_a_late_pyspy_says_so_beside_its_figures() -> None:
+    from profiler.analysis import summarize
+
+    text = speedscope({((1,), "1"): [FORWARD] * 5 + [NEXT] * 30 + [FORWARD] * 10})
+    late = summarize(record(text, target_pid=1, mode="zero-code", pyspy_behind_s=2.0))
+    assert sum(n.startswith("py-spy fell up to 2.0 s behind its 100 Hz") for n in late.notes) == 1, late.notes
+    on_time = summarize(record(text, target_pid=1, mode="zero-code"))
+    assert not any("behind its" in n for n in on_time.notes), on_time.notes

@@ -47,7 +47,7 @@ from profiler.analysis.parts import (
     is_peak,
     nvml_source,
 )
-from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, stack_estimates
+from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, sampling_notes, stack_estimates
 from profiler.analysis.stages import Headspace, LoaderStages, headspace, loader_stages, prefix_stages
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, verdict_for
@@ -233,6 +233,8 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
     sampler = sampler_health(rec)
     mode = str(meta.get("mode") or "instrumented")
     stack_est, attribution = stack_estimates(rec)
+    if stack_est is not None and stack_est.overall is not None:
+        notes.extend(sampling_notes(meta))  # said beside the figures estimated from py-spy's samples
     recorded = dict(meta.get("device") or {"kind": "cpu", "name": "unknown"})
     device = RunDevice.from_meta(recorded, sampler.source(nvml_source(recorded.get("kind"))))
     sources = _figure_sources(m.events, timing.busy_source, device.nvml, simulated=device.simulated)

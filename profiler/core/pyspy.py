@@ -14,6 +14,7 @@ thread drains py-spy's stderr (a full pipe never stalls it) and reports a py-spy
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,19 +92,30 @@ class OnTime:
 
 
 NORMAL_PRIORITY = "normal priority"
-# what py-spy record prints on stdout once it has opened the process (before that it prints nothing there)
+# what py-spy record prints on stdout once it has opened the process (before that it prints nothing there), and
+# when its schedule has slipped by over a second (it then takes the samples it missed back-to-back)
 SAMPLING_LINE = b"Sampling process"
+BEHIND = re.compile(rb"([0-9.]+)(s|ms|\xc2\xb5s|us|ns) behind in sampling")
+UNIT_S = {b"s": 1.0, b"ms": 1e-3, "µs".encode(): 1e-6, b"us": 1e-6, b"ns": 1e-9}
 
 
-def _drain_stdout(proc: subprocess.Popen[bytes], attached: threading.Event) -> None:
-    """Set ``attached`` at py-spy's "Sampling process ..." line, then read its stdout to the end, so that its
-    notes (it falling behind, its closing lines) never fill the pipe and stall it."""
-    if proc.stdout is None:
-        return
-    for line in proc.stdout:
-        if SAMPLING_LINE in line:
-            attached.set()
-    proc.stdout.close()
+class PySpyOut:
+    """Reads py-spy's stdout to its end, so that its notes never fill the pipe and stall it: ``attached`` is set
+    at its "Sampling process ..." line, ``behind_s`` is the most it said it was behind its schedule (None: never
+    said, which py-spy does only past 1 s) and ``behind_reports`` how often it said so."""
+
+    def __init__(self) -> None:
+        self.attached = threading.Event()
+        self.behind_s: float | None = None
+        self.behind_reports = 0
+
+    def read(self, lines: Iterable[bytes]) -> None:
+        for line in lines:
+            if SAMPLING_LINE in line:
+                self.attached.set()
+            elif (m := BEHIND.search(line)) is not None:
+                self.behind_reports += 1
+                self.behind_s = max(self.behind_s or 0.0, float(m.group(1)) * UNIT_S[m.group(2)])
 
 
 def find_pyspy() -> str | None:
@@ -164,7 +176,9 @@ class PySpyRecorder:
     on_exit: Callable[[str], None] | None = None  # told once, from the watcher, when py-spy ends before stop()
     _stopping: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    stdout: PySpyOut = field(default_factory=PySpyOut, init=False, repr=False)  # attached; how far behind it fell
     _watcher: threading.Thread | None = field(default=None, init=False, repr=False)
+    _reader: threading.Thread | None = field(default=None, init=False, repr=False)
 
     def start(self, attach_timeout_s: float = 3.0) -> str | None:
         """Attach; None when recording, else the reason (and fix) it is not."""
@@ -183,11 +197,10 @@ class PySpyRecorder:
         self.on_time = OnTime(self.proc.pid)
         self.on_time.start()
         self.started_at = time.time()
-        attached = threading.Event()
-        out = threading.Thread(target=_drain_stdout, args=(self.proc, attached), name="stallscope-pyspy-out")
-        out.daemon = True
-        out.start()
-        deadline = time.monotonic() + attach_timeout_s
+        self._reader = threading.Thread(target=self._read_stdout, args=(self.proc,), name="stallscope-pyspy-out")
+        self._reader.daemon = True
+        self._reader.start()
+        attached, deadline = self.stdout.attached, time.monotonic() + attach_timeout_s
         # until py-spy says it samples (it has opened the process), it exits (it could not) or the time is up
         while not attached.is_set() and time.monotonic() < deadline:
             if (returncode := self.proc.poll()) is not None:
@@ -199,6 +212,11 @@ class PySpyRecorder:
         self._watcher = threading.Thread(target=self._watch, args=(self.proc,), name="stallscope-pyspy", daemon=True)
         self._watcher.start()
         return None
+
+    def _read_stdout(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.stdout is not None:
+            self.stdout.read(proc.stdout)  # until py-spy closes it, at its exit
+            proc.stdout.close()
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
         tail: deque[bytes] = deque(maxlen=20)
@@ -239,8 +257,9 @@ class PySpyRecorder:
         self.stopped_at = time.time()
         if self.on_time is not None:
             self.on_time.stop()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5.0)  # it closes py-spy's stderr once py-spy has exited
+        for reader in (self._watcher, self._reader):  # each ends once py-spy has exited and closed its stream
+            if reader is not None:
+                reader.join(timeout=5.0)
         if self.problem is None and not (self.out.exists() and self.out.stat().st_size > 0):
             self.problem = "py-spy wrote no samples (the process exited before the first sample?)"
         return self.problem

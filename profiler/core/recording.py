@@ -234,7 +234,13 @@ class Recording:
             self.event("warning", problem, "pyspy")
             self._warn(problem)
         scheduling = recorder.on_time.scheduling if recorder.on_time is not None else None
-        self.annotate(pyspy_stopped_at=recorder.stopped_at, pyspy_problem=problem, pyspy_scheduling=scheduling)
+        self.annotate(
+            pyspy_stopped_at=recorder.stopped_at,
+            pyspy_problem=problem,
+            pyspy_scheduling=scheduling,
+            pyspy_behind_s=recorder.stdout.behind_s,
+            pyspy_behind_reports=recorder.stdout.behind_reports,
+        )
 
     def _summarize(self, store: RunStore) -> Summary | None:
         from profiler.analysis import summarize
