@@ -19,7 +19,7 @@ import pytest
 import warm
 from conftest import ROOT, stallscope, wait_until
 
-from profiler.core.store import StoreError, load_run
+from profiler.core.store import StoreError, load_run, run_status
 from profiler.drivers.ddp import DistInfo
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.jobs.launch import announced_ranks, job_id_for, rank_exits
@@ -125,7 +125,10 @@ def test_a_sigkilled_rank_ends_the_job_and_every_store_stays_readable(tmp_path: 
     assert seen[1]["t_from"] == "node sampler" and 0 < seen[1]["t_s"] < time.time() - record["started_at"]
     killed = load_run(out / "rank-1")  # no summary.json: it was killed; the store is read back
     assert not (out / "rank-1" / "summary.json").exists() and len(killed.steps) >= 1
-    assert load_run(out / "rank-0").meta["status"] in {"failed", "interrupted"}
+    # rank 0 failed on losing its peer, or the agent stopped it: its own handler closed its store "interrupted", or
+    # (blocked in a collective whose peer died, on a loaded host) it was killed 5 s later with the store still
+    # "running", which a reader reads as interrupted: its writer is gone (a stress pass, beside two busy processes)
+    assert run_status(load_run(out / "rank-0").meta) in {"failed", "interrupted"}
     report = stallscope("report", str(out), "--json")
     assert report.returncode == 0, report.stderr
     job_summary = json.loads(report.stdout)
