@@ -338,7 +338,8 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
 
     import scenarios
     from profiler.core.devices import resolve_device
-    from profiler.drivers.runner import RunStopped, TrainingError, run_scenario
+    from profiler.core.session import Interrupted
+    from profiler.drivers.runner import TrainingError, run_scenario
 
     # node_rank: the node's --node-rank (its directory's name), not c10d's order of arrival (GROUP_RANK)
     info = replace(DistInfo.from_env(backend=job.backend, job_id=job.job_id), node_rank=job.node_rank)
@@ -360,20 +361,24 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
     # SIGTERM (the elastic agent stopping the job) and SIGINT (Ctrl-C reaches every process of the terminal's
     # group) close the rank's store "interrupted"; the first signal stops the rank, later ones are ignored
     with SignalStop(ignore_more=True):
-        dist.init_process_group(job.backend)
         try:
-            session = run_scenario(scenarios.get(job.scenario), cfg)
-        except RunStopped as exc:  # the job is being stopped: the store is closed "interrupted"
+            dist.init_process_group(job.backend)
+            try:
+                session = run_scenario(scenarios.get(job.scenario), cfg)
+            except TrainingError as exc:  # one line, not a traceback; the store says where; exit 1 stops the job
+                sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}\n")
+                raise SystemExit(1) from None
+            except Exception as exc:  # noqa: BLE001 - e.g. a collective whose peer died first: its store has the error
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {type(exc).__name__}: {first}\n")
+                raise SystemExit(1) from None
+            finally:
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group()
+        # the job is being stopped: in training (RunStopped: the store is closed "interrupted"), or while a failure
+        # above was being said or the group torn down (the agent's SIGTERM as rank 0 failed on its dead peer, a
+        # stress pass: multiprocessing printed the signal's traceback); either way, no traceback
+        except Interrupted as exc:
             _stopped_now(exc.signame)
-        except TrainingError as exc:  # one line, not a traceback; the store says where; exit 1 stops the job
-            sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {exc.bad_input or exc.where}\n")
-            raise SystemExit(1) from None
-        except Exception as exc:  # noqa: BLE001 - e.g. a collective whose peer died first: its store holds the error
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            sys.stderr.write(f"stallscope: rank {info.rank}: training failed: {type(exc).__name__}: {first}\n")
-            raise SystemExit(1) from None
-        finally:
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
     summary = session.summary()
     return summary.to_dict() if summary is not None else None
