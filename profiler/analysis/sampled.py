@@ -95,7 +95,7 @@ class _Parsed:
     sites: list[tuple[str, int]]
     scheduling: str | None  # what py-spy ran under (meta ``pyspy_scheduling``; None in runs made before it)
     nonblocking: bool  # py-spy read the stacks without pausing the process (runs made before 2026-11-24)
-    behind_s: float | None  # the most py-spy said it fell behind its schedule (meta ``pyspy_behind_s``; over 1 s)
+    sampling: tuple[str, ...]  # notes on how py-spy sampled (:func:`sampling_notes`)
 
 
 def _parsed(rec: RunRecord) -> _Parsed:
@@ -105,12 +105,12 @@ def _parsed(rec: RunRecord) -> _Parsed:
     return _Parsed(
         samples,
         stats,
-        float(meta.get("pyspy_rate") or 10),
+        _rate(meta),
         int(root) if isinstance(root, int) else None,
         [(str(f), int(ln)) for f, ln in meta.get("h2d_sites") or []],
         str(meta["pyspy_scheduling"]) if meta.get("pyspy_scheduling") else None,
         _nonblocking(meta.get("pyspy_args")),
-        float(behind) if isinstance(behind := meta.get("pyspy_behind_s"), (int, float)) else None,
+        tuple(sampling_notes(meta)),
     )
 
 
@@ -220,7 +220,7 @@ def _estimate(
         main_thread_rule=est.main_rule,
         trimmed_outside_training=trimmed,
         pin_memory_thread_samples=est.pin_memory_samples,
-        notes=(*est.notes, *_priority_note(p.scheduling), *_nonblocking_note(p), *_behind_note(p)),
+        notes=(*est.notes, *_priority_note(p.scheduling), *_nonblocking_note(p), *p.sampling),
     )
     att = attribute_workers(samples, root_pid=root_pid, rate_hz=rate)
     return main, _attribution(att) if att.worker_pids else None, est
@@ -240,25 +240,22 @@ def _nonblocking_note(p: _Parsed) -> tuple[str, ...]:
     )
 
 
-def _behind_note(p: _Parsed) -> tuple[str, ...]:
-    return () if p.behind_s is None else (behind_note(p.behind_s, p.rate),)
-
-
-def behind_note(behind_s: float, rate_hz: float) -> str:
-    """What a py-spy that fell ``behind_s`` behind its schedule did to the estimate (meta ``pyspy_behind_s``)."""
-    return (
-        f"py-spy fell up to {behind_s:.1f} s behind its {rate_hz:g} Hz schedule (it says so past 1 s) and then took "
-        "the samples it missed back-to-back, in whatever the thread was doing then: the estimated fractions can be "
-        "off by more than their intervals (a host with no idle core; a lower --pyspy-rate falls behind less)"
-    )
+def _rate(meta: Mapping[str, object]) -> float:
+    rate = meta.get("pyspy_rate")
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else 10.0
 
 
 def sampling_notes(meta: Mapping[str, object]) -> list[str]:
-    """The run's notes on how py-spy sampled (its meta), said beside any figure estimated from its samples."""
-    behind, rate = meta.get("pyspy_behind_s"), meta.get("pyspy_rate")
+    """The run's notes on how py-spy sampled (its meta), said beside any figure estimated from its samples: how far
+    it fell behind its schedule (meta ``pyspy_behind_s``, which py-spy reports past 1 s)."""
+    behind = meta.get("pyspy_behind_s")
     if not isinstance(behind, (int, float)):
         return []
-    return [behind_note(float(behind), float(rate) if isinstance(rate, (int, float)) else 10.0)]
+    return [
+        f"py-spy fell up to {behind:.1f} s behind its {_rate(meta):g} Hz schedule (it says so past 1 s) and then took "
+        "the samples it missed back-to-back, in whatever the thread was doing then: the estimated fractions can be "
+        "off by more than their intervals (a host with no idle core; a lower --pyspy-rate falls behind less)"
+    ]
 
 
 def _priority_note(scheduling: str | None) -> tuple[str, ...]:

@@ -95,8 +95,7 @@ NORMAL_PRIORITY = "normal priority"
 # what py-spy record prints on stdout once it has opened the process (before that it prints nothing there), and
 # when its schedule has slipped by over a second (it then takes the samples it missed back-to-back)
 SAMPLING_LINE = b"Sampling process"
-BEHIND = re.compile(rb"([0-9.]+)(s|ms|\xc2\xb5s|us|ns) behind in sampling")
-UNIT_S = {b"s": 1.0, b"ms": 1e-3, "µs".encode(): 1e-6, b"us": 1e-6, b"ns": 1e-9}
+BEHIND = re.compile(rb"([0-9.]+)s behind in sampling")  # past 1 s, so always in seconds ("1.23s")
 
 
 class PySpyOut:
@@ -115,7 +114,7 @@ class PySpyOut:
                 self.attached.set()
             elif (m := BEHIND.search(line)) is not None:
                 self.behind_reports += 1
-                self.behind_s = max(self.behind_s or 0.0, float(m.group(1)) * UNIT_S[m.group(2)])
+                self.behind_s = max(self.behind_s or 0.0, float(m.group(1)))
 
 
 def find_pyspy() -> str | None:
