@@ -9,15 +9,19 @@ PINS   := torch==2.14.1 torchvision==0.29.1
 # package (the `dali` extra), installed here so that all three pipelines are tested.
 DALI   := nvidia-dali-cuda130==2.4.0
 
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: install pyc demo test test-fast test-timing test-docs stress lint bench gpu-check clean
 
-# uv installs the ~6 GB of wheels in parallel: 33 s here from an empty cache, where pip took 75-80 s. Byte-compiled:
-# this machine sets PYTHONDONTWRITEBYTECODE=1, so an install without .pyc files makes every fresh interpreter of the
-# suite compile torch again (docs/testing.md). pip does the same where uv cannot be had.
+# uv installs the ~6 GB of wheels in parallel: 4 s here from its cache, where pip took 75-80 s. Not byte-compiled:
+# that took 40 s of a fresh-clone CI run's wall clock for every module of every package, where the suite imports a
+# few of them. This machine sets PYTHONDONTWRITEBYTECODE=1; it is taken out of every recipe's environment (below) and
+# of the suite's (tests/conftest.py), so the first interpreter that imports a module writes its .pyc and the
+# others read it, as on a host without that setting (docs/testing.md). pip where uv cannot be had.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python \
-		--compile-bytecode $(PINS) -e '.[dev]' $(DALI) \
+		$(PINS) -e '.[dev]' $(DALI) \
 	|| { $(BIN)/python -m pip install -q --upgrade pip && $(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI); }
 	@touch $(STAMP)
 
@@ -42,9 +46,7 @@ $(CHROMIUM):
 # (e.g. --junitxml=FILE).
 XDIST := -n 3 --dist loadgroup
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-# This checkout's own modules byte-compiled first: this machine sets PYTHONDONTWRITEBYTECODE=1, so otherwise every
-# interpreter the suite starts (each command, rank and trial) compiles stallscope again. Python reads a .pyc whose
-# source is unchanged and compiles any stale one in memory, as before (docs/testing.md, "Where the CPU goes").
+# This checkout's own modules byte-compiled first, in parallel, before the test processes race to write them.
 pyc: $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 profiler pipelines scenarios tests examples benchmarks > /dev/null
 

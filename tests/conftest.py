@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -10,6 +11,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,8 +24,15 @@ import pytest
 # test holds. Side by side, three at a time: test_every_pipeline and test_detection 112 -> 62 CPU-seconds, the docs
 # tier 662 -> 562 (docs/testing.md). Set before torch is imported here, and before the warm servers start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Bytecode written: this machine sets PYTHONDONTWRITEBYTECODE=1, and the virtual environment is not byte-compiled at
+# install (Makefile), so without a .pyc every interpreter the suite starts (each command, rank, trial and zero-code
+# script) compiled torch in memory again: 8 CPU-seconds for torch and torchvision against none. Taken out here, the
+# first process that imports a module writes its .pyc, for this run and the next (docs/testing.md).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import warm
+
+sys.dont_write_bytecode = False
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -248,6 +257,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in TIMING_FILES:
             item.add_marker(timing)
+    items[:] = run_order(items)
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu or _has_cuda():  # asked only where it matters: the question imports torch (seconds of CPU)
         return
@@ -283,10 +293,24 @@ def work_unit(nodeid: str) -> str:
     return path if shares_a_fixture(path) else nodeid
 
 
+def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The order xdist hands the work units out in (it keeps the collection's order, see below): the units with the
+    most tests first, each unit's tests in collection order, and the units that hold an alone test last. An alone
+    test waits for the tests running beside it to end, and none starts meanwhile: in the middle of the suite the
+    other workers sat idle through that wait (157 worker-seconds for the computing tune in one CI run, 82 for the
+    ranks job); at the end they are ending their last tests anyway. (Handed out first, DALI's capacity check ran as
+    the job's first test beside the lint and read x0.78: docs/testing.md.)"""
+    size = collections.Counter(work_unit(item.nodeid) for item in items)
+    alone = {work_unit(item.nodeid) for item in items if item.get_closest_marker("alone") is not None}
+    return sorted(items, key=lambda it: (work_unit(it.nodeid) in alone, -size[work_unit(it.nodeid)]))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the collection is in run_order already
 
     class DocsTogether(LoadScopeScheduling):
         """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""

@@ -243,8 +243,8 @@ def instrument(
     cb = StallscopeCallback(out_dir, report=report, prometheus=prometheus, **session)
     cb.timed_fetch = True
     trainer.add_callback(cb)
-    trainer.get_batch_samples = _timing(trainer.get_batch_samples, cb)  # type: ignore[method-assign,assignment]
-    trainer.train = _closing(trainer.train, cb)  # type: ignore[method-assign]
+    trainer.get_batch_samples = _timing(trainer.get_batch_samples, cb)
+    trainer.train = _closing(trainer.train, cb)
     return cb
 
 
