@@ -75,20 +75,34 @@ def test_phase_times_and_stall_fraction_match_injected_sleeps(tmp_path: Path) ->
     assert on_disk == s.to_dict()
 
 
+# docs/metrics.md's bands of the stall: >= 20% highly, >= 5% moderately, below that not input-bound
+BANDS = ((0.20, "highly input-bound"), (0.05, "moderately input-bound"), (0.0, "not input-bound"))
+
+
+def bands_of(stall: float, slack: float) -> set[str]:
+    """The verdicts docs/metrics.md gives a stall within ``slack`` of ``stall`` (two near a band's edge)."""
+    return {next(name for edge, name in BANDS if x >= edge) for x in (max(0.0, stall - slack), stall + slack)}
+
+
 @pytest.mark.parametrize(
     ("wait", "compute", "verdict"),
     [
         (0.018, 0.032, "highly input-bound"),  # 36%: each case sits well inside its band
-        (0.006, 0.044, "moderately input-bound"),  # 12%
+        (0.008, 0.092, "moderately input-bound"),  # 8%
         (0.0, 0.030, "not input-bound"),  # ~0%
     ],
 )
 def test_each_verdict_band(tmp_path: Path, wait: float, compute: float, verdict: str) -> None:
+    """The verdict is the band of the stall the run really had. A loaded host stretches every injected sleep by its
+    wake-up latency, the short waits most: 6 ms of wait beside 44 ms of compute (12%) read above 20% in a stress
+    pass, the measured stall within 0.01 of the truth and rightly "highly". So the band comes from the truth, and
+    the moderate case is 8 ms beside 92 ms, which stays in its band up to 20 ms of added latency a sleep."""
     s, t = _run(tmp_path, wait=wait, h2d=0.0, compute=compute, steps=15, sources=[])
-    assert abs(s.stall_fraction - t["data_wait"] / t["step"]) <= 0.01
-    assert s.verdict == verdict
+    stall = t["data_wait"] / t["step"]
+    assert abs(s.stall_fraction - stall) <= 0.01
+    assert s.verdict in bands_of(stall, 0.01), (s.verdict, stall, verdict)
     codes = [r.code for r in s.recommendations]
-    assert ("NOT_INPUT_BOUND" in codes) == (verdict == "not input-bound")
+    assert ("NOT_INPUT_BOUND" in codes) == (s.verdict == "not input-bound")
 
 
 def test_unmeasured_loop_time_is_other_and_recommended(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, slow_server, stallscope
 
+from profiler.analysis.stages import STORE_SATURATED
 from profiler.core.store import load_run
 
 SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "stage_costs.py")
@@ -98,6 +99,7 @@ def _counted_in_window(run: Path) -> dict[str, tuple[int, int]]:
 
 
 STORE = str(ROOT / "tests" / "data" / "scenarios" / "store_costs.py")
+STORE_BYTES = int(re.search(r"^BYTES = ([\d_]+)$", Path(STORE).read_text(), re.M).group(1))
 
 
 def _run(tmp: Path, name: str, *args: str) -> dict:
@@ -116,11 +118,14 @@ def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) 
     stage = next(r["text"] for r in saturated["recommendations"] if r["code"] == "LOADER_STAGE")
     assert "saturated: more workers would only queue more reads behind it" in stage
     more = _run(tmp_path, "w4", "--workers", "4", "--store-mbps", "4")
-    # the advice is that more workers do not help: 4 deliver no more than 2 (+10%), the store still the limit (measured
-    # 40.0 and 40.0 quiet, the store busy 100%). The check is one-sided, as the advice is: beside two busy loops and
-    # two other tests, 4 workers read 35.2 against 2's 39.4 in a stress pass (the store 88% busy: the CPU was
-    # scarcer than the store's reads there), which is no gain either
-    assert more["throughput_samples_per_s"] <= 1.10 * saturated["throughput_samples_per_s"], (more, saturated)
+    # the advice is that the store is the limit: 4 workers deliver no more than the store serves, 4 MB/s of
+    # 100 kB reads one at a time, 40 items a second (pipelines.store paces each read exactly), nor more than the
+    # idle share a "saturated" store (busy 90% or more) leaves 2 workers. Measured 40.0 and 40.0 quiet; beside two
+    # busy loops and two other tests, 2 workers read 36.0 (the CPU scarcer than the store's reads) and 4 read 40.3,
+    # x1.12: the store's last 10%, not a gain past it. 3% over either bound: the batches prefetched before the span
+    capacity = 4e6 / STORE_BYTES
+    most = 1.03 * min(capacity, saturated["throughput_samples_per_s"] / STORE_SATURATED)
+    assert more["throughput_samples_per_s"] <= most, (more, saturated, capacity)
     alone = _run(tmp_path, "w0", "--workers", "0")
     advice = next(r["text"] for r in alone["recommendations"] if r["code"] == "RAISE_WORKERS")
     assert "num_workers=2" in advice
