@@ -13,6 +13,8 @@ messages do not say together (a death gives the pid alone, an exception the inde
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing.queues as mp_queues
 import os
 import re
@@ -20,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from types import TracebackType
 from typing import Any
@@ -119,12 +121,39 @@ def _unsent_batch(worker_id: int, exc: Exception, _obj: object) -> None:
     sys.stderr.flush()
 
 
+@contextlib.contextmanager
+def inherited_garbage_frozen(workers: int) -> Iterator[None]:
+    """While ``DataLoader`` forks its ``workers``, no garbage of this process is left for them to collect.
+
+    A forked worker inherits the main process's uncollected garbage (objects in reference cycles) and, left alone,
+    collects it at its first collection, running the destructors of the main process's objects in the worker. A
+    CUDA event's destructor there calls CUDA, which a forked process cannot use: the worker aborts ("CUDA error:
+    initialization error", then "DataLoader worker ... killed by signal: Aborted"; seen on an H100,
+    docs/benchmarks.md "GPU check"). Every tracked object is frozen (``gc.freeze``) for the fork: a worker never
+    collects a frozen object, and the main process unfreezes them at once. Where a caller froze objects of its own,
+    unfreezing would undo that, so the garbage is collected before the fork instead.
+    """
+    if workers <= 0:
+        yield
+        return
+    if gc.get_freeze_count() > 0:
+        gc.collect()
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 class WatchedLoader(DataLoader[Any]):
     """A ``DataLoader`` that keeps the worker processes of its latest pass, so that a worker's death can be
     told by worker index, pid and exit status (torch's message gives the pid alone, and no worker index)."""
 
     def __iter__(self) -> Any:
-        it = super().__iter__()
+        with inherited_garbage_frozen(self.num_workers):
+            it = super().__iter__()  # forks this pass's workers (persistent ones: the first pass only)
         # a private attribute, read defensively: the worker processes of this pass, by worker id
         self._watched: list[Any] = list(getattr(it, "_workers", None) or [])
         return it

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import pipelines
 from pipelines import LoaderSpec, PipelineError
-from pipelines.naive import NaivePipeline, move
+from pipelines.naive import NaivePipeline, WatchedLoader, move
 from scenarios.fashion_vgg import SyntheticFashion
 from tests.conftest import ROOT
 
@@ -123,3 +126,61 @@ print(queue.get(timeout=30))
         r"memory\(shm\) for file </torch_1_2_3>: No space left on device \(28\)",
         lines[0],
     ), lines
+
+
+class _Collecting(torch.utils.data.Dataset[int]):
+    """Items that run a full collection in whatever process loads them."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        gc.collect()
+        return i
+
+
+class _Cycle:
+    """Garbage only the collector frees; its destructor writes the pid of the process that ran it."""
+
+    def __init__(self, log: Path) -> None:
+        self.me, self.log = self, log
+
+    def __del__(self) -> None:
+        with open(self.log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_never_collects_garbage_it_inherited(tmp_path: Path, persistent: bool) -> None:
+    """A forked worker that collected the main process's garbage would run its destructors there: a CUDA event's
+    aborts the worker (seen on an H100). The main process's garbage is collected in the main process alone."""
+    log = tmp_path / "destructors"
+    loader = WatchedLoader(_Collecting(), batch_size=2, num_workers=2, persistent_workers=persistent)
+    gc.collect()
+    frozen = gc.get_freeze_count()  # 0 here; 375 on the H100 machine, whose sitecustomize freezes at start-up
+    gc.disable()  # the cycle must still be garbage, uncollected, when the workers fork
+    try:
+        _Cycle(log)
+        assert sum(len(b) for b in loader) == 8  # each item's gc.collect() ran in a worker
+    finally:
+        gc.enable()
+    gc.collect()
+    assert log.read_text().split() == [str(os.getpid())]  # run once, by the main process: no worker ran it
+    # what the main process had frozen is as it was: nothing (its objects collectable again), or still frozen
+    assert gc.get_freeze_count() == 0 if frozen == 0 else gc.get_freeze_count() > 0
+
+
+def test_a_callers_own_freeze_is_kept_and_the_garbage_collected_before_the_fork(tmp_path: Path) -> None:
+    log = tmp_path / "destructors"
+    loader = WatchedLoader(_Collecting(), batch_size=4, num_workers=2)
+    gc.collect()
+    gc.freeze()  # the caller's
+    gc.disable()
+    try:
+        _Cycle(log)  # garbage made after the caller's freeze: not frozen
+        assert sum(len(b) for b in loader) == 8
+        assert gc.get_freeze_count() > 0  # still frozen: unfreezing would have emptied it
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert log.read_text().split() == [str(os.getpid())]  # collected before the fork, in the main process
