@@ -17,6 +17,7 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, slow_server, stallscope
@@ -152,10 +153,7 @@ def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Pa
 
     data = tmp_path / "images"
     make("imagenet-like", data, 64, classes=4, seed=0, jobs=1, progress=None)
-    res = stallscope(
-        "run", "imagenet", "--data", str(data), "--pipeline", "dali", "--workers", "2", "--batch-size", "8",
-        "--steps", "40", "--loader-only", "--dali-stages", "--no-live", "--json", "--out", str(tmp_path / "run"),
-    )  # fmt: skip
+    res = stallscope(*_dali_stages_command(data, tmp_path / "run"))
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout)
     st = summary["stages"]
@@ -166,18 +164,38 @@ def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Pa
     # which the differences giving decode and augment cancel and a loaded host inflates (docs/metrics.md)
     assert got["decode"] > got["fetch"], got
     assert st["processes"] == 2 and st["runners"] == "DALI's 2 threads"
-    # the loader-only run's rate from its median step (8 samples / p50), not its mean: a burst on the host that
-    # slows a few of its 40 steps is not the loader's (a CI run beside other test runs: x1.71 from the mean). Each
-    # step less the training thread's wait for a CPU in it (schedstat, the same run): the iterator's hand-over that
-    # the graph's rate leaves out is Python on that thread, and beside two busy processes it waited for a core
-    # (x2.03 from the wall-clock steps, 955 against 471 samples/s)
-    own = [s.t_end - s.t_start - (s.runq_s or 0.0) for s in load_run(tmp_path / "run").steps if not s.warmup]
-    typical = 8 / statistics.median(own)
-    ratio = st["capacity_samples_per_s"] / typical
-    assert 0.8 <= ratio <= 1.7, (st["capacity_samples_per_s"], typical, summary["throughput_samples_per_s"])
+    # The graph runs alone first, then the loader trains: a burst on the host in one of the two spans (stress run 37:
+    # x0.71, 581 against 819 samples/s, beside two busy processes) decides a single run. When one run disagrees, two
+    # more are run and the median of the three is judged: a burst falls on one of them, a bias in the measure on all.
+    ratios = [_capacity_over_loader(summary, tmp_path / "run")]
+    if not 0.8 <= ratios[0] <= 1.7:
+        for k in (1, 2):
+            again = stallscope(*_dali_stages_command(data, tmp_path / f"again{k}"))
+            assert again.returncode == 0, again.stderr[-2000:]
+            ratios.append(_capacity_over_loader(json.loads(again.stdout), tmp_path / f"again{k}"))
+    assert 0.8 <= statistics.median(ratios) <= 1.7, ratios
     assert "no per-operator times" in st["method"]
     meta = load_run(tmp_path / "run").meta["dali_stages"]
     assert set(meta["prefix_s_per_sample"]) == {"fetch", "decode", "augment"} and meta["threads"] == 2
+
+
+def _dali_stages_command(data: Path, out: Path) -> list[str]:
+    return [
+        "run", "imagenet", "--data", str(data), "--pipeline", "dali", "--workers", "2", "--batch-size", "8",
+        "--steps", "40", "--loader-only", "--dali-stages", "--no-live", "--json", "--out", str(out),
+    ]  # fmt: skip
+
+
+def _capacity_over_loader(summary: dict[str, Any], run: Path) -> float:
+    """DALI's measured capacity over the rate of the loader the same run measured.
+
+    The loader-only run's rate from its median step (8 samples / p50), not its mean: a burst on the host that slows a
+    few of its 40 steps is not the loader's (a CI run beside other test runs: x1.71 from the mean). Each step less the
+    training thread's wait for a CPU in it (schedstat, the same run): the iterator's hand-over that the graph's rate
+    leaves out is Python on that thread, and beside two busy processes it waited for a core (x2.03 from the
+    wall-clock steps, 955 against 471 samples/s)."""
+    own = [s.t_end - s.t_start - (s.runq_s or 0.0) for s in load_run(run).steps if not s.warmup]
+    return float(summary["stages"]["capacity_samples_per_s"]) / (8 / statistics.median(own))
 
 
 def test_dali_stages_is_refused_for_other_pipelines() -> None:
