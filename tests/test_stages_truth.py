@@ -101,6 +101,7 @@ def _counted_in_window(run: Path) -> dict[str, tuple[int, int]]:
 
 STORE = str(ROOT / "tests" / "data" / "scenarios" / "store_costs.py")
 STORE_BYTES = int(re.search(r"^BYTES = ([\d_]+)$", Path(STORE).read_text(), re.M).group(1))
+STORE_MBPS = 4  # the emulated store's rate in the advice test: it serves STORE_MBPS * 1e6 / STORE_BYTES items a second
 
 
 def _run(tmp: Path, name: str, *args: str) -> dict:
@@ -113,18 +114,18 @@ def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) 
     """The advice checked by running it: 100 kB an item from a store of 4 MB/s serving one read at a time, 2
     workers: the store is saturated, no advice adds workers, and 4 workers indeed deliver no more. The same items
     with no store at 0 workers (10 ms of work an item): workers are advised, and 2 deliver far more."""
-    saturated = _run(tmp_path, "w2", "--workers", "2", "--store-mbps", "4")
+    saturated = _run(tmp_path, "w2", "--workers", "2", "--store-mbps", str(STORE_MBPS))
     codes = [r["code"] for r in saturated["recommendations"]]
     assert saturated["stages"]["store_busy"] >= 0.9 and "RAISE_WORKERS" not in codes and "LOADER_TOO_SLOW" not in codes
     stage = next(r["text"] for r in saturated["recommendations"] if r["code"] == "LOADER_STAGE")
     assert "saturated: more workers would only queue more reads behind it" in stage
-    more = _run(tmp_path, "w4", "--workers", "4", "--store-mbps", "4")
+    more = _run(tmp_path, "w4", "--workers", "4", "--store-mbps", str(STORE_MBPS))
     # the advice is that the store is the limit: 4 workers deliver no more than the store serves, 4 MB/s of
     # 100 kB reads one at a time, 40 items a second (pipelines.store paces each read exactly), nor more than the
     # idle share a "saturated" store (busy 90% or more) leaves 2 workers. Measured 40.0 and 40.0 quiet; beside two
     # busy loops and two other tests, 2 workers read 36.0 (the CPU scarcer than the store's reads) and 4 read 40.3,
     # x1.12: the store's last 10%, not a gain past it. 3% over either bound: the batches prefetched before the span
-    capacity = 4e6 / STORE_BYTES
+    capacity = STORE_MBPS * 1e6 / STORE_BYTES
     most = 1.03 * min(capacity, saturated["throughput_samples_per_s"] / STORE_SATURATED)
     assert more["throughput_samples_per_s"] <= most, (more, saturated, capacity)
     alone = _run(tmp_path, "w0", "--workers", "0")
