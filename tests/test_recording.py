@@ -1,5 +1,5 @@
-"""The recording lifecycle: one Summary built at close from the rows in memory, equal to what `report` reads
-back from the store; never a read back at close; py-spy stopped before the summary is built."""
+"""The recording lifecycle: one Summary built at close from one read of the committed rows, equal to what `report`
+reads back from the store; py-spy stopped before the summary is built."""
 
 from __future__ import annotations
 
@@ -7,16 +7,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from conftest import sleep_loader
 
-import profiler.core.store
 from profiler import Session
 from profiler.analysis import summarize
 from profiler.core.recording import Recording
-from profiler.core.store import load_run
+from profiler.core.store import DB_NAME, load_run
+from profiler.core.store import reader as store_reader
+from profiler.core.store import writer as store_writer
 from profiler.zerocode.profile import profile_external
 
 
@@ -39,14 +41,23 @@ def test_close_summary_equals_the_report_read_back_from_the_store(tmp_path: Path
     assert json.loads((tmp_path / "summary.json").read_text()) == from_disk
 
 
-def test_close_never_reads_the_store_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*_a: object, **_k: object) -> None:
-        raise AssertionError("the store was read back at close")
+def test_close_reads_the_committed_rows_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store keeps no row per step in memory (memory stays flat however long the run: tests/test_scale.py), so
+    the close summary comes from one read of the committed file, through the writer's own read connection, and from
+    no other read of the store."""
+    opened: dict[str, list[Path]] = {"writer": [], "reader": []}
+    for where, module in (("writer", store_writer), ("reader", store_reader)):
+        real = module.open_read
 
-    monkeypatch.setattr(profiler.core.store, "load_run", refuse)
+        def counting(db: Path, where: str = where, real: Callable[[Path], object] = real) -> object:
+            opened[where].append(Path(db))
+            return real(db)
+
+        monkeypatch.setattr(module, "open_read", counting)
     s = _loop(tmp_path, steps=6)
     summary = s.summary()
     assert summary is not None and summary.steps == 4 and summary.status == "complete"
+    assert opened == {"writer": [tmp_path / DB_NAME], "reader": []}, opened
 
 
 def test_close_is_idempotent_and_returns_the_same_summary(tmp_path: Path) -> None:
