@@ -42,7 +42,8 @@ $(CHROMIUM):
 
 # The suite in tiers (docs/testing.md); `make test` runs all of them, three tests at a time (pytest-xdist; each
 # doc's commands stay together on one worker). Four at a time took 814-834 s against 878 (two fresh-clone runs
-# against one), and the second was red on two timing checks: docs/testing.md. PYTEST_ARGS adds flags
+# against one), and the second was red on two timing checks; on 2026-11-26, 629 s against 638 of pytest: nothing
+# worth the risk (docs/testing.md). PYTEST_ARGS adds flags
 # (e.g. --junitxml=FILE).
 XDIST := -n 3 --dist loadgroup
 PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
