@@ -78,8 +78,9 @@ def run_case(kind: str, out: str) -> None:
 # The loader runs in a fresh interpreter, as a training script's does. Forked from a pytest worker that had collected
 # the whole suite, the numpy workers' private memory grew 6-8 MB over the window, steadily and slowing (a stress pass:
 # 8.2 MB, named growing), where from a fresh interpreter it grows under 1 MB. Not the garbage collector (gc.freeze()
-# before the fork changed nothing), nor a parent holding 1.5M objects in a freed-through heap (no growth): pages of
-# the test runner's own heap the workers came to write, not the data set's copy-on-read this test is about.
+# before the fork changed nothing), nor a parent holding 1.5M objects in a freed-through heap (no growth): private
+# memory from the test runner's process (which pages, not established), not the data set's copy-on-read this test
+# is about (docs/metrics.md).
 @pytest.mark.parametrize("kind", ["list", "numpy"])
 def test_copy_on_read_is_named_only_for_python_objects_and_its_growth_matches_smaps(tmp_path: Path, kind: str) -> None:
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {MODULE} as t; t.run_case(*sys.argv[1:])"
