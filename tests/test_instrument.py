@@ -136,7 +136,7 @@ def test_a_torchdata_nodes_loader_is_timed_as_exactly(tmp_path: Path) -> None:
     summary = json.loads(res.stdout)
     assert summary["mode"] == "auto-instrumented" and summary["pipeline"] == "torchdata.nodes"
     args = summary["loader"]["args"]
-    assert summary["loader"]["site"] == "nodes_train.py:38" and summary["loader"]["kind"] == "torchdata.nodes.Loader"
+    assert summary["loader"]["site"] == "nodes_train.py:42" and summary["loader"]["kind"] == "torchdata.nodes.Loader"
     assert args["batch_size"] == 8 and args["num_workers"] == 2 and args["method"] == "thread"
     assert args["nodes"] == "ParallelMapper <- Batcher <- ParallelMapper <- SamplerWrapper"  # Mapper: 0 workers
 
