@@ -135,12 +135,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0, every: floa
     return predicate()
 
 
-def stallscope(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def stallscope(
+    *args: str, timeout: float = 300, cwd: Path | None = None, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
     """Run the CLI as a user would, capturing both streams: ``python -m profiler ARGS`` forked from a warm
-    interpreter that has torch imported already (tests/warm.py; ``STALLSCOPE_TEST_COLD=1``: a fresh one)."""
+    interpreter that has torch imported already (tests/warm.py; ``STALLSCOPE_TEST_COLD=1``: a fresh one).
+    ``fresh``: in a fresh interpreter whatever the setting, for a truth whose threads run slower in a forked child."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        warm.argv(args),
+        warm.fresh_argv(args) if fresh else warm.argv(args),
         capture_output=True,
         check=False,
         text=True,

@@ -310,3 +310,43 @@ def test_mixed_decoding_leaves_the_batch_on_the_gpu(dali: None, folder: Path) ->
         assert moved_x is x and moved_y.device.type == "cuda"  # only the labels travel
     finally:
         built.close()
+
+
+def test_a_timed_round_queues_as_run_does_and_leaves_nothing_in_flight(dali: None, folder: Path) -> None:
+    """``time_stages`` runs its prefixes in turn: a round that left batches queued would have them computed behind
+    its clock, beside the next prefix's round, and get them back done at its next one (DALI's capacity read up to
+    x2.23 the loader's rate that way). A real pipeline: after a round, nothing is left to collect. A recording
+    one: the round keeps the prefetch depth queued ahead, as ``run()`` does, and never waits on an empty queue."""
+    from nvidia import dali as nd
+
+    from pipelines.dali import PREFETCH_QUEUE_DEPTH, drained_round, new_pipe
+
+    pipe = new_pipe(nd, LoaderSpec(4, 2), None)
+    with pipe:
+        files = sorted(str(p) for p in folder.rglob("*.jpg"))
+        encoded, _index = nd.fn.readers.file(files=files, labels=list(range(len(files))))
+        pipe.set_outputs(encoded)
+    pipe.schedule_run()  # a fresh pipeline queues its whole depth at once: the warm-up time_stages does
+    for _ in range(PREFETCH_QUEUE_DEPTH):
+        pipe.outputs()
+    for batches in (8, 1):
+        drained_round(pipe, batches)
+        with pytest.raises(StopIteration):  # DALI's scheduled API: no batch left to consume
+            pipe.outputs()
+
+    class Recording:
+        def __init__(self) -> None:
+            self.queued, self.most, self.collected = 0, 0, 0
+
+        def schedule_run(self) -> None:
+            self.queued += 1
+            self.most = max(self.most, self.queued)
+
+        def outputs(self) -> None:
+            assert self.queued > 0, "waited on an empty queue"
+            self.queued -= 1
+            self.collected += 1
+
+    fake = Recording()
+    drained_round(fake, 8)
+    assert (fake.queued, fake.collected, fake.most) == (0, 8, PREFETCH_QUEUE_DEPTH)

@@ -29,7 +29,8 @@ CAPACITY_DERIVED = (
 DALI_METHOD = (
     "DALI gives no per-operator times: the graph's prefixes (the reader; the reader and the decoder; the whole "
     "graph) each run alone before training with the run's threads, in turn, {rounds} rounds of {batches} batches "
-    "of {batch} each after its prefetch queue, the median round of each (perf_counter); a stage's time per item is "
+    "of {batch} each, every batch of a round queued and collected inside its clock, the median round of each "
+    "(perf_counter); a stage's time per item is "
     "what adding it cost (the difference of two "
     "prefixes), times its threads: the time in the thread that ran it"
 )

@@ -539,8 +539,7 @@ class _Loop:
 
 def _dali_stages(dataset: Any, spec: LoaderSpec) -> dict[str, Any]:
     """DALI's prefixes timed alone before training (``--dali-stages``), each round net of this thread's wait for a
-    CPU where schedstat gives it, as the steps are: a stress pass read the capacity x0.71 the loader-only rate when
-    only the steps were taken net of it."""
+    CPU where schedstat gives it (the thread that queues the graph's batches is not the graph)."""
     from pipelines.dali import time_stages
     from profiler.core.sources.sched import ThreadSched, probe
 
