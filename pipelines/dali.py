@@ -255,13 +255,18 @@ STAGE_ROUNDS = 7  # rounds of the three prefixes in turn: a burst on a shared ho
 STAGE_BATCHES = 8
 
 
+def warm_up(pipe: Any) -> None:
+    """Build ``pipe`` and run its first batches, leaving nothing in flight: a fresh pipeline's first
+    ``schedule_run()`` queues the whole prefetch depth at once."""
+    pipe.schedule_run()
+    for _ in range(PREFETCH_QUEUE_DEPTH):
+        pipe.outputs()
+
+
 def drained_round(pipe: Any, batches: int) -> None:
-    """Exactly ``batches`` iterations of ``pipe``, all scheduled and all collected here: ``batches`` queued
-    ``PREFETCH_QUEUE_DEPTH`` ahead, as ``run()`` keeps them, and none left in flight. With ``run()`` a round left
-    its queue's iterations running behind the clock, beside the next prefix's round; the whole graph's then came
-    back done at its next round, and its rate read up to x1.33 (8 batches for the work of 6) while the
-    neighbour's read low (DALI's capacity x1.5-x2.2 the loader's rate in CI runs). ``pipe`` has run before
-    (its first ``schedule_run()`` queues the whole depth at once) and has nothing in flight."""
+    """Exactly ``batches`` iterations of a warmed ``pipe`` with nothing in flight, queued ``PREFETCH_QUEUE_DEPTH``
+    ahead as ``run()`` keeps them, and all collected before returning, so that a clock around the call holds their
+    work and no other: batches left queued would be computed behind it (docs/metrics.md, DALI's stages)."""
     ahead = min(PREFETCH_QUEUE_DEPTH, batches)
     for _ in range(ahead):
         pipe.schedule_run()
@@ -300,9 +305,7 @@ def time_stages(
     spent: dict[str, list[float]] = {upto: [] for upto in STAGES}
     try:
         for pipe in pipes.values():
-            pipe.schedule_run()  # a fresh pipeline's first call queues the whole prefetch depth
-            for _ in range(PREFETCH_QUEUE_DEPTH):  # warm, and nothing left in flight
-                pipe.outputs()
+            warm_up(pipe)
         for _ in range(rounds):
             for upto, pipe in pipes.items():
                 t0, w0 = time.perf_counter(), caller_waited()

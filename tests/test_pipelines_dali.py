@@ -319,15 +319,15 @@ def test_a_timed_round_queues_as_run_does_and_leaves_nothing_in_flight(dali: Non
     one: the round keeps the prefetch depth queued ahead, as ``run()`` does, and never waits on an empty queue."""
     from nvidia import dali as nd
 
-    from pipelines.dali import PREFETCH_QUEUE_DEPTH, drained_round, new_pipe
+    from pipelines.dali import PREFETCH_QUEUE_DEPTH, drained_round, new_pipe, warm_up
 
     pipe = new_pipe(nd, LoaderSpec(4, 2), None)
     with pipe:
         files = sorted(str(p) for p in folder.rglob("*.jpg"))
         encoded, _index = nd.fn.readers.file(files=files, labels=list(range(len(files))))
         pipe.set_outputs(encoded)
-    pipe.schedule_run()  # a fresh pipeline queues its whole depth at once: the warm-up time_stages does
-    for _ in range(PREFETCH_QUEUE_DEPTH):
+    warm_up(pipe)
+    with pytest.raises(StopIteration):
         pipe.outputs()
     for batches in (8, 1):
         drained_round(pipe, batches)

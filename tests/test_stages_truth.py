@@ -137,6 +137,10 @@ def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) 
     assert helped["throughput_samples_per_s"] >= 1.5 * alone["throughput_samples_per_s"], (helped, alone)
 
 
+DALI_IMAGES, DALI_BATCH = 64, 8  # an epoch: 8 batches, as a prefix's round is
+DALI_EPOCHS = 6  # the first holds the warm-up step: five whole epochs are judged
+
+
 # alone (tests/conftest.py): the capacity is measured before training and the loader's steps after it, and beside the
 # suite's other tests the two saw different loads: x1.71 in a CI run (873 against 511 samples/s), x0.62 in a stress
 # pass (469 against 761), x1.85 in another (868 against 470). Rounds of 2 batches (~20 ms) read x0.96-x1.43 beside
@@ -184,10 +188,6 @@ def test_dali_stages_from_its_prefixes_bound_the_loader_it_measured(tmp_path: Pa
     assert set(meta["prefix_s_per_sample"]) == {"fetch", "decode", "augment"} and meta["threads"] == 2
 
 
-DALI_IMAGES, DALI_BATCH = 64, 8  # an epoch: 8 batches, as a prefix's round is
-DALI_EPOCHS = 6  # the first holds the warm-up step: five whole epochs are judged
-
-
 def _dali_stages_command(data: Path, out: Path) -> list[str]:
     return [
         "run", "imagenet", "--data", str(data), "--pipeline", "dali", "--workers", "2", "--batch-size",
@@ -203,7 +203,7 @@ def _capacity_over_loader(summary: dict[str, Any], run: Path) -> float:
     run from 10k to 250k pixels, so one batch costs 3-16 ms, and the median step (the measure before) was a
     cheaper batch than the epoch's mean one. The median of the epochs' rates: a burst on the host that slows one
     epoch is not the loader's. Wall-clock steps: taking out the training thread's wait for a CPU (schedstat) read
-    the loader x1.2 faster beside two busy processes (x0.82-x0.93 in 5 of 6 runs), since DALI's threads fill its
+    the loader x1.18 faster beside two busy processes (x0.82-x0.93 in 5 of 6 runs), since DALI's threads fill its
     queue while that thread waits."""
     steps = {s.step: s.t_end - s.t_start for s in load_run(run).steps}
     per = DALI_IMAGES // DALI_BATCH

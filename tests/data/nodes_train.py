@@ -34,9 +34,9 @@ def main() -> None:
     ap.add_argument("--truth", required=True)
     args = ap.parse_args()
     sleep_s = args.sleep_ms / 1e3
-    # exactly the items the run takes, read to the end: breaking out would leave the mapper's daemon threads inside
-    # torch.full at interpreter exit, where Python 3.11 ends them with pthread_exit and C++ aborts ("terminate
-    # called without an active exception", 4 of 20 runs beside two busy loops, without stallscope)
+    # exactly the items the run takes, read to the end: breaking out left the mapper's daemon threads inside
+    # torch.full at interpreter exit, and the process aborted ("terminate called without an active exception",
+    # 4 of 20 runs beside two busy loops, without stallscope)
     items = range(args.steps * args.batch_size)
     node = ParallelMapper(SamplerWrapper(SequentialSampler(items)), lambda i: item(i, sleep_s), args.workers)
     loader = Loader(Mapper(Batcher(node, batch_size=args.batch_size), collate))
