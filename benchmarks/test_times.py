@@ -3,7 +3,8 @@
 Run: ``.venv/bin/python benchmarks/test_times.py AFTER.xml [--before BEFORE.xml]``. Prints a Markdown table, one
 row per test file (its tier, tests, and the seconds summed over its tests), slowest first, and the totals.
 ``--cpu DIR`` adds each file's CPU seconds, from a run with ``STALLSCOPE_TEST_CPU=DIR`` (tests/conftest.py: what the
-test's pytest process, its warm server and every process under them used while it ran).
+test's pytest process, its warm server and every process under them used while it ran), and lists the light tests
+(tests/scheduling.py) with the share of a core each used, marking any over the quarter a light test may use.
 """
 
 from __future__ import annotations
@@ -48,6 +49,21 @@ def cpu_per_file(folder: Path) -> dict[str, float]:
     return out
 
 
+LIGHT_CORES = 0.25  # the most of a core a light test may use over its run (tests/scheduling.py)
+
+
+def light_shares(folder: Path) -> list[tuple[str, float, float]]:
+    """(test, wall seconds, cores used) of each light test in a ``STALLSCOPE_TEST_CPU`` folder."""
+    out = []
+    for f in sorted(folder.glob("*.jsonl")):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            if rec.get("light"):
+                wall = float(rec["wall_s"])
+                out.append((rec["test"], wall, float(rec["cpu_s"]) / wall if wall > 0 else 0.0))
+    return sorted(out, key=lambda r: -r[2])
+
+
 def tier(module: str, timing: set[str]) -> str:
     if module == "test_docs_examples.py":
         return "docs"
@@ -83,6 +99,11 @@ def main() -> int:
     if cpu:
         totals.append(f"{sum(cpu.values()):.0f}")
     print("| " + " | ".join(totals) + " |")
+    if args.cpu:
+        print("\nlight tests (tests/scheduling.py): cores used over each one's run")
+        for test, wall, cores in light_shares(args.cpu):
+            over = f"  OVER {LIGHT_CORES}: not light" if cores > LIGHT_CORES else ""
+            print(f"  {cores:.2f} over {wall:5.1f} s  {test}{over}")
     return 0
 
 

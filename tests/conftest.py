@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
-import functools
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -30,6 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # first process that imports a module writes its .pyc, for this run and the next (docs/testing.md).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
+import scheduling
 import warm
 
 sys.dont_write_bytecode = False
@@ -260,7 +258,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in TIMING_FILES:
             item.add_marker(timing)
-    items[:] = run_order(items)
+    items[:] = scheduling.run_order(items)
+    scheduling.write_kinds(config, items)
     gpu = [item for item in items if "gpu" in item.keywords]
     if not gpu or _has_cuda():  # asked only where it matters: the question imports torch (seconds of CPU)
         return
@@ -269,59 +268,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
-# A documented command may read what the commands above it in its doc made, so a doc's commands run in order on
-# one worker (tests/test_docs_examples.py reruns them otherwise, which doubled the docs tier). xdist's own
-# `xdist_group` mark does nothing under pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer
-# reads), so the grouping is done here, where xdist asks for its scheduler: one unit per doc, one per file whose
-# tests share a module- or session-scoped fixture (a fixture runs once per worker that runs one of its tests:
-# test_zerocode_ranks' torchrun job ran twice, 16 s each), one per other test.
-DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
-SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
-
-
-@functools.cache
-def shares_a_fixture(path: str) -> bool:
-    """Whether the test file at ``path`` (relative to the checkout) defines a module- or session-scoped fixture."""
-    file = ROOT / path
-    return file.is_file() and SHARED_FIXTURE.search(file.read_text(encoding="utf-8")) is not None
-
-
-def work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: its doc for a documented command, its file where the file's tests share a
-    fixture, else the test itself."""
-    m = DOC_COMMAND.search(nodeid)
-    if m:
-        return m.group(1)
-    path = nodeid.split("::", 1)[0]
-    return path if shares_a_fixture(path) else nodeid
-
-
-def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The order xdist hands the work units out in (it keeps the collection's order, see below): the units with the
-    most tests first, each unit's tests in collection order, and the units that hold an alone test last. An alone
-    test waits for the tests running beside it to end, and none starts meanwhile: in the middle of the suite the
-    other workers sat idle through that wait (157 worker-seconds for the computing tune in one CI run, 82 for the
-    ranks job); at the end they are ending their last tests anyway. (Handed out first, DALI's capacity check ran as
-    the job's first test beside the lint and read x0.78: docs/testing.md.)"""
-    size = collections.Counter(work_unit(item.nodeid) for item in items)
-    alone = {work_unit(item.nodeid) for item in items if item.get_closest_marker("alone") is not None}
-    return sorted(items, key=lambda it: (work_unit(it.nodeid) in alone, -size[work_unit(it.nodeid)]))
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.name_the_run(config)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the collection is in run_order already
-
-    class DocsTogether(LoadScopeScheduling):
-        """Each doc's commands are one work unit (the largest first); every other test is a unit of its own."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-    return DocsTogether(config, log)  # type: ignore[arg-type]
+    """The work units and the order they are handed out in: tests/scheduling.py."""
+    return scheduling.make_scheduler(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 # STALLSCOPE_TEST_CPU=DIR: each test's CPU seconds, written to DIR/<worker>.jsonl (benchmarks/test_times.py --cpu DIR
@@ -416,47 +369,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / f"{worker}.jsonl", "a", encoding="utf-8") as fh:
         row = {"test": item.nodeid, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "end": round(time.time(), 2)}
+        row["light"] = item.get_closest_marker("light") is not None
         fh.write(json.dumps(row) + "\n")
 
 
-# @pytest.mark.alone: a test whose truth is which configuration is best on this host's cores (the tune of computing
-# items against a grid) runs with no other test of the run beside it. Beside the suite's other tests the best turned
-# on their load from minute to minute: a CI run's grid put 2 computing workers first, its tune a minute later read
-# them the slowest beside 0 (40-45 against 53-66 samples/s, the training thread waiting for a CPU half its compute),
-# and the check's rounds right after read them x1.4 ahead again. Each test passes a turnstile and holds the cores'
-# lock shared; an alone test holds the turnstile (no test starts) and takes the lock exclusively (the running ones
-# end first). Under xdist only: one process runs one test at a time anyway. The hook's name starts with pytest_:
+# @pytest.mark.alone and @pytest.mark.light (tests/scheduling.py). An alone test's truth is which configuration is
+# best on this host's cores (the tune of computing items against a grid). Beside the suite's other tests the best
+# turned on their load from minute to minute: a CI run's grid put 2 computing workers first, its tune a minute later
+# read them the slowest beside 0 (40-45 against 53-66 samples/s, the training thread waiting for a CPU half its
+# compute), and the check's rounds right after read them x1.4 ahead again. The hook's name starts with pytest_:
 # pytest registers no other name from a conftest, and under another name it did nothing for two CI runs (a tune's
 # neighbours used 0.97 of a core; tests/test_alone.py checks it now).
-def _locks(config: pytest.Config) -> Path | None:
-    run = getattr(config, "workerinput", {}).get("testrunuid")
-    if run is None:
-        return None
-    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"stallscope-tests-{run}"
-    d.mkdir(exist_ok=True)
-    return d
-
-
 @pytest.hookimpl(hookwrapper=True, specname="pytest_runtest_protocol")
 def pytest_runtest_protocol_cores(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    import fcntl
-
-    d = _locks(item.config)
-    if d is None:
+    with scheduling.cores(item):
         yield
-        return
-    alone = item.get_closest_marker("alone") is not None
-    with open(d / "turnstile", "a") as gate, open(d / "cores", "a") as cores:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(cores, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(cores, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(gate, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

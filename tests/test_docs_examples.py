@@ -49,7 +49,8 @@ from pathlib import Path
 
 import pytest
 import warm
-from conftest import ROOT, work_unit
+from conftest import ROOT
+from scheduling import work_unit
 
 pytestmark = pytest.mark.docs
 

@@ -487,6 +487,8 @@ def test_default_alone_completed_is_not_rerun() -> None:
 # -- the real search on a scenario of known cost --------------------------------------------------------------
 
 
+# light (tests/scheduling.py): its scenario's items sleep; 0.21-0.23 of a core in four CI runs
+@pytest.mark.light
 def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> None:
     import scenarios
 

@@ -1,5 +1,6 @@
-"""Run by tests/test_alone.py under ``pytest -n 2``: normal tests and one ``alone`` test that each log their span
-(start, end) to ``$ALONE_PROBE_LOG``; they sleep, so a worker blocked at the turnstile costs nothing."""
+"""Run by tests/test_alone.py as ``make test`` runs the suite (``-n 3 --dist loadgroup``): normal tests, one
+``alone`` test and ``light`` ones, each logging its span (start, end) to ``$ALONE_PROBE_LOG``; they sleep, so a
+worker blocked at the turnstile costs nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ def span(name: str, seconds: float) -> None:
     time.sleep(seconds)
     with open(os.environ["ALONE_PROBE_LOG"], "a", encoding="utf-8") as fh:
         fh.write(json.dumps([name, t0, time.time()]) + "\n")
+
+
+# first in the file: in the collection's order they would run first, not beside the alone test
+@pytest.mark.light
+@pytest.mark.parametrize("i", range(4))
+def test_light(i: int) -> None:
+    span(f"light{i}", 1.0)
 
 
 @pytest.mark.parametrize("i", range(4))

@@ -1,0 +1,167 @@
+"""How the suite's tests are handed to xdist's workers (``make test``: three at a time, ``--dist loadgroup``).
+
+- **Work units.** A documented command may read what the commands above it in its doc made, so a doc's commands
+  are one unit, run in order on one worker; so are the tests of a file that share a module- or session-scoped
+  fixture (a fixture runs once per worker that runs one of its tests). Every other test is a unit of its own.
+- **alone** (``@pytest.mark.alone``): a test whose truth is which configuration is best on this host's cores runs
+  with no other test beside it, except light ones. Each test passes a turnstile and holds the cores' lock shared;
+  an alone test holds the turnstile (no test starts) and takes the lock exclusively (the running ones end first).
+- **light** (``@pytest.mark.light``): a test that mostly waits (on sleeps, a throttled read, a slow server) and
+  uses under a quarter of a core over its run, measured (docs/testing.md). It takes neither the turnstile nor the
+  lock, so it may run beside an alone test, and the scheduler keeps the light units for the time the alone tests
+  run: the other two workers then have work that leaves the cores to the alone test, instead of sitting idle.
+
+The scheduler runs in pytest's controller, which collects nothing and so sees no marker: each worker writes which
+units are alone and which light to the run's folder as it collects, and the scheduler reads it there.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
+SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
+KINDS = "units.json"
+
+
+@functools.cache
+def shares_a_fixture(path: str) -> bool:
+    """Whether the test file at ``path`` (relative to the checkout) defines a module- or session-scoped fixture."""
+    file = ROOT / path
+    return file.is_file() and SHARED_FIXTURE.search(file.read_text(encoding="utf-8")) is not None
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its doc for a documented command, its file where the file's tests share a
+    fixture, else the test itself."""
+    m = DOC_COMMAND.search(nodeid)
+    if m:
+        return m.group(1)
+    path = nodeid.split("::", 1)[0]
+    return path if shares_a_fixture(path) else nodeid
+
+
+def unit_kinds(items: list[pytest.Item]) -> dict[str, list[str]]:
+    """{"alone": units holding an alone test, "light": units whose every test is light}."""
+    alone = {work_unit(i.nodeid) for i in items if i.get_closest_marker("alone") is not None}
+    heavy = {work_unit(i.nodeid) for i in items if i.get_closest_marker("light") is None}
+    light = {work_unit(i.nodeid) for i in items} - heavy - alone
+    return {"alone": sorted(alone), "light": sorted(light)}
+
+
+def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The collection's order: the units with the most tests first, each unit's tests in collection order, the
+    alone units last. (The scheduler below picks the alone and light units by their kind, whatever their place;
+    this order is what a scheduler without it, such as plain ``-n``, follows.)"""
+    size = collections.Counter(work_unit(item.nodeid) for item in items)
+    alone = set(unit_kinds(items)["alone"])
+    return sorted(items, key=lambda it: (work_unit(it.nodeid) in alone, -size[work_unit(it.nodeid)]))
+
+
+def run_folder(config: pytest.Config) -> Path | None:
+    """This xdist run's folder for its locks and unit kinds (shared by the controller and its workers); None
+    outside xdist, where one process runs one test at a time anyway."""
+    run = getattr(config, "workerinput", {}).get("testrunuid") or config.getoption("testrunuid", None)
+    if run is None:
+        return None
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"stallscope-tests-{run}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def name_the_run(config: pytest.Config) -> None:
+    """In the controller of an xdist run: a run id chosen here, so that the scheduler knows the workers' folder
+    (xdist passes it to each worker as their ``testrunuid``)."""
+    controller = not hasattr(config, "workerinput") and config.getoption("numprocesses", None)
+    if controller and config.getoption("testrunuid", None) is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def write_kinds(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a worker, after collection: the unit kinds, for the controller's scheduler (every worker writes the same)."""
+    d = run_folder(config)
+    if d is None or not hasattr(config, "workerinput"):
+        return
+    tmp = d / f"{KINDS}.{os.getpid()}"
+    tmp.write_text(json.dumps(unit_kinds(items)), encoding="utf-8")
+    tmp.replace(d / KINDS)
+
+
+def make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the collection is in run_order already
+
+    class ByKind(LoadScopeScheduling):
+        """Units in the collection's order, except: once only alone and light units are left, an alone unit goes
+        to the next worker that asks while no other alone unit is in progress, and light units to the others."""
+
+        alone: frozenset[str] = frozenset()
+        light: frozenset[str] = frozenset()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+        def schedule(self) -> None:
+            d = run_folder(self.config)
+            if self.collection is None and d is not None and (d / KINDS).exists():
+                kinds = json.loads((d / KINDS).read_text(encoding="utf-8"))
+                self.alone, self.light = frozenset(kinds["alone"]), frozenset(kinds["light"])
+            super().schedule()
+
+        def _alone_in_progress(self) -> bool:
+            return any(
+                scope in self.alone and not all(tests.values())
+                for units in self.assigned_work.values()
+                for scope, tests in units.items()
+            )
+
+        def _next_scope(self) -> str:
+            queued = list(self.workqueue)
+            normal = [s for s in queued if s not in self.alone and s not in self.light]
+            alone = [s for s in queued if s in self.alone]
+            light = [s for s in queued if s in self.light]
+            if normal:
+                return normal[0]
+            if alone and not self._alone_in_progress():
+                return alone[0]
+            return (light or alone)[0]
+
+        def _assign_work_unit(self, node: object) -> None:
+            self.workqueue.move_to_end(self._next_scope(), last=False)
+            super()._assign_work_unit(node)  # type: ignore[arg-type]
+
+    return ByKind(config, log)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def cores(item: pytest.Item) -> Iterator[None]:
+    """The turnstile and the cores' lock around one test (see the module's docstring)."""
+    d = run_folder(item.config)
+    if d is None or not hasattr(item.config, "workerinput") or item.get_closest_marker("light") is not None:
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    with open(d / "turnstile", "a") as gate, open(d / "cores", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(gate, fcntl.LOCK_UN)
