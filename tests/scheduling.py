@@ -105,8 +105,8 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
     config.option.loadscopereorder = False  # the collection is in run_order already
 
     class ByKind(LoadScopeScheduling):
-        """Units in the collection's order, except: once only alone and light units are left, an alone unit goes
-        to the next worker that asks while no other alone unit is in progress, and light units to the others."""
+        """Units in the collection's order, except: once only alone and light units are left, the alone units go to
+        one worker, one after another, and the light units to the others."""
 
         alone: frozenset[str] = frozenset()
         light: frozenset[str] = frozenset()
@@ -121,26 +121,30 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
                 self.alone, self.light = frozenset(kinds["alone"]), frozenset(kinds["light"])
             super().schedule()
 
-        def _alone_in_progress(self) -> bool:
-            return any(
-                scope in self.alone and not all(tests.values())
-                for units in self.assigned_work.values()
-                for scope, tests in units.items()
-            )
+        def _running_alone(self) -> set[object]:
+            """The workers holding an alone unit not yet complete."""
+            return {
+                node
+                for node, units in self.assigned_work.items()
+                if any(scope in self.alone and not all(tests.values()) for scope, tests in units.items())
+            }
 
-        def _next_scope(self) -> str:
+        def _next_scope(self, node: object) -> str:
             queued = list(self.workqueue)
             normal = [s for s in queued if s not in self.alone and s not in self.light]
             alone = [s for s in queued if s in self.alone]
             light = [s for s in queued if s in self.light]
             if normal:
                 return normal[0]
-            if alone and not self._alone_in_progress():
+            # the alone units one after another on one worker (the next is its look-ahead, so it starts as soon as
+            # the last ends), the light units on the others
+            running = self._running_alone()
+            if alone and (not running or node in running):
                 return alone[0]
             return (light or alone)[0]
 
         def _assign_work_unit(self, node: object) -> None:
-            self.workqueue.move_to_end(self._next_scope(), last=False)
+            self.workqueue.move_to_end(self._next_scope(node), last=False)
             super()._assign_work_unit(node)  # type: ignore[arg-type]
 
     return ByKind(config, log)  # type: ignore[arg-type]

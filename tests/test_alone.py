@@ -20,15 +20,26 @@ def test_only_light_tests_run_beside_an_alone_test_and_they_fill_its_time(tmp_pa
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
          "tests/data/alone_probe.py"],
-        check=False, cwd=ROOT, env={**os.environ, "ALONE_PROBE_LOG": str(log)},
+        check=False, cwd=ROOT, env={**os.environ, "ALONE_PROBE_LOG": str(log), "STALLSCOPE_TEST_CPU": ""},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    spans = {name: (t0, t1) for name, t0, t1 in map(json.loads, log.read_text().splitlines())}
-    assert len(spans) == 17, sorted(spans)
-    a0, a1 = spans.pop("alone")
-    beside = sorted(name for name, (t0, t1) in spans.items() if t0 < a1 and t1 > a0)
-    # the two other workers ran light tests through the alone test's 2 s (1 s each: two or more overlap it), and
-    # no normal test
-    assert all(name.startswith("light") for name in beside), (beside, a0, a1, spans)
-    assert len(beside) >= 2, (beside, a0, a1, spans)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    spans = {name: (t0, t1) for name, t0, t1, _ in rows}
+    worker = {name: w for name, _, _, w in rows}
+    assert len(spans) == 18, sorted(spans)
+    for alone in ("alone", "alone2"):
+        a0, a1 = spans[alone]
+        beside = sorted(name for name, (t0, t1) in spans.items() if name != alone and t0 < a1 and t1 > a0)
+        # only light tests ran beside it, and no normal test
+        assert all(name.startswith("light") for name in beside), (alone, beside, a0, a1, spans)
+    # the two other workers ran light tests through the first alone test's 2 s (1 s each: two or more overlap it)
+    a0, a1 = spans["alone"]
+    assert len([n for n, (t0, t1) in spans.items() if n.startswith("light") and t0 < a1 and t1 > a0]) >= 2, spans
+    # the alone tests ran one after the other on one worker, no light test between them there
+    first, second = sorted(("alone", "alone2"), key=lambda n: spans[n][0])
+    assert worker[first] == worker[second], worker
+    between = [
+        n for n, (t0, _) in spans.items() if worker[n] == worker[first] and spans[first][1] <= t0 < spans[second][0]
+    ]
+    assert between == [], (between, spans, worker)

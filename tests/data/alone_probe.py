@@ -15,7 +15,7 @@ def span(name: str, seconds: float) -> None:
     t0 = time.time()
     time.sleep(seconds)
     with open(os.environ["ALONE_PROBE_LOG"], "a", encoding="utf-8") as fh:
-        fh.write(json.dumps([name, t0, time.time()]) + "\n")
+        fh.write(json.dumps([name, t0, time.time(), os.environ.get("PYTEST_XDIST_WORKER")]) + "\n")
 
 
 # first in the file: in the collection's order they would run first, not beside the alone test
@@ -33,6 +33,11 @@ def test_before(i: int) -> None:
 @pytest.mark.alone
 def test_alone() -> None:
     span("alone", 2.0)
+
+
+@pytest.mark.alone
+def test_alone_too() -> None:
+    span("alone2", 1.0)
 
 
 @pytest.mark.parametrize("i", range(8))
