@@ -141,7 +141,7 @@ DALI_IMAGES, DALI_BATCH = 64, 8  # an epoch: 8 batches, as a prefix's round is
 DALI_EPOCHS = 6  # the first holds the warm-up step: five whole epochs are judged
 
 
-# alone (tests/conftest.py): the capacity is measured before training and the loader's steps after it, and beside the
+# alone (tests/scheduling.py): the capacity is measured before training and the loader's steps after it, and beside the
 # suite's other tests the two saw different loads: x1.71 in a CI run (873 against 511 samples/s), x0.62 in a stress
 # pass (469 against 761), x1.85 in another (868 against 470). Rounds of 2 batches (~20 ms) read x0.96-x1.43 beside
 # two busy loops (5 runs) and x2.15 in a stress pass; of 8 batches, x0.86-x1.24 (5 runs), x1.04-x1.09 quiet (3)

@@ -87,7 +87,7 @@ def command(items: str, *extra: str) -> list[str]:
     return [sys.executable, SCRIPT, "--items", items, *SIZES[items], *extra]
 
 
-# computing items alone (tests/conftest.py): which worker count is best turns on the cores the other tests leave free
+# computing items alone (tests/scheduling.py): which worker count is best turns on the cores the other tests leave free
 @pytest.mark.parametrize("items", ["wait", pytest.param("compute", marks=pytest.mark.alone)])
 def test_the_pick_reaches_0_9_of_the_best_of_a_plain_grid(tmp_path: Path, items: str) -> None:
     # the grid: every worker count, run through the same trial code the tuner uses (the script's own setting

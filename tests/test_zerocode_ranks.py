@@ -63,7 +63,7 @@ def _rows(job: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {r["rank"]: r for r in job["summary"]["ranks"]}
 
 
-# alone (tests/conftest.py), the first of the file's tests, in which the module's job runs: py-spy at 100 Hz pauses
+# alone (tests/scheduling.py), the first of the file's tests, in which the module's job runs: py-spy at 100 Hz pauses
 # five processes a sample, and their threads must get a CPU for it. Beside the suite's multi-rank docs commands a
 # CI run's py-spy fell 7.2 s behind its schedule (27 reports; the run's own note said so), rank 0 kept 123 samples
 # against the 500 the bound needs, and neither worker was sampled at all. Beside two busy loops (stress run 32,
