@@ -80,9 +80,11 @@ def test_construction_is_cheap_and_an_epoch_long(name: str) -> None:
     # The template banks are cached per process: time a cold construction.
     mnist._padded_bank.cache_clear()
     cifar._shared_bank.cache_clear()
-    start = time.perf_counter()
+    # the CPU it costs, not the wall clock: beside the suite's other tests on two cores, a fresh-clone CI run's
+    # mlp-mnist construction took 1.26 s of wall clock, waiting for a CPU
+    start = time.process_time()
     dataset = CASES[name].scenario.dataset()
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert len(dataset) == CASES[name].epoch_length
 
 
