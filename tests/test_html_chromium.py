@@ -3,13 +3,14 @@ watches over the DevTools protocol that no request leaves the page and no consol
 for a recorded run and for a store full of hostile strings (``<img src=http://...>``, ``<script>``).
 
 The DevTools client is a few lines over ``--remote-debugging-pipe`` (JSON messages separated by NUL on fds 3 and
-4): no websocket package and no port. ``make test`` installs chromium when /usr/bin/chromium is missing; without
-it the test is skipped, saying so.
+4): no websocket package and no port. ``make test`` installs chromium when /usr/bin/chromium is missing, beside the
+tests (Makefile, ``chromium``), and these tests wait for that install; without chromium they are skipped, saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import ROOT
 from test_hostile_strings import FIELDS, HOSTILE, record
 
 from profiler.analysis import summarize
@@ -28,12 +30,42 @@ from profiler.core.store import load_run
 from profiler.render.html import write_html
 
 CHROMIUM = Path("/usr/bin/chromium")
+INSTALL_LOG = ROOT / ".chromium-install.log"  # `make chromium` holds a lock on it while apt installs chromium
+INSTALL_WAIT_S = 600.0
 RUNS = Path(__file__).parent / "data" / "runs"
 TIMEOUT_S = 30.0
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="/usr/bin/chromium is missing (`make test` installs Debian's chromium package)"
-)
+
+def wait_for_install(log: Path, deadline_s: float) -> bool:
+    """Wait until no install holds the lock on ``log`` (``make chromium``); False if one still did at the deadline."""
+    if not log.exists():
+        return True
+    deadline = time.monotonic() + deadline_s
+    with log.open("rb") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.2)
+            else:
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return True
+
+
+@pytest.fixture(scope="module")
+def chromium() -> None:
+    """Chromium, once the install ``make test`` started beside the tests has ended; else the tests are skipped."""
+    if CHROMIUM.exists():
+        return
+    if not wait_for_install(INSTALL_LOG, INSTALL_WAIT_S):
+        pytest.skip(f"chromium's install ({INSTALL_LOG.name}) was still running after {INSTALL_WAIT_S:.0f} s")
+    if not CHROMIUM.exists():
+        tail = INSTALL_LOG.read_text(errors="replace").strip().splitlines()[-1:] if INSTALL_LOG.exists() else []
+        pytest.skip(
+            f"{CHROMIUM} is missing (`make test` installs Debian's chromium package){''.join(': ' + t for t in tail)}"
+        )
 
 
 class DevTools:
@@ -120,7 +152,7 @@ class DevTools:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
+def browser(chromium: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevTools]:
     dt = DevTools(tmp_path_factory.mktemp("chromium-profile"))
     try:
         yield dt
@@ -190,3 +222,29 @@ def test_a_leak_would_be_seen(browser: DevTools, tmp_path: Path) -> None:
     page = write_html(summarize(rec), rec, tmp_path / "leaky.html")
     page.write_text(page.read_text().replace("<footer>", "<footer><img src=http://127.0.0.1:9/leak.png>", 1))
     assert problems(load_page(browser, page), page), "an unescaped image went unnoticed"
+
+
+def test_the_wait_lasts_while_the_install_holds_its_lock_within_its_deadline(tmp_path: Path) -> None:
+    """The wait ``make chromium``'s lock asks for: none without an install, through an install (here a 1 s holder
+    of the lock), and no longer than its deadline."""
+    log = tmp_path / "install.log"
+    assert wait_for_install(log, 0.0)  # no install started: nothing to wait for
+    log.touch()
+    holder = subprocess.Popen(["flock", str(log), "sleep", "1"])
+    try:
+        while lock_is_free(log):  # until the holder has it
+            time.sleep(0.01)
+        assert not wait_for_install(log, 0.3)  # the deadline ends a wait on an install that has not ended
+        assert wait_for_install(log, 30.0)
+        assert holder.wait(5) == 0  # the holder had let go: its lock lasts as long as it runs
+    finally:
+        holder.kill()
+
+
+def lock_is_free(path: Path) -> bool:
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
