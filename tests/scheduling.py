@@ -10,6 +10,8 @@
   uses under a quarter of a core over its run, measured (docs/testing.md). It takes neither the turnstile nor the
   lock, so it may run beside an alone test, and the scheduler keeps the light units for the time the alone tests
   run: the other two workers then have work that leaves the cores to the alone test, instead of sitting idle.
+  ``seconds=S`` gives its measured wall clock: the light units are handed out longest first, so that the short
+  ones fill the end (the worker that ran the alone units takes what is left) rather than a long one starting last.
 
 The scheduler runs in pytest's controller, which collects nothing and so sees no marker: each worker writes which
 units are alone and which light to the run's folder as it collects, and the scheduler reads it there.
@@ -61,13 +63,28 @@ def unit_kinds(items: list[pytest.Item]) -> dict[str, list[str]]:
     return {"alone": sorted(alone), "light": sorted(light)}
 
 
+def light_seconds(item: pytest.Item) -> float:
+    """A light test's measured seconds (``@pytest.mark.light(seconds=S)``); 0 for any other test."""
+    marker = item.get_closest_marker("light")
+    return float(marker.kwargs.get("seconds", 0.0)) if marker is not None else 0.0
+
+
 def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The collection's order: the units with the most tests first, each unit's tests in collection order, the
-    alone units last. (The scheduler below picks the alone and light units by their kind, whatever their place;
-    this order is what a scheduler without it, such as plain ``-n``, follows.)"""
+    """The collection's order: the units with the most tests first, each unit's tests in collection order, then
+    the light units, longest first, and the alone units last. (The scheduler below picks the alone and light units
+    by their kind, whatever their place, in this order; it is also what a plain ``-n`` follows.)"""
     size = collections.Counter(work_unit(item.nodeid) for item in items)
-    alone = set(unit_kinds(items)["alone"])
-    return sorted(items, key=lambda it: (work_unit(it.nodeid) in alone, -size[work_unit(it.nodeid)]))
+    seconds: collections.Counter[str] = collections.Counter()
+    for item in items:
+        seconds[work_unit(item.nodeid)] += light_seconds(item)
+    kinds = unit_kinds(items)
+    alone, light = set(kinds["alone"]), set(kinds["light"])
+
+    def key(item: pytest.Item) -> tuple[bool, bool, float, int]:
+        unit = work_unit(item.nodeid)
+        return unit in alone, unit in light, -seconds[unit], -size[unit]
+
+    return sorted(items, key=key)
 
 
 def run_folder(config: pytest.Config) -> Path | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from conftest import ROOT
 
 
-def test_only_light_tests_run_beside_an_alone_test_and_they_fill_its_time(tmp_path: Path) -> None:
+def test_only_light_tests_run_beside_an_alone_test_and_they_fill_its_time_longest_first(tmp_path: Path) -> None:
     log = tmp_path / "spans.jsonl"
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
@@ -36,6 +36,10 @@ def test_only_light_tests_run_beside_an_alone_test_and_they_fill_its_time(tmp_pa
     # the two other workers ran light tests through the first alone test's 2 s (1 s each: two or more overlap it)
     a0, a1 = spans["alone"]
     assert len([n for n, (t0, t1) in spans.items() if n.startswith("light") and t0 < a1 and t1 > a0]) >= 2, spans
+    # the light tests were handed out longest first (their seconds), although collected shortest first: the two
+    # longest (2.0 and 1.5 s) started before the two shortest
+    started = sorted((n for n in spans if n.startswith("light")), key=lambda n: spans[n][0])
+    assert set(started[:2]) == {"light3", "light2"}, [(n, spans[n]) for n in started]
     # the alone tests ran one after the other on one worker, no light test between them there
     first, second = sorted(("alone", "alone2"), key=lambda n: spans[n][0])
     assert worker[first] == worker[second], worker

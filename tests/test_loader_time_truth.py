@@ -131,8 +131,8 @@ def test_a_workers_time_is_where_its_items_spent_it(tmp_path: Path, parts: tuple
         assert "the workers slept" in recs["LOADER_TOO_SLOW"], recs
 
 
-# light (tests/scheduling.py): its workers wait for work; 0.09 of a core in two CI runs
-@pytest.mark.light
+# light (tests/scheduling.py): its workers wait for work; 0.09 of a core in two CI runs, 4 s
+@pytest.mark.light(seconds=4)
 def test_workers_with_nothing_to_do_wait_for_work(tmp_path: Path) -> None:
     data = Timed(())
     summary, _start, _end = _train(tmp_path, data, step_s=0.05, steps=60)  # 3 s

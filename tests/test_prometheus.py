@@ -264,8 +264,8 @@ def test_a_port_in_use_is_exit_2_one_line_and_no_run(tmp_path: Path) -> None:
     assert not (tmp_path / "r").exists()
 
 
-# light (tests/scheduling.py): a sleeping training loop served; 0.17-0.19 of a core in four CI runs
-@pytest.mark.light
+# light (tests/scheduling.py): a sleeping training loop served; 0.17-0.19 of a core in four CI runs, 4 s
+@pytest.mark.light(seconds=4)
 def test_run_serves_the_summary_stall_while_it_trains(tmp_path: Path) -> None:
     """`stallscope run --prometheus 0`, scraped from outside while it trains (the docs' sample scrape)."""
     out = tmp_path / "run"
@@ -348,8 +348,8 @@ def _serving(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     return proc, line.split(" at ", 1)[1].strip()
 
 
-# light (tests/scheduling.py): a sleeping training loop served; 0.11-0.13 of a core in four CI runs
-@pytest.mark.light
+# light (tests/scheduling.py): a sleeping training loop served; 0.11-0.13 of a core in four CI runs, 7 s
+@pytest.mark.light(seconds=7)
 def test_zero_code_serves_the_sampler(tmp_path: Path) -> None:
     script = "import time; time.sleep(6)"
     proc, url = _serving(["run", "--no-live", "--out", str(tmp_path / "z"), "--", sys.executable, "-c", script])
@@ -364,8 +364,8 @@ def test_zero_code_serves_the_sampler(tmp_path: Path) -> None:
         proc.wait(timeout=60)
 
 
-# light (tests/scheduling.py): a sleeping training loop served; 0.10-0.11 of a core in four CI runs
-@pytest.mark.light
+# light (tests/scheduling.py): a sleeping training loop served; 0.10-0.11 of a core in four CI runs, 6 s
+@pytest.mark.light(seconds=6)
 def test_watch_serves_the_run_it_follows(tmp_path: Path) -> None:
     run = tmp_path / "run"
     with Session(run, sample_hz=20, device="cpu") as s:

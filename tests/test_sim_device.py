@@ -240,8 +240,8 @@ def _twin(forward_s: float, scenario_file: Path) -> DeviceInfo:
 @pytest.mark.parametrize(
     ("workers", "forward_s"),
     [
-        # light (tests/scheduling.py): its loader sleeps; 0.06 of a core in four CI runs
-        pytest.param(0, 0.020, id="input-bound", marks=pytest.mark.light),
+        # light (tests/scheduling.py): its loader sleeps; 0.06 of a core in four CI runs, 7 s
+        pytest.param(0, 0.020, id="input-bound", marks=pytest.mark.light(seconds=7)),
         pytest.param(8, 0.060, id="model-bound"),
     ],
 )

@@ -487,8 +487,8 @@ def test_default_alone_completed_is_not_rerun() -> None:
 # -- the real search on a scenario of known cost --------------------------------------------------------------
 
 
-# light (tests/scheduling.py): its scenario's items sleep; 0.21-0.23 of a core in four CI runs
-@pytest.mark.light
+# light (tests/scheduling.py): its scenario's items sleep; 0.21-0.23 of a core in four CI runs, 19 s
+@pytest.mark.light(seconds=19)
 def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> None:
     import scenarios
 

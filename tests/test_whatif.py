@@ -296,7 +296,7 @@ def test_a_run_with_no_measured_steps_is_bad_input(tmp_path: Path, capsys: pytes
 
 
 # light (tests/scheduling.py): its items sleep; 0.10-0.12 of a core over 37 s in four CI runs
-@pytest.mark.light
+@pytest.mark.light(seconds=37)
 @pytest.mark.slow
 def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Path) -> None:
     scenario = str(ROOT / "tests/data/scenarios/io_wait.py")
@@ -368,9 +368,14 @@ class _PlaceCost:
         return torch.zeros(4), i
 
 
-# light (tests/scheduling.py): its items sleep; 0.06-0.13 of a core in four CI runs
-@pytest.mark.light
-@pytest.mark.parametrize(("main_ms", "worker_ms"), [(40.0, 80.0), (40.0, 40.0)])
+# light (tests/scheduling.py): its items sleep; 0.06-0.13 of a core in four CI runs, 20 s and 12 s
+@pytest.mark.parametrize(
+    ("main_ms", "worker_ms"),
+    [
+        pytest.param(40.0, 80.0, marks=pytest.mark.light(seconds=20)),
+        pytest.param(40.0, 40.0, marks=pytest.mark.light(seconds=12)),
+    ],
+)
 def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: float) -> None:
     # items of 40 ms or more, so that the scheduling delays of a shared 2-core host (a few ms a wake-up at a
     # load of 6) stay inside the tolerance: with 10 ms items, four tests at a time beside two busy processes
@@ -426,8 +431,8 @@ class _NoisyInWorkers(_PlaceCost):
         return torch.zeros(4), i
 
 
-# light (tests/scheduling.py): its items sleep; 0.10-0.12 of a core in four CI runs
-@pytest.mark.light
+# light (tests/scheduling.py): its items sleep; 0.10-0.12 of a core in four CI runs, 11 s
+@pytest.mark.light(seconds=11)
 def test_the_calibration_takes_more_rounds_until_its_medians_settle() -> None:
     from profiler.whatif.loadergap import measure_gap
 

@@ -105,8 +105,8 @@ def measured(tmp_path: Path) -> Path:
     ("flag", "label"),
     [
         (["--cached"], "cached"),
-        # light (tests/scheduling.py): reads throttled to 6 MB/s; 0.18-0.20 of a core in four CI runs
-        pytest.param(["--storage-mbps", "6"], "store 6 MB/s", marks=pytest.mark.light),
+        # light (tests/scheduling.py): reads throttled to 6 MB/s; 0.18-0.20 of a core in four CI runs, 15 s
+        pytest.param(["--storage-mbps", "6"], "store 6 MB/s", marks=pytest.mark.light(seconds=15)),
     ],
 )
 def test_whatif_storage_is_within_15_percent_of_its_check_run(measured: Path, flag: list[str], label: str) -> None:

@@ -18,11 +18,13 @@ def span(name: str, seconds: float) -> None:
         fh.write(json.dumps([name, t0, time.time(), os.environ.get("PYTEST_XDIST_WORKER")]) + "\n")
 
 
-# first in the file: in the collection's order they would run first, not beside the alone test
-@pytest.mark.light
-@pytest.mark.parametrize("i", range(4))
+# first in the file: in the collection's order they would run first, not beside the alone test; shortest first
+LIGHT_S = [0.5, 1.0, 1.5, 2.0]
+
+
+@pytest.mark.parametrize("i", [pytest.param(i, marks=pytest.mark.light(seconds=s)) for i, s in enumerate(LIGHT_S)])
 def test_light(i: int) -> None:
-    span(f"light{i}", 1.0)
+    span(f"light{i}", LIGHT_S[i])
 
 
 @pytest.mark.parametrize("i", range(4))
