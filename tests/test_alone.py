@@ -10,9 +10,13 @@ import json
 import os
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from conftest import ROOT
+from scheduling import make_scheduler
 
 
 def test_only_light_tests_run_beside_an_alone_test_and_they_fill_its_time_longest_first(tmp_path: Path) -> None:
@@ -47,3 +51,37 @@ def test_only_light_tests_run_beside_an_alone_test_and_they_fill_its_time_longes
         n for n, (t0, _) in spans.items() if worker[n] == worker[first] and spans[first][1] <= t0 < spans[second][0]
     ]
     assert between == [], (between, spans, worker)
+
+
+class FakeWorker:
+    def __init__(self) -> None:
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.append(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_the_worker_on_the_last_alone_unit_takes_no_light_unit_behind_it() -> None:
+    """xdist asks for a worker's next unit while its current one runs: the worker on the last alone unit gets none
+    (a light unit would wait behind it while the other workers run out of work); while alone units are queued it
+    gets the next of them, and another worker gets the light unit."""
+    config: Any = SimpleNamespace(getvalue=lambda name: ["3*popen"], option=SimpleNamespace())
+    sched: Any = make_scheduler(config, SimpleNamespace(loadscopesched=lambda *args: None))
+    ids = ["tests/fake.py::alone", "tests/fake.py::alone2", "tests/fake.py::light"]
+    sched.alone, sched.light = frozenset(ids[:2]), frozenset(ids[2:])
+    on_alone, other = FakeWorker(), FakeWorker()
+    for worker in (on_alone, other):
+        sched.registered_collections[worker] = ids
+    sched.assigned_work = {on_alone: {ids[0]: {ids[0]: False}}, other: {}}
+    sched.workqueue = OrderedDict((i, {i: False}) for i in (ids[2], ids[1]))
+    sched._reschedule(on_alone)
+    assert on_alone.sent == [[1]]  # the next alone unit, chained, though the light one was first in the queue
+    sched.assigned_work[on_alone][ids[0]][ids[0]] = True  # the first alone unit done
+    sched._reschedule(on_alone)
+    assert on_alone.sent == [[1]] and list(sched.workqueue) == [ids[2]]
+    sched._reschedule(other)
+    assert other.sent == [[2]] and not sched.workqueue
