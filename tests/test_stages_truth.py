@@ -4,7 +4,8 @@ and, around the same work, by the data set itself into a truth file), 2 workers,
 keep up. Each stage's time per item and share against the data set's own, the slowest stage named the bottleneck
 (fetch; augment, sleeping and spinning on the CPU; fetch again where the bytes come over a real socket from a
 slow local server), and the
-capacity derived from the stage times against the throughput the loader-bound run really had.
+capacity derived from the stage times against the throughput the loader-bound run really had, as far as the workers
+spent their time in the stages (the data set's own timing again).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from profiler.analysis.stages import STORE_SATURATED
 from profiler.core.store import load_run
 
 SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "stage_costs.py")
+RATIO_TOLERANCE = 0.10  # throughput / capacity against the workers' share of time in their stages (measured below)
 
 
 @pytest.mark.parametrize("case", ["fetch", "augment", "cpu-augment", "network"])
@@ -45,9 +47,14 @@ def test_stage_times_bottleneck_and_capacity_match_the_data_sets_own_timing(
     summary = json.loads(res.stdout)
     st = summary["stages"]
     spent: dict[str, list[float]] = defaultdict(list)
+    items: list[tuple[int, float, float, float]] = []  # (loader process, enter, exit, seconds in its stages)
     for line in truth_file.read_text().splitlines():
-        stage, seconds = line.split()
-        spent[stage].append(float(seconds))
+        if line.startswith("item "):
+            pid, enter, leave, inside = line.split()[1:]
+            items.append((int(pid), float(enter), float(leave), float(inside)))
+        else:
+            stage, seconds = line.split()
+            spent[stage].append(float(seconds))
     got = {s["name"]: s for s in st["stages"]}
     assert set(got) == {"fetch", "decode", "augment", "collate"}
     counted = _counted_in_window(tmp_path / "run")
@@ -74,18 +81,34 @@ def test_stage_times_bottleneck_and_capacity_match_the_data_sets_own_timing(
         assert "RAISE_WORKERS" not in codes and re.search(rf"\b{cpu:.0f}% busy|averaged {cpu:.0f}%:", advice), advice
         full = cpu >= 85  # 86% here, the two workers computing 70-82% of their time; 100% beside other tests
         assert "make per-item work cheaper" in advice and ("add workers" in advice) is not full, advice
-    # the capacity is derived (2 workers / the stages' time per item): the run is loader-bound, so the throughput
-    # it measured is the capacity less what the training process adds per batch (receiving it, the 4 ms step
-    # overlapping): measured 134 against 144 samples/s (-7%) on a quiet host. Where the augment computes, that work
-    # outside the stages (collating, pickling, the training process receiving each batch) takes its CPU from the
-    # same two cores as the spinning workers, so the capacity is an upper bound that a busy host holds further off:
-    # 163 against 171 (-5%) quiet, 94.1 against 112.6 (-16%) beside two busy processes and two other tests
+    # the capacity is derived (2 workers / the stages' time per item): an upper bound, which the run's throughput
+    # reaches only as far as the workers spend their time inside the stages. Outside them a worker collates, pickles
+    # and queues each batch, writes the truth file, and waits for a core: 134 against 144 samples/s (-7%) on a quiet
+    # host, further off on a busy one (a CI run's augment case fell outside 0.85-1.15 of its capacity, 133.8). So the
+    # throughput over the capacity is held to the workers' own share of time in their stages over the measured
+    # window, by the data set's clock in the same run. Measured: within 0.016 of it in 12 runs on a quiet host, 0.031
+    # in 12 beside two busy loops, and 0.028 in 8 beside four busy loops with the four cases at once (the share
+    # 0.93-0.99 throughout)
     ratio = summary["throughput_samples_per_s"] / st["capacity_samples_per_s"]
-    bounds = (0.7, 1.05) if case == "cpu-augment" else (0.85, 1.15)
+    # the items of the measured window, as the stages counted them (the truth file's item lines are in the same order)
+    share = _in_stages_share(items[slice(*counted["augment"])])
     story = f"throughput {summary['throughput_samples_per_s']:.1f} / capacity {st['capacity_samples_per_s']:.1f}"
-    assert bounds[0] <= ratio <= bounds[1], (f"{story} = {ratio:.3f}, bounds {bounds}", st)
+    assert abs(ratio - share) <= RATIO_TOLERANCE, (f"{story} = {ratio:.3f}, in the stages {share:.3f}", st)
     assert st["demand_samples_per_s"] > 2 * st["capacity_samples_per_s"]  # a 4 ms model would take far more
     assert os.path.exists(tmp_path / "run" / "run.sqlite")
+
+
+def _in_stages_share(items: list[tuple[int, float, float, float]]) -> float:
+    """The loader processes' share of their time inside the stages over ``items``: per process, the stage seconds of
+    its items over the span from the first one's start to the last one's end, summed over the processes."""
+    inside = span = 0.0
+    for pid in {it[0] for it in items}:
+        mine = [it for it in items if it[0] == pid]
+        if len(mine) >= 2:
+            inside += math.fsum(it[3] for it in mine)
+            span += max(it[2] for it in mine) - min(it[1] for it in mine)
+    assert span > 0, f"no loader process finished two of the {len(items)} items in the measured window"
+    return inside / span
 
 
 def _counted_in_window(run: Path) -> dict[str, tuple[int, int]]:

@@ -7,7 +7,9 @@ STAGE_CASE=fetch: fetch 10 ms, decode 1 ms, augment 1 ms; STAGE_CASE=augment: fe
 transform that computes, where the other stages sleep as I/O waits); STAGE_CASE=network: the fetch receives the
 item's bytes over a real socket from the local server at port STAGE_PORT (tests/conftest.py slow_server: 10 ms an
 item), decode 1 ms, augment 1 ms. With STAGE_TRUTH set, each
-item appends "stage seconds" lines, timed around the same work, to that file.
+item appends "stage seconds" lines, timed around the same work, to that file, then a line "item PID ENTER EXIT
+IN_STAGES": its loader process, the perf_counter readings at the start and end of ``__getitem__`` (the clock the
+run's steps are timed on) and the seconds of those inside its stages.
 """
 
 import os
@@ -46,7 +48,9 @@ class Items(torch.utils.data.Dataset):
         return 100_000
 
     def __getitem__(self, i):
+        enter = time.perf_counter()
         spent = []
+        in_stages = 0.0
         for stage, seconds in COSTS.items():
             t0 = time.perf_counter()
             with stages.timed(stage):
@@ -58,8 +62,11 @@ class Items(torch.utils.data.Dataset):
                     spin(seconds)
                 else:
                     time.sleep(seconds)
-            spent.append(f"{stage} {time.perf_counter() - t0}\n")
+            took = time.perf_counter() - t0
+            in_stages += took
+            spent.append(f"{stage} {took}\n")
         if TRUTH:
+            spent.append(f"item {os.getpid()} {enter} {time.perf_counter()} {in_stages}\n")
             with open(TRUTH, "a") as f:
                 f.write("".join(spent))
         return torch.full((4,), float(i % 5)), i % 3
