@@ -29,6 +29,7 @@ import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,13 +161,18 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
                 return alone[0]
             return (light or alone)[0]
 
-        def _reschedule(self, node: object) -> None:
-            # xdist gives a worker its next unit ahead of time; behind the last alone unit a light one would wait
-            # for it (a CI run: a light test of 11 s started after the 72 s tune, the other workers done 27 s
-            # before), so that worker takes one only once the alone unit is done, and the others run them meanwhile
-            if node in self._running_alone() and not any(scope in self.alone for scope in self.workqueue):
+        def _reschedule(self, node: Any) -> None:
+            # an xdist worker runs a test only once it holds the next one, or is told to shut down. Behind the last
+            # alone unit a light one would wait for it (a fresh-clone run: an 11 s light test started after the 72 s
+            # tune, the other workers done 27 s before); given none, the worker held the tune back until the queue
+            # ran dry (58 s, the next run). So that worker is told to shut down: it runs the alone unit at once and
+            # takes nothing more, and the other workers run the light units meanwhile.
+            others = [n for n in self.nodes if n is not node and not n.shutting_down]
+            last = self.workqueue and not any(scope in self.alone for scope in self.workqueue)
+            if last and others and node in self._running_alone() and not node.shutting_down:
+                node.shutdown()
                 return
-            super()._reschedule(node)  # type: ignore[arg-type]
+            super()._reschedule(node)
 
         def _assign_work_unit(self, node: object) -> None:
             self.workqueue.move_to_end(self._next_scope(node), last=False)

@@ -65,10 +65,10 @@ class FakeWorker:
         self.shutting_down = True
 
 
-def test_the_worker_on_the_last_alone_unit_takes_no_light_unit_behind_it() -> None:
-    """xdist asks for a worker's next unit while its current one runs: the worker on the last alone unit gets none
-    (a light unit would wait behind it while the other workers run out of work); while alone units are queued it
-    gets the next of them, and another worker gets the light unit."""
+def test_the_worker_on_the_last_alone_unit_runs_it_at_once_and_takes_nothing_behind_it() -> None:
+    """An xdist worker runs a test only once it holds the next one or is told to shut down. The worker on the last
+    alone unit is told to shut down: it starts that unit at once, and no light unit waits behind it (another
+    worker takes it). While alone units are queued it gets the next of them, though a light one comes first."""
     config: Any = SimpleNamespace(getvalue=lambda name: ["3*popen"], option=SimpleNamespace())
     sched: Any = make_scheduler(config, SimpleNamespace(loadscopesched=lambda *args: None))
     ids = ["tests/fake.py::alone", "tests/fake.py::alone2", "tests/fake.py::light"]
@@ -79,9 +79,9 @@ def test_the_worker_on_the_last_alone_unit_takes_no_light_unit_behind_it() -> No
     sched.assigned_work = {on_alone: {ids[0]: {ids[0]: False}}, other: {}}
     sched.workqueue = OrderedDict((i, {i: False}) for i in (ids[2], ids[1]))
     sched._reschedule(on_alone)
-    assert on_alone.sent == [[1]]  # the next alone unit, chained, though the light one was first in the queue
-    sched.assigned_work[on_alone][ids[0]][ids[0]] = True  # the first alone unit done
+    assert on_alone.sent == [[1]] and not on_alone.shutting_down  # the next alone unit, chained
+    sched.assigned_work[on_alone][ids[0]][ids[0]] = True  # the first alone unit done, the second one held
     sched._reschedule(on_alone)
-    assert on_alone.sent == [[1]] and list(sched.workqueue) == [ids[2]]
+    assert on_alone.sent == [[1]] and on_alone.shutting_down and list(sched.workqueue) == [ids[2]]
     sched._reschedule(other)
-    assert other.sent == [[2]] and not sched.workqueue
+    assert other.sent == [[2]] and not sched.workqueue and not other.shutting_down
