@@ -22,7 +22,7 @@ from conftest import ROOT, stallscope, wait_until
 from profiler.core.store import StoreError, load_run, run_status
 from profiler.drivers.ddp import DistInfo
 from profiler.export.endpoint import Endpoint, parse_endpoint
-from profiler.jobs.launch import announced_ranks, job_id_for, rank_exits
+from profiler.jobs.launch import announced_ranks, job_id_for, rank_exits, run_job, signal_behind
 
 RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
 STEPS, WARMUP, BATCH = 20, 3, 8
@@ -354,3 +354,42 @@ def test_a_rank_forks_its_loader_workers_whatever_start_method_it_inherited(
     finally:
         multiprocessing.set_start_method(before, force=True)
     assert seen == ["fork"]
+
+
+def _masked_signal(_job: object) -> None:
+    """As torch's metrics wrapper fails when a signal lands before its ``start`` is set: the agent's
+    SignalException, then an UnboundLocalError raised in the ``finally`` (the exception a stress pass's sweep got)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+    finally:
+        raise UnboundLocalError("cannot access local variable 'start' where it is not associated with a value")
+
+
+def test_a_signal_masked_by_torchs_metrics_wrapper_still_ends_the_job_interrupted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that torch's elastic metrics wrapper turns into UnboundLocalError is still a Ctrl-C: the job ends
+    "interrupted" (a stress pass: the sweep saw "the launcher failed", and went on to its next configuration). The
+    same error with no signal behind it is still the launcher's failure."""
+    import torch.distributed.launcher.api as launcher
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from profiler.core.devices import resolve_device
+    from profiler.drivers.runner import RunConfig
+    from profiler.jobs.launch import JobSpec
+
+    monkeypatch.setattr(launcher, "elastic_launch", lambda config, entry: _masked_signal)
+    result = run_job(JobSpec(RANKS, RunConfig(tmp_path / "job", resolve_device("cpu")), nproc=2))
+    assert (result.status, result.error) == ("interrupted", "stopped by SIGINT")
+    assert json.loads((tmp_path / "job" / "job.json").read_text())["status"] == "interrupted"
+
+    def unbound(_job: object) -> None:
+        raise UnboundLocalError("no signal behind this one")
+
+    monkeypatch.setattr(launcher, "elastic_launch", lambda config, entry: unbound)
+    with pytest.raises(UnboundLocalError):
+        run_job(JobSpec(RANKS, RunConfig(tmp_path / "job2", resolve_device("cpu")), nproc=2))
+    assert json.loads((tmp_path / "job2" / "job.json").read_text())["status"] == "failed"
+    assert signal_behind(ValueError(), SignalException) is None

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from profiler.drivers.ddp import DistInfo
 from profiler.drivers.runner import RunConfig
@@ -139,11 +139,13 @@ def run_job(job: JobSpec) -> JobResult:
     except ChildFailedError as exc:
         exits = rank_exits(exc.failures, t0, announced_ranks(out), tree.ended())
         status, error = "failed", _failure_line(exits)
-    except SignalException as exc:  # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
-        status, error = "interrupted", f"stopped by {_signal_name(int(exc.sigval)) or exc.sigval}"
     except BaseException as exc:
-        _finish(node, out, record, "failed", exits=exits, error=f"the launcher failed: {type(exc).__name__}: {exc}")
-        raise
+        signalled = signal_behind(exc, SignalException)
+        if signalled is None:
+            _finish(node, out, record, "failed", exits=exits, error=f"the launcher failed: {type(exc).__name__}: {exc}")
+            raise
+        # Ctrl-C / SIGTERM: the agent has stopped the ranks (SIGTERM, then SIGKILL)
+        status, error = "interrupted", f"stopped by {_signal_name(int(signalled.sigval)) or signalled.sigval}"
     _finish(node, out, record, status, exits=exits, error=error)
     return JobResult(out, status, exits, error)
 
@@ -266,6 +268,24 @@ def _signal_name(number: int) -> str | None:
         return signal.Signals(number).name
     except ValueError:
         return None
+
+
+SignalT = TypeVar("SignalT", bound=BaseException)
+
+
+def signal_behind(exc: BaseException, kind: type[SignalT]) -> SignalT | None:
+    """The elastic agent's signal exception (``kind``) that ``exc`` is or was raised while handling; None if none.
+    torch's metrics wrapper (``elastic.metrics.api.prof``) reads ``start`` in a ``finally``: a signal landing before
+    ``start`` is set turns into an UnboundLocalError there, the signal's exception its ``__context__`` (a stress
+    pass: a Ctrl-C'd sweep saw its job fail that way and went on to the next configuration)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if isinstance(at, kind):
+            return at
+        seen.add(id(at))
+        at = at.__context__
+    return None
 
 
 def _failure_line(exits: list[dict[str, Any]]) -> str:
