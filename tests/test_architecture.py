@@ -21,6 +21,7 @@ STORE_READERS = {
     "profiler.live.feeds",
     "profiler.jobs.jobdir",  # `report` on a job directory reads each rank's and node's store through it
     "profiler.whatif.source",  # predicts from a measured run, and reads back a --check run it already measured
+    "profiler.core.agent.client",  # the Summary at close, from the store the sampler process wrote
 }
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60

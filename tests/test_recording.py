@@ -15,6 +15,7 @@ from conftest import sleep_loader
 
 from profiler import Session
 from profiler.analysis import summarize
+from profiler.core.agent.client import SamplerProcess
 from profiler.core.recording import Recording
 from profiler.core.store import DB_NAME, load_run
 from profiler.core.store import reader as store_reader
@@ -22,8 +23,8 @@ from profiler.core.store import writer as store_writer
 from profiler.zerocode.profile import profile_external
 
 
-def _loop(out: Path, steps: int = 12) -> Session:
-    with Session(out, warmup=2, sample_hz=50) as s:
+def _loop(out: Path, steps: int = 12, sampling: str = "process") -> Session:
+    with Session(out, warmup=2, sample_hz=50, sampling=sampling) as s:
         for _ in s.wrap(sleep_loader(steps, 0.004)):
             with s.phase("h2d"):
                 time.sleep(0.001)
@@ -41,10 +42,12 @@ def test_close_summary_equals_the_report_read_back_from_the_store(tmp_path: Path
     assert json.loads((tmp_path / "summary.json").read_text()) == from_disk
 
 
-def test_close_reads_the_committed_rows_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("sampling", ["process", "thread"])
+def test_close_reads_the_committed_rows_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampling: str) -> None:
     """The store keeps no row per step in memory (memory stays flat however long the run: tests/test_scale.py), so
-    the close summary comes from one read of the committed file, through the writer's own read connection, and from
-    no other read of the store."""
+    the close summary comes from one read of the committed file and from no other read of the store: with threads
+    in the training process, through the writer's own read connection; with the sampler process (which wrote the
+    store and has ended), through the reader."""
     opened: dict[str, list[Path]] = {"writer": [], "reader": []}
     for where, module in (("writer", store_writer), ("reader", store_reader)):
         real = module.open_read
@@ -54,10 +57,11 @@ def test_close_reads_the_committed_rows_back_once(tmp_path: Path, monkeypatch: p
             return real(db)
 
         monkeypatch.setattr(module, "open_read", counting)
-    s = _loop(tmp_path, steps=6)
+    s = _loop(tmp_path, steps=6, sampling=sampling)
     summary = s.summary()
     assert summary is not None and summary.steps == 4 and summary.status == "complete"
-    assert opened == {"writer": [tmp_path / DB_NAME], "reader": []}, opened
+    once = [tmp_path / DB_NAME]
+    assert opened == ({"writer": once, "reader": []} if sampling == "thread" else {"writer": [], "reader": once})
 
 
 def test_close_is_idempotent_and_returns_the_same_summary(tmp_path: Path) -> None:
@@ -119,13 +123,13 @@ def test_a_signal_while_the_session_starts_still_closes_the_run(
     from profiler.core.session import Interrupted
     from profiler.drivers.runner import RunConfig, RunStopped, run_scenario
 
-    started = Recording.start
+    started = SamplerProcess.start
 
-    def start_then_signal(self: Recording, t0: float | None = None) -> object:
+    def start_then_signal(self: SamplerProcess, t0: float) -> None:
         started(self, t0)
         raise Interrupted("SIGINT")
 
-    monkeypatch.setattr(Recording, "start", start_then_signal)
+    monkeypatch.setattr(SamplerProcess, "start", start_then_signal)
     cfg = RunConfig(out=tmp_path / "run", device=resolve_device("cpu"), steps=2, warmup=0)
     with pytest.raises(RunStopped) as info:
         run_scenario(scenarios.get("mlp-mnist"), cfg)

@@ -60,10 +60,9 @@ def test_open_step_stops_on_a_dead_store_when_asked_to_raise(tmp_path: Path) -> 
     with pytest.raises(StoreWriteError, match="stopped at step"), Session(out, sources=[], store_errors="raise") as s:
         s.open_step()
         shutil.rmtree(out)
-        store = s.recording.store if s.recording is not None else None
-        assert store is not None
+        rec = s.recording
         for _ in range(10_000):  # the writer notices at its next flush (0.5 s)
             s.open_step()
-            if store.failure is not None:
+            if rec.failure is not None:
                 s.open_step()  # the step after the failure is seen: raises
             time.sleep(0.001)

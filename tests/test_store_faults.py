@@ -48,7 +48,7 @@ LOOP = textwrap.dedent("""
             n += 1
             if n == 50:
                 AT_50
-            if until is None and sys.argv[2] == "fail" and s.recording.store.failure is not None:
+            if until is None and sys.argv[2] == "fail" and s.recording.failure is not None:
                 until = n + 100
             if n == (until if sys.argv[2] == "fail" else int(sys.argv[2])):
                 break
@@ -172,8 +172,7 @@ def test_session_whose_directory_is_removed_warns_once_and_trains_on(tmp_path: P
             if n == 20:
                 assert wait_until(lambda: len(load_run(out).steps) > 0, timeout=10)
                 shutil.rmtree(out)
-            store = s.recording.store if s.recording is not None else None
-            if n > 20 and store is not None and (store.failure is not None or n > 5000):
+            if n > 20 and (s.recording.failure is not None or n > 5000):
                 break
             time.sleep(0.001)
     lines = [r.getMessage() for r in caplog.records if "could not write the run store" in r.getMessage()]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from profiler.core.rows import PhaseRow, StepRow
-from profiler.core.sources.base import Source
+from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.store.writer import StoreWriteError
 
 if TYPE_CHECKING:
@@ -84,6 +84,9 @@ class Recorder(SessionHook, Protocol):
     def committed_steps(self) -> list[StepRow]:
         """The step rows the store holds so far, read back from it."""
 
+    def rescan_soon(self) -> None:
+        """A loader has just started its workers: sources that follow the process tree look at their next read."""
+
 
 class ServingHook(SessionHook, Protocol):
     """A hook that serves the run's figures while it runs (the Prometheus exporter of ``prometheus=``)."""
@@ -99,10 +102,11 @@ class SinkOptions:
     out_dir: Path
     meta: dict[str, object]
     sample_hz: float
-    sources: Sequence[Source] | None = None
+    sources: Sequence[Source | SourceRecipe] | None = None
     clock: Callable[[], float] = time.perf_counter
     store_errors: str = "warn"
     prometheus: str | int | None = None
+    sampling: str = "process"  # "process": a sampler process beside this one; "thread": threads in this one
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,7 +77,11 @@ class Recording:
         clock: Callable[[], float] = time.perf_counter,
         warn: Callable[[str], None] = log_warning,
         store_errors: str = "warn",
+        summarize: bool = True,
+        on_failure: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
+        """``summarize=False`` and ``on_failure``: for the sampler process, which records for the training
+        process (:mod:`profiler.core.agent`): that process builds the Summary, and hears of a store failure."""
         if store_errors not in ("warn", "raise"):
             raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
@@ -93,13 +97,20 @@ class Recording:
         self._pyspy: PySpyRecorder | None = None
         self._pyspy_problem: str | None = None
         self._summary: Summary | None = None
+        self._summarizes = summarize
+        self._on_failure = on_failure
         self._closed = False
 
-    def start(self, t0: float | None = None) -> RunStore:
-        """Create the store (meta first) and start sampling; ``t0`` is the run's zero on ``clock``."""
+    def start(self, t0: float | None = None, store: RunStore | None = None) -> RunStore:
+        """Create the store (meta first) and start sampling; ``t0`` is the run's zero on ``clock``. ``store``: one
+        made already (the sampler process's, which writes a store the training process created)."""
         if self.store is not None:
             return self.store
         self.t0 = self._clock() if t0 is None else t0
+        if store is not None:
+            self.store = store
+            self._start_sampler(store)
+            return store
         now = time.time()
         self.store = store = RunStore(
             self.out_dir,
@@ -111,17 +122,22 @@ class Recording:
                 "heartbeat": now,
                 "sample_hz": self._sample_hz,
             },
-            on_error=self._store_failed,
+            on_error=self.store_failed,
         )
+        self._start_sampler(store)
+        return store
+
+    def _start_sampler(self, store: RunStore) -> None:
         sources = list(self._sources) if self._sources is not None else default_sources()
         self.sampler = Sampler(
             sources, self._sample_hz, sink=store.put_samples, on_event=store.put_event, clock=self._clock, t0=self.t0
         )
         self.sampler.start()
-        return store
 
-    def _store_failed(self, failure: StoreWriteError) -> None:
+    def store_failed(self, failure: StoreWriteError) -> None:
         """The writer thread's one call when the store stops writing."""
+        if self._on_failure is not None:
+            self._on_failure(failure)
         if self._store_errors == "warn":
             self._warn(f"{failure}; recording stopped, training goes on ({failure.kept})")
 
@@ -155,6 +171,11 @@ class Recording:
 
     def committed_steps(self) -> list[StepRow]:
         return self.store.steps() if self.store is not None else []
+
+    def rescan_soon(self) -> None:
+        """A loader has just started its workers: the process-tree sources look for them at their next read."""
+        if self.sampler is not None:
+            self.sampler.rescan_soon()
 
     def now(self) -> float:
         """Seconds since the run's zero."""
@@ -203,7 +224,8 @@ class Recording:
         store.close()
         for name in STACKS_NAMES:  # py-spy creates its file with its own mode
             no_world_write(self.out_dir / name)
-        self._summary = self._summarize(store)
+        if self._summarizes:
+            self._summary = self._summarize(store)
         return self._summary
 
     @property

@@ -164,6 +164,8 @@ class Sampler:
     ``t0`` is the run's origin, so sample times and step times share one timeline. ``wait(timeout)``
     blocks until the timeout or a stop and returns True when stopped; tests inject a fake clock and wait.
     ``call_timeout_s`` bounds each read and close of a source, ``open_timeout_s`` its probe (real seconds).
+    ``health_rows=False``: no ``sampler.*`` rows of its own (a second sampler of the same run, whose lateness
+    would read as the run's sampler's).
     """
 
     def __init__(
@@ -179,6 +181,7 @@ class Sampler:
         buffer_s: float = 60.0,
         call_timeout_s: float = CALL_TIMEOUT_S,
         open_timeout_s: float = OPEN_TIMEOUT_S,
+        health_rows: bool = True,
     ) -> None:
         if not 0 < hz <= MAX_HZ:
             raise ValueError(f"sample rate {hz} Hz is out of range: allowed 0 < hz <= {MAX_HZ:g}")
@@ -190,6 +193,7 @@ class Sampler:
         self._call_timeout_s = call_timeout_s
         self._open_timeout_s = open_timeout_s
         self._sink = sink
+        self._health_rows = health_rows
         self._on_event = on_event
         self._clock = clock
         self._t0 = clock() if t0 is None else t0
@@ -307,13 +311,14 @@ class Sampler:
             merged.update(values)
             rows.extend((t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
         read_s = self._clock() - read_start
-        rows.append((t, "sampler", "sampler.lateness_ms", lateness * 1e3))
-        rows.append((t, "sampler", "sampler.read_ms", read_s * 1e3))
+        if self._health_rows:
+            rows.append((t, "sampler", "sampler.lateness_ms", lateness * 1e3))
+            rows.append((t, "sampler", "sampler.read_ms", read_s * 1e3))
         stats.samples += 1
         stats.lateness_sum_s += lateness
         stats.lateness_max_s = max(stats.lateness_max_s, lateness)
         self.buffer.append((t, merged))
-        if self._sink is not None:
+        if self._sink is not None and rows:
             try:
                 self._sink(rows)
             except Exception as exc:  # noqa: BLE001 - a broken sink must not kill sampling for the live view

@@ -43,7 +43,7 @@ from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_d
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
-from profiler.core.sources.base import Source
+from profiler.core.sources.base import Source, SourceRecipe
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -54,6 +54,10 @@ _PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
 _Raws = tuple[bytes | None, bytes | None, bytes | None]
 
 
+# A phase entered within this long of the boundary before it (the step's next() returning, or the phase before it
+# exiting) takes that boundary's clock, schedstat and CUDA-event readings as its own start: one read per boundary
+# rather than two. The gap, a few microseconds of the loop's own bookkeeping, is charged to the phase that follows.
+ADJACENT_S = 50e-6
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
 LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")
@@ -99,8 +103,15 @@ class _Phase:
     def __enter__(self) -> _Phase:
         s = self._s
         s._stack.append(self._name)
-        self._ev0 = s._timer.mark() if s._timer is not None else None
         rq = s._runq
+        edge = s._edge
+        if edge is not None and s._clock() - edge[0] < ADJACENT_S and (rq is None or edge[2] is not None):
+            # right after the step's next() or the phase before: that boundary's readings are this one's
+            self._t0, self._ev0, self._r0 = edge[0], edge[1] if edge[1] is not None or s._timer is None else \
+                s._timer.mark(), edge[2]
+            s._edge = None
+            return self
+        self._ev0 = s._timer.mark() if s._timer is not None else None
         self._r0 = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
         self._t0 = s._clock()
         return self
@@ -120,6 +131,7 @@ class _Phase:
         if s._step < 0:  # before the first batch or after the loop: no step to charge it to
             s._unattributed += 1
             return
+        s._edge = (t1, ev1, r1) if not depth else None  # the next top-level phase may start from here
         s._phases.append((name, depth, self._t0, t1, self._ev0, ev1, self._r0, r1))
 
 
@@ -134,8 +146,9 @@ class Session:
         device: str | DeviceInfo = "auto",
         warmup: int = 0,
         meta: dict[str, Any] | None = None,
-        sources: Sequence[Source] | None = None,
+        sources: Sequence[Source | SourceRecipe] | None = None,
         prometheus: str | int | None = None,
+        sampling: str = "process",
         hooks: Sequence[SessionHook] = (),
         store_errors: str = "warn",
         clock: Callable[[], float] = time.perf_counter,
@@ -144,7 +157,10 @@ class Session:
     ) -> None:
         """``meta``: run facts for the store (scenario, pipeline, batch_size, workers, pin_memory, or any other);
         ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``hooks``:
-        more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending."""
+        more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending;
+        ``sources``: source objects (read in this process) and recipes (made and read in the sampler process),
+        None for the defaults; ``sampling``: "process" (a sampler process beside this one writes the store) or
+        "thread" (threads in this process, as before the sampler process)."""
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.out_dir = Path(out_dir)
@@ -154,7 +170,7 @@ class Session:
         self._clock = clock
         self._max_lag = max_lag
         self._meta: dict[str, Any] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
-        sinks = make_sinks(SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus))
+        sinks = make_sinks(SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling))
         self._recorder: Recorder = sinks.recorder
         self._hooks: list[SessionHook] = [*sinks.hooks, sinks.recorder, *hooks]  # an exporter binds first
         self._exporter = sinks.exporter
@@ -162,6 +178,9 @@ class Session:
         # hot-path state
         self._stack: list[str] = []
         self._phases: list[_PhaseRec] = []
+        # the last boundary of the open step (clock, device event or None, schedstat raw or None): next() returning
+        # or a top-level phase's exit; a phase entered right after it shares its readings (ADJACENT_S)
+        self._edge: tuple[float, Any, bytes | None] | None = None
         self._step = -1  # index of the open step, -1 when none is open
         self._step_t0 = 0.0
         self._step_wait = 0.0
@@ -329,8 +348,7 @@ class Session:
     def _iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """iter(): where a DataLoader starts its workers; the sampler then looks for them at its next reading."""
         it = iter(iterable)
-        if (sampler := self._recorder.sampler) is not None:
-            sampler.rescan_soon()
+        self._recorder.rescan_soon()
         return it
 
     def wrap(
@@ -351,7 +369,10 @@ class Session:
         try:
             while True:
                 t0 = self._waiting_since = clock()
-                r0 = raw() if raw else None
+                edge = self._edge
+                # right after the last phase's exit: its schedstat reading is this boundary's too
+                r0 = edge[2] if edge is not None and edge[2] is not None and t0 - edge[0] < ADJACENT_S else \
+                    raw() if raw else None
                 # the step before ends at t0, but its row is made after next() returns: the bookkeeping (sinks,
                 # the store's queue) is not the loader's time, and on a busy host it can wait for a CPU or a lock
                 ended: list[_PhaseRec] | None = None
@@ -376,6 +397,7 @@ class Session:
                 r1 = raw() if raw else None
                 if ended is not None:
                     self._end_step(t0, r0, ended)
+                self._edge = (t1, None, r1)
                 self._step_raws = (r0, r1)
                 self._step = self._next_index
                 self._next_index += 1
@@ -474,6 +496,7 @@ class Session:
         already; None: take them now)."""
         if phases is None:
             phases, self._phases = self._phases, []
+        self._edge = None
         t0 = self._t0
         row = StepRow(
             step=self._step,
@@ -499,15 +522,17 @@ class Session:
             pending.popleft()
             row = step_runq(row, raws)
             out: list[PhaseRow] = []
+            events: dict[int, Any] = {}  # adjacent phases share the event at their boundary: released once
             for name, depth, a, b, ev0, ev1, r0, r1 in phases:
                 rq = schedstat.delay_between(r0, r1)
                 if timer is not None and ev0 is not None:
                     dev0, dev1 = timer.time_of(ev0), timer.time_of(ev1)
                     out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, dev0, dev1, runq_s=rq))
-                    timer.release(ev0)
-                    timer.release(ev1)
+                    events[id(ev0)], events[id(ev1)] = ev0, ev1
                 else:
                     out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, runq_s=rq))
+            for ev in events.values():
+                timer.release(ev)  # type: ignore[union-attr]
             for on_step in self._step_sinks:
                 on_step(row, out)
             self.recent.append((row, out))

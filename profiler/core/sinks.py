@@ -3,21 +3,48 @@
 
 from __future__ import annotations
 
-from profiler.core.hooks import SinkOptions, Sinks
+import time
+
+from profiler.core.agent.client import SamplerProcess
+from profiler.core.hooks import Recorder, SinkOptions, Sinks
 from profiler.core.recording import Recording
+from profiler.core.sources.base import SourceRecipe
+
+
+SAMPLING = ("process", "thread")
 
 
 def default_sinks(options: SinkOptions) -> Sinks:
-    """The Recording of ``options.out_dir``, and the Prometheus exporter when ``options.prometheus`` is set
-    (ValueError for a bad endpoint: checked here, where the Session is made; bound when it starts)."""
-    recording = Recording(
-        options.out_dir,
-        meta=dict(options.meta),
-        sample_hz=options.sample_hz,
-        sources=options.sources,
-        clock=options.clock,
-        store_errors=options.store_errors,
-    )
+    """The run's recorder, and the Prometheus exporter when ``options.prometheus`` is set (ValueError for a bad
+    endpoint: checked here, where the Session is made; bound when it starts).
+
+    The recorder is a sampler process beside the training process (:mod:`profiler.core.agent`), unless
+    ``sampling="thread"`` or the Session's clock is not ``time.perf_counter`` (a test's fake clock cannot be read
+    from another process): then the Recording's threads in this process, as before the sampler process."""
+    if options.sampling not in SAMPLING:
+        raise ValueError(f"sampling={options.sampling!r}: allowed {' or '.join(map(repr, SAMPLING))}")
+    recording: Recorder
+    if options.sampling == "process" and options.clock is time.perf_counter:
+        recording = SamplerProcess(
+            options.out_dir,
+            meta=dict(options.meta),
+            sample_hz=options.sample_hz,
+            sources=options.sources,
+            store_errors=options.store_errors,
+        )
+    else:
+        recipes = [s for s in options.sources or () if isinstance(s, SourceRecipe)]
+        sources = None if options.sources is None else [
+            *(s for s in options.sources if not isinstance(s, SourceRecipe)), *(x for r in recipes for x in r.build())
+        ]  # fmt: skip
+        recording = Recording(
+            options.out_dir,
+            meta=dict(options.meta),
+            sample_hz=options.sample_hz,
+            sources=sources,
+            clock=options.clock,
+            store_errors=options.store_errors,
+        )
     if options.prometheus is None:
         return Sinks(recording)
     from profiler.export.prometheus import SessionExporter

@@ -68,3 +68,33 @@ class ProcessHandle(Protocol):
     def children(self, recursive: bool) -> Sequence[ProcessHandle]: ...
 
     def create_time(self) -> float: ...
+
+
+class SourceRecipe:
+    """Sources to be made in the sampler process (:mod:`profiler.core.agent`) rather than in the training process:
+    ``factory`` ("package.module:function") called with ``kwargs`` (JSON-able), returning a list of sources.
+
+    A recipe crosses the process boundary as JSON, so what it builds never shares the training process's GIL.
+    """
+
+    __slots__ = ("factory", "kwargs")
+
+    def __init__(self, factory: str, **kwargs: object) -> None:
+        if ":" not in factory:
+            raise ValueError(f"source recipe {factory!r}: allowed 'package.module:function'")
+        self.factory = factory
+        self.kwargs = kwargs
+
+    def to_json(self) -> dict[str, object]:
+        return {"factory": self.factory, "kwargs": self.kwargs}
+
+    def build(self) -> list[Source]:
+        """The sources (in the process that calls it)."""
+        import importlib
+
+        module, _, name = self.factory.partition(":")
+        made = getattr(importlib.import_module(module), name)(**self.kwargs)
+        return list(made) if isinstance(made, (list, tuple)) else [made]
+
+    def __repr__(self) -> str:
+        return f"SourceRecipe({self.factory!r}, **{self.kwargs!r})"

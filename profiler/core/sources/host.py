@@ -194,8 +194,9 @@ class HostSource:
             proc for proc in listed if self._children.get(proc.pid) != proc and self._dropped.get(proc.pid) != proc
         ]
         for proc in _by_birth(fresh, ps):
-            if _is_profiler(proc, ps):
-                # stallscope's own py-spy (loader attribution) is a child too, but no loader worker
+            if _is_profiler(proc, ps) or _is_self(proc, ps, main.pid):
+                # stallscope's own py-spy (loader attribution) and its sampler process are children too, but
+                # no loader worker
                 self._dropped[proc.pid] = proc
                 continue
             self._adopt(proc)
@@ -244,6 +245,24 @@ def _by_birth(procs: Iterable[ProcessHandle], ps: ModuleType) -> list[ProcessHan
 
 
 _PROFILERS = frozenset({"py-spy"})
+
+
+SAMPLER_ARGV = ("-m", "profiler.core.agent")  # how the sampler process is started (profiler/core/agent/client.py)
+
+
+def _is_self(proc: ProcessHandle, ps: ModuleType, main: int) -> bool:
+    """stallscope's sampler process (a child of the training process it samples: read from there or from here),
+    or, when it reads another process's tree (``main``), a child of the process reading."""
+    me = os.getpid()
+    if proc.pid == me:
+        return True
+    try:
+        ppid, cmdline = getattr(proc, "ppid", None), getattr(proc, "cmdline", None)
+        if main != me and ppid is not None and int(ppid()) == me:
+            return True
+        return cmdline is not None and tuple(cmdline()[1:3]) == SAMPLER_ARGV
+    except (ps.NoSuchProcess, ps.ZombieProcess, ps.AccessDenied):
+        return False
 
 
 def _is_profiler(proc: ProcessHandle, ps: ModuleType) -> bool:

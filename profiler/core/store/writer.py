@@ -36,7 +36,9 @@ _Item = (  # what producers queue for the writer thread
     | tuple[Literal["samples"], list[SampleRow]]
     | tuple[Literal["event"], EventRow]
     | tuple[Literal["meta"], list[tuple[str, str]]]  # each key with its JSON
+    | tuple[Literal["mark"], int]  # a position in the sampler process's ring: committed with the rows before it
 )
+MARK_KEY = "ring_pos"  # meta: the ring position up to which the rows are committed (the sampler process's)
 
 
 class StoreWriteError(Exception):
@@ -60,6 +62,29 @@ class StoreWriteError(Exception):
         return StoreWriteError(f"{self}; stopped at step {step}, {self.kept}", self.path, self.last_kept)
 
 
+def init_store(run_dir: Path, meta: Mapping[str, object]) -> None:
+    """Create ``run_dir``'s store (schema and ``meta``) and return at once, with no writer: the training process
+    of a run whose sampler process writes the rows (:mod:`profiler.core.agent`), so that a reader never sees a
+    store without its meta. The caller holds the run directory's lock."""
+    make_dir(run_dir)
+    path = run_dir / DB_NAME
+    con = connect(path)
+    try:
+        with con:
+            _create(con, meta)
+    finally:
+        con.close()
+    for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
+        no_world_write(run_dir / name)
+
+
+def _create(con: sqlite3.Connection, meta: Mapping[str, object]) -> None:
+    con.executescript(SCHEMA)
+    add_columns(con)
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()])
+
+
 def connect(path: Path) -> sqlite3.Connection:
     con = sqlite3.connect(path, check_same_thread=False, timeout=10.0)
     con.execute("PRAGMA journal_mode=WAL")
@@ -77,34 +102,37 @@ class RunStore:
         flush_s: float = 0.5,
         meta: Mapping[str, object] | None = None,
         on_error: Callable[[StoreWriteError], None] | None = None,
+        lock: bool = True,
+        on_commit: Callable[[int], None] | None = None,
     ) -> None:
         """Create the schema and write ``meta`` before returning: a reader never sees a store without it.
         RunDirBusy when another live store writes ``run_dir``. ``on_error`` is called once, on the writer
-        thread, when a write fails (see the module docstring)."""
+        thread, when a write fails (see the module docstring). ``lock=False``: the caller's process does not
+        claim the directory, because the process it writes for holds the claim (the sampler process writes
+        for the training process); ``on_commit`` is told the newest :meth:`put_mark` position each commit
+        holds, after the commit."""
         if not 0 < flush_s <= 1.0:
             raise ValueError(f"flush_s must be in (0, 1], got {flush_s}")
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / DB_NAME
         make_dir(self.run_dir)
-        lock_run_dir(self.run_dir, store=True)
+        self._locks = lock
+        if lock:
+            lock_run_dir(self.run_dir, store=True)
         try:
             self._con = connect(self.path)
             with self._con:
-                self._con.executescript(SCHEMA)
-                add_columns(self._con)
-                self._con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                self._con.executemany(
-                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                    [(k, json.dumps(v)) for k, v in (meta or {}).items()],
-                )
+                _create(self._con, meta or {})
             self._ino = self.path.stat().st_ino
         except BaseException:
-            unlock_run_dir(self.run_dir)
+            if lock:
+                unlock_run_dir(self.run_dir)
             raise
         for name in (DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm"):
             no_world_write(self.run_dir / name)
         self._flush_s = flush_s
         self._on_error = on_error
+        self._on_commit = on_commit
         self._q: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._kept = -1  # the last step committed
         self._failure: StoreWriteError | None = None
@@ -135,6 +163,12 @@ class RunStore:
         batch = list(rows)
         if not self._dead:
             self._q.put(("samples", batch))
+
+    def put_mark(self, pos: int) -> None:
+        """A ring position (:mod:`profiler.core.agent`): the rows put before it are committed with it as meta
+        ``ring_pos``, in one transaction, and ``on_commit`` hears of it after."""
+        if not self._dead:
+            self._q.put(("mark", pos))
 
     def put_event(self, t: float, kind: str, message: str, source: str | None = None) -> None:
         if self._dead:
@@ -206,7 +240,8 @@ class RunStore:
         with contextlib.suppress(sqlite3.Error):
             self._con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._con.close()
-        unlock_run_dir(self.run_dir)
+        if self._locks:
+            unlock_run_dir(self.run_dir)
 
     # -- writer thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -237,14 +272,21 @@ class RunStore:
             items.clear()  # written: not held while the thread waits for the next flush
 
     def _commit(self, con: sqlite3.Connection, items: list[_Item]) -> None:
-        kept = self._kept
+        kept, mark = self._kept, None
         for item in items:
+            if item[0] == "mark":
+                mark = item[1]
+                continue
             self._apply(con, item)
             if item[0] == "step":
                 kept = max(kept, item[1].step)
         con.execute("INSERT OR REPLACE INTO meta VALUES ('heartbeat', ?)", (json.dumps(time.time()),))
+        if mark is not None:
+            con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (MARK_KEY, json.dumps(mark)))
         con.commit()
         self._kept = kept
+        if mark is not None and self._on_commit is not None:
+            self._on_commit(mark)
 
     def _retry(self, con: sqlite3.Connection, items: list[_Item]) -> bool:
         """After a failed commit: fold the WAL into the file (the WAL grows to ~4 MB between checkpoints, so a

@@ -1,0 +1,453 @@
+"""The training process's side of a run recorded by a sampler process: :class:`SamplerProcess`, the recorder hook
+``Session`` uses by default (docs/architecture.md, "Two processes").
+
+What stays in the training process: the run directory's lock, the store's creation (schema and meta, before the
+first step), a packed record per step into the ring (:mod:`profiler.core.agent.ring`), and one watch thread that
+wakes once a second. Sources that can only be read from inside this process (the pin-memory thread, a user's
+own source objects) run on an in-process sampler; those a recipe names run in the sampler process.
+
+Invariants:
+- Training never waits for the sampler process: a step is a struct pack and a copy into shared memory; a ring
+  that is full keeps the record in order in a spill list.
+- The sampler process dies (or hangs at close): the watch sees it within a second and this process takes the
+  store over (the lock is already its own), resuming from the ring position the store last committed, so no
+  step is lost; the store says when and how the sampler process ended, and that samples stop there.
+- ``close()`` tells the sampler process, waits for it (bounded), then builds the Summary from the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from profiler.core.agent.drain import Drain
+from profiler.core.agent.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
+from profiler.core.rows import PhaseRow, RunRecord, StepRow
+from profiler.core.sampler import Sampler
+from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.store import (
+    DB_NAME,
+    RunStore,
+    StoreError,
+    StoreWriteError,
+    load_run,
+    lock_run_dir,
+    make_dir,
+    no_world_write,
+    unlock_run_dir,
+)
+from profiler.core.store.reader import open_read, read_meta
+from profiler.core.store.writer import MARK_KEY, init_store
+
+if TYPE_CHECKING:
+    from profiler.analysis.summary import Summary
+    from profiler.core.hooks import SessionView
+
+log = logging.getLogger("stallscope")
+
+WATCH_S = 1.0  # the one thread this hook runs in the training process wakes this often
+READY_TIMEOUT_S = 30.0  # the sources' probes (NVML's init on a many-GPU machine can take seconds), and the start
+CLOSE_TIMEOUT_S = 60.0  # a sampler process that has not closed the store by then is taken over
+LOCAL_MAX_HZ = 1.0  # an in-process source that says it is slow-moving (``max_hz``) is read at most this often
+_ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the profiler package
+
+
+def default_recipe(pid: int | None = None) -> SourceRecipe:
+    """The sources every run samples (:func:`profiler.core.recording.default_sources` of ``pid``'s tree), made in
+    the sampler process."""
+    return SourceRecipe("profiler.core.recording:default_sources", pid=os.getpid() if pid is None else pid)
+
+
+def default_local_sources() -> list[Source]:
+    """What only the training process can read of itself: the pin-memory threads and the pinned bytes."""
+    from profiler.core.sources.pin import PinSource
+
+    return [PinSource()]
+
+
+def split_sources(
+    sources: Sequence[Source | SourceRecipe] | None,
+) -> tuple[list[SourceRecipe], list[Source]]:
+    """(recipes for the sampler process, source objects for this process); None: the defaults."""
+    if sources is None:
+        return [default_recipe()], default_local_sources()
+    recipes = [s for s in sources if isinstance(s, SourceRecipe)]
+    return recipes, [s for s in sources if not isinstance(s, SourceRecipe)]
+
+
+def log_warning(message: str) -> None:
+    log.warning("stallscope: %s", message)
+
+
+class SamplerProcess:
+    """The recorder hook of a Session whose sampling and store run in a sampler process (see the module)."""
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        meta: dict[str, Any],
+        sample_hz: float,
+        sources: Sequence[Source | SourceRecipe] | None = None,
+        store_errors: str = "warn",
+        warn: Callable[[str], None] = log_warning,
+        ring_size: int = DEFAULT_SIZE,
+    ) -> None:
+        if store_errors not in ("warn", "raise"):
+            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
+        self.out_dir = Path(out_dir)
+        self._meta = meta
+        self._sample_hz = sample_hz
+        self._recipes, self._local = split_sources(sources)
+        self._store_errors = store_errors
+        self._warn = warn
+        self._ring_size = ring_size
+        self.t0 = 0.0
+        self.sampler: Sampler | None = None  # the in-process sources' sampler (None without any)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._ring: Ring | None = None
+        self._writer: RingWriter | None = None
+        self._watch: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the take-over and the close
+        self._drain: Drain | None = None  # this process's own drain, once it took the store over
+        self._lost: str | None = None
+        self._ready = False
+        self._final: str | None = None  # a stopped store's rows, pickled by the sampler process (its file may be gone)
+        self._said = b""  # a part line of what the sampler process said
+        self._summary: Summary | None = None
+        self._closed = False
+
+    # -- start -----------------------------------------------------------------------------------------------
+    def on_start(self, session: SessionView) -> None:
+        self._meta = session.meta
+        self.start(session.t0)
+
+    def start(self, t0: float) -> None:
+        """Claim the run directory, create the store with its meta, start the sampler process and the watch."""
+        self.t0 = t0
+        make_dir(self.out_dir)
+        lock_run_dir(self.out_dir, store=True)
+        try:
+            now = time.time()
+            init_store(self.out_dir, {
+                **self._meta, "status": "running", "pid": os.getpid(), "started_at": now, "heartbeat": now,
+                "sample_hz": self._sample_hz, "sampling": "process",
+            })  # fmt: skip
+            self._ring = ring = Ring.create(self._ring_size)
+            self._writer = RingWriter(ring)
+            self.proc = proc = self._spawn(ring, t0)
+        except BaseException:
+            if self._ring is not None:
+                self._ring.close()
+            unlock_run_dir(self.out_dir)
+            raise
+        problem = self._await_ready(proc)
+        if problem is not None:  # the run is recorded all the same: this process writes the store, unsampled
+            with self._lock:
+                self._take_over(problem)
+        if self._local:
+            writer = self._writer
+            hz = min([self._sample_hz, *(getattr(s, "max_hz", self._sample_hz) for s in self._local)])
+            self.sampler = Sampler(
+                self._local, hz,
+                sink=lambda rows: writer.put_item({"samples": rows}),
+                on_event=lambda t, kind, message, source: writer.put_item({"event": [t, kind, source, message]}),
+                t0=t0,
+                health_rows=False,
+            )  # fmt: skip
+            self.sampler.start()
+        self._watch = threading.Thread(target=self._watch_loop, name="stallscope-watch", daemon=True)
+        self._watch.start()
+
+    def _spawn(self, ring: Ring, t0: float) -> subprocess.Popen[bytes]:
+        orders = {
+            "parent_pid": os.getpid(), "fd": ring.fd, "size": ring.size, "run_dir": str(self.out_dir),
+            "sample_hz": self._sample_hz, "t0": t0, "store_errors": self._store_errors,
+            "recipes": [r.to_json() for r in self._recipes],
+            # its warnings go to stderr as this process's would: at the stallscope logger's level, or none
+            "log_level": max(log.getEffectiveLevel(), logging.root.manager.disable + 1),
+        }  # fmt: skip
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "profiler.core.agent"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(ring.fd,), env=env,
+        )  # fmt: skip
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(orders).encode() + b"\n")
+        proc.stdin.close()
+        return proc
+
+    def _await_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
+        """Wait for the sampler process's ``ready`` (its sources open: as long as their probes take, bounded),
+        logging its warnings before it; None when it came, else what went wrong."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        os.set_blocking(fd, False)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._ready:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                proc.kill()
+                proc.wait()
+                return f"did not start within {READY_TIMEOUT_S:g} s"
+            if not self._relay():
+                proc.wait()
+                return f"failed to start ({_exit_words(proc.returncode)}; its error is on stderr above)"
+        return None
+
+    def _relay(self) -> bool:
+        """Read what the sampler process said (without waiting): ``ready``, and warnings, logged here as this
+        process's own. False at its end (the pipe closed)."""
+        proc = self.proc
+        if proc is None or proc.stdout is None or proc.stdout.closed:
+            return False
+        try:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            proc.stdout.close()
+        self._said += chunk
+        *lines, self._said = self._said.split(b"\n")
+        for line in lines:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if said.get("ready"):
+                self._ready = True
+            elif "log" in said:
+                log.log(int(said["log"][0]), "%s", said["log"][1])
+            elif "final" in said:
+                self._final = str(said["final"])
+        return bool(chunk)
+
+    # -- the hook ------------------------------------------------------------------------------------------
+    def on_meta(self, items: Mapping[str, object]) -> None:
+        if self._writer is not None:
+            self._writer.put_item({"meta": dict(items)})
+
+    def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
+        writer = self._writer
+        if writer is not None:
+            writer.put_step(row, phases)  # type: ignore[arg-type]
+
+    def on_event(self, kind: str, message: str) -> None:
+        self.event(kind, message, "session")
+
+    def event(self, kind: str, message: str, source: str | None = None) -> None:
+        if self._writer is not None:
+            self._writer.put_item({"event": [self.now(), kind, source, message]})
+
+    def annotate(self, **items: Any) -> None:
+        self.on_meta(items)
+
+    def on_close(self, status: str, error: str | None) -> None:
+        self.close(status, error)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def rescan_soon(self) -> None:
+        if self._writer is not None:
+            self._writer.put_item({"rescan": 1})
+        if self.sampler is not None:
+            self.sampler.rescan_soon()
+
+    def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
+        """py-spy on ``pid`` and its subprocesses, run by the sampler process (what it finds goes to the store)."""
+        if self._writer is not None:
+            self._writer.put_item({"pyspy": {"pid": pid, "rate": rate, "attach_timeout_s": attach_timeout_s,
+                                             "unavailable": unavailable}})  # fmt: skip
+        return None
+
+    @property
+    def failure(self) -> StoreWriteError | None:
+        ring = self._ring
+        if ring is None or self._closed or not ring.failed():
+            return None
+        got = ring.failure()
+        if got is None:
+            return None
+        return StoreWriteError(got[0], self.out_dir / DB_NAME, got[1])
+
+    def halt(self, step: int) -> BaseException | None:
+        ring = self._ring
+        if self._store_errors != "raise" or ring is None or not ring.failed():
+            return None
+        failure = self.failure
+        return failure.at_step(step) if failure is not None else None
+
+    def committed_steps(self) -> list[StepRow]:
+        try:
+            return load_run(self.out_dir).steps
+        except StoreError:
+            return []
+
+    @property
+    def summary(self) -> Summary | None:
+        return self._summary
+
+    @property
+    def lost(self) -> str | None:
+        """How the sampler process ended before the run did (None while it lives or when it closed the run)."""
+        return self._lost
+
+    # -- the watch, and the take-over ------------------------------------------------------------------------
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            self.check()
+
+    def check(self) -> None:
+        """Once a second: move spilled records into the ring; take the store over from a dead sampler process
+        (then drain the ring into it)."""
+        writer, proc = self._writer, self.proc
+        if writer is None or proc is None:
+            return
+        writer.flush()
+        with self._lock:
+            if self._closed:
+                return
+            self._relay()
+            code = proc.poll()
+            if code is not None and self._drain is None:
+                self._take_over(f"ended with {_exit_words(code)}")
+            if self._drain is not None:
+                self._drain.once()
+
+    def _take_over(self, how: str) -> None:
+        """Write the store from here on, from the ring position it last committed (lock held by this process)."""
+        assert self._ring is not None
+        at = self.now()
+        pid = self.proc.pid if self.proc is not None else None
+        self._lost = f"the sampler process (pid {pid}) {how} at {at:.1f} s"
+        store = RunStore(self.out_dir, lock=False, on_error=self._store_failed, on_commit=self._ring.set_read)
+        names = self._writer.names() if self._writer is not None else {}
+        self._drain = Drain(RingReader(self._ring, start=_committed_pos(self.out_dir), names=names), store)
+        self._drain.once()
+        line = f"{self._lost}: no host, process or device samples after that; every step is kept"
+        store.put_event(at, "warning", line, "sampler")
+        store.put_meta(sampler_lost={"at_s": at, "how": how, "pid": pid})
+        self._warn(line)
+
+    def _store_failed(self, failure: StoreWriteError) -> None:
+        assert self._ring is not None
+        self._ring.set_failure(str(failure), failure.last_kept)
+        if self._store_errors == "warn":
+            self._warn(f"{failure}; recording stopped, training goes on ({failure.kept})")
+
+    # -- close ---------------------------------------------------------------------------------------------
+    def close(self, status: str, error: str | None = None) -> Summary | None:
+        """End the run: the in-process sampler's last reading, the close item, the sampler process's exit (else
+        the take-over), then the Summary from the store."""
+        if self._closed or self._writer is None:
+            return self._summary
+        writer, proc = self._writer, self.proc
+        local: dict[str, Any] = {}
+        if self.sampler is not None:
+            self.sampler.stop()
+            local = {k: v for k, v in self.sampler.stats.to_meta()["sources"].items()}  # type: ignore[attr-defined]
+        writer.put_item({"close": {"status": status, "error": error, "local_sources": local}})
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.join()
+        self._finish(status, error, writer, proc)
+        failed = self.failure is not None
+        self._closed = True
+        assert self._ring is not None
+        self._ring.close()
+        unlock_run_dir(self.out_dir)
+        self._summary = self._summarize(write=not failed)
+        return self._summary
+
+    def _finish(self, status: str, error: str | None, writer: RingWriter, proc: subprocess.Popen[bytes] | None) -> None:
+        deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        while not writer.flush() and time.monotonic() < deadline and proc is not None and proc.poll() is None:
+            time.sleep(0.01)  # the ring was full: the sampler process is making room
+        with self._lock:
+            if self._drain is None and proc is not None:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    self._take_over(f"did not close the run within {CLOSE_TIMEOUT_S:g} s")
+                else:
+                    if proc.returncode != 0:
+                        self._take_over(f"ended with {_exit_words(proc.returncode)}")
+            while self._relay():  # what it said before it ended
+                pass
+            drain = self._drain
+            if drain is not None:  # this process writes the store: what is left, then the status
+                while not writer.flush():
+                    drain.once()
+                drain.once()
+                drain.store.put_meta(status=status, error=error, ended_at=time.time())
+                drain.store.close()
+
+    def _summarize(self, *, write: bool) -> Summary | None:
+        from profiler.analysis import summarize
+
+        try:
+            summary = summarize(self._record())
+        # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
+        except Exception as exc:  # noqa: BLE001
+            log.error("stallscope: could not build the summary: %s", exc)
+            return None
+        if write:  # else the store stopped writing and holds less than this summary: `report` rebuilds it
+            path = self.out_dir / "summary.json"
+            try:
+                path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+                no_world_write(path)
+            except OSError as exc:
+                self._warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
+        return summary
+
+
+    def _record(self) -> RunRecord:
+        """The run's rows: read back from the store, or (a store that stopped writing) those the sampler process
+        read through its own connection before it closed, which hold even when the directory was removed."""
+        final = self._final
+        if final is None:
+            return load_run(self.out_dir)
+        try:
+            with open(final, "rb") as f:
+                return pickle.load(f)  # type: ignore[no-any-return]  # written by our own sampler process
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(final)
+
+
+def _committed_pos(run_dir: Path) -> int:
+    """The ring position the store's rows are committed up to (0: none yet)."""
+    db = run_dir / DB_NAME
+    con = open_read(db)
+    try:
+        value = read_meta(con, db).get(MARK_KEY)
+    finally:
+        con.close()
+    return value if isinstance(value, int) else 0
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"

@@ -1,0 +1,141 @@
+"""The sampler process: started by the training process's :class:`~profiler.core.agent.client.SamplerProcess`,
+it does everything a run records except timing the steps (docs/architecture.md, "Two processes").
+
+It reads its orders as one JSON line on stdin, maps the ring the training process made, builds its sources
+from their recipes, and then, until the close item arrives or the training process is gone:
+- samples every source on absolute deadlines (:class:`~profiler.core.sampler.Sampler`, its threads here);
+- every ``DRAIN_S`` moves the ring's records into the run store it writes (the training process holds the
+  run directory's lock; this process is its one writer), marking the ring position each commit reaches;
+- runs py-spy when asked.
+
+Invariants:
+- It says ``ready`` on its channel (stdout, a pipe) once its sources are open (the training process waits for
+  that, as it waited for its own sampler's probes before); its warnings follow on the same channel, and the
+  training process logs them as its own.
+- It never stops the training: it ignores SIGINT and SIGTERM (they are the training process's to handle; it
+  closes when that process tells it, or is gone) and runs ``NICE`` steps below the training process.
+- The training process killed (SIGKILL included): seen within ``DRAIN_S`` (its parent pid changes); the ring is
+  drained and the store closed ``interrupted``, saying so.
+- A store that stops writing: the failure goes to the ring's header, where the training process reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from profiler.core.agent.drain import DRAIN_S, Closing, Drain
+from profiler.core.agent.ring import Ring, RingReader
+from profiler.core.recording import Recording
+from profiler.core.sampler import SourceHealth
+from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.store import RunStore, StoreWriteError
+
+_CHANNEL = 1  # the pipe the training process reads: "ready", then its warnings (JSON lines)
+NICE = 5  # below the training process: it gets a core first; at +5 this process still gets ~1/4 of a busy one
+
+
+def orphaned_error(parent: int) -> str:
+    return f"the training process (pid {parent}) ended without closing the run (killed?)"
+
+
+def build_sources(recipes: list[dict[str, Any]]) -> list[Source]:
+    return [src for r in recipes for src in SourceRecipe(r["factory"], **r["kwargs"]).build()]
+
+
+def run(orders: dict[str, Any]) -> int:
+    parent = int(orders["parent_pid"])
+    ring = Ring(int(orders["fd"]), int(orders["size"]), create=False)
+    run_dir = Path(orders["run_dir"])
+
+    def failed(failure: StoreWriteError) -> None:
+        ring.set_failure(str(failure), failure.last_kept)
+
+    rec = Recording(
+        run_dir,
+        meta={},
+        sample_hz=float(orders["sample_hz"]),
+        sources=build_sources(orders["recipes"]),
+        store_errors=str(orders["store_errors"]),
+        summarize=False,
+        on_failure=failed,
+    )
+    store = RunStore(run_dir, meta={"sampler_pid": os.getpid()}, lock=False, on_error=rec.store_failed,
+                     on_commit=ring.set_read)  # fmt: skip
+    drain = Drain(RingReader(ring), store, rec)
+    # the sources' probes (NVML's init can take seconds) go on beside the first drains: the ring waits for none
+    rec.start(t0=float(orders["t0"]), store=store)
+    _ready()
+    closing = _follow(drain, parent)
+    rec.annotate(sampler_process={"pid": os.getpid(), "steps": drain.steps})
+    if rec.sampler is not None:  # the training process's own (in-process) sources, beside this process's
+        for name, health in closing.local_sources.items():
+            rec.sampler.stats.sources.setdefault(name, SourceHealth(**health))
+    rec.close(closing.status, closing.error)
+    if store.failure is not None:  # its rows, read through this process's connection: the file may be gone
+        fd, path = tempfile.mkstemp(prefix="stallscope-final-", suffix=".pickle")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(store.record(), f)
+        except OSError:  # no room for it either (the disk, the file size limit): the summary reads the store
+            os.unlink(path)
+        else:
+            _say({"final": path})
+    ring.close()
+    return 0
+
+
+def _ready() -> None:
+    """Tell the training process that the sources are open and the first reading is under way."""
+    _say({"ready": True})
+
+
+def _say(line: dict[str, Any]) -> None:
+    """One JSON line to the training process (this process's stdout is a pipe it reads)."""
+    with contextlib.suppress(OSError):
+        os.write(_CHANNEL, json.dumps(line).encode() + b"\n")
+
+
+class _Relay(logging.Handler):
+    """This process's warnings go to the training process, which logs them as its own (its logging setup applies)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _say({"log": [record.levelno, record.getMessage()]})
+
+
+def _follow(drain: Drain, parent: int) -> Closing:
+    """Drain until the close item comes, or the training process is gone (then one last drain)."""
+    while True:
+        gone = os.getppid() != parent
+        closing = drain.once()
+        if closing is not None:
+            return closing
+        if gone:
+            return Closing("interrupted", orphaned_error(parent), {})
+        time.sleep(DRAIN_S)
+
+
+def main() -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    orders = json.loads(sys.stdin.buffer.readline())
+    # the channel to the training process is fd 1 as started; anything else that prints gets /dev/null there
+    global _CHANNEL  # noqa: PLW0603 - one channel per process, set once here
+    _CHANNEL = os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    log = logging.getLogger("stallscope")
+    log.addHandler(_Relay())
+    log.setLevel(int(orders.get("log_level", logging.WARNING)))
+    log.propagate = False
+    return run(orders)
