@@ -132,16 +132,20 @@ def session_vs_bare(pairs: int, steps: int) -> dict[str, object]:
 
 
 def _tiny() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 14 * 14, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 14 * 14, 10)
+    )
 
 
 def fast_train(steps: int, session: Session | None, workers: int, warmup: int = 100, batch: int = 32) -> float:
-    """Samples/s of the fast loop over ``steps`` steps after ``warmup`` (which also covers a sampler process's start)."""
+    """Samples/s of the fast loop over ``steps`` steps after ``warmup`` (which covers a sampler process's start)."""
     torch.manual_seed(0)
     model, loss_fn = _tiny(), nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(2048, 1, 28, 28, generator=g), torch.randint(0, 10, (2048,), generator=g))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(2048, 1, 28, 28, generator=g), torch.randint(0, 10, (2048,), generator=g)
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
                                          persistent_workers=workers > 0)  # fmt: skip
     done, t0 = 0, 0.0
@@ -190,8 +194,8 @@ def fast_loop(pairs: int, steps: int, workers: int) -> dict[str, object]:
                     else:
                         with Session(Path(tmp) / f"{name}{i}", sample_hz=10.0, device="cpu", sampling=name) as s:
                             got[name] = fast_train(steps, s, workers)
-                for key in ratios:
-                    ratios[key].append(got[key] / got["bare"])
+                for key, values in ratios.items():
+                    values.append(got[key] / got["bare"])
                 step_ms.append(32 / got["bare"] * 1e3)
                 print(
                     f"  round {i + 1}: bare {step_ms[-1]:.2f} ms/step | thread {ratios['thread'][-1]:.4f} | "
@@ -373,7 +377,14 @@ def main() -> int:
         f"median CPU-per-step ratio {live['median_cpu_per_step_ratio']:.4f}"
     )
     if args.json:
-        out = {"fast_loop": fast, "phase_cost": cost, "loader_poll": lp, "memory_source": mc, "session": sess, "live_view": live}
+        out = {
+            "fast_loop": fast,
+            "phase_cost": cost,
+            "loader_poll": lp,
+            "memory_source": mc,
+            "session": sess,
+            "live_view": live,
+        }
         print(json.dumps(out, indent=2))
     return 0
 

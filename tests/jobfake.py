@@ -90,8 +90,12 @@ def node_store(job_dir: Path, node_rank: int, job_id: str, cpu: dict[int, float]
         rec = load_run(job_dir / f"rank-{r}")
         measured = [s for s in rec.steps if not s.warmup]
         windows[r] = (float(rec.meta["started_at"]), measured[0].t_start, measured[-1].t_end)
-    node = Session(
-        job_dir / f"node-{node_rank}", sample_hz=5, sources=[], meta={"job_id": job_id, "node_rank": node_rank}
+    node = Session(  # threads: this fixture writes the node's readings into its store directly
+        job_dir / f"node-{node_rank}",
+        sample_hz=5,
+        sources=[],
+        meta={"job_id": job_id, "node_rank": node_rank},
+        sampling="thread",
     )
     node.start()
     rec_ = node.recording

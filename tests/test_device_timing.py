@@ -22,14 +22,17 @@ FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
 
 
 class FakeStream:
-    """Device work enqueued between marks, cycling: [before h2d start, copy, before compute, compute]."""
+    """Device work enqueued inside each phase: ``work[name]`` seconds, ending at the phase's exit mark (the copy of
+    h2d, the kernels of compute). Marks are told apart by the session's open phase, not counted: adjacent phases
+    share the event at their boundary (Session.ADJACENT_S), so a step has three marks or four."""
 
     kind = "cuda-events"
 
-    def __init__(self, now, work: list[float], complete: bool = True) -> None:
-        self._now = now
+    def __init__(self, session: Session, work: dict[str, float], complete: bool = True) -> None:
+        self._now = session._now
+        self._stack = session._stack
         self._work = work
-        self._i = 0
+        self._open: set[str] = set()
         self._cursor = 0.0
         self.complete = complete
         self.waited = 0
@@ -40,8 +43,14 @@ class FakeStream:
 
     def mark(self) -> dict[str, float]:
         host = self._now()
-        self._cursor = max(self._cursor + self._work[self._i % len(self._work)], host)
-        self._i += 1
+        phase = self._stack[-1] if self._stack else ""
+        work = 0.0
+        if phase in self._open:  # the phase's exit: its work was enqueued inside it
+            self._open.discard(phase)
+            work = self._work.get(phase, 0.0)
+        else:
+            self._open.add(phase)
+        self._cursor = max(self._cursor + work, host)
         return {"dev": self._cursor}
 
     def done(self, ev) -> bool:
@@ -61,7 +70,7 @@ def _session(tmp: Path, stream_kwargs: dict, **kw) -> tuple[Session, FakeStream]
     holder: dict = {}
     s = Session(tmp, device=FAKE_GPU, sources=[], **kw)
     # the fake reads the session's own timeline, as CudaEventTimer does
-    holder["stream"] = FakeStream(s._now, **stream_kwargs)
+    holder["stream"] = FakeStream(s, **stream_kwargs)
     s._timer = holder["stream"]
     return s, holder["stream"]
 
@@ -94,7 +103,7 @@ def _copy_truth(truth: Truth, skip: int, suffix: str) -> SimpleNamespace:
 
 def test_exposed_copy_and_busy_fraction_from_events(tmp_path: Path) -> None:
     # host: wait 5 ms, h2d blocks 2 ms, compute launches for 8 ms; device: copy 3 ms, compute 6 ms
-    s, _ = _session(tmp_path, {"work": [0.0, 0.003, 0.0, 0.006]})
+    s, _ = _session(tmp_path, {"work": {"h2d": 0.003, "compute": 0.006}})
     with s:
         truth = _loop(s, 16, 0.005, 0.002, 0.008)
     summ = s.summary()
@@ -131,7 +140,7 @@ def test_exposed_copy_and_busy_fraction_from_events(tmp_path: Path) -> None:
 def test_copy_waiting_for_queued_compute_is_not_an_input_stall(tmp_path: Path) -> None:
     # A compute-bound GPU job: 1 ms to launch a step whose kernels run 20 ms. A pageable copy blocks the
     # host until the queue drains, so the host sits ~19 ms in "h2d" though the loader is instant.
-    s, stream = _session(tmp_path, {"work": [0.0, 0.001, 0.0, 0.020]})
+    s, stream = _session(tmp_path, {"work": {"h2d": 0.001, "compute": 0.020}})
     exposed: list[float] = []  # per step: host time in h2d after the queue drained (the device idles then)
     around: list[float] = []  # the same, timed around the phase: its own enter and exit are inside it
     host: list[float] = []  # per step: the host's whole time in h2d, the drain included
@@ -167,7 +176,7 @@ def test_copy_waiting_for_queued_compute_is_not_an_input_stall(tmp_path: Path) -
 
 
 def test_events_resolve_without_per_step_sync_and_lag_is_bounded(tmp_path: Path) -> None:
-    s, stream = _session(tmp_path, {"work": [0.0, 0.0, 0.0, 0.0], "complete": False}, max_lag=4)
+    s, stream = _session(tmp_path, {"work": {"h2d": 0.0, "compute": 0.0}, "complete": False}, max_lag=4)
     with s:
         for i, _ in enumerate(s.wrap(sleep_loader(12, 0.0))):
             with s.phase("compute"):
@@ -178,7 +187,7 @@ def test_events_resolve_without_per_step_sync_and_lag_is_bounded(tmp_path: Path)
 
 
 def test_completed_events_are_resolved_at_once(tmp_path: Path) -> None:
-    s, stream = _session(tmp_path, {"work": [0.0, 0.001, 0.0, 0.001]})
+    s, stream = _session(tmp_path, {"work": {"h2d": 0.001, "compute": 0.001}})
     with s:
         _loop(s, 5, 0.0, 0.0, 0.001)
         assert len(s.recent) == 5  # the loader is exhausted: every step ended and resolved, no wait

@@ -40,7 +40,8 @@ RANKS = str(ROOT / "tests" / "data" / "scenarios" / "ranks.py")
 
 def node_cpu(job_dir: Path, cpu: dict[int, float]) -> None:
     """A node sampler store whose rank{R}.cpu_pct readings are constant."""
-    with Session(job_dir / "node-0", sample_hz=5, sources=[], meta={"job_id": "job-a", "node_rank": 0}) as node:
+    meta = {"job_id": "job-a", "node_rank": 0}
+    with Session(job_dir / "node-0", sample_hz=5, sources=[], meta=meta, sampling="thread") as node:  # store poked
         rec = node.recording
         assert rec is not None and rec.store is not None
         rec.store.put_samples([(t / 10, "host", f"rank{r}.cpu_pct", v) for t in range(20) for r, v in cpu.items()])

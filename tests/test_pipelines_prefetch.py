@@ -70,7 +70,10 @@ def live(pids: set[int]) -> set[int]:
 
 
 def children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """This process's children other than stallscope's own sampler processes (one beside each open Session)."""
+    return {
+        p.pid for p in psutil.Process().children(recursive=True) if p.cmdline()[1:3] != ["-m", "profiler.core.agent"]
+    }
 
 
 @pytest.fixture(autouse=True)

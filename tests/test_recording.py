@@ -43,7 +43,9 @@ def test_close_summary_equals_the_report_read_back_from_the_store(tmp_path: Path
 
 
 @pytest.mark.parametrize("sampling", ["process", "thread"])
-def test_close_reads_the_committed_rows_back_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampling: str) -> None:
+def test_close_reads_the_committed_rows_back_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sampling: str
+) -> None:
     """The store keeps no row per step in memory (memory stays flat however long the run: tests/test_scale.py), so
     the close summary comes from one read of the committed file and from no other read of the store: with threads
     in the training process, through the writer's own read connection; with the sampler process (which wrote the

@@ -38,11 +38,12 @@ def log_warning(message: str) -> None:
     log.warning("stallscope: %s", message)
 
 
-def default_sources(pid: int | None = None) -> list[Source]:
+def default_sources(pid: int | None = None, *, nvml: bool = True) -> list[Source]:
     """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
     threads and workers (schedstat; workers labelled as the host source labels them), where its loader
     processes' time goes (on a CPU, waiting for one, blocked on what), their memory (USS, PSS), NVML, and (in
-    this process) the pin-memory thread's CPU and the pinned bytes."""
+    this process) the pin-memory thread's CPU and the pinned bytes. ``nvml=False``: not NVML (a simulated device's
+    run samples its twin instead)."""
     from profiler.core.sources.blocked import BlockedSource
     from profiler.core.sources.host import HostSource
     from profiler.core.sources.memory import MemorySource
@@ -55,7 +56,7 @@ def default_sources(pid: int | None = None) -> list[Source]:
         SchedSource(pid, workers=host.pid_labels),
         BlockedSource(pid, workers=host.pid_labels),
         MemorySource(host.pid_labels),
-        NvmlSource(),
+        *([NvmlSource()] if nvml else []),
     ]
     if pid is None:  # the pin-memory thread is found by its Python name: only in this process
         from profiler.core.sources.pin import PinSource

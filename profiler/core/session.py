@@ -55,8 +55,9 @@ _Raws = tuple[bytes | None, bytes | None, bytes | None]
 
 
 # A phase entered within this long of the boundary before it (the step's next() returning, or the phase before it
-# exiting) takes that boundary's clock, schedstat and CUDA-event readings as its own start: one read per boundary
-# rather than two. The gap, a few microseconds of the loop's own bookkeeping, is charged to the phase that follows.
+# exiting) takes that boundary's schedstat reading and CUDA event as its own start: one read and one event per
+# boundary rather than two. What the gap holds (a few microseconds of the loop's own bookkeeping: run-queue wait,
+# device work launched in it) is charged to the phase that follows; the host clock is read afresh.
 ADJACENT_S = 50e-6
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
@@ -105,10 +106,12 @@ class _Phase:
         s._stack.append(self._name)
         rq = s._runq
         edge = s._edge
-        if edge is not None and s._clock() - edge[0] < ADJACENT_S and (rq is None or edge[2] is not None):
-            # right after the step's next() or the phase before: that boundary's readings are this one's
-            self._t0, self._ev0, self._r0 = edge[0], edge[1] if edge[1] is not None or s._timer is None else \
-                s._timer.mark(), edge[2]
+        t0 = s._clock()
+        if edge is not None and t0 - edge[0] < ADJACENT_S and (rq is None or edge[2] is not None):
+            # right after the step's next() or the phase before: that boundary's event and schedstat reading are
+            # this one's (the clock is read afresh: the host times stay exact)
+            self._ev0 = edge[1] if edge[1] is not None or s._timer is None else s._timer.mark()
+            self._r0, self._t0 = edge[2], t0
             s._edge = None
             return self
         self._ev0 = s._timer.mark() if s._timer is not None else None
@@ -157,10 +160,8 @@ class Session:
     ) -> None:
         """``meta``: run facts for the store (scenario, pipeline, batch_size, workers, pin_memory, or any other);
         ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``hooks``:
-        more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending;
-        ``sources``: source objects (read in this process) and recipes (made and read in the sampler process),
-        None for the defaults; ``sampling``: "process" (a sampler process beside this one writes the store) or
-        "thread" (threads in this process, as before the sampler process)."""
+        more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending; ``sources``
+        and ``sampling``: docs/architecture.md, "Two processes"."""
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.out_dir = Path(out_dir)
@@ -170,7 +171,9 @@ class Session:
         self._clock = clock
         self._max_lag = max_lag
         self._meta: dict[str, Any] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
-        sinks = make_sinks(SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling))
+        sinks = make_sinks(
+            SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
+        )
         self._recorder: Recorder = sinks.recorder
         self._hooks: list[SessionHook] = [*sinks.hooks, sinks.recorder, *hooks]  # an exporter binds first
         self._exporter = sinks.exporter
@@ -178,8 +181,7 @@ class Session:
         # hot-path state
         self._stack: list[str] = []
         self._phases: list[_PhaseRec] = []
-        # the last boundary of the open step (clock, device event or None, schedstat raw or None): next() returning
-        # or a top-level phase's exit; a phase entered right after it shares its readings (ADJACENT_S)
+        # the open step's last boundary (clock, event, schedstat raw): a phase entered right after shares it
         self._edge: tuple[float, Any, bytes | None] | None = None
         self._step = -1  # index of the open step, -1 when none is open
         self._step_t0 = 0.0
@@ -188,7 +190,6 @@ class Session:
         self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
         self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
         self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
-        # the training thread's schedstat reader (opened by the first wrap()), and raws at step start / data
         self._runq: schedstat.ThreadSched | None = None
         self._runq_reason: str | None = None
         self._step_raws: tuple[bytes | None, bytes | None] = (None, None)
@@ -371,8 +372,13 @@ class Session:
                 t0 = self._waiting_since = clock()
                 edge = self._edge
                 # right after the last phase's exit: its schedstat reading is this boundary's too
-                r0 = edge[2] if edge is not None and edge[2] is not None and t0 - edge[0] < ADJACENT_S else \
-                    raw() if raw else None
+                r0 = (
+                    edge[2]
+                    if edge is not None and edge[2] is not None and t0 - edge[0] < ADJACENT_S
+                    else raw()
+                    if raw
+                    else None
+                )
                 # the step before ends at t0, but its row is made after next() returns: the bookkeeping (sinks,
                 # the store's queue) is not the loader's time, and on a busy host it can wait for a CPU or a lock
                 ended: list[_PhaseRec] | None = None
@@ -397,12 +403,9 @@ class Session:
                 r1 = raw() if raw else None
                 if ended is not None:
                     self._end_step(t0, r0, ended)
-                self._edge = (t1, None, r1)
-                self._step_raws = (r0, r1)
-                self._step = self._next_index
-                self._next_index += 1
-                self._step_t0 = t0
-                self._step_wait = t1 - t0
+                self._edge, self._step_raws = (t1, None, r1), (r0, r1)
+                self._step, self._next_index = self._next_index, self._next_index + 1
+                self._step_t0, self._step_wait = t0, t1 - t0
                 self._step_samples = count(batch)
                 yield batch
         finally:

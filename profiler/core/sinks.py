@@ -10,7 +10,6 @@ from profiler.core.hooks import Recorder, SinkOptions, Sinks
 from profiler.core.recording import Recording
 from profiler.core.sources.base import SourceRecipe
 
-
 SAMPLING = ("process", "thread")
 
 

@@ -24,10 +24,11 @@ from pipelines import store as pipeline_store
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
+from profiler.core.agent.client import SamplerProcess, default_local_sources, default_recipe
 from profiler.core.devices import DeviceInfo
-from profiler.core.recording import Recording, default_sources, log_warning
+from profiler.core.recording import Recording, log_warning
 from profiler.core.session import Interrupted, Session
-from profiler.core.sources.base import Source
+from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.sources.memory import SHM
 from profiler.core.sources.stages import StageSource
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
@@ -184,15 +185,15 @@ def _sim_device(cfg: RunConfig) -> SimDevice | None:
     return SimDevice(cfg.device.sim)
 
 
-def _sim_sources(sim: SimDevice) -> list[Source]:
-    """What a run on the simulated device samples: the host as always, and the simulated NVML in place of NVML."""
+def _sim_sources(sim: SimDevice) -> list[Source | SourceRecipe]:
+    """What a run on the simulated device samples: the host as always (in the sampler process), and the simulated
+    NVML in place of NVML (in this process, where the simulated device is)."""
     from profiler.sim.nvml import SimNvmlSource
 
-    real = [s for s in default_sources(os.getpid()) if s.name != "nvml"]
-    return [*real, SimNvmlSource(sim)]
+    return [default_recipe(nvml=False), SimNvmlSource(sim)]
 
 
-def _rank_sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
+def _rank_sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source | SourceRecipe]:
     """A rank of a job samples its own device only (its simulated NVML, or NVML of its CUDA device): the node's
     sampler (profiler.jobs.launch) covers the host and every rank's process tree once."""
     if sim is not None:
@@ -200,13 +201,11 @@ def _rank_sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
 
         return [SimNvmlSource(sim)]
     if cfg.device.kind == "cuda":
-        from profiler.core.sources.nvml import NvmlSource
-
-        return [NvmlSource(device_indices=[cfg.device.index or 0])]
+        return [SourceRecipe("profiler.core.sources.nvml:NvmlSource", device_indices=[cfg.device.index or 0])]
     return []
 
 
-def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
+def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source | SourceRecipe]:
     """What the run samples: a rank its own device, a simulated run the host and its twin, else the defaults; and
     the loader's stage times (the clock is made here, before the loader's workers fork and inherit it)."""
     pipeline_stages.install()
@@ -215,7 +214,11 @@ def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source]:
     else:
         pipeline_store.uninstall()
     base = (
-        _rank_sources(cfg, sim) if cfg.dist is not None else _sim_sources(sim) if sim is not None else default_sources()
+        _rank_sources(cfg, sim)
+        if cfg.dist is not None
+        else _sim_sources(sim)
+        if sim is not None
+        else [default_recipe(), *default_local_sources()]
     )
     return [*base, StageSource(pipeline_stages.totals, pipeline_store.totals)]
 
@@ -334,7 +337,7 @@ class _Loop:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
         # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
         rec = session.recording
-        if cfg.attribution and isinstance(rec, Recording) and self.worker_processes > 0:
+        if cfg.attribution and isinstance(rec, (Recording, SamplerProcess)) and self.worker_processes > 0:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )

@@ -59,14 +59,16 @@ log = logging.getLogger("stallscope")
 WATCH_S = 1.0  # the one thread this hook runs in the training process wakes this often
 READY_TIMEOUT_S = 30.0  # the sources' probes (NVML's init on a many-GPU machine can take seconds), and the start
 CLOSE_TIMEOUT_S = 60.0  # a sampler process that has not closed the store by then is taken over
-LOCAL_MAX_HZ = 1.0  # an in-process source that says it is slow-moving (``max_hz``) is read at most this often
 _ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the profiler package
 
 
-def default_recipe(pid: int | None = None) -> SourceRecipe:
+DEFAULT_SOURCES = "profiler.core.recording:default_sources"
+
+
+def default_recipe(pid: int | None = None, *, nvml: bool = True) -> SourceRecipe:
     """The sources every run samples (:func:`profiler.core.recording.default_sources` of ``pid``'s tree), made in
-    the sampler process."""
-    return SourceRecipe("profiler.core.recording:default_sources", pid=os.getpid() if pid is None else pid)
+    the sampler process (``nvml=False``: not NVML)."""
+    return SourceRecipe(DEFAULT_SOURCES, pid=os.getpid() if pid is None else pid, nvml=nvml)
 
 
 def default_local_sources() -> list[Source]:
@@ -123,6 +125,7 @@ class SamplerProcess:
         self._lock = threading.Lock()  # the take-over and the close
         self._drain: Drain | None = None  # this process's own drain, once it took the store over
         self._lost: str | None = None
+        self.watch_rounds = 0  # the watch thread's wake-ups so far (tests/test_sampler_process.py counts them)
         self._ready = False
         self._final: str | None = None  # a stopped store's rows, pickled by the sampler process (its file may be gone)
         self._said = b""  # a part line of what the sampler process said
@@ -159,7 +162,8 @@ class SamplerProcess:
                 self._take_over(problem)
         if self._local:
             writer = self._writer
-            hz = min([self._sample_hz, *(getattr(s, "max_hz", self._sample_hz) for s in self._local)])
+            # as fast as the fastest of them needs: a source with a ``max_hz`` (the pin source's 1 Hz) asks for less
+            hz = max(min(self._sample_hz, getattr(s, "max_hz", self._sample_hz)) for s in self._local)
             self.sampler = Sampler(
                 self._local, hz,
                 sink=lambda rows: writer.put_item({"samples": rows}),
@@ -187,7 +191,7 @@ class SamplerProcess:
         )  # fmt: skip
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(orders).encode() + b"\n")
-        proc.stdin.close()
+        proc.stdin.flush()  # and held open: its end is how the sampler process knows this Session still exists
         return proc
 
     def _await_ready(self, proc: subprocess.Popen[bytes]) -> str | None:
@@ -309,6 +313,7 @@ class SamplerProcess:
     # -- the watch, and the take-over ------------------------------------------------------------------------
     def _watch_loop(self) -> None:
         while not self._stop.wait(WATCH_S):
+            self.watch_rounds += 1
             self.check()
 
     def check(self) -> None:
@@ -359,8 +364,11 @@ class SamplerProcess:
         local: dict[str, Any] = {}
         if self.sampler is not None:
             self.sampler.stop()
-            local = {k: v for k, v in self.sampler.stats.to_meta()["sources"].items()}  # type: ignore[attr-defined]
+            local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]
         writer.put_item({"close": {"status": status, "error": error, "local_sources": local}})
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         self._stop.set()
         if self._watch is not None:
             self._watch.join()
@@ -415,7 +423,6 @@ class SamplerProcess:
             except OSError as exc:
                 self._warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
         return summary
-
 
     def _record(self) -> RunRecord:
         """The run's rows: read back from the store, or (a store that stopped writing) those the sampler process

@@ -14,8 +14,9 @@ Invariants:
   training process logs them as its own.
 - It never stops the training: it ignores SIGINT and SIGTERM (they are the training process's to handle; it
   closes when that process tells it, or is gone) and runs ``NICE`` steps below the training process.
-- The training process killed (SIGKILL included): seen within ``DRAIN_S`` (its parent pid changes); the ring is
-  drained and the store closed ``interrupted``, saying so.
+- The training process killed (SIGKILL included), or its Session dropped unclosed: seen within ``DRAIN_S`` (its
+  parent pid changes, or the stdin pipe it holds closes); the ring is drained and the store closed
+  ``interrupted``, saying so.
 - A store that stops writing: the failure goes to the ring's header, where the training process reads it.
 """
 
@@ -26,8 +27,8 @@ import json
 import logging
 import os
 import pickle
+import select
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -112,10 +113,18 @@ class _Relay(logging.Handler):
         _say({"log": [record.levelno, record.getMessage()]})
 
 
+def _gone(parent: int) -> bool:
+    """The training process ended (this process's parent changed), or dropped its end of our stdin (its Session was
+    collected without a close: the pipe closes with it)."""
+    if os.getppid() != parent:
+        return True
+    return bool(select.select([0], [], [], 0)[0]) and not os.read(0, 1)
+
+
 def _follow(drain: Drain, parent: int) -> Closing:
     """Drain until the close item comes, or the training process is gone (then one last drain)."""
     while True:
-        gone = os.getppid() != parent
+        gone = _gone(parent)
         closing = drain.once()
         if closing is not None:
             return closing
@@ -124,12 +133,23 @@ def _follow(drain: Drain, parent: int) -> Closing:
         time.sleep(DRAIN_S)
 
 
+def _line(fd: int) -> bytes:
+    """One line from ``fd``, read a byte at a time: nothing after it is buffered away from the EOF check."""
+    got = b""
+    while not got.endswith(b"\n"):
+        b = os.read(fd, 1)
+        if not b:
+            break
+        got += b
+    return got
+
+
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(NICE)
-    orders = json.loads(sys.stdin.buffer.readline())
+    orders = json.loads(_line(0))
     # the channel to the training process is fd 1 as started; anything else that prints gets /dev/null there
     global _CHANNEL  # noqa: PLW0603 - one channel per process, set once here
     _CHANNEL = os.dup(1)

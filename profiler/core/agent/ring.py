@@ -163,7 +163,7 @@ class RingWriter:
         return ident
 
     def put_item(self, item: Mapping[str, Any]) -> None:
-        """A rare item as JSON: ``{"meta": {...}}``, ``{"event": [...]}``, ``{"samples": [...]}``, ``{"close": ...}``."""
+        """A rare item as JSON: ``{"meta": {...}}``, ``{"event": [...]}``, ``{"samples": [...]}``, ``{"close": ..}``."""
         self._put(BLOB, json.dumps(item, allow_nan=True, default=str).encode())
 
     def _put(self, kind: int, payload: bytes) -> None:

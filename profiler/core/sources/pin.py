@@ -50,6 +50,9 @@ class PinSource:
     """``pin.cpu_pct`` of the pin-memory threads and ``pin.pinned_mb`` (see the module docstring)."""
 
     name = "pin"
+    # read in the training process, where a thread's every wake-up costs the loop a GIL hand-over: once a second
+    # is enough for a CPU share over the period and a byte count (profiler/core/agent/client.py, LOCAL_MAX_HZ)
+    max_hz = 1.0
 
     def __init__(
         self,

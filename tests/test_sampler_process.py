@@ -1,0 +1,215 @@
+"""The sampler process beside the training process (profiler/core/agent/): the ring that joins them, each of the
+two killed mid-run with nothing recorded lost, and the training process left with no stallscope thread that wakes
+more than about once a second."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, sleep_loader, wait_until
+
+from profiler import Session
+from profiler.cli import main
+from profiler.core.agent.client import WATCH_S, SamplerProcess
+from profiler.core.agent.ring import Ring, RingReader, RingWriter
+from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.store import integrity_ok, load_run, pid_alive, read_head
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _step(i: int, phases: int = 2) -> tuple[StepRow, list[PhaseRow]]:
+    row = StepRow(i, i * 0.01, i * 0.01 + 0.009, 0.001 * i, None if i % 5 == 0 else 8, i < 2, None, 1e-6 * i)
+    names = ["h2d", "compute", "compute/fwd", f"user{i % 3}"]
+    ph = [PhaseRow(i, names[k % 4], k // 2, i * 0.01 + k * 1e-4, i * 0.01 + k * 1e-4 + 5e-5,
+                   None if k % 2 else i * 0.01, None if k % 2 else i * 0.01 + 1e-3, None if k == 1 else 2e-6)
+          for k in range(phases)]  # fmt: skip
+    return row, ph
+
+
+def test_the_ring_carries_steps_phases_and_items_in_order_across_its_end() -> None:
+    ring = Ring.create(8192)  # small: the records cross its end many times
+    writer, reader = RingWriter(ring), RingReader(ring)
+    sent: list[object] = []
+    got: list[object] = []
+    for i in range(400):
+        row, phases = _step(i, phases=i % 5)
+        writer.put_step(row, phases)
+        sent.append((row, phases))
+        if i % 7 == 0:
+            item = {"event": [i * 0.01, "warning", "session", f"note {i} " + "x" * (i % 50)]}
+            writer.put_item(item)
+            sent.append(item)
+        if i % 100 == 0:  # the consumer drains now and then; the producer spills meanwhile, never blocks
+            got.extend(v for _k, v in reader.records())
+            ring.set_read(reader.pos)
+    while writer.pending():
+        got.extend(v for _k, v in reader.records())
+        ring.set_read(reader.pos)
+        writer.flush()
+    got.extend(v for _k, v in reader.records())
+    assert writer.spilled > 0  # the ring was full at times: those records waited, in order
+    assert got == sent
+    ring.close()
+
+
+def test_a_reader_that_starts_late_knows_the_names_the_producer_gives_it() -> None:
+    ring = Ring.create(8192)
+    writer = RingWriter(ring)
+    writer.put_step(*_step(0))
+    first = RingReader(ring)
+    list(first.records())
+    ring.set_read(first.pos)
+    writer.put_step(*_step(1))
+    late = RingReader(ring, names=writer.names())  # a take-over: the name records were read by the one before
+    ((kind, (row, phases)),) = list(late.records())
+    assert kind == "step" and row.step == 1 and [p.name for p in phases] == ["h2d", "compute"]
+    with pytest.raises(KeyError):
+        list(RingReader(ring, start=first.pos).records())  # without them, the phase names are unknown
+    ring.close()
+
+
+def test_the_store_failure_reaches_the_training_process_through_the_header() -> None:
+    ring = Ring.create(8192)
+    assert ring.failure() is None
+    ring.set_failure("could not write the run store x: the disk is full", 41)
+    assert ring.failure() == ("could not write the run store x: the disk is full", 41)
+    ring.close()
+
+
+def _loop(s: Session, steps: int, wait_s: float = 0.002) -> int:
+    n = 0
+    for _ in s.wrap(sleep_loader(steps, wait_s)):
+        with s.phase("h2d"):
+            pass
+        with s.phase("compute"):
+            time.sleep(0.003)
+        n += 1
+    return n
+
+
+def test_a_session_records_through_its_sampler_process(tmp_path: Path) -> None:
+    with Session(tmp_path / "run", sample_hz=20, warmup=1) as s:
+        rec = s.recording
+        assert isinstance(rec, SamplerProcess) and rec.proc is not None
+        child = rec.proc.pid
+        n = _loop(s, 40)
+    summary = s.summary()
+    assert summary is not None and summary.steps == n - 1 and summary.status == "complete"
+    stored = load_run(tmp_path / "run")
+    assert [r.step for r in stored.steps] == list(range(n))
+    assert {p.name for p in stored.phases} == {"h2d", "compute"}
+    assert stored.meta["pid"] == os.getpid() and stored.meta["sampler_pid"] == child
+    assert stored.meta["sampling"] == "process" and not pid_alive(child)
+    # the sampler process sampled the training process's tree and did not count itself as a loader worker
+    assert summary.sampler.sources["host"] == "available" and summary.sampler.samples >= 5
+    assert not any(m.startswith("proc.w") for _t, _s, m, _v in stored.samples)
+
+
+KILLED = textwrap.dedent("""
+    import sys, time
+    from profiler import Session
+    with Session(sys.argv[1], sample_hz=20) as s:
+        for n, _ in enumerate(s.wrap(iter(lambda: [0] * 4, None))):
+            with s.phase("compute"):
+                time.sleep(0.002)
+            if n == 200:
+                print("at 200", flush=True)
+""")
+
+
+def test_the_training_process_killed_leaves_a_closed_interrupted_store(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(out)], stdout=subprocess.PIPE, env=ENV, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdout.readline() == b"at 200\n"
+    meta, _ = read_head(out)
+    sampler = meta.get("sampler_pid")
+    assert isinstance(sampler, int) and pid_alive(sampler)
+    proc.kill()  # SIGKILL: no handler runs in the training process
+    proc.wait()
+    assert wait_until(lambda: not pid_alive(sampler), timeout=20)  # it saw its parent go, drained and closed
+    assert integrity_ok(out)
+    rec = load_run(out)
+    assert rec.meta["status"] == "interrupted" and "ended without closing the run" in rec.meta["error"]
+    steps = [r.step for r in rec.steps]
+    assert steps == list(range(len(steps))) and len(steps) >= 200  # every step put before the kill
+    assert main(["report", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "interrupted"
+
+
+def test_the_sampler_process_killed_loses_no_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="stallscope")
+    with Session(tmp_path / "run", sample_hz=20) as s:
+        rec = s.recording
+        assert isinstance(rec, SamplerProcess) and rec.proc is not None
+        n = _loop(s, 60)
+        assert wait_until(lambda: len(load_run(tmp_path / "run").steps) > 0, timeout=10)
+        rec.proc.send_signal(signal.SIGKILL)
+        killed_at = rec.now()
+        n += _loop(s, 400)  # > WATCH_S: the training process sees it and takes the store over
+        assert rec.lost is not None
+    summary = s.summary()
+    assert summary is not None and summary.status == "complete" and summary.steps == n
+    stored = load_run(tmp_path / "run")
+    assert [r.step for r in stored.steps] == list(range(n))  # those in the ring at the kill too
+    lost = stored.meta["sampler_lost"]
+    assert "signal SIGKILL" in lost["how"] and killed_at <= lost["at_s"] <= killed_at + WATCH_S + 1.0
+    said = [r.getMessage() for r in caplog.records if "sampler process" in r.getMessage()]
+    assert len(said) == 1 and "every step is kept" in said[0]
+    assert any(k == "warning" and "sampler process" in m for _t, k, _s, m in stored.events)
+    # samples stop at the kill; nothing after it is claimed
+    last = max(t for t, src, _m, _v in stored.samples if src == "host")
+    assert last <= lost["at_s"] + 0.1
+
+
+def _wakeups(tid: int) -> int:
+    """Context switches of one thread of this process so far (each wake-up of a sleeping thread is one)."""
+    with open(f"/proc/self/task/{tid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+    return sum(int(v) for v in fields.values())
+
+
+def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_second(tmp_path: Path) -> None:
+    with Session(tmp_path / "run", sample_hz=100) as s:  # the fastest sampling allowed: none of it is here
+        ours = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")}
+        before = {name: _wakeups(tid) for name, tid in ours.items() if tid is not None}
+        t0 = time.monotonic()
+        _loop(s, 500)
+        seconds = time.monotonic() - t0
+        after = {name: _wakeups(tid) for name, tid in ours.items() if tid is not None}
+    # the watch, and the in-process sampler of the pin-memory source (1 Hz) with its source's thread
+    assert set(ours) == {"stallscope-watch", "stallscope-sampler", "stallscope-source-pin"}, ours
+    assert seconds > 2.5
+    # one round a second each (the in-process sampler's rounds are its samples, each one read of the pin source)
+    assert s.recording.watch_rounds / seconds <= 1.0 / WATCH_S + 0.1
+    assert s.sampler is not None and s.sampler.hz == 1.0 and s.sampler.stats.samples / seconds <= 1.1
+    # and nothing else wakes them: a round costs each thread one to three context switches (its wake-up, and a wait
+    # for the GIL that the training thread holds): 5-6 a second for the three together, measured; a thread at
+    # 10 Hz would add 10 to 30
+    switches = sum(after[name] - before[name] for name in ours) / seconds
+    assert switches <= 8, {name: (after[name] - before[name]) / seconds for name in ours}
+
+
+def test_without_a_sampler_process_the_run_is_still_recorded(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The sampler process cannot start (its interpreter fails): the training process writes the store itself,
+    unsampled, and says so once."""
+    caplog.set_level(logging.WARNING, logger="stallscope")
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with Session(tmp_path / "run", sample_hz=20) as s:
+        n = _loop(s, 20)
+    summary = s.summary()
+    assert summary is not None and summary.steps == n and summary.status == "complete"
+    assert "failed to start" in load_run(tmp_path / "run").meta["sampler_lost"]["how"]
+    assert len([r for r in caplog.records if "sampler process" in r.getMessage()]) == 1
+    assert math.isnan(summary.sampler.hz_achieved)
