@@ -2,7 +2,8 @@
 the collate of each batch, timed where they run (a DataLoader worker, or the training process with 0 workers).
 
 The times go into one array of shared memory that the training process makes before its loader starts
-(:func:`install`) and its forked workers inherit: a row per loader process (the training process, then each
+(:func:`install`), that its forked workers inherit, and that the sampler process reads (a memory file passed to it:
+:class:`profiler.core.sources.stages.SharedDoubles`): a row per loader process (the training process, then each
 worker by id), a pair (seconds, items) per stage, each row written by its own process only. Reading it
 (:func:`totals`) sums the rows. Without :func:`install` nothing is timed (a data set used outside a stallscope
 run pays one ``None`` check). A data set of your own can time its stages with :func:`timed`.
@@ -12,12 +13,13 @@ docs/pipelines.md, "Stages", and docs/metrics.md, "Loader stages", say what each
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from profiler.core.sources.stages import SharedDoubles, stage_totals
 
 STAGES = ("fetch", "decode", "augment", "collate")
 ROWS = 257  # the training process and up to 256 workers (ids past that share rows: the sums stay right)
@@ -28,7 +30,12 @@ def install() -> None:
     """Make the shared array (once per process): call before the DataLoader's workers start."""
     global _clock  # noqa: PLW0603 - one array per process, inherited by the workers it forks
     if _clock is None:
-        _clock = multiprocessing.RawArray("d", ROWS * len(STAGES) * 2)
+        _clock = SharedDoubles(ROWS * len(STAGES) * 2)
+
+
+def counters() -> SharedDoubles | None:
+    """The shared array (its memory file is what the sampler process reads), once installed."""
+    return _clock
 
 
 def installed() -> bool:
@@ -54,8 +61,9 @@ def record(stage: str, seconds: float, items: int = 1) -> None:
     if _clock is None:
         return
     at = (_row() * len(STAGES) + STAGES.index(stage)) * 2
-    _clock[at] += seconds
-    _clock[at + 1] += items
+    values = _clock.values
+    values[at] += seconds
+    values[at + 1] += items
 
 
 @contextmanager
@@ -75,10 +83,7 @@ def totals() -> dict[str, tuple[float, float]]:
     """Per stage, (seconds, items) summed over every loader process so far; empty before :func:`install`."""
     if _clock is None:
         return {}
-    import numpy as np
-
-    sums = np.frombuffer(_clock, dtype=np.float64).reshape(ROWS, len(STAGES), 2).sum(axis=0)
-    return {stage: (float(s), float(n)) for stage, (s, n) in zip(STAGES, sums, strict=True) if n}
+    return stage_totals(_clock, STAGES)
 
 
 class TimedCollate:

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-_NEXT, _RATE, _WAIT, _BYTES, _READS = range(5)
+from profiler.core.sources.stages import SharedDoubles, store_totals
+
+_NEXT, _RATE, _WAIT, _BYTES, _READS = range(5)  # _WAIT.. in the order profiler.core.sources.stages reads them
 _state: Any = None  # (the shared array, its lock), once installed
 
 
@@ -26,7 +28,7 @@ def install(mbps: float) -> None:
     global _state  # noqa: PLW0603 - one store per process tree, inherited by forked workers
     if not mbps > 0:
         raise ValueError(f"store throughput {mbps!r} MB/s: allowed a number > 0")
-    values = multiprocessing.RawArray("d", 5)
+    values = SharedDoubles(5)  # the sampler process reads it too (its memory file is passed to it)
     values[_RATE] = mbps * 1e6
     _state = (values, multiprocessing.Lock())
 
@@ -64,7 +66,12 @@ def totals() -> dict[str, float]:
     if _state is None:
         return {}
     values, _lock = _state
-    return {"wait_s": float(values[_WAIT]), "bytes": float(values[_BYTES]), "reads": float(values[_READS])}
+    return store_totals(values)
+
+
+def counters() -> SharedDoubles | None:
+    """The shared array, when reads are paced."""
+    return None if _state is None else _state[0]
 
 
 def set_page_cache(root: Path, state: str) -> tuple[int, int]:

@@ -6,6 +6,7 @@ enqueued before it and not before the host recorded it: ``dev_i = max(dev_{i-1} 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +24,9 @@ FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
 
 class FakeStream:
     """Device work enqueued inside each phase: ``work[name]`` seconds, ending at the phase's exit mark (the copy of
-    h2d, the kernels of compute). Marks are told apart by the session's open phase, not counted: adjacent phases
-    share the event at their boundary (Session.ADJACENT_S), so a step has three marks or four."""
+    h2d, the kernels of compute). Marks are told apart by the phase and by whether the phase's enter or exit made
+    them, not counted: adjacent phases share the event at their boundary (Session.ADJACENT_S), so a step has three
+    marks or four."""
 
     kind = "cuda-events"
 
@@ -32,7 +34,6 @@ class FakeStream:
         self._now = session._now
         self._stack = session._stack
         self._work = work
-        self._open: set[str] = set()
         self._cursor = 0.0
         self.complete = complete
         self.waited = 0
@@ -44,12 +45,8 @@ class FakeStream:
     def mark(self) -> dict[str, float]:
         host = self._now()
         phase = self._stack[-1] if self._stack else ""
-        work = 0.0
-        if phase in self._open:  # the phase's exit: its work was enqueued inside it
-            self._open.discard(phase)
-            work = self._work.get(phase, 0.0)
-        else:
-            self._open.add(phase)
+        exiting = sys._getframe(1).f_code.co_name == "__exit__"  # the phase's exit: its work was enqueued inside it
+        work = self._work.get(phase, 0.0) if exiting else 0.0
         self._cursor = max(self._cursor + work, host)
         return {"dev": self._cursor}
 

@@ -183,9 +183,7 @@ class Session:
         self._phases: list[_PhaseRec] = []
         # the open step's last boundary (clock, event, schedstat raw): a phase entered right after shares it
         self._edge: tuple[float, Any, bytes | None] | None = None
-        self._step = -1  # index of the open step, -1 when none is open
-        self._step_t0 = 0.0
-        self._step_wait = 0.0
+        self._step, self._step_t0, self._step_wait = -1, 0.0, 0.0  # the open step (index -1: none), its start, wait
         self._step_samples: int | None = None
         self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
         self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
@@ -193,8 +191,7 @@ class Session:
         self._runq: schedstat.ThreadSched | None = None
         self._runq_reason: str | None = None
         self._step_raws: tuple[bytes | None, bytes | None] = (None, None)
-        self._next_index = 0
-        self._unattributed = 0
+        self._next_index, self._unattributed = 0, 0
         # live view: the newest resolved steps, bounded
         self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=RECENT)
         self._timer: DeviceTimer | None = timer
@@ -370,15 +367,7 @@ class Session:
         try:
             while True:
                 t0 = self._waiting_since = clock()
-                edge = self._edge
-                # right after the last phase's exit: its schedstat reading is this boundary's too
-                r0 = (
-                    edge[2]
-                    if edge is not None and edge[2] is not None and t0 - edge[0] < ADJACENT_S
-                    else raw()
-                    if raw
-                    else None
-                )
+                r0 = self._boundary_raw(t0, raw)
                 # the step before ends at t0, but its row is made after next() returns: the bookkeeping (sinks,
                 # the store's queue) is not the loader's time, and on a busy host it can wait for a CPU or a lock
                 ended: list[_PhaseRec] | None = None
@@ -539,6 +528,14 @@ class Session:
             for on_step in self._step_sinks:
                 on_step(row, out)
             self.recent.append((row, out))
+
+    def _boundary_raw(self, t: float, raw: Callable[[], bytes] | None) -> bytes | None:
+        """The schedstat reading at a step boundary at ``t``: right after the last phase's exit (ADJACENT_S), that
+        exit's reading; else a new one (None without schedstat)."""
+        edge = self._edge
+        if edge is not None and edge[2] is not None and t - edge[0] < ADJACENT_S:
+            return edge[2]
+        return raw() if raw else None
 
     def _thread_runq(self) -> schedstat.ThreadSched | None:
         """The run-queue reader of the thread that iterates the first ``wrap()``; None on any other thread

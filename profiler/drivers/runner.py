@@ -220,7 +220,10 @@ def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source | SourceRecip
         if sim is not None
         else [default_recipe(), *default_local_sources()]
     )
-    return [*base, StageSource(pipeline_stages.totals, pipeline_store.totals)]
+    shared = pipeline_stages.counters()
+    assert shared is not None  # installed above
+    # read in the sampler process, from the counters' memory files
+    return [*base, StageSource.recipe(shared, pipeline_stages.STAGES, pipeline_store.counters())]
 
 
 def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None) -> Session:

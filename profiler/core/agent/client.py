@@ -187,11 +187,15 @@ class SamplerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
             [sys.executable, "-m", "profiler.core.agent"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(ring.fd,), env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            pass_fds=(ring.fd, *(fd for r in self._recipes for fd in r.pass_fds)),
         )  # fmt: skip
         assert proc.stdin is not None
-        proc.stdin.write(json.dumps(orders).encode() + b"\n")
-        proc.stdin.flush()  # and held open: its end is how the sampler process knows this Session still exists
+        try:
+            proc.stdin.write(json.dumps(orders).encode() + b"\n")
+            proc.stdin.flush()  # and held open: its end is how the sampler process knows this Session still exists
+        except BrokenPipeError:  # it ended at once: _await_ready says how
+            pass
         return proc
 
     def _await_ready(self, proc: subprocess.Popen[bytes]) -> str | None:

@@ -89,7 +89,7 @@ class Ring:
         limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY:
             size = max(4096, min(size, (limit // 2 - HEADER) & ~4095))
-        fd = os.memfd_create("stallscope-ring", 0)  # no MFD_CLOEXEC: passed to the sampler process
+        fd = os.memfd_create("stallscope-ring")  # close-on-exec: passed to the sampler process alone (pass_fds)
         return cls(fd, size, create=True)
 
     def read_pos(self) -> int:

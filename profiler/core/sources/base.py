@@ -77,13 +77,16 @@ class SourceRecipe:
     A recipe crosses the process boundary as JSON, so what it builds never shares the training process's GIL.
     """
 
-    __slots__ = ("factory", "kwargs")
+    __slots__ = ("factory", "kwargs", "pass_fds")
 
-    def __init__(self, factory: str, **kwargs: object) -> None:
+    def __init__(self, factory: str, *, pass_fds: Sequence[int] = (), **kwargs: object) -> None:
+        """``pass_fds``: file descriptors the sources read (shared counters' memory files), open in the sampler
+        process under the same numbers."""
         if ":" not in factory:
             raise ValueError(f"source recipe {factory!r}: allowed 'package.module:function'")
         self.factory = factory
         self.kwargs = kwargs
+        self.pass_fds = tuple(pass_fds)
 
     def to_json(self) -> dict[str, object]:
         return {"factory": self.factory, "kwargs": self.kwargs}
