@@ -23,7 +23,7 @@ from profiler.core.sources.stages import SharedDoubles, stage_totals
 
 STAGES = ("fetch", "decode", "augment", "collate")
 ROWS = 257  # the training process and up to 256 workers (ids past that share rows: the sums stay right)
-_clock: Any = None  # the shared array, once installed
+_clock: SharedDoubles | None = None  # the shared array, once installed
 
 
 def install() -> None:
