@@ -216,3 +216,23 @@ def test_without_a_sampler_process_the_run_is_still_recorded(tmp_path: Path, mon
     assert "failed to start" in load_run(tmp_path / "run").meta["sampler_lost"]["how"]
     assert len([r for r in caplog.records if "sampler process" in r.getMessage()]) == 1
     assert math.isnan(summary.sampler.hz_achieved)
+
+
+def test_a_step_with_more_phases_than_a_record_holds_is_kept_whole() -> None:
+    ring = Ring.create(1 << 20)
+    writer, reader = RingWriter(ring), RingReader(ring)
+    row, _ = _step(7)
+    phases = [PhaseRow(7, "compute", 0, k * 1e-6, k * 1e-6 + 5e-7) for k in range(70_000)]  # over a u16 count too
+    writer.put_step(row, phases)
+    got: list[PhaseRow] = []
+    while True:
+        records = list(reader.records())
+        ring.set_read(reader.pos)
+        for _kind, (r, ph) in records:
+            assert r == row
+            got.extend(ph)
+        if not writer.pending() and not records:
+            break
+        writer.flush()
+    assert got == phases
+    ring.close()

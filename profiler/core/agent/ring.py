@@ -47,7 +47,8 @@ _POS = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _REC = struct.Struct("<IB")  # a record's length (with this head and padding) and kind
-_STEP = struct.Struct("<qdddqBddH")  # step, t_start, t_end, data wait, samples (-1), warmup, runq x2 (NaN), phases
+_STEP = struct.Struct("<qdddqBddI")  # step, t_start, t_end, data wait, samples (-1), warmup, runq x2 (NaN), phases
+PHASES_PER_RECORD = 4096  # a step with more phases goes as several records of the same step (the store adds them)
 _PHASE = struct.Struct("<HBddddd")  # name id, depth, t_start, t_end, dev_start, dev_end, runq (NaN: None)
 PAD, STEP, NAME, BLOB = 0, 1, 2, 3
 _NAN = math.nan
@@ -140,9 +141,12 @@ class RingWriter:
         self.spilled = 0  # records that waited in the spill list (the consumer was behind by a whole ring)
 
     def put_step(self, row: StepRow, phases: list[PhaseRow] | tuple[PhaseRow, ...]) -> None:
+        for at in range(0, max(1, len(phases)), PHASES_PER_RECORD):
+            self._put_step(row, phases[at : at + PHASES_PER_RECORD])
+
+    def _put_step(self, row: StepRow, phases: list[PhaseRow] | tuple[PhaseRow, ...]) -> None:
         names = self._names
         parts = [
-            b"",
             _STEP.pack(
                 row.step, row.t_start, row.t_end, row.data_wait_s, -1 if row.samples is None else row.samples,
                 row.warmup, _nan(row.data_wait_runq_s), _nan(row.runq_s), len(phases),
