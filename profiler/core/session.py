@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 # name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
 _PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
 _Raws = tuple[bytes | None, bytes | None, bytes | None]
+# step, t_start, t_end (run time), data wait, samples, warm-up: a step before it is resolved into a StepRow
+_StepRec = tuple[int, float, float, float, int | None, bool]
 
 
 # A phase entered within this long of the boundary before it (the step's next() returning, or the phase before it
@@ -59,6 +61,13 @@ _Raws = tuple[bytes | None, bytes | None, bytes | None]
 # boundary rather than two. What the gap holds (a few microseconds of the loop's own bookkeeping: run-queue wait,
 # device work launched in it) is charged to the phase that follows; the host clock is read afresh.
 ADJACENT_S = 50e-6
+# Steps are resolved (rows built, handed to the hooks) in batches: every RESOLVE_EVERY steps or RESOLVE_S seconds,
+# whichever comes first. Right after a step's compute the training thread's caches hold the model's data, not
+# stallscope's code: one step's bookkeeping took 45 us there against 8 us a step in a batch (benchmarks/overhead.py).
+# A loop's end (its loader exhausted or left) resolves what is pending at once. A SIGKILL loses the steps not yet
+# resolved: at most RESOLVE_EVERY steps or RESOLVE_S.
+RESOLVE_EVERY = 32
+RESOLVE_S = 0.02
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
 LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")
@@ -170,6 +179,7 @@ class Session:
         self.warmup = warmup
         self._clock = clock
         self._max_lag = max_lag
+        self._resolve_every, self._resolved_at = min(RESOLVE_EVERY, max_lag + 1), 0.0
         self._meta: dict[str, Any] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
         sinks = make_sinks(
             SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
@@ -187,7 +197,7 @@ class Session:
         self._step_samples: int | None = None
         self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
         self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
-        self._pending: deque[tuple[StepRow, list[_PhaseRec], _Raws]] = deque()
+        self._pending: deque[tuple[_StepRec, list[_PhaseRec], _Raws]] = deque()
         self._runq: schedstat.ThreadSched | None = None
         self._runq_reason: str | None = None
         self._step_raws: tuple[bytes | None, bytes | None] = (None, None)
@@ -383,6 +393,7 @@ class Session:
                 except StopIteration:
                     if ended is not None:
                         self._end_step(t0, r0, ended)
+                    self._resolve()
                     return
                 except BaseException:
                     if ended is not None:  # the loader failed: the step before still ended at t0
@@ -402,6 +413,7 @@ class Session:
             # the loop broke out or raised: the step in flight ends now
             if self._step >= 0 and self._status is None:
                 self._end_step(clock(), raw() if raw else None)
+                self._resolve()
 
     # -- steps driven from outside: a framework's loop that fetches its own batches (profiler/integrations/) --
     def open_step(self, t_start: float | None = None) -> None:
@@ -490,29 +502,33 @@ class Session:
             phases, self._phases = self._phases, []
         self._edge = None
         t0 = self._t0
-        row = StepRow(
-            step=self._step,
-            t_start=self._step_t0 - t0,
-            t_end=t_end - t0,
-            data_wait_s=self._step_wait,
-            samples=self._step_samples,
-            warmup=self._step < self.warmup,
+        # a plain tuple here: the StepRow is made when the step is resolved, in a batch (RESOLVE_EVERY)
+        row = (
+            self._step,
+            self._step_t0 - t0,
+            t_end - t0,
+            self._step_wait,
+            self._step_samples,
+            self._step < self.warmup,
         )
         self._step = -1
-        self._pending.append((row, phases, (*self._step_raws, r_end)))
-        self._resolve()
+        pending = self._pending
+        pending.append((row, phases, (*self._step_raws, r_end)))
+        if len(pending) >= self._resolve_every or t_end - self._resolved_at >= RESOLVE_S:
+            self._resolved_at = t_end
+            self._resolve()
 
     def _resolve(self, drain: bool = False) -> None:
         timer, pending, t0 = self._timer, self._pending, self._t0
         while pending:
-            row, phases, raws = pending[0]
+            rec, phases, raws = pending[0]
             last = next((p[5] for p in reversed(phases) if p[5] is not None), None) if timer is not None else None
             if timer is not None and last is not None and not timer.done(last):
                 if not drain and len(pending) <= self._max_lag:
                     return
                 timer.wait(last)
             pending.popleft()
-            row = step_runq(row, raws)
+            row = step_runq(rec, raws)
             out: list[PhaseRow] = []
             events: dict[int, Any] = {}  # adjacent phases share the event at their boundary: released once
             for name, depth, a, b, ev0, ev1, r0, r1 in phases:
@@ -572,24 +588,14 @@ def loader_facts(loader: Any) -> dict[str, Any]:
     }
 
 
-def step_runq(row: StepRow, raws: _Raws) -> StepRow:
-    """``row`` with its data-wait and whole-step run-queue wait from the raws at start, after next(), end."""
+def step_runq(rec: _StepRec, raws: _Raws) -> StepRow:
+    """The step's row, with its data-wait and whole-step run-queue wait from the raws at start, after next(), end."""
     start, waited, end = raws
     if start is None:
-        return row
+        return StepRow(*rec)
     delay = schedstat.run_delay_s
     t0 = delay(start)
-    # the constructor, not dataclasses.replace: this runs once per step on the training thread (1 us vs 5 us)
-    return StepRow(
-        row.step,
-        row.t_start,
-        row.t_end,
-        row.data_wait_s,
-        row.samples,
-        row.warmup,
-        None if waited is None else delay(waited) - t0,
-        None if end is None else delay(end) - t0,
-    )
+    return StepRow(*rec, None if waited is None else delay(waited) - t0, None if end is None else delay(end) - t0)
 
 
 def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, Any]:
