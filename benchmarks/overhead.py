@@ -309,7 +309,7 @@ def live_vs_session(pairs: int, steps: int) -> dict[str, object]:
     from rich.console import Console
 
     from profiler.live.feeds import SessionFeed
-    from profiler.live.render import LiveView
+    from profiler.live.render import Dashboard, frame, run_source
 
     def plain(d: Path) -> tuple[float, float]:
         with Session(d, sample_hz=10.0) as s:
@@ -318,7 +318,8 @@ def live_vs_session(pairs: int, steps: int) -> dict[str, object]:
     def live(d: Path) -> tuple[float, float]:
         with Session(d, sample_hz=10.0) as s, open(os.devnull, "w") as sink:
             console = Console(file=sink, force_terminal=True, width=120)
-            with LiveView(SessionFeed(s), console=console):
+            feed = SessionFeed(s)
+            with Dashboard(run_source(feed), lambda snap: frame(snap, feed.meta(), None), console=console):
                 return train(steps, s)
 
     return paired("session", plain, "session+live", live, pairs)
@@ -436,10 +437,11 @@ def main() -> int:
         )
     hot = hot_path_interleaved()
     bg = background_interleaved()
+    together = hot["median_ratio"] * bg["median_ratio"]
     print(
         f"fast loop, interleaved: the hot path {hot['median_cost_us']:.1f} us a step, ratio {hot['median_ratio']:.4f} "
         f"({hot['blocks']} blocks of 20 steps); the sampler process beside it, ratio {bg['median_ratio']:.4f} "
-        f"({bg['blocks']} blocks of 0.3 s, stopped in every other); together {hot['median_ratio'] * bg['median_ratio']:.4f}",
+        f"({bg['blocks']} blocks of 0.3 s, stopped in every other); together {together:.4f}",
         flush=True,
     )
     fast["interleaved"] = {"hot_path": hot, "background": bg}
