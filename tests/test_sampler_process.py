@@ -238,3 +238,27 @@ def test_a_step_with_more_phases_than_a_record_holds_is_kept_whole() -> None:
         writer.flush()
     assert got == phases
     ring.close()
+
+
+def test_a_short_run_with_workers_still_has_memory_and_loader_figures(tmp_path: Path) -> None:
+    """The issue's new user: 150 steps with 2 workers over a list of dicts, well under a second of training. Every
+    source reads once the workers are up and once more at close, so the summary has the workers' memory."""
+    import torch
+
+    items = [{"x": torch.full((16,), float(i)), "y": i % 10} for i in range(150 * 8)]
+    loader = torch.utils.data.DataLoader(items, batch_size=8, num_workers=2)
+    with Session(tmp_path / "run", sample_hz=10, device="cpu") as s:
+        t0 = time.monotonic()
+        for batch in s.wrap(loader):
+            with s.phase("compute"):
+                (batch["x"] * 2).sum()
+        measured = time.monotonic() - t0
+    summary = s.summary()
+    assert summary is not None and summary.steps == 150
+    rec = load_run(tmp_path / "run")
+    workers_mem = {m for _t, _s, m, v in rec.samples if m.startswith("mem.w") and m.endswith("uss_mb") and v}
+    assert workers_mem == {"mem.w0.uss_mb", "mem.w1.uss_mb"}, (workers_mem, measured)
+    assert summary.memory is not None
+    # the close's reading comes after the last step
+    last_step = rec.steps[-1].t_end
+    assert max(t for t, _s, m, _v in rec.samples if m == "mem.main.uss_mb") >= last_step

@@ -217,7 +217,8 @@ class Recording:
             return self._summary
         self._closed = True
         store = self.store
-        self.stop_sampling()
+        if self.sampler is not None:
+            self.sampler.stop(final=True)  # one last round: a short run still has every source's figures
         self._stop_pyspy()
         if self.sampler is not None:
             store.put_meta(sampler_stats=self.sampler.stats.to_meta())

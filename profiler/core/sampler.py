@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from profiler.core.sources.base import Rescans, Source, SourceLost
+from profiler.core.sources.base import Paced, Rescans, Source, SourceLost
 from profiler.core.sources.sched import run_delay_s, schedstat_path
 
 log = logging.getLogger("stallscope")
@@ -214,7 +214,9 @@ class Sampler:
             self._thread = threading.Thread(target=self._loop, name="stallscope-sampler", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, *, final: bool = False) -> None:
+        """Stop sampling; ``final``: one last round first, each source reading every figure it has (a run of a
+        second still gets its rarely read figures, smaps' memory)."""
         with self._lock:
             thread, self._thread = self._thread, None
             if thread is None:
@@ -222,7 +224,19 @@ class Sampler:
             self._stop.set()
             # the loop notices the stop within one wait, or within one poll of a read it is waiting on
             thread.join(timeout=max(5.0, 3 * self.period))
+            if final and not thread.is_alive():
+                self._last_round()
             self._close_all()
+
+    def _last_round(self) -> None:
+        for src in self._active:
+            if isinstance(src, Paced):
+                src.read_all_next()
+        self._stop.clear()  # collect() gives up on a stop: this round waits for its reads as any other
+        try:
+            self._sample_once(self._now(), 0.0, paced=False)
+        finally:
+            self._stop.set()
 
     def _now(self) -> float:
         return self._clock() - self._t0
@@ -282,7 +296,9 @@ class Sampler:
             if self._wait(max(0.0, start + k * self.period - self._now())):
                 break
 
-    def _sample_once(self, t: float, lateness: float) -> None:
+    def _sample_once(self, t: float, lateness: float, *, paced: bool = True) -> None:
+        """One round of reads at ``t``; ``paced=False``: the last round at a stop, off the deadlines (no
+        ``sampler.*`` rows and not counted in the rounds, whose rate is the sampler's achieved rate)."""
         stats = self.stats
         merged: dict[str, float] = {}
         rows: list[SampleRow] = []
@@ -311,12 +327,13 @@ class Sampler:
             merged.update(values)
             rows.extend((t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
         read_s = self._clock() - read_start
-        if self._health_rows:
+        if self._health_rows and paced:
             rows.append((t, "sampler", "sampler.lateness_ms", lateness * 1e3))
             rows.append((t, "sampler", "sampler.read_ms", read_s * 1e3))
-        stats.samples += 1
-        stats.lateness_sum_s += lateness
-        stats.lateness_max_s = max(stats.lateness_max_s, lateness)
+        if paced:
+            stats.samples += 1
+            stats.lateness_sum_s += lateness
+            stats.lateness_max_s = max(stats.lateness_max_s, lateness)
         self.buffer.append((t, merged))
         if self._sink is not None and rows:
             try:

@@ -367,7 +367,7 @@ class SamplerProcess:
         writer, proc = self._writer, self.proc
         local: dict[str, Any] = {}
         if self.sampler is not None:
-            self.sampler.stop()
+            self.sampler.stop(final=True)
             local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]
         writer.put_item({"close": {"status": status, "error": error, "local_sources": local}})
         if proc is not None and proc.stdin is not None:

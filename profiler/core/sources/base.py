@@ -46,6 +46,16 @@ class Rescans(Protocol):
         """Rescan at the next read. Called from any thread: it only sets a flag."""
 
 
+@runtime_checkable
+class Paced(Protocol):
+    """A source that reads some of its figures rarely, on a schedule of its own (smaps: seconds apart), and can be
+    told to read them all at its next read: the last round before the sampler stops, so that a short run still has
+    them."""
+
+    def read_all_next(self) -> None:
+        """Read every figure at the next read. Called from any thread: it only sets a flag."""
+
+
 class MemoryInfo(Protocol):
     @property
     def rss(self) -> int: ...

@@ -114,6 +114,7 @@ class MemorySource:
         self._cpu_clock = cpu_clock
         self._next = -math.inf  # the next smaps reading
         self._next_maps = -math.inf  # the next reading of the job's /dev/shm files (maps: ~10x cheaper than smaps)
+        self._workers_read = False  # a smaps reading has covered a process besides the main one
 
     def open(self) -> str | None:
         try:
@@ -122,8 +123,17 @@ class MemorySource:
             return f"cannot read /proc/self/smaps_rollup: {exc}"
         return None
 
+    def read_all_next(self) -> None:
+        """The next read takes smaps and the job's /dev/shm files whatever their schedule (the sampler's last round)."""
+        self._next = self._next_maps = -math.inf
+
     def read(self) -> dict[str, float]:
         out = self._segment()
+        if not self._workers_read and len(self._processes()) > 1:
+            # the loader's workers have just appeared: read them now, not seconds later (a short run had no worker
+            # reading at all); later ones keep the budget's schedule
+            self._workers_read = True
+            self.read_all_next()
         now, cpu = self._clock(), self._cpu_clock()
         if now >= self._next_maps:
             out.update(self._job_shm())
