@@ -1,0 +1,157 @@
+"""What profiling costs a training loop on a GPU (issue #44's check where a GPU is lent): the H100 finding's loops.
+
+The loops of the first GPU run (docs/benchmarks.md, "The first run on a GPU"): in-memory tensors through a
+DataLoader with 0 workers, pinned, a ``non_blocking`` copy, SGD:
+
+- ``cnn``: a small CNN at batch 256 (4.5 ms a step on an H100);
+- ``resnet50``: torchvision's ResNet-50 at batch 64 (41 ms a step on an H100).
+
+Each round runs bare, with a Session whose sampling runs in threads of the training process (``sampling="thread"``,
+stallscope before the sampler process), and with the sampler process (the default), in rotating order; the figure
+is the median over rounds of each Session's samples/s over the bare run's of the same round. Target: >= 0.99 for
+the sampler process. Without CUDA it runs on the CPU (to check the script; the figures are not the GPU's).
+
+Run: ``python3 benchmarks/gpu_overhead.py [--loops cnn,resnet50] [--rounds 7] [--steps N] [--json]`` (on the GPU
+machine from the checkout: ``PYTHONPATH=. python3 benchmarks/gpu_overhead.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from profiler import Session
+
+CONFIGS = ("bare", "thread", "process")
+
+
+def _cnn() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 8 * 8, 10),
+    )  # fmt: skip
+
+
+def _resnet50() -> nn.Module:
+    from torchvision.models import resnet50
+
+    return resnet50(num_classes=10)
+
+
+LOOPS: dict[str, tuple[Callable[[], nn.Module], int, tuple[int, ...]]] = {
+    "cnn": (_cnn, 256, (3, 32, 32)),
+    "resnet50": (_resnet50, 64, (3, 224, 224)),
+}
+
+
+def train(loop: str, steps: int, session: Session | None, device: torch.device, warmup: int = 20) -> float:
+    """Samples/s over ``steps`` steps after ``warmup`` (synchronized at both ends of the timed window)."""
+    make, batch, shape = LOOPS[loop]
+    torch.manual_seed(0)
+    model = make().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+    n = batch * 8
+    data = torch.utils.data.TensorDataset(torch.randn(n, *shape), torch.randint(0, 10, (n,)))
+    pin = device.type == "cuda"
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, pin_memory=pin)
+    done, t0 = 0, 0.0
+    while done < steps + warmup:
+        for xb, yb in session.wrap(loader) if session is not None else loader:
+            if done == warmup:
+                if pin:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            if session is not None:
+                with session.phase("h2d"):
+                    x, y = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+                with session.phase("compute"):
+                    loss = loss_fn(model(x), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+            else:
+                x, y = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+                loss = loss_fn(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            done += 1
+            if done >= steps + warmup:
+                break
+    if pin:
+        torch.cuda.synchronize()
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def measure(loop: str, rounds: int, steps: int, device: torch.device) -> dict[str, object]:
+    ratios: dict[str, list[float]] = {"thread": [], "process": []}
+    bare_ms: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            got: dict[str, float] = {}
+            for name in CONFIGS[i % 3 :] + CONFIGS[: i % 3]:
+                if name == "bare":
+                    got[name] = train(loop, steps, None, device)
+                    continue
+                with Session(Path(tmp) / f"{loop}-{name}{i}", sample_hz=10.0, device=str(device), sampling=name) as s:
+                    got[name] = train(loop, steps, s, device)
+            for key, values in ratios.items():
+                values.append(got[key] / got["bare"])
+            bare_ms.append(LOOPS[loop][1] / got["bare"] * 1e3)
+            print(f"  {loop} round {i + 1}: bare {bare_ms[-1]:.2f} ms/step | thread {ratios['thread'][-1]:.4f} | "
+                  f"process {ratios['process'][-1]:.4f}", flush=True)  # fmt: skip
+    return {
+        "loop": loop,
+        "rounds": rounds,
+        "bare_step_ms_median": statistics.median(bare_ms),
+        **{f"{k}_ratios": v for k, v in ratios.items()},
+        **{f"median_{k}_ratio": statistics.median(v) for k, v in ratios.items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--loops", default="cnn,resnet50", help=f"comma-separated, of {', '.join(LOOPS)}")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--steps", type=int, help="measured steps a run (default: cnn 400, resnet50 60)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    loops = args.loops.split(",")
+    bad = [x for x in loops if x not in LOOPS]
+    if bad or args.rounds < 1:
+        what = f"--loops {','.join(bad)}" if bad else f"--rounds {args.rounds}"
+        print(f"gpu_overhead: {what}: allowed loops {', '.join(LOOPS)} and rounds >= 1", file=sys.stderr)
+        return 2
+    logging.disable(logging.WARNING)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (no CUDA here: not the GPU's figures)"
+    print(f"device: {name}; torch {torch.__version__}", flush=True)
+    out = []
+    for loop in loops:
+        steps = args.steps or (400 if loop == "cnn" else 60)
+        got = measure(loop, args.rounds, steps, device)
+        out.append(got)
+        verdict = "meets" if got["median_process_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
+        print(f"{loop} (bare {got['bare_step_ms_median']:.2f} ms/step): sampler process "
+              f"{got['median_process_ratio']:.4f} ({verdict} the >= 0.99 target); threads (before) "
+              f"{got['median_thread_ratio']:.4f}", flush=True)  # fmt: skip
+    if args.json:
+        print(json.dumps({"device": name, "loops": out}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
