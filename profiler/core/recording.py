@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.core.pyspy import OUTPUT, PySpyRecorder
-from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
 from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
@@ -267,19 +267,28 @@ class Recording:
         )
 
     def _summarize(self, store: RunStore) -> Summary | None:
-        from profiler.analysis import summarize
+        return summarize_run(store.record, self.out_dir, write=store.failure is None, warn=self._warn)
 
+
+def summarize_run(
+    record: Callable[[], RunRecord], out_dir: Path, *, write: bool, warn: Callable[[str], None]
+) -> Summary | None:
+    """The run's Summary from its rows, written to ``out_dir/summary.json`` when ``write`` (not for a store that
+    stopped writing: it holds less than the summary would claim, and `report` rebuilds it); None, logged, when it
+    could not be built."""
+    from profiler.analysis import summarize
+
+    try:
+        summary = summarize(record())
+    # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
+    except Exception as exc:  # noqa: BLE001
+        log.error("stallscope: could not build the summary: %s", exc)
+        return None
+    if write:
+        path = out_dir / "summary.json"
         try:
-            summary = summarize(store.record())
-        # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
-        except Exception as exc:  # noqa: BLE001
-            log.error("stallscope: could not build the summary: %s", exc)
-            return None
-        if store.failure is None:  # else the store holds less than this summary: `report` rebuilds it
-            path = self.out_dir / "summary.json"
-            try:
-                path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-                no_world_write(path)
-            except OSError as exc:  # a read-only or full directory: the store still holds the run
-                self._warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
-        return summary
+            path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+            no_world_write(path)
+        except OSError as exc:  # a read-only or full directory: the store still holds the run
+            warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
+    return summary

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler.core.agent.drain import Drain
 from profiler.core.agent.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
+from profiler.core.recording import log_warning, summarize_run
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source, SourceRecipe
@@ -44,7 +45,6 @@ from profiler.core.store import (
     load_run,
     lock_run_dir,
     make_dir,
-    no_world_write,
     unlock_run_dir,
 )
 from profiler.core.store.reader import open_read, read_meta
@@ -86,10 +86,6 @@ def split_sources(
         return [default_recipe()], default_local_sources()
     recipes = [s for s in sources if isinstance(s, SourceRecipe)]
     return recipes, [s for s in sources if not isinstance(s, SourceRecipe)]
-
-
-def log_warning(message: str) -> None:
-    log.warning("stallscope: %s", message)
 
 
 class SamplerProcess:
@@ -411,22 +407,7 @@ class SamplerProcess:
                 drain.store.close()
 
     def _summarize(self, *, write: bool) -> Summary | None:
-        from profiler.analysis import summarize
-
-        try:
-            summary = summarize(self._record())
-        # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
-        except Exception as exc:  # noqa: BLE001
-            log.error("stallscope: could not build the summary: %s", exc)
-            return None
-        if write:  # else the store stopped writing and holds less than this summary: `report` rebuilds it
-            path = self.out_dir / "summary.json"
-            try:
-                path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-                no_world_write(path)
-            except OSError as exc:
-                self._warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
-        return summary
+        return summarize_run(self._record, self.out_dir, write=write, warn=self._warn)
 
     def _record(self) -> RunRecord:
         """The run's rows: read back from the store, or (a store that stopped writing) those the sampler process
