@@ -307,7 +307,9 @@ class Sampler:
         # out of this round and not waited for again: it is collected at a later round (stamped with that
         # round's time, so stored samples stay in time order) or, once out for call_timeout_s, retires its
         # source. So a slow source costs the others one half period of lateness, once.
-        give_up = time.monotonic() + 0.5 * self.period
+        # (the last round, at a stop, waits for its reads as long as a read may take: smaps of a few processes on a
+        # busy host outlasts half a period, and there is no later round to collect it)
+        give_up = time.monotonic() + (0.5 * self.period if paced else self._call_timeout_s)
         fresh: set[int] = set()
         for src in self._active:
             worker = self._threads[id(src)]
@@ -316,7 +318,7 @@ class Sampler:
                 fresh.add(id(src))
         for src in list(self._active):
             worker = self._threads[id(src)]
-            res = worker.collect(give_up if id(src) in fresh else 0.0, self._stop)
+            res = worker.collect(give_up if id(src) in fresh or not paced else 0.0, self._stop)
             if res is None:
                 pending = worker.pending
                 out_s = worker.out_s(pending) if pending is not None else 0.0
