@@ -156,10 +156,21 @@ def make_scheduler(config: pytest.Config, log: object) -> object:
                 return normal[0]
             # the alone units one after another on one worker (the next is its look-ahead, so it starts as soon as
             # the last ends), the light units on the others
+            # and not while another worker holds a normal unit behind the one it runs (xdist's look-ahead): that one
+            # would wait at the turnstile through the whole alone unit, its worker lost to the light units (the probe
+            # beside two busy processes, 2 runs in 10: one light test beside the alone one)
             running = self._running_alone()
-            if alone and (not running or node in running):
+            if alone and (not running or node in running) and not (light and not running and self._normal_held()):
                 return alone[0]
             return (light or alone)[0]
+
+        def _normal_held(self) -> bool:
+            """Whether a worker holds a normal unit not yet started: one behind the unit it runs."""
+            for units in self.assigned_work.values():
+                waiting = [scope for scope, tests in units.items() if not all(tests.values())][1:]
+                if any(scope not in self.alone and scope not in self.light for scope in waiting):
+                    return True
+            return False
 
         def _reschedule(self, node: Any) -> None:
             # an xdist worker runs a test only once it holds the next one, or is told to shut down. Behind the last

@@ -176,10 +176,11 @@ def test_the_sampler_process_killed_loses_no_step(tmp_path: Path, caplog: pytest
 
 
 def _wakeups(tid: int) -> int:
-    """Context switches of one thread of this process so far (each wake-up of a sleeping thread is one)."""
+    """Voluntary context switches of one thread of this process so far: each time it blocked (a sleep, a wait, the
+    GIL); preemptions, which a busy host adds, are not counted."""
     with open(f"/proc/self/task/{tid}/status") as f:
         fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
-    return sum(int(v) for v in fields.values())
+    return int(fields["voluntary_ctxt_switches"])
 
 
 def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_second(tmp_path: Path) -> None:
@@ -199,11 +200,11 @@ def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_sec
     # one round a second each (the in-process sampler's rounds are its samples, each one read of the pin source)
     assert sampler.hz == 1.0 and samples <= math.floor(seconds) + 1, (samples, seconds)
     assert rounds <= math.floor(seconds / WATCH_S) + 1, (rounds, seconds)
-    # and nothing else wakes them: a round costs each thread one to three context switches (its wake-up, and a wait
-    # for the GIL that the training thread holds): 5-6 a second for the three together, measured; a thread at
-    # 10 Hz would add 10 to 30
+    # and nothing else wakes them: a round costs each thread one to three voluntary context switches (its wake-up,
+    # a wait for the GIL that the training thread holds, the hand-over to the source's thread): 3.2-5.1 a second
+    # for the three together, measured quiet and beside two busy processes. A thread woken at 10 Hz adds 10 or more
     switches = sum(after[name] - before[name] for name in ours) / seconds
-    assert switches <= 8, {name: (after[name] - before[name]) / seconds for name in ours}
+    assert switches <= 12, {name: (after[name] - before[name]) / seconds for name in ours}
 
 
 def test_without_a_sampler_process_the_run_is_still_recorded(tmp_path: Path, monkeypatch, caplog) -> None:

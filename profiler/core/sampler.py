@@ -33,6 +33,7 @@ SampleSink = Callable[[list[SampleRow]], None]
 EventSink = Callable[[float, str, str, str | None], None]
 CALL_TIMEOUT_S = 2.0  # a read that takes longer is hung: NVML's slowest query (PCIe) blocks ~20 ms per GPU
 OPEN_TIMEOUT_S = 10.0  # nvmlInit on a many-GPU machine without persistence mode can take seconds
+LAST_ROUND_S = 0.5  # how long the last round at a stop waits for the reads it starts
 _POLL_S = 0.05  # how often a wait on a slow call checks for a stop
 _T = TypeVar("_T")
 Reading = dict[str, float]  # what a source's read() returns
@@ -307,9 +308,10 @@ class Sampler:
         # out of this round and not waited for again: it is collected at a later round (stamped with that
         # round's time, so stored samples stay in time order) or, once out for call_timeout_s, retires its
         # source. So a slow source costs the others one half period of lateness, once.
-        # (the last round, at a stop, waits for its reads as long as a read may take: smaps of a few processes on a
-        # busy host outlasts half a period, and there is no later round to collect it)
-        give_up = time.monotonic() + (0.5 * self.period if paced else self._call_timeout_s)
+        # (the last round, at a stop, waits longer for the reads it starts: smaps of a few processes on a busy host
+        # outlasts half a period, and there is no later round to collect it; a read still out from an earlier round,
+        # perhaps hung, is not waited for: closing waits for no hung call)
+        give_up = time.monotonic() + (0.5 * self.period if paced else max(0.5 * self.period, LAST_ROUND_S))
         fresh: set[int] = set()
         for src in self._active:
             worker = self._threads[id(src)]
@@ -318,7 +320,7 @@ class Sampler:
                 fresh.add(id(src))
         for src in list(self._active):
             worker = self._threads[id(src)]
-            res = worker.collect(give_up if id(src) in fresh or not paced else 0.0, self._stop)
+            res = worker.collect(give_up if id(src) in fresh else 0.0, self._stop)
             if res is None:
                 pending = worker.pending
                 out_s = worker.out_s(pending) if pending is not None else 0.0
