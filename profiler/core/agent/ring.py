@@ -230,14 +230,13 @@ class RingReader:
         """``start``: a position (default: the ring's read position); ``names``: the phase names announced before
         it (the producer's own, when the producer takes over the reading)."""
         self.ring = ring
-        self._ring = ring
         self.pos = ring.read_pos() if start is None else start
         self._names: dict[int, str] = dict(names or {})
 
     def records(self) -> Iterator[tuple[str, Any]]:
         """``("step", (StepRow, [PhaseRow]))`` and ``("item", dict)`` in order, up to the write position as read
         now; :attr:`pos` follows each record. Phase names are learnt as they pass."""
-        ring, view, size = self._ring, self._ring.view, self._ring.size
+        ring, view, size = self.ring, self.ring.view, self.ring.size
         end = ring.write_pos()
         while self.pos < end:
             off = self.pos % size
