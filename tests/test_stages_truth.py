@@ -149,10 +149,15 @@ def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) 
     # 100 kB reads one at a time, 40 items a second (pipelines.store paces each read exactly), nor more than the
     # idle share a "saturated" store (busy 90% or more) leaves 2 workers. Measured 40.0 and 40.0 quiet; beside two
     # busy loops and two other tests, 2 workers read 36.0 (the CPU scarcer than the store's reads) and 4 read 40.3,
-    # x1.12: the store's last 10%, not a gain past it. 3% over either bound: the batches prefetched before the span
+    # x1.12: the store's last 10%, not a gain past it. Over the measured span the loader also hands over what its
+    # workers had read before it began: each worker at most one batch's items (the store interleaves the workers'
+    # reads, so all four hold part of a batch). 41.95 a second was measured in a stress pass, 6.7 items over the
+    # store's 137.3 in the span: within those 16 (a fixed 3% allowance, 4.3 items, failed it)
     capacity = STORE_MBPS * 1e6 / STORE_BYTES
-    most = 1.03 * min(capacity, saturated["throughput_samples_per_s"] / STORE_SATURATED)
-    assert more["throughput_samples_per_s"] <= most, (more, saturated, capacity)
+    span = more["steps"] * more["batch_size"] / more["throughput_samples_per_s"]
+    read_before = 4 * more["batch_size"]
+    most = min(capacity, saturated["throughput_samples_per_s"] / STORE_SATURATED) + read_before / span
+    assert more["throughput_samples_per_s"] <= most, (more, saturated, capacity, span)
     alone = _run(tmp_path, "w0", "--workers", "0")
     advice = next(r["text"] for r in alone["recommendations"] if r["code"] == "RAISE_WORKERS")
     assert "num_workers=2" in advice
