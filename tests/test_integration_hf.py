@@ -136,8 +136,13 @@ def test_instrument_serves_prometheus_while_it_trains(tmp_path: Path, capsys: py
     class Scrape(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step == 4 and cb.session is not None and cb.session.exporter is not None:
-                text = urllib.request.urlopen(cb.session.exporter.url, timeout=10).read().decode()
-                scraped.update((s.name, s.value) for f in text_string_to_metric_families(text) for s in f.samples)
+                url = cb.session.exporter.url
+                # served by the sampler process from the steps it has drained (every 0.1 s): a moment behind
+                deadline = time.monotonic() + 10
+                while scraped.get("stallscope_steps_total", 0) < 3 and time.monotonic() < deadline:
+                    text = urllib.request.urlopen(url, timeout=10).read().decode()
+                    scraped.update((s.name, s.value) for f in text_string_to_metric_families(text) for s in f.samples)
+                    time.sleep(0.05)
 
     trainer = _trainer(tmp_path, Truth())
     cb = instrument(trainer, tmp_path / "run", warmup=1, sources=[], report=False, prometheus=0)

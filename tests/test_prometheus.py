@@ -325,8 +325,10 @@ def test_a_session_serves_itself_for_integrations(tmp_path: Path) -> None:
         for _ in s.wrap(sleep_loader(6, 0.003)):
             with s.phase("compute"):
                 time.sleep(0.003)
-        got = scrape(url)
-    assert one(got, "stallscope_steps_total") == 6
+        # served from the sampler process, which has the steps once it drains them (every 0.1 s)
+        served = lambda: scrape(url).get("stallscope_steps_total", [({}, 0)])[0][1]  # noqa: E731
+        assert wait_until(lambda: served() == 6, timeout=10, every=0.05), served()
+        assert s.recording.serving_views  # and it was the sampler process that answered
     with pytest.raises(OSError):  # closed with the session: the port is free
         urllib.request.urlopen(url, timeout=2)
 

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -152,15 +153,17 @@ def test_the_training_process_killed_leaves_a_closed_interrupted_store(tmp_path:
 
 def test_the_sampler_process_killed_loses_no_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="stallscope")
-    with Session(tmp_path / "run", sample_hz=20) as s:
+    with Session(tmp_path / "run", sample_hz=20, prometheus="127.0.0.1:0") as s:
         rec = s.recording
-        assert isinstance(rec, SamplerProcess) and rec.proc is not None
+        assert isinstance(rec, SamplerProcess) and rec.proc is not None and s.exporter is not None
         n = _loop(s, 60)
         assert wait_until(lambda: len(load_run(tmp_path / "run").steps) > 0, timeout=10)
+        assert _served_steps(s.exporter.url) > 0  # the sampler process answers the endpoint
         rec.proc.send_signal(signal.SIGKILL)
         killed_at = rec.now()
         n += _loop(s, 400)  # > WATCH_S: the training process sees it and takes the store over
-        assert rec.lost is not None
+        assert rec.lost is not None and not rec.serving_views
+        assert _served_steps(s.exporter.url) == n  # and then the training process, from its own buffer of steps
     summary = s.summary()
     assert summary is not None and summary.status == "complete" and summary.steps == n
     stored = load_run(tmp_path / "run")
@@ -173,6 +176,12 @@ def test_the_sampler_process_killed_loses_no_step(tmp_path: Path, caplog: pytest
     # samples stop at the kill; nothing after it is claimed
     last = max(t for t, src, _m, _v in stored.samples if src == "host")
     assert last <= lost["at_s"] + 0.1
+
+
+def _served_steps(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        lines = [ln for ln in r.read().decode().splitlines() if ln.startswith("stallscope_steps_total")]
+    return float(lines[0].split()[-1]) if lines else 0.0
 
 
 def _wakeups(tid: int) -> int:
@@ -205,6 +214,57 @@ def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_sec
     # for the three together, measured quiet and beside two busy processes. A thread woken at 10 Hz adds 10 or more
     switches = sum(after[name] - before[name] for name in ours) / seconds
     assert switches <= 12, {name: (after[name] - before[name]) / seconds for name in ours}
+
+
+# light (tests/scheduling.py): a sleeping training loop, its live view and endpoint in the sampler process; 12 s
+@pytest.mark.light(seconds=12)
+def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_process(tmp_path: Path) -> None:
+    """``stallscope run`` with the live view (plain lines: no terminal here) and ``--prometheus``, through the
+    runner as the CLI calls it, with 2 loader workers: the views are the sampler process's, scraped from outside
+    while it trains; the training process's stallscope threads are the watch, the pin source's sampler and the
+    shared-memory watch, each waking about once a second."""
+    from profiler.cli.common import RunViews
+    from profiler.core.devices import resolve_device
+    from profiler.drivers.runner import RunConfig, run_scenario
+    from profiler.export.endpoint import parse_endpoint
+    from profiler.export.prometheus import PrometheusExporter
+    from scenarios import get
+
+    exporter = PrometheusExporter(parse_endpoint("127.0.0.1:0")).bind()
+    seen: dict[str, object] = {}
+
+    earlier = {t.ident for t in threading.enumerate()}  # an earlier test's threads that may still be ending
+
+    def observe() -> None:  # the test's own thread, while the run trains
+        time.sleep(3.0)
+        ours = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")
+                and t.ident not in earlier}  # fmt: skip
+        before, t0 = {n: _wakeups(tid) for n, tid in ours.items() if tid is not None}, time.monotonic()
+        time.sleep(2.5)
+        seconds = time.monotonic() - t0
+        seen["rates"] = {n: (_wakeups(tid) - before[n]) / seconds for n, tid in ours.items() if tid is not None}
+        with urllib.request.urlopen(exporter.url, timeout=5) as r:
+            seen["scrape"] = r.read().decode()
+
+    scenario = get(str(ROOT / "tests" / "data" / "scenarios" / "io_wait.py"))
+    cfg = RunConfig(out=tmp_path / "run", device=resolve_device("cpu"), workers=2, steps=120, attribution=False)
+    watcher = threading.Thread(target=observe, name="test-observer")
+    try:
+        watcher.start()
+        session = run_scenario(scenario, cfg, RunViews(True, 120, exporter, None))  # ~10 s: longer than observed
+        watcher.join(30)
+    finally:
+        exporter.close()
+    rates = seen["rates"]
+    assert isinstance(rates, dict)
+    assert set(rates) == {"stallscope-watch", "stallscope-sampler", "stallscope-source-pin", "stallscope-shm-watch"}
+    # one round a second each: the watches 1.0 switch a second, the in-process sampler 4.0 (its wake-up, the
+    # hand-over to its source's thread and back, the GIL). A thread woken at 10 Hz makes 10 or more
+    assert all(rate <= 6 for rate in rates.values()) and sum(rates.values()) <= 12, rates
+    assert isinstance(session.recording, SamplerProcess) and session.recording.serving_views
+    assert session.sampler is not None and session.sampler.hz == 1.0
+    steps = [ln for ln in str(seen["scrape"]).splitlines() if ln.startswith("stallscope_steps_total")]
+    assert steps and float(steps[0].split()[-1]) > 0, steps
 
 
 def test_without_a_sampler_process_the_run_is_still_recorded(tmp_path: Path, monkeypatch, caplog) -> None:

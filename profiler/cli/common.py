@@ -18,10 +18,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from profiler.core.agent.views import ViewRecipe
 from profiler.core.sampler import MAX_HZ
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from profiler.export.endpoint import Endpoint
     from profiler.export.prometheus import PrometheusExporter
     from profiler.jobs.analysis import JobInput, JobSummary
-    from profiler.live.feeds import LiveFeed, Monitor
+    from profiler.live.feeds import LiveFeed
     from profiler.zerocode.analysis import ZeroCodeJob
     from scenarios import Scenario
 
@@ -428,8 +428,8 @@ def exporter_for(args: argparse.Namespace) -> contextlib.AbstractContextManager[
         return contextlib.nullcontext()
     from profiler.export.prometheus import ExporterError, PrometheusExporter
 
-    try:
-        exporter = PrometheusExporter(endpoint).start()
+    try:  # bound here; it answers scrapes from where the run's figures are (the sampler process, or this one)
+        exporter = PrometheusExporter(endpoint).bind()
     except ExporterError as exc:
         raise BadInput(str(exc)) from None
     say(f"Prometheus metrics at {exporter.url}")
@@ -467,21 +467,41 @@ def live_monitor(
     total_steps: int | None = None,
     exporter: PrometheusExporter | None = None,
     own_feed: Callable[[], LiveFeed] | None = None,
-) -> Monitor | None:
-    """The live view of a run (None with ``--no-live``); ``total_steps`` None: open-ended. With ``exporter``, the
-    exporter follows the run too: on the same feed, or on ``own_feed()`` for a feed that hands each row once
-    (a store tail: two readers of one tail would each see part of the run)."""
-    view: Monitor | None = None
-    if not no_live:
-        from profiler.live.render import monitor_for
+) -> RunViews | None:
+    """The live view of a run (None with ``--no-live`` and no exporter); ``total_steps`` None: open-ended. With
+    ``exporter``, the exporter follows the run too: on the same feed, or on ``own_feed()`` for a feed that hands
+    each row once (a store tail: two readers of one tail would each see part of the run)."""
+    if no_live and exporter is None:
+        return None
+    return RunViews(not no_live, total_steps, exporter, own_feed)
 
-        view = partial(monitor_for, total_steps=total_steps)
-    if exporter is None:
-        return view
+
+@dataclass(frozen=True)
+class RunViews:
+    """A run's views: served from its sampler process where it has one (:meth:`recipes`, docs/architecture.md
+    "Two processes"), else from this process over a feed (calling it)."""
+
+    live: bool
+    total_steps: int | None
+    exporter: PrometheusExporter | None
+    own_feed: Callable[[], LiveFeed] | None
+
+    def recipes(self) -> list[ViewRecipe]:
+        out = []
+        if self.live:
+            tty = sys.stderr.isatty()
+            out.append(ViewRecipe("profiler.live.render:monitor_for", tty=tty, total_steps=self.total_steps))
+        if self.exporter is not None:
+            out.append(self.exporter.recipe())
+        return out
 
     @contextlib.contextmanager
-    def both(feed: LiveFeed) -> Iterator[None]:
-        with exporter.follow(own_feed() if own_feed else feed), view(feed) if view else contextlib.nullcontext():
-            yield
+    def __call__(self, feed: LiveFeed) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self.exporter is not None:
+                stack.enter_context(self.exporter.follow(self.own_feed() if self.own_feed else feed))
+            if self.live:
+                from profiler.live.render import monitor_for
 
-    return both
+                stack.enter_context(monitor_for(feed, total_steps=self.total_steps))
+            yield

@@ -226,11 +226,28 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
     except Exception as exc:  # noqa: BLE001 - set-up failed before any step: nothing was measured, say what
         say(f"training set-up failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
+    finally:
+        _serve_final(exporter, out)
     failure = session.recording.failure
     if failure is not None:  # its last writes, at close, failed
         say(f"{failure}; the run ended, {failure.kept}")
         return EXIT_FAILED
     return report_outcome(session.summary(), out, args.json, EXIT_OK)
+
+
+def _serve_final(exporter: PrometheusExporter | None, out: Path) -> None:
+    """The run's last figures stay served until the command ends: from its store, where the sampler process
+    served them while it ran (its end closed its side of the endpoint)."""
+    if exporter is None or exporter.serving:
+        return
+    from profiler.core.store import StoreError
+    from profiler.live.feeds import StoreFeed
+
+    try:
+        feed = StoreFeed(out)
+    except (StoreError, OSError):  # set-up failed before the store was made: nothing to serve
+        return
+    exporter.show(feed)
 
 
 def _check_flags(args: argparse.Namespace) -> None:

@@ -48,5 +48,5 @@ def default_sinks(options: SinkOptions) -> Sinks:
         return Sinks(recording)
     from profiler.export.prometheus import SessionExporter
 
-    exporter = SessionExporter(options.prometheus)
+    exporter = SessionExporter(options.prometheus, recording if isinstance(recording, SamplerProcess) else None)
     return Sinks(recording, [exporter], exporter)

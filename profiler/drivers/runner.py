@@ -25,6 +25,7 @@ from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
 from profiler.core.agent.client import SamplerProcess, default_local_sources, default_recipe
+from profiler.core.agent.views import AgentViews
 from profiler.core.devices import DeviceInfo
 from profiler.core.recording import Recording, log_warning
 from profiler.core.session import Interrupted, Session
@@ -125,11 +126,13 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     sim = _sim_device(cfg)
     session = _session(scenario, cfg, plan, sim)
     loop = _Loop(session, scenario, cfg, plan, sim)
+    shown = contextlib.ExitStack()  # the views this process shows: all of them without a sampler process to
+    handed = _hand_views(session, monitor, shown)  # serve them, or those it no longer can
     try:
-        with session:
+        with session, shown:
             loop.set_up()
             try:
-                with monitor(SessionFeed(session)) if monitor else contextlib.nullcontext():
+                with monitor(SessionFeed(session)) if monitor and not handed else contextlib.nullcontext():
                     loop.train()
             except LoaderFailure as exc:  # recorded as said, without the "(at file:line)" of a bare exception
                 session.close("failed", error=str(exc))
@@ -146,6 +149,17 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
     finally:
         loop.close()
     return session
+
+
+def _hand_views(session: Session, monitor: Monitor | None, shown: contextlib.ExitStack) -> bool:
+    """``monitor``'s views given to the session's sampler process (True), where it runs one and they can go
+    there; should it not start, or be lost, they are shown from here instead (entered into ``shown``)."""
+    rec = session.recording
+    if not isinstance(monitor, AgentViews) or not isinstance(rec, SamplerProcess):
+        return False
+    views = monitor
+    rec.add_views(views.recipes(), lambda: shown.enter_context(views(SessionFeed(session))))
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,12 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from profiler.core.agent.views import ViewRecipe
 from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import Metric, job_metrics, run_metrics
@@ -28,6 +30,7 @@ from profiler.live.feeds import LiveFeed, Samples, SessionFeed, Steps
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric as Family
 
     from profiler.core.hooks import SessionView
@@ -119,19 +122,27 @@ class PrometheusExporter:
         self._lock = threading.Lock()
         self._state: _RunState | _JobState | None = None
         self._server: WSGIServer | None = None
+        self._sock: socket.socket | None = None
         self.error: BaseException | None = None
 
     def start(self) -> PrometheusExporter:
         """Bind and serve; ExporterError (one line) when prometheus_client is missing or the address is unusable."""
+        return self.bind().serve()
+
+    def bind(self) -> PrometheusExporter:
+        """Listen on the endpoint, serving nothing yet (:meth:`serve` here, or :meth:`recipe` in the sampler
+        process); ExporterError as :meth:`start`."""
+        _client()
+        if self._sock is not None:
+            return self
+        sock = socket.socket(socket.AF_INET6 if ":" in self.endpoint.host else socket.AF_INET)
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
-        except ImportError:
-            raise ExporterError(f"--prometheus needs the prometheus_client package: {INSTALL}") from None
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self))
-        try:
-            self._server, _thread = start_http_server(self.endpoint.port, addr=self.endpoint.host, registry=registry)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server's own bind
+            sock.bind((self.endpoint.host, self.endpoint.port))
+            sock.listen()
+            self._sock = sock
         except OSError as exc:  # in use, not an address of this host, not permitted (a port below 1024)
+            sock.close()
             why = exc.strerror or str(exc)
             raise ExporterError(
                 f"--prometheus {self.endpoint}: cannot listen there ({why}): allowed a free port on an address of "
@@ -139,10 +150,42 @@ class PrometheusExporter:
             ) from None
         return self
 
+    def serve(self) -> PrometheusExporter:
+        """Answer scrapes on the bound socket from a thread of this process."""
+        if self._server is None:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_Collector(self))
+            self._server = _serve_on(self.bind()._socket(), registry)
+        return self
+
+    def recipe(self) -> ViewRecipe:
+        """This endpoint served from the sampler process over its feed (the socket passed to it, bound here)."""
+        fd = self.bind()._socket().fileno()
+        return ViewRecipe("profiler.export.prometheus:serve_fd", pass_fds=(fd,), fd=fd, poll_s=self._poll_s)
+
+    @property
+    def serving(self) -> bool:
+        """Answering scrapes from this process."""
+        return self._server is not None
+
+    def show(self, feed: LiveFeed) -> None:
+        """Serve ``feed``'s figures as they are now, until :meth:`close` (a finished run's store)."""
+        state = _RunState(feed)
+        self.serve()
+        with self._lock:
+            self._state = state
+            self._refresh(state)
+
+    def _socket(self) -> socket.socket:
+        assert self._sock is not None
+        return self._sock
+
     @property
     def port(self) -> int:
         """The bound port (the one chosen for port 0)."""
-        return int(self._server.server_port) if self._server is not None else self.endpoint.port
+        return int(self._sock.getsockname()[1]) if self._sock is not None else self.endpoint.port
 
     @property
     def url(self) -> str:
@@ -167,6 +210,7 @@ class PrometheusExporter:
 
     @contextlib.contextmanager
     def _follow(self, state: _RunState | _JobState) -> Iterator[PrometheusExporter]:
+        self.serve()
         done = threading.Event()
 
         def loop() -> None:
@@ -198,13 +242,60 @@ class PrometheusExporter:
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
-            server.server_close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
 
     def __enter__(self) -> PrometheusExporter:
         return self.start() if self._server is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _client() -> None:
+    """ExporterError (one line) when prometheus_client is missing."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise ExporterError(f"--prometheus needs the prometheus_client package: {INSTALL}") from None
+
+
+def _serve_on(sock: socket.socket, registry: CollectorRegistry) -> WSGIServer:
+    """prometheus_client's WSGI app served on an already bound socket, from a daemon thread."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+    from prometheus_client import make_wsgi_app
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    host, port = sock.getsockname()[:2]
+    server = Server((host, port), Quiet, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.server_name, server.server_port = host, port
+    server.setup_environ()
+    server.set_app(make_wsgi_app(registry))
+    threading.Thread(target=server.serve_forever, name="stallscope-prometheus-http", daemon=True).start()
+    return server
+
+
+@contextlib.contextmanager
+def serve_fd(feed: LiveFeed, *, fd: int, poll_s: float = 0.5) -> Iterator[PrometheusExporter]:
+    """The sampler process's side of :meth:`PrometheusExporter.recipe`: scrapes answered on the socket the
+    training process bound, from ``feed`` (the rows as they are drained)."""
+    sock = socket.socket(fileno=fd)
+    host, port = sock.getsockname()[:2]
+    exporter = PrometheusExporter(Endpoint(host, port), poll_s=poll_s)
+    exporter._sock = sock
+    with exporter.serve(), exporter.follow(feed):
+        yield exporter
 
 
 def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
@@ -214,13 +305,21 @@ def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
     return PrometheusExporter(ep).start()
 
 
+class ViewHost(Protocol):
+    """A recorder that serves views from its sampler process (``SamplerProcess.add_views``)."""
+
+    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> None: ...
+
+
 class SessionExporter:
     """``Session(..., prometheus=PORT)``: a Session hook serving the session's figures while it runs (the
     integrations pass their ``prometheus`` argument through to the Session). The endpoint is checked when made
-    (ValueError), bound when the session starts (ExporterError: nothing is recorded yet), closed with it."""
+    (ValueError), bound when the session starts (ExporterError: nothing is recorded yet), closed with it. With a
+    ``host`` (the sampler process), the scrapes are answered there; else, or once it is lost, from this process."""
 
-    def __init__(self, endpoint: str | int) -> None:
+    def __init__(self, endpoint: str | int, host: ViewHost | None = None) -> None:
         self.endpoint = parse_endpoint(str(endpoint))
+        self._host = host
         self._stack = contextlib.ExitStack()
         self._exporter: PrometheusExporter | None = None
 
@@ -229,9 +328,18 @@ class SessionExporter:
         return self._exporter.url if self._exporter is not None else ""
 
     def on_start(self, session: SessionView) -> None:
-        exporter = self._stack.enter_context(PrometheusExporter(self.endpoint))
-        self._stack.enter_context(exporter.follow(SessionFeed(session)))
+        exporter = PrometheusExporter(self.endpoint).bind()
+        self._stack.callback(exporter.close)
         self._exporter = exporter
+
+        def here() -> None:
+            exporter.serve()
+            self._stack.enter_context(exporter.follow(SessionFeed(session)))
+
+        if self._host is not None:
+            self._host.add_views([exporter.recipe()], here)
+        else:
+            here()
 
     def on_meta(self, items: Mapping[str, object]) -> None:
         pass  # read from the session's feed at each scrape

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from profiler.core.agent.drain import Drain
 from profiler.core.agent.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
+from profiler.core.agent.views import ViewRecipe
 from profiler.core.recording import log_warning, summarize_run
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
@@ -127,8 +128,24 @@ class SamplerProcess:
         self._said = b""  # a part line of what the sampler process said
         self._summary: Summary | None = None
         self._closed = False
+        self._views: list[ViewRecipe] = []
+        self._fallbacks: list[Callable[[], object]] = []
 
     # -- start -----------------------------------------------------------------------------------------------
+    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> None:
+        """Views the sampler process serves while the run records (given before the start); ``fallback()`` is
+        called (once) where it does not or no longer can: it did not start, or it was lost mid-run. It then
+        shows the same views from this process."""
+        if self.proc is not None:
+            raise RuntimeError("views are given before the sampler process starts")
+        self._views.extend(recipes)
+        self._fallbacks.append(fallback)
+
+    @property
+    def serving_views(self) -> bool:
+        """The sampler process started, and serves the views it was given (it has not been lost)."""
+        return bool(self._views) and self._ready and self._lost is None
+
     def on_start(self, session: SessionView) -> None:
         self._meta = session.meta
         self.start(session.t0)
@@ -156,6 +173,7 @@ class SamplerProcess:
         if problem is not None:  # the run is recorded all the same: this process writes the store, unsampled
             with self._lock:
                 self._take_over(problem)
+            self._views_here()
         if self._local:
             writer = self._writer
             # as fast as the fastest of them needs: a source with a ``max_hz`` (the pin source's 1 Hz) asks for less
@@ -176,15 +194,17 @@ class SamplerProcess:
             "parent_pid": os.getpid(), "fd": ring.fd, "size": ring.size, "run_dir": str(self.out_dir),
             "sample_hz": self._sample_hz, "t0": t0, "store_errors": self._store_errors,
             "recipes": [r.to_json() for r in self._recipes],
+            "views": [v.to_json() for v in self._views], "meta": self._meta if self._views else {},
             # its warnings go to stderr as this process's would: at the stallscope logger's level, or none
             "log_level": max(log.getEffectiveLevel(), logging.root.manager.disable + 1),
         }  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        fds = [ring.fd, *(fd for r in self._recipes for fd in r.pass_fds)]
+        fds += [fd for v in self._views for fd in v.pass_fds]
         proc = subprocess.Popen(
             [sys.executable, "-m", "profiler.core.agent"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            pass_fds=(ring.fd, *(fd for r in self._recipes for fd in r.pass_fds)),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, pass_fds=fds,
         )  # fmt: skip
         assert proc.stdin is not None
         try:
@@ -328,10 +348,22 @@ class SamplerProcess:
                 return
             self._relay()
             code = proc.poll()
-            if code is not None and self._drain is None:
+            lost = code is not None and self._drain is None
+            if code is not None and lost:
                 self._take_over(f"ended with {_exit_words(code)}")
             if self._drain is not None:
                 self._drain.once()
+        if lost:
+            self._views_here()
+
+    def _views_here(self) -> None:
+        """The views the sampler process can no longer serve, from this process (each fallback once)."""
+        fallbacks, self._fallbacks = self._fallbacks, []
+        for fallback in fallbacks:
+            try:
+                fallback()
+            except Exception as exc:  # noqa: BLE001 - a view is not the run
+                self._warn(f"a view could not start in the training process: {type(exc).__name__}: {exc}")
 
     def _take_over(self, how: str) -> None:
         """Write the store from here on, from the ring position it last committed (lock held by this process)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from profiler.core.agent.ring import RingReader
+from profiler.core.agent.views import AgentFeed
 from profiler.core.store import RunStore
 
 DRAIN_S = 0.1  # the sampler process moves the ring's records to the store this often
@@ -37,12 +38,16 @@ class Closing:
 class Drain:
     """Applies each ring record to ``store``; :meth:`once` returns the close item once it has passed."""
 
-    def __init__(self, reader: RingReader, store: RunStore, extras: Extras | None = None) -> None:
+    def __init__(
+        self, reader: RingReader, store: RunStore, extras: Extras | None = None, feed: AgentFeed | None = None
+    ) -> None:
+        """``feed``: the views' feed (the sampler process's, when it serves any), handed each step and meta item."""
         self.reader = reader
         self.store = store
         self._extras = extras
+        self._feed = feed
         self._handlers: dict[str, Callable[[Any], None]] = {
-            "meta": lambda v: store.put_meta(**v),
+            "meta": self._meta,
             "event": lambda v: store.put_event(v[0], v[1], v[3], v[2]),
             "samples": lambda v: store.put_samples(tuple(r) for r in v),
             "rescan": lambda _v: extras.rescan_soon() if extras is not None else None,
@@ -58,6 +63,8 @@ class Drain:
             if kind == "step":
                 store.put_step(*value)
                 self.steps += 1
+                if self._feed is not None:
+                    self._feed.add_step(*value)
             else:
                 closing = self._item(value) or closing
         if store.failure is not None:  # nothing commits any more: the ring's room is not held for it
@@ -74,6 +81,11 @@ class Drain:
             if handler is not None:
                 handler(value)
         return None
+
+    def _meta(self, items: dict[str, Any]) -> None:
+        self.store.put_meta(**items)
+        if self._feed is not None:
+            self._feed.add_meta(items)
 
     def _pyspy(self, args: Mapping[str, Any]) -> None:
         if self._extras is not None:

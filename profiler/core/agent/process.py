@@ -6,7 +6,9 @@ from their recipes, and then, until the close item arrives or the training proce
 - samples every source on absolute deadlines (:class:`~profiler.core.sampler.Sampler`, its threads here);
 - every ``DRAIN_S`` moves the ring's records into the run store it writes (the training process holds the
   run directory's lock; this process is its one writer), marking the ring position each commit reaches;
-- runs py-spy when asked.
+- runs py-spy when asked;
+- serves the run's views (the live view, the Prometheus endpoint: :mod:`profiler.core.agent.views`) from the rows
+  it drains.
 
 Invariants:
 - It says ``ready`` on its channel (stdout, a pipe) once its sources are open (the training process waits for
@@ -36,6 +38,7 @@ from typing import Any
 
 from profiler.core.agent.drain import DRAIN_S, Closing, Drain
 from profiler.core.agent.ring import Ring, RingReader
+from profiler.core.agent.views import AgentFeed, close_views, open_views
 from profiler.core.recording import Recording
 from profiler.core.sampler import SourceHealth
 from profiler.core.sources.base import Source, SourceRecipe
@@ -72,11 +75,19 @@ def run(orders: dict[str, Any]) -> int:
     )
     store = RunStore(run_dir, meta={"sampler_pid": os.getpid()}, lock=False, on_error=rec.store_failed,
                      on_commit=ring.set_read)  # fmt: skip
-    drain = Drain(RingReader(ring), store, rec)
+    views = orders.get("views") or []
+    feed = None
+    if views:
+        feed = AgentFeed(orders.get("meta") or {}, lambda: list(rec.sampler.buffer) if rec.sampler else [])
+    drain = Drain(RingReader(ring), store, rec, feed)
     # the sources' probes (NVML's init can take seconds) go on beside the first drains: the ring waits for none
     rec.start(t0=float(orders["t0"]), store=store)
+    shown = open_views(views, feed) if feed is not None else None
     _ready()
     closing = _follow(drain, parent)
+    if feed is not None and shown is not None:  # the views' last figures carry the run's status; then they close
+        feed.set_status(closing.status)
+        close_views(shown)
     rec.annotate(sampler_process={"pid": os.getpid(), "steps": drain.steps})
     if rec.sampler is not None:  # the training process's own (in-process) sources, beside this process's
         for name, health in closing.local_sources.items():
