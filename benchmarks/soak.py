@@ -14,11 +14,12 @@
    absolute deadline) are summarised per window. Reported: growth per 10,000 steps of the session's RSS, of
    the session's RSS beyond the bare loop's, and of stallscope's traced Python memory; store bytes per step;
    sampler lateness (mean, p99, max) per window.
-2. Scale. On the session's store: ``stallscope report RUN``, ``report RUN --html F``, ``report RUN --trace F``
-   and ``compare RUN RUN``, each in a fresh interpreter as a user runs it (``python -m profiler``): wall clock and
-   CPU time (medians of ``--repeats``, after one untimed run) and the child's peak RSS (``os.wait4``'s
-   ``ru_maxrss``). Targets:
-   < 2 s and < 300 MiB each for 100,000 steps. Also: the trace's event count and size, the HTML's size, the
+2. Scale. On the session's store: ``stallscope report RUN``, ``report RUN --html F``, ``report RUN --trace F``,
+   ``--html`` and ``--trace`` together, the same four on a copy without the report cache (every row read, as
+   before the cache), and ``compare RUN RUN``, each in a fresh interpreter as a user runs it (``python -m
+   profiler``): wall clock and CPU time (medians of ``--repeats``, after one untimed run) and the child's peak RSS
+   (``os.wait4``'s ``ru_maxrss``). Targets:
+   < 1 s and < 300 MiB each for 100,000 steps. Also: the trace's event count and size, the HTML's size, the
    interpreter start plus command-line parse, and whether ``report`` imports torch (it must not).
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/soak.py [--steps 100000] [--every 10000] [--json]``
@@ -48,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MIB = 1024 * 1024
-TARGET_S = 2.0
+TARGET_S = 1.0  # issue #44: report, --html and --trace of a 100,000-step store each under 1 s (it was 2 s)
 TARGET_MIB = 300.0
 
 
@@ -244,13 +245,23 @@ def imports_of_report(run_dir: Path, tmp: Path) -> dict[str, bool]:
 
 
 def scale(run_dir: Path, tmp: Path, repeats: int) -> dict[str, Any]:
+    """The commands on the store as closed (its report cache: docs/store.md) and, in the same run, on a copy
+    without the cache (every row read, as before the cache)."""
+    from profiler.runs.cache import CACHE_NAME
+
     html, trace = tmp / "report.html", tmp / "trace.json"
-    cmds = {
-        "report": ["report", str(run_dir)],
-        "report --html": ["report", str(run_dir), "--html", str(html)],
-        "report --trace": ["report", str(run_dir), "--trace", str(trace)],
-        "compare": ["compare", str(run_dir), str(run_dir)],
-    }
+    rows_dir = tmp / "rows"
+    shutil.rmtree(rows_dir, ignore_errors=True)
+    shutil.copytree(run_dir, rows_dir, ignore=shutil.ignore_patterns(CACHE_NAME))
+    cmds: dict[str, list[str]] = {}
+    for label, d in (("", run_dir), (" (rows)", rows_dir)):
+        cmds |= {
+            f"report{label}": ["report", str(d)],
+            f"report --html{label}": ["report", str(d), "--html", str(html)],
+            f"report --trace{label}": ["report", str(d), "--trace", str(trace)],
+            f"report --html --trace{label}": ["report", str(d), "--html", str(html), "--trace", str(trace)],
+        }
+    cmds["compare"] = ["compare", str(run_dir), str(run_dir)]
     got: dict[str, Any] = {name: timed(argv, repeats) for name, argv in cmds.items()}
     events = json.loads(trace.read_text())["traceEvents"]
     got["trace_events"] = len(events)
@@ -333,11 +344,12 @@ def show(r: dict[str, Any]) -> None:
 
 def show_scale(sc: dict[str, Any], what: str) -> None:
     print(f"commands on {what} (fresh interpreter each; target < {TARGET_S:g} s, < {TARGET_MIB:g} MiB):")
-    for name in ("report", "report --html", "report --trace", "compare"):
+    names = ("report", "report --html", "report --trace", "report --html --trace")
+    for name in (*names, *(f"{n} (rows)" for n in names), "compare"):
         c = sc[name]
         ok = c["seconds"] < TARGET_S and c["peak_rss"] / MIB < TARGET_MIB and c["rc"] == 0
         print(
-            f"  {name:15s} {c['seconds']:5.2f} s wall {c['cpu_seconds']:5.2f} s CPU {c['peak_rss'] / MIB:6.0f} MiB"
+            f"  {name:29s} {c['seconds']:5.2f} s wall {c['cpu_seconds']:5.2f} s CPU {c['peak_rss'] / MIB:6.0f} MiB"
             f"  exit {c['rc']}  {'ok' if ok else 'MISSED'}"
         )
     print(

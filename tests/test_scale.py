@@ -32,7 +32,14 @@ from profiler.cli.report import stored_summary
 from profiler.core.session import RESOLVE_EVERY
 from profiler.core.store import PhaseRow, RunRecord, RunStore, StepRow, load_run, read_head
 from profiler.render.html import render_html
-from profiler.render.trace import DETAIL_WINDOWS, MAX_COUNTER_TICKS, MAX_DETAILED_STEPS, TID_TRAINING, trace_events
+from profiler.render.trace import (
+    DETAIL_WINDOWS,
+    MAX_COUNTER_TICKS,
+    MAX_DETAILED_STEPS,
+    TID_TRAINING,
+    trace_events,
+)
+from profiler.runs.read import load_for_trace
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +106,13 @@ def test_trace_events_are_capped_and_every_step_is_drawn_or_summarised(trace: di
     # the cap, not the run's length, bounds the file: 4 slices per drawn step, the counters, a few others
     assert len(events) <= 4 * MAX_DETAILED_STEPS + DETAIL_WINDOWS + len(per_family) * MAX_COUNTER_TICKS + 50
     json.dumps(doc, allow_nan=False)
+
+
+def test_the_trace_reads_only_the_phases_it_draws_and_is_the_same(long_run: Path, trace: dict[str, Any]) -> None:
+    """``report --trace`` reads every step but only the phases of the steps drawn in full: the same trace."""
+    partial = load_for_trace(long_run)
+    assert len(partial.steps) == STEPS and len(partial.phases) == 2 * MAX_DETAILED_STEPS
+    assert trace_events(partial) == trace
 
 
 def test_trace_training_track_nests_and_runs_forward(trace: dict[str, Any]) -> None:

@@ -96,8 +96,12 @@ def _is_job(path: str) -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from profiler.cli.tables import report_table, table_file
-    from profiler.render.html import write_html
+    from profiler.core.store import read_head
+    from profiler.render.html import write_html, write_html_of
     from profiler.render.trace import write_trace
+    from profiler.runs.cache import read_cache
+    from profiler.runs.read import load_for_trace
+    from profiler.zerocode.analysis import is_zero_code
 
     dirs = [args.run_dir, *args.more_dirs]
     if not args.more_dirs and (table := table_file(args.run_dir)) is not None:
@@ -110,6 +114,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     if args.baseline is not None:
         raise BadInput(f"--baseline '{args.baseline}': allowed only with a job directory (job.json, rank-R/)")
+    cached = read_cache(args.run_dir) if not is_zero_code(read_head(args.run_dir)[0]) else None
+    if cached is not None:  # a closed run: its Summary and plots as built at close, no row read (docs/store.md)
+        summary, timeline = cached
+        _write_files(
+            args, lambda target: write_html_of(summary, timeline, target),
+            lambda target: write_trace(load_for_trace(args.run_dir), target),
+        )  # fmt: skip
+        print_summary(summary, args.json)
+        return EXIT_OK
     rec, summary = load(args.run_dir)
     _write_files(args, lambda target: write_html(summary, rec, target), lambda target: write_trace(rec, target))
     from profiler.zerocode.analysis import zero_code_job

@@ -279,7 +279,8 @@ def summarize_run(
     from profiler.analysis import summarize
 
     try:
-        summary = summarize(record())
+        rec = record()
+        summary = summarize(rec)
     # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
     except Exception as exc:  # noqa: BLE001
         log.error("stallscope: could not build the summary: %s", exc)
@@ -291,4 +292,18 @@ def summarize_run(
             no_world_write(path)
         except OSError as exc:  # a read-only or full directory: the store still holds the run
             warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
+        else:
+            _write_report_cache(out_dir, rec, summary)
     return summary
+
+
+def _write_report_cache(out_dir: Path, rec: RunRecord, summary: Summary) -> None:
+    """What ``report`` reads of a closed run instead of its rows (profiler.runs.cache); without it, the rows."""
+    from profiler.runs.cache import write_cache
+
+    try:
+        write_cache(out_dir, rec, summary)
+    except OSError:  # summary.json was written: the directory took that, and `report` reads the rows instead
+        pass
+    except Exception as exc:  # noqa: BLE001 - a bug in the timeline must not hide the run's outcome
+        log.error("stallscope: could not write the report cache: %s", exc)

@@ -546,6 +546,14 @@ def write_html(summary: Summary, rec: RunRecord, path: str | os.PathLike[str]) -
     return _write(render_html(summary, build_timeline(rec), job=zero_code_job(rec)), target)
 
 
+def write_html_of(summary: Summary, timeline: Timeline, path: str | os.PathLike[str]) -> Path:
+    """:func:`write_html` from a Timeline already built (the report cache's: profiler.runs.cache), for a run that is
+    no zero-code job."""
+    target = Path(path)
+    _check_target(target)
+    return _write(render_html(summary, timeline), target)
+
+
 def _write(text: str, target: Path) -> Path:
     tmp: str | None = None
     try:

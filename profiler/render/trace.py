@@ -253,22 +253,44 @@ class _Detail:
 def _detail(steps: list[StepRow], phases: list[PhaseRow]) -> _Detail:
     """All steps up to MAX_DETAILED_STEPS; past that, DETAIL_WINDOWS evenly spaced windows of consecutive steps
     (the first and the last steps included) and one summary slice for each run of steps between two windows."""
-    n = len(steps)
-    if n <= MAX_DETAILED_STEPS:
+    windows = _windows(len(steps))
+    if windows is None:
         return _Detail(steps, phases, [])
     ordered = sorted(steps, key=lambda s: s.step)
-    length = MAX_DETAILED_STEPS // DETAIL_WINDOWS
     kept: list[StepRow] = []
     summaries: list[_Slice] = []
     done = 0  # steps [0, done) are drawn or summarised
-    for i in range(DETAIL_WINDOWS):
-        start = max(done, round(i * (n - length) / (DETAIL_WINDOWS - 1)))
+    for start, end in windows:
         if start > done and (gap := _summary(ordered[done:start])) is not None:
             summaries.append(gap)
-        kept.extend(ordered[start : start + length])
-        done = start + length
+        kept.extend(ordered[start:end])
+        done = end
     drawn = {s.step for s in kept}
     return _Detail(kept, [p for p in phases if p.step in drawn], summaries)
+
+
+def _windows(n: int) -> list[tuple[int, int]] | None:
+    """The detail windows of ``n`` steps, as [start, end) positions in step order; None: every step is drawn."""
+    if n <= MAX_DETAILED_STEPS:
+        return None
+    length = MAX_DETAILED_STEPS // DETAIL_WINDOWS
+    out, done = [], 0
+    for i in range(DETAIL_WINDOWS):
+        start = max(done, round(i * (n - length) / (DETAIL_WINDOWS - 1)))
+        out.append((start, start + length))
+        done = start + length
+    return out
+
+
+def drawn_ranges(steps: list[StepRow]) -> list[tuple[int, int]]:
+    """The step numbers whose phases the trace draws, as (first, last) ranges (``runs.read.load_for_trace``)."""
+    windows = _windows(len(steps))
+    ordered = sorted(s.step for s in steps)
+    if not ordered:
+        return []
+    if windows is None:
+        return [(ordered[0], ordered[-1])]
+    return [(ordered[a], ordered[min(b, len(ordered)) - 1]) for a, b in windows if a < len(ordered)]
 
 
 def _summary(run: list[StepRow]) -> _Slice | None:

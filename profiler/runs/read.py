@@ -20,6 +20,14 @@ def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
     return rec, summarize(rec)
 
 
+def load_for_trace(run_dir: str | Path) -> RunRecord:
+    """The run's rows its trace draws: every step, sample and event, and the phases of the steps drawn in full
+    (a 100,000-step run's trace reads 10,000 steps' phases, not all of them): ``render.trace.drawn_ranges``."""
+    from profiler.render.trace import drawn_ranges
+
+    return load_run(run_dir, phases_of=drawn_ranges)
+
+
 def stored_summary(run_dir: str | Path) -> dict[str, object] | None:
     """``RUN_DIR/summary.json`` when it is the store's own summary, written at close: the store's status is
     final (not running, not interrupted) and the same as the summary's, the run id and the number of steps

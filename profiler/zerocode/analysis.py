@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON, objects
 from profiler.analysis.parts import Estimate, LoaderAttribution, StackEstimate, StackParse
@@ -202,11 +203,16 @@ def _share(e: Estimate) -> str:
     return f"{e.fraction:.0%} ({e.low:.0%}-{e.high:.0%})"
 
 
+def is_zero_code(meta: Mapping[str, Any]) -> bool:
+    """A zero-code run's meta (its report may add a job view: :func:`zero_code_job`)."""
+    return meta.get("mode") in ("zero-code", AUTO_INSTRUMENTED)
+
+
 def zero_code_job(rec: RunRecord) -> ZeroCodeJob | None:
     """The job view of a zero-code run that found ranks under its target; None for any other run."""
     meta = rec.meta
     found = [r for r in meta.get("ranks") or [] if isinstance(r, dict)]
-    if meta.get("mode") not in ("zero-code", AUTO_INSTRUMENTED) or not found:
+    if not is_zero_code(meta) or not found:
         return None
     stacks = {s.pid: s for s in rank_stacks(rec)}
     measured = {r.get("pid"): r for r in objects(meta.get("rank_steps"))}
