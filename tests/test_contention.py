@@ -32,6 +32,7 @@ from profiler.analysis.contention import (
     Contention,
     contention_advice,
 )
+from profiler.core.session import RUNQ_BUDGET, RUNQ_COST_S, runq_every
 from profiler.core.sources import sched
 from profiler.core.sources.base import Source, SourceLost
 from profiler.core.sources.sched import SchedSource, ThreadSched, delay_between, parse, probe, run_delay_s
@@ -226,7 +227,7 @@ def test_session_records_runq_per_phase_and_step(tmp_path: Path) -> None:
             with s.phase("h2d"):
                 pass
             with s.phase("compute"):
-                _burn_cpu(0.005)
+                _burn_cpu(0.012)  # steps of 9 ms or more: every one's schedstat is read (RUNQ_BUDGET)
                 with s.phase("forward"):
                     pass
     rec = load_run(tmp_path)
@@ -245,6 +246,45 @@ def test_session_records_runq_per_phase_and_step(tmp_path: Path) -> None:
     assert 0.0 <= c["compute_runq_fraction"] <= 1.0
 
 
+def test_the_schedstat_budget_reads_every_step_of_9_ms_or_more_and_one_in_k_of_shorter_ones() -> None:
+    assert pytest.approx(0.009) == RUNQ_COST_S / RUNQ_BUDGET
+    assert runq_every(0.010) == 1 and runq_every(0.009) == 1 and runq_every(0.0089) == 2
+    assert runq_every(0.001) == 9 and runq_every(1e-5) == 32 and runq_every(0.0) == 1
+
+
+@needs_schedstat
+def test_short_steps_read_schedstat_on_one_step_in_k_and_the_figures_are_those_steps(tmp_path: Path) -> None:
+    """Steps of ~1 ms: reading the training thread's schedstat on each would cost ~4.5% of it (RUNQ_COST_S). It is
+    read on one step in k (k from each batch of steps' mean time), every phase of a step read or none, and the
+    contention figures are the read steps' and say how many they were."""
+    with Session(tmp_path, sources=[], meta={"workers": 0}) as s:
+        for _ in s.wrap([[0] * 4] * 400):
+            with s.phase("h2d"):
+                pass
+            with s.phase("compute"):
+                _burn_cpu(0.001)
+    rec = load_run(tmp_path)
+    read = {st.step for st in rec.steps if st.runq_s is not None}
+    assert 0 in read  # before any step's time is known, every step is read
+    later = [st for st in rec.steps if st.step >= 100]
+    # ~1 ms steps (1.2-3 ms on a busy host): k of 2 or more, never past RUNQ_MAX_EVERY
+    assert len(later) / 32 <= sum(st.step in read for st in later) <= len(later) / 2
+    for st in rec.steps:
+        phases = [p for p in rec.phases if p.step == st.step]
+        assert all((p.runq_s is not None) == (st.step in read) for p in phases), st
+        if st.step in read:
+            inside = sum(p.runq_s or 0.0 for p in phases if p.depth == 0)
+            assert st.data_wait_runq_s is not None and inside + st.data_wait_runq_s <= st.runq_s + 1e-9
+    c = summarize(rec).contention
+    assert c is not None and c.available
+    measured_read = sum(not st.warmup and st.step in read for st in rec.steps)
+    assert (c.steps_timed, c.steps_measured) == (measured_read, len(rec.steps))
+    assert (
+        f"on {measured_read} of the {len(rec.steps)} measured steps (read on every step of 9 ms"
+        in (c.sources["compute_runq_fraction"])
+    )
+
+
 @needs_schedstat
 def test_phases_on_another_thread_store_null(tmp_path: Path) -> None:
     def other() -> None:
@@ -256,6 +296,7 @@ def test_phases_on_another_thread_store_null(tmp_path: Path) -> None:
             t = threading.Thread(target=other)
             t.start()
             t.join()
+            time.sleep(0.01)  # steps of 9 ms or more: every one's schedstat is read (RUNQ_BUDGET)
     rec = load_run(tmp_path)
     assert len(rec.phases) == 3 and all(p.runq_s is None for p in rec.phases)
     assert all(st.runq_s is not None for st in rec.steps)

@@ -223,9 +223,10 @@ def test_own_step_times_are_the_steps_less_their_cpu_wait(tmp_path: Path) -> Non
     steps, own = s.step_times(), s.own_step_times()
     rows = [r for r in load_run(tmp_path / "run").steps if not r.warmup]
     assert rows and steps == pytest.approx([r.t_end - r.t_start for r in rows])
-    if all(r.runq_s is not None for r in rows):  # schedstat measured the wait (it does here): each step less it
-        assert own == pytest.approx([r.t_end - r.t_start - r.runq_s for r in rows])
-        assert all(0 < o <= t for o, t in zip(own, steps, strict=True))
+    timed = [r for r in rows if r.runq_s is not None]
+    if timed:  # schedstat measured the wait (it does here: on every step of a loop this short): each step less it
+        assert own == pytest.approx([r.t_end - r.t_start - r.runq_s for r in timed])
+        assert all(0 < r.t_end - r.t_start - r.runq_s <= r.t_end - r.t_start for r in timed)
     else:
         assert own == []
 

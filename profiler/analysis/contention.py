@@ -45,6 +45,8 @@ class Contention:
     process_runq_pct: float  # sampled: all threads of the training process, % of one core
     workers_runq_pct: float  # sampled: all loader workers' threads, % of one core (NaN: no workers)
     per_worker_runq_pct: dict[str, float] = field(default_factory=dict)
+    steps_timed: int = 0  # measured steps whose schedstat the training thread read (all, or one in k: RUNQ_BUDGET)
+    steps_measured: int = 0
     workers: int | None = None
     torch_threads: int | None = None
     cpu_count: int | None = None
@@ -84,11 +86,13 @@ def contention_of(rec: RunRecord, host: HostFigures) -> Contention:
         process_runq_pct=sampled.get("sched.proc.runq_pct", math.nan),
         workers_runq_pct=sampled.get("sched.workers.runq_pct", math.nan),
         per_worker_runq_pct=per_worker,
+        steps_timed=len(timed),
+        steps_measured=len(measured),
         workers=_int(meta.get("workers")),
         torch_threads=_int(meta.get("torch_threads")),
         cpu_count=_int(meta.get("cpu_count")),
         cpu_pct=cpu,
-        sources=_sources(rec, reason),
+        sources=_sources(rec, reason, len(timed), len(measured)),
     )
 
 
@@ -193,6 +197,21 @@ def _phase_figures(rec: RunRecord, timed: list[StepRow]) -> tuple[float, dict[st
     return (compute_runq / compute_wall if compute_wall > 0 else math.nan), out
 
 
+def _every(meta: Mapping[str, object], timed: int, measured: int) -> str:
+    """Why some steps' schedstat was not read: the training thread reads it on every step where that costs under
+    a share of the step, else on one step in k (``meta.schedstat_budget``, from core.session)."""
+    budget = meta.get("schedstat_budget")
+    if timed >= measured or not isinstance(budget, dict):
+        return ""
+    cost, share = budget.get("cost_s"), budget.get("share")
+    if not isinstance(cost, (int, float)) or not isinstance(share, (int, float)) or not share > 0:
+        return ""
+    return (
+        f" (read on every step of {cost / share * 1e3:.0f} ms or more, on one in k of shorter ones: those reads cost "
+        f"~{cost * 1e6:.0f} us a step, kept under {share:.1%} of it)"
+    )
+
+
 def _cpu_use(host: HostFigures, workers: int | None, cores: int | None) -> dict[str, float]:
     """Mean CPU use over the window, % of one core; empty without host samples or a core count."""
     main, kids, system = host.main_cpu_pct, host.children_cpu_pct, host.sys_cpu_pct
@@ -207,7 +226,7 @@ def _cpu_use(host: HostFigures, workers: int | None, cores: int | None) -> dict[
     return out
 
 
-def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
+def _sources(rec: RunRecord, reason: str | None, timed: int, measured: int) -> dict[str, str]:
     meta = rec.meta
     path = meta.get("schedstat_path") or "/proc/<pid>/task/<tid>/schedstat"
     sched = next((msg for _t, kind, src, msg in rec.events if kind == "source" and src == "sched"), "not sampled")
@@ -219,7 +238,8 @@ def _sources(rec: RunRecord, reason: str | None) -> dict[str, str]:
     )
     return {
         "compute_runq_fraction": f"{path} field 2 (run delay), read by the training thread at phase enter and "
-        "exit; summed over compute phases / compute phase time"
+        f"exit, on {timed} of the {measured} measured steps{_every(rec.meta, timed, measured)}; summed over compute "
+        "phases / compute phase time"
         if reason is None
         else f"not measured ({reason})",
         "main_runq_pct": sampled.replace(
