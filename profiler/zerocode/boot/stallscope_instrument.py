@@ -19,8 +19,9 @@ What it does, once ``torch.utils.data.dataloader`` is imported (a post-import ho
   graph: batch size, the mapper's workers, prefetch depth, pinning). Overrides apply to DataLoaders only.
 - On CUDA, once the script has initialised it: an event at each ``next()``'s start and return (DeviceClock).
 
-Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by a daemon thread
-every ``FLUSH_S`` (the training thread only appends to a deque) and at exit. For tuning trials,
+Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by the thread that
+makes them once ``FLUSH_EVERY`` have gathered or ``FLUSH_S`` has passed, and at exit (no thread of this module's
+runs in the script's process). For tuning trials,
 ``STALLSCOPE_STOP`` (``CALLS[,SECONDS,MIN_CALLS]``) ends the process cleanly (SystemExit(0) from ``next()``)
 once a loader has returned CALLS batches, or SECONDS after its first batch once it has returned MIN_CALLS (the
 seconds rule only in a single-process job: ranks must stop at the same step). ``pin_memory: "auto"`` means
@@ -49,45 +50,38 @@ from typing import Any
 DIR_ENV = "STALLSCOPE_INSTRUMENT_DIR"
 OVERRIDES_ENV = "STALLSCOPE_OVERRIDES"
 STOP_ENV = "STALLSCOPE_STOP"
-FLUSH_S = 0.2
+FLUSH_S = 0.2  # records wait at most this long (or FLUSH_EVERY of them) before they are written
+FLUSH_EVERY = 64
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 _LIBRARIES = tuple(os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata"))
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Writer:
-    """Appends records to this process's file: the hot path appends a tuple; a daemon thread writes."""
+    """Appends records to this process's file: the hot path appends a record, and writes what is pending itself
+    once FLUSH_EVERY records or FLUSH_S have gathered (one ``write``; no thread of its own in the script's process
+    to wake it: the GIL's hand-over to one costs a fast loop more than the write)."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.pending: collections.deque[dict[str, Any]] = collections.deque()
         self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
+        self.flushed_at = time.perf_counter()
 
     def put(self, record: dict[str, Any]) -> None:
-        self.pending.append(record)
-        if self.thread is None:
-            self._start()
-
-    def _start(self) -> None:
-        with self.lock:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="stallscope-instrument", daemon=True)
-                self.thread.start()
+        pending = self.pending
+        pending.append(record)
+        if len(pending) >= FLUSH_EVERY or time.perf_counter() - self.flushed_at >= FLUSH_S:
+            self.flush()
 
     def forked(self) -> None:
-        """In a forked child (a DataLoader worker): no writer thread, nothing of the parent's to write."""
+        """In a forked child (a DataLoader worker): nothing of the parent's to write."""
         self.lock = threading.Lock()
         self.pending.clear()
-        self.thread = None
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(FLUSH_S)
-            self.flush()
 
     def flush(self) -> None:
         with self.lock:
+            self.flushed_at = time.perf_counter()
             lines = []
             while self.pending:
                 lines.append(json.dumps(self.pending.popleft(), separators=(",", ":")))
