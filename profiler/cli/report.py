@@ -27,6 +27,7 @@ from profiler.cli.common import (
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
+    from profiler.analysis.timeline import Timeline
     from profiler.core.rows import RunRecord
 
 
@@ -84,6 +85,29 @@ def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
         raise BadInput(str(exc)) from None
 
 
+def _cached(run_dir: str | Path) -> tuple[Summary, Timeline] | None:
+    """A closed run's report cache (profiler.runs.cache), None where it is not the store's own or the run is a
+    zero-code job (whose report reads its ranks' rows); BadInput naming what is wrong with the store."""
+    from profiler.core.store import StoreError, read_head
+    from profiler.runs.cache import read_cache
+    from profiler.zerocode.analysis import is_zero_code
+
+    try:
+        return None if is_zero_code(read_head(run_dir)[0]) else read_cache(run_dir)
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _for_trace(run_dir: str | Path) -> RunRecord:
+    from profiler.core.store import StoreError
+    from profiler.runs.read import load_for_trace
+
+    try:
+        return load_for_trace(run_dir)
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
+
+
 def load_summary(run_dir: str | Path) -> Summary:
     return load(run_dir)[1]
 
@@ -96,12 +120,8 @@ def _is_job(path: str) -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from profiler.cli.tables import report_table, table_file
-    from profiler.core.store import read_head
     from profiler.render.html import write_html, write_html_of
     from profiler.render.trace import write_trace
-    from profiler.runs.cache import read_cache
-    from profiler.runs.read import load_for_trace
-    from profiler.zerocode.analysis import is_zero_code
 
     dirs = [args.run_dir, *args.more_dirs]
     if not args.more_dirs and (table := table_file(args.run_dir)) is not None:
@@ -114,12 +134,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     if args.baseline is not None:
         raise BadInput(f"--baseline '{args.baseline}': allowed only with a job directory (job.json, rank-R/)")
-    cached = read_cache(args.run_dir) if not is_zero_code(read_head(args.run_dir)[0]) else None
+    cached = _cached(args.run_dir)
     if cached is not None:  # a closed run: its Summary and plots as built at close, no row read (docs/store.md)
         summary, timeline = cached
         _write_files(
             args, lambda target: write_html_of(summary, timeline, target),
-            lambda target: write_trace(load_for_trace(args.run_dir), target),
+            lambda target: write_trace(_for_trace(args.run_dir), target),
         )  # fmt: skip
         print_summary(summary, args.json)
         return EXIT_OK
