@@ -23,6 +23,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.sources.base import Recipe
 
 log = logging.getLogger("stallscope")
 
@@ -31,24 +32,12 @@ RECENT = 1024  # the newest steps a poll hands over (as the training process's o
 Samples = list[tuple[float, dict[str, float]]]
 
 
-class ViewRecipe:
-    """A view to be opened in the sampler process: ``factory(feed, **kwargs)``, a context manager."""
+class ViewRecipe(Recipe):
+    """A view to be opened in the sampler process: ``factory(feed, **kwargs)``, a context manager (``pass_fds``: a
+    bound listening socket, for one)."""
 
-    __slots__ = ("factory", "kwargs", "pass_fds")
-
-    def __init__(self, factory: str, *, pass_fds: Sequence[int] = (), **kwargs: object) -> None:
-        """``pass_fds``: descriptors the view uses (a bound listening socket), open there under the same numbers."""
-        if ":" not in factory:
-            raise ValueError(f"view recipe {factory!r}: allowed 'package.module:function'")
-        self.factory = factory
-        self.kwargs = kwargs
-        self.pass_fds = tuple(pass_fds)
-
-    def to_json(self) -> dict[str, object]:
-        return {"factory": self.factory, "kwargs": self.kwargs}
-
-    def __repr__(self) -> str:
-        return f"ViewRecipe({self.factory!r}, **{self.kwargs!r})"
+    __slots__ = ()
+    what = "view recipe"
 
 
 @runtime_checkable

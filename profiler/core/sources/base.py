@@ -80,26 +80,35 @@ class ProcessHandle(Protocol):
     def create_time(self) -> float: ...
 
 
-class SourceRecipe:
-    """Sources to be made in the sampler process (:mod:`profiler.core.agent`) rather than in the training process:
-    ``factory`` ("package.module:function") called with ``kwargs`` (JSON-able), returning a list of sources.
-
-    A recipe crosses the process boundary as JSON, so what it builds never shares the training process's GIL.
-    """
+class Recipe:
+    """Something to be made in the sampler process (:mod:`profiler.core.agent`) rather than in the training process:
+    ``factory`` ("package.module:function") called there with ``kwargs`` (JSON-able). A recipe crosses the process
+    boundary as JSON, so what it makes never shares the training process's GIL."""
 
     __slots__ = ("factory", "kwargs", "pass_fds")
+    what = "recipe"  # how an error names it
 
     def __init__(self, factory: str, *, pass_fds: Sequence[int] = (), **kwargs: object) -> None:
-        """``pass_fds``: file descriptors the sources read (shared counters' memory files), open in the sampler
-        process under the same numbers."""
+        """``pass_fds``: file descriptors what it makes uses (shared counters' memory files, a bound socket), open
+        in the sampler process under the same numbers."""
         if ":" not in factory:
-            raise ValueError(f"source recipe {factory!r}: allowed 'package.module:function'")
+            raise ValueError(f"{self.what} {factory!r}: allowed 'package.module:function'")
         self.factory = factory
         self.kwargs = kwargs
         self.pass_fds = tuple(pass_fds)
 
     def to_json(self) -> dict[str, object]:
         return {"factory": self.factory, "kwargs": self.kwargs}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.factory!r}, **{self.kwargs!r})"
+
+
+class SourceRecipe(Recipe):
+    """Sources to be made in the sampler process: ``factory(**kwargs)`` returns a list of sources."""
+
+    __slots__ = ()
+    what = "source recipe"
 
     def build(self) -> list[Source]:
         """The sources (in the process that calls it)."""
@@ -108,6 +117,3 @@ class SourceRecipe:
         module, _, name = self.factory.partition(":")
         made = getattr(importlib.import_module(module), name)(**self.kwargs)
         return list(made) if isinstance(made, (list, tuple)) else [made]
-
-    def __repr__(self) -> str:
-        return f"SourceRecipe({self.factory!r}, **{self.kwargs!r})"
