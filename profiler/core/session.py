@@ -72,7 +72,7 @@ RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # The training thread's schedstat is read at a step's boundaries (its start, its batch's arrival, its phases) on
 # every step where that costs under RUNQ_BUDGET of the step, and on one step in k of shorter ones (k up to
 # RUNQ_MAX_EVERY, from the last batch of steps' mean time): those reads cost RUNQ_COST_S a step in a fast loop
-# (benchmarks/overhead.py: the training thread's CPU time per step with and without them, 41-55 us against 11-13 at
+# (benchmarks/overhead.py: the training thread's CPU time per step with and without them, 41-78 us against 11-16 at
 # 1.7 ms steps; the syscalls' own time is 7-10 us, the rest the caches and branch predictors they leave cold).
 # Every step is timed by the clock all the same; the run-queue figures are those of the steps read (docs/metrics.md).
 RUNQ_COST_S = 45e-6
