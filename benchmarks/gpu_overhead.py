@@ -6,8 +6,8 @@ DataLoader with 0 workers, pinned, a ``non_blocking`` copy, SGD:
 - ``cnn``: a small CNN at batch 256 (4.5 ms a step on an H100);
 - ``resnet50``: torchvision's ResNet-50 at batch 64 (41 ms a step on an H100).
 
-Each round runs bare, with a Session whose sampling runs in threads of the training process (``sampling="thread"``,
-stallscope before the sampler process), and with the sampler process (the default), in rotating order; the figure
+Each round runs bare, with a Session whose sampling runs in threads of the training process (``sampling="thread"``:
+its rows made in the training process too), and with the sampler process (the default), in rotating order; the figure
 is the median over rounds of each Session's samples/s over the bare run's of the same round. Target: >= 0.99 for
 the sampler process. Without CUDA it runs on the CPU (to check the script; the figures are not the GPU's).
 
@@ -146,7 +146,7 @@ def main() -> int:
         out.append(got)
         verdict = "meets" if got["median_process_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
         print(f"{loop} (bare {got['bare_step_ms_median']:.2f} ms/step): sampler process "
-              f"{got['median_process_ratio']:.4f} ({verdict} the >= 0.99 target); threads (before) "
+              f"{got['median_process_ratio']:.4f} ({verdict} the >= 0.99 target); sampling in threads "
               f"{got['median_thread_ratio']:.4f}", flush=True)  # fmt: skip
     if args.json:
         print(json.dumps({"device": name, "loops": out}, indent=2))

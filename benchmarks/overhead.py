@@ -2,11 +2,10 @@
 
 1. The fast loop (issue #44): a GIL-bound loop of 2-5 ms steps, as the host side of a fast GPU's loop is (a tiny
    CNN on in-memory tensors, one intra-op thread: ``torch.set_num_threads(1)``), with 0 and with 2 loader workers.
-   Three configurations in rotating order, many short runs: no Session; stallscope before issue #44, a Session
-   whose sampling runs in threads of the training process (``sampling="thread"``) reading the training thread's
-   schedstat on every step; a Session with its sampler process and its schedstat budget (the default). The
-   figure is the median of the per-run throughput ratios against the bare run beside it. Target: >= 0.99 for
-   the sampler process at 10 Hz with the default sources.
+   Many short rounds; in each, two child processes, one with the code before (``--before REV``, default the
+   commit before the hot path stopped making rows) and one with this checkout's, each running the bare loop and
+   the loop through a default Session (10 Hz, the default sources) back to back. The figure is the median of the
+   per-round ratios of the Session's samples/s to the bare run's in the same child. Target: >= 0.99 now.
 2. The original loop: a small CPU conv net (torch's default threads), bare vs Session, paired the same way.
 3. Live view: Session alone vs Session + the rich live view at 4 Hz.
 4. The hot path: one step of ``Session.wrap`` and one phase (enter + exit) in microseconds, the steps handed to the
@@ -25,16 +24,18 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the project's package: this checkout's, or the tree a fast-loop child is told to measure (fast_loop)
+sys.path.insert(0, os.environ.get("STALLSCOPE_ROOT") or str(Path(__file__).resolve().parents[1]))
 
 from profiler import Session
 
@@ -174,58 +175,57 @@ def fast_train(steps: int, session: Session | None, workers: int, warmup: int = 
     return steps * batch / (time.perf_counter() - t0)
 
 
-FAST_CONFIGS = ("bare", "thread", "process")
+# The code before the step events (issue #44, this commit and earlier): each step's rows were built in the training
+# process at a batch's end and packed into the ring, the schedstat budget at 0.5% of a step.
+BEFORE = "3c740c0"
 
 
-@contextlib.contextmanager
-def _schedstat_every_step(on: bool) -> Iterator[None]:
-    """Stallscope before issue #44 read the training thread's schedstat on every step (no RUNQ_BUDGET): the
-    "thread" configuration does, with its sampling in threads of the training process."""
-    from profiler.core import session as session_module
-
-    cost = session_module.RUNQ_COST_S
-    if on:
-        session_module.RUNQ_COST_S = 0.0
-    try:
-        yield
-    finally:
-        session_module.RUNQ_COST_S = cost
+def source_tree(rev: str, into: Path) -> Path:
+    """The project's files at git revision ``rev``, unpacked under ``into`` (``git archive``)."""
+    repo = Path(__file__).resolve().parents[1]
+    out = into / f"stallscope-{rev}"
+    out.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    return out
 
 
-def fast_loop(pairs: int, steps: int, workers: int) -> dict[str, object]:
-    """The three configurations in rotating order ``pairs`` times; ratios are each Session's samples/s over the
-    bare run's of the same round."""
-    threads = torch.get_num_threads()
+def fast_child(steps: int, workers: int, session_first: bool) -> dict[str, float]:
+    """One round's pair in this process: the bare loop and the loop through a Session (the ``profiler`` package on
+    this process's path: STALLSCOPE_ROOT), in the order given; samples/s of each."""
     torch.set_num_threads(1)
-    ratios: dict[str, list[float]] = {"thread": [], "process": []}
+    got: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("session", "bare") if session_first else ("bare", "session"):
+            if name == "bare":
+                got[name] = fast_train(steps, None, workers)
+            else:
+                with Session(Path(tmp) / "run", sample_hz=10.0, device="cpu") as s:
+                    got[name] = fast_train(steps, s, workers)
+    return got
+
+
+def fast_loop(pairs: int, steps: int, workers: int, before: Path) -> dict[str, object]:
+    """``pairs`` rounds; in each, the code before (``before``: a source tree) and the code now, each a child
+    process that runs the bare loop and the loop through a Session back to back (the order alternating by round;
+    which child goes first, too). A round's ratio is the Session's samples/s over the bare run's of the same child."""
+    ratios: dict[str, list[float]] = {"before": [], "now": []}
     step_ms: list[float] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for i in range(pairs):
-                got: dict[str, float] = {}
-                order = FAST_CONFIGS[i % 3 :] + FAST_CONFIGS[: i % 3]
-                for name in order:
-                    if name == "bare":
-                        got[name] = fast_train(steps, None, workers)
-                    else:
-                        with (
-                            _schedstat_every_step(name == "thread"),
-                            Session(Path(tmp) / f"{name}{i}", sample_hz=10.0, device="cpu", sampling=name) as s,
-                        ):
-                            got[name] = fast_train(steps, s, workers)
-                for key, values in ratios.items():
-                    values.append(got[key] / got["bare"])
-                step_ms.append(32 / got["bare"] * 1e3)
-                print(
-                    f"  round {i + 1}: bare {step_ms[-1]:.2f} ms/step | thread {ratios['thread'][-1]:.4f} | "
-                    f"process {ratios['process'][-1]:.4f}",
-                    flush=True,
-                )
-    finally:
-        torch.set_num_threads(threads)
+    roots = {"before": before, "now": Path(__file__).resolve().parents[1]}
+    for i in range(pairs):
+        for name in ("before", "now") if i % 2 == 0 else ("now", "before"):
+            cmd = [sys.executable, __file__, "--fast-child", str(steps), str(workers), str(i % 2)]
+            env = {**os.environ, "STALLSCOPE_ROOT": str(roots[name])}
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+            got = json.loads(out.strip().splitlines()[-1])
+            ratios[name].append(got["session"] / got["bare"])
+            step_ms.append(32 / got["bare"] * 1e3)
+        print(f"  round {i + 1}: bare {step_ms[-1]:.2f} ms/step | before {ratios['before'][-1]:.4f} | "
+              f"now {ratios['now'][-1]:.4f}", flush=True)  # fmt: skip
     return {
         "pairs": pairs,
         "workers": workers,
+        "before": BEFORE,
         "bare_step_ms_median": statistics.median(step_ms),
         **{f"{k}_ratios": v for k, v in ratios.items()},
         **{f"median_{k}_ratio": statistics.median(v) for k, v in ratios.items()},
@@ -280,8 +280,7 @@ def hot_path_interleaved(blocks: int = 200, block_steps: int = 20) -> dict[str, 
                         x, y = xb.to("cpu"), yb.to("cpu")
                     with s.phase("compute"):
                         step(x, y)
-                s.close_step()
-                t2 = [c() for c in clocks]
+                t2 = [c() for c in clocks]  # (its last step ends at the next block's fetch: that is not timed here)
                 for k, (r, c) in enumerate(((ratios, costs), (cpu_ratios, cpu_costs))):
                     r.append((t1[k] - t0[k]) / (t2[k] - t1[k]))
                     c.append(((t2[k] - t1[k]) - (t1[k] - t0[k])) / block_steps * 1e6)
@@ -439,29 +438,39 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--fast-pairs", type=int, default=15, help="rounds of the fast loop (each: bare, thread, process)")
+    ap.add_argument("--fast-pairs", type=int, default=11, help="rounds of the fast loop (each: before and now)")
+    ap.add_argument(
+        "--before", default=BEFORE, help="the git revision the fast loop compares with (default: %(default)s)"
+    )
+    ap.add_argument("--fast-child", nargs=3, type=int, help=argparse.SUPPRESS)  # STEPS WORKERS SESSION_FIRST
     ap.add_argument("--fast-steps", type=int, default=400)
     ap.add_argument("--only-fast", action="store_true", help="the fast loop alone")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # "nvml unavailable" once per session is noise here
+    if args.fast_child:
+        steps, workers, session_first = args.fast_child
+        print(json.dumps(fast_child(steps, workers, bool(session_first))))
+        return 0
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads",
         flush=True,
     )
-    fast = {}
-    for workers in (0, 2):
-        print(f"fast loop, {workers} workers, 1 intra-op thread: {args.fast_pairs} rounds of {args.fast_steps} steps",
-              flush=True)  # fmt: skip
-        got = fast[f"workers_{workers}"] = fast_loop(args.fast_pairs, args.fast_steps, workers)
-        verdict = "meets" if got["median_process_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
-        print(
-            f"fast loop, {workers} workers (bare {got['bare_step_ms_median']:.2f} ms/step): sampler process "
-            f"{got['median_process_ratio']:.4f} ({verdict} the >= 0.99 target); threads in the training process "
-            f"(before) {got['median_thread_ratio']:.4f}",
-            flush=True,
-        )
+    fast: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        before = source_tree(args.before, Path(tmp))
+        for workers in (0, 2):
+            print(f"fast loop, {workers} workers, 1 intra-op thread: {args.fast_pairs} rounds of {args.fast_steps} "
+                  f"steps, the code of {args.before} (before) and this checkout's (now)", flush=True)  # fmt: skip
+            got = fast[f"workers_{workers}"] = fast_loop(args.fast_pairs, args.fast_steps, workers, before)
+            verdict = "meets" if got["median_now_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
+            print(
+                f"fast loop, {workers} workers (bare {got['bare_step_ms_median']:.2f} ms/step): now "
+                f"{got['median_now_ratio']:.4f} ({verdict} the >= 0.99 target); before ({args.before}) "
+                f"{got['median_before_ratio']:.4f}",
+                flush=True,
+            )
     hot = hot_path_interleaved()
     bg = background_interleaved()
     together = hot["median_ratio"] * bg["median_ratio"]

@@ -207,7 +207,7 @@ def _every(meta: Mapping[str, object], timed: int, measured: int) -> str:
     if not isinstance(cost, (int, float)) or not isinstance(share, (int, float)) or not share > 0:
         return ""
     return (
-        f" (read on every step of {cost / share * 1e3:.0f} ms or more, on one in k of shorter ones: those reads cost "
+        f" (read on every step of {cost / share * 1e3:.3g} ms or more, on one in k of shorter ones: those reads cost "
         f"~{cost * 1e6:.0f} us a step, kept under {share:.1%} of it)"
     )
 

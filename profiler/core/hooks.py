@@ -1,8 +1,11 @@
 """The hooks a Session drives: every sink of a run's steps (the run store's Recording, the Prometheus exporter,
 a live feed, a sweep's early stop, any future sink) implements :class:`SessionHook`.
 
-Invariants: Session calls ``on_step`` on the training thread once per resolved step, so a hook's ``on_step``
-only appends or queues (the store's is a queue put); a hook that must stop the training (a store that can no
+Invariants: Session calls ``on_step`` on the training thread once per step, in batches (its tick), so a hook's
+``on_step`` only appends or queues (the store's is a queue put). A hook that makes rows elsewhere says so: its
+``step_events()`` returns where the Session puts its step events (:class:`profiler.core.stepevents.EventSink`;
+the sampler process's ring) and ``wants_rows = False`` spares it ``on_step``; where no hook takes rows, the
+training process makes none; a hook that must stop the training (a store that can no
 longer write, under ``store_errors="raise"``) says so through :meth:`Recorder.halt`, never by raising from
 ``on_step``. Session imports no sink: the sinks of ``Session(out_dir, ...)`` come from the factory installed
 with :func:`install` (``profiler/core/__init__.py`` installs :func:`profiler.core.sinks.default_sinks`).

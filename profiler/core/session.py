@@ -6,14 +6,15 @@ A step starts the moment the loop asks the loader for its batch and ends when it
 the step (``h2d``, ``compute``, or any user name). Whatever the step spent outside these is "other".
 
 Invariants:
-- The hot path (``next()`` wrapper, phase enter/exit) does a ``perf_counter`` read, a list append, on
-  CUDA an event record, and where schedstat is available one ``pread`` of the training thread's run-queue
-  counter (bytes, parsed when the step is resolved). Everything else (row building, store writes,
-  analysis) happens at step end or off-thread. Budget: < 20 us per phase on a 2-core CPU
-  (``benchmarks/overhead.py`` measures it).
-- On CUDA, a step's record waits in a FIFO until its events have completed; it is resolved by polling
-  ``Event.query()`` at later step ends, never by a per-step synchronize. Lag is bounded by ``max_lag``
-  steps: past that, the oldest step is waited for. ``close()`` drains the FIFO.
+- The hot path (``next()`` wrapper, phase enter/exit) makes no row: a ``perf_counter`` read and one step event
+  (:mod:`profiler.core.stepevents`) put with one C call; on one step in k (RUNQ_BUDGET) one ``pread`` of the
+  training thread's run-queue counter at each boundary; on CUDA an event record. Rows are made from the events by
+  whoever reads them: the sampler process (its ring takes the events every RESOLVE_EVERY steps or RESOLVE_S), and
+  this process only for a hook that takes rows or for :attr:`Session.recent` once asked for
+  (``benchmarks/overhead.py`` measures the cost: under 1% of a 1.7 ms step is the target).
+- On CUDA, a step's device marks wait in a FIFO until their events have completed; their times are put as events
+  (``DEV``) by polling ``Event.query()`` at later ticks, never by a per-step synchronize. Lag is bounded by
+  ``max_lag`` steps: past that, the oldest step is waited for. ``close()`` drains the FIFO.
 - Exiting the ``with`` block records a status: ``complete``; ``interrupted`` for KeyboardInterrupt or a
   signal the CLI turned into :class:`Interrupted`; ``failed`` (with where) for any other exception, which
   propagates unchanged. Every step recorded so far stays in the store.
@@ -39,21 +40,35 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.stepevents import (
+    BATCH,
+    DEV,
+    END,
+    ENTER,
+    EXIT,
+    FETCH,
+    NAN,
+    NO_MARK,
+    OPEN,
+    SAMPLES,
+    SPAN,
+    WAIT,
+    Assembler,
+    Event,
+    EventSink,
+    ListLog,
+    Tee,
+)
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.sampler import Sampler
-
-# name, depth, host start, host end, device events (CUDA), schedstat raws at enter and exit
-_PhaseRec = tuple[str, int, float, float, Any, Any, bytes | None, bytes | None]
-_Raws = tuple[bytes | None, bytes | None, bytes | None]
-# step, t_start, t_end (run time), data wait, samples, warm-up: a step before it is resolved into a StepRow
-_StepRec = tuple[int, float, float, float, int | None, bool]
 
 
 # A phase entered within this long of the boundary before it (the step's next() returning, or the phase before it
@@ -61,13 +76,15 @@ _StepRec = tuple[int, float, float, float, int | None, bool]
 # boundary rather than two. What the gap holds (a few microseconds of the loop's own bookkeeping: run-queue wait,
 # device work launched in it) is charged to the phase that follows; the host clock is read afresh.
 ADJACENT_S = 50e-6
-# Steps are resolved (rows built, handed to the hooks) in batches: every RESOLVE_EVERY steps or RESOLVE_S seconds,
-# whichever comes first. Right after a step's compute the training thread's caches hold the model's data, not
-# stallscope's code: one step's bookkeeping took 45 us there against 8 us a step in a batch (benchmarks/overhead.py).
-# A loop's end (its loader exhausted or left) resolves what is pending at once. A SIGKILL loses the steps not yet
-# resolved: at most RESOLVE_EVERY steps or RESOLVE_S.
-RESOLVE_EVERY = 32
-RESOLVE_S = 0.02
+# The step events are handed on (to the sampler process's ring: one record) every RESOLVE_EVERY steps or RESOLVE_S
+# seconds, whichever comes first, and then the rows wanted in this process are made. Right after a step's compute
+# the training thread's caches hold the model's data, not stallscope's code: a hand-over of 70 events measured
+# 40-55 us there, 1 us an operation (a lock, a copy, a slice), in a 1.6 ms loop (benchmarks/overhead.py); every 64
+# steps that is under 1 us a step. A loop's end (its loader exhausted or left) hands on what is pending at once, and
+# the watch thread does once a second. A SIGKILL loses the steps not yet handed on: at most RESOLVE_EVERY steps or
+# RESOLVE_S (or the second of a step longer than that).
+RESOLVE_EVERY = 64
+RESOLVE_S = 0.1
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # The training thread's schedstat is read at a step's boundaries (its start, its batch's arrival, its phases) on
 # every step where that costs under RUNQ_BUDGET of the step, and on one step in k of shorter ones (k up to
@@ -76,7 +93,7 @@ RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # 1.7 ms steps; the syscalls' own time is 7-10 us, the rest the caches and branch predictors they leave cold).
 # Every step is timed by the clock all the same; the run-queue figures are those of the steps read (docs/metrics.md).
 RUNQ_COST_S = 45e-6
-RUNQ_BUDGET = 0.005
+RUNQ_BUDGET = 0.002
 RUNQ_MAX_EVERY = 32
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
 LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")
@@ -94,70 +111,64 @@ class Interrupted(BaseException):
         self.signame = signame
 
 
-def batch_len(batch: Any) -> int | None:
-    """Items in a batch: leading dim of the first tensor-like found; None when it cannot be told."""
-    for _ in range(4):
-        shape = getattr(batch, "shape", None)
-        if shape is not None and len(shape) > 0:
-            return int(shape[0])
-        if isinstance(batch, (list, tuple)) and batch:
-            first = batch[0]
-            if not (hasattr(first, "shape") or isinstance(first, (list, tuple, dict))):
-                return len(batch)  # a batch of plain items
-            batch = first
-        elif isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        else:
-            return None
-    return None
-
-
 class _Phase:
-    __slots__ = ("_ev0", "_name", "_r0", "_s", "_t0")
+    """``with session.phase(name)``: one per name, reused (it keeps no state of its own: the stack is the session's)."""
 
-    def __init__(self, session: Session, name: str) -> None:
-        self._s = session
-        self._name = name
+    __slots__ = ("_id", "_name", "_outside", "_s")
+
+    def __init__(self, session: Session, name: str, ident: int) -> None:
+        self._s, self._name, self._id = session, name, ident
+        self._outside = "\0" + name  # on the stack for this phase entered outside any step (it records nothing)
 
     def __enter__(self) -> _Phase:
         s = self._s
-        s._stack.append(self._name)
-        rq = s._rq_step
-        edge = s._edge
-        t0 = s._clock()
-        if edge is not None and t0 - edge[0] < ADJACENT_S and (rq is None or edge[2] is not None):
-            # right after the step's next() or the phase before: that boundary's event and schedstat reading are
-            # this one's (the clock is read afresh: the host times stay exact)
-            self._ev0 = edge[1] if edge[1] is not None or s._timer is None else s._timer.mark()
-            self._r0, self._t0 = edge[2], t0
-            s._edge = None
+        if s._step < 0:  # before the first batch or after the loop: no step to charge it to
+            s._stack.append(self._outside)
             return self
-        self._ev0 = s._timer.mark() if s._timer is not None else None
-        self._r0 = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
-        self._t0 = s._clock()
+        s._stack.append(self._name)
+        if s._fine:
+            x, m = s._fine_enter()
+            s._put((ENTER, self._id, s._clock(), x, m))
+        else:
+            s._put((ENTER, self._id, s._clock(), NAN, NO_MARK))
         return self
 
     def __exit__(self, *exc: object) -> None:
         s = self._s
-        t1 = s._clock()
-        rq = s._rq_step
-        r1 = rq.raw() if rq is not None and self._r0 is not None else None
-        ev1 = s._timer.mark() if s._timer is not None else None
+        t = s._clock()
         stack = s._stack
-        if not stack or stack[-1] != self._name:
-            raise ValueError(f"phase {self._name!r} ended but the innermost open phase is {stack[-1:]}")
-        depth = len(stack) - 1
-        name = "/".join(stack) if depth else self._name
-        stack.pop()
-        if s._step < 0:  # before the first batch or after the loop: no step to charge it to
+        top = stack[-1] if stack else None
+        if top != self._name:
+            if top == self._outside:
+                stack.pop()
+                s._unattributed += 1
+                return
+            raise ValueError(
+                f"phase {self._name!r} ended but the innermost open phase is {[n.lstrip(chr(0)) for n in stack[-1:]]}"
+            )
+        if s._fine:
+            x, m = s._fine_exit(t, len(stack) == 1)  # its mark is made while it is still the innermost phase
+            stack.pop()
+            s._put((EXIT, self._id, t, x, m))
+        else:
+            stack.pop()
+            s._put((EXIT, self._id, t, NAN, NO_MARK))
+        if s._step < 0:  # the loop ended inside it
             s._unattributed += 1
-            return
-        s._edge = (t1, ev1, r1) if not depth else None  # the next top-level phase may start from here
-        s._phases.append((name, depth, self._t0, t1, self._ev0, ev1, self._r0, r1))
 
 
 class Session:
     """Profile a training loop. See DESIGN.md "Python API"."""
+
+    # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
+    __slots__ = (
+        "__weakref__", "_asm", "_clock", "_due", "_due_t", "_edge", "_error", "_exporter", "_fine", "_halts",
+        "_hooks", "_in_flight", "_log", "_mark_n", "_marks", "_max_lag", "_meta", "_names", "_next_index",
+        "_phase_of", "_put", "_recent", "_recorder", "_resolve_every", "_row_sinks", "_rows_asked", "_rq_on",
+        "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started", "_status", "_step",
+        "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "device", "out_dir", "sample_hz",
+        "warmup",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -186,7 +197,7 @@ class Session:
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
         self.sample_hz, self.warmup = sample_hz, warmup
         self._clock, self._max_lag = clock, max_lag
-        self._resolve_every, self._resolved_at = min(RESOLVE_EVERY, max_lag + 1), 0.0
+        self._resolve_every = min(RESOLVE_EVERY, max_lag + 1)
         self._meta: dict[str, Any] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
         sinks = make_sinks(
             SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
@@ -195,30 +206,40 @@ class Session:
         self._hooks: list[SessionHook] = [*sinks.hooks, sinks.recorder, *hooks]  # an exporter binds first
         self._exporter = sinks.exporter
         self._halts = store_errors == "raise"
-        # hot-path state
-        self._stack: list[str] = []
-        self._phases: list[_PhaseRec] = []
-        # the open step's last boundary (clock, event, schedstat raw): a phase entered right after shares it
-        self._edge: tuple[float, Any, bytes | None] | None = None
-        self._step, self._step_t0, self._step_wait = -1, 0.0, 0.0  # the open step (index -1: none), its start, wait
-        self._step_samples: int | None = None
-        self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
-        self._samples_unknown = False  # a step opened by open_step() took a batch whose size cannot be told
-        self._pending: deque[tuple[_StepRec, list[_PhaseRec], _Raws]] = deque()
         self._runq: schedstat.ThreadSched | None = None
         self._runq_reason: str | None = None
-        # _runq while the open step's schedstat is read, which is on one step in _runq_every (RUNQ_BUDGET)
-        self._rq_step: schedstat.ThreadSched | None = None
-        self._runq_every = 1
-        self._step_raws: tuple[bytes | None, bytes | None] = (None, None)
-        self._next_index, self._unattributed = 0, 0
-        # live view: the newest resolved steps, bounded
-        self.recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=RECENT)
         self._timer: DeviceTimer | None = timer
         self._started, self._t0 = False, 0.0
-        self._step_sinks: tuple[Callable[[StepRow, Sequence[PhaseRow]], None], ...] = ()
+        self._init_hot_path()
         self._status: str | None = None
         self._error: str | None = None
+
+    def _init_hot_path(self) -> None:
+        # where the step events go (set at start): a hook's stream (the sampler process's ring), a log here for
+        # rows made in this process, or both
+        self._stream: EventSink | None = None
+        self._sink: EventSink = ListLog()
+        self._put: Callable[[Event], object] = self._sink.put
+        self._log: ListLog | None = None
+        self._asm: Assembler | None = None
+        self._row_sinks: tuple[Callable[[StepRow, Sequence[PhaseRow]], None], ...] = ()
+        self._recent: deque[tuple[StepRow, list[PhaseRow]]] = deque(maxlen=RECENT)
+        self._rows_asked = False  # recent was asked for before the start
+        self._names: dict[int, str] = {}  # the phase names' ids in the stream
+        self._phase_of: dict[str, _Phase] = {}
+        self._stack: list[str] = []
+        self._step, self._next_index, self._unattributed = -1, 0, 0  # the open step (-1: none), the next one's index
+        self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
+        # this step's boundaries are read (schedstat on one step in _runq_every: RUNQ_BUDGET; device marks)
+        self._fine, self._rq_on = self._timer is not None, False
+        self._rq_step: schedstat.ThreadSched | None = None  # _runq while the open step's schedstat is read
+        self._runq_every = 1
+        # the open step's last boundary (clock, run queue, device mark): a phase entered right after shares it
+        self._edge: tuple[float, float, float] | None = None
+        self._marks: list[tuple[float, Any]] = []  # the open step's device marks (id, event)
+        self._in_flight: deque[list[tuple[float, Any]]] = deque()  # ended steps' marks, not yet known complete
+        self._mark_n = 0
+        self._win, self._due, self._due_t = (0, 0.0), 0, 0.0  # the last _tick (step, time); when the next is due
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -281,10 +302,28 @@ class Session:
             for hook in reversed(started):
                 hook.on_close("failed", str(exc))
             raise
-        self._step_sinks = tuple(hook.on_step for hook in self._hooks)
+        self._connect()
         self._runq_reason = schedstat.probe()
         self.annotate(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
         return self
+
+    def _connect(self) -> None:
+        """The step events go to the first hook that takes them (the sampler process's ring), and to a log here
+        when a hook takes rows instead."""
+        rows: list[Callable[[StepRow, Sequence[PhaseRow]], None]] = []
+        for hook in self._hooks:
+            stream = getattr(hook, "step_events", None)
+            sink = stream() if callable(stream) else None
+            if sink is not None and self._stream is None:
+                self._stream = sink
+            elif getattr(hook, "wants_rows", True):
+                rows.append(hook.on_step)
+        self._row_sinks = tuple(rows)
+        if self._stream is not None:
+            self._sink = self._stream
+            self._put = self._stream.put
+        if self._stream is None or rows or self._rows_asked:
+            self._want_rows()
 
     def __enter__(self) -> Session:
         return self.start()
@@ -320,9 +359,9 @@ class Session:
             return self.summary()
         self._status, self._error = status, error
         if self._step >= 0:
-            rq = self._rq_step
-            self._end_step(self._clock(), rq.raw() if rq is not None and rq.ident == threading.get_ident() else None)
-        self._resolve(drain=True)
+            x = self._runq_now()
+            self._end(self._clock(), x)
+        self._flush(drain=True)
         if self._runq is not None:
             self._runq.close()
             self._runq = None
@@ -375,62 +414,166 @@ class Session:
         if not self._started:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
         self.note_loader(iterable)
-        count = samples if callable(samples) else (lambda _b: samples) if samples is not None else batch_len
+        count = samples if callable(samples) else (lambda _b: samples) if samples is not None else BatchLen()
         clock = self._clock
         rq = self._thread_runq()
-        raw = rq.raw if rq is not None else None
         halt = self._recorder.halt if self._halts else None
         t_iter: float | None = clock()
-        r_iter = raw() if raw else None
+        x_iter = rq.run_delay_s() if rq is not None and self._next_index % self._runq_every == 0 else NAN
         it = self._iterate(iterable)  # the workers' start: that wait belongs to the first step
         try:
             while True:
                 t0 = self._waiting_since = clock()
-                read = raw is not None and self._next_index % self._runq_every == 0  # this step's schedstat
-                r0 = self._boundary_raw(t0, raw) if read or self._rq_step is not None else None
-                # the step before ends at t0, but its row is made after next() returns: the bookkeeping (sinks,
-                # the store's queue) is not the loader's time, and on a busy host it can wait for a CPU or a lock
-                ended: list[_PhaseRec] | None = None
-                if self._step >= 0:
-                    if halt is not None and (stop := halt(self._next_index)) is not None:
-                        self._end_step(t0, r0)
-                        raise stop
-                    ended, self._phases = self._phases, []
-                elif t_iter is not None:
-                    t0, t_iter, r0 = t_iter, None, r_iter
+                index = self._next_index
+                read = rq is not None and index % self._runq_every == 0  # this step's schedstat is read
+                if t_iter is not None:
+                    t0, x0, t_iter = t_iter, x_iter, None
+                else:
+                    x0 = self._boundary_runq(t0, rq) if read or self._rq_on else NAN
+                if self._step >= 0 and halt is not None and (stop := halt(index)) is not None:
+                    self._end(t0, x0)
+                    raise stop
+                # the step before ends at t0 (its row is made by whoever reads the events, not here); the next one
+                # starts there and waits for its batch
+                self._edge = None
+                if self._marks:
+                    self._ship_marks()
+                self._put((FETCH, 0, t0, x0, index))
                 try:
                     batch = next(it)
-                except StopIteration:
-                    if ended is not None:
-                        self._end_step(t0, r0, ended)
-                    self._resolve()
+                except StopIteration:  # the loader ended: no step waits for a batch
+                    self._end(t0, NAN)
+                    self._flush()
                     return
-                except BaseException:
-                    if ended is not None:  # the loader failed: the step before still ended at t0
-                        self._end_step(t0, r0, ended)
+                except BaseException:  # the loader failed: the step before still ended at t0
+                    self._end(t0, NAN)
+                    self._flush()
                     raise
-                t1, self._waiting_since = clock(), None
-                r1 = raw() if read and raw else None
-                if ended is not None:
-                    self._end_step(t0, r0, ended)
-                self._open(t0, t1, (r0, r1) if read else None, count(batch))
+                self._got(index, clock(), read, rq, count(batch))
                 yield batch
         finally:
             self._waiting_since = None
             # the loop broke out or raised: the step in flight ends now
             if self._step >= 0 and self._status is None:
-                self._end_step(clock(), raw() if raw and self._rq_step is not None else None)
-                self._resolve()
+                self._end(clock(), self._runq_now())
+                self._flush()
 
-    def _open(self, t0: float, t1: float, raws: tuple[bytes | None, bytes | None] | None, samples: int | None) -> None:
-        """Open the next step under wrap(): it began at ``t0`` and its batch came at ``t1``; ``raws``: the training
-        thread's schedstat at both (None: this step's is not read, RUNQ_BUDGET)."""
-        self._edge = (t1, None, raws[1] if raws is not None else None)
-        self._step_raws = raws if raws is not None else (None, None)
-        self._rq_step = self._runq if raws is not None else None
-        self._step, self._next_index = self._next_index, self._next_index + 1
-        self._step_t0, self._step_wait = t0, t1 - t0
-        self._step_samples = samples
+    def _got(self, index: int, t1: float, read: bool, rq: schedstat.ThreadSched | None, n: int | None) -> None:
+        """Step ``index`` has its batch (``n`` items) at ``t1``: it is open."""
+        self._waiting_since = None
+        x1 = rq.run_delay_s() if read and rq is not None else NAN
+        self._step, self._next_index = index, index + 1
+        self._rq_on, self._rq_step = read, rq if read else None
+        self._fine = fine = read or self._timer is not None
+        self._edge = (t1, x1, NO_MARK) if fine else None
+        self._put((BATCH, 0, t1, x1, -1.0 if n is None else n))
+        if index >= self._due or t1 >= self._due_t:
+            self._tick(index, t1)
+
+    def _end(self, t: float, x: float) -> None:
+        """The open step (if any) ends at ``t`` (``x``: the run queue's reading there); a step still waiting for
+        its batch is dropped."""
+        self._put((END, 0, t, x, NAN))
+        self._step, self._rq_on, self._rq_step, self._edge = -1, False, None, None
+        if self._marks:
+            self._ship_marks()
+
+    def _ship_marks(self) -> None:
+        """The ended step's device marks wait for their times, at most ``max_lag`` steps of them."""
+        self._in_flight.append(self._marks)
+        self._marks = []
+        if len(self._in_flight) > self._max_lag:
+            self._poll_marks(drain=False)
+
+    def _tick(self, index: int, t: float) -> None:
+        """Every ``RESOLVE_EVERY`` steps or ``RESOLVE_S``: the schedstat budget from the steps since the last tick,
+        the device marks that completed, and the rows wanted in this process."""
+        n = index - self._win[0]
+        if n > 0:
+            self._runq_every = runq_every((t - self._win[1]) / n)
+        self._win = (index, t)
+        self._due, self._due_t = index + self._resolve_every, t + RESOLVE_S
+        self._flush()
+
+    def _flush(self, drain: bool = False) -> None:
+        """Put the completed device marks' times (``drain``: wait for all), hand the events on (the sampler
+        process's ring), and make the rows wanted here."""
+        if self._in_flight:
+            self._poll_marks(drain)
+        self._sink.flush_events()
+        if self._log is not None:
+            self._deliver(drain)
+
+    def _poll_marks(self, drain: bool) -> None:
+        """The device times of the steps whose marks completed, oldest first (a step's marks complete in order on
+        its stream: its last one is asked); past ``max_lag`` steps in flight, the oldest is waited for."""
+        timer, in_flight, put = self._timer, self._in_flight, self._put
+        assert timer is not None
+        while in_flight:
+            marks = in_flight[0]
+            last = marks[-1][1]
+            if not timer.done(last):
+                if not drain and len(in_flight) <= self._max_lag:
+                    return
+                timer.wait(last)
+            in_flight.popleft()
+            for m, ev in marks:
+                put((DEV, 0, timer.time_of(ev), m, NAN))
+            for _, ev in marks:
+                timer.release(ev)
+
+    def _deliver(self, final: bool = False) -> None:
+        """The rows of the events put since the last call, to the hooks that take rows and to :attr:`recent`."""
+        log, asm = self._log, self._asm
+        if log is None or asm is None:
+            return
+        asm.feed(log.take())
+        if final:
+            asm.finish()
+        sinks, recent = self._row_sinks, self._recent
+        for row, phases in asm.take():
+            for on_step in sinks:
+                on_step(row, phases)
+            recent.append((row, phases))
+
+    def _fine_enter(self) -> tuple[float, float]:
+        """A phase's start on a step whose boundaries are read (schedstat, device marks): (run queue, mark).
+        Entered within ADJACENT_S of the boundary before it, it takes that boundary's reading and mark."""
+        edge, timer = self._edge, self._timer
+        if edge is not None and self._clock() - edge[0] < ADJACENT_S:
+            self._edge = None
+            return edge[1], edge[2] if edge[2] >= 0 or timer is None else self._mark()
+        m = self._mark() if timer is not None else NO_MARK
+        return self._runq_now(), m
+
+    def _fine_exit(self, t: float, top: bool) -> tuple[float, float]:
+        """A phase's end at ``t`` on such a step; a top-level one leaves its reading for the phase after it."""
+        x = self._runq_now()
+        m = self._mark() if self._timer is not None else NO_MARK
+        self._edge = (t, x, m) if top else None
+        return x, m
+
+    def _mark(self) -> float:
+        """A device mark (an event recorded on the device's stream), by id."""
+        assert self._timer is not None
+        m = float(self._mark_n)
+        self._mark_n += 1
+        self._marks.append((m, self._timer.mark()))
+        return m
+
+    def _runq_now(self) -> float:
+        """The training thread's run-queue wait so far (s), on a step whose schedstat is read and on that thread;
+        else NaN."""
+        rq = self._rq_step
+        return rq.run_delay_s() if rq is not None and rq.ident == threading.get_ident() else NAN
+
+    def _boundary_runq(self, t: float, rq: schedstat.ThreadSched | None) -> float:
+        """The run-queue reading at a step boundary at ``t``: right after the last phase's exit (ADJACENT_S), that
+        exit's reading; else a new one."""
+        edge = self._edge
+        if edge is not None and edge[1] == edge[1] and t - edge[0] < ADJACENT_S:
+            return edge[1]
+        return rq.run_delay_s() if rq is not None else NAN
 
     # -- steps driven from outside: a framework's loop that fetches its own batches (profiler/integrations/) --
     def open_step(self, t_start: float | None = None) -> None:
@@ -445,45 +588,38 @@ class Session:
             raise RuntimeError("Session.open_step() needs a started session: call start() first")
         t = self._clock() if t_start is None else t_start
         rq = self._thread_runq()
-        read = rq is not None and self._next_index % self._runq_every == 0
-        raw = rq.raw() if rq is not None and (read or self._rq_step is not None) else None
+        index = self._next_index
+        read = rq is not None and index % self._runq_every == 0
+        x = rq.run_delay_s() if rq is not None and (read or self._rq_on) else NAN
+        if self._step >= 0 and self._halts and (stop := self._recorder.halt(index)) is not None:
+            self._end(t, x)
+            raise stop  # as wrap() does: the user asked training to stop
         if self._step >= 0:
-            self._end_step(t, raw)
-            if self._halts and (stop := self._recorder.halt(self._next_index)) is not None:
-                raise stop  # as wrap() does: the user asked training to stop
-        self._step = self._next_index
-        self._next_index += 1
-        self._step_t0 = t
-        self._step_wait = 0.0
-        self._step_samples = None
-        self._samples_unknown = False
-        self._step_raws = (raw if read else None, None)
-        self._rq_step = rq if read else None
+            self._end(t, x)
+        self._put((OPEN, 0, t, x if read else NAN, index))
+        self._step, self._next_index = index, index + 1
+        self._rq_on, self._rq_step = read, rq if read else None
+        self._fine = read or self._timer is not None
+        if index >= self._due or t >= self._due_t:
+            self._tick(index, t)
 
     def add_wait(self, seconds: float) -> None:
         """Add ``seconds`` blocked fetching a batch to the open step's data wait (no step open: ignored)."""
         if self._step >= 0:
-            self._step_wait += seconds
-            start = self._step_raws[0]
-            if start is not None and (rq := self._rq_step) is not None and rq.ident == threading.get_ident():
-                self._step_raws = (start, rq.raw())
+            self._put((WAIT, 0, 0.0, seconds, self._runq_now()))
 
     def add_samples(self, n: int | None) -> None:
         """Count a batch of ``n`` items in the open step; None (a batch whose size cannot be told) makes the
         step's count unknown, as under ``wrap()``."""
-        if self._step < 0 or self._samples_unknown:
-            return
-        if n is None:
-            self._samples_unknown, self._step_samples = True, None
-        else:
-            self._step_samples = (self._step_samples or 0) + n
+        if self._step >= 0:
+            self._put((SAMPLES, 0, 0.0, -1.0 if n is None else float(n), NAN))
 
     def close_step(self, t_end: float | None = None) -> None:
         """End the open step at ``t_end`` (now when None): the loop left it (an epoch ended). No step open: nothing."""
         if self._step >= 0:
-            rq = self._rq_step
-            raw = rq.raw() if rq is not None and rq.ident == threading.get_ident() else None
-            self._end_step(self._clock() if t_end is None else t_end, raw)
+            x = self._runq_now()
+            self._end(self._clock() if t_end is None else t_end, x)
+            self._flush()
 
     @property
     def in_step(self) -> bool:
@@ -492,7 +628,17 @@ class Session:
 
     def phase(self, name: str) -> _Phase:
         """Context manager timing a named part of the current step."""
-        return _Phase(self, name)
+        p = self._phase_of.get(name)
+        if p is None:
+            if not self._started:  # nothing to charge it to yet: it counts as outside any step
+                return _Phase(self, name, -1)
+            p = self._phase_of[name] = _Phase(self, name, self._name_id(name))
+        return p
+
+    def _name_id(self, name: str) -> int:
+        ident = self._sink.name_id(name)
+        self._names[ident] = name
+        return ident
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -510,69 +656,27 @@ class Session:
         if self._step < 0:
             self._unattributed += 1
             return
-        stack = self._stack
-        full = "/".join([*stack, name]) if stack else name
-        self._phases.append((full, len(stack), t_start, t_end, None, None, None, None))
+        self._put((SPAN, self._name_id(name), t_start, t_end, NAN))
 
-    def _end_step(self, t_end: float, r_end: bytes | None = None, phases: list[_PhaseRec] | None = None) -> None:
-        """End the open step at ``t_end`` with ``phases`` (those recorded since it began, taken out of the list
-        already; None: take them now)."""
-        if phases is None:
-            phases, self._phases = self._phases, []
-        self._edge = None
-        t0 = self._t0
-        # a plain tuple here: the StepRow is made when the step is resolved, in a batch (RESOLVE_EVERY)
-        row = (
-            self._step,
-            self._step_t0 - t0,
-            t_end - t0,
-            self._step_wait,
-            self._step_samples,
-            self._step < self.warmup,
-        )
-        self._step, self._rq_step = -1, None
-        pending = self._pending
-        pending.append((row, phases, (*self._step_raws, r_end)))
-        if len(pending) >= self._resolve_every or t_end - self._resolved_at >= RESOLVE_S:
-            self._resolved_at = t_end
-            first, last = pending[0][0], pending[-1][0]
-            self._runq_every = runq_every((last[2] - first[1]) / len(pending))
-            self._resolve()
+    @property
+    def recent(self) -> deque[tuple[StepRow, list[PhaseRow]]]:
+        """The newest steps (at most RECENT), as rows made in this process: from the first time they are asked
+        for (a live view, a sweep's early stop), or from the start where a hook takes rows. Rows are made every
+        RESOLVE_EVERY steps or RESOLVE_S; the hot path makes none where nothing asks."""
+        if self._log is None and self._status is None:
+            if self._started:
+                self._want_rows()
+            else:
+                self._rows_asked = True  # from the start
+        return self._recent
 
-    def _resolve(self, drain: bool = False) -> None:
-        timer, pending, t0 = self._timer, self._pending, self._t0
-        while pending:
-            rec, phases, raws = pending[0]
-            last = next((p[5] for p in reversed(phases) if p[5] is not None), None) if timer is not None else None
-            if timer is not None and last is not None and not timer.done(last):
-                if not drain and len(pending) <= self._max_lag:
-                    return
-                timer.wait(last)
-            pending.popleft()
-            row = step_runq(rec, raws)
-            out: list[PhaseRow] = []
-            events: dict[int, Any] = {}  # adjacent phases share the event at their boundary: released once
-            for name, depth, a, b, ev0, ev1, r0, r1 in phases:
-                rq = schedstat.delay_between(r0, r1)
-                if timer is not None and ev0 is not None:
-                    dev0, dev1 = timer.time_of(ev0), timer.time_of(ev1)
-                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, dev0, dev1, runq_s=rq))
-                    events[id(ev0)], events[id(ev1)] = ev0, ev1
-                else:
-                    out.append(PhaseRow(row.step, name, depth, a - t0, b - t0, runq_s=rq))
-            for ev in events.values():
-                timer.release(ev)  # type: ignore[union-attr]
-            for on_step in self._step_sinks:
-                on_step(row, out)
-            self.recent.append((row, out))
-
-    def _boundary_raw(self, t: float, raw: Callable[[], bytes] | None) -> bytes | None:
-        """The schedstat reading at a step boundary at ``t``: right after the last phase's exit (ADJACENT_S), that
-        exit's reading; else a new one (None without schedstat)."""
-        edge = self._edge
-        if edge is not None and edge[2] is not None and t - edge[0] < ADJACENT_S:
-            return edge[2]
-        return raw() if raw else None
+    def _want_rows(self) -> None:
+        """Keep the step events here too, from now on, for rows in this process (any thread may ask)."""
+        log = ListLog(dict(self._names))
+        self._asm = Assembler(self._t0, self.warmup, log.names, first_step=self._next_index)
+        self._log = log
+        self._sink = sink = log if self._stream is None else Tee(self._stream, log)
+        self._put = sink.put
 
     def _thread_runq(self) -> schedstat.ThreadSched | None:
         """The run-queue reader of the thread that iterates the first ``wrap()``; None on any other thread
@@ -610,25 +714,6 @@ def runq_every(step_s: float) -> int:
     if not step_s > 0:
         return 1
     return max(1, min(RUNQ_MAX_EVERY, math.ceil(RUNQ_COST_S / (RUNQ_BUDGET * step_s) - 1e-9)))  # 9 ms: 1, not 2
-
-
-def loader_facts(loader: Any) -> dict[str, Any]:
-    """``workers``, ``pin_memory`` and ``batch_size`` of a DataLoader-like object, those it has."""
-    return {
-        key: getattr(loader, attr)
-        for key, attr in (("workers", "num_workers"), ("pin_memory", "pin_memory"), ("batch_size", "batch_size"))
-        if isinstance(getattr(loader, attr, None), (int, bool))
-    }
-
-
-def step_runq(rec: _StepRec, raws: _Raws) -> StepRow:
-    """The step's row, with its data-wait and whole-step run-queue wait from the raws at start, after next(), end."""
-    start, waited, end = raws
-    if start is None:
-        return StepRow(*rec)
-    delay = schedstat.run_delay_s
-    t0 = delay(start)
-    return StepRow(*rec, None if waited is None else delay(waited) - t0, None if end is None else delay(end) - t0)
 
 
 def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, Any]:

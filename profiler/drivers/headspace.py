@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipelines import BuiltLoader
-from profiler.core.session import batch_len
+from profiler.core.batches import batch_len
 
 SECONDS = 3.0  # the timed window: at most this long ...
 MAX_BATCHES = 40  # ... or this many batches, whichever comes first

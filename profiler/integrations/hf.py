@@ -21,7 +21,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from profiler.core.session import Session, batch_len, loader_facts
+from profiler.core.batches import batch_len, loader_facts
+from profiler.core.session import Session
 from profiler.integrations import missing
 from profiler.integrations.base import (
     dist_meta,

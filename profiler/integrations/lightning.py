@@ -23,7 +23,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, cast
 
-from profiler.core.session import Session, batch_len
+from profiler.core.batches import batch_len
+from profiler.core.session import Session
 from profiler.integrations import missing
 from profiler.integrations.base import (
     dist_meta,

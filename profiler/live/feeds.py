@@ -43,10 +43,11 @@ class SessionFeed:
 
     def __init__(self, session: SessionView) -> None:
         self._s = session
+        self._recent = session.recent  # asked for now: the Session makes rows in this process from here on
 
     def poll(self) -> tuple[Steps, Samples]:
         sampler = self._s.sampler
-        steps: Steps = list(self._s.recent)
+        steps: Steps = list(self._recent)
         return steps, list(sampler.buffer) if sampler is not None else []
 
     def status(self) -> str:

@@ -38,6 +38,7 @@ from profiler.core.recording import log_warning, summarize_run
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.stepevents import Assembler, EventSink
 from profiler.core.store import (
     DB_NAME,
     RunStore,
@@ -192,7 +193,7 @@ class SamplerProcess:
     def _spawn(self, ring: Ring, t0: float) -> subprocess.Popen[bytes]:
         orders = {
             "parent_pid": os.getpid(), "fd": ring.fd, "size": ring.size, "run_dir": str(self.out_dir),
-            "sample_hz": self._sample_hz, "t0": t0, "store_errors": self._store_errors,
+            "sample_hz": self._sample_hz, "t0": t0, "warmup": self._warmup(), "store_errors": self._store_errors,
             "recipes": [r.to_json() for r in self._recipes],
             "views": [v.to_json() for v in self._views], "meta": self._meta if self._views else {},
             # its warnings go to stderr as this process's would: at the stallscope logger's level, or none
@@ -259,7 +260,18 @@ class SamplerProcess:
                 self._final = str(said["final"])
         return bool(chunk)
 
+    def _warmup(self) -> int:
+        warmup = self._meta.get("warmup_steps")
+        return warmup if isinstance(warmup, int) else 0
+
     # -- the hook ------------------------------------------------------------------------------------------
+    wants_rows = False  # the Session's step events go to the ring as they happen (step_events); no rows here
+
+    def step_events(self) -> EventSink | None:
+        """Where the Session puts its step events: the ring (the sampler process, or this process after a
+        take-over, makes the rows); None before the start."""
+        return self._writer
+
     def on_meta(self, items: Mapping[str, object]) -> None:
         if self._writer is not None:
             self._writer.put_item({"meta": dict(items)})
@@ -342,6 +354,7 @@ class SamplerProcess:
         writer, proc = self._writer, self.proc
         if writer is None or proc is None:
             return
+        writer.flush_events()  # a training thread in a long step has not handed its events on since it began
         writer.flush()
         with self._lock:
             if self._closed:
@@ -371,9 +384,11 @@ class SamplerProcess:
         at = self.now()
         pid = self.proc.pid if self.proc is not None else None
         self._lost = f"the sampler process (pid {pid}) {how} at {at:.1f} s"
-        store = RunStore(self.out_dir, lock=False, on_error=self._store_failed, on_commit=self._ring.set_read)
+        store = RunStore(self.out_dir, lock=False, on_error=self._store_failed, on_commit=self._ring.committed)
         names = self._writer.names() if self._writer is not None else {}
-        self._drain = Drain(RingReader(self._ring, start=_committed_pos(self.out_dir), names=names), store)
+        pos, resume, step = _committed_mark(self.out_dir)
+        reader = RingReader(self._ring, start=resume, names=names, items_from=pos)
+        self._drain = Drain(reader, store, assembler=Assembler(self.t0, self._warmup(), first_step=step))
         self._drain.once()
         line = f"{self._lost}: no host, process or device samples after that; every step is kept"
         store.put_event(at, "warning", line, "sampler")
@@ -397,6 +412,7 @@ class SamplerProcess:
         if self.sampler is not None:
             self.sampler.stop(final=True)
             local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]
+        writer.flush_events()
         writer.put_item({"close": {"status": status, "error": error, "local_sources": local}})
         if proc is not None and proc.stdin is not None:
             with contextlib.suppress(OSError):
@@ -455,15 +471,18 @@ class SamplerProcess:
                 os.unlink(final)
 
 
-def _committed_pos(run_dir: Path) -> int:
-    """The ring position the store's rows are committed up to (0: none yet)."""
+def _committed_mark(run_dir: Path) -> tuple[int, int, int]:
+    """The ring mark the store's rows are committed with (:mod:`profiler.core.agent.drain`): the position read up
+    to, where the oldest step not yet stored began, and its index; zeros where none was committed yet."""
     db = run_dir / DB_NAME
     con = open_read(db)
     try:
         value = read_meta(con, db).get(MARK_KEY)
     finally:
         con.close()
-    return value if isinstance(value, int) else 0
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value):
+        return value[0], value[1], value[2]
+    return 0, 0, 0
 
 
 def _exit_words(code: int) -> str:

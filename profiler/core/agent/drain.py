@@ -1,8 +1,12 @@
 """Moving the ring's records into the run store: the sampler process does it every ``DRAIN_S``; the training
 process does it once a second after taking the store over from a sampler process that died.
 
-Invariant: each drain ends with a ring mark (:meth:`RunStore.put_mark`), so the store commits the rows with the
-position they came up to, and the ring's read position moves only after that commit.
+The ring carries step events (:mod:`profiler.core.stepevents`); the drain's :class:`Assembler` makes the rows.
+
+Invariant: each drain ends with a ring mark (:meth:`RunStore.put_mark`): ``[position, resume, step]``, the
+position read up to, and where the oldest step not yet in the store began (its first event's position and its
+index). The store commits the rows with it; the ring's read position then moves to ``resume``, so a reader that
+takes over reads that step's events again (and skips the items before ``position``, applied already).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Any, Protocol
 
 from profiler.core.agent.ring import RingReader
 from profiler.core.agent.views import AgentFeed
+from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore
 
 DRAIN_S = 0.1  # the sampler process moves the ring's records to the store this often
@@ -39,11 +45,19 @@ class Drain:
     """Applies each ring record to ``store``; :meth:`once` returns the close item once it has passed."""
 
     def __init__(
-        self, reader: RingReader, store: RunStore, extras: Extras | None = None, feed: AgentFeed | None = None
+        self,
+        reader: RingReader,
+        store: RunStore,
+        extras: Extras | None = None,
+        feed: AgentFeed | None = None,
+        assembler: Assembler | None = None,
     ) -> None:
-        """``feed``: the views' feed (the sampler process's, when it serves any), handed each step and meta item."""
+        """``feed``: the views' feed (the sampler process's, when it serves any), handed each step and meta item;
+        ``assembler``: makes the rows of the ring's step events (its run's zero and warm-up steps)."""
         self.reader = reader
         self.store = store
+        self.assembler = assembler if assembler is not None else Assembler(0.0, 0)
+        self.assembler.names = reader.names  # the names announced in the ring, as they pass
         self._extras = extras
         self._feed = feed
         self._handlers: dict[str, Callable[[Any], None]] = {
@@ -58,20 +72,32 @@ class Drain:
     def once(self) -> Closing | None:
         """Every record up to the producer's write position now, then a mark; the close item if it came."""
         closing = None
-        store = self.store
+        store, asm = self.store, self.assembler
+        apply = asm.apply
         for kind, value in self.reader.records():
-            if kind == "step":
-                store.put_step(*value)
-                self.steps += 1
-                if self._feed is not None:
-                    self._feed.add_step(*value)
+            if kind == "event":
+                apply(*value)
+            elif kind == "step":
+                self._step(*value)
             else:
                 closing = self._item(value) or closing
+        if closing is not None:
+            asm.finish()
+        for row, phases in asm.take():
+            self._step(row, phases)
+        pos = self.reader.pos
         if store.failure is not None:  # nothing commits any more: the ring's room is not held for it
-            self.reader.ring.set_read(self.reader.pos)
+            self.reader.ring.set_read(pos)
         else:
-            store.put_mark(self.reader.pos)
+            resume, index = asm.resume or (pos, asm.next_step)
+            store.put_mark([pos, resume, index])
         return closing
+
+    def _step(self, row: StepRow, phases: list[PhaseRow]) -> None:
+        self.store.put_step(row, phases)
+        self.steps += 1
+        if self._feed is not None:
+            self._feed.add_step(row, phases)
 
     def _item(self, item: Mapping[str, Any]) -> Closing | None:
         for key, value in item.items():

@@ -42,6 +42,7 @@ from profiler.core.agent.views import AgentFeed, close_views, open_views
 from profiler.core.recording import Recording
 from profiler.core.sampler import SourceHealth
 from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore, StoreWriteError
 
 _CHANNEL = 1  # the pipe the training process reads: "ready", then its warnings (JSON lines)
@@ -74,12 +75,12 @@ def run(orders: dict[str, Any]) -> int:
         on_failure=failed,
     )
     store = RunStore(run_dir, meta={"sampler_pid": os.getpid()}, lock=False, on_error=rec.store_failed,
-                     on_commit=ring.set_read)  # fmt: skip
+                     on_commit=ring.committed)  # fmt: skip
     views = orders.get("views") or []
     feed = None
     if views:
         feed = AgentFeed(orders.get("meta") or {}, lambda: list(rec.sampler.buffer) if rec.sampler else [])
-    drain = Drain(RingReader(ring), store, rec, feed)
+    drain = Drain(RingReader(ring), store, rec, feed, Assembler(float(orders["t0"]), int(orders["warmup"])))
     # the sources' probes (NVML's init can take seconds) go on beside the first drains: the ring waits for none
     rec.start(t0=float(orders["t0"]), store=store)
     shown = open_views(views, feed) if feed is not None else None

@@ -1,9 +1,12 @@
 """The shared-memory ring between the training process (one producer side) and its sampler process (the consumer).
 
 An anonymous memory file (``memfd``) mapped by both processes: a header, then a byte ring of records. The
-training process packs each step (with its phases) into one binary record with ``struct``: no pickling, no
-system call, no wake-up of any other thread. Rare items (run facts, events, readings of in-process sources,
-the close) travel as JSON records in the same ring, so everything reaches the store in the order it was put.
+training thread appends each step event (:mod:`profiler.core.stepevents`: a clock reading at a step or phase
+boundary) to an array of doubles, one C call; every ``RESOLVE_EVERY`` steps or ``RESOLVE_S`` (the Session's tick),
+and once a second from the watch thread, the array's bytes go into the ring as one record: no pickling, no system
+call, no wake-up of any other thread; the sampler process makes the rows. Rare items (run facts, events, readings
+of in-process sources, the close) travel as JSON records in the same ring, in the order they were put; the step
+events in the order of the steps.
 
 Invariants:
 - Positions are byte counts since the ring was made (they never wrap; the offset is ``pos % size``). ``write`` is
@@ -28,14 +31,16 @@ import os
 import resource
 import struct
 import threading
+from array import array
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.stepevents import Event
 
 MAGIC = 0x53535247  # "SSRG"
-VERSION = 1
+VERSION = 2
 HEADER = 4096  # the header's page; the ring's bytes follow
 DEFAULT_SIZE = 8 << 20  # at a 2 ms step with 3 phases (~200 bytes a step), about 80 s of steps
 # header fields: magic, version, size, write, read, failed, last_kept
@@ -50,7 +55,10 @@ _REC = struct.Struct("<IB")  # a record's length (with this head and padding) an
 _STEP = struct.Struct("<qdddqBddI")  # step, t_start, t_end, data wait, samples (-1), warmup, runq x2 (NaN), phases
 PHASES_PER_RECORD = 4096  # a step with more phases goes as several records of the same step (the store adds them)
 _PHASE = struct.Struct("<HBddddd")  # name id, depth, t_start, t_end, dev_start, dev_end, runq (NaN: None)
-PAD, STEP, NAME, BLOB = 0, 1, 2, 3
+_EVENTS = struct.Struct("<IBxxx")  # a record of step events: its length and kind, then 5 doubles an event
+EVENT_DOUBLES = 5  # code, name id, t, x, y (profiler.core.stepevents)
+EVENTS_PER_RECORD = 8192  # 320 KiB: a flush of more goes as several records
+PAD, STEP, NAME, BLOB, EVENTS = 0, 1, 2, 3, 5
 _NAN = math.nan
 
 
@@ -70,7 +78,10 @@ class Ring:
         self.size = size
         if create:
             os.ftruncate(fd, HEADER + size)
-        self.mem = mmap.mmap(fd, HEADER + size)
+        # the producer maps it populated: a page first touched mid-run faults on the training thread (on a VM, tens
+        # of microseconds a page: benchmarks/overhead.py)
+        populate = getattr(mmap, "MAP_POPULATE", 0) if create else 0
+        self.mem = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED | populate)
         if hasattr(mmap, "MADV_DONTFORK"):
             self.mem.madvise(mmap.MADV_DONTFORK)  # a DataLoader's forked workers do not inherit it
         if create:
@@ -101,6 +112,11 @@ class Ring:
 
     def set_read(self, pos: int) -> None:
         _POS.pack_into(self.mem, _R_OFF, pos)
+
+    def committed(self, mark: list[int]) -> None:
+        """The store committed a drain's mark (:mod:`profiler.core.agent.drain`): the room before its resume
+        position is free."""
+        self.set_read(int(mark[1]))
 
     def set_failure(self, message: str, last_kept: int) -> None:
         """The consumer's store stopped writing: the message and the last step it kept, then the flag."""
@@ -135,6 +151,10 @@ class RingWriter:
         self._view = ring.view
         self._size = ring.size
         self._w = ring.write_pos()
+        # the step events not yet in the ring: the training thread's Session appends to it (``put``), one C call an
+        # event, atomic under the GIL from any thread; flush_events() moves them in
+        self.events = array("d")
+        self.put: Callable[[Event], object] = self.events.extend
         self._lock = threading.Lock()
         self._names: dict[str, int] = {}
         self._spill: deque[bytes] = deque()
@@ -163,8 +183,30 @@ class RingWriter:
     def _name(self, name: str) -> int:
         """A phase name's id, announced in the ring before the first record that uses it."""
         ident = self._names[name] = len(self._names)
+        if ident > 0xFFFF:
+            raise ValueError(f"phase name {name!r}: a run has at most 65536 phase names")
         self._put(NAME, struct.pack("<H", ident) + name.encode())
         return ident
+
+    def name_id(self, name: str) -> int:
+        """The id of a phase name in this ring (announced once, before the first event that uses it)."""
+        with self._lock:
+            ident = self._names.get(name)
+        return ident if ident is not None else self._name(name)
+
+    def flush_events(self) -> None:
+        """Move the step events appended so far into the ring (the training thread's tick, the watch thread, the
+        close): as records of at most EVENTS_PER_RECORD events, in order, then the array drops what it moved (an
+        event appended meanwhile by another thread stays for the next flush)."""
+        events = self.events
+        with self._lock:
+            n = len(events)
+            fit = (self._size // 2 - 8 - _EVENTS.size) // (8 * EVENT_DOUBLES)  # a record is at most half the ring
+            step = min(EVENTS_PER_RECORD, fit) * EVENT_DOUBLES
+            for at in range(0, n, step):
+                data = events[at : min(n, at + step)].tobytes()
+                self._put_locked(_EVENTS.pack(_EVENTS.size + len(data), EVENTS) + data)
+            del events[:n]
 
     def put_item(self, item: Mapping[str, Any]) -> None:
         """A rare item as JSON: ``{"meta": {...}}``, ``{"event": [...]}``, ``{"samples": [...]}``, ``{"close": ..}``."""
@@ -174,13 +216,16 @@ class RingWriter:
         n = _REC.size + len(payload)
         length = (n + 7) & ~7
         record = _REC.pack(length, kind) + payload + bytes(length - n)  # zeros to the next 8-byte boundary
+        with self._lock:
+            self._put_locked(record)
+
+    def _put_locked(self, record: bytes) -> None:
         if len(record) + 8 > self._size // 2:
             raise ValueError(f"a ring record of {len(record)} bytes is over half the ring ({self._size} bytes)")
-        with self._lock:
-            if self._spill or not self._write(record):
-                self._spill.append(record)
-                self.spilled += 1
-                self._flush()
+        if self._spill or not self._write(record):
+            self._spill.append(record)
+            self.spilled += 1
+            self._flush()
 
     def flush(self) -> bool:
         """Move what spilled into the ring while there is room; True when nothing is left waiting."""
@@ -226,16 +271,22 @@ class RingWriter:
 class RingReader:
     """The consumer's side: decodes the records between a position and the producer's write position."""
 
-    def __init__(self, ring: Ring, start: int | None = None, names: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self, ring: Ring, start: int | None = None, names: Mapping[int, str] | None = None, items_from: int = 0
+    ) -> None:
         """``start``: a position (default: the ring's read position); ``names``: the phase names announced before
-        it (the producer's own, when the producer takes over the reading)."""
+        it (the producer's own, when the producer takes over the reading); ``items_from``: the items and steps
+        before this position were applied already (a reader resuming a step begun before its last commit reads
+        that step's events again, nothing else)."""
         self.ring = ring
         self.pos = ring.read_pos() if start is None else start
-        self._names: dict[int, str] = dict(names or {})
+        self.names: dict[int, str] = dict(names or {})
+        self._items_from = items_from
 
     def records(self) -> Iterator[tuple[str, Any]]:
-        """``("step", (StepRow, [PhaseRow]))`` and ``("item", dict)`` in order, up to the write position as read
-        now; :attr:`pos` follows each record. Phase names are learnt as they pass."""
+        """``("event", (event, position))``, ``("step", (StepRow, [PhaseRow]))`` and ``("item", dict)`` in order,
+        up to the write position as read now; :attr:`pos` follows each record. Phase names are learnt as they
+        pass (into :attr:`names`)."""
         ring, view, size = self.ring, self.ring.view, self.ring.size
         end = ring.write_pos()
         while self.pos < end:
@@ -244,13 +295,21 @@ class RingReader:
             if length < 8 or length % 8 or off + length > size:
                 raise ValueError(f"corrupt ring record at {self.pos}: length {length}, kind {kind}")
             body = HEADER + off + _REC.size
-            self.pos += length
-            if kind == STEP:
+            at, self.pos = self.pos, self.pos + length
+            if kind == EVENTS:
+                got = array("d")
+                got.frombytes(view[HEADER + off + _EVENTS.size : HEADER + off + length])
+                for i in range(0, len(got), EVENT_DOUBLES):
+                    code, a, t, x, y = got[i : i + EVENT_DOUBLES]
+                    yield "event", ((int(code), int(a), t, x, y), at)
+            elif at < self._items_from and kind != NAME:
+                continue
+            elif kind == STEP:
                 yield "step", self._step(view, body)
             elif kind == NAME:
                 (ident,) = struct.unpack_from("<H", view, body)
                 n = length - _REC.size - 2
-                self._names[ident] = bytes(view[body + 2 : body + 2 + n]).rstrip(b"\0").decode()
+                self.names[ident] = bytes(view[body + 2 : body + 2 + n]).rstrip(b"\0").decode()
             elif kind == BLOB:
                 raw = bytes(view[body : HEADER + off + length]).rstrip(b"\0")
                 yield "item", json.loads(raw)
@@ -260,7 +319,7 @@ class RingReader:
         row = StepRow(step, t0, t1, wait, None if samples < 0 else samples, bool(warmup), _none(dwrq), _none(rq))
         at += _STEP.size
         phases = []
-        names = self._names
+        names = self.names
         for _ in range(nph):
             ident, depth, a, b, d0, d1, prq = _PHASE.unpack_from(view, at)
             at += _PHASE.size

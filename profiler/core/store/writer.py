@@ -36,7 +36,7 @@ _Item = (  # what producers queue for the writer thread
     | tuple[Literal["samples"], list[SampleRow]]
     | tuple[Literal["event"], EventRow]
     | tuple[Literal["meta"], list[tuple[str, str]]]  # each key with its JSON
-    | tuple[Literal["mark"], int]  # a position in the sampler process's ring: committed with the rows before it
+    | tuple[Literal["mark"], list[int]]  # a mark of the sampler process's ring: committed with the rows before it
 )
 MARK_KEY = "ring_pos"  # meta: the ring position up to which the rows are committed (the sampler process's)
 
@@ -103,13 +103,13 @@ class RunStore:
         meta: Mapping[str, object] | None = None,
         on_error: Callable[[StoreWriteError], None] | None = None,
         lock: bool = True,
-        on_commit: Callable[[int], None] | None = None,
+        on_commit: Callable[[list[int]], None] | None = None,
     ) -> None:
         """Create the schema and write ``meta`` before returning: a reader never sees a store without it.
         RunDirBusy when another live store writes ``run_dir``. ``on_error`` is called once, on the writer
         thread, when a write fails (see the module docstring). ``lock=False``: the caller's process does not
         claim the directory, because the process it writes for holds the claim (the sampler process writes
-        for the training process); ``on_commit`` is told the newest :meth:`put_mark` position each commit
+        for the training process); ``on_commit`` is told the newest :meth:`put_mark` mark each commit
         holds, after the commit."""
         if not 0 < flush_s <= 1.0:
             raise ValueError(f"flush_s must be in (0, 1], got {flush_s}")
@@ -164,11 +164,11 @@ class RunStore:
         if not self._dead:
             self._q.put(("samples", batch))
 
-    def put_mark(self, pos: int) -> None:
-        """A ring position (:mod:`profiler.core.agent`): the rows put before it are committed with it as meta
-        ``ring_pos``, in one transaction, and ``on_commit`` hears of it after."""
+    def put_mark(self, mark: list[int]) -> None:
+        """A ring mark (:mod:`profiler.core.agent.drain`: position, resume position, step): the rows put before it
+        are committed with it as meta ``ring_pos``, in one transaction, and ``on_commit`` hears of it after."""
         if not self._dead:
-            self._q.put(("mark", pos))
+            self._q.put(("mark", mark))
 
     def put_event(self, t: float, kind: str, message: str, source: str | None = None) -> None:
         if self._dead:

@@ -93,7 +93,7 @@ class Writer:
 
 
 def batch_len(batch: Any) -> int | None:
-    """Samples in a batch, by profiler.core.session.batch_len's rule (copied: this module imports nothing of
+    """Samples in a batch, by profiler.core.batches.batch_len's rule (copied: this module imports nothing of
     stallscope; tests/test_instrument.py checks the two agree): the leading dim of the first tensor-like."""
     for _ in range(4):
         shape = getattr(batch, "shape", None)
