@@ -190,22 +190,26 @@ def source_tree(rev: str, into: Path) -> Path:
     return out
 
 
-def fast_child(steps: int, workers: int, session_first: bool) -> dict[str, float]:
-    """One round's pair in this process: the bare loop and the loop through a Session (the ``profiler`` package on
-    this process's path: STALLSCOPE_ROOT), in the order given; samples/s of each."""
+def fast_child(steps: int, workers: int, session_first: bool, batch: int) -> dict[str, float]:
+    """One round's pairs in this process, after a warm-up run: the bare loop and the loop through a Session (the
+    ``profiler`` package on this process's path: STALLSCOPE_ROOT), in the order A B B A (A: the Session when
+    ``session_first``) so that a drift inside the child cancels; samples/s of each side over its two runs."""
     torch.set_num_threads(1)
-    got: dict[str, float] = {}
+    fast_train(steps // 4, None, workers, batch=batch)  # a child's first run is slow: counted for neither
+    seconds = {"bare": 0.0, "session": 0.0}
+    first, second = ("session", "bare") if session_first else ("bare", "session")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("session", "bare") if session_first else ("bare", "session"):
+        for i, name in enumerate((first, second, second, first)):
             if name == "bare":
-                got[name] = fast_train(steps, None, workers)
+                rate = fast_train(steps, None, workers, batch=batch)
             else:
-                with Session(Path(tmp) / "run", sample_hz=10.0, device="cpu") as s:
-                    got[name] = fast_train(steps, s, workers)
-    return got
+                with Session(Path(tmp) / f"run{i}", sample_hz=10.0, device="cpu") as s:
+                    rate = fast_train(steps, s, workers, batch=batch)
+            seconds[name] += steps * batch / rate
+    return {name: 2 * steps * batch / t for name, t in seconds.items()}
 
 
-def fast_loop(pairs: int, steps: int, workers: int, before: Path) -> dict[str, object]:
+def fast_loop(pairs: int, steps: int, workers: int, before: Path, batch: int) -> dict[str, object]:
     """``pairs`` rounds; in each, the code before (``before``: a source tree) and the code now, each a child
     process that runs the bare loop and the loop through a Session back to back (the order alternating by round;
     which child goes first, too). A round's ratio is the Session's samples/s over the bare run's of the same child."""
@@ -214,17 +218,18 @@ def fast_loop(pairs: int, steps: int, workers: int, before: Path) -> dict[str, o
     roots = {"before": before, "now": Path(__file__).resolve().parents[1]}
     for i in range(pairs):
         for name in ("before", "now") if i % 2 == 0 else ("now", "before"):
-            cmd = [sys.executable, __file__, "--fast-child", str(steps), str(workers), str(i % 2)]
+            cmd = [sys.executable, __file__, "--fast-child", str(steps), str(workers), str(i % 2), str(batch)]
             env = {**os.environ, "STALLSCOPE_ROOT": str(roots[name])}
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             got = json.loads(out.strip().splitlines()[-1])
             ratios[name].append(got["session"] / got["bare"])
-            step_ms.append(32 / got["bare"] * 1e3)
+            step_ms.append(batch / got["bare"] * 1e3)
         print(f"  round {i + 1}: bare {step_ms[-1]:.2f} ms/step | before {ratios['before'][-1]:.4f} | "
               f"now {ratios['now'][-1]:.4f}", flush=True)  # fmt: skip
     return {
         "pairs": pairs,
         "workers": workers,
+        "batch": batch,
         "before": BEFORE,
         "bare_step_ms_median": statistics.median(step_ms),
         **{f"{k}_ratios": v for k, v in ratios.items()},
@@ -250,10 +255,10 @@ def _fast_model() -> tuple[Callable[[torch.Tensor, torch.Tensor], None], list[tu
 
 
 def hot_path_interleaved(blocks: int = 200, block_steps: int = 20) -> dict[str, float]:
-    """The training process's own cost per step, with the drift of a shared host cancelled: one loop alternates
-    blocks of ``block_steps`` bare steps and blocks through a Session (wrap + h2d + compute phases), ~40 ms each;
-    the sampler process runs throughout, so only the hot path differs. Median over adjacent block pairs of bare /
-    instrumented step time."""
+    """The training process's own cost per step, with the drift of a shared host cancelled: one loop runs blocks of
+    ``block_steps`` bare steps and blocks through a Session (wrap + h2d + compute phases), ~40 ms each, in groups
+    of four (bare, Session, Session, bare); the sampler process runs throughout, so only the hot path differs.
+    Median over the groups of bare / instrumented step time."""
     import itertools
 
     threads = torch.get_num_threads()
@@ -267,23 +272,32 @@ def hot_path_interleaved(blocks: int = 200, block_steps: int = 20) -> dict[str, 
             wrapped = s.wrap(itertools.cycle(batches))
             for _ in range(10 * block_steps):  # warm-up
                 step(*next(bare_it))
-            for _ in range(blocks // 2):
-                t0 = [c() for c in clocks]
+
+            def bare_block() -> None:
                 for _ in range(block_steps):
                     x, y = next(bare_it)
                     x, y = x.to("cpu"), y.to("cpu")
                     step(x, y)
-                t1 = [c() for c in clocks]
+
+            def session_block() -> None:
                 for _ in range(block_steps):
                     xb, yb = next(wrapped)
                     with s.phase("h2d"):
                         x, y = xb.to("cpu"), yb.to("cpu")
                     with s.phase("compute"):
                         step(x, y)
-                t2 = [c() for c in clocks]  # (its last step ends at the next block's fetch: that is not timed here)
+                # its last step ends at the next block's fetch: that is not timed here
+
+            for _ in range(blocks // 4):  # bare, session, session, bare: a drift across the four cancels
+                marks = [[c() for c in clocks]]
+                for block in (bare_block, session_block, session_block, bare_block):
+                    block()
+                    marks.append([c() for c in clocks])
                 for k, (r, c) in enumerate(((ratios, costs), (cpu_ratios, cpu_costs))):
-                    r.append((t1[k] - t0[k]) / (t2[k] - t1[k]))
-                    c.append(((t2[k] - t1[k]) - (t1[k] - t0[k])) / block_steps * 1e6)
+                    bare_s = marks[1][k] - marks[0][k] + marks[4][k] - marks[3][k]
+                    session_s = marks[3][k] - marks[1][k]
+                    r.append(bare_s / session_s)
+                    c.append((session_s - bare_s) / (2 * block_steps) * 1e6)
             wrapped.close()
     finally:
         torch.set_num_threads(threads)
@@ -442,15 +456,16 @@ def main() -> int:
     ap.add_argument(
         "--before", default=BEFORE, help="the git revision the fast loop compares with (default: %(default)s)"
     )
-    ap.add_argument("--fast-child", nargs=3, type=int, help=argparse.SUPPRESS)  # STEPS WORKERS SESSION_FIRST
+    ap.add_argument("--fast-batch", type=int, default=48, help="the fast loop's batch (48: ~2.4 ms a step here)")
+    ap.add_argument("--fast-child", nargs=4, type=int, help=argparse.SUPPRESS)  # STEPS WORKERS SESSION_FIRST BATCH
     ap.add_argument("--fast-steps", type=int, default=400)
     ap.add_argument("--only-fast", action="store_true", help="the fast loop alone")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # "nvml unavailable" once per session is noise here
     if args.fast_child:
-        steps, workers, session_first = args.fast_child
-        print(json.dumps(fast_child(steps, workers, bool(session_first))))
+        steps, workers, session_first, batch = args.fast_child
+        print(json.dumps(fast_child(steps, workers, bool(session_first), batch)))
         return 0
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
@@ -461,9 +476,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         before = source_tree(args.before, Path(tmp))
         for workers in (0, 2):
-            print(f"fast loop, {workers} workers, 1 intra-op thread: {args.fast_pairs} rounds of {args.fast_steps} "
-                  f"steps, the code of {args.before} (before) and this checkout's (now)", flush=True)  # fmt: skip
-            got = fast[f"workers_{workers}"] = fast_loop(args.fast_pairs, args.fast_steps, workers, before)
+            print(f"fast loop, batch {args.fast_batch}, {workers} workers, 1 intra-op thread: {args.fast_pairs} rounds "
+                  f"of {args.fast_steps} steps, the code of {args.before} (before) and this checkout's (now)",
+                  flush=True)  # fmt: skip
+            got = fast[f"workers_{workers}"] = fast_loop(
+                args.fast_pairs, args.fast_steps, workers, before, args.fast_batch
+            )
             verdict = "meets" if got["median_now_ratio"] >= 0.99 else "MISSES"  # type: ignore[operator]
             print(
                 f"fast loop, {workers} workers (bare {got['bare_step_ms_median']:.2f} ms/step): now "

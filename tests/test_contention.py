@@ -493,8 +493,9 @@ def _steal_s(cpu: int) -> float:
     return 0.0
 
 
-def _pinned_loop(tmp: Path, cpu: int, steps: int = 12, burn_s: float = 0.02) -> tuple[Contention, dict[str, float]]:
-    """Run a loop whose compute burns ``burn_s`` of CPU, pinned to ``cpu``; the figures, and the truth in s.
+def _pinned_loop(tmp: Path, cpu: int, steps: int = 12, burn_s: float = 0.024) -> tuple[Contention, dict[str, float]]:
+    """Run a loop whose compute burns ``burn_s`` of CPU, pinned to ``cpu``; the figures, and the truth in s. Steps
+    of 22.5 ms or more: every one's schedstat is read (RUNQ_BUDGET), as the truth is every step's.
 
     The truth is ``wall - thread CPU`` timed just inside the phase (``inner``) and just outside it
     (``outer``): stallscope reads its counter between the two, so its figure must lie between them. Two

@@ -402,9 +402,16 @@ class Session:
         return self._clock() - self._t0
 
     def _iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
-        """iter(): where a DataLoader starts its workers; the sampler then looks for them at its next reading."""
+        """iter(): where a DataLoader starts its workers; the sampler then looks for them at its next reading. Not
+        where none can have started: a loader without workers, or one whose persistent workers' iterator is the
+        one it had (a scan of the process tree every epoch cost the sampler process a third of its CPU in a fast
+        loop: benchmarks/overhead.py)."""
+        before = getattr(iterable, "_iterator", None)
         it = iter(iterable)
-        self._recorder.rescan_soon()
+        workers = getattr(iterable, "num_workers", None)
+        same = before is not None and getattr(iterable, "_iterator", None) is before
+        if not (same or (workers == 0 and self._next_index > 0)):
+            self._recorder.rescan_soon()
         return it
 
     def wrap(
