@@ -2,9 +2,9 @@
 
 One module per group of commands, each exporting ``add_parsers(subparsers)`` and ``HANDLERS`` (command name
 -> handler): ``run`` (run, run -- CMD, attach), ``report`` (report, compare, watch, scenarios), ``sweep``
-(sweep, tune), ``data``, ``whatif``. What they share is ``common``. A group imports ``common`` and its own helper
-module (``job``: run's ``--nproc``; ``tables``: report on a sweep or tune directory), never another group or this
-package; nothing outside ``profiler.cli`` imports it.
+(sweep, tune), ``data``, ``whatif``, ``kernels``. What they share is ``common``. A group imports ``common`` and its
+own helper module (``job``: run's ``--nproc``; ``tables``: report on a sweep or tune directory), never another
+group or this package; nothing outside ``profiler.cli`` imports it.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from profiler.cli import data, report, run, sweep, whatif
+from profiler.cli import data, kernels, report, run, sweep, whatif
 from profiler.cli.common import EXIT_BAD_INPUT, BadInput, Handler, Parser, discard_made, forget_made, say
 
-_GROUPS = (run, report, data, sweep, whatif)
+_GROUPS = (run, report, data, sweep, whatif, kernels)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,189 @@
+"""The GPU's own view of a torch.profiler (kineto) trace: what ran on each stream, and why each stream idled.
+
+Pure: it takes the trace's events (``traceEvents`` of the JSON the profiler writes) and returns figures.
+
+- **Activity**: the device's kernels, copies and sets (kineto categories ``kernel``, ``gpu_memcpy``,
+  ``gpu_memset``), each with its stream and the correlation id of the host call that launched it
+  (``cuda_runtime`` / ``cuda_driver`` events). Busy time is the union of their intervals.
+- **Idle split per stream** (the gaps between one activity's end and the next one's start on the same stream):
+  ``host_wait`` when the next one was launched after the previous one ended (the device waited for the host);
+  else ``kernel_wait`` when the gap is under ``kernel_wait_us`` (the cost of starting back-to-back work); else
+  ``other`` (the stream waited on something else: an event, another stream, a synchronisation). This is Holistic
+  Trace Analysis's rule for its idle-time breakdown; ``syncs_as_activity=True`` also counts the device-side
+  ``cuda_sync`` records as activity, as HTA 0.5 does, so that its figures can be compared one for one.
+- **Steps**: where the trace has ``ProfilerStep#N`` spans (``torch.profiler``'s ``step()``), a step's busy time is
+  the union of all activity over its span (work launched by the step before included), and it counts the
+  activities launched in its span.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ACTIVITY = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+LAUNCH = frozenset({"cuda_runtime", "cuda_driver"})
+SYNC = "cuda_sync"
+KERNEL_WAIT_US = 30.0  # HTA's default threshold (30,000 ns) for a gap between back-to-back kernels
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """One kernel, copy or set (or, for HTA's comparison, a device-side sync record): microseconds."""
+
+    stream: int
+    ts: float
+    dur: float
+    launch_ts: float | None  # the host call that launched it (None: not in the trace)
+    kind: str
+
+    @property
+    def end(self) -> float:
+        return self.ts + self.dur
+
+
+@dataclass(frozen=True, slots=True)
+class StreamIdle:
+    """One stream's activity and idle split, microseconds."""
+
+    stream: int
+    activities: int
+    busy_us: float
+    span_us: float  # first start to last end
+    host_wait_us: float
+    kernel_wait_us: float
+    other_us: float
+
+    @property
+    def idle_us(self) -> float:
+        return self.host_wait_us + self.kernel_wait_us + self.other_us
+
+
+@dataclass(frozen=True, slots=True)
+class StepKernels:
+    """One ``ProfilerStep#N``: its host span and the kernels launched in it, microseconds."""
+
+    step: int
+    ts: float
+    dur: float
+    activities: int  # launched in its span
+    busy_us: float  # union of all activity over its span
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_us / self.dur if self.dur > 0 else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class TraceKernels:
+    """What :func:`analyze` finds in a trace."""
+
+    device: str | None
+    activities: int
+    busy_us: float  # union over every stream
+    span_us: float
+    streams: list[StreamIdle]
+    steps: list[StepKernels]
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_us / self.span_us if self.span_us > 0 else math.nan
+
+
+def activities(events: Iterable[Mapping[str, Any]], *, syncs_as_activity: bool = False) -> list[Activity]:
+    """The device's activities of a trace's events, each with its launch time where the trace links it."""
+    evs = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+    launches: dict[int, float] = {}
+    for e in evs:
+        if str(e.get("cat", "")).lower() in LAUNCH and (corr := _arg(e, "correlation")) is not None:
+            launches[corr] = float(e["ts"])
+    kinds = ACTIVITY | ({SYNC} if syncs_as_activity else set())
+    out = []
+    for e in evs:
+        kind = str(e.get("cat", "")).lower()
+        stream = _arg(e, "stream")
+        if kind not in kinds or stream is None or stream < 0 or stream >= 2**32 - 1:
+            continue
+        corr = _arg(e, "correlation")
+        out.append(Activity(stream, float(e["ts"]), float(e.get("dur", 0.0)), launches.get(corr) if corr else None,
+                            kind))  # fmt: skip
+    out.sort(key=lambda a: (a.ts, a.end))
+    return out
+
+
+def stream_idle(acts: Sequence[Activity], kernel_wait_us: float = KERNEL_WAIT_US) -> list[StreamIdle]:
+    """Each stream's busy time and idle split (see the module), by stream id."""
+    by_stream: dict[int, list[Activity]] = {}
+    for a in acts:
+        by_stream.setdefault(a.stream, []).append(a)
+    out = []
+    for stream in sorted(by_stream):
+        seq = sorted(by_stream[stream], key=lambda a: a.ts)
+        split = {"host": 0.0, "kernel": 0.0, "other": 0.0}
+        for prev, cur in itertools.pairwise(seq):
+            gap = cur.ts - prev.end
+            if cur.launch_ts is not None and cur.launch_ts > prev.end:
+                split["host"] += gap
+            elif gap < kernel_wait_us:
+                split["kernel"] += gap
+            else:
+                split["other"] += gap
+        out.append(StreamIdle(stream, len(seq), union_us((a.ts, a.end) for a in seq), seq[-1].end - seq[0].ts,
+                              split["host"], split["kernel"], split["other"]))  # fmt: skip
+    return out
+
+
+def union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` intervals."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def steps(events: Iterable[Mapping[str, Any]], acts: Sequence[Activity]) -> list[StepKernels]:
+    """The ``ProfilerStep#N`` spans and the activities launched in each (see the module)."""
+    spans = []
+    for e in events:
+        m = _STEP.match(str(e.get("name", "")))
+        if m and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)):
+            spans.append((int(m.group(1)), float(e["ts"]), float(e.get("dur", 0.0))))
+    spans = sorted(set(spans), key=lambda s: s[1])
+    out = []
+    for index, ts, dur in spans:
+        inside = [a for a in acts if a.launch_ts is not None and ts <= a.launch_ts < ts + dur]
+        busy = union_us((max(a.ts, ts), min(a.end, ts + dur)) for a in acts if a.end > ts and a.ts < ts + dur)
+        out.append(StepKernels(index, ts, dur, len(inside), busy))
+    return out
+
+
+def analyze(trace: Mapping[str, Any], *, kernel_wait_us: float = KERNEL_WAIT_US,
+            syncs_as_activity: bool = False) -> TraceKernels:  # fmt: skip
+    """The figures of one kineto trace (its JSON object)."""
+    events = trace.get("traceEvents") or []
+    acts = activities(events, syncs_as_activity=syncs_as_activity)
+    props = trace.get("deviceProperties") or []
+    device = str(props[0].get("name")) if props and isinstance(props[0], dict) and props[0].get("name") else None
+    span = (max(a.end for a in acts) - acts[0].ts) if acts else 0.0
+    return TraceKernels(
+        device, len(acts), union_us((a.ts, a.end) for a in acts), span, stream_idle(acts, kernel_wait_us),
+        steps(events, acts),
+    )  # fmt: skip
+
+
+def _arg(e: Mapping[str, Any], key: str) -> int | None:
+    args = e.get("args")
+    value = args.get(key) if isinstance(args, dict) else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -1,0 +1,40 @@
+"""The text of ``stallscope kernels TRACE``: figures from :mod:`profiler.kernels.analysis`, no computation here
+beyond units."""
+
+from __future__ import annotations
+
+from profiler.kernels.analysis import TraceKernels
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:,.3f}"
+
+
+def render(path: str, tk: TraceKernels, kernel_wait_us: float) -> str:
+    lines = [
+        f"trace: {path}" + (f" ({tk.device})" if tk.device else ""),
+        f"device activity (kernels, copies, sets; measured by the profiler's CUPTI records): {tk.activities} on "
+        f"{len(tk.streams)} stream(s), busy {_ms(tk.busy_us)} ms of {_ms(tk.span_us)} ms from the first to the last "
+        f"({tk.busy_fraction:.1%})"
+        if tk.activities
+        else "device activity: none in this trace (a CPU-only trace?)",
+    ]
+    if tk.streams:
+        lines += [
+            "",
+            f"idle per stream, ms (host wait: the next work was launched after the last ended; kernel wait: a gap "
+            f"under {kernel_wait_us:g} us; other):",
+            f"  {'stream':>8} {'busy':>12} {'idle':>12} {'host wait':>12} {'kernel wait':>12} {'other':>12}",
+        ]
+        for s in tk.streams:
+            lines.append(
+                f"  {s.stream:>8} {_ms(s.busy_us):>12} {_ms(s.idle_us):>12} {_ms(s.host_wait_us):>12} "
+                f"{_ms(s.kernel_wait_us):>12} {_ms(s.other_us):>12}"
+            )
+    if tk.steps:
+        lines += ["", "steps (ProfilerStep#N: the work launched in each):",
+                  f"  {'step':>6} {'span ms':>10} {'launched':>9} {'busy ms':>10} {'busy':>7}"]  # fmt: skip
+        for st in tk.steps:
+            lines.append(f"  {st.step:>6} {_ms(st.dur):>10} {st.activities:>9} {_ms(st.busy_us):>10} "
+                         f"{st.busy_fraction:>7.1%}")  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""``stallscope kernels TRACE``: each stream's busy time and idle split from a torch.profiler trace, exact on
+made-up traces, and equal to Holistic Trace Analysis's idle-time breakdown on real ones."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiler.kernels.analysis import analyze, union_us
+from profiler.kernels.read import read_trace
+
+DATA = Path(__file__).parent / "data" / "hta"
+
+
+def _launch(corr: int, ts: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 3,
+            "args": {"correlation": corr}}  # fmt: skip
+
+
+def _kernel(corr: int, stream: int, ts: float, dur: float, cat: str = "kernel") -> dict[str, Any]:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": f"k{corr}",
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": stream, "correlation": corr},
+    }
+
+
+def _trace(*pairs: tuple[float, int, float, float], extra: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """(launch ts, stream, kernel ts, dur) per kernel, in microseconds."""
+    events: list[dict[str, Any]] = []
+    for corr, (launch, stream, ts, dur) in enumerate(pairs, start=1):
+        events += [_launch(corr, launch), _kernel(corr, stream, ts, dur)]
+    return {"traceEvents": events + (extra or [])}
+
+
+def test_host_late_launches_are_host_wait_to_the_microsecond() -> None:
+    # k2 launched at 150, after k1 ended at 110: the 60 us before it started (170) are the host's
+    tk = analyze(_trace((0, 7, 10, 100), (150, 7, 170, 50)))
+    (s,) = tk.streams
+    assert (s.host_wait_us, s.kernel_wait_us, s.other_us, s.busy_us, s.span_us) == (60, 0, 0, 150, 210)
+    assert tk.busy_fraction == pytest.approx(150 / 210)
+
+
+def test_queued_kernels_hide_the_hosts_pauses_and_short_gaps_are_kernel_wait() -> None:
+    # all launched up front: whatever the host did later, the stream never waited for it; gaps of 5 and 29 us are
+    # the cost of starting back-to-back work, one of 30 us or more is something else (a wait on an event)
+    tk = analyze(_trace((0, 7, 10, 100), (1, 7, 115, 100), (2, 7, 244, 100), (3, 7, 374, 10)))
+    (s,) = tk.streams
+    assert (s.host_wait_us, s.kernel_wait_us, s.other_us) == (0, 5 + 29, 30)
+
+
+def test_two_streams_are_split_each_on_its_own_and_busy_is_their_union() -> None:
+    tk = analyze(_trace((0, 7, 10, 100), (1, 20, 50, 100), (200, 7, 300, 10), (2, 20, 160, 5)))
+    s7, s20 = tk.streams
+    assert (s7.stream, s7.host_wait_us, s7.busy_us) == (7, 190, 110)
+    assert (s20.stream, s20.host_wait_us, s20.kernel_wait_us, s20.busy_us) == (20, 0, 10, 105)
+    assert tk.busy_us == union_us([(10, 110), (50, 150), (160, 165), (300, 310)]) == 100 + 40 + 5 + 10
+
+
+def test_a_device_sync_record_counts_as_activity_only_when_asked() -> None:
+    sync = {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "ts": 120, "dur": 10,
+            "args": {"stream": 7, "correlation": 9}}  # fmt: skip
+    trace = _trace((0, 7, 10, 100), (1, 7, 200, 10), extra=[sync, _launch(9, 115)])
+    assert analyze(trace).streams[0].other_us == 90
+    with_syncs = analyze(trace, syncs_as_activity=True).streams[0]
+    assert (with_syncs.host_wait_us, with_syncs.other_us, with_syncs.activities) == (10, 70, 3)
+
+
+def test_a_steps_busy_time_is_all_the_work_over_its_span() -> None:
+    steps = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": 1000 * i, "dur": 1000}
+             for i in (1, 2)]  # fmt: skip
+    tk = analyze(_trace((1100, 7, 1200, 300), (1900, 7, 1950, 200), (2100, 7, 2200, 100), extra=steps))
+    # step 2 launched one kernel, and the GPU also ran the last 150 us of step 1's second one in its span
+    assert [(st.step, st.activities, st.busy_us) for st in tk.steps] == [(1, 2, 300 + 50), (2, 1, 150 + 100)]
+    assert tk.steps[0].busy_fraction == pytest.approx(0.35)
+
+
+# Holistic Trace Analysis 0.5.0 (pip install holistictraceanalysis==0.5.0), TraceAnalysis(trace_dir=...)
+# .get_idle_time_breakdown(visualize=False) on its own tests/data traces, in microseconds: (host_wait, kernel_wait,
+# other) per stream. alexnet_a100.json.gz is HTA's tests/data/critical_path/alexnet/benchmark_result_2869224_
+# 1695835535_trace.json.gz (an A100, MIT licence: tests/data/hta/README.md).
+HTA_IDLE = {7: (12855007.0, 104.0, 0.0), 20: (12011718.0, 3.0, 0.0)}
+
+
+def test_the_idle_split_equals_holistic_trace_analysis_on_a_real_a100_trace() -> None:
+    tk = analyze(read_trace(DATA / "alexnet_a100.json.gz"))
+    assert tk.device == "NVIDIA A100-PG509-200" and tk.activities == 98
+    assert {s.stream: (s.host_wait_us, s.kernel_wait_us, s.other_us) for s in tk.streams} == HTA_IDLE
+
+
+def test_the_command_prints_the_split_and_bad_input_is_one_line(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "profiler", "kernels", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+    res = cli(str(DATA / "alexnet_a100.json.gz"))
+    assert res.returncode == 0, res.stderr
+    assert "NVIDIA A100-PG509-200" in res.stdout and "12,855.007" in res.stdout and "0.104" in res.stdout
+    res = cli(str(DATA / "alexnet_a100.json.gz"), "--json")
+    got = json.loads(res.stdout)
+    assert [s["host_wait_us"] for s in got["streams"]] == [12855007.0, 12011718.0]
+    plain = tmp_path / "t.json"
+    plain.write_text(json.dumps(_trace((0, 7, 10, 100), (150, 7, 170, 50))))
+    assert "host wait" in cli(str(plain)).stdout
+    for bad, why in (("nope.json", "no such file"), ("x.json", "not a JSON trace"), ("y.json", "no traceEvents")):
+        if bad != "nope.json":
+            (tmp_path / bad).write_text("{" if bad == "x.json" else "{}")
+        res = cli(str(tmp_path / bad))
+        assert res.returncode == 2 and why in res.stderr and "Traceback" not in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    res = cli(str(plain), "--kernel-wait-us", "-1")
+    assert res.returncode == 2 and "--kernel-wait-us -1" in res.stderr
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    assert cli(str(gz)).stdout.split("\n", 1)[1] == cli(str(plain)).stdout.split("\n", 1)[1]
