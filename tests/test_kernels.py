@@ -84,17 +84,76 @@ def test_a_steps_busy_time_is_all_the_work_over_its_span() -> None:
     assert tk.steps[0].busy_fraction == pytest.approx(0.35)
 
 
+def _step(i: int, ts: float, dur: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": ts, "dur": dur}
+
+
+def _next(ts: float, dur: float) -> dict[str, Any]:
+    return {"ph": "X", "cat": "user_annotation", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            "ts": ts, "dur": dur}  # fmt: skip
+
+
+def _split(st: Any) -> tuple[float, ...]:
+    return (st.busy_us, st.input_us, st.host_us, st.sync_us, st.short_us)
+
+
+def test_a_steps_idle_time_is_split_by_why_to_the_microsecond() -> None:
+    """Step 0..1000: the host waits 300 us for data (the loader's next()), launches at 300 (starts 305, 200 us);
+    then it is busy in Python until 700 and launches (starts 704, 100 us); a third kernel, launched at 750 and
+    queued behind an event, starts at 900 (50 us); nothing more is launched in the step."""
+    tk = analyze(_trace((300, 7, 305, 200), (700, 7, 704, 100), (750, 7, 900, 50),
+                        extra=[_step(0, 0, 1000), _next(0, 300)]))  # fmt: skip
+    (st,) = tk.steps
+    # busy 350; input: 0-300 (the first kernel's late launch while in next()); host: 505-700; short: 300-305 and
+    # 700-704 (launch to start); sync: 804-900 (queued since 750, waiting); host: 950-1000 (nothing more launched)
+    assert _split(st) == (350, 300, 195 + 50, 96, 5 + 4)
+    assert sum(_split(st)) == st.dur
+
+
+def test_input_waits_hidden_under_queued_kernels_are_not_idle() -> None:
+    """The host waits for data from 100 to 600 while a long kernel it launched before runs to 700: the device never
+    idles for it; the kernel after it was queued at 90, so the 10 us between them are short, not input."""
+    tk = analyze(_trace((5, 7, 10, 690), (90, 7, 710, 290), extra=[_step(3, 0, 1000), _next(100, 500)]))
+    (st,) = tk.steps
+    # 0-10: the first kernel's launch at 5 came late (host 0-5, short 5-10); 700-710: short
+    assert _split(st) == (980, 0, 5, 0, 5 + 10)
+
+
+def test_two_streams_are_one_device_for_the_steps_split() -> None:
+    """Stream 20's copy covers stream 7's gap: the device is busy; the step is idle only where neither runs."""
+    tk = analyze(_trace((0, 7, 0, 400), (1, 20, 300, 400), (650, 7, 800, 200), extra=[_step(1, 0, 1000)]))
+    (st,) = tk.steps
+    # busy 0-700 and 800-1000; 700-800: the kernel ending it was launched at 650, before the gap: queued, waiting
+    assert _split(st) == (900, 0, 0, 100, 0)
+
+
 # Holistic Trace Analysis 0.5.0 (pip install holistictraceanalysis==0.5.0), TraceAnalysis(trace_dir=...)
 # .get_idle_time_breakdown(visualize=False) on its own tests/data traces, in microseconds: (host_wait, kernel_wait,
 # other) per stream. alexnet_a100.json.gz is HTA's tests/data/critical_path/alexnet/benchmark_result_2869224_
 # 1695835535_trace.json.gz (an A100, MIT licence: tests/data/hta/README.md).
 HTA_IDLE = {7: (12855007.0, 104.0, 0.0), 20: (12011718.0, 3.0, 0.0)}
+# sampled_rank-0.json.gz is HTA's tests/data/trace_filter/sampled_rank-0.json.gz: two ProfilerSteps, five streams;
+# HTA analyses the work launched in every step but the last (hta_window)
+HTA_IDLE_SAMPLED = {
+    7: (213825.0, 1985.0, 261740.0),
+    23: (596037.0, 70.0, 34.0),
+    25: (0.0, 9.0, 47865.0),
+    84: (148934.0, 6.0, 0.0),
+    203: (0.0, 0.0, 0.0),
+}
 
 
-def test_the_idle_split_equals_holistic_trace_analysis_on_a_real_a100_trace() -> None:
+def test_the_idle_split_equals_holistic_trace_analysis_on_real_traces() -> None:
     tk = analyze(read_trace(DATA / "alexnet_a100.json.gz"))
-    assert tk.device == "NVIDIA A100-PG509-200" and tk.activities == 98
+    assert tk.device == "NVIDIA A100-PG509-200" and tk.activities == 98 and tk.steps == []
     assert {s.stream: (s.host_wait_us, s.kernel_wait_us, s.other_us) for s in tk.streams} == HTA_IDLE
+    sampled = read_trace(DATA / "sampled_rank-0.json.gz")
+    tk = analyze(sampled, hta_window=True)
+    assert {s.stream: (s.host_wait_us, s.kernel_wait_us, s.other_us) for s in tk.streams} == HTA_IDLE_SAMPLED
+    # its steps: the five parts add up to each step's span, whatever window the streams take
+    assert [st.step for st in tk.steps] == [551, 552] and tk.steps == analyze(sampled).steps
+    for st in tk.steps:
+        assert sum(_split(st)) == pytest.approx(st.dur, abs=1e-6)
 
 
 def test_the_command_prints_the_split_and_bad_input_is_one_line(tmp_path: Path) -> None:

@@ -25,6 +25,11 @@ def add_parsers(sub: Any) -> None:
         "--kernel-wait-us", type=float, default=KERNEL_WAIT_US,
         help=f"a gap under this between two kernels is the cost of launching back to back (default {KERNEL_WAIT_US:g})",
     )  # fmt: skip
+    k.add_argument(
+        "--hta-window", action="store_true",
+        help="the streams' figures over the work launched in every ProfilerStep but the last, as Holistic Trace "
+        "Analysis 0.5 takes them (default: the whole trace)",
+    )  # fmt: skip
     k.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -35,13 +40,13 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         trace = read_trace(args.trace)
     except TraceError as exc:
         raise BadInput(str(exc)) from None
-    tk = analyze(trace, kernel_wait_us=args.kernel_wait_us)
+    tk = analyze(trace, kernel_wait_us=args.kernel_wait_us, hta_window=args.hta_window)
     if args.json:
         out = asdict(tk)
         out["busy_fraction"] = tk.busy_fraction if tk.activities else None
         print(json.dumps(out, indent=2))
     else:
-        print(render(args.trace, tk, args.kernel_wait_us))
+        print(render(args.trace, tk, args.kernel_wait_us, hta_window=args.hta_window))
     return 0
 
 

@@ -13,11 +13,16 @@ Pure: it takes the trace's events (``traceEvents`` of the JSON the profiler writ
   ``cuda_sync`` records as activity, as HTA 0.5 does, so that its figures can be compared one for one.
 - **Steps**: where the trace has ``ProfilerStep#N`` spans (``torch.profiler``'s ``step()``), a step's busy time is
   the union of all activity over its span (work launched by the step before included), and it counts the
-  activities launched in its span.
+  activities launched in its span. Its idle time (no stream running anything) is split by why
+  (:func:`split_idle`): **input** (the work that ended the gap was launched late, while the host was in a
+  DataLoader's ``__next__``), **host** (launched late otherwise), **sync** (the work was queued but waited: an
+  event, another stream) and **short** (a gap under ``kernel_wait_us`` with work queued, and the microseconds from
+  a late launch to its start). The five add up to the step's span.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -30,6 +35,7 @@ LAUNCH = frozenset({"cuda_runtime", "cuda_driver"})
 SYNC = "cuda_sync"
 KERNEL_WAIT_US = 30.0  # HTA's default threshold (30,000 ns) for a gap between back-to-back kernels
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_INPUT = re.compile(r"DataLoader.*__next__")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,10 @@ class StepKernels:
     dur: float
     activities: int  # launched in its span
     busy_us: float  # union of all activity over its span
+    input_us: float = 0.0
+    host_us: float = 0.0
+    sync_us: float = 0.0
+    short_us: float = 0.0
 
     @property
     def busy_fraction(self) -> float:
@@ -153,33 +163,100 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
     return total
 
 
-def steps(events: Iterable[Mapping[str, Any]], acts: Sequence[Activity]) -> list[StepKernels]:
-    """The ``ProfilerStep#N`` spans and the activities launched in each (see the module)."""
+def steps(
+    events: Sequence[Mapping[str, Any]], acts: Sequence[Activity], kernel_wait_us: float = KERNEL_WAIT_US
+) -> list[StepKernels]:
+    """The ``ProfilerStep#N`` spans, the activities launched in each, and each one's busy and idle split."""
     spans = []
     for e in events:
         m = _STEP.match(str(e.get("name", "")))
         if m and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)):
             spans.append((int(m.group(1)), float(e["ts"]), float(e.get("dur", 0.0))))
-    spans = sorted(set(spans), key=lambda s: s[1])
+    busy = merge((a.ts, a.end) for a in acts)
+    inputs = merge(input_spans(events))
     out = []
-    for index, ts, dur in spans:
-        inside = [a for a in acts if a.launch_ts is not None and ts <= a.launch_ts < ts + dur]
-        busy = union_us((max(a.ts, ts), min(a.end, ts + dur)) for a in acts if a.end > ts and a.ts < ts + dur)
-        out.append(StepKernels(index, ts, dur, len(inside), busy))
+    for index, ts, dur in sorted(set(spans), key=lambda s: s[1]):
+        launched = sum(1 for a in acts if a.launch_ts is not None and ts <= a.launch_ts < ts + dur)
+        split = split_idle(ts, ts + dur, busy, acts, inputs=inputs, kernel_wait_us=kernel_wait_us)
+        out.append(StepKernels(index, ts, dur, launched, *split))
     return out
 
 
-def analyze(trace: Mapping[str, Any], *, kernel_wait_us: float = KERNEL_WAIT_US,
-            syncs_as_activity: bool = False) -> TraceKernels:  # fmt: skip
-    """The figures of one kineto trace (its JSON object)."""
+def merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the union of ``intervals``."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def input_spans(events: Iterable[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """The host's spans inside a DataLoader's ``__next__`` (torch.profiler names them
+    ``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__`` and the like)."""
+    return [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        for e in events
+        if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)) and _INPUT.search(str(e.get("name", "")))
+    ]
+
+
+def _overlap(a: float, b: float, spans: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans if s < b and e > a)
+
+
+def split_idle(
+    start: float, end: float, busy: Sequence[tuple[float, float]], acts: Sequence[Activity], *,
+    inputs: Sequence[tuple[float, float]], kernel_wait_us: float,
+) -> tuple[float, float, float, float, float]:  # fmt: skip
+    """(busy, input, host, sync, short) microseconds of ``[start, end]`` (see the module): ``busy`` merged
+    activity, ``acts`` sorted by start, ``inputs`` merged data-wait spans."""
+    inside = [(max(s, start), min(e, end)) for s, e in busy if e > start and s < end]
+    gaps, at = [], start
+    for s, e in inside:
+        if s > at:
+            gaps.append((at, s))
+        at = max(at, e)
+    if at < end:
+        gaps.append((at, end))
+    starts = [a.ts for a in acts]
+    got = {"input": 0.0, "host": 0.0, "sync": 0.0, "short": 0.0}
+    for a, b in gaps:
+        k = bisect.bisect_left(starts, b)
+        launch = acts[k].launch_ts if k < len(acts) else math.inf  # nothing after it: the host never launched more
+        if launch is None or launch <= a:  # queued before the gap: it waited on something, or only started late
+            got["short" if b - a < kernel_wait_us else "sync"] += b - a
+            continue
+        late = min(launch, b)
+        waiting = _overlap(a, late, inputs)
+        got["input"] += waiting
+        got["host"] += late - a - waiting
+        got["short"] += b - late  # from its launch to its start
+    return sum(e - s for s, e in inside), got["input"], got["host"], got["sync"], got["short"]
+
+
+def analyze(
+    trace: Mapping[str, Any], *, kernel_wait_us: float = KERNEL_WAIT_US, syncs_as_activity: bool = False,
+    hta_window: bool = False,
+) -> TraceKernels:  # fmt: skip
+    """The figures of one kineto trace (its JSON object). ``hta_window``: the streams' figures over the work launched
+    in every ``ProfilerStep#N`` but the last (the whole trace where there is none), the window Holistic Trace
+    Analysis 0.5 analyses; the steps' figures are the same either way."""
     events = trace.get("traceEvents") or []
     acts = activities(events, syncs_as_activity=syncs_as_activity)
     props = trace.get("deviceProperties") or []
     device = str(props[0].get("name")) if props and isinstance(props[0], dict) and props[0].get("name") else None
     span = (max(a.end for a in acts) - acts[0].ts) if acts else 0.0
+    per_step = steps(events, acts, kernel_wait_us)
+    in_window = acts
+    if hta_window and per_step:
+        window = [(st.ts, st.ts + st.dur) for st in per_step[:-1]]
+        in_window = [a for a in acts if a.launch_ts is not None and any(s <= a.launch_ts < e for s, e in window)]
     return TraceKernels(
-        device, len(acts), union_us((a.ts, a.end) for a in acts), span, stream_idle(acts, kernel_wait_us),
-        steps(events, acts),
+        device, len(acts), union_us((a.ts, a.end) for a in acts), span, stream_idle(in_window, kernel_wait_us),
+        per_step,
     )  # fmt: skip
 
 

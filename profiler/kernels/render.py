@@ -10,7 +10,7 @@ def _ms(us: float) -> str:
     return f"{us / 1e3:,.3f}"
 
 
-def render(path: str, tk: TraceKernels, kernel_wait_us: float) -> str:
+def render(path: str, tk: TraceKernels, kernel_wait_us: float, *, hta_window: bool = False) -> str:
     lines = [
         f"trace: {path}" + (f" ({tk.device})" if tk.device else ""),
         f"device activity (kernels, copies, sets; measured by the profiler's CUPTI records): {tk.activities} on "
@@ -23,7 +23,8 @@ def render(path: str, tk: TraceKernels, kernel_wait_us: float) -> str:
         lines += [
             "",
             f"idle per stream, ms (host wait: the next work was launched after the last ended; kernel wait: a gap "
-            f"under {kernel_wait_us:g} us; other):",
+            f"under {kernel_wait_us:g} us; other)"
+            + (", over the work launched in every ProfilerStep but the last (--hta-window):" if hta_window else ":"),
             f"  {'stream':>8} {'busy':>12} {'idle':>12} {'host wait':>12} {'kernel wait':>12} {'other':>12}",
         ]
         for s in tk.streams:
@@ -32,9 +33,17 @@ def render(path: str, tk: TraceKernels, kernel_wait_us: float) -> str:
                 f"{_ms(s.kernel_wait_us):>12} {_ms(s.other_us):>12}"
             )
     if tk.steps:
-        lines += ["", "steps (ProfilerStep#N: the work launched in each):",
-                  f"  {'step':>6} {'span ms':>10} {'launched':>9} {'busy ms':>10} {'busy':>7}"]  # fmt: skip
+        lines += [
+            "",
+            "steps (ProfilerStep#N), ms: the device busy (any stream) and, where it idled, why: input (the work after "
+            "the gap was launched late while the host was in a DataLoader's __next__), host (launched late "
+            "otherwise), sync (queued, waiting), short (a short gap, a launch's latency):",
+            f"  {'step':>6} {'span':>10} {'launched':>9} {'busy':>10} {'input':>10} {'host':>10} {'sync':>10} "
+            f"{'short':>10} {'busy %':>7}",
+        ]
         for st in tk.steps:
-            lines.append(f"  {st.step:>6} {_ms(st.dur):>10} {st.activities:>9} {_ms(st.busy_us):>10} "
-                         f"{st.busy_fraction:>7.1%}")  # fmt: skip
+            lines.append(
+                f"  {st.step:>6} {_ms(st.dur):>10} {st.activities:>9} {_ms(st.busy_us):>10} {_ms(st.input_us):>10} "
+                f"{_ms(st.host_us):>10} {_ms(st.sync_us):>10} {_ms(st.short_us):>10} {st.busy_fraction:>7.1%}"
+            )
     return "\n".join(lines)
