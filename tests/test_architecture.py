@@ -147,6 +147,7 @@ def _is_analysis(m: str) -> bool:
 PURE_STDLIB = {
     "__future__",
     "ast",
+    "bisect",
     "collections",
     "dataclasses",
     "itertools",
