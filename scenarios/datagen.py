@@ -423,10 +423,10 @@ def _generate(
         try:
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
+                for future in finished:  # each chunk told on its own: on a busy host several finish per wait
                     done += future.result()
-                if progress is not None:
-                    progress(done, count)
+                    if progress is not None:
+                        progress(done, count)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
