@@ -104,7 +104,11 @@ def measured(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("flag", "label"),
     [
-        (["--cached"], "cached"),
+        # alone (tests/scheduling.py): the prediction holds the host's load of the run measured just before, and the
+        # check must run beside the same load. Beside two busy processes only, five tries read within 2.1% (185.7
+        # predicted against 183.1 measured at the worst); beside three other tests as well, three stress passes of
+        # runs 46-48 read 15.2-19% (a test starting beside the checks took the cores from them, not from the run)
+        pytest.param(["--cached"], "cached", marks=pytest.mark.alone),
         # light (tests/scheduling.py): reads throttled to 6 MB/s; 0.18-0.20 of a core in four CI runs, 15 s
         pytest.param(["--storage-mbps", "6"], "store 6 MB/s", marks=pytest.mark.light(seconds=15)),
     ],
