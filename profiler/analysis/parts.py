@@ -545,3 +545,52 @@ class LoaderAttribution:
             "headline": self.headline,
             "notes": list(self.notes),
         }
+
+
+def figure_sources(events: str | None, busy_source: str, nvml: str, *, simulated: bool = False) -> Sources:
+    """Each headline figure's instrument in words; a simulated device's figures say SIMULATED (docs/metrics.md)."""
+    on_events = events is not None
+    dev = "queued simulated device compute (sim-events)" if simulated else "queued device compute (CUDA events)"
+    if simulated:
+        compute = (
+            "SIMULATED device time of the compute phase (sim-events: FLOPs / (peak x efficiency), docs/sim.md); "
+            "it overlaps the host's wait for the next batch, so the parts can add up to more than the step"
+        )
+    else:
+        compute = "host perf_counter around the compute phase" + (
+            ", plus the copy's wait for queued compute; device time: device_ms_per_step" if on_events else ""
+        )
+    if not on_events:
+        stall = "(data wait + h2d) / step time, host perf_counter"
+    elif simulated:
+        stall = (
+            "(data wait + copy time, host-blocked or simulated, not overlapped by simulated device compute) / step time"
+        )
+    else:
+        stall = "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time"
+    if nvml.startswith("lost"):
+        nvml_how = f"NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled until NVML was {nvml}"
+    elif nvml != "available":
+        nvml_how = f"not measured ({nvml})"
+    elif simulated:
+        nvml_how = (
+            "SIMULATED NVML (nvml-sim): utilization.gpu as NVML defines it, the simulated device's kernel-busy share "
+            "of each completed sample period, sampled"
+        )
+    else:
+        nvml_how = "NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
+    return Sources(
+        step_time="host perf_counter, from one next() call on the loader to the next",
+        data_wait="host perf_counter around next() on the loader",
+        h2d="host perf_counter around the copy" + (f", less the time it waited for {dev}" if on_events else ""),
+        compute=compute,
+        stall_fraction=stall,
+        device_busy_fraction={
+            "cuda-events": "union of CUDA-event intervals of all phases / wall time",
+            "sim-events": "SIMULATED: union of the simulated device's event intervals of all phases / wall time",
+            "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",
+            "none": "not measured",
+        }[busy_source],
+        host="psutil, sampled by the background sampler",
+        nvml=nvml_how,
+    )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, TypedDict
 
 from profiler.analysis.contention import Contention, contention_of
+from profiler.analysis.gpu import HOST_VERDICT, GpuSplit, gpu_busy_source, gpu_of, waits_for_host
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.memory import LoaderMemory, loader_memory, shm_need
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
@@ -44,6 +45,7 @@ from profiler.analysis.parts import (
     StackEstimate,
     StepTimes,
     event_timer,
+    figure_sources,
     is_peak,
     nvml_source,
 )
@@ -101,6 +103,8 @@ class Summary:
     memory: LoaderMemory | None = None  # the loader processes' USS / PSS, shared memory, copy-on-read growth
     stages: LoaderStages | None = None  # the loader's stages (fetch, decode, augment, collate): capacity vs demand
     headspace: Headspace | None = None  # run --headspace: the loader alone before training against the demand
+    device_span_fraction: float = math.nan  # the union of the phases' device-event spans / wall (the old "busy")
+    gpu: GpuSplit | None = None  # the kernel windows' split of the device's time (analysis.gpu)
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -148,6 +152,8 @@ class Summary:
             "memory": self.memory.to_dict() if self.memory else None,
             "stages": self.stages.to_dict() if self.stages else None,
             "headspace": self.headspace.to_dict() if self.headspace else None,
+            "device_span_fraction": self.device_span_fraction,
+            "gpu": self.gpu.to_dict() if self.gpu else None,
         }
         return json_safe(out)
 
@@ -237,7 +243,8 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         notes.extend(sampling_notes(meta))  # said beside the figures estimated from py-spy's samples
     recorded = dict(meta.get("device") or {"kind": "cpu", "name": "unknown"})
     device = RunDevice.from_meta(recorded, sampler.source(nvml_source(recorded.get("kind"))))
-    sources = _figure_sources(m.events, timing.busy_source, device.nvml, simulated=device.simulated)
+    gpu = gpu_of(rec)
+    sources = _sources(m, timing, device, gpu)
     stall, workers = timing.stall_fraction, meta.get("workers")
     if mode == "zero-code":
         stall, workers, sources = _zero_code_figures(stack_est, attribution, host, notes, sources, meta=meta)
@@ -251,7 +258,9 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         device_kind=device.kind,
         pin_memory=meta.get("pin_memory"),
         device=device,
-        device_busy_fraction=timing.busy_fraction,
+        device_busy_fraction=timing.busy_fraction if gpu is None else gpu.busy_fraction,
+        gpu=gpu,
+        pipeline=meta.get("pipeline"),
         nvml=nvml,
         host=host,
         sampler=sampler,
@@ -279,6 +288,13 @@ def summarize(rec: RunRecord, now: float | None = None) -> Summary:
         sources=sources,
         notes=notes,
     )
+
+
+def _sources(m: _Measured, timing: _Timing, device: RunDevice, gpu: GpuSplit | None) -> Sources:
+    """The figures' sources; the device busy fraction's is the kernels' own time where a kernel window measured it
+    (the events' span stays, as device_span_fraction)."""
+    sources = figure_sources(m.events, timing.busy_source, device.nvml, simulated=device.simulated)
+    return sources if gpu is None else dataclasses.replace(sources, device_busy_fraction=gpu_busy_source(gpu))
 
 
 def _int_or_0(v: object) -> int:
@@ -318,7 +334,7 @@ def _summary(
         step_time_ms=timing.step_time,
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=figures.stall_fraction,
-        device_busy_fraction=timing.busy_fraction,
+        device_busy_fraction=figures.device_busy_fraction,
         verdict=_verdict(figures, bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))),
         recommendations=recommendations,
         sampler=figures.sampler,
@@ -347,7 +363,18 @@ def _summary(
         contention=figures.contention,
         loader_time=figures.loader_time,
         **_loader_parts(figures),
+        **_device_parts(figures, timing),
     )
+
+
+class _DeviceParts(TypedDict):
+    device_span_fraction: float
+    gpu: GpuSplit | None
+
+
+def _device_parts(figures: Figures, timing: _Timing) -> _DeviceParts:
+    """The device events' span (the busy fraction before kernel windows) and the kernel windows' split."""
+    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu}
 
 
 def _loader_parts(figures: Figures) -> _LoaderFigures:
@@ -518,6 +545,8 @@ def _verdict(figures: Figures, loader_only: bool, synthetic: bool = False) -> st
     if synthetic:
         return "synthetic input (one batch reused): the input pipeline was not measured"
     stall = figures.stall_fraction
+    if waits_for_host(figures.gpu):
+        return HOST_VERDICT
     if not math.isnan(stall):
         return verdict_for(stall)
     return _too_few(figures.stack_estimate) if figures.mode == "zero-code" else "unknown: no measured steps"
@@ -746,52 +775,3 @@ def stopped_notes(rec: RunRecord) -> list[str]:
         elif "did not return" in reason:
             notes.append(f"source {src} stopped at {t:.1f} s: {reason}; the other sources went on")
     return notes
-
-
-def _figure_sources(events: str | None, busy_source: str, nvml: str, *, simulated: bool = False) -> Sources:
-    """Each headline figure's instrument in words; a simulated device's figures say SIMULATED (docs/metrics.md)."""
-    on_events = events is not None
-    dev = "queued simulated device compute (sim-events)" if simulated else "queued device compute (CUDA events)"
-    if simulated:
-        compute = (
-            "SIMULATED device time of the compute phase (sim-events: FLOPs / (peak x efficiency), docs/sim.md); "
-            "it overlaps the host's wait for the next batch, so the parts can add up to more than the step"
-        )
-    else:
-        compute = "host perf_counter around the compute phase" + (
-            ", plus the copy's wait for queued compute; device time: device_ms_per_step" if on_events else ""
-        )
-    if not on_events:
-        stall = "(data wait + h2d) / step time, host perf_counter"
-    elif simulated:
-        stall = (
-            "(data wait + copy time, host-blocked or simulated, not overlapped by simulated device compute) / step time"
-        )
-    else:
-        stall = "(data wait + copy time, host-blocked or CUDA-event, not overlapped by device compute) / step time"
-    if nvml.startswith("lost"):
-        nvml_how = f"NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled until NVML was {nvml}"
-    elif nvml != "available":
-        nvml_how = f"not measured ({nvml})"
-    elif simulated:
-        nvml_how = (
-            "SIMULATED NVML (nvml-sim): utilization.gpu as NVML defines it, the simulated device's kernel-busy share "
-            "of each completed sample period, sampled"
-        )
-    else:
-        nvml_how = "NVML utilization.gpu (driver-averaged over 1/6 s to 1 s), sampled"
-    return Sources(
-        step_time="host perf_counter, from one next() call on the loader to the next",
-        data_wait="host perf_counter around next() on the loader",
-        h2d="host perf_counter around the copy" + (f", less the time it waited for {dev}" if on_events else ""),
-        compute=compute,
-        stall_fraction=stall,
-        device_busy_fraction={
-            "cuda-events": "union of CUDA-event intervals of all phases / wall time",
-            "sim-events": "SIMULATED: union of the simulated device's event intervals of all phases / wall time",
-            "host-compute-phase": "compute phase time / wall time (CPU device: no device clock)",
-            "none": "not measured",
-        }[busy_source],
-        host="psutil, sampled by the background sampler",
-        nvml=nvml_how,
-    )

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from profiler.analysis.contention import Contention, contention_advice
+from profiler.analysis.gpu import GpuSplit, host_finding, waits_for_host
 from profiler.analysis.loader_time import LoaderTime
 from profiler.analysis.memory import LoaderMemory
 from profiler.analysis.parts import (
@@ -68,6 +69,8 @@ class Figures:
     memory: LoaderMemory | None = None  # the loader processes' memory (the ``memory`` source)
     stages: LoaderStages | None = None  # the loader's stages: time per item, capacity against demand
     headspace: Headspace | None = None  # run --headspace: the loader alone against the training's demand
+    gpu: GpuSplit | None = None  # the kernel windows' split of the device's time
+    pipeline: str | None = None
 
     @property
     def simulated(self) -> bool:
@@ -112,11 +115,18 @@ def recommend(s: Figures) -> list[Recommendation]:
     contended = None if s.simulated else contention_advice(s.contention)
     if contended:
         out.append(Recommendation("CPU_CONTENTION", contended))
-    if input_bound:
+    host_bound = waits_for_host(s.gpu)
+    if host_bound and s.gpu is not None:
+        runq = s.contention.step_runq_fraction if s.contention is not None else math.nan
+        found = host_finding(
+            s.gpu, workers=s.workers, pipeline=s.pipeline, runq_share=0.0 if math.isnan(runq) else runq
+        )
+        out.append(Recommendation("GPU_WAITS_FOR_HOST", found))
+    elif input_bound:
         out.extend(_loader(s, b.data_wait, step))
     out.extend(_pin_memory(s, b.h2d, step))
     out.extend(_loop_overhead(b.other, step))
-    if not input_bound:
+    if not input_bound and not host_bound:
         out.append(_not_input_bound(s, contended))
     _sampler_slow(s, out)
     return out

@@ -86,6 +86,17 @@ def bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str) 
     return parse
 
 
+def kernel_windows_arg(text: str) -> str:
+    """``--kernel-windows``: checked here, kept as text (the Session parses it again)."""
+    from profiler.core.kernelwin import KernelWindowError, parse_plan
+
+    try:
+        parse_plan(text)
+    except KernelWindowError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
     """Parser of a comma-separated list of integers in lo..hi: sorted, duplicates dropped."""
     allowed = f"allowed a comma-separated list of integers {lo}..{hi}, e.g. 8,16,32"

@@ -27,6 +27,7 @@ from profiler.cli.common import (
     exit_signal,
     exporter_for,
     keep_made,
+    kernel_windows_arg,
     live_monitor,
     positive_hz,
     prepare_out,
@@ -86,6 +87,7 @@ def _add_run(sub: Any) -> None:
         "beside what the training consumed says whether the loader could keep up (docs/pipelines.md, 'Headspace')",
     )
     _add_storage_options(r)
+    _add_kernel_windows_option(r)
     r.add_argument(
         "--pyspy-rate",
         type=bounded(int, 1, 1000, "an integer"),
@@ -191,6 +193,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_scenario(args, t, exporter)
 
 
+def _add_kernel_windows_option(r: argparse.ArgumentParser) -> None:
+    r.add_argument(
+        "--kernel-windows",
+        type=kernel_windows_arg,
+        default="auto",
+        metavar="off|auto|AFTER:STEPS[:EVERY]",
+        help="record the device's kernels, copies and sets (CUPTI on CUDA; the simulated device's own on sim:) for "
+        "STEPS steps from AFTER steps past the warm-up, then every EVERY steps; auto: 5:20:2000 (docs/metrics.md, "
+        "'The GPU's own view')",
+    )
+
+
 def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExporter | None) -> int:
     out = prepare_out(args.out, f"{stem(args.scenario)}-{args.pipeline}")
     from profiler.drivers.runner import RunStopped, TrainingError, run_scenario
@@ -211,6 +225,7 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         page_cache=args.page_cache,
         dali_stages=args.dali_stages,
         headspace=args.headspace,
+        kernel_windows=args.kernel_windows,
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"

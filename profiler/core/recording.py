@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.core.pyspy import OUTPUT, PySpyRecorder
-from profiler.core.rows import PhaseRow, RunRecord, StepRow
+from profiler.core.rows import KernelWindow, PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
 from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
@@ -154,6 +154,12 @@ class Recording:
         store = self.store
         if store is not None:
             store.put_step(row, phases)
+
+    def on_window(self, window: KernelWindow) -> None:
+        """A kernel window the Session recorded (profiler.core.kernelwin)."""
+        store = self.store
+        if store is not None:
+            store.put_window(window)
 
     def on_event(self, kind: str, message: str) -> None:
         self.event(kind, message, "session")

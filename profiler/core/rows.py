@@ -39,6 +39,18 @@ class PhaseRow:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelWindow:
+    """One kernel window: its span and cost (s) and its activities ``(stream, kind, start, end, launch)``, run
+    seconds (launch NaN: not known)."""
+
+    window: int
+    t_start: float
+    t_end: float
+    cost_s: float
+    activities: list[tuple[int, int, float, float, float]]
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """Everything a run store holds, loaded into memory for the (pure) analysis."""
 
@@ -48,3 +60,4 @@ class RunRecord:
     samples: list[tuple[float, str, str, float | None]]
     events: list[tuple[float, str, str | None, str]]
     stacks_text: str | None = None  # py-spy's collapsed stacks (RUN_DIR/pyspy.txt), when recorded
+    windows: tuple[KernelWindow, ...] = ()  # schema v3: the kernel windows (profiler.core.kernelwin), in order

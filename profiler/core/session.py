@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
+from profiler.core.kernelwin import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
@@ -163,7 +164,8 @@ class Session:
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (
         "__weakref__", "_asm", "_clock", "_due", "_due_t", "_edge", "_error", "_exporter", "_fine", "_halts",
-        "_hooks", "_in_flight", "_log", "_mark_n", "_marks", "_max_lag", "_meta", "_names", "_next_index",
+        "_hooks", "_in_flight", "_kw",
+        "_kw_plan", "_kw_recorder", "_log", "_mark_n", "_marks", "_max_lag", "_meta", "_names", "_next_index",
         "_phase_of", "_put", "_recent", "_recorder", "_resolve_every", "_row_sinks", "_rows_asked", "_rq_on",
         "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started", "_status", "_step",
         "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "device", "out_dir", "sample_hz",
@@ -186,11 +188,15 @@ class Session:
         clock: Callable[[], float] = time.perf_counter,
         timer: DeviceTimer | None = None,
         max_lag: int = 32,
+        kernel_windows: str | WindowPlan | None = "auto",
+        kernel_recorder: KernelRecorder | None = None,
     ) -> None:
         """``meta``: run facts for the store (scenario, pipeline, batch_size, workers, pin_memory, or any other);
         ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``hooks``:
         more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending; ``sources``
-        and ``sampling``: docs/architecture.md, "Two processes"."""
+        and ``sampling``: docs/architecture.md, "Two processes"; ``kernel_windows``: when the device's own activity is
+        recorded (``off``, ``auto``, ``AFTER:STEPS[:EVERY]``: :mod:`profiler.core.kernelwin`), by
+        ``kernel_recorder`` (default: CUPTI on CUDA, the simulated device's own, none on CPU)."""
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.out_dir = Path(out_dir)
@@ -209,6 +215,9 @@ class Session:
         self._runq: schedstat.ThreadSched | None = None
         self._runq_reason: str | None = None
         self._timer: DeviceTimer | None = timer
+        self._kw_plan = kernel_windows if not isinstance(kernel_windows, str) else parse_plan(kernel_windows)
+        self._kw_recorder = kernel_recorder
+        self._kw: KernelWindows | None = None
         self._started, self._t0 = False, 0.0
         self._init_hot_path()
         self._status: str | None = None
@@ -293,6 +302,7 @@ class Session:
         elif callable(bind := getattr(self._timer, "bind", None)):
             bind(self._now)  # a timer given to the Session (the simulated device's) joins the run's clock
         self._meta["device_timer"] = self._timer.kind if self._timer is not None else "host-perf-counter"
+        self._meta["kernel_windows"] = self._plan_windows()
         started: list[SessionHook] = []
         try:
             for hook in self._hooks:
@@ -306,6 +316,17 @@ class Session:
         self._runq_reason = schedstat.probe()
         self.annotate(schedstat=f"unavailable: {self._runq_reason}" if self._runq_reason else "available")
         return self
+
+    def _plan_windows(self) -> str:
+        """Set up the kernel windows (where the device has a recorder); what the run records of them, in words."""
+        plan = self._kw_plan
+        if plan is None:
+            return "off"
+        rec = self._kw_recorder or make_recorder(self.device.kind, self._timer, self._clock)
+        if rec is None:
+            return f"none: no kernel recorder for a {self.device.kind} device"
+        self._kw = KernelWindows(plan, rec, self.warmup, self._clock)
+        return f"{rec.source}: {plan.describe()}"
 
     def _connect(self) -> None:
         """The step events go to the first hook that takes them (the sampler process's ring), and to a log here
@@ -361,6 +382,10 @@ class Session:
         if self._step >= 0:
             x = self._runq_now()
             self._end(self._clock(), x)
+        if self._kw is not None:
+            self._kw.close(self._put)
+            for why in self._kw.skipped:
+                self.event("warning", f"kernel window not opened at {why}")
         self._flush(drain=True)
         if self._runq is not None:
             self._runq.close()
@@ -500,6 +525,9 @@ class Session:
             self._runq_every = runq_every((t - self._win[1]) / n)
         self._win = (index, t)
         self._due, self._due_t = index + self._resolve_every, t + RESOLVE_S
+        if (kw := self._kw) is not None:
+            kw.at(index, self._put)
+            self._due = min(self._due, kw.next_index)
         self._flush()
 
     def _flush(self, drain: bool = False) -> None:
@@ -542,6 +570,10 @@ class Session:
             for on_step in sinks:
                 on_step(row, phases)
             recent.append((row, phases))
+        for window in asm.take_windows():  # a hook that takes rows keeps them (the thread sampler's Recording)
+            for hook in self._hooks:
+                if callable(on_window := getattr(hook, "on_window", None)) and getattr(hook, "wants_rows", True):
+                    on_window(window)
 
     def _fine_enter(self) -> tuple[float, float]:
         """A phase's start on a step whose boundaries are read (schedstat, device marks): (run queue, mark).

@@ -22,6 +22,10 @@ Events (``t``: the Session's clock; run-queue readings ``x`` in seconds, NaN whe
 - ``ENTER a t x y`` / ``EXIT a t x y``: phase ``a`` (a name id) starts / ends; ``y``: its device mark.
 - ``SPAN a t x``: phase ``a`` ran from ``t`` to ``x`` (timed elsewhere), nested in the innermost open phase.
 - ``DEV - t x``: device mark ``x`` completed at run time ``t``.
+- ``GPU a t x y``: in a kernel window (:mod:`profiler.core.kernelwin`), the device ran an activity from ``t`` to
+  ``x`` launched at ``y`` (NaN: not known); ``a`` = stream x 4 + kind (0 kernel, 1 copy, 2 set).
+- ``GWIN a t x y``: kernel window ``a`` ran from ``t`` to ``x`` (the ``GPU`` events since the last ``GWIN`` are
+  its activities); ``y``: seconds the training thread spent opening and closing it.
 
 Invariants: rows come out in step order; a step whose phases carry device marks waits for all of them (the
 Session bounds that at ``max_lag`` steps); an event that does not fit the state (an EXIT with no ENTER, after the
@@ -36,9 +40,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 
-FETCH, BATCH, OPEN, WAIT, SAMPLES, END, ENTER, EXIT, SPAN, DEV = range(1, 11)
+FETCH, BATCH, OPEN, WAIT, SAMPLES, END, ENTER, EXIT, SPAN, DEV, GPU, GWIN = range(1, 13)
 Event = tuple[int, int, float, float, float]
 NAN = math.nan
 NO_MARK = -1.0
@@ -139,6 +143,8 @@ class Assembler:
         self._held: deque[tuple[StepRow, list[PhaseRow], _Open]] = deque()  # waiting for device marks
         self._dev: dict[float, float] = {}
         self._out: list[tuple[StepRow, list[PhaseRow]]] = []
+        self._acts: list[tuple[int, int, float, float, float]] = []  # the open kernel window's activities
+        self._windows: list[KernelWindow] = []
 
     @property
     def resume(self) -> tuple[int, int] | None:
@@ -192,6 +198,12 @@ class Assembler:
         elif code == DEV:
             self._dev[x] = t
             self._release()
+        elif code == GPU:
+            t0 = self.t0
+            self._acts.append((a >> 2, a & 3, t - t0, x - t0, y - t0))
+        elif code == GWIN:
+            self._windows.append(KernelWindow(a, t - self.t0, x - self.t0, y, self._acts))
+            self._acts = []
 
     def _exit(self, a: int, t: float, x: float, y: float) -> None:
         stack, st = self._stack, self._step
@@ -263,4 +275,9 @@ class Assembler:
     def take(self) -> list[tuple[StepRow, list[PhaseRow]]]:
         """The rows made since the last call, in step order."""
         out, self._out = self._out, []
+        return out
+
+    def take_windows(self) -> list[KernelWindow]:
+        """The kernel windows completed since the last call."""
+        out, self._windows = self._windows, []
         return out

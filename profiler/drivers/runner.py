@@ -108,6 +108,7 @@ class RunConfig:
     page_cache: str | None = None  # "warm": the data set's files read once before the run; "cold": evicted
     dali_stages: bool = False  # dali: time the graph's prefixes alone before training (pipelines.dali.time_stages)
     headspace: bool = False  # iterate a second loader alone before training (profiler.drivers.headspace)
+    kernel_windows: str = "auto"  # when the device's own activity is recorded (profiler.core.kernelwin)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -251,6 +252,7 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         sample_hz=cfg.sample_hz,
         device=cfg.device,
         timer=sim.timer() if sim is not None else None,
+        kernel_windows=cfg.kernel_windows,
         sources=_sources(cfg, sim),
         warmup=plan.warmup,
         store_errors="raise",  # a store that stops writing stops the run: training on would record nothing

@@ -81,8 +81,10 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
     rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.stall_fraction}"))
     sim = s.device.simulated
     if timed:
-        busy = pct(s.device_busy_fraction) + ("  (simulated, sim-events)" if sim else "")
-        rows.append(("device busy", f"{busy}  {s.sources.device_busy_fraction}"))
+        label = "  (simulated, sim-events)" if sim and s.gpu is None else ""
+        rows.append(("device busy", f"{pct(s.device_busy_fraction)}{label}  {s.sources.device_busy_fraction}"))
+    if s.gpu is not None:
+        rows.extend(gpu_rows(s))
     if s.device_ms_per_step:
         times = "  ".join(f"{k} {num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
         rows.append(("device time", times + ("  (simulated, sim-events)" if sim else "  (CUDA events)")))
@@ -250,3 +252,23 @@ def job_lines(j: JobSummary) -> list[tuple[str, str]]:
         node = f" on node {f.node_rank}" if f.node_rank is not None else ""
         out.append(("first failure", f"rank {f.rank}{node} {f.describe()} after the job started"))
     return out
+
+
+def gpu_rows(s: Summary) -> list[tuple[str, str]]:
+    """The kernel windows' split of the device's time (analysis.gpu): the figures as computed, in words."""
+    g = s.gpu
+    if g is None:
+        return []
+    d = g.to_dict()
+    fr, ms = d["fractions"], d["ms_per_step"]
+    assert isinstance(fr, dict) and isinstance(ms, dict)
+    parts = "  ".join(
+        f"{k} {pct(fr[k])} ({num(ms[k], '{:.1f}')} ms)" for k in ("busy", "input", "host", "sync", "short")
+    )
+    how = "SIMULATED kernels of the simulated device" if g.simulated else "CUPTI kernel activity (torch.profiler)"
+    cost = (
+        f"{len(g.steps)} steps in {g.windows} window(s), {num(g.kernels_per_step, '{:.0f}')} launches a step; the "
+        f"windows cost the training thread {g.window_cost_s * 1e3:.1f} ms; a window step took "
+        f"{num(g.window_step_ms, '{:.1f}')} ms (median) against {num(g.other_step_ms, '{:.1f}')} ms outside"
+    )
+    return [("GPU time", f"{parts}  ({how}: per step, by why the device idled)"), ("kernel windows", cost)]

@@ -50,6 +50,8 @@ class SimOp:
     end: float
     nbytes: int = 0
     busy_s: float = 0.0  # time kernels executed within [start, end): the whole op, or less when launch-bound
+    issued: float = math.nan  # when the host issued it (clock seconds)
+    kernels: int = 1  # kernels it is made of, launched LAUNCH_S apart from ``issued``
 
 
 class SimDevice:
@@ -80,6 +82,8 @@ class SimDevice:
         self.steps = 0
         self.busy_total_s = 0.0
         self.copied_total = 0
+        # while a kernel window is open: each kernel, copy and all-reduce as (stream, kind, start, end, launch)
+        self._log: list[tuple[int, int, float, float, float]] | None = None
 
     # -- set-up -----------------------------------------------------------------------------------------
     @property
@@ -149,11 +153,13 @@ class SimDevice:
             if pinned and side_stream:
                 start = max(now, self._copy_tail)
                 end = self._copy_tail = self._copy_ready = start + d
-                self._record(SimOp("copy", "h2d", start, end, nbytes, d))
+                self._record(SimOp("copy", "h2d", start, end, nbytes, d, now))
+                self._logged(1, 1, start, end, now)
                 return
             start = max(now, self._compute_tail)
             end = self._compute_tail = start + d
-            self._record(SimOp("compute", "h2d", start, end, nbytes, d))
+            self._record(SimOp("compute", "h2d", start, end, nbytes, d, now))
+            self._logged(0, 1, start, end, now)
         self.wait_until(end)
 
     def step(self) -> None:
@@ -170,6 +176,9 @@ class SimDevice:
                     break
                 oldest = self._in_flight[0]
             self.wait_until(oldest)
+        if self.config.launch == "gil":
+            self._step_launched(now, work, kernels)
+            return
         with self._lock:
             start = max(now, self._compute_tail, self._copy_ready)
             # launch-bound: the last kernel cannot start before the host has launched it
@@ -177,8 +186,40 @@ class SimDevice:
             self._compute_tail = end
             self._in_flight.append(end)
             self.steps += 1
-            self._record(SimOp("compute", "step", start, end, 0, work))
+            op = SimOp("compute", "step", start, end, 0, work, now, kernels)
+            self._record(op)
+            if self._log is not None:
+                self._log.extend(_kernels_of(op, self.launch_s))
         self.wait_until(now + launch)
+
+    def _step_launched(self, now: float, work: float, kernels: int) -> None:
+        """``launch=gil``: the host launches the kernels one by one, spinning ``launch_s`` for each with the GIL
+        held (a Python loop, as eager PyTorch's dispatch is), then releasing it (``time.sleep(0)``), as torch's op
+        bindings do around each dispatch; each kernel starts once launched and once the one before it has ended.
+        A thread beside it that holds the GIL takes it at each release and keeps it up to the switch interval
+        (5 ms): the launches slow down, and the device idles."""
+        each, clock, launch_s, release = work / kernels, self.clock, self.launch_s, time.sleep
+        with self._lock:
+            at = max(now, self._compute_tail, self._copy_ready)
+        first, launched = at, now
+        log: list[tuple[int, int, float, float, float]] | None = [] if self._log is not None else None
+        for i in range(kernels):
+            target = launched + launch_s
+            while (launched := clock()) < target:
+                pass
+            release(0)  # torch's op bindings release the GIL around each dispatch: a thread beside may take it
+            start = max(at, launched)
+            first = start if i == 0 else first
+            at = start + each
+            if log is not None:
+                log.append((0, 0, start, at, launched))
+        with self._lock:
+            self._compute_tail = at
+            self._in_flight.append(at)
+            self.steps += 1
+            self._record(SimOp("compute", "step", first, at, 0, work, now, kernels))
+            if self._log is not None and log is not None:
+                self._log.extend(log)
 
     def allreduce(self, world: int, *, not_before: float) -> float:
         """Queue this step's gradient all-reduce on the compute stream, as NCCL does: the host returns at once.
@@ -189,10 +230,12 @@ class SimDevice:
         Returns when it ends."""
         d = self.exposed_allreduce_s(world)
         with self._lock:
-            start = max(self.clock(), self._compute_tail)
+            issued = self.clock()
+            start = max(issued, self._compute_tail)
             end = self._compute_tail = max(start, not_before) + d
             start = min(start, end)
-            self._record(SimOp("compute", "allreduce", start, end, 0, end - start))
+            self._record(SimOp("compute", "allreduce", start, end, 0, end - start, issued))
+            self._logged(0, 3, start, end, issued)
         return end
 
     def synchronize(self) -> None:
@@ -253,6 +296,18 @@ class SimDevice:
             total += op.nbytes * ((min(op.end, t1) - max(op.start, t0)) / span) if span > 0 else 0.0
         return total
 
+    def _logged(self, stream: int, kind: int, start: float, end: float, launch: float) -> None:
+        if self._log is not None:
+            self._log.append((stream, kind, start, end, launch))
+
+    def log_kernels(self, on: bool) -> list[tuple[int, int, float, float, float]]:
+        """Start (``on``) or stop keeping each operation as a kernel window sees it: ``(stream, kind, start, end,
+        launch)``, clock seconds (stream 0 compute, 1 copy; kind 0 kernel, 1 copy, 3 collective). Returns what was
+        kept since the start."""
+        with self._lock:
+            kept, self._log = self._log or [], [] if on else None
+        return kept
+
     def memory_bytes(self) -> int:
         """Device memory in use: the CUDA context, and the step's tensors once the model is loaded."""
         return CONTEXT_BYTES + (self.cost.memory_bytes if self.cost is not None else 0)
@@ -290,9 +345,47 @@ class SimTimer:
     def release(self, ev: object) -> None:
         return None
 
+    def kernel_recorder(self, clock: Callable[[], float]) -> SimKernelRecorder:
+        """A kernel-window recorder of this device's operations, on the Session's ``clock``."""
+        return SimKernelRecorder(self._dev, clock)
+
+
+class SimKernelRecorder:
+    """The kernel windows of a simulated device (SIMULATED): its operations issued while a window is open."""
+
+    source = "sim"
+
+    def __init__(self, device: SimDevice, clock: Callable[[], float]) -> None:
+        self._dev, self._clock = device, clock
+        self._offset = 0.0
+
+    def usable(self) -> str | None:
+        return None
+
+    def start(self) -> None:
+        self._offset = self._dev.clock() - self._clock()
+        self._dev.log_kernels(True)
+
+    def stop(self) -> list[tuple[int, int, float, float, float]]:
+        off = self._offset
+        return [(s, k, a - off, b - off, c - off) for s, k, a, b, c in self._dev.log_kernels(False)]
+
 
 def _at(ev: object) -> float:
     """The device time of an event :meth:`SimTimer.mark` returned."""
     if not isinstance(ev, (int, float)):
         raise TypeError(f"not a simulated device event: {ev!r}")
     return float(ev)
+
+
+def _kernels_of(op: SimOp, launch_s: float) -> list[tuple[int, int, float, float, float]]:
+    """A ``launch=sleep`` step's kernels: launched ``launch_s`` apart from its issue, each starting when launched and
+    when the one before it has ended, the step's device time shared evenly (a launch-bound step shows its gaps)."""
+    out = []
+    each, at = op.busy_s / op.kernels, op.start
+    for i in range(op.kernels):
+        launch = op.issued + (i + 1) * launch_s
+        start = max(at, launch)
+        at = start + each
+        out.append((0, 0, start, at, launch))
+    return out

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 PRECISIONS = ("fp32", "tf32", "amp")
 LINKS = ("pcie", "nvlink")
+LAUNCHES = ("sleep", "gil")
 
 
 class SimSpecError(ValueError):
@@ -60,6 +61,9 @@ class SimConfig:
     efficiency: float
     efficiency_given: bool = False
     link: str = "pcie"  # pcie | nvlink: what the gradient all-reduce of a multi-rank run crosses
+    # how the host spends a step's launch time: "sleep" (the host waits, the CPU is free), or "gil" (the training
+    # thread spins launch by launch holding the GIL, as eager PyTorch does: a thread beside it slows the launches)
+    launch: str = "sleep"
 
     @property
     def link_gbps(self) -> float:
@@ -76,7 +80,8 @@ class SimConfig:
     def label(self) -> str:
         """``sim:v100,precision=fp32,efficiency=0.57``: the string that makes this config again."""
         link = f",link={self.link}" if self.link != self.spec.default_link() else ""
-        return f"sim:{self.spec.name},precision={self.precision},efficiency={self.efficiency:g}{link}"
+        launch = f",launch={self.launch}" if self.launch != "sleep" else ""
+        return f"sim:{self.spec.name},precision={self.precision},efficiency={self.efficiency:g}{link}{launch}"
 
     def to_dict(self) -> dict[str, str | float]:
         s = self.spec
@@ -93,6 +98,7 @@ class SimConfig:
             "tdp_w": s.tdp_w,
             "link": self.link,
             "link_gbps": self.link_gbps,
+            "launch": self.launch,
         }
 
 
@@ -364,7 +370,7 @@ def names() -> list[str]:
 
 
 def parse(text: str) -> SimConfig:
-    """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink]`` -> SimConfig; SimSpecError naming
+    """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink][,launch=sleep|gil]`` -> SimConfig; SimSpecError naming
     what is allowed."""
     if not text.startswith("sim:"):
         raise SimSpecError(
@@ -375,6 +381,7 @@ def parse(text: str) -> SimConfig:
     if spec is None:
         raise SimSpecError(f"--device {text!r}: unknown accelerator {name!r}: allowed sim:{'|'.join(ACCELERATORS)}")
     precision, efficiency, given, link = spec.default_precision(), None, False, spec.default_link()
+    launch = "sleep"
     for option in options:
         key, sep, value = option.partition("=")
         key, value = key.strip(), value.strip()
@@ -395,11 +402,15 @@ def parse(text: str) -> SimConfig:
             given = True
         elif key == "link" and sep:
             link = _link(text, spec, value)
+        elif key == "launch" and sep and value in LAUNCHES:
+            launch = value
         else:
             raise SimSpecError(
-                f"--device {text!r}: unknown option {option!r}: allowed precision=P, efficiency=E, link=pcie|nvlink"
+                f"--device {text!r}: unknown option {option!r}: allowed precision=P, efficiency=E, link=pcie|nvlink, "
+                "launch=sleep|gil"
             )
-    return SimConfig(spec, precision, efficiency if efficiency is not None else EFFICIENCY[precision], given, link)
+    eff = efficiency if efficiency is not None else EFFICIENCY[precision]
+    return SimConfig(spec, precision, eff, given, link, launch)
 
 
 def _link(text: str, spec: AcceleratorSpec, value: str) -> str:

@@ -85,6 +85,8 @@ class Drain:
             asm.finish()
         for row, phases in asm.take():
             self._step(row, phases)
+        for window in asm.take_windows():
+            store.put_window(window)
         pos = self.reader.pos
         if store.failure is not None:  # nothing commits any more: the ring's room is not held for it
             self.reader.ring.set_read(pos)

@@ -14,7 +14,7 @@ from itertools import starmap
 from operator import attrgetter
 from pathlib import Path
 
-from profiler.core.rows import PhaseRow, RunRecord, StepRow
+from profiler.core.rows import KernelWindow, PhaseRow, RunRecord, StepRow
 from profiler.core.store.lock import pid_alive
 from profiler.core.store.schema import (
     DB_NAME,
@@ -58,7 +58,7 @@ def load_run(run: str | os.PathLike[str], *, phases_of: PhaseRanges | None = Non
         raise read_error(db, exc) from None
     finally:
         con.close()
-    return RunRecord(rec.meta, rec.steps, rec.phases, rec.samples, rec.events, read_stacks(db.parent))
+    return RunRecord(rec.meta, rec.steps, rec.phases, rec.samples, rec.events, read_stacks(db.parent), rec.windows)
 
 
 PhaseRanges = Callable[[list[StepRow]], Sequence[tuple[int, int]]]
@@ -86,7 +86,20 @@ def read_rows(con: sqlite3.Connection, meta: Meta, *, phases_of: PhaseRanges | N
     phases.sort(key=attrgetter("step", "t_start"))
     samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
     events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
-    return RunRecord(meta, steps, phases, samples, events)
+    return RunRecord(meta, steps, phases, samples, events, None, read_windows(con))
+
+
+def read_windows(con: sqlite3.Connection) -> tuple[KernelWindow, ...]:
+    """The kernel windows and their activities (none in a store older than schema 3)."""
+    if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'kernel_windows'").fetchone() is None:
+        return ()
+    acts: dict[int, list[tuple[int, int, float, float, float]]] = {}
+    for w, stream, kind, a, b, c in con.execute("SELECT * FROM kernels ORDER BY window, t_start"):
+        acts.setdefault(w, []).append((stream, kind, a, b, math.nan if c is None else c))
+    return tuple(
+        KernelWindow(w, a, b, cost, acts.get(w, []))
+        for w, a, b, cost in con.execute("SELECT * FROM kernel_windows ORDER BY window")
+    )
 
 
 def read_head(run: str | os.PathLike[str]) -> tuple[Meta, int]:

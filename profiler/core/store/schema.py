@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 2  # 2 added phases.runq_s, steps.data_wait_runq_s and steps.runq_s
+SCHEMA_VERSION = 3  # 2 added phases.runq_s, steps.data_wait_runq_s and steps.runq_s; 3 the kernel windows
 STALE_HEARTBEAT_S = 10.0  # the writer commits (and refreshes the heartbeat) at least every second
 DB_NAME = "run.sqlite"
 STACKS_NAME = "pyspy.speedscope.json"  # written by py-spy beside the store; read with it
@@ -43,6 +43,20 @@ CREATE TABLE IF NOT EXISTS samples (
     value REAL                    -- NULL: the metric could not be read at this instant
 );
 CREATE INDEX IF NOT EXISTS samples_metric ON samples(metric, t);
+CREATE TABLE IF NOT EXISTS kernel_windows (  -- v3: profiler.core.kernelwin
+    window INTEGER PRIMARY KEY,
+    t_start REAL NOT NULL,        -- s since run start: the window opened (the recorder started)
+    t_end REAL NOT NULL,          -- s since run start: it closed
+    cost_s REAL NOT NULL          -- the training thread's time opening and closing it
+);
+CREATE TABLE IF NOT EXISTS kernels (  -- v3: the device's activity in each window
+    window INTEGER NOT NULL,
+    stream INTEGER NOT NULL,
+    kind INTEGER NOT NULL,        -- 0 kernel, 1 copy, 2 set
+    t_start REAL NOT NULL,        -- s since run start, on the device, put on the host's clock
+    t_end REAL NOT NULL,
+    t_launch REAL                 -- the host call that launched it (NULL: not known)
+);
 CREATE TABLE IF NOT EXISTS events (
     t REAL NOT NULL,
     kind TEXT NOT NULL,           -- "source", "source_error", "status", "warning", "error"

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from profiler.core.rows import PhaseRow, RunRecord, StepRow
+from profiler.core.rows import KernelWindow, PhaseRow, RunRecord, StepRow
 from profiler.core.store.lock import lock_run_dir, make_dir, no_world_write, unlock_run_dir
 from profiler.core.store.reader import open_read, read_rows, read_stacks
 from profiler.core.store.schema import (
@@ -37,6 +37,7 @@ _Item = (  # what producers queue for the writer thread
     | tuple[Literal["event"], EventRow]
     | tuple[Literal["meta"], list[tuple[str, str]]]  # each key with its JSON
     | tuple[Literal["mark"], list[int]]  # a mark of the sampler process's ring: committed with the rows before it
+    | tuple[Literal["window"], KernelWindow]
 )
 MARK_KEY = "ring_pos"  # meta: the ring position up to which the rows are committed (the sampler process's)
 
@@ -164,6 +165,12 @@ class RunStore:
         if not self._dead:
             self._q.put(("samples", batch))
 
+    def put_window(self, window: KernelWindow) -> None:
+        """A kernel window and its activities; one already stored (a reader that took over reads its events
+        again) is not stored twice."""
+        if not self._dead:
+            self._q.put(("window", window))
+
     def put_mark(self, mark: list[int]) -> None:
         """A ring mark (:mod:`profiler.core.agent.drain`: position, resume position, step): the rows put before it
         are committed with it as meta ``ring_pos``, in one transaction, and ``on_commit`` hears of it after."""
@@ -199,6 +206,7 @@ class RunStore:
             final.samples,
             sorted([*final.events, *self._late_events], key=lambda e: e[0]),
             read_stacks(self.run_dir),
+            final.windows,
         )
 
     def _read_file(self) -> RunRecord:
@@ -371,6 +379,16 @@ class RunStore:
             return
         if item[0] == "meta":
             con.executemany("INSERT OR REPLACE INTO meta VALUES (?,?)", item[1])
+            return
+        if item[0] == "window":
+            w = item[1]
+            cur = con.execute("INSERT OR IGNORE INTO kernel_windows VALUES (?,?,?,?)", (w.window, w.t_start, w.t_end,
+                                                                                          w.cost_s))  # fmt: skip
+            if cur.rowcount == 1:
+                con.executemany(
+                    "INSERT INTO kernels VALUES (?,?,?,?,?,?)",
+                    [(w.window, s, k, a, b, None if c != c else c) for s, k, a, b, c in w.activities],  # noqa: PLR0124
+                )
             return
         raise AssertionError(f"unknown store item {item[0]!r}")
 

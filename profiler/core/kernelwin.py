@@ -1,0 +1,251 @@
+"""Kernel windows: a few steps now and then during which the device's own activity is recorded, in the training
+process, with the launch time of each kernel, copy and set.
+
+A :class:`KernelWindows` opens a window at a step boundary the Session's tick stops at (the Session makes its
+next tick due at the window's first and last step: outside the windows the hot path does nothing more), and at
+the window's end hands the activities on as step events (:mod:`profiler.core.stepevents`: ``GPU``, then ``GWIN``),
+so they reach the store through the same ring as the steps. The analysis (:mod:`profiler.analysis.gpu`) splits
+each window step's device time into kernels running and idle because of input, the host, synchronisation and
+short gaps.
+
+Recorders (:class:`KernelRecorder`):
+- :class:`TorchKernelRecorder`: ``torch.profiler`` with CUDA activity only (CUPTI): the kernels, copies and sets,
+  and the runtime calls that launched them (linked by correlation id). The events are read in the process
+  (``kineto_results.events()``); no trace file is written. Kineto's times are on the wall clock (ns since the
+  epoch): they are put on the Session's clock by pairs of readings of both taken at the window's start and end.
+  CUPTI's traps: its callbacks stay attached after a profile unless it is torn down, which slows every later
+  kernel launch; ``TEARDOWN_CUPTI=1`` is set for the process unless the user set it. Where it is ``0``
+  (``torch.compile``'s CUDA graphs set it: tearing CUPTI down under graphs crashes), only the first window runs,
+  and the run says so.
+  A window never opens while a CUDA graph is being captured.
+- :class:`SimKernelRecorder`: the simulated device's operations, as kernels launched at their issue times
+  (SIMULATED: labelled so wherever shown).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Protocol
+
+from profiler.core.stepevents import GPU, GWIN, NAN, Event
+
+KINDS = ("kernel", "memcpy", "memset", "collective")  # an activity's kind code is its index here
+_SYNC = re.compile(r"^(Stream Wait Event|Stream Sync|Context Sync|Event Sync|Device Sync)")
+MAX_STREAMS = 1 << 20  # stream ids above this are not streams (kineto's "unknown" values)
+MAX_INDEX = 1 << 62  # no more windows
+
+
+class KernelWindowError(ValueError):
+    """A kernel-window plan that cannot be read: the message names the value and what is allowed."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPlan:
+    """Windows of ``steps`` steps: the first opens ``after`` steps past the warm-up, then one every ``every``
+    steps (0: only the first)."""
+
+    after: int = 5
+    steps: int = 20
+    every: int = 2000
+
+    def first(self, warmup: int) -> int:
+        return warmup + self.after
+
+    def describe(self) -> str:
+        again = f", then every {self.every} steps" if self.every else ""
+        return f"{self.steps} steps from {self.after} after the warm-up{again}"
+
+
+DEFAULT_PLAN = WindowPlan()
+
+
+def parse_plan(text: str) -> WindowPlan | None:
+    """``off`` (None), ``auto`` (the default), or ``AFTER:STEPS[:EVERY]``."""
+    if text in ("off", "none"):
+        return None
+    if text in ("auto", "on", ""):
+        return DEFAULT_PLAN
+    parts = text.split(":")
+    try:
+        nums = [int(p) for p in parts]
+    except ValueError:
+        nums = []
+    if len(nums) not in (2, 3) or nums[0] < 0 or nums[1] < 2 or (len(nums) == 3 and nums[2] and nums[2] <= nums[1]):
+        raise KernelWindowError(
+            f"kernel windows {text!r}: allowed off, auto, or AFTER:STEPS[:EVERY] (AFTER >= 0 steps past the warm-up, "
+            "STEPS >= 2, EVERY 0 or more than STEPS)"
+        )
+    return WindowPlan(nums[0], nums[1], nums[2] if len(nums) == 3 else 0)
+
+
+# (stream, kind code, start, end, launch): Session-clock seconds, launch NaN where unknown
+Activity = tuple[int, int, float, float, float]
+
+
+class KernelRecorder(Protocol):
+    """Records the device's activity between :meth:`start` and :meth:`stop`."""
+
+    source: str  # "cupti" or "sim" (SIMULATED)
+
+    def usable(self) -> str | None:
+        """None when a window may open now, else why not (and for how long: ``once`` in the reason stops all)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> list[Activity]: ...
+
+
+class KernelWindows:
+    """Opens and closes the windows of ``plan`` at the Session's ticks; puts what each recorded as step events."""
+
+    def __init__(self, plan: WindowPlan, recorder: KernelRecorder, warmup: int, clock: Callable[[], float]) -> None:
+        self.plan, self.recorder, self.clock = plan, recorder, clock
+        self.next_index = plan.first(warmup)  # the step at whose tick something is due
+        self.window = 0  # windows recorded
+        self.open_at: tuple[int, float, float] | None = None  # (step, clock, start cost) of the open window
+        self.skipped: list[str] = []  # why windows did not open
+
+    def at(self, index: int, put: Callable[[Event], object]) -> None:
+        """The tick of step ``index`` (its batch has come): open or close a window that is due."""
+        if index < self.next_index:
+            return
+        if self.open_at is None:
+            self._open(index)
+        else:
+            self.close(put)
+
+    def _open(self, index: int) -> None:
+        why = self.recorder.usable()
+        if why is not None:
+            self.skipped.append(f"step {index}: {why}")
+            self.next_index = index + self.plan.every if self.plan.every and "once" not in why else MAX_INDEX
+            return
+        t0 = self.clock()
+        self.recorder.start()
+        t1 = self.clock()
+        self.open_at = (index, t1, t1 - t0)
+        self.next_index = index + self.plan.steps
+
+    def close(self, put: Callable[[Event], object]) -> None:
+        """End the open window (if any) now and put its activities, then the window's own event."""
+        if self.open_at is None:
+            return
+        index, t_open, cost_open = self.open_at
+        self.open_at = None
+        t0 = self.clock()
+        acts = self.recorder.stop()
+        t1 = self.clock()
+        for stream, kind, start, end, launch in acts:
+            put((GPU, stream * 4 + kind, start, end, launch))
+        put((GWIN, self.window, t_open, t0, cost_open + t1 - t0))
+        self.window += 1
+        self.next_index = index + self.plan.every if self.plan.every else MAX_INDEX
+
+
+def make_recorder(device_kind: str, timer: object, clock: Callable[[], float]) -> KernelRecorder | None:
+    """The recorder for the Session's device: CUPTI on CUDA, the simulated device's own on ``sim:``, else None."""
+    sim = getattr(timer, "kernel_recorder", None)
+    if callable(sim):
+        rec: KernelRecorder = sim(clock)
+        return rec
+    if device_kind != "cuda":
+        return None
+    import torch
+
+    return TorchKernelRecorder(torch, clock)
+
+
+# -- torch.profiler (CUPTI) ---------------------------------------------------------------------------------------
+class TorchKernelRecorder:
+    """CUDA activity through ``torch.profiler`` (see the module)."""
+
+    source = "cupti"
+
+    def __init__(self, torch_mod: ModuleType, clock: Callable[[], float]) -> None:
+        self._torch, self._clock = torch_mod, clock
+        self._prof: Any = None
+        self._pairs: list[tuple[float, int]] = []
+        self._used = False
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+
+    def usable(self) -> str | None:
+        if self._used and os.environ.get("TEARDOWN_CUPTI") != "1":
+            return (
+                "once: TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0), so CUPTI stays attached after "
+                "a window: only the first one runs"
+            )
+        capturing = getattr(self._torch.cuda, "is_current_stream_capturing", None)
+        if callable(capturing) and capturing():
+            return "a CUDA graph is being captured"
+        return None
+
+    def start(self) -> None:
+        prof = self._torch.profiler
+        self._prof = prof.profile(activities=[prof.ProfilerActivity.CUDA])
+        self._pairs = [wall_pair(self._clock)]
+        self._prof.start()
+        self._used = True
+
+    def stop(self) -> list[Activity]:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return []
+        self._torch.cuda.synchronize()  # the window's last kernels end inside it
+        prof.stop()
+        self._pairs.append(wall_pair(self._clock))
+        events = prof.profiler.kineto_results.events()
+        return kineto_activities(events, clock_map(self._pairs), self._torch.autograd.DeviceType.CUDA)
+
+
+def wall_pair(clock: Callable[[], float]) -> tuple[float, int]:
+    """A reading of ``clock`` and of the wall clock (ns) as close together as three tries give."""
+    best: tuple[float, float, int] | None = None
+    for _ in range(3):
+        a = clock()
+        w = time.time_ns()
+        b = clock()
+        if best is None or b - a < best[0]:
+            best = (b - a, (a + b) / 2, w)
+    assert best is not None
+    return best[1], best[2]
+
+
+def clock_map(pairs: list[tuple[float, int]]) -> Callable[[int], float]:
+    """Wall-clock ns to the Session's clock, from pairs of readings (the mean offset: the wall clock may be stepped
+    by NTP between runs, not within a window of seconds). In integer ns first: a float holds ns since the epoch
+    only to 256 ns."""
+    ref = pairs[0][1]
+    offset = sum((w - ref) / 1e9 - c for c, w in pairs) / len(pairs)
+    return lambda wall_ns: (wall_ns - ref) / 1e9 - offset
+
+
+def kineto_activities(events: Any, to_clock: Callable[[int], float], cuda: object) -> list[Activity]:
+    """The device's kernels, copies and sets among kineto's events, with their launch calls' times."""
+    launches: dict[int, int] = {}
+    device = []
+    for e in events:
+        if e.device_type() == cuda:
+            device.append(e)
+        elif (corr := e.correlation_id()) > 0:
+            launches[corr] = int(e.start_ns())
+    out: list[Activity] = []
+    for e in device:
+        name = e.name()
+        if _SYNC.match(name):
+            continue
+        stream = int(e.device_resource_id())
+        if not 0 <= stream < MAX_STREAMS:
+            continue
+        kind = 1 if name.startswith("Memcpy") else 2 if name.startswith("Memset") else 0
+        kind = 3 if kind == 0 and "nccl" in name.lower() else kind
+        start = int(e.start_ns())
+        launch = launches.get(e.correlation_id()) or launches.get(e.linked_correlation_id())
+        out.append((stream, kind, to_clock(start), to_clock(start + int(e.duration_ns())),
+                    to_clock(launch) if launch is not None else NAN))  # fmt: skip
+    out.sort(key=lambda a: a[2])
+    return out

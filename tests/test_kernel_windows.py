@@ -1,0 +1,288 @@
+"""Kernel windows (profiler.core.kernelwin) and the GPU's split of each step (profiler.analysis.gpu).
+
+The truth: fake kernel activity with known intervals against steps with known spans and data waits. Each case's
+split is worked out by hand (in the comments) and must come out to the nanosecond: host-late launches, input waits
+hidden under queued kernels, synchronisation (and a collective kernel), two streams. Then the same activity goes
+through a Session (its ring, the sampler process, the store) on a hand-driven clock, and the summary must carry
+the same figures; and the simulated device's launches, held by the GIL beside a loading thread, must read as the
+host's fault where a loop that loads in its own thread reads as input's.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, stallscope
+
+from profiler import Session
+from profiler.analysis.gpu import GpuStep, gpu_split, window_steps
+from profiler.core.kernelwin import KernelWindowError, KernelWindows, WindowPlan, kineto_activities, parse_plan
+from profiler.core.rows import KernelWindow, StepRow
+from profiler.core.stepevents import GPU, GWIN, ListLog
+from profiler.core.store import RunStore, load_run
+
+MS = 1e-3
+NS = 1e-9
+
+
+def _step(index: int, start_ms: float, end_ms: float, wait_ms: float = 0.0) -> StepRow:
+    return StepRow(index, start_ms * MS, end_ms * MS, wait_ms * MS, 8, False)
+
+
+def _act(start_ms: float, end_ms: float, launch_ms: float, stream: int = 7, kind: int = 0) -> tuple:
+    return (stream, kind, start_ms * MS, end_ms * MS, launch_ms * MS)
+
+
+def _window(*acts: tuple, t0: float = -1.0, t1: float = 100.0) -> KernelWindow:
+    return KernelWindow(0, t0 * MS, t1 * MS, 0.0, list(acts))
+
+
+def _check(got: GpuStep, *, busy: float, input: float = 0.0, host: float = 0.0, sync: float = 0.0, short: float = 0.0):
+    want = {"busy": busy, "input": input, "host": host, "sync": sync, "short": short}
+    have = {k: getattr(got, f"{k}_s") / MS for k in want}
+    assert all(abs(have[k] - want[k]) * MS <= NS for k in want), (have, want)
+    assert abs(sum(have.values()) - got.span_s / MS) * MS <= NS  # the five tile the step
+
+
+def test_host_late_launches() -> None:
+    # step [0, 10] ms, data wait [0, 1]. K1 launched at 1 runs 1-3; K2 launched at 5 (after K1 ended) runs 5-6;
+    # K3 launched at 6.5 runs 6.6-9; nothing after. Gaps: [0, 1] input (the host waited for the batch, then
+    # launched); [3, 5] host; [6, 6.5] host and [6.5, 6.6] short (launch to start); [9, 10] host (nothing launched)
+    w = _window(_act(1, 3, 1), _act(5, 6, 5), _act(6.6, 9, 6.5))
+    (got,) = window_steps(w, [_step(0, 0, 10, wait_ms=1)])
+    _check(got, busy=5.4, input=1.0, host=3.5, short=0.1)
+    assert got.launched == 3
+
+
+def test_input_waits_hidden_under_queued_kernels() -> None:
+    # step 0 [0, 10] launches K (at 2), which runs 2-13: into step 1 [10, 20], whose data wait is [10, 14]. The
+    # device ran step 0's kernel for 3 ms of that wait: only [13, 14] is input. K' launched at 14 runs 14-19
+    w = _window(_act(2, 13, 2), _act(14, 19, 14))
+    s0, s1 = window_steps(w, [_step(0, 0, 10), _step(1, 10, 20, wait_ms=4)])
+    _check(s0, busy=8.0, host=2.0)
+    _check(s1, busy=8.0, input=1.0, host=1.0)
+
+
+@pytest.mark.parametrize("collective", [False, True])
+def test_syncs_and_collectives(collective: bool) -> None:
+    # step [0, 10]: K1 launched at 0 runs 0-3; K2 was queued at 1 but runs only at 5-8 (it waited on an event):
+    # [3, 5] is sync; K3 queued at 2 runs 8.01-10: a 10 us gap, short. With a collective kernel (an all-reduce)
+    # running over [3, 5] instead, the gap is no gap but still sync: communication, not work
+    acts = [_act(0, 3, 0), _act(5, 8, 1), _act(8.01, 10, 2)]
+    if collective:
+        acts.append(_act(3, 5, 1, stream=9, kind=3))
+    (got,) = window_steps(_window(*acts), [_step(0, 0, 10)])
+    _check(got, busy=7.99, sync=2.0, short=0.01)
+
+
+def test_two_streams_are_one_device() -> None:
+    # stream 7: A 0-4 (launched 0), C 7-9 (launched 7); stream 8: B 2-6 (launched 0). The device is busy where either
+    # runs: [0, 6] and [7, 9]; [6, 7] and [9, 10] are the host's
+    w = _window(_act(0, 4, 0), _act(2, 6, 0, stream=8), _act(7, 9, 7))
+    (got,) = window_steps(w, [_step(0, 0, 10)])
+    _check(got, busy=8.0, host=2.0)
+
+
+def test_only_measured_steps_wholly_inside_a_window_count() -> None:
+    steps = [StepRow(0, 0.0, 0.01, 0.0, 8, True), _step(1, 10, 20), _step(2, 20, 30), _step(3, 30, 40)]
+    w = _window(_act(10, 40, 10), t0=5, t1=35)  # step 0 is warm-up, step 3 ends after the window
+    assert [g.step for g in window_steps(w, steps)] == [1, 2]
+    split = gpu_split([w], steps, "cupti")
+    assert split is not None and split.busy_fraction == pytest.approx(1.0)
+    assert split.window_step_ms == pytest.approx(10.0) and split.other_step_ms == pytest.approx(10.0)
+
+
+def test_window_plans_and_their_bad_input() -> None:
+    assert parse_plan("off") is None
+    assert parse_plan("auto") == WindowPlan(5, 20, 2000)
+    assert parse_plan("0:4") == WindowPlan(0, 4, 0)
+    assert parse_plan("3:4:10") == WindowPlan(3, 4, 10)
+    for bad in ("x", "3", "3:1", "-1:4", "3:4:4", "1:2:3:4"):
+        with pytest.raises(KernelWindowError, match="allowed off, auto, or AFTER:STEPS"):
+            parse_plan(bad)
+
+
+class FakeRecorder:
+    """Returns, at each stop, the activities the test asked for, on the Session's clock."""
+
+    source = "cupti"
+
+    def __init__(self, acts: list[tuple] | None = None, why: str | None = None) -> None:
+        self.acts, self.why = acts or [], why
+        self.starts = self.stops = 0
+
+    def usable(self) -> str | None:
+        return self.why
+
+    def start(self) -> None:
+        self.starts += 1
+
+    def stop(self) -> list[tuple]:
+        self.stops += 1
+        return list(self.acts)
+
+
+def test_windows_open_and_close_at_their_steps_and_put_their_activity() -> None:
+    t = [0.0]
+    rec = FakeRecorder([_act(1, 2, 0.5, stream=3, kind=1)])
+    kw = KernelWindows(WindowPlan(2, 3, 10), rec, warmup=1, clock=lambda: t[0])
+    log = ListLog()
+    opened = []
+    for index in range(25):
+        was_open = kw.open_at is not None
+        kw.at(index, log.put)
+        if kw.open_at is not None and not was_open:
+            opened.append(index)
+    # the first opens at step 3 (warm-up 1 + 2), closes at 6, then every 10 steps from the first: 13-16, 23-26
+    assert opened == [3, 13, 23]
+    assert rec.starts == 3 and rec.stops == 2  # the third is still open
+    events = log.take()
+    assert [e[0] for e in events] == [GPU, GWIN, GPU, GWIN]
+    assert events[0] == (GPU, 3 * 4 + 1, 1 * MS, 2 * MS, 0.5 * MS)
+    kw.close(log.put)
+    assert rec.stops == 3 and log.take()[-1][:2] == (GWIN, 2)
+
+
+def test_a_recorder_that_cannot_open_says_why_and_once_stops_trying() -> None:
+    rec = FakeRecorder(why="once: TEARDOWN_CUPTI is not 1")
+    kw = KernelWindows(WindowPlan(0, 2, 5), rec, warmup=0, clock=lambda: 0.0)
+    for index in range(20):
+        kw.at(index, ListLog().put)
+    assert rec.starts == 0 and kw.skipped == ["step 0: once: TEARDOWN_CUPTI is not 1"]
+
+
+class _Ev:
+    """A kineto event as ``kineto_results.events()`` gives one."""
+
+    def __init__(self, name: str, cuda: bool, start_ns: int, dur_ns: int, corr: int, *, stream: int = 7) -> None:
+        self._v = (name, cuda, start_ns, dur_ns, corr, stream)
+
+    def name(self) -> str:
+        return self._v[0]
+
+    def device_type(self) -> str:
+        return "CUDA" if self._v[1] else "CPU"
+
+    def start_ns(self) -> int:
+        return self._v[2]
+
+    def duration_ns(self) -> int:
+        return self._v[3]
+
+    def correlation_id(self) -> int:
+        return self._v[4]
+
+    def linked_correlation_id(self) -> int:
+        return 0
+
+    def device_resource_id(self) -> int:
+        return self._v[5]
+
+
+def test_kineto_events_become_activities_with_their_launches() -> None:
+    base = 1_800_000_000_000_000_000  # kineto's times: ns on the wall clock
+    events = [
+        _Ev("cudaLaunchKernel", False, base + 1_000, 5_000, 11),
+        _Ev("void gemm_kernel<...>", True, base + 8_000, 20_000, 11),
+        _Ev("cudaMemcpyAsync", False, base + 30_000, 2_000, 12),
+        _Ev("Memcpy HtoD (Pinned -> Device)", True, base + 31_000, 4_000, 12, stream=20),
+        _Ev("ncclDevKernel_AllReduce_Sum_f32", True, base + 40_000, 9_000, 13),
+        _Ev("Stream Wait Event", True, base + 50_000, 1_000, 14),  # a sync record: not an activity
+        _Ev("Memset (Device)", True, base + 60_000, 1_000, 99),  # its launch is not in the window
+    ]
+    acts = kineto_activities(events, lambda ns: (ns - base) / 1e9, "CUDA")
+    us = 1e-6
+    near = {"abs": 1e-12}
+    assert len(acts) == 4
+    # the kernel with its launch; the copy on its own stream; the collective and the set, launches not known
+    assert acts[0] == pytest.approx((7, 0, 8 * us, 28 * us, 1 * us), **near)
+    assert acts[1] == pytest.approx((20, 1, 31 * us, 35 * us, 30 * us), **near)
+    assert acts[2][:4] == pytest.approx((7, 3, 40 * us, 49 * us), **near) and math.isnan(acts[2][4])
+    assert acts[3][:4] == pytest.approx((7, 2, 60 * us, 61 * us), **near) and math.isnan(acts[3][4])
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_sessions_windows_reach_the_store_and_the_summary(tmp_path: Path) -> None:
+    # steps of 10 ms: the loop asks for a batch at T_k = 100 + 10 ms k, waits 2 ms for it, computes 8 ms. Each
+    # step's kernel is launched at T_k + 2.5 and runs T_k + 3 to T_k + 7: per step busy 4 ms, input 2 (the data
+    # wait, nothing queued), host 0.5 + 3 (launched late; nothing launched after it until the next step), short 0.5
+    clock = Clock(100.0)
+    acts = [_act(k * 10 + 3, k * 10 + 7, k * 10 + 2.5) for k in range(2, 7)]
+    rec = FakeRecorder([(s, kind, a + 100.0, b + 100.0, c + 100.0) for s, kind, a, b, c in acts])
+
+    def batches():
+        for _ in range(8):
+            clock.t += 0.002
+            yield [0] * 8
+
+    session = Session(tmp_path / "run", sources=[], clock=clock, device="cpu", warmup=1, kernel_windows="1:3:0",
+                      kernel_recorder=rec)  # fmt: skip
+    with session as s:
+        for _ in s.wrap(batches()):
+            with s.phase("compute"):
+                clock.t += 0.008
+    # the window opened at step 2's batch and closed at step 5's: steps 3 and 4 lie wholly inside it
+    (window,) = load_run(tmp_path / "run").windows
+    assert window.t_start == pytest.approx(0.022) and window.t_end == pytest.approx(0.052)
+    assert len(window.activities) == 5
+    summary = session.summary()
+    assert summary is not None and summary.gpu is not None
+    assert [g.step for g in summary.gpu.steps] == [3, 4]
+    for g in summary.gpu.steps:
+        _check(g, busy=4.0, input=2.0, host=3.5, short=0.5)
+    assert summary.device_busy_fraction == pytest.approx(0.4)
+    assert summary.sources.device_busy_fraction.startswith("kernel time (CUPTI, torch.profiler)")
+    # the host's share (35%) is over the input's (20%): the GPU waits for the host, and the report says so
+    assert summary.verdict == "host-bound: the GPU waits for the host"
+    (found,) = [r for r in summary.recommendations if r.code == "GPU_WAITS_FOR_HOST"]
+    assert "ran kernels 40% of the time and sat idle 35% waiting for kernels the host launched late" in found.text
+    d = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert d["gpu"]["fractions"] == pytest.approx({"busy": 0.4, "input": 0.2, "host": 0.35, "sync": 0.0, "short": 0.05})
+
+
+def test_a_window_is_stored_once_though_its_events_are_read_twice(tmp_path: Path) -> None:
+    store = RunStore(tmp_path, meta={"run_id": "x"})
+    w = KernelWindow(0, 1.0, 2.0, 0.001, [(7, 0, 1.1, 1.2, 1.05), (20, 1, 1.3, 1.4, math.nan)])
+    store.put_window(w)
+    store.put_window(w)  # a sampler process that took over re-reads the ring from the oldest step not stored
+    store.close()
+    (back,) = load_run(tmp_path).windows
+    assert (back.window, back.t_start, back.t_end, back.cost_s) == (0, 1.0, 2.0, 0.001)
+    assert back.activities[0] == (7, 0, 1.1, 1.2, 1.05) and math.isnan(back.activities[1][4])
+
+
+SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "gil_loader.py")
+
+
+def test_the_simulated_device_tells_the_hosts_wait_from_inputs(tmp_path: Path) -> None:
+    # launch=gil: the simulated device's launches hold the GIL and release it around each, as torch's op bindings
+    # do. naive, 0 workers: the training thread loads each batch, then launches: the device waits for input.
+    # prefetch, 0 workers: a thread beside it loads in Python, takes the GIL at each release, and the launches
+    # crawl: the device waits for the host. The same split names each.
+    got = {}
+    for pipeline in ("naive", "prefetch"):
+        res = stallscope(
+            "run", SCENARIO, "--device", "sim:h100,launch=gil", "--pipeline", pipeline, "--workers", "0",
+            "--steps", "40", "--kernel-windows", "2:20", "--no-attribution", "--no-live", "--json",
+            "--out", str(tmp_path / pipeline),
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        got[pipeline] = d = json.loads(res.stdout)
+        assert d["gpu"]["source"] == "sim" and d["gpu"]["steps"] >= 15
+        assert d["sources"]["device_busy_fraction"].startswith("SIMULATED")
+    naive, prefetch = got["naive"]["gpu"]["fractions"], got["prefetch"]["gpu"]["fractions"]
+    assert naive["input"] > naive["host"] and got["naive"]["verdict"].endswith("input-bound"), naive
+    assert prefetch["host"] > max(0.25, prefetch["input"]), prefetch
+    assert got["prefetch"]["verdict"] == "host-bound: the GPU waits for the host"
+    codes = [r["code"] for r in got["prefetch"]["recommendations"]]
+    assert "GPU_WAITS_FOR_HOST" in codes and "RAISE_WORKERS" not in codes
