@@ -8,9 +8,14 @@ Steps, in order:
 3. A short ``stallscope run`` of every built-in scenario x every pipeline that can train it here
    (``pipelines.applicable``), once on ``--device cuda`` and once on ``--device sim:<twin>``, the simulated
    accelerator nearest to this GPU. Each run's ``summary.json`` is judged (:func:`judge`):
-   CUDA: the NVML source available with a utilisation figure over the measured window, the CUDA-event device
-   busy fraction in (0, 1], and for ``naive`` (pageable memory, a blocking copy) h2d > 0 ms/step;
-   sim: exit 0 and ``device.kind == "sim"``.
+   CUDA: the NVML source available with a utilisation figure over the measured window, the device busy fraction
+   from the kernels of a kernel window (``--kernel-windows 0:STEPS+1``: every measured step) in (0, 1], the
+   CUDA-event span (``device_span_fraction``) in (0, 1], and for ``naive`` (pageable memory, a blocking copy)
+   h2d > 0 ms/step; sim: exit 0 and ``device.kind == "sim"``.
+4. The kernel case (issue #45): ``ssd`` with 0 workers, ``naive`` and ``prefetch``, KERNEL_STEPS steps at the
+   sampler's 100 Hz, on CUDA. Each run's kernel busy fraction must be within KERNEL_POINTS of NVML's
+   ``utilization.gpu`` over the same steps (the windows cover them all), ``prefetch`` must be named
+   ``host-bound`` (its loader thread holds the GIL while the training thread launches) and ``naive`` input-bound.
 
 NVML's ``utilization.gpu`` is sampled (here at 100 Hz, the sampler's maximum): a 3-step run of a small model on a
 fast GPU can measure for less than one sample period, so no sample falls in its window. Such a CUDA run is run
@@ -48,6 +53,9 @@ DEFAULT_TWIN = "h100"
 SAMPLE_HZ = 100.0  # the sampler's maximum (profiler.core.sampler.MAX_HZ): the most NVML samples a short run can get
 MIN_WINDOW_S = 0.5  # measured time a CUDA run is lengthened to when its first run caught no NVML sample
 MAX_STEPS = 2000
+KERNEL_STEPS = 30  # the kernel case's measured steps (the issue's ssd runs: 30 steps, NVML at 100 Hz)
+KERNEL_POINTS = 0.05  # kernel busy against NVML utilisation over the same steps: within 5 points
+HOST_BOUND = "host-bound: the GPU waits for the host"
 
 
 def sim_twin(device_name: str, keys: Sequence[str] | None = None) -> tuple[str, str | None]:
@@ -110,14 +118,37 @@ def judge(summary: dict[str, Any] | None, *, device: str, pipeline: str, exit_co
         reasons.append(f"no NVML utilisation figure in the measured window ({_window(summary)})")
     busy = summary.get("device_busy_fraction")
     busy_source = str((summary.get("sources") or {}).get("device_busy_fraction", ""))
-    if not busy_source.startswith("union of CUDA-event"):
-        reasons.append(f"device busy fraction not from CUDA events ({busy_source or 'no source recorded'})")
+    if not busy_source.startswith("kernel time (CUPTI"):
+        reasons.append(f"device busy fraction not from kernel windows ({busy_source or 'no source recorded'})")
     if not (_finite(busy) and 0.0 < float(busy) <= 1.0 + 1e-9):
         reasons.append(f"device busy fraction {_num(busy, '.3f')} is not in (0, 1]")
+    span = summary.get("device_span_fraction")
+    if not (_finite(span) and 0.0 < float(span) <= 1.0 + 1e-9):
+        reasons.append(f"CUDA-event span fraction {_num(span, '.3f')} is not in (0, 1]")
     if pipeline == "naive":
         ms, source = h2d_ms(summary)
         if ms is None or ms <= 0.0:
             reasons.append(f"naive h2d {_num(ms, '.3f')} ms/step ({source}), expected > 0")
+    return reasons
+
+
+def judge_kernel_case(summary: dict[str, Any] | None, *, pipeline: str) -> list[str]:
+    """Why a run of the kernel case fails (see the module): kernel busy against NVML's utilisation over the same
+    steps, and the cause named (prefetch: the host; naive: input)."""
+    if summary is None:
+        return []
+    reasons = []
+    busy, util = summary.get("device_busy_fraction"), nvml_util(summary)
+    if _finite(busy) and util is not None and abs(float(busy) - util / 100.0) > KERNEL_POINTS:
+        reasons.append(
+            f"kernel busy {float(busy):.3f} is more than {KERNEL_POINTS * 100:.0f} points from NVML utilisation "
+            f"{util:.1f}%"
+        )
+    verdict = str(summary.get("verdict") or "")
+    if pipeline == "prefetch" and verdict != HOST_BOUND:
+        reasons.append(f"prefetch with 0 workers named {verdict!r}, not {HOST_BOUND!r}")
+    if pipeline == "naive" and (not verdict.endswith("input-bound") or verdict == "not input-bound"):
+        reasons.append(f"naive with 0 workers named {verdict!r}, not input-bound")
     return reasons
 
 
@@ -141,13 +172,18 @@ class Cell:
     summary: dict[str, Any] | None = None
     failures: list[str] = field(default_factory=list)
     note: str | None = None
+    workers: int = 0
+    kernel_case: bool = False  # judged by judge_kernel_case as well
 
     @property
     def passed(self) -> bool:
         return not self.failures
 
 
-HEADER = ("scenario", "pipeline", "device", "samples/s", "stall %", "busy", "NVML util", "h2d ms/step", "verdict")
+HEADER = (
+    "scenario", "pipeline", "device", "samples/s", "stall %", "busy", "span", "GPU host %", "NVML util", "h2d ms/step",
+    "verdict",
+)  # fmt: skip
 
 
 def table(cells: Sequence[Cell]) -> str:
@@ -168,6 +204,8 @@ def table(cells: Sequence[Cell]) -> str:
                 _num(s.get("throughput_samples_per_s"), ",.0f"),
                 _num(_pct(s.get("stall_fraction")), ".1f"),
                 _num(s.get("device_busy_fraction"), ".3f"),
+                _num(s.get("device_span_fraction"), ".3f"),
+                _num(_pct(((s.get("gpu") or {}).get("fractions") or {}).get("host")), ".1f"),
                 "-" if util is None else f"{util:.0f}%",
                 _num(ms, ".3f"),
                 str(s.get("verdict") or "-"),
@@ -216,11 +254,12 @@ def run_tests(timeout_s: float) -> str | None:
 
 
 def run_cell(cell: Cell, out: Path, args: argparse.Namespace, steps: int) -> tuple[int, str]:
-    """``stallscope run`` of one cell into ``out``; its exit code and the last line of its stderr."""
+    """``stallscope run`` of one cell into ``out`` (one kernel window over every measured step); its exit code and
+    the last line of its stderr."""
     cmd = [
         sys.executable, "-m", "profiler", "run", cell.scenario, "--pipeline", cell.pipeline,
-        "--device", cell.device, "--steps", str(steps), "--warmup", str(args.warmup),
-        "--sample-hz", f"{SAMPLE_HZ:g}", "--no-live", "--json", "--out", str(out),
+        "--device", cell.device, "--steps", str(steps), "--warmup", str(args.warmup), "--workers", str(cell.workers),
+        "--kernel-windows", f"0:{steps + 1}", "--sample-hz", f"{SAMPLE_HZ:g}", "--no-live", "--json", "--out", str(out),
     ]  # fmt: skip
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout, check=False)
@@ -239,7 +278,7 @@ def read_summary(out: Path) -> dict[str, Any] | None:
 
 def check_cell(cell: Cell, out: Path, args: argparse.Namespace) -> None:
     """Run and judge one cell; a CUDA run that caught no NVML sample in a too-short window runs once longer."""
-    code, err = run_cell(cell, out, args, args.steps)
+    code, err = run_cell(cell, out, args, KERNEL_STEPS if cell.kernel_case else args.steps)
     cell.summary = read_summary(out)
     cell.failures = judge(cell.summary, device=cell.device, pipeline=cell.pipeline, exit_code=code)
     more = longer_steps(cell.summary, args.steps) if cell.device == "cuda" else None
@@ -250,6 +289,8 @@ def check_cell(cell: Cell, out: Path, args: argparse.Namespace) -> None:
         cell.summary = read_summary(longer)
         cell.failures = judge(cell.summary, device=cell.device, pipeline=cell.pipeline, exit_code=code)
         cell.note = f"run again with --steps {more}: {args.steps} steps {first}, too short for an NVML sample"
+    if cell.kernel_case:
+        cell.failures += judge_kernel_case(cell.summary, pipeline=cell.pipeline)
     if code != 0 and err:
         cell.failures.append(err)
 
@@ -298,9 +339,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="stallscope-gpu-check-"))
     root.mkdir(parents=True, exist_ok=True)
     cells = [Cell(s, p, d) for s, p in pairs for d in ("cuda", f"sim:{twin}")]
+    if not args.scenarios or "ssd" in args.scenarios.split(","):
+        cells += [Cell("ssd", p, "cuda", kernel_case=True) for p in ("naive", "prefetch")]
     for i, cell in enumerate(cells, 1):
         t0 = time.monotonic()
-        check_cell(cell, root / f"{cell.scenario}-{cell.pipeline}-{cell.device.replace(':', '-')}", args)
+        name = f"{cell.scenario}-{cell.pipeline}-{cell.device.replace(':', '-')}" + (
+            "-kernels" if cell.kernel_case else ""
+        )
+        check_cell(cell, root / name, args)
         verdict = "PASS" if cell.passed else "FAIL"
         print(
             f"gpu-check: [{i}/{len(cells)}] {cell.scenario} {cell.pipeline} {cell.device}: {verdict} "

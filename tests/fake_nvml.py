@@ -19,7 +19,12 @@ Script (a dict, or the JSON in ``tests/data/nvml_script_h100.json``)::
       "lost_after": 3,                   # optional: the 4th and later query of any feature -> GpuIsLost
       "fail_after": 3, "fail_with": "Unknown",  # optional: the same, raising NVMLError_<fail_with>
       "hang_after": 3,                   # optional: the 4th query of any feature blocks until released
-      "not_supported": ["pcie"]          # optional: features raising NVMLError_NotSupported
+      "not_supported": ["pcie"],         # optional: features raising NVMLError_NotSupported
+      "gpm": [{"graphics": 40, "sm": 30, "occupancy": 20, "tensor": 10, "dram": 50}, ...],
+                                         # optional: the devices have GPM; entry n is each one's n-th interval
+                                         # (false: the API is there, the devices do not support it)
+      "gpm_error": "NoPermission",       # optional: nvmlGpmQueryDeviceSupport raises NVMLError_<this>
+      "util_samples": [[ts_us, pct], ...]  # optional: the driver's utilisation samples (nvmlDeviceGetSamples)
     }
 
 Invariant: each (device, feature) has its own cursor, advanced by each query of that feature, so the
@@ -72,7 +77,15 @@ _CONSTANTS = {
     "NVML_CLOCK_SM": 1,
     "NVML_CLOCK_MEM": 2,
     "NVML_CLOCK_VIDEO": 3,
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": 1,
+    "NVML_GPM_METRIC_SM_UTIL": 2,
+    "NVML_GPM_METRIC_SM_OCCUPANCY": 3,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": 5,
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": 10,
+    "NVML_GPM_METRICS_GET_VERSION": 1,
+    "NVML_GPU_UTILIZATION_SAMPLES": 1,
 }
+_GPM_KEYS = {1: "graphics", 2: "sm", 3: "occupancy", 5: "tensor", 10: "dram"}
 FEATURES = ("util", "mem", "pcie", "power", "sm_clock")
 
 
@@ -234,6 +247,7 @@ def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one
             raise ValueError(f"fake NVML records only NVML_CLOCK_SM, got clock type {clock_type}")
         return int(sample(handle, "sm_clock", "nvmlDeviceGetClockInfo")["sm_clock"])
 
+    _add_activity(mod, script, need_init)
     for fn in (
         nvmlInit,
         nvmlShutdown,
@@ -248,6 +262,61 @@ def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one
     ):
         setattr(mod, fn.__name__, fn)
     return mod
+
+
+def _add_activity(mod: ModuleType, script: dict[str, Any], need_init: Any) -> None:
+    """GPM (``gpm``: the n-th interval between two samples reads ``gpm[n]``) and the driver's utilisation samples
+    (``util_samples``), each only where the script has them."""
+    gpm, gpm_error, util = script.get("gpm"), script.get("gpm_error"), script.get("util_samples")
+    taken: Counter[int] = Counter()  # GPM samples taken so far, per device
+
+    def nvmlGpmQueryDeviceSupport(handle: Any) -> SimpleNamespace:
+        need_init("nvmlGpmQueryDeviceSupport")
+        if gpm_error is not None:
+            _fail(gpm_error)
+        return SimpleNamespace(isSupportedDevice=int(bool(gpm)))
+
+    def nvmlGpmSampleAlloc() -> SimpleNamespace:
+        need_init("nvmlGpmSampleAlloc")
+        return SimpleNamespace(n=-1, freed=False)
+
+    def nvmlGpmSampleGet(handle: Any, sample: SimpleNamespace) -> SimpleNamespace:
+        need_init("nvmlGpmSampleGet")
+        sample.n, sample.dev = taken[handle.index], handle.index
+        taken[handle.index] += 1
+        return sample
+
+    def nvmlGpmSampleFree(sample: SimpleNamespace) -> None:
+        need_init("nvmlGpmSampleFree")
+        sample.freed = True
+
+    def nvmlGpmMetricsGet(got: SimpleNamespace) -> SimpleNamespace:
+        need_init("nvmlGpmMetricsGet")
+        first, second = got.sample1, got.sample2
+        assert gpm and first.dev == second.dev and second.n == first.n + 1 and not first.freed
+        entry = gpm[first.n % len(gpm)]
+        for m in got.metrics[: got.numMetrics]:
+            m.value, m.nvmlReturn = float(entry[_GPM_KEYS[m.metricId]]), 0
+        return got
+
+    def c_nvmlGpmMetricsGet_t() -> SimpleNamespace:
+        metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(16)]
+        return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None, metrics=metrics)
+
+    def nvmlDeviceGetSamples(handle: Any, kind: int, since: int) -> tuple[int, list[SimpleNamespace]]:
+        need_init("nvmlDeviceGetSamples")
+        fresh = [(ts, v) for ts, v in util or () if ts > since]
+        if not fresh:
+            _fail("NotFound")
+        return 1, [SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(uiVal=v)) for ts, v in fresh]
+
+    fns = [nvmlGpmQueryDeviceSupport] if "gpm" in script or gpm_error is not None else []
+    if gpm:
+        fns += [nvmlGpmSampleAlloc, nvmlGpmSampleGet, nvmlGpmSampleFree, nvmlGpmMetricsGet, c_nvmlGpmMetricsGet_t]
+    if util is not None:
+        fns.append(nvmlDeviceGetSamples)
+    for fn in fns:
+        setattr(mod, fn.__name__, fn)
 
 
 def _snake(camel: str) -> str:

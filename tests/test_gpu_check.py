@@ -40,7 +40,13 @@ gc = _load()
 
 
 def cuda_summary(**changes: Any) -> dict[str, Any]:
+    """The golden CUDA-events run, as a run with a kernel window over its steps reads (busy from the kernels, the
+    events' span beside it)."""
     doc: dict[str, Any] = copy.deepcopy(json.loads(CUDA_GOLDEN.read_text()))
+    doc["device_span_fraction"] = doc["device_busy_fraction"]
+    doc["device_busy_fraction"] = 0.55
+    doc["sources"]["device_busy_fraction"] = "kernel time (CUPTI, torch.profiler): union of kernels, ..."
+    doc["gpu"] = {"source": "cupti", "fractions": {"busy": 0.55, "input": 0.30, "host": 0.15, "sync": 0, "short": 0}}
     doc.update(changes)
     return doc
 
@@ -121,11 +127,26 @@ def test_judge_busy_fraction_outside_0_1(busy: float | None) -> None:
     assert "device busy fraction" in why and "is not in (0, 1]" in why
 
 
-def test_judge_busy_fraction_not_from_cuda_events() -> None:
+def test_judge_busy_fraction_not_from_kernel_windows() -> None:
     doc = cuda_summary()
-    doc["sources"]["device_busy_fraction"] = "compute phase time / wall time (CPU device: no device clock)"
+    doc["sources"]["device_busy_fraction"] = "union of CUDA-event intervals of all phases / wall time"
     [why] = gc.judge(doc, device="cuda", pipeline="prefetch", exit_code=0)
-    assert why.startswith("device busy fraction not from CUDA events")
+    assert why.startswith("device busy fraction not from kernel windows (union of CUDA-event")
+    [why] = gc.judge(cuda_summary(device_span_fraction=None), device="cuda", pipeline="prefetch", exit_code=0)
+    assert why == "CUDA-event span fraction - is not in (0, 1]"
+
+
+def test_judge_the_kernel_case() -> None:
+    # the golden run's NVML utilisation is 55.9%: kernel busy 0.55 is within 5 points, 0.50 is not
+    assert gc.judge_kernel_case(cuda_summary(verdict="highly input-bound"), pipeline="naive") == []
+    assert gc.judge_kernel_case(cuda_summary(verdict=gc.HOST_BOUND), pipeline="prefetch") == []
+    [why] = gc.judge_kernel_case(cuda_summary(device_busy_fraction=0.50, verdict=gc.HOST_BOUND), pipeline="prefetch")
+    assert why == "kernel busy 0.500 is more than 5 points from NVML utilisation 55.9%"
+    [why] = gc.judge_kernel_case(cuda_summary(verdict="highly input-bound"), pipeline="prefetch")
+    assert why == "prefetch with 0 workers named 'highly input-bound', not 'host-bound: the GPU waits for the host'"
+    for verdict in (gc.HOST_BOUND, "not input-bound"):
+        [why] = gc.judge_kernel_case(cuda_summary(verdict=verdict), pipeline="naive")
+        assert why == f"naive with 0 workers named {verdict!r}, not input-bound"
 
 
 def test_judge_naive_without_h2d() -> None:
@@ -172,12 +193,14 @@ def test_table_text() -> None:
         gc.Cell("ssd", "dali", "cuda", cuda_summary(nvml={}), ["no NVML figure"], note="run again with --steps 40"),
     ]
     assert gc.table(cells).splitlines() == [
-        "scenario   pipeline  device    samples/s  stall %  busy   NVML util  h2d ms/step  verdict             result",
-        "mlp-mnist  naive     cuda      80         34.0     1.000  56%        5.000        highly input-bound  PASS",
-        "mlp-mnist  naive     sim:h100  -          -        -      -          -            -                   "
-        "FAIL: exit code 2; no summary.json",
-        "ssd        dali      cuda      80         34.0     1.000  -          5.000        highly input-bound  "
-        "FAIL: no NVML figure (run again with --steps 40)",
+        "scenario   pipeline  device    samples/s  stall %  busy   span   GPU host %  NVML util  h2d ms/step  verdict"
+        "             result",
+        "mlp-mnist  naive     cuda      80         34.0     0.550  1.000  15.0        56%        5.000        "
+        "highly input-bound  PASS",
+        "mlp-mnist  naive     sim:h100  -          -        -      -      -           -          -            "
+        "-                   FAIL: exit code 2; no summary.json",
+        "ssd        dali      cuda      80         34.0     0.550  1.000  15.0        -          5.000        "
+        "highly input-bound  FAIL: no NVML figure (run again with --steps 40)",
     ]
 
 

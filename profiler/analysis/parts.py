@@ -262,6 +262,16 @@ class NvmlFigures:
         """{"gpu0": mean utilization.gpu %, ...}; not ``mem_util_pct`` (memory-controller activity)."""
         return _labelled(self.by_metric, r"(gpu\d+)\.util_pct")
 
+    def activity(self) -> dict[str, dict[str, float]]:
+        """{"gpu0": {"graphics": %, "sm_active": %, ...}}: the GPM counters' means (a GPU without GPM: its driver
+        samples' mean as {"util_samples": %}); only GPUs that have either."""
+        out: dict[str, dict[str, float]] = {}
+        for metric, value in self.by_metric.items():
+            gpu, _, name = metric.partition(".")
+            if name.startswith("gpm_") or name == "util_samples_pct":
+                out.setdefault(gpu, {})[name.removeprefix("gpm_").removesuffix("_pct")] = value
+        return out
+
     def to_dict(self) -> dict[str, float]:
         return {metric_key(m): v for m, v in self.by_metric.items()}
 

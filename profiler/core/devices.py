@@ -22,7 +22,9 @@ from types import ModuleType
 from typing import Any, Protocol, cast
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda|cuda:\d+|sim:.*)$")
-ALLOWED = "auto, cpu, cuda, cuda:N, sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink][,launch=sleep|gil]"
+ALLOWED = (
+    "auto, cpu, cuda, cuda:N, sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink][,launch=sleep|gil]"
+)
 
 
 class DeviceError(ValueError):

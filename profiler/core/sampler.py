@@ -271,6 +271,9 @@ class Sampler:
                 self.stats.sources[src.name] = SourceHealth()
                 self._active.append(src)
                 self._event("source", src.name, "available")
+                notes = getattr(src, "notes", None)  # a source's lines on what it reads instead of what it lacks
+                for line in notes() if callable(notes) else ():
+                    self._event("warning", src.name, line)
             else:
                 self.stats.sources[src.name] = SourceHealth(status=f"unavailable: {reason}")
                 self._event("source", src.name, f"unavailable: {reason}")

@@ -118,7 +118,8 @@ def _nvml_rows(s: Summary) -> list[tuple[str, str]]:
     else:
         stopped = []
     if not sim:
-        return [("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)"), *stopped]
+        rows = [("NVML util", line + "  (utilization.gpu, driver-averaged: hides sub-second stalls)"), *stopped]
+        return rows + _activity_rows(s)
     how = "  (simulated; utilization.gpu as NVML defines it, over each sample period)"
     rows = [("NVML util", line + how), *stopped]
     by = s.nvml.by_metric
@@ -132,6 +133,20 @@ def _nvml_rows(s: Summary) -> list[tuple[str, str]]:
                 f"{num(power, '{:.0f}', ' W')}  (simulated; power is an estimate, linear in utilisation)",
             )
         )
+    return rows
+
+
+_ACTIVITY = {"graphics": "graphics", "sm_active": "SM active", "sm_occupancy": "SM occupancy", "tensor": "tensor",
+             "dram_bw": "DRAM bandwidth", "util_samples": "busy (the driver's samples)"}  # fmt: skip
+
+
+def _activity_rows(s: Summary) -> list[tuple[str, str]]:
+    """The GPU's own counters (NVML GPM, or the driver's samples), means over the measured window."""
+    rows = []
+    for gpu, figures in s.nvml.activity().items():
+        parts = "  ".join(f"{label} {num(figures[k], '{:.0f}')}%" for k, label in _ACTIVITY.items() if k in figures)
+        how = "NVML GPM, over intervals of 100 ms or more" if "graphics" in figures else "nvmlDeviceGetSamples"
+        rows.append((f"GPU {gpu}", f"{parts}  ({how}, read from outside the process)"))
     return rows
 
 

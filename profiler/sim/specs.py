@@ -370,8 +370,8 @@ def names() -> list[str]:
 
 
 def parse(text: str) -> SimConfig:
-    """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink][,launch=sleep|gil]`` -> SimConfig; SimSpecError naming
-    what is allowed."""
+    """``sim:NAME[,precision=fp32|tf32|amp][,efficiency=E][,link=pcie|nvlink][,launch=sleep|gil]`` -> SimConfig;
+    SimSpecError naming what is allowed."""
     if not text.startswith("sim:"):
         raise SimSpecError(
             f"--device {text!r} is not a simulated device: allowed sim:NAME[,precision=P][,efficiency=E][,link=L]"

@@ -13,6 +13,8 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import threading
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from profiler.core.sources.base import SourceLost
+from profiler.core.sources.gpm import GPM_METRICS, SAMPLES_METRIC, DeviceActivity
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -54,6 +57,8 @@ _FEATURE_METRICS = {
     "pcie_rx": ("pcie_rx_mbps",),
     "power": ("power_w",),
     "sm_clock": ("sm_clock_mhz",),
+    "gpm": tuple(GPM_METRICS),
+    "util_samples": (SAMPLES_METRIC,),
 }
 
 
@@ -98,6 +103,7 @@ class NvmlSource:
         device_indices: list[int] | None = None,
         *,
         pcie_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if pcie_interval_s < 0:
             raise ValueError(f"pcie_interval_s must be >= 0, got {pcie_interval_s!r}")
@@ -114,6 +120,8 @@ class NvmlSource:
         self._unsupported: set[tuple[int, str]] = set()
         self._reasons: dict[tuple[int, str], str] = {}
         self._last_pcie = -math.inf
+        self._activity: list[DeviceActivity] = []
+        self._clock = clock
         # read() runs on the sampler thread while close() may come from the training thread.
         self._lock = threading.Lock()
 
@@ -162,6 +170,10 @@ class NvmlSource:
         with self._lock:
             self._shutdown_locked()
 
+    def notes(self) -> list[str]:
+        """One line per GPU whose activity counters are not GPM: why, and what is read instead."""
+        return [f"gpu{i}: {a.how}" for i, a in zip(self._indices, self._activity, strict=True) if not a.gpm]
+
     def device_names(self) -> list[str]:
         """Names of the sampled GPUs, in the order of their ``gpu<i>`` groups."""
         return list(self._names)
@@ -193,6 +205,12 @@ class NvmlSource:
         except nv.NVMLError as exc:
             return f"NVML unavailable: {_describe(exc)}"
         self._indices, self._handles, self._names = indices, handles, names
+        self._activity = [
+            DeviceActivity(nv, h, functools.partial(self._query, i), self._clock)
+            for i, h in zip(indices, handles, strict=True)
+        ]
+        for a in self._activity:
+            a.open()
         return None
 
     def _api(self) -> _Nvml:
@@ -226,6 +244,8 @@ class NvmlSource:
             out[p + "power_w"] = _NAN if power is None else power / 1000.0
             clock = self._query(index, "sm_clock", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM)
             out[p + "sm_clock_mhz"] = _NAN if clock is None else float(clock)
+        for index, activity in zip(self._indices, self._activity, strict=True):
+            out.update((f"gpu{index}.{k}", v) for k, v in activity.read().items())
         return out
 
     def _query(self, index: int, feature: str, func: Callable[..., _T], *args: object) -> _T | None:
@@ -257,6 +277,10 @@ class NvmlSource:
                 return
             self._initialised = False
             self._handles = []
+            for activity in self._activity:
+                with contextlib.suppress(Exception):  # a sample's free on a GPU that is gone
+                    activity.close()
+            self._activity = []
             nv = self._api()
             try:
                 nv.nvmlShutdown()
