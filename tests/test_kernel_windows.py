@@ -286,3 +286,20 @@ def test_the_simulated_device_tells_the_hosts_wait_from_inputs(tmp_path: Path) -
     assert got["prefetch"]["verdict"] == "host-bound: the GPU waits for the host"
     codes = [r["code"] for r in got["prefetch"]["recommendations"]]
     assert "GPU_WAITS_FOR_HOST" in codes and "RAISE_WORKERS" not in codes
+
+
+class BrokenRecorder(FakeRecorder):
+    def start(self) -> None:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+
+def test_a_recorder_that_fails_never_stops_the_training(tmp_path: Path) -> None:
+    with Session(tmp_path, sources=[], device="cpu", kernel_windows="0:2:3", kernel_recorder=BrokenRecorder()) as s:
+        for _ in s.wrap(range(12)):
+            pass
+    rec = load_run(tmp_path)
+    assert len(rec.steps) == 12 and rec.windows == ()
+    (warning,) = [e for e in rec.events if e[1] == "warning" and "kernel windows" in e[3]]
+    assert warning[3] == (
+        "kernel windows: step 0: once: the recorder failed to start (RuntimeError: CUPTI_ERROR_NOT_INITIALIZED)"
+    )

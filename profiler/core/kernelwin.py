@@ -120,14 +120,18 @@ class KernelWindows:
             self.close(put)
 
     def _open(self, index: int) -> None:
-        why = self.recorder.usable()
+        try:  # a recorder that fails never stops the training: the run says why, and no window opens again
+            why = self.recorder.usable()
+            if why is None:
+                t0 = self.clock()
+                self.recorder.start()
+                t1 = self.clock()
+        except Exception as exc:  # noqa: BLE001 - whatever CUPTI or torch.profiler raised, said in the run
+            why = f"once: the recorder failed to start ({type(exc).__name__}: {exc})"
         if why is not None:
             self.skipped.append(f"step {index}: {why}")
             self.next_index = index + self.plan.every if self.plan.every and "once" not in why else MAX_INDEX
             return
-        t0 = self.clock()
-        self.recorder.start()
-        t1 = self.clock()
         self.open_at = (index, t1, t1 - t0)
         self.next_index = index + self.plan.steps
 
@@ -138,7 +142,12 @@ class KernelWindows:
         index, t_open, cost_open = self.open_at
         self.open_at = None
         t0 = self.clock()
-        acts = self.recorder.stop()
+        try:
+            acts = self.recorder.stop()
+        except Exception as exc:  # noqa: BLE001 - said in the run; the window is lost, the training goes on
+            self.skipped.append(f"step {index}: once: the recorder failed to stop ({type(exc).__name__}: {exc})")
+            self.next_index = MAX_INDEX
+            return
         t1 = self.clock()
         for stream, kind, start, end, launch in acts:
             put((GPU, stream * 4 + kind, start, end, launch))
@@ -174,13 +183,16 @@ class TorchKernelRecorder:
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
     def usable(self) -> str | None:
+        cuda = self._torch.cuda
+        if not cuda.is_available():
+            return "once: CUDA is not available in this process"
         if self._used and os.environ.get("TEARDOWN_CUPTI") != "1":
             return (
                 "once: TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0), so CUPTI stays attached after "
                 "a window: only the first one runs"
             )
-        capturing = getattr(self._torch.cuda, "is_current_stream_capturing", None)
-        if callable(capturing) and capturing():
+        capturing = getattr(cuda, "is_current_stream_capturing", None)
+        if cuda.is_initialized() and callable(capturing) and capturing():
             return "a CUDA graph is being captured"
         return None
 

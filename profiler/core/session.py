@@ -385,7 +385,7 @@ class Session:
         if self._kw is not None:
             self._kw.close(self._put)
             for why in self._kw.skipped:
-                self.event("warning", f"kernel window not opened at {why}")
+                self.event("warning", f"kernel windows: {why}")
         self._flush(drain=True)
         if self._runq is not None:
             self._runq.close()

@@ -10,6 +10,7 @@ CUDA's. The observation methods (``busy_s``, ``copied_bytes``, ``memory_bytes``)
 from __future__ import annotations
 
 import math
+import select
 import threading
 import time
 from collections import deque
@@ -194,11 +195,12 @@ class SimDevice:
 
     def _step_launched(self, now: float, work: float, kernels: int) -> None:
         """``launch=gil``: the host launches the kernels one by one, spinning ``launch_s`` for each with the GIL
-        held (a Python loop, as eager PyTorch's dispatch is), then releasing it (``time.sleep(0)``), as torch's op
+        held (a Python loop, as eager PyTorch's dispatch is), then releasing it (a zero-timeout ``select``: about a
+        microsecond; ``time.sleep(0)`` would sleep out the kernel's 50 us timer slack), as torch's op
         bindings do around each dispatch; each kernel starts once launched and once the one before it has ended.
         A thread beside it that holds the GIL takes it at each release and keeps it up to the switch interval
         (5 ms): the launches slow down, and the device idles."""
-        each, clock, launch_s, release = work / kernels, self.clock, self.launch_s, time.sleep
+        each, clock, launch_s, release = work / kernels, self.clock, self.launch_s, select.select
         with self._lock:
             at = max(now, self._compute_tail, self._copy_ready)
         first, launched = at, now
@@ -207,7 +209,7 @@ class SimDevice:
             target = launched + launch_s
             while (launched := clock()) < target:
                 pass
-            release(0)  # torch's op bindings release the GIL around each dispatch: a thread beside may take it
+            release([], [], [], 0)  # torch's op bindings release the GIL around each dispatch: a thread may take it
             start = max(at, launched)
             first = start if i == 0 else first
             at = start + each
