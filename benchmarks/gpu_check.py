@@ -65,13 +65,11 @@ def sim_twin(device_name: str, keys: Sequence[str] | None = None) -> tuple[str, 
     A key matches as a whole token of the name ("NVIDIA A100-SXM4-80GB" -> a100, "Tesla T4" -> t4), so that
     "T4" inside another model number does not.
     """
-    if keys is None:
-        from profiler.sim.specs import ACCELERATORS
+    from profiler.sim.specs import match_accelerator
 
-        keys = list(ACCELERATORS)
-    for key in keys:
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", device_name, re.IGNORECASE):
-            return key, None
+    key = match_accelerator(device_name, keys)
+    if key is not None:
+        return key, None
     return DEFAULT_TWIN, f"no simulated accelerator matches {device_name!r}: its twin here is sim:{DEFAULT_TWIN}"
 
 

@@ -284,6 +284,9 @@ def test_the_simulated_device_tells_the_hosts_wait_from_inputs(tmp_path: Path) -
     assert naive["input"] > naive["host"] and got["naive"]["verdict"].endswith("input-bound"), naive
     assert prefetch["host"] > max(0.25, prefetch["input"]), prefetch
     assert got["prefetch"]["verdict"] == "host-bound: the GPU waits for the host"
+    # the launches themselves: longer beside the loader thread than alone, on the same host in the same test
+    host_ms = {p: got[p]["gpu"]["ms_per_step"]["host"] for p in got}
+    assert host_ms["prefetch"] > 1.5 * host_ms["naive"], host_ms
     codes = [r["code"] for r in got["prefetch"]["recommendations"]]
     assert "GPU_WAITS_FOR_HOST" in codes and "RAISE_WORKERS" not in codes
 
@@ -303,3 +306,40 @@ def test_a_recorder_that_fails_never_stops_the_training(tmp_path: Path) -> None:
     assert warning[3] == (
         "kernel windows: step 0: once: the recorder failed to start (RuntimeError: CUPTI_ERROR_NOT_INITIALIZED)"
     )
+
+
+def test_the_trace_has_a_track_per_stream_and_one_of_the_windows() -> None:
+    from profiler.core.rows import RunRecord
+    from profiler.render.trace import TID_KERNELS, trace_events
+
+    w = _window(_act(1, 3, 0.5), _act(2, 4, 1, stream=20, kind=1), _act(5, 6, 4), t0=0, t1=10)
+    rec = RunRecord({"kernel_windows": "cupti: 2 steps"}, [_step(0, 0, 10)], [], [], [], None, (w,))
+    events = trace_events(rec)["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names[TID_KERNELS] == "kernel windows (CUPTI)"
+    assert names[TID_KERNELS + 1] == "GPU stream 7 (CUPTI kernel activity)"
+    assert names[TID_KERNELS + 2] == "GPU stream 20 (CUPTI kernel activity)"
+    on_7 = [(e["ts"], e["dur"], e["name"]) for e in events if e["ph"] == "X" and e["tid"] == TID_KERNELS + 1]
+    assert on_7 == [(pytest.approx(1000.0), pytest.approx(2000.0), "kernel"), (pytest.approx(5000.0),
+                    pytest.approx(1000.0), "kernel")]  # fmt: skip
+    (copy,) = [e for e in events if e["ph"] == "X" and e["tid"] == TID_KERNELS + 2]
+    assert copy["name"] == "memcpy" and copy["args"]["launch_us"] == pytest.approx(1000.0)
+
+
+def test_mfu_from_the_counted_flops_the_step_time_and_the_kernels() -> None:
+    from profiler.analysis.mfu import mfu_of
+
+    # 1 TFLOP a step in 100 ms steps: 10 TFLOP/s, 10% of a 100 TFLOP/s peak; the kernels ran 5 of each 10 ms step
+    # in the window below (busy 50%), so over kernel time the device ran at 2x the step rate... of its own steps
+    meta = {"device": {"kind": "sim", "sim": {"peak_tflops": 100.0, "full_name": "X", "precision": "tf32"}},
+            "sim_cost": {"flops": 1e12}}  # fmt: skip
+    split = gpu_split([_window(_act(0, 5, 0))], [_step(0, 0, 10)], "sim")
+    m = mfu_of(meta, 100.0, split)
+    assert m is not None and m.simulated
+    assert m.tflops_step == pytest.approx(10.0) and m.mfu == pytest.approx(0.10)
+    assert m.tflops_kernel == pytest.approx(1e12 / 0.005 / 1e12)  # 5 ms of kernels a step
+    cuda = {"device": {"kind": "cuda"}, "step_flops": {"flops": 2e12, "source": "meta", "peak_tflops": 400.0,
+                                                       "peak_of": "H100 tf32 datasheet"}}  # fmt: skip
+    m = mfu_of(cuda, 50.0, None)
+    assert m is not None and not m.simulated and m.mfu == pytest.approx(0.10) and math.isnan(m.tflops_kernel)
+    assert mfu_of({"device": {"kind": "cuda"}, "step_flops": {"flops": None}}, 50.0, None) is None

@@ -108,7 +108,19 @@ def test_run_metrics_use_base_units_and_label_a_simulated_device() -> None:
     agg.add_steps(rows)
     folder.add_steps(rows + rows[:5])  # handed twice: taken once
     agg.add_samples(
-        [(1.0, {"gpu0.util_pct": 40.0, "gpu0.mem_used_mb": 2.0, "sys.cpu_pct": 50.0, "proc.main.cpu_pct": 150.0})]
+        [
+            (
+                1.0,
+                {
+                    "gpu0.util_pct": 40.0,
+                    "gpu0.mem_used_mb": 2.0,
+                    "sys.cpu_pct": 50.0,
+                    "proc.main.cpu_pct": 150.0,
+                    "gpu0.gpm_sm_active_pct": 30.0,
+                    "gpu0.gpm_tensor_pct": 5.0,
+                },
+            )
+        ]
     )
     meta = {"run_id": "abc", "scenario": "s", "device": {"kind": "sim", "name": "A100 (simulated)"}}
     got = {m.name: m for m in run_metrics(agg.snapshot(), folder.totals(), meta, "running")}
@@ -122,6 +134,10 @@ def test_run_metrics_use_base_units_and_label_a_simulated_device() -> None:
     assert got["stallscope_throughput_samples_per_second"].samples[0][1] == pytest.approx(8 / 0.050)
     assert got["stallscope_device_utilisation_ratio"].samples == [({"device": "gpu0", **sim}, 0.4)]
     assert got["stallscope_device_memory_used_bytes"].samples == [({"device": "gpu0", **sim}, 2.0 * 2**20)]
+    assert got["stallscope_device_activity_ratio"].samples == [
+        ({"device": "gpu0", "counter": "sm_active", **sim}, 0.3),
+        ({"device": "gpu0", "counter": "tensor", **sim}, 0.05),
+    ]
     assert got["stallscope_host_cpu_ratio"].samples == [({}, 0.5)]  # the host is not simulated
     assert got["stallscope_process_cpu_cores"].samples == [({"process": "main"}, 1.5)]
     assert got["stallscope_run_info"].samples[0][0]["simulated"] == "true"

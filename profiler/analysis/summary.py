@@ -24,6 +24,7 @@ from profiler.analysis.gpu import HOST_VERDICT, GpuSplit, gpu_busy_source, gpu_o
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.memory import LoaderMemory, loader_memory, shm_need
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
+from profiler.analysis.mfu import Mfu, mfu_of
 from profiler.analysis.parts import (
     CORE_PHASES,
     EVENT_TIMERS,
@@ -105,6 +106,7 @@ class Summary:
     headspace: Headspace | None = None  # run --headspace: the loader alone before training against the demand
     device_span_fraction: float = math.nan  # the union of the phases' device-event spans / wall (the old "busy")
     gpu: GpuSplit | None = None  # the kernel windows' split of the device's time (analysis.gpu)
+    mfu: Mfu | None = None  # model FLOPs utilisation (analysis.mfu)
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -154,6 +156,7 @@ class Summary:
             "headspace": self.headspace.to_dict() if self.headspace else None,
             "device_span_fraction": self.device_span_fraction,
             "gpu": self.gpu.to_dict() if self.gpu else None,
+            "mfu": self.mfu.to_dict() if self.mfu else None,
         }
         return json_safe(out)
 
@@ -363,18 +366,20 @@ def _summary(
         contention=figures.contention,
         loader_time=figures.loader_time,
         **_loader_parts(figures),
-        **_device_parts(figures, timing),
+        **_device_parts(figures, timing, meta),
     )
 
 
 class _DeviceParts(TypedDict):
     device_span_fraction: float
     gpu: GpuSplit | None
+    mfu: Mfu | None
 
 
-def _device_parts(figures: Figures, timing: _Timing) -> _DeviceParts:
-    """The device events' span (the busy fraction before kernel windows) and the kernel windows' split."""
-    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu}
+def _device_parts(figures: Figures, timing: _Timing, meta: JSON) -> _DeviceParts:
+    """The device events' span (the busy fraction before kernel windows), the kernel windows' split, and MFU."""
+    mfu = mfu_of(meta, timing.step_time.mean, figures.gpu)
+    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu, "mfu": mfu}
 
 
 def _loader_parts(figures: Figures) -> _LoaderFigures:

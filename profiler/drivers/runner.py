@@ -351,6 +351,8 @@ class _Loop:
             self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))
             self.model.train()
             session.annotate(params=sum(p.numel() for p in self.model.parameters()))
+            if cfg.device.kind == "cuda":
+                self._count_flops()
             if cfg.dist is not None:
                 self.model, self.sync = wrap_ddp(self.model, cfg.dist, cfg.device.torch_device, session.clock)
             self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
@@ -360,6 +362,33 @@ class _Loop:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )
+
+    def _count_flops(self) -> None:
+        """A CUDA run's FLOPs per step, counted once on the meta device (the simulator's count: the same model,
+        batch and loss), for MFU (profiler.analysis.mfu)."""
+        from profiler.sim.cost import CostModelError, measure_step
+        from profiler.sim.specs import ACCELERATORS, match_accelerator
+
+        scenario, plan = self.scenario, self.plan
+        try:
+            cost = measure_step(
+                plan.model_factory,
+                self.dataset[0],
+                plan.batch_size,
+                loss=scenario.loss,
+                cost_forward=scenario.cost_forward,
+                targets_in_forward=scenario.targets_in_forward,
+            )
+        except CostModelError as exc:
+            self.session.annotate(step_flops={"flops": None, "source": f"not counted: {exc}"})
+            return
+        facts: dict[str, object] = {"flops": cost.flops, "source": "counted on the meta device (FlopCounterMode)"}
+        key = match_accelerator(self.cfg.device.name)
+        if key is not None:  # the datasheet's peak for PyTorch's default arithmetic there (TF32 convolutions)
+            spec = ACCELERATORS[key]
+            precision = spec.default_precision()
+            facts |= {"peak_tflops": spec.peak_tflops[precision], "peak_of": f"{spec.full_name} {precision} datasheet"}
+        self.session.annotate(step_flops=facts)
 
     def _load_sim(self, sim: SimDevice) -> None:
         """The simulated device gets the step's cost, counted on the meta device from one item of the dataset;

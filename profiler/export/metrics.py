@@ -103,10 +103,18 @@ def sampler_metrics(latest: Mapping[str, float], sim: Labels) -> list[Metric]:
     cpu = Metric("stallscope_process_cpu_cores", "gauge", "CPU of the run's processes, newest sample (1 = one core).")
     rss = Metric("stallscope_process_resident_memory_bytes", "gauge", "Resident memory of the run's processes.")
     rank_cpu = Metric("stallscope_rank_cpu_cores", "gauge", "CPU of each rank's processes, newest sample.")
+    activity = Metric(
+        "stallscope_device_activity_ratio",
+        "gauge",
+        "The GPU's own counters (NVML GPM: graphics, sm_active, sm_occupancy, tensor, dram_bw), 0..1, over the "
+        "newest interval of 100 ms or more.",
+    )
     for key, value in sorted(latest.items()):
         head, _, rest = key.partition(".")
         if head.startswith("gpu") and rest == "util_pct":
             util.add(value / 100, {"device": head, **sim})
+        elif head.startswith("gpu") and rest.startswith("gpm_") and rest.endswith("_pct"):
+            activity.add(value / 100, {"device": head, "counter": rest[4:-4], **sim})
         elif head.startswith("gpu") and rest == "mem_used_mb":
             mem.add(value * MIB, {"device": head, **sim})
         elif head == "proc" and rest.endswith(".cpu_pct"):
@@ -119,7 +127,7 @@ def sampler_metrics(latest: Mapping[str, float], sim: Labels) -> list[Metric]:
     host.add(latest.get("sys.cpu_pct", math.nan) / 100)
     host_mem = Metric("stallscope_host_memory_used_ratio", "gauge", "Host memory in use, 0..1, newest sample.")
     host_mem.add(latest.get("sys.mem_used_pct", math.nan) / 100)
-    return [util, mem, host, host_mem, cpu, rss, rank_cpu]
+    return [util, mem, activity, host, host_mem, cpu, rss, rank_cpu]
 
 
 def _window(name: str, help_: str) -> Metric:

@@ -85,6 +85,8 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(("device busy", f"{pct(s.device_busy_fraction)}{label}  {s.sources.device_busy_fraction}"))
     if s.gpu is not None:
         rows.extend(gpu_rows(s))
+    if s.mfu is not None:
+        rows.append(mfu_row(s))
     if s.device_ms_per_step:
         times = "  ".join(f"{k} {num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
         rows.append(("device time", times + ("  (simulated, sim-events)" if sim else "  (CUDA events)")))
@@ -267,6 +269,21 @@ def job_lines(j: JobSummary) -> list[tuple[str, str]]:
         node = f" on node {f.node_rank}" if f.node_rank is not None else ""
         out.append(("first failure", f"rank {f.rank}{node} {f.describe()} after the job started"))
     return out
+
+
+def mfu_row(s: Summary) -> tuple[str, str]:
+    """MFU and the achieved TFLOP/s (analysis.mfu), with where the FLOPs and the peak come from."""
+    m = s.mfu
+    assert m is not None
+    d = m.to_dict()
+    kernel = d["achieved_tflops_over_kernel_time"]
+    text = (
+        f"{pct(m.mfu)}  ({num(m.tflops_step, '{:.2f}')} TFLOP/s over step time"
+        + (f", {num(m.tflops_kernel, '{:.2f}')} over kernel time" if kernel is not None else "")
+        + f", of {num(m.peak_tflops, '{:.1f}')} peak: {m.peak_of}; {m.flops_per_step / 1e9:.2f} GFLOP a step "
+        f"{m.flops_source})"
+    )
+    return ("MFU" + (" (simulated)" if m.simulated else ""), text)
 
 
 def gpu_rows(s: Summary) -> list[tuple[str, str]]:

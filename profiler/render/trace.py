@@ -33,6 +33,8 @@ TID_DEVICE = 2  # first device lane; further lanes take 3, 4, ...
 TRAINING_THREAD = "training loop"
 DEVICE_THREAD = "device (CUDA events)"
 SIM_DEVICE_THREAD = "device (SIMULATED, sim-events)"
+TID_KERNELS = 100  # the kernel windows' span, then one track per stream: 101, 102, ...
+KINDS = ("kernel", "memcpy", "memset", "collective")
 
 # Sort rank of each event kind at one timestamp: names first, then slices, then instants and counters.
 _RANK = {"M": 0, "X": 1, "i": 2, "C": 3}
@@ -81,6 +83,8 @@ _COUNTER_RULES: list[tuple[re.Pattern[str], Callable[[re.Match[str]], tuple[str,
     (re.compile(r"sys\.cpu_pct"), lambda m: ("host CPU %", "system")),
     (re.compile(r"proc\.(main|w\d+|total)\.rss_mb"), lambda m: ("host RSS MiB", m[1])),
     (re.compile(r"rank(\d+)\.cpu_pct"), lambda m: ("rank CPU %", f"rank{m[1]}")),  # a job's node sampler
+    (re.compile(r"gpu(\d+)\.gpm_(\w+)_pct"), lambda m: (f"gpu{m[1]} GPM activity %", m[2])),
+    (re.compile(r"gpu(\d+)\.util_samples_pct"), lambda m: (f"gpu{m[1]} utilization.gpu %", "driver samples")),
 ]
 
 
@@ -368,12 +372,15 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
     lanes = _device_lanes(detail.phases, simulated=simulated)
     tracks = [(TID_TRAINING, _nest(_host_slices(detail.steps, detail.phases) + detail.summaries))]
     tracks += [(TID_DEVICE + k, lane) for k, lane in enumerate(lanes)]
+    gpu_tracks = _kernel_tracks(record)
+    tracks += [(tid, slices) for tid, _name, slices in gpu_tracks]
     keyed = [_x_event(s, pid, tid) for tid, slices in tracks for s in slices]
     counters, widest = _counter_events(record, pid)
     keyed += counters + _instant_events(record, pid)
     keyed.sort(key=lambda kv: kv[0])
     origin = min(0, keyed[0][0][0]) if keyed else 0
     names = _name_events(meta, device, pid, origin, len(lanes))
+    names += [ev for tid, name, _ in gpu_tracks for ev in _track_names(pid, tid, origin, name)]
     metadata = _metadata(record, pid, len(lanes))
     metadata["decimation"] = {
         "steps_drawn": len(detail.steps),
@@ -447,6 +454,32 @@ def _name_events(
         names.append(_meta_event("thread_name", pid, tid, origin, {"name": thread}))
         names.append(_meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}))
     return names
+
+
+def _kernel_tracks(record: RunRecord) -> list[tuple[int, str, list[_Slice]]]:
+    """The kernel windows (one track of their spans) and their activities, one track per stream, as recorded."""
+    if not record.windows:
+        return []
+    how = "SIMULATED" if str(record.meta.get("kernel_windows", "")).startswith("sim") else "CUPTI"
+    spans = [_Slice(_ns(w.t_start), _ns(w.t_end), f"kernel window {w.window}", "kernel_window", 0,
+                    {"activities": len(w.activities), "cost_ms": w.cost_s * 1e3}) for w in record.windows]  # fmt: skip
+    streams: dict[int, list[_Slice]] = {}
+    for w in record.windows:
+        for stream, kind, a, b, launch in w.activities:
+            if _finite(a, b) and b >= a:
+                args = {"launch_us": _us(_ns(launch))} if math.isfinite(launch) else {}
+                streams.setdefault(stream, []).append(_Slice(_ns(a), _ns(b), KINDS[kind], "gpu", 0, args))
+    out = [(TID_KERNELS, f"kernel windows ({how})", spans)]
+    for k, stream in enumerate(sorted(streams)):
+        out.append((TID_KERNELS + 1 + k, f"GPU stream {stream} ({how} kernel activity)", _nest(streams[stream])))
+    return out
+
+
+def _track_names(pid: int, tid: int, origin: int, name: str) -> list[dict[str, Any]]:
+    return [
+        _meta_event("thread_name", pid, tid, origin, {"name": name}),
+        _meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}),
+    ]
 
 
 def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, Any]) -> dict[str, Any]:

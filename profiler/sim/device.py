@@ -194,21 +194,24 @@ class SimDevice:
         self.wait_until(now + launch)
 
     def _step_launched(self, now: float, work: float, kernels: int) -> None:
-        """``launch=gil``: the host launches the kernels one by one, spinning ``launch_s`` for each with the GIL
-        held (a Python loop, as eager PyTorch's dispatch is), then releasing it (a zero-timeout ``select``: about a
+        """``launch=gil``: the host launches the kernels one by one, spending ``launch_s`` of the training thread's
+        CPU on each with the GIL held (a Python loop, as eager PyTorch's dispatch is: on a loaded host a launch
+        takes longer, as a real one does), then releasing it (a zero-timeout ``select``: about a
         microsecond; ``time.sleep(0)`` would sleep out the kernel's 50 us timer slack), as torch's op
         bindings do around each dispatch; each kernel starts once launched and once the one before it has ended.
         A thread beside it that holds the GIL takes it at each release and keeps it up to the switch interval
         (5 ms): the launches slow down, and the device idles."""
         each, clock, launch_s, release = work / kernels, self.clock, self.launch_s, select.select
+        cpu = time.thread_time
         with self._lock:
             at = max(now, self._compute_tail, self._copy_ready)
-        first, launched = at, now
+        first = at
         log: list[tuple[int, int, float, float, float]] | None = [] if self._log is not None else None
         for i in range(kernels):
-            target = launched + launch_s
-            while (launched := clock()) < target:
+            target = cpu() + launch_s
+            while cpu() < target:
                 pass
+            launched = clock()
             release([], [], [], 0)  # torch's op bindings release the GIL around each dispatch: a thread may take it
             start = max(at, launched)
             first = start if i == 0 else first

@@ -10,8 +10,9 @@ training throughput (``PUBLISHED``); ``efficiency=E`` overrides it. Invariant: `
 
 from __future__ import annotations
 
+import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 PRECISIONS = ("fp32", "tf32", "amp")
@@ -419,3 +420,13 @@ def _link(text: str, spec: AcceleratorSpec, value: str) -> str:
     if value == "nvlink" and not spec.nvlink_gbps:
         raise SimSpecError(f"--device {text!r}: the {spec.name} has no NVLink: allowed link=pcie")
     return value
+
+
+def match_accelerator(device_name: str, keys: Sequence[str] | None = None) -> str | None:
+    """The key of :data:`ACCELERATORS` whose name is a whole token of ``device_name`` (``torch.cuda.get_device_name``:
+    "NVIDIA A100-SXM4-80GB" -> a100, "Tesla T4" -> t4, and "T4" inside another model number does not match), or
+    None."""
+    for key in ACCELERATORS if keys is None else keys:
+        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", device_name, re.IGNORECASE):
+            return key
+    return None

@@ -1,14 +1,16 @@
 """Known-cost scenario for the GPU's wait for the host: a loader whose items compute in Python (holding the GIL)
 and a model of many tiny kernels, for a simulated device whose launches hold the GIL too (``sim:NAME,launch=gil``).
 
-- loader: every item burns ITEM_CPU_S of CPU in a Python loop (the GIL held, as a PIL or NumPy-free augmentation
-  is), so a batch of 8 costs 16 ms of the CPU;
-- model: LAYERS tiny linear layers: a few hundred kernels a step of next to no device time, each launched by
-  the training thread (``launch=gil``: 10 us of Python each).
+- loader: every item burns ITEM_CPU_S of CPU in a Python loop (the GIL held, as a pure-Python augmentation
+  holds it), so a batch of 8 costs W = 5.2 ms of CPU;
+- model: LAYERS tiny linear layers: 259 kernels a step of next to no device time, each launched by the training
+  thread (``launch=gil``: 10 us of its CPU each, L = 2.6 ms a step).
 
-naive, 0 workers: the training thread loads each batch, then launches: the device waits for input most of the
-step. prefetch, 0 workers: a thread in the training process loads while the training thread launches; the two
-share the GIL, the launches slow down, and the device waits for the host.
+naive, 0 workers: the training thread loads each batch (input: W), then launches (host: L): input-bound, W = 2L.
+prefetch, 0 workers: a thread in the training process loads while the training thread launches, and the two share
+one GIL: the launches take about 2L (the GIL's turns) while the next batch loads, and what is left of the loader's
+W after that is input: host 2L against input W - L = L. W = 2L puts both at about two to one (2 / (W/L - 1) for
+prefetch, W/L for naive).
 """
 
 import time
@@ -18,7 +20,7 @@ from torch import nn
 
 from scenarios import Scenario
 
-ITEM_CPU_S = 0.002
+ITEM_CPU_S = 0.00065
 LAYERS = 40
 
 
@@ -61,5 +63,5 @@ scenario = Scenario(
     batch_size=8,
     steps=60,
     warmup=5,
-    description="items that compute in Python (2 ms each, the GIL held); a model of many tiny kernels",
+    description="items that compute in Python (0.65 ms each, the GIL held); a model of many tiny kernels",
 )
