@@ -1,10 +1,11 @@
 """What kernel windows cost (profiler/core/kernelwin.py; docs/benchmarks.md, "Kernel windows").
 
 1. **Outside the windows**, the training process's hot path: the fast loop (a tiny CNN, batches in memory, about
-   2 ms a step on these 2 cores) through two Sessions in one process, one with kernel windows off and one with a
+   0.8 ms a step on these 2 cores) through two Sessions in one process, one with kernel windows off and one with a
    window of 2 steps every 100 whose recorder records nothing (so what is measured is the windows' own machinery:
    the ticks made due at their steps, the opening and closing). Blocks of 20 steps in groups of four (off, on, on,
-   off): the median over the groups of off / on step time, and the cost per step in microseconds.
+   off): the median over the groups of off / on step time, and the cost per step in microseconds; then the same
+   with windows off in both Sessions: the comparison's own bias (an A/A run), against which the first is read.
 2. **Inside the windows, on the simulated device** (``launch=sleep``): ``stallscope run`` of
    tests/data/scenarios/gil_loader.py with ``--kernel-windows 20:20:60`` over 200 steps, three times: the windows'
    cost to the training thread (``gpu.window_cost_ms``), and the median step inside them against outside.
@@ -73,13 +74,14 @@ def _step_fn(device: str) -> tuple[Callable[[torch.Tensor, torch.Tensor], None],
     return step, batches
 
 
-def outside(groups: int) -> dict[str, float]:
-    """Part 1: the hot path with windows off against windows planned (see the module)."""
+def outside(groups: int, plan: str = "0:2:100") -> dict[str, float]:
+    """Part 1: the hot path with windows off against windows planned (see the module); ``plan="off"``: the same
+    two Sessions both without windows, the comparison's own bias (an A/A run)."""
     torch.set_num_threads(1)
     step, batches = _step_fn("cpu")
     with tempfile.TemporaryDirectory() as tmp:
         off = Session(Path(tmp) / "off", device="cpu", sources=[], kernel_windows="off").start()
-        on = Session(Path(tmp) / "on", device="cpu", sources=[], kernel_windows="0:2:100",
+        on = Session(Path(tmp) / "on", device="cpu", sources=[], kernel_windows=plan,
                      kernel_recorder=NullRecorder()).start()  # fmt: skip
         runs = {"off": off.wrap(itertools.cycle(batches)), "on": on.wrap(itertools.cycle(batches))}
 
@@ -183,15 +185,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=60)
     ap.add_argument("--sim-runs", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--aa", action="store_true", help="part 1 only, with windows off in both Sessions (its bias)")
     args = ap.parse_args(argv)
-    out = {"outside": outside(args.groups), "inside_sim": inside_sim(args.sim_runs), "cuda": on_cuda()}
+    if args.aa:
+        print(json.dumps(outside(args.groups, "off")))
+        return 0
+    out = {
+        "outside": outside(args.groups),
+        "outside_aa": outside(args.groups, "off"),
+        "inside_sim": inside_sim(args.sim_runs),
+        "cuda": on_cuda(),
+    }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    o, i, c = out["outside"], out["inside_sim"], out["cuda"]
+    o, aa, i, c = out["outside"], out["outside_aa"], out["inside_sim"], out["cuda"]
     print(f"outside the windows: off / on step time {o['median_ratio_off_over_on']:.4f} (median of {o['groups']} "
           f"groups of {o['step_ms']:.2f} ms steps), {o['median_cost_us_per_step']:+.1f} us a step, "
-          f"{o['windows_opened']} windows of 2 steps opened and closed")  # fmt: skip
+          f"{o['windows_opened']} windows of 2 steps opened and closed; the same comparison with windows off in "
+          f"both (its own bias): {aa['median_ratio_off_over_on']:.4f}, "
+          f"{aa['median_cost_us_per_step']:+.1f} us")  # fmt: skip
     print(
         f"inside, simulated device: {i['window_cost_ms']:.1f} ms for {i['windows']} windows; window steps "
         f"{i['window_step_ms']:.2f} ms against {i['other_step_ms']:.2f} outside (median of {i['runs']} runs)"
