@@ -344,3 +344,21 @@ def test_mfu_from_the_counted_flops_the_step_time_and_the_kernels() -> None:
     m = mfu_of(cuda, 50.0, None)
     assert m is not None and not m.simulated and m.mfu == pytest.approx(0.10) and math.isnan(m.tflops_kernel)
     assert mfu_of({"device": {"kind": "cuda"}, "step_flops": {"flops": None}}, 50.0, None) is None
+
+
+def test_without_windows_the_coarse_split_over_the_samplers_intervals() -> None:
+    from profiler.analysis.gpu import coarse_split
+
+    # readings at 0, 1 and 2 s: 40% busy over (0, 1], 80% over (1, 2]. The training thread waited for data 0.5 s
+    # of the first interval and none of the second: idle 0.6 s -> input 0.5, other 0.1; then idle 0.2 -> other
+    samples = [(t, "nvml", "gpu0.util_pct", v) for t, v in ((0.0, 10.0), (1.0, 40.0), (2.0, 80.0))]
+    steps = [StepRow(0, 0.2, 1.0, 0.5, 8, False), StepRow(1, 1.0, 2.0, 0.0, 8, False)]
+    got = coarse_split([*samples, (1.5, "nvml", "gpu1.util_pct", 0.0)], steps, (0.0, 2.0))
+    assert got is not None and got.metric == "NVML utilization.gpu (driver-averaged)"
+    assert (got.seconds, got.busy_s, got.input_s, got.other_s) == pytest.approx((2.0, 1.2, 0.5, 0.3))
+    d = got.to_dict()
+    assert d["fractions"] == pytest.approx({"busy": 0.6, "input": 0.25, "other_idle": 0.15})
+    # GPM's graphics activity, where read, is the better measure and is taken first
+    gpm = [(t, "nvml", "gpu0.gpm_graphics_pct", 50.0) for t in (0.0, 1.0, 2.0)]
+    assert coarse_split([*samples, *gpm], steps, (0.0, 2.0)).metric == "NVML GPM graphics activity"  # type: ignore[union-attr]
+    assert coarse_split(samples[:1], steps, (0.0, 2.0)) is None

@@ -17,6 +17,7 @@ The five add up to the step's span (:func:`profiler.kernels.analysis.split_idle`
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -202,3 +203,71 @@ def gpu_busy_source(g: GpuSplit) -> str:
         f"{what}: union of kernels, copies and sets over {len(g.steps)} steps in {g.windows} kernel window(s) / "
         "those steps' time; device_span_fraction is the CUDA-event span"
     )
+
+
+# -- the coarse split, where no kernel window measured a step ------------------------------------------------------
+COARSE_METRICS = (  # the device's busy share, best first: GPM's graphics activity, the driver's samples, the poll
+    ("gpm_graphics_pct", "NVML GPM graphics activity"),
+    ("util_samples_pct", "the driver's utilisation samples"),
+    ("util_pct", "NVML utilization.gpu (driver-averaged)"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CoarseSplit:
+    """The device's time over the sampler's intervals, split busy / input / other idle (COARSER than the kernel
+    windows' split: host, sync and short gaps are one part, and each interval is the sampler's, not a step)."""
+
+    metric: str  # what gave the busy share, in words
+    seconds: float  # the intervals' total
+    busy_s: float
+    input_s: float
+    other_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        s = self.seconds
+        return {
+            "source": f"coarser, over the sampler's intervals: {self.metric}",
+            "seconds": s,
+            "fractions": {"busy": self.busy_s / s, "input": self.input_s / s, "other_idle": self.other_s / s},
+        }
+
+
+def coarse_split(
+    samples: Sequence[tuple[float, str, str, float | None]], steps: Sequence[StepRow], window: tuple[float, float]
+) -> CoarseSplit | None:
+    """Over each interval between two readings of the first GPU's busy share inside ``window``: busy = the share;
+    input = the idle time, up to the time the training thread waited for data in that interval; the rest of the
+    idle time is other (host, sync, short: not told apart at this grain). None without such readings."""
+    found = _busy_series(samples, window)
+    if found is None:
+        return None
+    words, series = found
+    waits = [(s.t_start, s.t_start + s.data_wait_s) for s in steps if not s.warmup and s.data_wait_s > 0]
+    total = busy = wait_in = other = 0.0
+    for (a, _), (b, value) in itertools.pairwise(series):
+        span = b - a
+        share = min(max(value / 100.0, 0.0), 1.0)
+        waited = math.fsum(max(0.0, min(b, e) - max(a, s)) for s, e in waits if e > a and s < b)
+        idle = span * (1.0 - share)
+        total, busy = total + span, busy + span * share
+        wait_in += min(idle, waited)
+        other += idle - min(idle, waited)
+    return CoarseSplit(words, total, busy, wait_in, other) if total > 0 else None
+
+
+def _busy_series(
+    samples: Sequence[tuple[float, str, str, float | None]], window: tuple[float, float]
+) -> tuple[str, list[tuple[float, float]]] | None:
+    """The first GPU's busy share over ``window``, from the best metric with two readings or more: (its name in
+    words, its (t, %) readings)."""
+    for key, words in COARSE_METRICS:
+        metric = f"gpu0.{key}"
+        series = sorted(
+            (t, v) for t, _src, m, v in samples if m == metric and v is not None and math.isfinite(v)
+            and window[0] <= t <= window[1]
+        )  # fmt: skip
+        if len(series) >= 2:
+            simulated = any(src == "nvml-sim" for _t, src, m, _v in samples if m == metric)
+            return ("SIMULATED " + words if simulated else words), series
+    return None

@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, TypedDict
 
 from profiler.analysis.contention import Contention, contention_of
-from profiler.analysis.gpu import HOST_VERDICT, GpuSplit, gpu_busy_source, gpu_of, waits_for_host
+from profiler.analysis.gpu import (
+    HOST_VERDICT,
+    CoarseSplit,
+    GpuSplit,
+    coarse_split,
+    gpu_busy_source,
+    gpu_of,
+    waits_for_host,
+)
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.memory import LoaderMemory, loader_memory, shm_need
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
@@ -107,6 +115,7 @@ class Summary:
     device_span_fraction: float = math.nan  # the union of the phases' device-event spans / wall (the old "busy")
     gpu: GpuSplit | None = None  # the kernel windows' split of the device's time (analysis.gpu)
     mfu: Mfu | None = None  # model FLOPs utilisation (analysis.mfu)
+    gpu_coarse: CoarseSplit | None = None  # without kernel windows: the split over the sampler's intervals
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -157,6 +166,7 @@ class Summary:
             "device_span_fraction": self.device_span_fraction,
             "gpu": self.gpu.to_dict() if self.gpu else None,
             "mfu": self.mfu.to_dict() if self.mfu else None,
+            "gpu_coarse": self.gpu_coarse.to_dict() if self.gpu_coarse else None,
         }
         return json_safe(out)
 
@@ -366,7 +376,7 @@ def _summary(
         contention=figures.contention,
         loader_time=figures.loader_time,
         **_loader_parts(figures),
-        **_device_parts(figures, timing, meta),
+        **_device_parts(rec, m, figures, timing),
     )
 
 
@@ -374,12 +384,16 @@ class _DeviceParts(TypedDict):
     device_span_fraction: float
     gpu: GpuSplit | None
     mfu: Mfu | None
+    gpu_coarse: CoarseSplit | None
 
 
-def _device_parts(figures: Figures, timing: _Timing, meta: JSON) -> _DeviceParts:
-    """The device events' span (the busy fraction before kernel windows), the kernel windows' split, and MFU."""
-    mfu = mfu_of(meta, timing.step_time.mean, figures.gpu)
-    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu, "mfu": mfu}
+def _device_parts(rec: RunRecord, m: _Measured, figures: Figures, timing: _Timing) -> _DeviceParts:
+    """The device events' span (the busy fraction before kernel windows), the kernel windows' split (else the
+    coarse one over the sampler's intervals), and MFU."""
+    mfu = mfu_of(rec.meta, timing.step_time.mean, figures.gpu)
+    on_gpu = figures.device_kind in ("cuda", "sim") and figures.gpu is None and m.steps
+    coarse = coarse_split(rec.samples, m.steps, m.window) if on_gpu else None
+    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu, "mfu": mfu, "gpu_coarse": coarse}
 
 
 def _loader_parts(figures: Figures) -> _LoaderFigures:

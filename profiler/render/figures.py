@@ -85,6 +85,12 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(("device busy", f"{pct(s.device_busy_fraction)}{label}  {s.sources.device_busy_fraction}"))
     if s.gpu is not None:
         rows.extend(gpu_rows(s))
+    if s.gpu_coarse is not None:
+        d = s.gpu_coarse.to_dict()
+        fr = d["fractions"]
+        assert isinstance(fr, dict)
+        parts = "  ".join(f"{k.replace('_', ' ')} {pct(v)}" for k, v in fr.items())
+        rows.append(("GPU time (coarse)", f"{parts}  ({d['source']}; no kernel window measured a step)"))
     if s.mfu is not None:
         rows.append(mfu_row(s))
     if s.device_ms_per_step:
