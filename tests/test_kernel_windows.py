@@ -362,3 +362,33 @@ def test_without_windows_the_coarse_split_over_the_samplers_intervals() -> None:
     gpm = [(t, "nvml", "gpu0.gpm_graphics_pct", 50.0) for t in (0.0, 1.0, 2.0)]
     assert coarse_split([*samples, *gpm], steps, (0.0, 2.0)).metric == "NVML GPM graphics activity"  # type: ignore[union-attr]
     assert coarse_split(samples[:1], steps, (0.0, 2.0)) is None
+
+
+def test_the_live_view_and_prometheus_show_the_newest_windows_split(tmp_path: Path) -> None:
+    from profiler.export.metrics import run_metrics
+    from profiler.live.analysis import LiveAggregator, TotalsFolder
+    from profiler.live.feeds import StoreFeed
+    from profiler.live.render import frame
+
+    # the host-late case above: busy 5.4, input 1.0, host 3.5, short 0.1 of a 10 ms step
+    w = _window(_act(1, 3, 1), _act(5, 6, 5), _act(6.6, 9, 6.5))
+    step = (_step(0, 0, 10, wait_ms=1), [])
+    agg = LiveAggregator()
+    agg.add_windows([w], "cupti")  # the window before its step: no split yet
+    assert agg.snapshot().gpu is None
+    agg.add_steps([step])
+    agg.add_windows([], "cupti")  # the next poll: its step is in
+    gpu = agg.snapshot().gpu
+    assert gpu is not None and gpu.fraction("host") == pytest.approx(0.35)
+    text = " ".join(str(line) for line in frame(agg.snapshot(), {}).renderables)
+    assert "busy 54%" in text and "input 10%  host 35%  sync 0%  short 1%" in text
+    got = {m.name: m for m in run_metrics(agg.snapshot(), TotalsFolder().totals(), {}, "running")}
+    assert {lab["part"]: v for lab, v in got["stallscope_gpu_time_ratio"].samples} == pytest.approx(
+        {"busy": 0.54, "input": 0.10, "host": 0.35, "sync": 0.0, "short": 0.01}
+    )
+    # watch RUN_DIR's feed hands each stored window once
+    store = RunStore(tmp_path, meta={"run_id": "x"})
+    store.put_window(w)
+    store.close()
+    feed = StoreFeed(tmp_path)
+    assert [x.window for x in feed.windows()] == [0] and feed.windows() == []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from profiler.core.rows import KernelWindow, RunRecord, StepRow
@@ -188,12 +188,16 @@ def host_finding(g: GpuSplit, *, workers: int | None, pipeline: str | None, runq
     return head + " Likely: " + "; ".join(fixes) + "."
 
 
+def window_source(meta: Mapping[str, object]) -> str:
+    """What recorded a run's kernel windows (meta ``kernel_windows``: "SOURCE: plan"): "cupti" or "sim"."""
+    return str(meta.get("kernel_windows") or "cupti").split(":", 1)[0]
+
+
 def gpu_of(rec: RunRecord) -> GpuSplit | None:
-    """The run's split, from its kernel windows (meta ``kernel_windows``: "SOURCE: plan")."""
+    """The run's split, from its kernel windows."""
     if not rec.windows:
         return None
-    source = str(rec.meta.get("kernel_windows") or "cupti").split(":", 1)[0]
-    return gpu_split(rec.windows, rec.steps, source)
+    return gpu_split(rec.windows, rec.steps, window_source(rec.meta))
 
 
 def gpu_busy_source(g: GpuSplit) -> str:

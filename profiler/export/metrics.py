@@ -145,6 +145,11 @@ def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, object
     h2d = _window("stallscope_h2d_per_step_seconds", "Mean h2d time per step.")
     comp = _window("stallscope_compute_per_step_seconds", "Mean compute time per step.")
     n = _window("stallscope_window_steps", "Steps in the live window.")
+    gpu = Metric("stallscope_gpu_time_ratio", "gauge", "The newest kernel window's steps split by what the device "
+                 "did, 0..1: part busy, input, host, sync or short (docs/metrics.md).")  # fmt: skip
+    if snap.gpu is not None:
+        for part in ("busy", "input", "host", "sync", "short"):
+            gpu.add(snap.gpu.fraction(part), {"part": part, **sim})
     st = snap.stats
     if st is not None:
         stall.add(st.stall_fraction, sim)
@@ -163,6 +168,7 @@ def run_metrics(snap: LiveSnapshot, totals: RunTotals, meta: Mapping[str, object
         h2d,
         comp,
         n,
+        gpu,
         *sampler_metrics(snap.latest, sim),
         *memory_metrics(snap.memory),
     ]

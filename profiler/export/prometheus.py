@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from profiler.analysis.gpu import window_source
 from profiler.core.agent.views import ViewRecipe
 from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
@@ -67,6 +68,9 @@ class _RunState:
         self.agg.add_steps(steps)
         self.totals.add_steps(steps)
         self.agg.add_samples(samples)
+        windows = getattr(self.feed, "windows", None)  # a feed of kernel windows (the sampler process's, a store's)
+        if callable(windows):
+            self.agg.add_windows(windows(), window_source(self.feed.meta()))
 
     def metrics(self) -> list[Metric]:
         return run_metrics(self.agg.snapshot(), self.totals.totals(), self.feed.meta(), self.feed.status())

@@ -11,9 +11,11 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from profiler.analysis.gpu import GpuSplit, gpu_split
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stages import per_item
+from profiler.core.rows import KernelWindow
 from profiler.core.store import PhaseRow, StepRow
 
 
@@ -69,6 +71,7 @@ class LiveSnapshot:
     # of the memory source comes every second or more seldom: the newest sample may hold none)
     stages: dict[str, float] = field(default_factory=dict)  # seconds per item of each loader stage over the last
     # window_s of samples (the report's definition, docs/metrics.md "Loader stages"); empty where none is timed
+    gpu: GpuSplit | None = None  # the newest kernel window's split of its steps (analysis.gpu)
 
 
 def _means(samples: Iterable[dict[str, float]]) -> dict[str, float]:
@@ -101,6 +104,8 @@ class LiveAggregator:
         self._loader: deque[tuple[float, dict[str, float]]] = deque()  # recent samples' loader.* metrics
         self._memory: dict[str, float] = {}  # the newest value of each mem.* metric
         self._stages: deque[tuple[float, str, str, float | None]] = deque()  # recent samples' stage.* totals
+        self._window: KernelWindow | None = None  # the newest kernel window
+        self._gpu: GpuSplit | None = None  # its split, once its steps are here
 
     def add_steps(self, rows: Iterable[tuple[StepRow, Sequence[PhaseRow]]]) -> None:
         for row, phases in rows:
@@ -132,6 +137,15 @@ class LiveAggregator:
                     acc[1] += 1
         self._trim()
 
+    def add_windows(self, windows: Iterable[KernelWindow], source: str) -> None:
+        """Kernel windows as they complete (a feed may hand the same one again): the newest one's split, made once
+        its steps have come."""
+        for w in windows:
+            if self._window is None or w.window > self._window.window:
+                self._window, self._gpu = w, None
+        if self._window is not None and self._gpu is None:
+            self._gpu = gpu_split([self._window], [r for r, _ in self._steps], source)
+
     def _trim(self) -> None:
         while self._loader and self._loader[0][0] < self._last_sample_t - self._window_s:
             self._loader.popleft()
@@ -156,6 +170,7 @@ class LiveAggregator:
             loader=loader_time(HostFigures(_means(m for _t, m in self._loader))),
             memory=dict(self._memory),
             stages=per_item(list(self._stages), None),
+            gpu=self._gpu,
         )
 
 

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from profiler.core.rows import KernelWindow
 from profiler.core.store import DB_NAME, PhaseRow, StepRow, StoreBusy, StoreError, StoreTail, run_status
 
 if TYPE_CHECKING:
@@ -73,6 +74,13 @@ class StoreFeed:
             return [], []
         self._meta = meta
         return list(steps), samples
+
+    def windows(self) -> list[KernelWindow]:
+        """Kernel windows stored since the last call."""
+        try:
+            return self._tail.new_windows()
+        except StoreError:  # locked or mid-write: the next poll reads them
+            return []
 
     def status(self) -> str:
         return run_status(self._meta) if self._meta else "running"

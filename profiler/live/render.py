@@ -22,6 +22,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from profiler.analysis.gpu import window_source
 from profiler.analysis.meta import as_json
 from profiler.analysis.parts import SIMULATED, device_where
 from profiler.live.analysis import LiveAggregator, LiveSnapshot
@@ -139,7 +140,8 @@ def frame(snap: LiveSnapshot, meta: Mapping[str, object], total_steps: int | Non
     )
     row("cpu", cpu, f"(100% = one core)  system {_f(m.get('sys.cpu_pct', math.nan), '.0f')}% of all cores")
     row("rss", _f(m.get("proc.total.rss_mb", math.nan), ".0f", " MiB"), "main + workers")
-    for label, make in (("memory", _memory_row), ("workers", _workers_row), ("stages", _stages_row)):
+    rows_of = (("memory", _memory_row), ("workers", _workers_row), ("stages", _stages_row), ("GPU", _gpu_row))
+    for label, make in rows_of:
         if (cells := make(snap)) is not None:
             row(label, *cells)
     return Group(head, *rows)
@@ -173,6 +175,16 @@ def _stages_row(snap: LiveSnapshot) -> tuple[str, str] | None:
     slowest = max(snap.stages, key=lambda name: snap.stages[name])
     times = ", ".join(f"{name} {1e3 * s:.1f}" for name, s in snap.stages.items())
     return f"slowest: {slowest}", f"{times} ms an item (recent samples)"
+
+
+def _gpu_row(snap: LiveSnapshot) -> tuple[str, str] | None:
+    """The newest kernel window's split of its steps (None before the first window's steps are in)."""
+    g = snap.gpu
+    if g is None:
+        return None
+    parts = "  ".join(f"{k} {100 * g.fraction(k):.0f}%" for k in ("input", "host", "sync", "short"))
+    how = "SIMULATED kernels" if g.simulated else "CUPTI"
+    return f"busy {100 * g.busy_fraction:.0f}%", f"{parts}  (the newest kernel window, {len(g.steps)} steps, {how})"
 
 
 class Monitor:
@@ -287,6 +299,9 @@ def run_source(feed: LiveFeed) -> Callable[[], LiveSnapshot]:
         steps, samples = feed.poll()
         agg.add_steps(steps)
         agg.add_samples(samples)
+        windows = getattr(feed, "windows", None)  # a feed of kernel windows (the sampler process's, a store's)
+        if callable(windows):
+            agg.add_windows(windows(), window_source(feed.meta()))
         return agg.snapshot()
 
     return poll

@@ -87,6 +87,8 @@ class Drain:
             self._step(row, phases)
         for window in asm.take_windows():
             store.put_window(window)
+            if self._feed is not None:
+                self._feed.add_window(window)
         pos = self.reader.pos
         if store.failure is not None:  # nothing commits any more: the ring's room is not held for it
             self.reader.ring.set_read(pos)

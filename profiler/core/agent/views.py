@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
-from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 from profiler.core.sources.base import Recipe
 
 log = logging.getLogger("stallscope")
@@ -57,10 +57,18 @@ class AgentFeed:
         self._meta = dict(meta)
         self._samples = samples
         self.recent: deque[tuple[StepRow, Sequence[PhaseRow]]] = deque(maxlen=RECENT)
+        self._windows: deque[KernelWindow] = deque(maxlen=1)  # the newest kernel window
         self._status = "running"
 
     def add_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
         self.recent.append((row, phases))
+
+    def add_window(self, window: KernelWindow) -> None:
+        self._windows.append(window)
+
+    def windows(self) -> list[KernelWindow]:
+        """The newest kernel window (none yet: empty)."""
+        return list(self._windows)
 
     def add_meta(self, items: Mapping[str, object]) -> None:
         self._meta.update(items)

@@ -189,6 +189,24 @@ class StoreTail:
         self.db = resolve_db(run)
         self._last_step = -1
         self._last_t = -1.0
+        self._windows = 0  # kernel windows read so far
+
+    def new_windows(self) -> list[KernelWindow]:
+        """The kernel windows stored since the last call (their activities read only when one came)."""
+        con = open_read(self.db)
+        try:
+            if con.execute("SELECT 1 FROM sqlite_master WHERE name = 'kernel_windows'").fetchone() is None:
+                return []
+            (n,) = con.execute("SELECT COUNT(*) FROM kernel_windows").fetchone()
+            if n <= self._windows:
+                return []
+            windows = read_windows(con)
+        except sqlite3.DatabaseError as exc:
+            raise read_error(self.db, exc) from None
+        finally:
+            con.close()
+        self._windows = len(windows)
+        return list(windows)
 
     def poll(self) -> tuple[Meta, list[tuple[StepRow, list[PhaseRow]]], list[tuple[float, dict[str, float]]]]:
         con = open_read(self.db)
