@@ -392,3 +392,16 @@ def test_the_live_view_and_prometheus_show_the_newest_windows_split(tmp_path: Pa
     store.close()
     feed = StoreFeed(tmp_path)
     assert [x.window for x in feed.windows()] == [0] and feed.windows() == []
+
+
+def test_the_thread_sampler_stores_the_windows_too(tmp_path: Path) -> None:
+    # sampling="thread": no sampler process; the Session's own rows and windows go to the Recording's store
+    rec = FakeRecorder([_act(1, 2, 0.5)])
+    with Session(tmp_path, sources=[], device="cpu", sampling="thread", kernel_windows="0:2:0",
+                 kernel_recorder=rec) as s:  # fmt: skip
+        for _ in s.wrap(range(6)):
+            pass
+    (window,) = load_run(tmp_path).windows
+    ((stream, kind, a, b, launch),) = window.activities  # on the run's clock: the Session's, less its zero
+    assert (stream, kind) == (7, 0) and b - a == pytest.approx(0.001) and a - launch == pytest.approx(0.0005)
+    assert rec.stops == 1
