@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, stallscope
@@ -405,3 +409,59 @@ def test_the_thread_sampler_stores_the_windows_too(tmp_path: Path) -> None:
     ((stream, kind, a, b, launch),) = window.activities  # on the run's clock: the Session's, less its zero
     assert (stream, kind) == (7, 0) and b - a == pytest.approx(0.001) and a - launch == pytest.approx(0.0005)
     assert rec.stops == 1
+
+
+class _FakeProfile:
+    """torch.profiler.profile with CUDA activity, as the start-up module uses it: its events come at fixed
+    offsets from the wall clock of its start."""
+
+    def __init__(self, activities: list[object]) -> None:
+        self.base = 0
+
+    def start(self) -> None:
+        self.base = time.time_ns()
+
+    def stop(self) -> None:
+        b = self.base
+        events = [_Ev("cudaLaunchKernel", False, b + 900_000, 5_000, 3),
+                  _Ev("volta_sgemm", True, b + 1_000_000, 2_000_000, 3),
+                  _Ev("Memcpy HtoD (Pinned -> Device)", True, b + 4_000_000, 500_000, 4, stream=20)]  # fmt: skip
+        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events))
+
+
+def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from profiler.zerocode.boot.stallscope_instrument import KernelWindows, Writer
+    from profiler.zerocode.instrument import InstrumentReader, Process
+
+    fake_torch = SimpleNamespace(
+        cuda=SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: None),
+        profiler=SimpleNamespace(profile=_FakeProfile, ProfilerActivity=SimpleNamespace(CUDA="cuda")),
+        autograd=SimpleNamespace(DeviceType=SimpleNamespace(CUDA="CUDA")),
+    )
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    writer = Writer(str(tmp_path))
+    windows = KernelWindows(writer, KernelWindows.parse("2:3"))
+    for call in range(1, 10):  # the script's next() calls: a window from the 2nd to the 5th, then none
+        if call >= windows.next_call:
+            windows.at(call)
+    writer.flush()
+    records = [json.loads(line) for line in (tmp_path / f"p{os.getpid()}.jsonl").read_text().splitlines()]
+    (rec,) = records
+    assert rec["k"] == "kwin" and rec["w"] == 0 and windows.next_call > 10**9
+    (stream, kind, start, end, launch), copy = rec["acts"]
+    # on perf_counter: the kernel 1 ms after the window opened (the wall clock read beside it, within a ms), 2 ms long
+    assert (stream, kind) == (7, 0) and end - start == pytest.approx(0.002, abs=1e-6)
+    assert start - rec["t0"] == pytest.approx(0.001, abs=0.001) and start - launch == pytest.approx(0.0001, abs=1e-6)
+    assert copy[:2] == [20, 1] and copy[4] == -1.0  # its launch is not in the window
+    # the reader takes it into the run's clock, once, for the source process
+    reader = InstrumentReader(tmp_path, t0=rec["t0"] - 1.0)
+    proc = Process(os.getpid())
+    proc.take(rec)
+    reader.source = proc
+    (w,) = reader.take_windows()
+    assert w.t_start == pytest.approx(1.0) and len(w.activities) == 2 and math.isnan(w.activities[1][4])
+    assert reader.take_windows() == []
+    with pytest.raises(ValueError, match="allowed off, auto or AFTER:STEPS"):
+        KernelWindows.parse("3:1")

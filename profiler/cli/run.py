@@ -4,6 +4,7 @@ and handlers. Each prints the Summary its run built at close; none reads the sto
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -320,6 +321,10 @@ def _profile_external(
     from profiler.zerocode.profile import profile_external
 
     out = prepare_out(args.out, f"{stem(name)}-zero-code")
+    if (windows := getattr(args, "kernel_windows", None)) is not None:
+        from profiler.zerocode.boot.stallscope_instrument import WINDOWS_ENV
+
+        os.environ[WINDOWS_ENV] = windows  # into the command's environment: its start-up module reads it
     if not args.json:
         say(f"profiling {' '.join(command) if command else f'pid {pid}'} from outside -> {out}")
     try:

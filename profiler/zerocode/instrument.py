@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV, STOP_ENV
 
 BOOT_DIR = Path(__file__).with_name("boot")
@@ -116,6 +117,8 @@ class Process:
     device: dict[str, Any] | None = None  # its CUDA device, once the start-up module's device clock started
     dev: dict[int, float] = field(default_factory=dict)  # event number -> when the device reached it
     dev_off: str | None = None  # why the device clock stopped
+    windows: list[dict[str, Any]] = field(default_factory=list)  # its kernel windows' records (kwin)
+    windows_off: str | None = None  # why its kernel windows stopped
 
     @property
     def rank(self) -> int | None:
@@ -134,6 +137,10 @@ class Process:
             self.device = {"index": int(rec["device"]), "name": str(rec.get("name") or "?")}
         elif kind == "dev_off":
             self.dev_off = str(rec.get("why"))
+        elif kind == "kwin":
+            self.windows.append(rec)
+        elif kind == "kwin_off":
+            self.windows_off = str(rec.get("why"))
         elif kind == "loader":
             lid = int(rec["id"])
             args, applied = dict(rec["args"]), dict(rec.get("applied") or {})
@@ -248,6 +255,7 @@ class InstrumentReader:
         self.processes: dict[int, Process] = {}
         self.builders: dict[int, StepBuilder] = {}
         self.source: Process | None = None  # the process whose training loader makes the run's steps
+        self._windows_taken = 0  # the source process's kernel windows handed out
 
     @property
     def batches(self) -> int:
@@ -270,6 +278,20 @@ class InstrumentReader:
             if proc is source:
                 out = built
         return out
+
+    def take_windows(self) -> list[KernelWindow]:
+        """The source process's kernel windows recorded since the last call, on the run's clock."""
+        proc = self.source
+        if proc is None or self._windows_taken >= len(proc.windows):
+            return []
+        new, self._windows_taken = proc.windows[self._windows_taken :], len(proc.windows)
+        t0 = self.t0
+        return [
+            KernelWindow(int(w["w"]), float(w["t0"]) - t0, float(w["t1"]) - t0, float(w["cost"]), [
+                (int(a[0]), int(a[1]), a[2] - t0, a[3] - t0, a[4] - t0 if a[4] >= 0 else math.nan) for a in w["acts"]
+            ])
+            for w in new
+        ]  # fmt: skip
 
     def _read(self) -> None:
         try:

@@ -197,6 +197,10 @@ def _instrumented(out: Path, t0: float) -> InstrumentReader:
 def _instrument_facts(reader: InstrumentReader) -> dict[str, object]:
     """The meta of an instrumented run: its loaders, and the mode its figures have (measured steps or not)."""
     facts = reader.facts()
+    source = reader.source
+    if source is not None and (source.windows or source.windows_off):
+        off = f"; stopped: {source.windows_off}" if source.windows_off else ""
+        facts["kernel_windows"] = f"cupti: {len(source.windows)} window(s) from the start-up module{off}"
     if reader.steps:
         return {**facts, "mode": AUTO_INSTRUMENTED, "warmup_steps": reader.warmup}
     if not facts["instrumented_processes"]:
@@ -221,6 +225,8 @@ class _Tick:
         if self.reader is not None:
             for row, phases in self.reader.poll(final):
                 self.rec.on_step(row, phases)
+            for window in self.reader.take_windows():
+                self.rec.on_window(window)
 
     def last(self) -> None:
         """The last tick, before the store closes (nothing held back for device times), and the instrumented

@@ -53,6 +53,8 @@ STOP_ENV = "STALLSCOPE_STOP"
 FLUSH_S = 0.2  # records wait at most this long (or FLUSH_EVERY of them) before they are written
 FLUSH_EVERY = 64
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
+WINDOWS_ENV = "STALLSCOPE_KERNEL_WINDOWS"  # "AFTER:STEPS[:EVERY]" in a loader's next() calls, or "off"
+WINDOWS_DEFAULT = (10, 20, 2000)
 _LIBRARIES = tuple(os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata"))
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -274,13 +276,111 @@ class DeviceClock:
         self.writer.put({"k": "dev_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
 
 
+class KernelWindows:
+    """Kernel windows in the script's process (as a Session's: profiler/core/kernelwin.py, which this module,
+    running in the script's environment, cannot import): on CUDA, once the script has initialised it, from the
+    AFTER-th ``next()`` of a loader for STEPS calls, then every EVERY calls, ``torch.profiler`` with CUDA activity
+    records the device's kernels, copies and sets and their launches; each window is one ``kwin`` record, its
+    activities ``[stream, kind, start, end, launch]`` on ``time.perf_counter`` (launch -1: not known). Any error
+    turns them off with one ``kwin_off`` record."""
+
+    SYNC = ("Stream Wait Event", "Stream Sync", "Context Sync", "Event Sync", "Device Sync")
+
+    def __init__(self, writer: Writer, plan: tuple[int, int, int] | None) -> None:
+        self.writer, self.plan = writer, plan
+        self.next_call = plan[0] if plan is not None else 1 << 62
+        self.prof: Any = None
+        self.opened = (0.0, 0.0, 0)  # clock, cost, the wall clock's ns at the opening
+        self.window = 0
+
+    @staticmethod
+    def parse(text: str | None) -> tuple[int, int, int] | None:
+        if text in (None, "", "auto"):
+            return WINDOWS_DEFAULT
+        if text == "off":
+            return None
+        nums = [int(x) for x in str(text).split(":")]  # ValueError: bad input, said by install()
+        if len(nums) not in (2, 3) or nums[0] < 0 or nums[1] < 2:
+            raise ValueError(f"kernel windows {text!r}: allowed off, auto or AFTER:STEPS[:EVERY]")
+        return nums[0], nums[1], nums[2] if len(nums) == 3 else 0
+
+    def at(self, calls: int) -> None:
+        """The ``calls``-th batch of a loader came: open or close a window that is due."""
+        assert self.plan is not None
+        try:
+            if self.prof is None:
+                self._open(calls)
+            else:
+                self._close(calls)
+        except Exception as exc:  # noqa: BLE001 - the profiler's failure is not the script's
+            self.next_call, self.prof = 1 << 62, None
+            self.writer.put({"k": "kwin_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
+
+    def _open(self, calls: int) -> None:
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if torch is None or cuda is None or not cuda.is_initialized():
+            self.next_call = calls + 1  # not yet on CUDA: try at the next call
+            return
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+        t0 = time.perf_counter()
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        prof.start()
+        self.prof, t1 = prof, time.perf_counter()
+        self.opened = (t1, t1 - t0, time.time_ns())
+        self.next_call = calls + self.plan[1]  # type: ignore[index]
+
+    def _close(self, calls: int) -> None:
+        torch, prof = sys.modules["torch"], self.prof
+        t0 = time.perf_counter()
+        torch.cuda.synchronize()
+        prof.stop()
+        self.prof = None
+        t_open, cost, wall_open = self.opened
+        # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer ns
+        # first: a float holds ns since the epoch only to 256 ns)
+        offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_open)) / 2
+        acts = self._activities(prof.profiler.kineto_results.events(), wall_open, t_open - offset, torch)
+        t1 = time.perf_counter()
+        self.writer.put({"k": "kwin", "w": self.window, "t0": t_open, "t1": t0, "cost": cost + t1 - t0, "acts": acts})
+        self.window += 1
+        every = self.plan[2]  # type: ignore[index]
+        self.next_call = calls - self.plan[1] + every if every else 1 << 62  # type: ignore[index]
+
+    def _activities(self, events: Any, wall_ref: int, clock_ref: float, torch: Any) -> list[list[float]]:
+        cuda_type = torch.autograd.DeviceType.CUDA
+        launches, device = {}, []
+        for e in events:
+            if e.device_type() == cuda_type:
+                device.append(e)
+            elif e.correlation_id() > 0:
+                launches[e.correlation_id()] = int(e.start_ns())
+
+        def at(ns: int) -> float:
+            return clock_ref + (ns - wall_ref) / 1e9
+
+        out = []
+        for e in device:
+            name, stream = str(e.name()), int(e.device_resource_id())
+            if name.startswith(self.SYNC) or not 0 <= stream < 1 << 20:
+                continue
+            kind = 1 if name.startswith("Memcpy") else 2 if name.startswith("Memset") else 0
+            kind = 3 if kind == 0 and "nccl" in name.lower() else kind
+            start, launch = int(e.start_ns()), launches.get(e.correlation_id())
+            out.append([stream, kind, at(start), at(start + int(e.duration_ns())), at(launch) if launch else -1.0])
+        return out
+
+
 class Instrument:
     """The patches and their records; one per process."""
 
-    def __init__(self, writer: Writer, overrides: dict[str, Any], stop: Stop | None) -> None:
+    def __init__(
+        self, writer: Writer, overrides: dict[str, Any], stop: Stop | None, windows: tuple[int, int, int] | None = None
+    ) -> None:
         self.writer = writer
         self.overrides = overrides
         self.stop = stop
+        self.windows = KernelWindows(writer, windows)
         self.loaders = 0
         self.calls: collections.Counter[int] = collections.Counter()
         self.runq = RunQueue()
@@ -396,6 +496,7 @@ class Instrument:
 
     def _next(self, nxt: Callable[[Any], Any]) -> Callable[[Any], Any]:
         writer, calls, clock, runq, dev = self.writer, self.calls, time.perf_counter, self.runq, self.device
+        kw = self.windows
 
         def __next__(iterator: Any) -> Any:
             # the clock is read first and last: the call's time, as the script sees it, includes this wrapper
@@ -414,6 +515,8 @@ class Instrument:
             calls[lid] += 1
             rec["t1"] = t1 = clock()
             writer.put(rec)
+            if calls[lid] >= kw.next_call:  # a kernel window is due (one compare a call otherwise)
+                kw.at(calls[lid])
             why = self.stop.due(lid, calls[lid], t1) if self.stop is not None else None
             if why is not None:
                 writer.put({"k": "stop", "id": lid, "t": t1, "why": why})
@@ -545,12 +648,15 @@ def install() -> Instrument | None:
     try:
         overrides = json.loads(os.environ.get(OVERRIDES_ENV) or "{}")
         stop = Stop.parse(os.environ.get(STOP_ENV))
+        windows = KernelWindows.parse(os.environ.get(WINDOWS_ENV))
     except ValueError as exc:
-        sys.stderr.write(f"stallscope: instrumentation steps aside (bad {OVERRIDES_ENV}/{STOP_ENV}: {exc})\n")
+        sys.stderr.write(
+            f"stallscope: instrumentation steps aside (bad {OVERRIDES_ENV}/{STOP_ENV}/{WINDOWS_ENV}: {exc})\n"
+        )
         return None
     writer = Writer(directory)
     os.register_at_fork(after_in_child=writer.forked)
-    inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop)
+    inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop, windows)
     inst.start()
     atexit.register(writer.flush)
     atexit.register(inst.device.close)  # runs first (atexit is last-in, first-out): its records then flush
