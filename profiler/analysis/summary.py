@@ -21,13 +21,11 @@ from typing import NamedTuple, TypedDict
 
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.gpu import (
-    HOST_VERDICT,
     CoarseSplit,
     GpuSplit,
     coarse_split,
     gpu_busy_source,
     gpu_of,
-    waits_for_host,
 )
 from profiler.analysis.loader_time import LoaderTime, loader_time
 from profiler.analysis.memory import LoaderMemory, loader_memory, shm_need
@@ -58,10 +56,10 @@ from profiler.analysis.parts import (
     is_peak,
     nvml_source,
 )
-from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES, sampling_notes, stack_estimates
+from profiler.analysis.sampled import MIN_SAMPLES, sampling_notes, stack_estimates
 from profiler.analysis.stages import Headspace, LoaderStages, headspace, loader_stages, prefix_stages
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
-from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, verdict_for
+from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, run_verdict
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
 
 
@@ -116,6 +114,7 @@ class Summary:
     gpu: GpuSplit | None = None  # the kernel windows' split of the device's time (analysis.gpu)
     mfu: Mfu | None = None  # model FLOPs utilisation (analysis.mfu)
     gpu_coarse: CoarseSplit | None = None  # without kernel windows: the split over the sampler's intervals
+    precision: JSON | None = None  # what a real device's training computed in (run --precision; meta precision)
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -167,6 +166,7 @@ class Summary:
             "gpu": self.gpu.to_dict() if self.gpu else None,
             "mfu": self.mfu.to_dict() if self.mfu else None,
             "gpu_coarse": self.gpu_coarse.to_dict() if self.gpu_coarse else None,
+            "precision": self.precision,
         }
         return json_safe(out)
 
@@ -348,7 +348,7 @@ def _summary(
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=figures.stall_fraction,
         device_busy_fraction=figures.device_busy_fraction,
-        verdict=_verdict(figures, bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))),
+        verdict=run_verdict(figures, bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))),
         recommendations=recommendations,
         sampler=figures.sampler,
         status=run_status(meta, now),
@@ -385,6 +385,7 @@ class _DeviceParts(TypedDict):
     gpu: GpuSplit | None
     mfu: Mfu | None
     gpu_coarse: CoarseSplit | None
+    precision: JSON | None
 
 
 def _device_parts(rec: RunRecord, m: _Measured, figures: Figures, timing: _Timing) -> _DeviceParts:
@@ -393,7 +394,9 @@ def _device_parts(rec: RunRecord, m: _Measured, figures: Figures, timing: _Timin
     mfu = mfu_of(rec.meta, timing.step_time.mean, figures.gpu)
     on_gpu = figures.device_kind in ("cuda", "sim") and figures.gpu is None and m.steps
     coarse = coarse_split(rec.samples, m.steps, m.window) if on_gpu else None
-    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu, "mfu": mfu, "gpu_coarse": coarse}
+    precision = rec.meta.get("precision")  # what a real device's training computed in (run --precision)
+    return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu, "mfu": mfu, "gpu_coarse": coarse,
+            "precision": precision if isinstance(precision, dict) else None}  # fmt: skip
 
 
 def _loader_parts(figures: Figures) -> _LoaderFigures:
@@ -556,32 +559,6 @@ def _recommendations(figures: Figures, meta: JSON, *, none: bool) -> tuple[Recom
     """The rules' advice, advice on the loader naming where the script builds it; ``none``: no advice."""
     site = meta.get("loader_site")
     return () if none else tuple(at_site(recommend(figures), site if isinstance(site, str) else None))
-
-
-def _verdict(figures: Figures, loader_only: bool, synthetic: bool = False) -> str:
-    if loader_only:
-        return "loader only (no model): throughput is the pipeline's prep rate"
-    if synthetic:
-        return "synthetic input (one batch reused): the input pipeline was not measured"
-    stall = figures.stall_fraction
-    if waits_for_host(figures.gpu):
-        return HOST_VERDICT
-    if not math.isnan(stall):
-        return verdict_for(stall)
-    return _too_few(figures.stack_estimate) if figures.mode == "zero-code" else "unknown: no measured steps"
-
-
-def _too_few(est: StackEstimate | None) -> str:
-    """A zero-code run's verdict when its estimate has too few samples: how many, and what would give enough."""
-    o = est.overall if est is not None else None
-    n, span = (o.samples, o.seconds) if o is not None else (0, 0.0)
-    fix = "run it longer"
-    if span > 0 and (need := math.ceil(1.5 * MIN_SAMPLES / span)) <= MAX_PYSPY_RATE:
-        fix += f", or sample faster: --pyspy-rate {need}"  # 1.5x: set-up and tear-down are cut from the span
-    return (
-        f"unknown: {n} main-thread stack samples over {span:.1f} s of training, fewer than the {MIN_SAMPLES} an "
-        f"estimate needs: {fix}"
-    )
 
 
 def cost_figures(price_per_hour: object, throughput: float, epoch_samples: object) -> Cost | None:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from profiler.analysis.contention import Contention, contention_advice
-from profiler.analysis.gpu import GpuSplit, host_finding, waits_for_host
+from profiler.analysis.gpu import HOST_VERDICT, GpuSplit, host_finding, waits_for_host
 from profiler.analysis.loader_time import LoaderTime
 from profiler.analysis.memory import LoaderMemory
 from profiler.analysis.parts import (
@@ -29,6 +29,7 @@ from profiler.analysis.parts import (
     StackEstimate,
     StepTimes,
 )
+from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES
 from profiler.analysis.stages import Headspace, LoaderStages
 
 HIGH = 0.20
@@ -337,3 +338,31 @@ def _from_stacks(s: Figures) -> list[Recommendation]:
         )
     _sampler_slow(s, out)
     return out
+
+
+def run_verdict(figures: Figures, loader_only: bool, synthetic: bool = False) -> str:
+    """The run's verdict: what it measured (a loader alone, a synthetic input), the GPU waiting for the host, the
+    stall band, or why it is unknown."""
+    if loader_only:
+        return "loader only (no model): throughput is the pipeline's prep rate"
+    if synthetic:
+        return "synthetic input (one batch reused): the input pipeline was not measured"
+    stall = figures.stall_fraction
+    if waits_for_host(figures.gpu):
+        return HOST_VERDICT
+    if not math.isnan(stall):
+        return verdict_for(stall)
+    return too_few_samples(figures.stack_estimate) if figures.mode == "zero-code" else "unknown: no measured steps"
+
+
+def too_few_samples(est: StackEstimate | None) -> str:
+    """A zero-code run's verdict when its estimate has too few samples: how many, and what would give enough."""
+    o = est.overall if est is not None else None
+    n, span = (o.samples, o.seconds) if o is not None else (0, 0.0)
+    fix = "run it longer"
+    if span > 0 and (need := math.ceil(1.5 * MIN_SAMPLES / span)) <= MAX_PYSPY_RATE:
+        fix += f", or sample faster: --pyspy-rate {need}"  # 1.5x: set-up and tear-down are cut from the span
+    return (
+        f"unknown: {n} main-thread stack samples over {span:.1f} s of training, fewer than the {MIN_SAMPLES} an "
+        f"estimate needs: {fix}"
+    )

@@ -13,6 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from profiler.core.sources.memory import SHM
 from profiler.core.sources.stages import StageSource
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
 from profiler.drivers.headspace import loader_alone
+from profiler.drivers.precision import Precision
 from profiler.drivers.shmwatch import ShmWatch, segment_mb
 from profiler.live.feeds import Monitor, SessionFeed
 from profiler.sim.cost import CostModelError
@@ -109,6 +111,8 @@ class RunConfig:
     dali_stages: bool = False  # dali: time the graph's prefixes alone before training (pipelines.dali.time_stages)
     headspace: bool = False  # iterate a second loader alone before training (profiler.drivers.headspace)
     kernel_windows: str = "auto"  # when the device's own activity is recorded (profiler.core.kernelwin)
+    # the arithmetic of a real device's training (profiler.drivers.precision)
+    precision: Precision = field(default_factory=Precision)
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -286,6 +290,17 @@ def _storage_meta(cfg: RunConfig, root: Path | None) -> dict[str, Any]:
     return out
 
 
+_PLAIN = contextlib.nullcontext()
+
+
+def _backward(loss: Any) -> None:
+    loss.backward()
+
+
+def _opt_step(opt: Any) -> None:
+    opt.step()
+
+
 class _Loop:
     """One run's set-up, training loop and tear-down, in the order ``run_scenario`` calls them."""
 
@@ -298,6 +313,7 @@ class _Loop:
         self.model: Any = None
         self.opt: Any = None
         self.loss: Any = None
+        self._step: Callable[[Any, Any, Any, Any], None] = self._train_step
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
         self.batch_bytes: int | None = None
         self.shm_free_mb = self.shm_size_mb = math.nan  # /dev/shm at set-up, before the workers started
@@ -351,6 +367,7 @@ class _Loop:
             self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))
             self.model.train()
             session.annotate(params=sum(p.numel() for p in self.model.parameters()))
+            self._set_precision(torch)
             if cfg.device.kind == "cuda":
                 self._count_flops()
             if cfg.dist is not None:
@@ -362,6 +379,16 @@ class _Loop:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )
+
+    def _set_precision(self, torch: Any) -> None:
+        """--precision / --channels-last: the switches set, the model's memory format, the step that casts; what
+        ran goes to the store's meta (``precision``)."""
+        p, kind = self.cfg.precision, self.cfg.device.kind
+        self.session.annotate(precision=p.apply(torch, kind))
+        if p.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        if not p.plain:
+            self._step = p.step(torch, "cuda" if kind == "cuda" else "cpu", self._train_step)
 
     def _count_flops(self) -> None:
         """A CUDA run's FLOPs per step, counted once on the meta device (the simulator's count: the same model,
@@ -540,7 +567,7 @@ class _Loop:
                     sim_sync(session, sim, cfg.dist.world_size)
             elif model is not None and opt is not None:
                 with session.phase("compute"):
-                    self._train_step(model, opt, x, y)
+                    self._step(model, opt, x, y)
             done += 1
             self.done = done
             if done >= total:
@@ -563,19 +590,30 @@ class _Loop:
         self.session.annotate(synthetic_input="the loader's first batch, copied to the device once, every step")
         return [on_device] * steps
 
-    def _train_step(self, model: Any, opt: Any, x: Any, y: Any) -> None:
-        """Forward, loss, backward, optimizer step; under DDP the all-reduce wait after backward is the nested
-        phase "compute/sync" (profiler.drivers.ddp)."""
+    def _train_step(
+        self,
+        model: Any,
+        opt: Any,
+        x: Any,
+        y: Any,
+        *,
+        cast: AbstractContextManager[object] = _PLAIN,
+        backward: Callable[[Any], None] = _backward,
+        opt_step: Callable[[Any], None] = _opt_step,
+    ) -> None:
+        """Forward and loss (under ``cast``: autocast for --precision bf16/fp16), backward, optimizer step; under
+        DDP the all-reduce wait after backward is the nested phase "compute/sync" (profiler.drivers.ddp)."""
         session, sync = self.session, self.sync
-        out = model(x, y) if self.scenario.targets_in_forward else model(x)
-        self.loss = loss = self.scenario.loss(out, y)
+        with cast:
+            out = model(x, y) if self.scenario.targets_in_forward else model(x)
+            self.loss = loss = self.scenario.loss(out, y)
         opt.zero_grad(set_to_none=True)
         if sync is not None:
             sync.start_step()
-        loss.backward()
+        backward(loss)
         if sync is not None and (ready := sync.last_ready) is not None:
             session.span("sync", ready, session.clock())
-        opt.step()
+        opt_step(opt)
 
     def finish(self) -> None:
         if self.loss is not None:

@@ -76,6 +76,8 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         rows.append(("input", "SYNTHETIC: the loader's first batch, on the device, every step (--synthetic-input)"))
     if s.augment:
         rows.append(("augment", s.augment))
+    if s.precision:
+        rows.append(("precision", precision_text(s.precision)))
     if s.bad_samples and (s.bad_samples.skipped or s.bad_samples.policy == "skip"):
         rows.append(_bad_samples_row(s.bad_samples))
     rows.append(("stall fraction", f"{pct(s.stall_fraction)}  {s.sources.stall_fraction}"))
@@ -275,6 +277,19 @@ def job_lines(j: JobSummary) -> list[tuple[str, str]]:
         node = f" on node {f.node_rank}" if f.node_rank is not None else ""
         out.append(("first failure", f"rank {f.rank}{node} {f.describe()} after the job started"))
     return out
+
+
+def precision_text(p: Mapping[str, object]) -> str:
+    """What the training computed in, as the run recorded it (profiler.drivers.precision)."""
+    parts = [str(p.get("precision"))]
+    if p.get("autocast"):
+        parts.append(f"autocast {p['autocast']}" + (" with a GradScaler" if p.get("grad_scaler") else ""))
+    if "cudnn_tf32" in p:
+        on = {True: "on", False: "off"}
+        parts.append(f"TF32 convolutions {on[bool(p['cudnn_tf32'])]}, matmuls {on[bool(p.get('matmul_tf32'))]}")
+    if p.get("channels_last"):
+        parts.append("channels_last")
+    return "  ".join(parts) + "  (run --precision)"
 
 
 def mfu_row(s: Summary) -> tuple[str, str]:

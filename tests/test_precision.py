@@ -1,0 +1,100 @@
+"""run --precision / --channels-last (profiler.drivers.precision): what each precision runs, what the run records,
+and the combinations that are bad input."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from conftest import stallscope
+from torch import nn
+
+from profiler.drivers.precision import Precision, PrecisionError
+
+
+def _train(seen: dict[str, Any]):
+    def train(model: Any, opt: Any, x: Any, y: Any, *, cast: Any, backward: Any, opt_step: Any) -> None:
+        with cast:
+            out = model(x)
+            loss = (out.float() - y).square().mean()
+        seen["out"], seen["x"] = out.dtype, x
+        opt.zero_grad()
+        backward(loss)
+        opt_step(opt)
+
+    return train
+
+
+def test_bf16_runs_the_forward_in_bfloat16_and_keeps_the_weights_fp32() -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: dict[str, Any] = {}
+    step = Precision("bf16").step(torch, "cpu", _train(seen))
+    before = model.weight.detach().clone()
+    step(model, opt, torch.randn(4, 8), torch.zeros(4, 1))
+    assert seen["out"] == torch.bfloat16 and model.weight.dtype == torch.float32
+    assert not torch.equal(before, model.weight)  # the optimizer stepped
+
+
+def test_channels_last_moves_4d_inputs_only() -> None:
+    model = nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: dict[str, Any] = {}
+    step = Precision("default", channels_last=True).step(torch, "cpu", _train(seen))
+    step(model, opt, torch.randn(2, 3, 8, 8), torch.zeros(2, 4, 6, 6))
+    assert seen["x"].is_contiguous(memory_format=torch.channels_last)
+    assert Precision("fp32").plain and not Precision("bf16").plain and not Precision(channels_last=True).plain
+
+
+def _fake_cuda(major: int = 9, bf16: bool = True) -> Any:
+    backends = SimpleNamespace(cudnn=SimpleNamespace(allow_tf32=True), cuda=SimpleNamespace(matmul=SimpleNamespace(
+        allow_tf32=False)))  # fmt: skip
+    cuda = SimpleNamespace(get_device_capability=lambda: (major, 0), is_bf16_supported=lambda: bf16)
+    return SimpleNamespace(backends=backends, cuda=cuda)
+
+
+def test_the_run_records_the_switches_in_effect() -> None:
+    t = _fake_cuda()
+    # PyTorch's default on CUDA: TF32 convolutions, full-precision matmuls; recorded as they are
+    want = {"precision": "default", "autocast": None, "grad_scaler": False, "channels_last": False,
+            "cudnn_tf32": True, "matmul_tf32": False}  # fmt: skip
+    assert Precision().apply(t, "cuda") == want
+    facts = Precision("fp32").apply(t, "cuda")
+    assert (facts["cudnn_tf32"], facts["matmul_tf32"]) == (False, False)
+    facts = Precision("tf32").apply(t, "cuda")
+    assert (facts["cudnn_tf32"], facts["matmul_tf32"]) == (True, True)
+    assert Precision("fp16").apply(t, "cuda")["grad_scaler"] is True
+    assert "cudnn_tf32" not in Precision("bf16").apply(t, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "torch_mod", "says"),
+    [
+        (Precision("fp16"), "cpu", None, "--precision fp16 needs CUDA (the CPU's autocast runs bfloat16)"),
+        (Precision("tf32"), "cpu", None, "--precision tf32 needs CUDA (TF32 is an NVIDIA GPU's)"),
+        (Precision("tf32"), "cuda", _fake_cuda(major=7), "--precision tf32 needs compute capability 8.0 or later"),
+        (Precision("bf16"), "cuda", _fake_cuda(bf16=False), "--precision bf16: this GPU has no bfloat16"),
+        (Precision("fp32"), "sim", None, "--precision fp32 on a simulated device: give its precision in the device"),
+        (Precision(channels_last=True), "sim", None, "--channels-last on a simulated device"),
+        (Precision("half"), "cpu", None, "--precision 'half': allowed default, fp32, tf32, bf16, fp16"),
+    ],
+)
+def test_what_a_device_cannot_run_is_one_line(precision: Precision, device: str, torch_mod: Any, says: str) -> None:
+    with pytest.raises(PrecisionError) as err:
+        precision.check(device, torch_mod)
+    assert str(err.value).startswith(says) and "\n" not in str(err.value)
+    Precision("bf16").check("cuda", _fake_cuda())  # what the device has passes
+
+
+def test_the_command_says_it_in_one_line_and_exits_2(tmp_path: Any) -> None:
+    res = stallscope(
+        "run", "fashion-vgg", "--precision", "fp16", "--steps", "2", "--no-live", "--out", str(tmp_path / "r")
+    )
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "stallscope: error: --precision fp16 needs CUDA (the CPU's autocast runs bfloat16): allowed on a CPU "
+        "default, fp32, bf16"
+    ]
+    assert not (tmp_path / "r").exists()
