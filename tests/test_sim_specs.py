@@ -57,7 +57,7 @@ def test_a_precision_the_device_lacks_names_the_allowed_ones() -> None:
     assert "k80" in message and "allowed fp32" in message
     message = _error("sim:v100,precision=tf32")
     assert "allowed fp32, amp" in message
-    assert "fp32, tf32, amp" in _error("sim:a100,precision=bf16")
+    assert "fp32, tf32, amp (or run --precision's default, bf16, fp16)" in _error("sim:a100,precision=int8")
 
 
 @pytest.mark.parametrize("value", ["0", "-0.1", "1.01", "nan", "inf", "abc", ""])
@@ -139,3 +139,11 @@ def test_shared_default_predicts_each_published_row_within_25_percent(row: specs
     predicted = EFFICIENCY[row.precision] * peak / RESNET50_TRAIN_FLOPS_PER_IMAGE
     assert math.isfinite(predicted)
     assert abs(predicted / row.images_per_s - 1) <= 0.25
+
+
+def test_run_precision_names_mean_the_same_arithmetic_on_a_simulated_device() -> None:
+    # bf16 and fp16 autocast run on the tensor cores the amp peak is for; default is the device's default precision
+    assert parse("sim:h100,precision=bf16").precision == parse("sim:h100,precision=fp16").precision == "amp"
+    assert parse("sim:h100,precision=default").precision == "tf32"
+    assert parse("sim:v100,precision=default").precision == "fp32"
+    assert "has no bfloat16" in _error("sim:v100,precision=bf16")

@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 PRECISIONS = ("fp32", "tf32", "amp")
+# run --precision's names on a simulated device: the same arithmetic (bf16 and fp16 autocast run on the tensor cores
+# the simulator's amp peak is for; default is the device's default precision)
+PRECISION_ALIASES = {"bf16": "amp", "fp16": "amp"}
 LINKS = ("pcie", "nvlink")
 LAUNCHES = ("sleep", "gil")
 
@@ -387,8 +390,14 @@ def parse(text: str) -> SimConfig:
         key, sep, value = option.partition("=")
         key, value = key.strip(), value.strip()
         if key == "precision" and sep:
+            if value == "bf16" and "tf32" not in spec.peak_tflops:  # bfloat16 came with Ampere, as TF32 did
+                raise SimSpecError(f"--device {text!r}: the {spec.name} has no bfloat16: allowed fp32, fp16 (amp)")
+            value = spec.default_precision() if value == "default" else PRECISION_ALIASES.get(value, value)
             if value not in PRECISIONS:
-                raise SimSpecError(f"--device {text!r}: precision {value!r} is not one of {', '.join(PRECISIONS)}")
+                raise SimSpecError(
+                    f"--device {text!r}: precision {value!r} is not one of {', '.join(PRECISIONS)} (or run "
+                    "--precision's default, bf16, fp16)"
+                )
             if value not in spec.peak_tflops:
                 have = ", ".join(p for p in PRECISIONS if p in spec.peak_tflops)
                 raise SimSpecError(f"--device {text!r}: the {spec.name} has no {value} peak: allowed {have}")
