@@ -465,3 +465,14 @@ def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
     assert reader.take_windows() == []
     with pytest.raises(ValueError, match="allowed off, auto or AFTER:STEPS"):
         KernelWindows.parse("3:1")
+
+
+def test_a_window_put_off_for_now_opens_at_a_later_step_and_says_so_once() -> None:
+    rec = FakeRecorder(why="a CUDA graph is being captured")
+    kw = KernelWindows(WindowPlan(0, 2, 0), rec, warmup=0, clock=lambda: 0.0)
+    log = ListLog()
+    for index in range(4):
+        if index == 3:
+            rec.why = None  # the capture ended
+        kw.at(index, log.put)
+    assert kw.skipped == ["step 0: a CUDA graph is being captured"] and rec.starts == 1 and kw.open_at is not None

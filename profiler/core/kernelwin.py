@@ -129,8 +129,13 @@ class KernelWindows:
         except Exception as exc:  # noqa: BLE001 - whatever CUPTI or torch.profiler raised, said in the run
             why = f"once: the recorder failed to start ({type(exc).__name__}: {exc})"
         if why is not None:
-            self.skipped.append(f"step {index}: {why}")
-            self.next_index = index + self.plan.every if self.plan.every and "once" not in why else MAX_INDEX
+            if "once" in why:  # no window opens again
+                self.skipped.append(f"step {index}: {why}")
+                self.next_index = MAX_INDEX
+            else:  # for now (a CUDA graph being captured): at the next step, said once
+                if not self.skipped or not self.skipped[-1].endswith(why):
+                    self.skipped.append(f"step {index}: {why}")
+                self.next_index = index + 1
             return
         self.open_at = (index, t1, t1 - t0)
         self.next_index = index + self.plan.steps
