@@ -227,6 +227,7 @@ TIMING_FILES = {
     "test_instrument_device.py",
     "test_integration_budget.py",
     "test_joblive.py",
+    "test_kernel_windows.py",
     "test_launch.py",
     "test_headspace.py",
     "test_live.py",
