@@ -44,11 +44,19 @@ def _window(*acts: tuple, t0: float = -1.0, t1: float = 100.0) -> KernelWindow:
     return KernelWindow(0, t0 * MS, t1 * MS, 0.0, list(acts))
 
 
-def _check(got: GpuStep, *, busy: float, input: float = 0.0, host: float = 0.0, sync: float = 0.0, short: float = 0.0):
-    want = {"busy": busy, "input": input, "host": host, "sync": sync, "short": short}
-    have = {k: getattr(got, f"{k}_s") / MS for k in want}
-    assert all(abs(have[k] - want[k]) * MS <= NS for k in want), (have, want)
-    assert abs(sum(have.values()) - got.span_s / MS) * MS <= NS  # the five tile the step
+def _ms(got: GpuStep) -> dict[str, float]:
+    """The step's five parts in milliseconds."""
+    return {k: getattr(got, f"{k}_s") / MS for k in ("busy", "input", "host", "sync", "short")}
+
+
+def _split(*, busy: float, input: float = 0.0, host: float = 0.0, sync: float = 0.0, short: float = 0.0) -> object:
+    """The parts worked out by hand (ms), to the nanosecond."""
+    return pytest.approx({"busy": busy, "input": input, "host": host, "sync": sync, "short": short}, abs=NS / MS)
+
+
+def _tiles(got: GpuStep) -> bool:
+    """The five parts add up to the step's span, to the nanosecond."""
+    return abs(sum(_ms(got).values()) * MS - got.span_s) <= NS
 
 
 def test_host_late_launches() -> None:
@@ -57,7 +65,7 @@ def test_host_late_launches() -> None:
     # launched); [3, 5] host; [6, 6.5] host and [6.5, 6.6] short (launch to start); [9, 10] host (nothing launched)
     w = _window(_act(1, 3, 1), _act(5, 6, 5), _act(6.6, 9, 6.5))
     (got,) = window_steps(w, [_step(0, 0, 10, wait_ms=1)])
-    _check(got, busy=5.4, input=1.0, host=3.5, short=0.1)
+    assert _ms(got) == _split(busy=5.4, input=1.0, host=3.5, short=0.1) and _tiles(got)
     assert got.launched == 3
 
 
@@ -66,8 +74,8 @@ def test_input_waits_hidden_under_queued_kernels() -> None:
     # device ran step 0's kernel for 3 ms of that wait: only [13, 14] is input. K' launched at 14 runs 14-19
     w = _window(_act(2, 13, 2), _act(14, 19, 14))
     s0, s1 = window_steps(w, [_step(0, 0, 10), _step(1, 10, 20, wait_ms=4)])
-    _check(s0, busy=8.0, host=2.0)
-    _check(s1, busy=8.0, input=1.0, host=1.0)
+    assert _ms(s0) == _split(busy=8.0, host=2.0) and _tiles(s0)
+    assert _ms(s1) == _split(busy=8.0, input=1.0, host=1.0) and _tiles(s1)
 
 
 @pytest.mark.parametrize("collective", [False, True])
@@ -79,7 +87,7 @@ def test_syncs_and_collectives(collective: bool) -> None:
     if collective:
         acts.append(_act(3, 5, 1, stream=9, kind=3))
     (got,) = window_steps(_window(*acts), [_step(0, 0, 10)])
-    _check(got, busy=7.99, sync=2.0, short=0.01)
+    assert _ms(got) == _split(busy=7.99, sync=2.0, short=0.01) and _tiles(got)
 
 
 def test_two_streams_are_one_device() -> None:
@@ -87,7 +95,7 @@ def test_two_streams_are_one_device() -> None:
     # runs: [0, 6] and [7, 9]; [6, 7] and [9, 10] are the host's
     w = _window(_act(0, 4, 0), _act(2, 6, 0, stream=8), _act(7, 9, 7))
     (got,) = window_steps(w, [_step(0, 0, 10)])
-    _check(got, busy=8.0, host=2.0)
+    assert _ms(got) == _split(busy=8.0, host=2.0) and _tiles(got)
 
 
 def test_only_measured_steps_wholly_inside_a_window_count() -> None:
@@ -243,7 +251,7 @@ def test_a_sessions_windows_reach_the_store_and_the_summary(tmp_path: Path) -> N
     assert summary is not None and summary.gpu is not None
     assert [g.step for g in summary.gpu.steps] == [3, 4]
     for g in summary.gpu.steps:
-        _check(g, busy=4.0, input=2.0, host=3.5, short=0.5)
+        assert _ms(g) == _split(busy=4.0, input=2.0, host=3.5, short=0.5) and _tiles(g)
     assert summary.device_busy_fraction == pytest.approx(0.4)
     assert summary.sources.device_busy_fraction.startswith("kernel time (CUPTI, torch.profiler)")
     # the host's share (35%) is over the input's (20%): the GPU waits for the host, and the report says so
