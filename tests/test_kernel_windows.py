@@ -300,8 +300,8 @@ def test_the_simulated_device_tells_the_hosts_wait_from_inputs(tmp_path: Path) -
     assert naive["input"] > naive["host"] and got["naive"]["verdict"].endswith("input-bound"), naive
     assert prefetch["host"] > max(0.25, prefetch["input"]), prefetch
     assert got["prefetch"]["verdict"] == "host-bound: the GPU waits for the host"
-    # the launches themselves: longer beside the loader thread than alone, on the same host in the same test (quiet:
-    # 19.4 ms a step against 2.8; beside two busy processes 7.2 against 5.6)
+    # the launches themselves: longer beside the loader thread than alone, on the same host in the same test (quiet,
+    # with the calibrated host cost of docs/sim.md: 32.4 ms a step against 15.8, input 17.8 against 32.8 ms)
     host_ms = {p: got[p]["gpu"]["ms_per_step"]["host"] for p in got}
     assert host_ms["prefetch"] > host_ms["naive"], host_ms
     codes = [r["code"] for r in got["prefetch"]["recommendations"]]

@@ -16,7 +16,7 @@ import warm
 from profiler.core.devices import DeviceError, DeviceInfo, resolve_device
 from profiler.sim.cost import StepCost
 from profiler.sim.device import CONTEXT_BYTES, SimDevice, SimOutOfMemory
-from profiler.sim.specs import PUBLISHED, AcceleratorSpec, Published, SimConfig, parse
+from profiler.sim.specs import AcceleratorSpec, SimConfig
 
 GB = 1e9
 
@@ -45,7 +45,12 @@ def _device(
 ) -> tuple[SimDevice, FakeClock]:
     clock = FakeClock()
     dev = SimDevice(
-        SimConfig(_spec(), "fp32", 1.0), clock=clock, sleep=clock.sleep, launch_s=launch_s, queue_limit=queue_limit
+        SimConfig(_spec(), "fp32", 1.0),
+        clock=clock,
+        sleep=clock.sleep,
+        launch_s=launch_s,
+        framework_s=0.0,
+        queue_limit=queue_limit,
     )
     dev.load(_cost(flops, kernels))
     return dev, clock
@@ -57,9 +62,9 @@ def test_step_time_is_flops_over_achieved_peak_and_the_host_only_pays_the_launch
     t0 = clock()
     dev.step()
     assert clock() - t0 == pytest.approx(0.01)  # 100 launches x 100 us; the kernels run on
-    assert dev.tail() == pytest.approx(t0 + 0.1)
+    assert dev.tail() == pytest.approx(t0 + 1e-4 + 0.1)  # the first kernel starts once launched
     dev.synchronize()
-    assert clock() - t0 == pytest.approx(0.1)
+    assert clock() - t0 == pytest.approx(1e-4 + 0.1)
     assert dev.busy_s(t0, clock()) == pytest.approx(0.1)
 
 
@@ -89,12 +94,12 @@ def test_an_allreduce_queues_waits_for_the_slowest_rank_and_counts_as_busy() -> 
 def test_a_pageable_copy_waits_for_queued_compute_and_blocks_the_host() -> None:
     dev, clock = _device()
     t0 = clock()
-    dev.step()  # 100 ms of kernels queued
+    dev.step()  # 100 ms of kernels queued, the first launched 100 us after the issue
     dev.h2d(int(0.5 * GB), pinned=False)  # 0.5 GB at 5 GB/s pageable: 100 ms, after the step
-    assert clock() - t0 == pytest.approx(0.2)
+    assert clock() - t0 == pytest.approx(1e-4 + 0.2)
     ops = dev.ops()
     assert [(o.stream, o.kind) for o in ops] == [("compute", "step"), ("compute", "h2d")]
-    assert ops[1].start == pytest.approx(t0 + 0.1)
+    assert ops[1].start == pytest.approx(t0 + 1e-4 + 0.1)
 
 
 def test_a_pinned_side_stream_copy_returns_at_once_and_the_next_step_waits_for_it() -> None:
@@ -278,34 +283,6 @@ def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int
     assert sim["loader_stall"] == pytest.approx(cpu["loader_stall"], abs=0.05), (cpu, sim)
     assert sim["compute_s"] == pytest.approx(cpu["compute_s"], rel=0.05), (cpu, sim)  # the simulated device time
     assert not math.isnan(sim["stall"])
-
-
-# -- ground truth: NVIDIA's published ResNet-50 training throughput --------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("row", PUBLISHED, ids=lambda r: f"{r.accelerator}-{r.precision}-b{r.batch_size}")
-def test_device_bound_resnet50_is_within_25_percent_of_nvidia_published(row: Published) -> None:
-    """The whole model (FLOPs counted on the meta device at the published batch, the launch cost, the default
-    efficiency of the precision) against NVIDIA's published images/s (profiler.sim.specs.PUBLISHED cites each)."""
-    import torch
-
-    from profiler.sim.cost import measure_step
-    from scenarios import imagenet
-
-    cost = measure_step(
-        imagenet.resnet50, (torch.zeros(3, 224, 224), 0), row.batch_size, precision=row.precision,
-        loss=imagenet.cross_entropy,
-    )  # fmt: skip
-    clock = FakeClock()
-    dev = SimDevice(parse(f"sim:{row.accelerator},precision={row.precision}"), clock=clock, sleep=clock.sleep)
-    dev.load(cost)
-    t0 = clock()
-    for _ in range(10):  # a device-bound loop: no input wait, the host only launches
-        dev.step()
-    dev.synchronize()
-    images_per_s = 10 * row.batch_size / (clock() - t0)
-    assert images_per_s == pytest.approx(row.images_per_s, rel=0.25), (images_per_s, row)
 
 
 def test_a_model_that_cannot_be_traced_on_meta_is_bad_input(tmp_path: Path) -> None:

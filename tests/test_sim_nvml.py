@@ -51,7 +51,9 @@ class FakeClock:
 def device(step_s: float = 0.05) -> tuple[SimDevice, FakeClock]:
     """A simulated H100 at fp32 and efficiency 1 (67 TFLOPS) whose step takes ``step_s``; no launch cost."""
     clock = FakeClock()
-    dev = SimDevice(parse("sim:h100,precision=fp32,efficiency=1"), clock=clock, sleep=clock.sleep, launch_s=0.0)
+    dev = SimDevice(
+        parse("sim:h100,precision=fp32,efficiency=1"), clock=clock, sleep=clock.sleep, launch_s=0.0, framework_s=0.0
+    )
     flops = step_s * dev.config.achieved_flops
     dev.load(StepCost(8, flops, 1, 100 << 20, 100 << 20, 200 << 20, 300 << 20, "fp32"))
     return dev, clock

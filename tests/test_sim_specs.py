@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from profiler.sim import specs
 from profiler.sim.specs import (
     ACCELERATORS,
+    DEVICE_EFFICIENCY,
     EFFICIENCY,
     PRECISIONS,
-    PUBLISHED,
-    RESNET50_TRAIN_FLOPS_PER_IMAGE,
     SimSpecError,
-    calibrate,
-    implied_efficiency,
+    default_efficiency,
     parse,
 )
 
-FIGURES = ("memory_gib", "h2d_pinned_gbps", "h2d_pageable_gbps", "tdp_w", "idle_w", "nvlink_gbps")
+FIGURES = ("memory_gib", "memory_gbps", "h2d_pinned_gbps", "h2d_pageable_gbps", "tdp_w", "idle_w", "nvlink_gbps")
 
 
 def _error(text: str) -> str:
@@ -36,9 +32,12 @@ def test_every_name_parses_with_its_default_precision(name: str) -> None:
     expected = "tf32" if name in ("a100", "h100") else "fp32"
     assert config.spec is ACCELERATORS[name]
     assert config.precision == expected == config.spec.default_precision()
-    assert config.efficiency == EFFICIENCY[expected] and not config.efficiency_given
-    assert config.achieved_flops == pytest.approx(config.spec.peak_tflops[expected] * 1e12 * EFFICIENCY[expected])
-    assert parse(config.label()) == parse(f"sim:{name},precision={expected},efficiency={EFFICIENCY[expected]}")
+    own = DEVICE_EFFICIENCY.get((name, expected))
+    assert config.efficiency == (own if own is not None else EFFICIENCY[expected]) and not config.efficiency_given
+    assert config.efficiency == default_efficiency(name, expected)
+    assert ("calibrated on the" in config.to_dict()["efficiency_source"]) == (own is not None)
+    assert config.achieved_flops == pytest.approx(config.spec.peak_tflops[expected] * 1e12 * config.efficiency)
+    assert parse(config.label()) == parse(f"sim:{name},precision={expected},efficiency={config.efficiency}")
 
 
 def test_names_are_case_insensitive_and_options_combine() -> None:
@@ -76,7 +75,7 @@ def test_unknown_option_and_unknown_name() -> None:
 @pytest.mark.parametrize("spec", list(ACCELERATORS.values()), ids=list(ACCELERATORS))
 def test_table_sanity_and_every_figure_is_sourced(spec: specs.AcceleratorSpec) -> None:
     assert spec.h2d_pinned_gbps > spec.h2d_pageable_gbps > 0
-    assert spec.tdp_w > spec.idle_w > 0 and spec.memory_gib > 0
+    assert spec.tdp_w > spec.idle_w > 0 and spec.memory_gib > 0 and spec.memory_gbps > 0
     assert spec.peak_tflops and set(spec.peak_tflops) <= set(PRECISIONS)
     assert all(v > 0 for v in spec.peak_tflops.values())
     # the tensor paths are faster than the FP32 cores wherever they exist
@@ -104,41 +103,6 @@ def test_nvlink_only_on_sxm_boards_and_the_link_option() -> None:
 def test_tf32_only_on_ampere_and_later_and_no_amp_on_k80() -> None:
     assert [n for n, s in ACCELERATORS.items() if "tf32" in s.peak_tflops] == ["a100", "h100"]
     assert "amp" not in ACCELERATORS["k80"].peak_tflops
-
-
-def test_published_rows_name_known_devices_and_precisions() -> None:
-    assert {(r.accelerator, r.precision) for r in PUBLISHED} >= {
-        ("v100", "fp32"),
-        ("v100", "amp"),
-        ("a100", "tf32"),
-        ("a100", "amp"),
-    }
-    for row in PUBLISHED:
-        assert row.precision in ACCELERATORS[row.accelerator].peak_tflops
-        assert row.batch_size > 0 and row.images_per_s > 0 and "https://" in row.source
-
-
-def test_efficiency_is_the_calibration_to_two_significant_digits() -> None:
-    fitted = calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE)
-    assert set(fitted) == set(EFFICIENCY) == set(PRECISIONS)
-    for precision, value in fitted.items():
-        assert EFFICIENCY[precision] == float(f"{value:.2g}"), precision
-        assert 0 < value <= 1
-
-
-def test_calibration_is_the_median_per_precision() -> None:
-    rows = [r for r in PUBLISHED if r.precision == "amp"]
-    implied = sorted(implied_efficiency(r, RESNET50_TRAIN_FLOPS_PER_IMAGE, ACCELERATORS) for r in rows)
-    assert calibrate(rows, RESNET50_TRAIN_FLOPS_PER_IMAGE) == {"amp": pytest.approx(sum(implied[:2]) / 2)}
-    assert calibrate([], 1.0) == {}
-
-
-@pytest.mark.parametrize("row", PUBLISHED, ids=[f"{r.accelerator}-{r.precision}" for r in PUBLISHED])
-def test_shared_default_predicts_each_published_row_within_25_percent(row: specs.Published) -> None:
-    peak = ACCELERATORS[row.accelerator].peak_tflops[row.precision] * 1e12
-    predicted = EFFICIENCY[row.precision] * peak / RESNET50_TRAIN_FLOPS_PER_IMAGE
-    assert math.isfinite(predicted)
-    assert abs(predicted / row.images_per_s - 1) <= 0.25
 
 
 def test_run_precision_names_mean_the_same_arithmetic_on_a_simulated_device() -> None:

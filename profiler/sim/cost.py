@@ -38,6 +38,14 @@ class StepCost:
     optimizer_bytes: int
     activation_bytes: int  # tensors saved for backward at the step's peak
     precision: str
+    # each kernel's (FLOPs, bytes it reads and writes), in launch order; () for a cost built by hand, whose
+    # device time is then FLOPs over the achieved rate alone (profiler.sim.roofline)
+    work: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def bytes_moved(self) -> float:
+        """Bytes the step's kernels read and write (the sum over ``work``)."""
+        return sum(b for _, b in self.work)
 
     @property
     def memory_bytes(self) -> int:
@@ -54,6 +62,7 @@ class StepCost:
             "optimizer_bytes": self.optimizer_bytes,
             "activation_bytes": self.activation_bytes,
             "memory_bytes": self.memory_bytes,
+            "bytes_moved": self.bytes_moved,
             "precision": self.precision,
         }
 
@@ -116,7 +125,10 @@ def measure_step(
 
     ``precision``: ``fp32`` and ``tf32`` count the same bytes; ``amp`` halves the bytes of floating-point
     saved activations (autocast keeps them in half precision) and keeps fp32 weights, gradients and optimizer
-    state (AMP's master weights). FLOPs and kernels do not depend on precision here.
+    state (AMP's master weights). Each kernel's ``work`` is its FLOPs and the bytes of the tensors it reads and
+    writes; under ``amp`` the floating-point bytes of the forward and backward kernels are halved (the optimizer
+    keeps fp32), and each weight of two or more dimensions adds two cast kernels (autocast's half copy of it in
+    the forward, its gradient back to fp32 in the backward). FLOPs do not depend on precision.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -131,24 +143,49 @@ def measure_step(
     else:
         trace = _cached_trace(step)
     activation = trace.activation_bytes
+    work = _work(trace, precision)
     if precision == "amp":
         activation -= trace.float_activation_bytes // 2
     return StepCost(
         batch_size=batch_size,
         flops=trace.flops,
-        kernels=trace.kernels,
+        kernels=len(work),
         param_bytes=trace.param_bytes,
         grad_bytes=trace.grad_bytes,
         optimizer_bytes=trace.optimizer_bytes,
         activation_bytes=activation,
         precision=precision,
+        work=work,
     )
+
+
+def _work(trace: _Trace, precision: str) -> tuple[tuple[float, float], ...]:
+    """Each kernel's (FLOPs, bytes) at ``precision`` (see :func:`measure_step`)."""
+    if precision != "amp":
+        return tuple((k.flops, k.nbytes) for k in trace.launches)
+    work = [(k.flops, k.nbytes if k.optimizer else k.nbytes - k.float_bytes / 2) for k in trace.launches]
+    for numel in trace.cast_weights:  # fp32 -> half in the forward (4 + 2 bytes), half -> fp32 in the backward
+        work += [(0.0, 6.0 * numel), (0.0, 6.0 * numel)]
+    return tuple(work)
+
+
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """One kernel of the traced step: its FLOPs, the bytes of the tensors it reads and writes (a foreach op's
+    launches share its op's evenly), their floating-point part, and whether the optimizer launched it."""
+
+    flops: float
+    nbytes: float
+    float_bytes: float
+    optimizer: bool
 
 
 @dataclass(frozen=True, slots=True)
 class _Trace:
     flops: float
     kernels: int
+    launches: tuple[_Launch, ...]
+    cast_weights: tuple[int, ...]  # elements of each trainable weight of >= 2 dimensions (autocast casts them)
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
@@ -219,7 +256,6 @@ def _trace(step: _Step) -> _Trace:
     loss, cost_forward = step.loss, step.cost_forward
     params = [p for p in model.parameters() if p.requires_grad]
     saved = _SavedActivations([t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
-    kernels = [0]
     try:
         # A model without trainable parameters (a pure reshape) has no optimizer step to count.
         opt = torch.optim.SGD(params, lr=_LR, momentum=_MOMENTUM, foreach=True) if params else None
@@ -228,7 +264,8 @@ def _trace(step: _Step) -> _Trace:
         flop_mode = FlopCounterMode(
             display=False, custom_mapping={torch.ops.aten.convolution_backward: _conv_backward_flops}
         )
-        with flop_mode, _counting_kernels(kernels):
+        counter = _KernelLog(flop_mode.get_total_flops)
+        with flop_mode, _counting_kernels(counter):
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 if cost_forward is not None:
                     total = _sum_elements(cost_forward(model, x))
@@ -237,6 +274,7 @@ def _trace(step: _Step) -> _Trace:
                     total = _sum_elements(out) if loss is None else loss(out, y)
             if total.requires_grad:
                 total.backward()  # type: ignore[no-untyped-call]
+            counter.optimizer = True
             if opt is not None:
                 opt.step()
     except Exception as exc:  # noqa: BLE001 - any failure of the traced step is the one-line error below
@@ -250,7 +288,9 @@ def _trace(step: _Step) -> _Trace:
     optimizer_bytes = sum(_nbytes(v) for state in states for v in state.values() if _is_tensor(v))
     return _Trace(
         flops=float(flop_mode.get_total_flops()),
-        kernels=kernels[0],
+        kernels=len(counter.launches),
+        launches=tuple(counter.launches),
+        cast_weights=tuple(p.numel() for p in params if p.dim() >= 2 and p.is_floating_point()),
         param_bytes=param_bytes,
         grad_bytes=grad_bytes,
         optimizer_bytes=optimizer_bytes,
@@ -389,13 +429,34 @@ class _SavedActivations:
         return t
 
 
-def _counting_kernels(count: list[int]) -> AbstractContextManager[object]:
-    """A dispatch mode that adds to ``count[0]`` one per device kernel the traced ops would launch.
+class _KernelLog:
+    """What :func:`_counting_kernels` records: one :class:`_Launch` per kernel; ``flops()`` reads the enclosing
+    FlopCounterMode's running total, so that an op's FLOPs are the total's growth across it."""
+
+    def __init__(self, flops: Callable[[], int]) -> None:
+        self.flops = flops
+        self.optimizer = False  # set once the optimizer's step begins
+        self.launches: list[_Launch] = []
+
+    def add(self, n: int, flops: float, tensors: Iterator[torch.Tensor]) -> None:
+        total = floating = 0
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            total += nbytes
+            floating += nbytes if t.is_floating_point() else 0
+        self.launches += [_Launch(flops / n, total / n, floating / n, self.optimizer)] * n
+
+
+def _counting_kernels(log: _KernelLog) -> AbstractContextManager[object]:
+    """A dispatch mode that records in ``log`` each device kernel the traced ops would launch, with its FLOPs and
+    the bytes of the tensors it reads and writes (arguments and results; an in-place op's tensor twice: read and
+    written).
 
     It must see the ops below autograd (the backward's and the optimizer's aten ops, not the Python calls that
     made them); ``TorchFunctionMode`` sees neither the backward nor the decomposition of composite ops, so
     this uses ``TorchDispatchMode`` from the private ``torch.utils._python_dispatch`` (the mode
-    ``FlopCounterMode`` itself is built on). The private import is confined to this function.
+    ``FlopCounterMode`` itself is built on). It is entered inside the FlopCounterMode, so an op reaches it
+    first and the flop counter when it runs the op. The private import is confined to this function.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -407,8 +468,12 @@ def _counting_kernels(count: list[int]) -> AbstractContextManager[object]:
             args: tuple[object, ...] = (),
             kwargs: dict[str, object] | None = None,
         ) -> object:
-            count[0] += _launches(func, args)
-            return func(*args, **(kwargs or {}))
+            n = _launches(func, args)
+            before = log.flops()
+            out = func(*args, **(kwargs or {}))
+            if n:
+                log.add(n, float(log.flops() - before), _tensors_in((args, kwargs or {}, out)))
+            return out
 
     return _KernelCounter()  # type: ignore[no-untyped-call]
 

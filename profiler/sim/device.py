@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from profiler.sim.cost import StepCost
-from profiler.sim.specs import SimConfig
+from profiler.sim.roofline import host_s, kernel_times, lead_s
+from profiler.sim.specs import FRAMEWORK_S, LAUNCH_S, SimConfig
 
-# Host time to launch one kernel from eager PyTorch (Python, dispatcher, CUDA driver): an estimate, see docs/sim.md.
-LAUNCH_S = 10e-6
 # Kernel launches CUDA queues before a launch blocks the host (the driver's pushbuffer: about 1,024 entries).
 QUEUE_LIMIT = 1024
 # Device memory taken before the model's tensors: CUDA context, cuDNN/cuBLAS workspaces (an estimate).
@@ -52,7 +51,7 @@ class SimOp:
     nbytes: int = 0
     busy_s: float = 0.0  # time kernels executed within [start, end): the whole op, or less when launch-bound
     issued: float = math.nan  # when the host issued it (clock seconds)
-    kernels: int = 1  # kernels it is made of, launched LAUNCH_S apart from ``issued``
+    kernels: int = 1  # kernels it is made of, launched one launch interval apart from ``issued``
 
 
 class SimDevice:
@@ -65,6 +64,7 @@ class SimDevice:
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
         launch_s: float = LAUNCH_S,
+        framework_s: float = FRAMEWORK_S,
         queue_limit: int = QUEUE_LIMIT,
         history: int = 65536,
     ) -> None:
@@ -72,8 +72,11 @@ class SimDevice:
         self.clock = clock
         self._sleep = sleep
         self.launch_s = launch_s
+        self.framework_s = framework_s
         self.queue_limit = queue_limit
         self.cost: StepCost | None = None
+        self._times: tuple[float, ...] = ()  # the loaded step's kernels, seconds each
+        self._lead = 0.0  # seconds from a step's issue to its last kernel's end on an idle device
         self._lock = threading.Lock()
         self._compute_tail = -math.inf
         self._copy_tail = -math.inf
@@ -108,18 +111,36 @@ class SimDevice:
                 f"{self.config.spec.memory_gib:g} GiB (estimated, docs/sim.md)"
             )
         self.cost = cost
+        self._times = self.kernel_times(cost)
+        self._lead = lead_s(self._times, self.launch_interval_s(cost))
+
+    def kernel_times(self, cost: StepCost | None = None) -> tuple[float, ...]:
+        """Seconds each of one step's kernels runs (``cost``, else the loaded one): its FLOPs at the achieved
+        rate or its bytes at the achieved bandwidth, whichever is longer, plus the fill time
+        (profiler.sim.roofline)."""
+        if cost is None or cost is self.cost:
+            if self.cost is None:
+                raise RuntimeError("SimDevice.step() before load(): the step's cost is not known")
+            if self._times:
+                return self._times
+            cost = self.cost
+        return kernel_times(cost.work, self.config.rates, flops=cost.flops, kernels=max(1, cost.kernels))
 
     def step_s(self, cost: StepCost | None = None) -> float:
-        """Device time of one step's kernels (``cost``, else the loaded one): FLOPs / (peak x efficiency)."""
-        cost = cost or self.cost
-        if cost is None:
-            raise RuntimeError("SimDevice.step() before load(): the step's cost is not known")
-        return cost.flops / self.config.achieved_flops
+        """Device time of one step's kernels (``cost``, else the loaded one)."""
+        return sum(self.kernel_times(cost))
 
     def launch_total_s(self, cost: StepCost | None = None) -> float:
-        """Host time to launch one step's kernels (``cost``, else the loaded one)."""
+        """Host time to issue one step (``cost``, else the loaded one): the framework's per-step cost and one
+        launch per kernel."""
         cost = cost or self.cost
-        return (cost.kernels if cost is not None else 0) * self.launch_s
+        return host_s(cost.kernels if cost is not None else 0, self.launch_s, self.framework_s)
+
+    def launch_interval_s(self, cost: StepCost | None = None) -> float:
+        """Host time between two of a step's launches: its issue time spread evenly over its kernels."""
+        cost = cost or self.cost
+        kernels = max(1, cost.kernels if cost is not None else 1)
+        return self.launch_total_s(cost) / kernels
 
     def h2d_s(self, nbytes: int, *, pinned: bool) -> float:
         spec = self.config.spec
@@ -178,36 +199,36 @@ class SimDevice:
                 oldest = self._in_flight[0]
             self.wait_until(oldest)
         if self.config.launch == "gil":
-            self._step_launched(now, work, kernels)
+            self._step_launched(now)
             return
         with self._lock:
             start = max(now, self._compute_tail, self._copy_ready)
-            # launch-bound: the last kernel cannot start before the host has launched it
-            end = max(start + work, now + launch + work / kernels)
+            # launch-bound: no kernel starts before the host has launched it
+            end = max(start + work, now + self._lead)
             self._compute_tail = end
             self._in_flight.append(end)
             self.steps += 1
             op = SimOp("compute", "step", start, end, 0, work, now, kernels)
             self._record(op)
             if self._log is not None:
-                self._log.extend(_kernels_of(op, self.launch_s))
+                self._log.extend(_kernels_of(op, self._times, self.launch_interval_s()))
         self.wait_until(now + launch)
 
-    def _step_launched(self, now: float, work: float, kernels: int) -> None:
-        """``launch=gil``: the host launches the kernels one by one, spending ``launch_s`` of the training thread's
-        CPU on each with the GIL held (a Python loop, as eager PyTorch's dispatch is: on a loaded host a launch
+    def _step_launched(self, now: float) -> None:
+        """``launch=gil``: the host launches the kernels one by one, spending the launch interval of the training
+        thread's CPU on each with the GIL held (a Python loop, as eager PyTorch's dispatch is: on a loaded host a launch
         takes longer, as a real one does), then releasing it (a zero-timeout ``select``: about a
         microsecond; ``time.sleep(0)`` would sleep out the kernel's 50 us timer slack), as torch's op
         bindings do around each dispatch; each kernel starts once launched and once the one before it has ended.
         A thread beside it that holds the GIL takes it at each release and keeps it up to the switch interval
         (5 ms): the launches slow down, and the device idles."""
-        each, clock, launch_s, release = work / kernels, self.clock, self.launch_s, select.select
-        cpu = time.thread_time
+        times, clock, launch_s, release = self._times, self.clock, self.launch_interval_s(), select.select
+        work, cpu = sum(times), time.thread_time
         with self._lock:
             at = max(now, self._compute_tail, self._copy_ready)
         first = at
         log: list[tuple[int, int, float, float, float]] | None = [] if self._log is not None else None
-        for i in range(kernels):
+        for i, each in enumerate(times):
             target = cpu() + launch_s
             while cpu() < target:
                 pass
@@ -222,7 +243,7 @@ class SimDevice:
             self._compute_tail = at
             self._in_flight.append(at)
             self.steps += 1
-            self._record(SimOp("compute", "step", first, at, 0, work, now, kernels))
+            self._record(SimOp("compute", "step", first, at, 0, work, now, len(times)))
             if self._log is not None and log is not None:
                 self._log.extend(log)
 
@@ -383,13 +404,13 @@ def _at(ev: object) -> float:
     return float(ev)
 
 
-def _kernels_of(op: SimOp, launch_s: float) -> list[tuple[int, int, float, float, float]]:
-    """A ``launch=sleep`` step's kernels: launched ``launch_s`` apart from its issue, each starting when launched and
-    when the one before it has ended, the step's device time shared evenly (a launch-bound step shows its gaps)."""
+def _kernels_of(op: SimOp, times: tuple[float, ...], interval: float) -> list[tuple[int, int, float, float, float]]:
+    """A ``launch=sleep`` step's kernels (seconds each: ``times``): launched ``interval`` apart from its issue, each
+    starting when launched and when the one before it has ended (a launch-bound step shows its gaps)."""
     out = []
-    each, at = op.busy_s / op.kernels, op.start
-    for i in range(op.kernels):
-        launch = op.issued + (i + 1) * launch_s
+    at = op.start
+    for i, each in enumerate(times):
+        launch = op.issued + (i + 1) * interval
         start = max(at, launch)
         at = start + each
         out.append((0, 0, start, at, launch))

@@ -2,18 +2,20 @@
 
 Every figure of an ``AcceleratorSpec`` names its source in ``spec.sources`` (figure -> citation with URL;
 docs/sim.md tabulates them). Peak throughput is the datasheet's dense figure per precision (no
-structured sparsity). ``EFFICIENCY`` is the achieved fraction of that peak in training, one default per
-precision shared by every device, calibrated by ``calibrate`` against NVIDIA's published ResNet-50 v1.5
-training throughput (``PUBLISHED``); ``efficiency=E`` overrides it. Invariant: ``EFFICIENCY`` is
-``calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE)`` rounded to two significant digits.
+structured sparsity). The model's constants (the achieved fraction of that peak per device and precision, the
+kernels' fill time, the host's launch and framework cost) are fitted by :mod:`profiler.sim.calibration` on eager
+PyTorch training throughput, published by NVIDIA and measured on an H100; ``efficiency=E`` overrides the fraction.
+Invariant: they are ``calibration.calibrate(calibration.POINTS, ...)`` rounded to two significant digits.
 """
 
 from __future__ import annotations
 
+import math
 import re
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from profiler.sim.roofline import Rates
 
 PRECISIONS = ("fp32", "tf32", "amp")
 # run --precision's names on a simulated device: the same arithmetic (bf16 and fp16 autocast run on the tensor cores
@@ -40,6 +42,7 @@ class AcceleratorSpec:
     tdp_w: float
     idle_w: float
     sources: dict[str, str] = field(default_factory=dict)  # figure -> where it comes from
+    memory_gbps: float = 0.0  # device memory bandwidth, GB/s (datasheet)
     # GPU-to-GPU link for the gradient all-reduce of multi-rank training, GB/s per direction per GPU: NVLink on SXM
     # boards (None: the GPUs talk over PCIe, at the pinned host-link rate)
     nvlink_gbps: float | None = None
@@ -81,6 +84,13 @@ class SimConfig:
     def achieved_flops(self) -> float:
         return self.peak_flops * self.efficiency
 
+    @property
+    def rates(self) -> Rates:
+        """What the device achieves, kernel by kernel (profiler.sim.roofline); a spec without a memory bandwidth
+        (0) does not bound kernels by their bytes."""
+        bandwidth = self.spec.memory_gbps * 1e9 * MEMORY_EFFICIENCY
+        return Rates(self.achieved_flops, bandwidth if bandwidth > 0 else math.inf, KERNEL_FILL_S)
+
     def label(self) -> str:
         """``sim:v100,precision=fp32,efficiency=0.57``: the string that makes this config again."""
         link = f",link={self.link}" if self.link != self.spec.default_link() else ""
@@ -94,12 +104,15 @@ class SimConfig:
             "full_name": s.full_name,
             "precision": self.precision,
             "efficiency": self.efficiency,
-            "efficiency_source": "given" if self.efficiency_given else "default for the precision (docs/sim.md)",
+            "efficiency_source": "given" if self.efficiency_given else _efficiency_source(s.name, self.precision),
             "peak_tflops": s.peak_tflops[self.precision],
             "memory_gib": s.memory_gib,
             "h2d_pinned_gbps": s.h2d_pinned_gbps,
             "h2d_pageable_gbps": s.h2d_pageable_gbps,
             "tdp_w": s.tdp_w,
+            "memory_gbps": s.memory_gbps,
+            "memory_efficiency": MEMORY_EFFICIENCY,
+            "kernel_fill_s": KERNEL_FILL_S,
             "link": self.link,
             "link_gbps": self.link_gbps,
             "launch": self.launch,
@@ -110,28 +123,29 @@ class SimConfig:
 # rates (bandwidthTest / nvbandwidth), not link peaks; idle power is what nvidia-smi reads at 0 % utilisation,
 # which no datasheet states (each source string says how firm it is).
 _DS_K80 = (
-    "NVIDIA Tesla K80 datasheet (board of 2x GK210: 8.73 TFLOPS FP32 with GPU Boost, 24 GB, 300 W), halved per GPU "
+    "NVIDIA Tesla K80 datasheet (board of 2x GK210: 8.73 TFLOPS FP32 with GPU Boost, 24 GB, 480 GB/s, 300 W), halved "
+    "per GPU "
     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-product-literature/TeslaK80-datasheet.pdf"
 )
 _DS_P100 = (
-    "NVIDIA Tesla P100 PCIe datasheet (16 GB: 9.3 TFLOPS FP32, 18.7 TFLOPS FP16, 250 W) "
+    "NVIDIA Tesla P100 PCIe datasheet (16 GB: 9.3 TFLOPS FP32, 18.7 TFLOPS FP16, 732 GB/s, 250 W) "
     "https://images.nvidia.com/content/tesla/pdf/nvidia-tesla-p100-PCIe-datasheet.pdf"
 )
 _DS_V100 = (
-    "NVIDIA Tesla V100 datasheet, SXM2 column (15.7 TFLOPS FP32, 125 TFLOPS tensor, 16/32 GB, 300 W) "
+    "NVIDIA Tesla V100 datasheet, SXM2 column (15.7 TFLOPS FP32, 125 TFLOPS tensor, 16/32 GB, 900 GB/s, 300 W) "
     "https://images.nvidia.com/content/technologies/volta/pdf/tesla-volta-v100-datasheet-letter-fnl-web.pdf"
 )
 _DS_T4 = (
-    "NVIDIA T4 datasheet (8.1 TFLOPS FP32, 65 TFLOPS mixed FP16/FP32, 16 GB GDDR6, 70 W, PCIe Gen3 x16) "
+    "NVIDIA T4 datasheet (8.1 TFLOPS FP32, 65 TFLOPS mixed FP16/FP32, 16 GB GDDR6, 320+ GB/s, 70 W, PCIe Gen3 x16) "
     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
 )
 _DS_A100 = (
     "NVIDIA A100 datasheet, A100 80GB SXM column (19.5 TFLOPS FP32; tensor TF32 156, FP16 312 dense, the starred "
-    "figures are with sparsity; 80 GB; 400 W; PCIe Gen4 host link) "
+    "figures are with sparsity; 80 GB; 2,039 GB/s; 400 W; PCIe Gen4 host link) "
     "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 )
 _DS_H100 = (
-    "NVIDIA H100 datasheet, H100 SXM column (67 TFLOPS FP32, 80 GB, up to 700 W, PCIe Gen5 host link) "
+    "NVIDIA H100 datasheet, H100 SXM column (67 TFLOPS FP32, 80 GB, 3.35 TB/s, up to 700 W, PCIe Gen5 host link) "
     "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
 )
 _WP_H100 = (
@@ -178,6 +192,7 @@ def _spec(
     pinned_gbps: float,
     tdp_w: float,
     idle_w: float,
+    memory_gbps: float,
     sources: dict[str, str],
     nvlink_gbps: float | None = None,
 ) -> AcceleratorSpec:
@@ -187,7 +202,7 @@ def _spec(
     srcs["h2d_pageable_gbps"] = _PAGEABLE
     srcs["nvlink_gbps"] = sources.get("nvlink_gbps", _NO_NVLINK)
     return AcceleratorSpec(
-        name, full_name, peaks, memory_gib, pinned_gbps, pinned_gbps / 2, tdp_w, idle_w, srcs, nvlink_gbps
+        name, full_name, peaks, memory_gib, pinned_gbps, pinned_gbps / 2, tdp_w, idle_w, srcs, memory_gbps, nvlink_gbps
     )
 
 
@@ -200,8 +215,10 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         pinned_gbps=12.0,
         tdp_w=150.0,
         idle_w=57.0,
+        memory_gbps=240.0,
         sources={
             "peak": _DS_K80,
+            "memory_gbps": _DS_K80 + " ; 480 GB/s for the board's two GPUs, halved",
             "memory_gib": _DS_K80,
             "h2d_pinned_gbps": _PCIE3 + " ; the board's two GPUs share one x16 link, no K80-specific measurement found",
             "tdp_w": _DS_K80 + " ; nvidia-smi caps each GK210 at 149 W",
@@ -216,9 +233,11 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         pinned_gbps=12.0,
         tdp_w=250.0,
         idle_w=30.0,
+        memory_gbps=732.0,
         sources={
             "peak": _DS_P100,
             "peak_tflops.amp": _DS_P100 + " ; no tensor cores, amp runs at the FP16 rate",
+            "memory_gbps": _DS_P100,
             "memory_gib": _DS_P100,
             "h2d_pinned_gbps": _PCIE3,
             "tdp_w": _DS_P100,
@@ -233,8 +252,10 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         pinned_gbps=12.0,
         tdp_w=300.0,
         idle_w=53.0,
+        memory_gbps=900.0,
         sources={
             "peak": _DS_V100,
+            "memory_gbps": _DS_V100,
             "memory_gib": _DS_V100,
             "h2d_pinned_gbps": _PCIE3 + " ; SXM2 boards reach the host over PCIe 3.0 x16",
             "nvlink_gbps": _NVLINK.format(ds=_DS_V100, total=300, half=150),
@@ -252,8 +273,10 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         pinned_gbps=12.0,
         tdp_w=70.0,
         idle_w=26.0,
+        memory_gbps=320.0,
         sources={
             "peak": _DS_T4,
+            "memory_gbps": _DS_T4,
             "memory_gib": _DS_T4,
             "h2d_pinned_gbps": _PCIE3,
             "tdp_w": _DS_T4,
@@ -268,8 +291,10 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         pinned_gbps=25.0,
         tdp_w=400.0,
         idle_w=55.0,
+        memory_gbps=2039.0,
         sources={
             "peak": _DS_A100,
+            "memory_gbps": _DS_A100,
             "memory_gib": _DS_A100,
             "h2d_pinned_gbps": _PCIE4,
             "nvlink_gbps": _NVLINK.format(ds=_DS_A100, total=600, half=300),
@@ -286,9 +311,11 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         pinned_gbps=50.0,
         tdp_w=700.0,
         idle_w=140.0,
+        memory_gbps=3350.0,
         sources={
             "peak": _WP_H100,
             "peak_tflops.fp32": _DS_H100,
+            "memory_gbps": _DS_H100,
             "memory_gib": _DS_H100,
             "h2d_pinned_gbps": _PCIE5,
             "nvlink_gbps": _NVLINK.format(ds=_DS_H100, total=900, half=450),
@@ -301,72 +328,40 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
 }
 
 
-# ResNet-50 training, forward + backward + SGD step, per 224-px image, as torch.utils.flop_counter counts it
-# (FlopCounterMode over one meta-device step of torchvision resnet50; 2 FLOPs per multiply-add).
-RESNET50_TRAIN_FLOPS_PER_IMAGE = 24.30e9
+# The model's constants, fitted by profiler.sim.calibration.calibrate on the points in calibration.POINTS and
+# rounded to two significant digits (docs/sim.md, "Calibration"; tests/test_sim_calibration.py holds them to it).
+# Achieved fraction of the datasheet FLOP peak, per device and precision where a point measured it:
+DEVICE_EFFICIENCY: dict[tuple[str, str], float] = {
+    ("v100", "fp32"): 0.81,
+    ("v100", "amp"): 0.48,
+    ("a100", "tf32"): 0.22,
+    ("a100", "amp"): 0.38,
+    ("h100", "tf32"): 0.16,
+    ("h100", "amp"): 0.20,
+}
+# and on a device no point measured, per precision: the median over the devices above
+EFFICIENCY: dict[str, float] = {"fp32": 0.81, "tf32": 0.19, "amp": 0.38}
+# Each kernel's fill time (seconds): fitted where one device and precision was measured at two batch sizes
+KERNEL_FILL_S = 8.9e-6
+# The host's time to issue a step of eager PyTorch: the framework's per-step cost, and one launch per kernel (Python,
+# the dispatcher, the CUDA driver), fitted on launch-bound steps measured on the H100's 16-core host
+FRAMEWORK_S = 7.3e-3
+LAUNCH_S = 34e-6
+# Achieved fraction of the datasheet memory bandwidth for the kernels that stream memory (normalisation,
+# activations, the optimizer): an estimate, not fitted (docs/sim.md says how the fit depends on it)
+MEMORY_EFFICIENCY = 0.8
 
 
-@dataclass(frozen=True, slots=True)
-class Published:
-    """One published single-GPU training throughput, the ground truth ``EFFICIENCY`` is calibrated on."""
-
-    model: str
-    accelerator: str  # a key of ACCELERATORS, the same SKU as the published system's GPU
-    precision: str  # fp32 | tf32 | amp (NVIDIA's "mixed precision")
-    batch_size: int  # per GPU
-    images_per_s: float
-    source: str  # framework, container, table and URL
+def _efficiency_source(name: str, precision: str) -> str:
+    if (name, precision) in DEVICE_EFFICIENCY:
+        return f"calibrated on the {name} (docs/sim.md)"
+    return f"no {name} {precision} point: the median of the calibrated devices (docs/sim.md)"
 
 
-_DLE_RN50 = (
-    "NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5, pytorch-21.03 NGC container, README 'Training performance "
-    "results', 1-GPU row of the {table} table; batch size from configs.yml ({platform} {prec}) "
-    "https://github.com/NVIDIA/DeepLearningExamples/tree/master/PyTorch/Classification/ConvNets/resnet50v1.5"
-)
-_V100_T = "'NVIDIA DGX-1 16GB (8x V100 16GB)'"
-_A100_T = "'NVIDIA DGX A100 (8x A100 80GB)'"
-
-PUBLISHED: tuple[Published, ...] = (
-    Published(
-        "resnet50v1.5", "v100", "fp32", 112, 367.0, _DLE_RN50.format(table=_V100_T, platform="DGX1V", prec="FP32")
-    ),
-    Published(
-        "resnet50v1.5", "v100", "amp", 256, 1200.0, _DLE_RN50.format(table=_V100_T, platform="DGX1V", prec="AMP")
-    ),
-    Published(
-        "resnet50v1.5", "a100", "tf32", 256, 938.0, _DLE_RN50.format(table=_A100_T, platform="DGXA100", prec="TF32")
-    ),
-    Published(
-        "resnet50v1.5", "a100", "amp", 256, 2470.0, _DLE_RN50.format(table=_A100_T, platform="DGXA100", prec="AMP")
-    ),
-)
-
-
-def implied_efficiency(row: Published, flops_per_image: float, accelerators: Mapping[str, AcceleratorSpec]) -> float:
-    """The fraction of the device's dense peak that the published throughput implies: images/s * F / peak."""
-    peak = accelerators[row.accelerator].peak_tflops[row.precision] * 1e12
-    return row.images_per_s * flops_per_image / peak
-
-
-def calibrate(
-    published: Iterable[Published],
-    flops_per_image: float,
-    accelerators: Mapping[str, AcceleratorSpec] | None = None,
-) -> dict[str, float]:
-    """Per precision, the median over its published rows of the implied efficiency (unrounded).
-
-    The model is device-bound: images/s = efficiency * peak / F, launch overhead and input stalls ignored
-    (the published figures use synthetic or DALI input, which keeps the device fed).
-    """
-    specs = ACCELERATORS if accelerators is None else accelerators
-    by_precision: dict[str, list[float]] = {}
-    for row in published:
-        by_precision.setdefault(row.precision, []).append(implied_efficiency(row, flops_per_image, specs))
-    return {p: statistics.median(v) for p, v in sorted(by_precision.items())}
-
-
-# calibrate(PUBLISHED, RESNET50_TRAIN_FLOPS_PER_IMAGE), two significant digits (docs/sim.md)
-EFFICIENCY: dict[str, float] = {"fp32": 0.57, "tf32": 0.15, "amp": 0.21}
+def default_efficiency(name: str, precision: str) -> float:
+    """The calibrated efficiency of ``precision`` on the device ``name``: its own where a point measured it,
+    else the precision's median over the devices that were measured."""
+    return DEVICE_EFFICIENCY.get((name, precision), EFFICIENCY[precision])
 
 
 def names() -> list[str]:
@@ -419,7 +414,7 @@ def parse(text: str) -> SimConfig:
                 f"--device {text!r}: unknown option {option!r}: allowed precision=P, efficiency=E, link=pcie|nvlink, "
                 "launch=sleep|gil"
             )
-    eff = efficiency if efficiency is not None else EFFICIENCY[precision]
+    eff = efficiency if efficiency is not None else default_efficiency(spec.name, precision)
     return SimConfig(spec, precision, eff, given, link, launch)
 
 
