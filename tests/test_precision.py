@@ -98,3 +98,31 @@ def test_the_command_says_it_in_one_line_and_exits_2(tmp_path: Any) -> None:
         "default, fp32, bf16"
     ]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("verb", ["sweep", "tune"])
+def test_sweep_and_tune_check_the_precision_as_run_does(tmp_path: Any, verb: str) -> None:
+    res = stallscope(verb, "fashion-vgg", "--device", "cpu", "--precision", "fp16", "--out", str(tmp_path / "s"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith(
+        "stallscope: error: --precision fp16 needs CUDA (the CPU's autocast runs bfloat16)"
+    )
+    # a command's training is its own: --precision does not reach it
+    res = stallscope(verb, "--precision", "bf16", "--", "python", "train.py")
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+        f"stallscope: error: --precision: a scenario's option; {verb} -- CMD changes only the command's DataLoader "
+        "knobs"
+    )
+
+
+@pytest.mark.slow
+def test_a_sweep_trains_every_cell_in_the_precision_asked(tmp_path: Any) -> None:
+    import json
+
+    res = stallscope(
+        "sweep", "fashion-vgg", "--device", "cpu", "--precision", "bf16", "--batch-sizes", "8", "--workers", "0",
+        "--steps", "2", "--warmup", "1", "--no-live", "--out", str(tmp_path / "s"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    (summary,) = (tmp_path / "s").glob("*/summary.json")
+    ran = json.loads(summary.read_text())["precision"]
+    assert ran["precision"] == "bf16" and ran["autocast"] == "bfloat16"

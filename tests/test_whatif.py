@@ -28,8 +28,10 @@ from profiler.whatif.model import (
     WhatIf,
     WhatIfError,
     gap_from_rounds,
+    host_of,
     loader_cost,
     loader_place,
+    on_host,
     predict,
     with_cores,
     worst_error,
@@ -547,3 +549,36 @@ def test_workers_needed_count_the_measured_scaling() -> None:
     assert p.cores_needed == math.ceil(80 / 7 / 0.75)
     assert predict(cost(10), HOST, target(workers=2), NO_GAP, WORKER).workers_needed == 12
     assert predict(cost(10), HOST, target("dali", workers=2), gap, MAIN).workers_needed == 12  # threads: whole
+
+
+def test_a_host_of_given_cores_is_the_prediction_s_and_nothing_else_runs_on_it() -> None:
+    measured = run(usable_cores=2, other_processes_cpu_pct=60.0, other_ms=3.0)
+    here, there = host_of(measured), host_of(measured, 16)
+    assert (here.usable_cores, here.free_cores, here.given) == (2, pytest.approx(1.4), False)
+    assert (there.usable_cores, there.free_cores, there.given) == (16, 16.0, True)
+    assert there.overhead_s == here.overhead_s == pytest.approx(3 * MS)  # the loop's own time goes with it
+    assert there.to_dict()["usable_cores_source"] == "given (--host-cores)"
+    # a CPU-bound loader (10 ms of CPU a sample) with 8 workers: the 1.4 free cores here bound it, 16 there do not
+    cpu_bound = cost(10)
+    slow, fast = predict(cpu_bound, here, target(workers=8)), predict(cpu_bound, there, target(workers=8))
+    assert slow.parts_ms is not None and slow.parts_ms["loader"] == pytest.approx(8 * 10 / 1.4)
+    assert fast.parts_ms is not None and fast.parts_ms["loader"] == pytest.approx(8 * 10 / 8)
+    assert fast.samples_per_s == pytest.approx(8 / (10 * MS))
+
+
+def test_the_workers_scaling_measured_among_this_host_s_cores_is_not_carried_to_another_host() -> None:
+    gap = with_cores(gap_from_rounds([1.0, 1.0, 1.0], [1.2, 1.2, 1.2], 30), 2, [1.2] * 3, [0.8] * 3)
+    assert gap.cores_scaling == pytest.approx(0.75) and gap.parallel(8) == pytest.approx(6.0)
+    there = on_host(gap, Host(16, 0.0, 0.0, given=True))
+    assert there.parallel(8) == 8 and there.factor == gap.factor  # the per-sample cost is kept
+    assert "not applied to a host of 16 cores" in there.source
+    assert on_host(gap, HOST) is gap  # the run's own host: as measured
+
+
+def test_host_cores_is_checked_and_refused_beside_check(tmp_path: Path) -> None:
+    res = stallscope("whatif", str(tmp_path), "--host-cores", "0")
+    assert res.returncode == 2 and "--host-cores" in res.stderr and "Traceback" not in res.stderr
+    res = stallscope("whatif", str(tmp_path), "--host-cores", "16", "--check")
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "stallscope: error: --host-cores 16 predicts for another host, and --check measures on this one: use one"
+    ]

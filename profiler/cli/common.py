@@ -27,6 +27,7 @@ from profiler.core.sampler import MAX_HZ
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.devices import DeviceInfo
+    from profiler.drivers.precision import Precision
     from profiler.drivers.runner import RunConfig
     from profiler.export.endpoint import Endpoint
     from profiler.export.prometheus import PrometheusExporter
@@ -131,6 +132,17 @@ def positive_hz(text: str) -> float:
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
     """The flags ``run``, ``sweep`` and ``tune`` share."""
+    from profiler.drivers.precision import PRECISIONS
+
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="default",
+        help="the arithmetic of a built-in scenario's training on a real device: default (PyTorch's own: TF32 "
+        "convolutions on CUDA), fp32, tf32, bf16 or fp16 (autocast; fp16 with a GradScaler, CUDA only); the run "
+        "records what ran (docs/scenarios.md, 'Precision')",
+    )
+    p.add_argument("--channels-last", action="store_true", help="the model and its 4-d inputs in channels_last")
     p.add_argument(
         "--device",
         default="auto",
@@ -337,7 +349,25 @@ def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConf
         model=args.model,
         synthetic_input=args.synthetic_input,
         extra_meta=t.extra_meta,
+        precision=precision_of(args, t),
     )
+
+
+def precision_of(args: argparse.Namespace, t: Training) -> Precision:
+    """--precision / --channels-last, checked against the device: one line and exit 2 where it cannot run them."""
+    from profiler.drivers.precision import Precision, PrecisionError
+
+    p = Precision(args.precision, args.channels_last)
+    try:
+        if t.device.kind == "cuda":
+            import torch
+
+            p.check("cuda", torch)
+        else:
+            p.check(t.device.kind)
+    except PrecisionError as exc:
+        raise BadInput(str(exc)) from None
+    return p
 
 
 def default_data(scenario: Scenario) -> Path:

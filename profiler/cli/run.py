@@ -41,7 +41,6 @@ from profiler.cli.job import add_job_options, check_job_options, cmd_job
 from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
-    from profiler.drivers.precision import Precision
     from profiler.drivers.runner import TrainingError
     from profiler.export.prometheus import PrometheusExporter
 
@@ -90,7 +89,6 @@ def _add_run(sub: Any) -> None:
     )
     _add_storage_options(r)
     _add_kernel_windows_option(r)
-    _add_precision_options(r)
     r.add_argument(
         "--pyspy-rate",
         type=bounded(int, 1, 1000, "an integer"),
@@ -196,37 +194,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_scenario(args, t, exporter)
 
 
-def _add_precision_options(r: argparse.ArgumentParser) -> None:
-    from profiler.drivers.precision import PRECISIONS
-
-    r.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="default",
-        help="the arithmetic of a built-in scenario's training on a real device: default (PyTorch's own: TF32 "
-        "convolutions on CUDA), fp32, tf32, bf16 or fp16 (autocast; fp16 with a GradScaler, CUDA only); the run "
-        "records what ran (docs/scenarios.md, 'Precision')",
-    )
-    r.add_argument("--channels-last", action="store_true", help="the model and its 4-d inputs in channels_last")
-
-
-def _precision(args: argparse.Namespace, t: Training) -> Precision:
-    """--precision / --channels-last, checked against the device: one line and exit 2 where it cannot run them."""
-    from profiler.drivers.precision import Precision, PrecisionError
-
-    p = Precision(args.precision, args.channels_last)
-    try:
-        if t.device.kind == "cuda":
-            import torch
-
-            p.check("cuda", torch)
-        else:
-            p.check(t.device.kind)
-    except PrecisionError as exc:
-        raise BadInput(str(exc)) from None
-    return p
-
-
 def _add_kernel_windows_option(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--kernel-windows",
@@ -260,7 +227,6 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         dali_stages=args.dali_stages,
         headspace=args.headspace,
         kernel_windows=args.kernel_windows,
-        precision=_precision(args, t),
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"

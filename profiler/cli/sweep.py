@@ -345,6 +345,7 @@ def _print_plan(what: str, args: argparse.Namespace, **plan: Any) -> int:
 _SCENARIO_ONLY = {
     "pipelines": None, "max_batch_size": None, "nproc": None, "device": "auto", "warmup": None, "seed": 0,
     "model": None, "data": None, "on_bad_sample": "fail", "synthetic_input": False, "price_per_hour": None,
+    "precision": "default", "channels_last": False,
 }  # fmt: skip
 
 

@@ -23,6 +23,7 @@ from profiler.cli.common import (
 from profiler.whatif.source import DEFAULT_TARGETS
 
 MAX_REPEAT = 20
+MAX_HOST_CORES = 4096
 _DEVICE_START = re.compile(r"^(sim:|cpu$|cuda|auto$)")
 
 
@@ -73,6 +74,13 @@ def add_parsers(sub: Any) -> None:
         "each worker adds a whole one",
     )
     _add_storage_options(w)
+    w.add_argument(
+        "--host-cores",
+        type=bounded(int, 1, MAX_HOST_CORES, "an integer"),
+        metavar="N",
+        help="predict for a host of N cores that nothing else uses (the loader's measured cost per sample kept; "
+        "default: this run's host, its usable cores less what other processes took)",
+    )
     w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
 
 
@@ -136,6 +144,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_size,
         worker_gap=args.worker_gap,
         storage=Storage(cached=args.cached, mbps=args.storage_mbps),
+        host_cores=args.host_cores,
         check=args.check,
         plan=CheckPlan(repeat=args.repeat, steps=args.steps, warmup=args.warmup),
     )

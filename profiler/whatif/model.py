@@ -233,6 +233,7 @@ class Host:
     usable_cores: int
     other_cores: float  # cores other processes took during the measured run
     overhead_s: float  # o: the loop's own time per step (the breakdown's "other")
+    given: bool = False  # the cores of the host the prediction is for (--host-cores), not the run's
 
     @property
     def free_cores(self) -> float:
@@ -241,6 +242,7 @@ class Host:
     def to_dict(self) -> dict[str, Any]:
         return {
             "usable_cores": self.usable_cores,
+            "usable_cores_source": "given (--host-cores)" if self.given else "measured run",
             "other_processes_cores": None if math.isnan(self.other_cores) else self.other_cores,
             "free_cores": self.free_cores,
             "loop_overhead_ms": self.overhead_s * 1e3,
@@ -378,8 +380,29 @@ def loader_cost(run: MeasuredRun, gap: LoaderGap | None = None) -> LoaderCost:
     return LoaderCost(cpu, cpu, f"not loader-bound: CPU seconds per sample of {what} (host sampler)")
 
 
-def host_of(run: MeasuredRun) -> Host:
-    return Host(run.usable_cores, run.other_processes_cpu_pct / 100, max(0.0, _nan0(run.other_ms)) / 1e3)
+def host_of(run: MeasuredRun, cores: int | None = None) -> Host:
+    """The host of the measured run, or with ``cores`` a host of that many cores that nothing else uses (the run's
+    other processes stay on the host they ran on)."""
+    overhead = max(0.0, _nan0(run.other_ms)) / 1e3
+    if cores is not None:
+        return Host(cores, 0.0, overhead, given=True)
+    return Host(run.usable_cores, run.other_processes_cpu_pct / 100, overhead)
+
+
+def on_host(gap: LoaderGap, host: Host) -> LoaderGap:
+    """``gap`` for predictions on ``host``: on a host of given cores, the scaling measured among this host's cores
+    (where the workers shared them with the training process and whatever else ran) is not carried over; each
+    worker adds a whole one up to the given cores (the loader's cost per sample is kept)."""
+    if not host.given or gap.cores_k <= 1:
+        return gap
+    return replace(
+        gap,
+        cores_scaling=1.0,
+        cores_k=1,
+        cores_rounds=(),
+        source=f"{gap.source}; the scaling of {gap.cores_k} workers on this host's cores "
+        f"(x{gap.parallel(gap.cores_k):.3g}) not applied to a host of {host.usable_cores} cores",
+    )
 
 
 def _period(pipeline: str, threads: int, loader: float, *, dev: float, launch: float, h2d: float) -> float:
@@ -562,7 +585,12 @@ class WhatIf:
             f"PREDICTED by the model in docs/whatif.md from run {self.run_dir}'s measured loader cost "
             f"{c.wall_s * 1e3:.3g} ms/sample ({c.cpu_s * 1e3:.3g} ms CPU; {c.method}; loaded in the "
             f"{self.measured_at}), {self.run.bytes_per_sample:,.0f} bytes/sample to the device, "
-            f"{self.host.free_cores:.2g} free of {self.host.usable_cores} usable cores"
+            + (
+                f"for a host of {self.host.usable_cores} cores (--host-cores; the loader's cost per sample as measured "
+                "here)"
+                if self.host.given
+                else f"{self.host.free_cores:.2g} free of {self.host.usable_cores} usable cores"
+            )
         )
 
     @property

@@ -18,6 +18,7 @@ from profiler.whatif.model import (
     host_of,
     loader_cost,
     loader_place,
+    on_host,
     predict,
 )
 from profiler.whatif.source import (
@@ -43,6 +44,7 @@ class Request:
     batch_sizes: Sequence[int] | None = None
     worker_gap: str = "measure"  # or "off": assume a worker's cost is the main process's
     storage: Storage = AS_MEASURED  # where the bytes come from: as measured, cached, or a store of N MB/s
+    host_cores: int | None = None  # the cores of the host the predictions are for (None: the run's)
     check: bool = False
     plan: CheckPlan = field(default_factory=CheckPlan)
 
@@ -60,11 +62,15 @@ def run_whatif(req: Request, note: Note) -> Outcome:
     plan = req.plan
     if not req.check and (plan.repeat != 1 or plan.steps is not None or plan.warmup is not None):
         raise WhatIfError("--repeat, --steps and --warmup set how --check measures: add --check")
+    if req.check and req.host_cores is not None:
+        raise WhatIfError(
+            f"--host-cores {req.host_cores} predicts for another host, and --check measures on this one: use one"
+        )
     src = read_run(req.run_dir)
     devices = given if given is not None else default_devices(src, note)
     m = src.measured
     cost = loader_cost(m)
-    host = host_of(m)
+    host = host_of(m, req.host_cores)
     workers = req.workers if req.workers is not None else [m.workers]
     batches = req.batch_sizes if req.batch_sizes is not None else [m.batch_size]
     steps = StepCosts(src)
@@ -80,6 +86,7 @@ def run_whatif(req: Request, note: Note) -> Outcome:
     if needs_gap(m, targets):
         gap = measure_gap(src, note) if req.worker_gap == "measure" else replace(NO_GAP, source="--worker-gap off")
         cost = loader_cost(m, gap)
+        gap = on_host(gap, host)
     measured_at = loader_place(m.pipeline, m.workers)
     stored = req.storage.cost(cost, m)
     predictions = [
