@@ -84,7 +84,8 @@ def tune_plan(
     for_real: str,
 ) -> list[str]:
     """What ``tune --dry-run`` prints: the trials a tune would run, in order, and what each does."""
-    from profiler.sweep.tuner import FINAL_MAX_ROUNDS, FINAL_ROUNDS, IMPROVE, worker_ladder
+    from profiler.sweep.climb import FINAL_ROUNDS, IMPROVE, MAX_PASSES, worker_ladder
+    from profiler.sweep.tuner import FINAL_MAX_ROUNDS
 
     ladder = worker_ladder(max_workers, cores)
     inside = [w for w in ladder if w <= cores]
@@ -100,9 +101,12 @@ def tune_plan(
         f"tune {what}: the plan (nothing is run now)",
         f"  each trial: {for_real.format(measured=f'{seconds:g} s{cap}')}",
         f"  1. {first}",
-        f"  2. workers {climb}, each step taken only when throughput improves by more than {IMPROVE:.0%} "
-        f"({cores} core{'' if cores == 1 else 's'} here){knobs}",
-        f"  3. batch size: {batches}",
+        f"  2. workers {climb}, each step taken only when throughput improves by more than {IMPROVE:.0%} and more "
+        "than the two trials' uncertainty (measured again where it is within it); a loader-bound first trial seeds "
+        f"the climb at the count it predicts would feed the step ({cores} core{'' if cores == 1 else 's'} "
+        f"here){knobs}",
+        f"  3. batch size: {batches}; where it moves, the workers again at the new batch (up and down), then the "
+        f"batch again where they moved (at most {MAX_PASSES} passes)",
         f"  4. the pick and the setting to beat re-run alternately, {FINAL_ROUNDS} rounds each "
         f"(up to {FINAL_MAX_ROUNDS} while they split or vary more than they differ): the speedup is the ratio of "
         "their median throughputs",

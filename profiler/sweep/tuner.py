@@ -14,14 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
 from profiler.analysis.stats import finite_or_none, quantile
 from profiler.core.session import Interrupted
 from profiler.sweep.analysis import Config, SweepRow, row_from_dict
+from profiler.sweep.climb import FINAL_ROUNDS, IMPROVE, MAX_PASSES, Search, Trial, climb
 
-IMPROVE = 0.03
 RUNNER_UP = "runner-up"  # the final comparison's role for a trial the pick beat only within their uncertainty
-FINAL_ROUNDS = 2
 # more rounds, while the budget allows, when the rounds are not settled: they split (the pick faster than the
 # default beside it in one, slower in another), or a configuration's own throughput varied from round to round
 # by more than the two differ. Two short trials each decide nothing on a busy host: a pick 1.25x in the search
@@ -34,17 +32,6 @@ DEFAULT_PIPELINE = "naive"
 # copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
 # throughput rule stop it long before this on most loaders
 WORKER_CAP = 64
-# a rejected step whose training thread waited for a CPU this share of its compute or more: said, with the
-# figure, by the same threshold as the report's CPU_CONTENTION
-RUNQ_NOTABLE = CONTENTION_THRESHOLD
-
-
-# (configuration, label for its run directory, role) -> the configuration's row
-Trial = Callable[[Config, str, str], SweepRow]
-
-
-class BudgetSpent(Exception):
-    """Internal: the next trial does not fit in the budget."""
 
 
 @dataclass(slots=True)
@@ -98,10 +85,14 @@ class TuneResult:
             "cores": self.cores,
             "max_workers": self.max_workers,
             "rules": {
-                "improve": f"a step of the search is taken only when throughput improves by more than {IMPROVE:.0%}",
-                "workers": f"workers climb 0, 1, 2, 4, ... up to the {self.cores} cores (every count tried), then "
-                "further only while each step helps and the next count stays under cores / (the workers' CPU busy "
-                f"fraction), at most {self.max_workers}",
+                "improve": f"a step of the search is taken only when throughput improves by more than {IMPROVE:.0%} "
+                "and more than the two trials' uncertainty; a difference within it is measured again",
+                "workers": f"workers climb 0, 1, 2, 4, ... (from the count a loader-bound trial predicts would feed "
+                f"the step) up to the {self.cores} cores (every count tried), then further only while each step helps "
+                "and the next count stays under cores / (the workers' CPU busy fraction), at most "
+                f"{self.max_workers}; after the batch moves they are climbed again, up and down",
+                "batch": f"doubled while it helps, else halved; the batch and the workers in turn, at most "
+                f"{MAX_PASSES} passes",
                 "final": f"recommended and default re-run alternately, {FINAL_ROUNDS} rounds each (up to "
                 f"{FINAL_MAX_ROUNDS} while they split or vary more than they differ); "
                 "speedup = ratio of median throughputs",
@@ -140,237 +131,6 @@ def tune_from_dict(d: dict[str, Any]) -> TuneResult:
     )
 
 
-def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:
-    """0, 1, 2, 4, ... up to ``max_workers``; ``max_workers`` and the core count (when not above it) are
-    included even when they are not powers of two."""
-    out = {0}
-    w = 1
-    while w <= max_workers:
-        out.add(w)
-        w *= 2
-    out.add(max_workers)
-    if cores is not None and 0 < cores <= max_workers:
-        out.add(cores)
-    return sorted(out)
-
-
-class _Search:
-    """Runs trials through the cache and the budget gate; remembers every row in the order it ran."""
-
-    def __init__(
-        self,
-        trial: Trial,
-        budget_s: float,
-        clock: Callable[[], float],
-        default: Config,
-        *,
-        max_batch: int,
-        max_workers: int,
-        cores: int,
-        batches: Sequence[int] | None = None,
-    ) -> None:
-        self.trial = trial
-        self.batches = batches
-        self.budget_s = budget_s
-        self.clock = clock
-        self.t0 = clock()
-        self.default = default
-        self.max_batch = max_batch
-        self.max_workers = max_workers
-        self.cores = cores
-        self.rows: list[SweepRow] = []
-        self.cache: dict[Config, SweepRow] = {}
-        self.notes: list[str] = []
-        self.spent: str | None = None  # why the budget stopped the search
-        self.stopped: dict[str, dict[str, str]] = {}
-
-    def best_of(self, pipeline: str) -> SweepRow | None:
-        """The best completed trial of ``pipeline`` so far, by the same rule as the climb (ties to the first)."""
-        best: SweepRow | None = None
-        for r in self.rows:
-            if r.pipeline == pipeline and r.ok and (best is None or _better(r, best)):
-                best = r
-        return best
-
-    def elapsed(self) -> float:
-        return self.clock() - self.t0
-
-    def estimate(self, cfg: Config) -> float:
-        """Duration of a trial of ``cfg``: the nearest tried batch's wall time, scaled by the batch ratio
-        (the early-stop rule needs about as many steps at any batch, and a step grows with the batch)."""
-        timed = [r for r in self.rows if math.isfinite(r.wall_s)]
-        if not timed:
-            return 0.0
-        near = min(timed, key=lambda r: (abs(math.log(cfg.batch_size / r.batch_size)), -r.wall_s))
-        return near.wall_s * max(1.0, cfg.batch_size / near.batch_size)
-
-    def reserve(self, best: SweepRow | None) -> float:
-        """Time kept for the final comparison: the rounds of default + best so far. One round only before the
-        second trial: a budget that holds two trials and one round compares the default with its first step
-        rather than stopping at the default alone, with nothing measured against it."""
-        d = self.cache.get(self.default)
-        d_s = d.wall_s if d is not None and math.isfinite(d.wall_s) else 0.0
-        b_s = best.wall_s if best is not None and math.isfinite(best.wall_s) else d_s
-        return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
-
-    def run(self, cfg: Config, best: SweepRow | None) -> SweepRow:
-        hit = self.cache.get(cfg)
-        if hit is not None:
-            return hit
-        if self.rows and self.elapsed() + self.estimate(cfg) + self.reserve(best) > self.budget_s:
-            raise BudgetSpent(cfg.name)
-        row = self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}", "trial")
-        self.rows.append(row)
-        self.cache[cfg] = row
-        return row
-
-
-def _better(new: SweepRow, old: SweepRow) -> bool:
-    return new.ok and new.throughput_samples_per_s > old.throughput_samples_per_s * (1 + IMPROVE)
-
-
-def _climb(s: _Search, pipeline: str, start_batch: int) -> SweepRow | None:
-    """One pipeline's search; the best row it found (None when the pipeline failed at the start). When the
-    budget runs out, the best so far (None before the pipeline's first trial), with ``s.spent`` set."""
-    why = s.stopped.setdefault(pipeline, {})
-    try:
-        best = s.run(Config(pipeline, start_batch, 0), None)
-        if not best.ok:
-            s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
-            why.update(workers=f"not searched: {best.name} failed", batch=f"not searched: {best.name} failed")
-            return None
-        best, why["workers"] = _climb_workers(s, best)
-        best, why["batch"] = _climb_batch(s, best)
-        return best
-    except BudgetSpent as spent:
-        s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
-        s.notes.append(s.spent)
-        so_far = s.best_of(pipeline)
-        for knob in ("workers", "batch"):
-            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob)}"
-            why.setdefault(knob, f"{where}: the budget of {s.budget_s:g} s was reached before trying {spent}")
-        return so_far
-
-
-def _climb_workers(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
-    """Climb the worker ladder at ``best``'s batch; the best row and why the climb stopped. Up to the cores every
-    rung is tried (a step that does not help does not end it: one worker that only moves the loading off the
-    training process can gain little where two gain much); past the cores the first step that does not help
-    ends it."""
-    unmeasured: int | None = None  # the worker count past the cores whose CPU use was not sampled
-    cores = s.cores
-    passed: list[str] = []  # rungs within the cores that did not help, said in the reason
-    for w in worker_ladder(s.max_workers, cores)[1:]:
-        f = best.worker_cpu_busy_fraction
-        if w > cores and not math.isfinite(f):
-            unmeasured = best.workers if unmeasured is None else unmeasured
-        elif w > cores and f * w > cores:  # w > cores / f: w workers would need more than the cores
-            fit = max(best.workers, math.floor(cores / f))
-            ceiling = (
-                f"the workers were {f:.0%} busy on CPU per item at {best.workers}, so about {fit} fit on {cores} "
-                f"core{'' if cores == 1 else 's'} ({w} would not)"
-            )
-            return best, f"stopped at {best.workers}: {'; '.join([*passed, ceiling])}"
-        row = s.run(Config(best.pipeline, best.batch_size, w), best)
-        if not _better(row, best):
-            if w < min(cores, s.max_workers):
-                passed.append(_step(best, row, "workers"))
-                continue
-            why = "; ".join([*passed, _step(best, row, "workers")])
-            return best, _unsampled(f"stopped at {best.workers}: {why}", unmeasured)
-        best = row
-    why = "; ".join([*passed, "the most workers allowed (--max-workers)"])
-    return best, _unsampled(f"stopped at {best.workers}: {why}", unmeasured)
-
-
-def _unsampled(reason: str, at: int | None) -> str:
-    if at is None:
-        return reason
-    return f"{reason}; the workers' CPU use was not sampled at {at}, so past the cores throughput alone decided"
-
-
-def _climb_batch(s: _Search, best: SweepRow) -> tuple[SweepRow, str]:
-    """Double the batch at ``best``'s workers; when no doubling helps, halve it while halving helps (the
-    default was past the knee). The best row and why the climb stopped. With ``s.batches``, the same climb
-    over those batch sizes only (:func:`_climb_listed`)."""
-    if s.batches is not None:
-        return _climb_listed(s, best, s.batches)
-    pipeline, start, max_batch = best.pipeline, best.batch_size, s.max_batch
-    b = start * 2
-    while b <= max_batch:
-        row = s.run(Config(pipeline, b, best.workers), best)
-        if not row.ok:
-            s.notes.append(f"{row.name} failed ({row.error or row.status}): batch ceiling for {pipeline}")
-        if not _better(row, best):
-            up = _step(best, row, "batch")
-            break
-        best = row
-        b *= 2
-    else:
-        up = f"batch {b} is above --max-batch-size {max_batch}"
-    if best.batch_size != start:
-        return best, f"stopped at {best.batch_size}: {up}"
-    b = start // 2
-    while b >= 1:
-        row = s.run(Config(pipeline, b, best.workers), best)
-        if not _better(row, best):
-            down = _step(best, row, "batch")
-            break
-        best = row
-        b //= 2
-    else:
-        down = "batch 1 is the smallest"
-    return best, f"stopped at {best.batch_size}: {up}; {down}"
-
-
-def _climb_listed(s: _Search, best: SweepRow, batches: Sequence[int]) -> tuple[SweepRow, str]:
-    """The batch climb over the listed sizes: up from ``best``'s through the larger ones while each helps, then,
-    when none did, down through the smaller ones."""
-    start = best.batch_size
-    if not [b for b in batches if b != start]:
-        return best, f"stopped at {start}: not searched (the script's own batch size; --batch-sizes to try others)"
-    why = []
-    for ladder in (sorted(b for b in batches if b > start), sorted((b for b in batches if b < start), reverse=True)):
-        if best.batch_size != start:
-            break
-        for b in ladder:
-            row = s.run(Config(best.pipeline, b, best.workers), best)
-            if not _better(row, best):
-                why.append(_step(best, row, "batch"))
-                break
-            best = row
-        else:
-            if ladder:
-                why.append(f"batch {ladder[-1]} is the last of --batch-sizes that way")
-    return best, f"stopped at {best.batch_size}: {'; '.join(why) or 'no other batch size to try'}"
-
-
-def _knob(row: SweepRow, knob: str) -> int:
-    return row.workers if knob == "workers" else row.batch_size
-
-
-def _step(best: SweepRow, row: SweepRow, knob: str) -> str:
-    """Why ``row``, a step of the climb from ``best``, was not taken, in their figures."""
-    what, ref = (
-        (f"{row.workers} workers", f"{best.workers}")
-        if knob == "workers"
-        else (f"batch {row.batch_size}", f"batch {best.batch_size}")
-    )
-    if not row.ok:
-        return f"{what} failed ({row.error or row.status})"
-    new, old = row.throughput_samples_per_s, best.throughput_samples_per_s
-    gain = new / old - 1
-    text = (
-        f"{what} was {gain:.1%} faster than {ref} ({new:.1f} vs {old:.1f} samples/s: within {IMPROVE:.0%})"
-        if gain >= 0
-        else f"{what} was {-gain:.1%} slower than {ref} ({new:.1f} vs {old:.1f} samples/s)"
-    )
-    runq = row.runq_compute_fraction
-    if knob == "workers" and math.isfinite(runq) and runq >= RUNQ_NOTABLE:
-        text += f"; the training thread waited for a CPU {runq:.0%} of compute at {row.workers} workers"
-    return text
-
-
 def tune(
     trial: Trial,
     *,
@@ -395,7 +155,7 @@ def tune(
     has status "interrupted", ``stopped_by`` the signal, and holds whatever ran.
     """
     default = default or Config(DEFAULT_PIPELINE, default_batch, 0)
-    s = _Search(
+    s = Search(
         trial, budget_s, clock, default, max_batch=max_batch, max_workers=max_workers, cores=max(1, cores),
         batches=batches,
     )  # fmt: skip
@@ -414,12 +174,12 @@ def tune(
     return _finish(result, s)
 
 
-def _search(result: TuneResult, s: _Search, pipelines: Sequence[str], start: int) -> None:
+def _search(result: TuneResult, s: Search, pipelines: Sequence[str], start: int) -> None:
     """Each pipeline's climb from batch ``start``, then the pick re-run beside the default (``_final_pair``)."""
     default = result.default
     bests: list[SweepRow] = []
     for p in pipelines:
-        best = _climb(s, p, start)
+        best = climb(s, p, start)
         if best is not None:
             bests.append(best)
         if s.spent:
@@ -441,7 +201,7 @@ def _search(result: TuneResult, s: _Search, pipelines: Sequence[str], start: int
     _final_pair(result, s, rec)
 
 
-def _interrupted(result: TuneResult, s: _Search, exc: BaseException) -> None:
+def _interrupted(result: TuneResult, s: Search, exc: BaseException) -> None:
     """A signal ended the search: the result is partial, its recommendation the best trial so far."""
     result.status = "interrupted"
     result.stopped_by = getattr(exc, "signame", "SIGINT")
@@ -458,7 +218,7 @@ def _interrupted(result: TuneResult, s: _Search, exc: BaseException) -> None:
         s.notes.append("recommended: the best trial before the stop (the search did not finish)")
 
 
-def _runner_up(s: _Search, rec: Config, default: Config) -> Config | None:
+def _runner_up(s: Search, rec: Config, default: Config) -> Config | None:
     """The trial the pick beat by less than the two trials' own uncertainty (their step-time 95% CIs, relative,
     summed), the fastest such; None where every other trial lost clearly or the uncertainty was not measured."""
     picked = s.cache.get(rec)
@@ -475,7 +235,7 @@ def _runner_up(s: _Search, rec: Config, default: Config) -> Config | None:
     return _fastest(close) if close else None
 
 
-def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
+def _final_pair(result: TuneResult, s: Search, rec: Config) -> None:
     """Re-run recommended and default alternately (and the runner-up, where the pick beat it only within the two
     trials' uncertainty: the better median of the two is then the pick); the speedup is the ratio of the medians."""
     runner = _runner_up(s, rec, result.default)
@@ -528,7 +288,7 @@ def _final_pair(result: TuneResult, s: _Search, rec: Config) -> None:
         s.notes.append("the final comparison did not complete for both configurations: no measured speedup")
 
 
-def _settle_runner_up(result: TuneResult, s: _Search, rec: Config, runner: Config) -> Config:
+def _settle_runner_up(result: TuneResult, s: Search, rec: Config, runner: Config) -> Config:
     """The pick or the runner-up, whichever had the better median beside the default; the winner's final rows
     carry the role "recommended", the other's "runner-up"."""
     rec_m, run_m = _median(result.final, "recommended"), _median(result.final, RUNNER_UP)
@@ -608,6 +368,6 @@ def _median(rows: Sequence[SweepRow], role: str) -> float:
     return quantile([r.throughput_samples_per_s for r in rows if r.role == role and r.ok], 0.5)
 
 
-def _finish(result: TuneResult, s: _Search) -> TuneResult:
+def _finish(result: TuneResult, s: Search) -> TuneResult:
     result.elapsed_s = s.elapsed()
     return result

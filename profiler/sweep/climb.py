@@ -1,0 +1,462 @@
+"""The tuner's climb over one pipeline's workers and batch size (docs/sweep-and-tune.md, "The search").
+
+Invariants: every decision is a pure function of the trials' rows (their throughput and its measured uncertainty,
+the workers' CPU use, the breakdown), the budget gate and the arguments; a configuration runs at most twice (a
+second time only to settle a comparison its first trial left within the two trials' uncertainty), and its figure is
+then the pooled one; a trial starts only when it and the reserve for the final comparison fit in the budget (the
+first always runs). The stop reason of each knob is written as the climb stops it, in the figures that decided.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
+from profiler.sweep.analysis import Config, SweepRow
+
+IMPROVE = 0.03
+FINAL_ROUNDS = 2  # the final comparison's rounds (profiler.sweep.tuner), reserved in the budget
+# a rejected step whose training thread waited for a CPU this share of its compute or more: said, with the
+# figure, by the same threshold as the report's CPU_CONTENTION
+RUNQ_NOTABLE = CONTENTION_THRESHOLD
+# the share of a step the loop waited for data from which a trial is loader-bound (TensorFlow's "highly input-bound"
+# band, as the whatif model's LOADER_BOUND): its workers' rate is then the loader's, and it predicts the workers
+# needed; below MET the loader keeps up and more workers cannot help
+LOADER_BOUND = 0.20
+MET = 0.03
+# a worker process loads a sample this much slower than the training process (whatif's measured gap on the
+# built-in scenarios: 1.1-1.35): the prediction from a 0-worker trial allows for it
+WORKER_GAP = 1.25
+# passes of (batch climb, workers re-climb) after the first workers climb: each pass re-climbs the workers only
+# where the batch moved, and the batch only where the workers moved
+MAX_PASSES = 3
+
+# (configuration, label for its run directory, role) -> the configuration's row
+Trial = Callable[[Config, str, str], SweepRow]
+GAIN, LOSS, EVEN, UNCLEAR = "gain", "loss", "even", "unclear"
+
+
+class BudgetSpent(Exception):
+    """The next trial does not fit in the budget."""
+
+
+def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:
+    """0, 1, 2, 4, ... up to ``max_workers``; ``max_workers`` and the core count (when not above it) are
+    included even when they are not powers of two."""
+    out = {0}
+    w = 1
+    while w <= max_workers:
+        out.add(w)
+        w *= 2
+    out.add(max_workers)
+    if cores is not None and 0 < cores <= max_workers:
+        out.add(cores)
+    return sorted(out)
+
+
+def rel_ci(row: SweepRow) -> float:
+    """A trial's relative uncertainty of throughput (its step time's 95% CI half-width over the mean; 0 where it
+    was not measured)."""
+    ci = row.step_time_rel_ci
+    return ci if math.isfinite(ci) and ci > 0 else 0.0
+
+
+def judge(new: SweepRow, ref: SweepRow) -> str:
+    """``new`` against ``ref``: GAIN or LOSS where they differ by more than IMPROVE and more than their uncertainties
+    summed (a failed ``new`` is a LOSS); EVEN where both are known to within IMPROVE and differ by less; UNCLEAR
+    where the difference is within their uncertainty (measuring again may tell)."""
+    if not new.ok:
+        return LOSS
+    gain = new.throughput_samples_per_s / ref.throughput_samples_per_s - 1
+    margin = max(IMPROVE, rel_ci(new) + rel_ci(ref))
+    if abs(gain) > margin:
+        return GAIN if gain > 0 else LOSS
+    return EVEN if margin <= IMPROVE else UNCLEAR
+
+
+def pooled(first: SweepRow, again: SweepRow) -> SweepRow:
+    """Two trials of one configuration as one: the mean throughput, the uncertainty of a mean of two
+    (``sqrt(a^2 + b^2) / 2``), the wall time of one; a failed re-run leaves the first."""
+    if not again.ok:
+        return first
+    ci = math.hypot(rel_ci(first), rel_ci(again)) / 2
+    thr = (first.throughput_samples_per_s + again.throughput_samples_per_s) / 2
+    return replace(first, throughput_samples_per_s=thr, step_time_rel_ci=ci if ci > 0 else math.nan)
+
+
+def workers_to_feed(row: SweepRow) -> int | None:
+    """The workers a loader-bound trial says would feed its step, from what it measured: the loader's time for a
+    batch (with 0 workers the loop's data wait, times WORKER_GAP for a worker process; with w workers w x the step,
+    each delivering one batch in w steps) over the step's own time (the step less its data wait). None where the
+    trial was not loader-bound or its breakdown is missing."""
+    wait = row.breakdown_ms_per_step.get("data_wait", math.nan)
+    step = row.step_time_ms.get("mean", math.nan)
+    if not (row.ok and math.isfinite(wait) and math.isfinite(step) and step > wait >= LOADER_BOUND * step):
+        return None
+    own = step - wait
+    per_batch = wait * WORKER_GAP if row.workers == 0 else row.workers * step
+    return max(1, math.ceil(per_batch / own - 1e-9))
+
+
+class Search:
+    """Runs trials through the cache and the budget gate; remembers every row in the order it ran."""
+
+    def __init__(
+        self,
+        trial: Trial,
+        budget_s: float,
+        clock: Callable[[], float],
+        default: Config,
+        *,
+        max_batch: int,
+        max_workers: int,
+        cores: int,
+        batches: Sequence[int] | None = None,
+    ) -> None:
+        self.trial = trial
+        self.batches = batches
+        self.budget_s = budget_s
+        self.clock = clock
+        self.t0 = clock()
+        self.default = default
+        self.max_batch = max_batch
+        self.max_workers = max_workers
+        self.cores = cores
+        self.rows: list[SweepRow] = []  # every trial as it ran (a re-measure is a row of its own)
+        self.cache: dict[Config, SweepRow] = {}  # each configuration's figure (pooled once re-measured)
+        self.again: set[Config] = set()  # configurations run twice
+        self.notes: list[str] = []
+        self.spent: str | None = None  # why the budget stopped the search
+        self.stopped: dict[str, dict[str, str]] = {}
+        self.best: SweepRow | None = None  # the climb's best so far, for the budget's reserve
+        self.close: list[SweepRow] = []  # this pass's batch steps left within the uncertainty of the best (or even)
+
+    def best_of(self, pipeline: str) -> SweepRow | None:
+        """The best configuration of ``pipeline`` so far, by its (pooled) figure."""
+        rows = [r for c, r in self.cache.items() if c.pipeline == pipeline and r.ok]
+        return max(rows, key=lambda r: r.throughput_samples_per_s, default=None)
+
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    def estimate(self, cfg: Config) -> float:
+        """Duration of a trial of ``cfg``: the nearest tried batch's wall time, scaled by the batch ratio
+        (the early-stop rule needs about as many steps at any batch, and a step grows with the batch)."""
+        timed = [r for r in self.rows if math.isfinite(r.wall_s)]
+        if not timed:
+            return 0.0
+        near = min(timed, key=lambda r: (abs(math.log(cfg.batch_size / r.batch_size)), -r.wall_s))
+        return near.wall_s * max(1.0, cfg.batch_size / near.batch_size)
+
+    def reserve(self) -> float:
+        """Time kept for the final comparison: the rounds of default + best so far. One round only before the
+        second trial: a budget that holds two trials and one round compares the default with its first step
+        rather than stopping at the default alone, with nothing measured against it."""
+        d = self.cache.get(self.default)
+        d_s = d.wall_s if d is not None and math.isfinite(d.wall_s) else 0.0
+        b_s = self.best.wall_s if self.best is not None and math.isfinite(self.best.wall_s) else d_s
+        return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
+
+    def _gate(self, cfg: Config) -> None:
+        if self.rows and self.elapsed() + self.estimate(cfg) + self.reserve() > self.budget_s:
+            raise BudgetSpent(cfg.name)
+
+    def run(self, cfg: Config) -> SweepRow:
+        """``cfg``'s figure: from the cache, else from a trial (BudgetSpent when it does not fit)."""
+        hit = self.cache.get(cfg)
+        if hit is not None:
+            return hit
+        self._gate(cfg)
+        row = self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}", "trial")
+        self.rows.append(row)
+        self.cache[cfg] = row
+        return row
+
+    def remeasure(self, cfg: Config) -> SweepRow | None:
+        """Run ``cfg`` a second time and pool the two; None where it ran twice already or the budget has no room
+        (a re-measure never ends the search: the comparison then stands as it is)."""
+        if cfg in self.again or cfg not in self.cache:
+            return None
+        try:
+            self._gate(cfg)
+        except BudgetSpent:
+            return None
+        row = self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}-again", "trial")
+        self.rows.append(row)
+        self.again.add(cfg)
+        self.cache[cfg] = pooled(self.cache[cfg], row)
+        return self.cache[cfg]
+
+    def compare(self, new: SweepRow, ref: SweepRow) -> tuple[str, SweepRow, SweepRow]:
+        """:func:`judge`, and where it is UNCLEAR, again after re-measuring the one run fewer times (then the
+        other): the verdict and the two rows as they then stand."""
+        verdict = judge(new, ref)
+        for _ in range(2):
+            if verdict != UNCLEAR:
+                break
+            first, second = (new, ref) if new.config not in self.again else (ref, new)
+            again = self.remeasure(first.config)
+            if again is None and (again := self.remeasure(second.config)) is None:
+                break
+            new, ref = self.cache[new.config], self.cache[ref.config]
+            verdict = judge(new, ref)
+        return verdict, new, ref
+
+
+def step_text(best: SweepRow, row: SweepRow, knob: str, verdict: str = "", *, remeasured: bool = False) -> str:
+    """Why ``row``, a step of the climb from ``best``, was or was not taken, in their figures."""
+    what, ref = (
+        (f"{row.workers} workers", f"{best.workers}")
+        if knob == "workers"
+        else (f"batch {row.batch_size}", f"batch {best.batch_size}")
+    )
+    if not row.ok:
+        return f"{what} failed ({row.error or row.status})"
+    new, old = row.throughput_samples_per_s, best.throughput_samples_per_s
+    gain = new / old - 1
+    faster = f"{gain:.1%} faster" if gain >= 0 else f"{-gain:.1%} slower"
+    text = f"{what} was {faster} than {ref} ({new:.1f} vs {old:.1f} samples/s"
+    if 0 <= gain <= IMPROVE:
+        text += f": within {IMPROVE:.0%}"
+    elif verdict == UNCLEAR:
+        text += f": within the two trials' uncertainty, +-{rel_ci(row) + rel_ci(best):.0%}"
+    text += ", measured again)" if remeasured else ")"
+    runq = row.runq_compute_fraction
+    if knob == "workers" and math.isfinite(runq) and runq >= RUNQ_NOTABLE:
+        text += f"; the training thread waited for a CPU {runq:.0%} of compute at {row.workers} workers"
+    return text
+
+
+def climb(s: Search, pipeline: str, start_batch: int) -> SweepRow | None:
+    """One pipeline's search: the workers at the start batch, then the batch and the workers again in turn while
+    either moves (at most MAX_PASSES); the best row (None when the pipeline failed at the start). When the budget
+    runs out, the best so far (None before the pipeline's first trial), with ``s.spent`` set."""
+    why = s.stopped.setdefault(pipeline, {})
+    try:
+        best = s.run(Config(pipeline, start_batch, 0))
+        if not best.ok:
+            s.notes.append(f"pipeline {pipeline} failed at {best.name}: {best.error or best.status}; not searched")
+            why.update(workers=f"not searched: {best.name} failed", batch=f"not searched: {best.name} failed")
+            return None
+        _taken(s, best)
+        best, why["workers"] = climb_workers(s, best)
+        return _passes(s, best, why)
+    except BudgetSpent as spent:
+        s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
+        s.notes.append(s.spent)
+        so_far = s.best_of(pipeline)
+        for knob in ("workers", "batch"):
+            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob)}"
+            why.setdefault(knob, f"{where}: the budget of {s.budget_s:g} s was reached before trying {spent}")
+        return so_far
+
+
+def _passes(s: Search, best: SweepRow, why: dict[str, str]) -> SweepRow:
+    """The batch climb, then the workers again where the batch moved, and at the batch sizes the climb could not
+    tell from the best (within the trials' uncertainty, or even): a rival whose workers, climbed again, beat the
+    best becomes it. Another pass only where the workers moved (at most MAX_PASSES); a later pass's batch climb
+    does not step back to a size an earlier one left."""
+    left: set[int] = set()
+    for _ in range(MAX_PASSES):
+        s.close = []
+        start = best
+        best, why["batch"] = climb_batch(s, best, left)
+        if best.batch_size != start.batch_size:
+            left.add(start.batch_size)
+        rivals = [r for r in s.close if r.batch_size != best.batch_size]
+        settled = best
+        if best.batch_size != start.batch_size:
+            best, again = climb_workers(s, best, revisit=True)
+            why["workers"] = f"{again} (re-climbed at batch {best.batch_size})"
+        for rival in rivals:
+            best = _rival(s, best, rival, why)
+        if best.workers == settled.workers and best.batch_size == settled.batch_size:
+            break
+    return best
+
+
+def _rival(s: Search, best: SweepRow, rival: SweepRow, why: dict[str, str]) -> SweepRow:
+    """``rival`` (a batch size the climb could not tell from ``best``'s) with its workers climbed again; it becomes
+    the best where it then beats it."""
+    got, again = climb_workers(s, rival, revisit=True)
+    verdict, got, best = s.compare(got, best)
+    if not (verdict == GAIN or (verdict == UNCLEAR and _ahead(got, best))):
+        return best
+    text = step_text(best, got, "batch", verdict)
+    why["batch"] = (
+        f"stopped at {got.batch_size}: batch {rival.batch_size} was within the trials' uncertainty of batch "
+        f"{best.batch_size} at {rival.workers} workers; with its workers climbed again "
+        f"{text.removeprefix('batch ')}"
+    )
+    why["workers"] = f"{again} (re-climbed at batch {got.batch_size})"
+    return _taken(s, got)
+
+
+def _knob(row: SweepRow, knob: str) -> int:
+    return row.workers if knob == "workers" else row.batch_size
+
+
+def _taken(s: Search, best: SweepRow) -> SweepRow:
+    s.best = best if s.best is None or best.throughput_samples_per_s > s.best.throughput_samples_per_s else s.best
+    return best
+
+
+def climb_workers(s: Search, best: SweepRow, *, revisit: bool = False) -> tuple[SweepRow, str]:
+    """The workers at ``best``'s batch, up and then down the ladder; the best row and why the climb stopped.
+
+    Up: from the rung the trial predicts would feed the step (:func:`workers_to_feed`) when that is above the next
+    rung, else from the next rung; the rungs it jumped are tried only if that seed did not help. Down (on a
+    re-climb, or below a seed that helped): fewer workers while they are no slower (a tie keeps the fewer)."""
+    ladder = worker_ladder(s.max_workers, s.cores)
+    up = [w for w in ladder if w > best.workers]
+    said: list[str] = []
+    need = workers_to_feed(best)
+    seed = next((w for w in up if w >= need), up[-1]) if need is not None and up else None
+    start, seeded = best.workers, False
+    if seed is not None and up and seed > up[0]:
+        said.append(f"seeded at {seed}: the trial at {start} predicted {need} to feed the step")
+        best, stop = _up(s, best, [w for w in up if w >= seed], said)
+        seeded = best.workers != start
+        if not seeded:  # the seed did not help: the rungs it jumped, as a plain climb
+            said.append(stop)
+            best, stop = _up(s, best, [w for w in up if w < seed], said, end="")
+    else:
+        best, stop = _up(s, best, up, said, every=not revisit)
+    down = ""
+    if revisit or seeded:  # fewer workers than the best were not all tried at this batch
+        floor = _floor(s, best.pipeline)
+        best, down = _down(s, best, [w for w in ladder if floor <= w < best.workers], said)
+        if floor > 0 and not down:
+            down = f"fewer than {floor} not tried: a loader-bound trial predicted {2 * floor} or more to feed the step"
+    return best, f"stopped at {best.workers}: {'; '.join(x for x in (*said, stop, down) if x)}"
+
+
+def _floor(s: Search, pipeline: str) -> int:
+    """The fewest workers the way down tries: half what a loader-bound 0-worker trial of ``pipeline`` predicted
+    would feed the step (a batch larger or smaller scales the loading and the step alike; half, for the
+    prediction's own error), rounded up; 0 where no trial predicted."""
+    needs = [workers_to_feed(r) or 0 for c, r in s.cache.items() if c.pipeline == pipeline and c.workers == 0]
+    return math.ceil(max(needs, default=0) / 2)
+
+
+_MOST = "the most workers allowed (--max-workers)"
+
+
+def _up(
+    s: Search, best: SweepRow, rungs: Sequence[int], said: list[str], end: str = _MOST, *, every: bool = True
+) -> tuple[SweepRow, str]:
+    """Climb ``rungs`` (ascending) from ``best``. Up to the cores every rung is tried (one worker that only moves
+    the loading off the training process can gain nothing where two gain much; not on a re-climb, ``every``
+    False, which is local: it stops where a first climb past the cores would); past them a rung is tried only
+    while ``w x f <= cores`` (f: the workers' CPU busy fraction: waiting workers need no core of their own), and
+    the climb stops at a loss or a tie, or at a second step in a row left within the trials' uncertainty; ``end``
+    is the reason when every rung was taken or passed."""
+    cores, unclear = s.cores, 0
+    unmeasured: int | None = None
+    for w in rungs:
+        f = best.worker_cpu_busy_fraction
+        if w > cores and not math.isfinite(f):
+            unmeasured = best.workers if unmeasured is None else unmeasured
+        elif w > cores and f * w > cores:  # w > cores / f: w workers would need more than the cores
+            fit = max(best.workers, math.floor(cores / f))
+            return best, (
+                f"the workers were {f:.0%} busy on CPU per item at {best.workers}, so about {fit} fit on {cores} "
+                f"core{'' if cores == 1 else 's'} ({w} would not)"
+            )
+        row = s.run(Config(best.pipeline, best.batch_size, w))
+        verdict, row, best = s.compare(row, best)
+        twice = row.config in s.again
+        if verdict == GAIN or (verdict == UNCLEAR and _ahead(row, best)):
+            best, unclear = _taken(s, row), 0
+            continue
+        text = step_text(best, row, "workers", verdict, remeasured=twice)
+        unclear = unclear + 1 if verdict == UNCLEAR else 0
+        if (every and w < min(cores, s.max_workers)) or (verdict == UNCLEAR and unclear < 2):
+            said.append(text)
+            continue
+        return best, _unsampled(text, unmeasured)
+    return best, _unsampled(end, unmeasured) if rungs and end else ""
+
+
+def _ahead(row: SweepRow, best: SweepRow) -> bool:
+    """Still within their uncertainty once measured again (as far as the budget allowed): the figures as they stand
+    decide, by more than IMPROVE."""
+    return row.throughput_samples_per_s > best.throughput_samples_per_s * (1 + IMPROVE)
+
+
+def _down(s: Search, best: SweepRow, rungs: Sequence[int], said: list[str]) -> tuple[SweepRow, str]:
+    """Fewer workers from ``best`` (``rungs`` ascending, tried from the top) while each is no slower than the best:
+    a tie (within IMPROVE) keeps the fewer; a loss, or a slowdown left within the trials' uncertainty after
+    re-measuring, ends it."""
+    for w in sorted(rungs, reverse=True):
+        row = s.run(Config(best.pipeline, best.batch_size, w))
+        verdict, row, best = s.compare(row, best)
+        if verdict in (GAIN, EVEN) or (verdict == UNCLEAR and not _ahead(best, row)):
+            said.append(f"fewer: {step_text(best, row, 'workers', verdict)}, so {w} is kept")
+            best = _taken(s, row) if verdict == GAIN else row
+            continue
+        twice = row.config in s.again
+        return best, f"fewer: {step_text(best, row, 'workers', verdict, remeasured=twice)}"
+    return best, ""
+
+
+def _unsampled(reason: str, at: int | None) -> str:
+    if at is None:
+        return reason
+    return f"{reason}; the workers' CPU use was not sampled at {at}, so past the cores throughput alone decided"
+
+
+def climb_batch(s: Search, best: SweepRow, left: set[int] | None = None) -> tuple[SweepRow, str]:
+    """Double the batch at ``best``'s workers while it helps; when no doubling helps, halve it while halving helps
+    (the default was past the knee). The best row and why the climb stopped. With ``s.batches``, the same climb
+    over those batch sizes only. A direction whose first size is in ``left`` (where an earlier pass came from) is
+    not taken."""
+    start, left = best.batch_size, left or set()
+    if s.batches is not None:
+        listed = sorted(set(s.batches))
+        if not [b for b in listed if b != start]:
+            return best, f"stopped at {start}: not searched (the script's own batch size; --batch-sizes to try others)"
+        ups, downs = [b for b in listed if b > start], [b for b in reversed(listed) if b < start]
+        end_up = end_down = "batch {} is the last of --batch-sizes that way"
+    else:
+        ups = [start * 2**k for k in range(1, 64) if start * 2**k <= s.max_batch]
+        downs = [start // 2**k for k in range(1, 64) if start // 2**k >= 1]
+        end_up = f"batch {start * 2 ** (len(ups) + 1)} is above --max-batch-size {s.max_batch}"
+        end_down = "batch 1 is the smallest"
+    if ups and ups[0] in left:
+        ups, end_up = [], f"batch {ups[0]} was left in an earlier pass"
+    if downs and downs[0] in left:
+        downs, end_down = [], f"batch {downs[0]} was left in an earlier pass"
+    best, up = _batch_ladder(s, best, ups, end_up)
+    if best.batch_size != start:
+        return best, f"stopped at {best.batch_size}: {up}"
+    best, down = _batch_ladder(s, best, downs, end_down)
+    return best, f"stopped at {best.batch_size}: {'; '.join(x for x in (up, down) if x) or 'no other batch size'}"
+
+
+def _batch_ladder(s: Search, best: SweepRow, sizes: Sequence[int], end: str) -> tuple[SweepRow, str]:
+    """Step through ``sizes`` from ``best`` while each step gains (measured again where a first trial left it within
+    the two trials' uncertainty; a step still within it is passed once, not taken); the best row and why it stopped
+    (``end`` when every size was taken or passed)."""
+    passed: list[str] = []
+    for b in sizes:
+        row = s.run(Config(best.pipeline, b, best.workers))
+        if not row.ok:
+            s.notes.append(f"{row.name} failed ({row.error or row.status}): batch ceiling for {best.pipeline}")
+        verdict, row, best = s.compare(row, best)
+        if verdict == GAIN or (verdict == UNCLEAR and _ahead(row, best)):
+            best, passed = _taken(s, row), []
+            continue
+        twice = row.config in s.again
+        text = step_text(best, row, "batch", verdict, remeasured=twice)
+        if verdict in (UNCLEAR, EVEN):
+            s.close.append(row)
+        if verdict == UNCLEAR and not passed:
+            passed.append(text)
+            continue
+        return best, "; ".join([*passed, text])
+    if s.batches is not None:  # listed sizes: the last one tried that way, where there was one
+        return best, "; ".join([*passed, end.format(sizes[-1])]) if sizes else ""
+    return best, "; ".join([*passed, end])
