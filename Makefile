@@ -94,6 +94,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/integrations_overhead.py
 	$(BIN)/python benchmarks/kernel_windows.py
 	$(BIN)/python benchmarks/sim_calibration.py
+	$(BIN)/python benchmarks/tune_vs_grid.py
 
 # On a machine with an NVIDIA GPU: the gpu-marked tests, then every scenario x pipeline on cuda and on its
 # simulated twin (benchmarks/gpu_check.py). Exit 0 all passed, 1 any failed, 3 no CUDA device here.

@@ -684,8 +684,9 @@ def test_a_loader_bound_first_trial_seeds_the_workers_and_bounds_the_way_down() 
         return (loader if cfg.workers == 0 else max(0.0, step - 20.0)), step
 
     trials = FakeTrials(waiting_loader, cpu=lambda c: 0.02, parts=parts)
-    result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    result = run(trials, pipelines=["naive"], max_workers=64, cores=16, max_batch=8)
     # 0 workers: 160 ms of data wait against a 20 ms step of its own: 1.25 x 160 / 20 = 10 workers would feed it
+    # (a host of 16 cores: the seed is never past the cores, whose fit no worker's CPU use has told yet)
     # and the way down stops above half of that: 4 workers are not tried
     assert [r.workers for r in result.trials if r.batch_size == 8] == [0, 16, 32, 8]
     assert result.recommended == Config("naive", 8, 8)
@@ -693,3 +694,18 @@ def test_a_loader_bound_first_trial_seeds_the_workers_and_bounds_the_way_down() 
     assert why.startswith("stopped at 8: seeded at 16: the trial at 0 predicted 10 to feed the step")
     assert "fewer: 8 workers was 0.0% faster than 16 (400.0 vs 400.0 samples/s: within 3%), so 8 is kept" in why
     assert why.endswith("fewer than 5 not tried: a loader-bound trial predicted 10 or more to feed the step")
+
+
+def test_the_seed_stays_within_the_cores_where_no_worker_s_cpu_use_is_known_yet() -> None:
+    def parts(cfg: Config) -> tuple[float, float]:  # computing_loader's: 0 workers wait 40 ms for a 10 ms step
+        step = cfg.batch_size / computing_loader(cfg) * 1e3
+        return (5.0 * cfg.batch_size if cfg.workers == 0 else max(0.0, step - 10.0)), step
+
+    trials = FakeTrials(computing_loader, cpu=computing_cpu, parts=parts)
+    result = run(trials, pipelines=["naive"], max_workers=64, cores=CORES, max_batch=8)
+    # predicted 1.25 x 40 / 10 = 5 workers, seeded at the 2 cores; 4 would need more than them (97% busy)
+    assert [r.workers for r in result.trials if r.batch_size == 8] == [0, 2]
+    assert result.recommended == Config("naive", 8, 2)
+    assert result.stopped["naive"]["workers"].startswith(
+        "stopped at 2: seeded at 2: the trial at 0 predicted 5 to feed the step; the workers were 97% busy"
+    )

@@ -222,7 +222,8 @@ def test_a_failed_trial_is_a_row_that_says_why_and_the_search_goes_on(tmp_path: 
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(res.stdout)
     failed = [r for r in result["trials"] if r["status"] == "failed"]
-    assert [r["workers"] for r in failed] == [2], (result["notes"], result["stopped"])
+    # 2 workers fail, and any count above (a loader-bound first trial may seed the climb there, up to the cores)
+    assert 2 in [r["workers"] for r in failed] and min(r["workers"] for r in failed) == 2, (result["notes"], failed)
     assert "exited with code 1" in failed[0]["error"] and "cannot use 2 workers here" in failed[0]["error"]
     assert result["recommended"]["workers"] in (0, 1)
     assert "2 workers failed" in result["stopped"]["script"]["workers"]

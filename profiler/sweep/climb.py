@@ -313,7 +313,8 @@ def climb_workers(s: Search, best: SweepRow, *, revisit: bool = False) -> tuple[
     up = [w for w in ladder if w > best.workers]
     said: list[str] = []
     need = workers_to_feed(best)
-    seed = next((w for w in up if w >= need), up[-1]) if need is not None and up else None
+    # not past the cores: whether workers there fit is told by their CPU use, which no trial has measured yet
+    seed = next((w for w in up if w >= min(need, s.cores)), up[-1]) if need is not None and up else None
     start, seeded = best.workers, False
     if seed is not None and up and seed > up[0]:
         said.append(f"seeded at {seed}: the trial at {start} predicted {need} to feed the step")
@@ -328,7 +329,7 @@ def climb_workers(s: Search, best: SweepRow, *, revisit: bool = False) -> tuple[
     if revisit or seeded:  # fewer workers than the best were not all tried at this batch
         floor = _floor(s, best.pipeline)
         best, down = _down(s, best, [w for w in ladder if floor <= w < best.workers], said)
-        if floor > 0 and not down:
+        if floor > 0 and not down and best.workers > floor:
             down = f"fewer than {floor} not tried: a loader-bound trial predicted {2 * floor} or more to feed the step"
     return best, f"stopped at {best.workers}: {'; '.join(x for x in (*said, stop, down) if x)}"
 
@@ -336,9 +337,9 @@ def climb_workers(s: Search, best: SweepRow, *, revisit: bool = False) -> tuple[
 def _floor(s: Search, pipeline: str) -> int:
     """The fewest workers the way down tries: half what a loader-bound 0-worker trial of ``pipeline`` predicted
     would feed the step (a batch larger or smaller scales the loading and the step alike; half, for the
-    prediction's own error), rounded up; 0 where no trial predicted."""
+    prediction's own error), rounded up, and at most the cores; 0 where no trial predicted."""
     needs = [workers_to_feed(r) or 0 for c, r in s.cache.items() if c.pipeline == pipeline and c.workers == 0]
-    return math.ceil(max(needs, default=0) / 2)
+    return min(math.ceil(max(needs, default=0) / 2), s.cores)
 
 
 _MOST = "the most workers allowed (--max-workers)"
