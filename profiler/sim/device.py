@@ -76,6 +76,7 @@ class SimDevice:
         self.queue_limit = queue_limit
         self.cost: StepCost | None = None
         self._times: tuple[float, ...] = ()  # the loaded step's kernels, seconds each
+        self._work_s = 0.0  # their sum: the loaded step's device time
         self._lead = 0.0  # seconds from a step's issue to its last kernel's end on an idle device
         self._lock = threading.Lock()
         self._compute_tail = -math.inf
@@ -112,6 +113,7 @@ class SimDevice:
             )
         self.cost = cost
         self._times = self.kernel_times(cost)
+        self._work_s = sum(self._times)
         self._lead = lead_s(self._times, self.launch_interval_s(cost))
 
     def kernel_times(self, cost: StepCost | None = None) -> tuple[float, ...]:
@@ -127,7 +129,9 @@ class SimDevice:
         return kernel_times(cost.work, self.config.rates, flops=cost.flops, kernels=max(1, cost.kernels))
 
     def step_s(self, cost: StepCost | None = None) -> float:
-        """Device time of one step's kernels (``cost``, else the loaded one)."""
+        """Device time of one step's kernels (``cost``, else the loaded one; summed once at load)."""
+        if (cost is None or cost is self.cost) and self._times:
+            return self._work_s
         return sum(self.kernel_times(cost))
 
     def launch_total_s(self, cost: StepCost | None = None) -> float:
@@ -223,7 +227,7 @@ class SimDevice:
         A thread beside it that holds the GIL takes it at each release and keeps it up to the switch interval
         (5 ms): the launches slow down, and the device idles."""
         times, clock, launch_s, release = self._times, self.clock, self.launch_interval_s(), select.select
-        work, cpu = sum(times), time.thread_time
+        work, cpu = self._work_s, time.thread_time
         with self._lock:
             at = max(now, self._compute_tail, self._copy_ready)
         first = at

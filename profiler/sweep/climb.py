@@ -23,9 +23,8 @@ FINAL_ROUNDS = 2  # the final comparison's rounds (profiler.sweep.tuner), reserv
 RUNQ_NOTABLE = CONTENTION_THRESHOLD
 # the share of a step the loop waited for data from which a trial is loader-bound (TensorFlow's "highly input-bound"
 # band, as the whatif model's LOADER_BOUND): its workers' rate is then the loader's, and it predicts the workers
-# needed; below MET the loader keeps up and more workers cannot help
+# needed
 LOADER_BOUND = 0.20
-MET = 0.03
 # a worker process loads a sample this much slower than the training process (whatif's measured gap on the
 # built-in scenarios: 1.1-1.35): the prediction from a 0-worker trial allows for it
 WORKER_GAP = 1.25
