@@ -36,8 +36,14 @@ class LoaderSpec:
     # shard_id / num_shards), a disjoint part of every epoch
     shard: int = 0
     num_shards: int = 1
+    # DataLoader knobs a run or a tune trial sets (None: the pipeline's own): batches each worker loads ahead,
+    # and page-locked batches (on a CUDA device; on a simulated one the copy is modelled from pinned memory)
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be >= 1, got {self.prefetch_factor}")
         if not 0 <= self.shard < self.num_shards:
             raise ValueError(f"shard must be in [0, num_shards={self.num_shards}), got {self.shard}")
         if self.workers < 0:

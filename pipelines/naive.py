@@ -240,8 +240,8 @@ def data_loader(
     """
     knobs: dict[str, Any] = {
         "workers": spec.workers,
-        "pin_memory": pin_memory,
-        "prefetch_factor": PREFETCH_FACTOR if spec.workers else None,
+        "pin_memory": pin_memory if spec.pin_memory is None else spec.pin_memory,
+        "prefetch_factor": (spec.prefetch_factor or PREFETCH_FACTOR) if spec.workers else None,
         "persistent_workers": persistent_workers and spec.workers > 0,
     }
     skips = SkipLog.for_dataset(dataset)
@@ -263,7 +263,9 @@ def data_loader(
         shuffle=spec.shuffle if sampler is None else None,
         sampler=sampler,
         num_workers=knobs["workers"],
-        pin_memory=knobs["pin_memory"],
+        # page-locked memory needs an accelerator: on the host (a simulated device's batches stay there) torch would
+        # warn and not pin; the simulated device models the pinned copy from the knob instead
+        pin_memory=knobs["pin_memory"] and torch.device(spec.device).type == "cuda",
         drop_last=spec.drop_last,
         persistent_workers=knobs["persistent_workers"],
         prefetch_factor=knobs["prefetch_factor"],

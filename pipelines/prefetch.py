@@ -420,7 +420,7 @@ class PrefetchPipeline:
             self.depth,
             relay=relay,
             workers=spec.workers,
-            pin_memory=on_cuda,
+            pin_memory=bool(knobs["pin_memory"]),
             batch_size=spec.batch_size,
         )
         return BuiltLoader(

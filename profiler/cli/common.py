@@ -40,6 +40,7 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_SIGNAL = {"SIGINT": 130, "SIGTERM": 143}
 MAX_BATCH = 65536
 MAX_WORKERS = 256
+MAX_PREFETCH = 64  # --prefetch-factor's ceiling: batches a worker holds ahead, each a batch of host memory
 MAX_NPROC = 64
 DEFAULT_SCENARIO = "fashion-vgg"
 DEFAULT_PYSPY_RATE = 10  # profiler.core.pyspy.DEFAULT_RATE, without importing it for --help
@@ -332,6 +333,13 @@ def resolve_training(
     if args.price_per_hour is not None:
         meta["price_per_hour"] = args.price_per_hour
     return Training(scenario, device, data, meta, scenario.warmup if args.warmup is None else args.warmup)
+
+
+def loader_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """``RunConfig``'s prefetch_factor and pin_memory from --prefetch-factor / --pin-memory."""
+    pin = getattr(args, "pin_memory", None)
+    prefetch = getattr(args, "prefetch_factor", None)
+    return {"prefetch_factor": prefetch, "pin_memory": None if pin is None else pin == "on"}
 
 
 def base_run_config(args: argparse.Namespace, t: Training, out: Path) -> RunConfig:

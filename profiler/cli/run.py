@@ -17,6 +17,7 @@ from profiler.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     MAX_BATCH,
+    MAX_PREFETCH,
     MAX_WORKERS,
     BadInput,
     Handler,
@@ -30,6 +31,7 @@ from profiler.cli.common import (
     keep_made,
     kernel_windows_arg,
     live_monitor,
+    loader_knobs,
     positive_hz,
     prepare_out,
     report_outcome,
@@ -67,6 +69,7 @@ def _add_run(sub: Any) -> None:
         default=0,
         help="DataLoader worker processes (DALI: CPU threads) (default 0)",
     )
+    _add_loader_knobs(r)
     r.add_argument("--steps", type=bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)")
     add_training_options(r)
     r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
@@ -110,6 +113,22 @@ def _add_run(sub: Any) -> None:
     add_job_options(r)
     add_prometheus_option(r)
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
+
+
+def _add_loader_knobs(r: Any) -> None:
+    """The DataLoader's own knobs (naive, prefetch): what ``tune`` may recommend, to run as it did."""
+    r.add_argument(
+        "--prefetch-factor",
+        type=bounded(int, 1, MAX_PREFETCH, "an integer"),
+        metavar="N",
+        help="batches each DataLoader worker loads ahead (naive, prefetch; with --workers 1 or more; default 2)",
+    )
+    r.add_argument(
+        "--pin-memory",
+        choices=("on", "off"),
+        help="page-locked batches, for a faster copy to a CUDA device (modelled on a simulated one) (naive, "
+        "prefetch; default: naive off, prefetch on where the device is CUDA)",
+    )
 
 
 def _add_storage_options(r: Any) -> None:
@@ -175,6 +194,11 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
         raise BadInput(f"give a scenario ({args.scenario!r}) or a command after `--`, not both")
     if getattr(args, "store_mbps", None) is not None or getattr(args, "page_cache", None):
         raise BadInput("--store-mbps and --page-cache act on a scenario's data set: not allowed with a command")
+    if any(v is not None for v in loader_knobs(args).values()):
+        raise BadInput(
+            "--prefetch-factor and --pin-memory set a scenario's loader: not allowed with a command "
+            "(`stallscope tune -- CMD` tries them on the script's DataLoader)"
+        )
     args.command_argv = command
     if args.command in ("tune", "sweep"):
         args.command = COMMAND_HANDLERS[args.command]
@@ -217,6 +241,7 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         pipeline=args.pipeline,
         batch_size=args.batch_size,
         workers=args.workers,
+        **loader_knobs(args),
         steps=steps,
         attribution=not args.no_attribution,
         pyspy_rate=args.pyspy_rate or DEFAULT_PYSPY_RATE,
@@ -274,6 +299,14 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.headspace and (args.loader_only or args.synthetic_input):
         what = "--loader-only" if args.loader_only else "--synthetic-input"
         raise BadInput(f"--headspace sets the loader alone beside the training: not allowed with {what}")
+    knob = "--prefetch-factor" if args.prefetch_factor is not None else "--pin-memory" if args.pin_memory else None
+    if knob is not None and args.pipeline not in ("naive", "prefetch"):
+        raise BadInput(f"{knob} sets a DataLoader knob: allowed with --pipeline naive or prefetch, not {args.pipeline}")
+    if args.prefetch_factor is not None and args.workers == 0:
+        raise BadInput(
+            f"--prefetch-factor {args.prefetch_factor} is the batches each worker process loads ahead: allowed with "
+            "--workers 1 or more, not 0"
+        )
 
 
 def _check_storage(args: argparse.Namespace, t: Training) -> None:

@@ -422,7 +422,7 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _print_plan(
             " ".join(command), args, first="the command unchanged: its training DataLoader's knobs are the setting "
-            "to beat", knobs="; with workers, persistent_workers=True, and pin_memory=True where CUDA is available",
+            "to beat", knobs="; with workers, persistent_workers=True",
             max_workers=max_workers, cores=cores,
             batches=f"the listed {args.batch_sizes} (this changes the training)" if args.batch_sizes else "the "
             "script's own (--batch-sizes B,B,... to try others: that changes the training)",

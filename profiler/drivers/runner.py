@@ -89,6 +89,9 @@ class RunConfig:
     pipeline: str = "naive"
     batch_size: int | None = None  # None: the scenario's default
     workers: int = 0
+    # DataLoader knobs (naive, prefetch): batches each worker loads ahead, page-locked batches (None: the pipeline's)
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
     steps: int | None = None
     warmup: int | None = None
     sample_hz: float = 10.0
@@ -345,6 +348,8 @@ class _Loop:
             seed=cfg.seed,
             shard=shard[0],
             num_shards=shard[1],
+            prefetch_factor=cfg.prefetch_factor,
+            pin_memory=cfg.pin_memory,
         )
         self.built = built = self.plan.pipeline.build(dataset, spec)
         if cfg.dali_stages and built.config.get("pipeline") == "dali":
@@ -424,6 +429,8 @@ class _Loop:
 
         scenario, plan = self.scenario, self.plan
         self.copy = getattr(plan.pipeline, "accelerator_copy", "pageable")
+        if self.copy == "pageable" and self.built is not None and self.built.config.get("pin_memory"):
+            self.copy = "pinned"  # a DataLoader's pin_memory=True: a blocking copy from page-locked memory
         self.session.annotate(sim_copy=self.copy)
         if self.cfg.loader_only:
             return

@@ -100,10 +100,12 @@ class SweepRow:
     speedup: float = math.nan  # throughput / that row's throughput
     scaling_efficiency: float = math.nan  # speedup / nproc
     speedup_baseline: str | None = None  # the config name of that row
+    prefetch_factor: int | None = None  # the loader knobs the configuration set (Config's; None: not set)
+    pin_memory: bool | None = None
 
     @property
     def config(self) -> Config:
-        return Config(self.pipeline, self.batch_size, self.workers, self.nproc)
+        return Config(self.pipeline, self.batch_size, self.workers, self.nproc, self.prefetch_factor, self.pin_memory)
 
     @property
     def name(self) -> str:
@@ -152,14 +154,47 @@ class Config:
     batch_size: int
     workers: int
     nproc: int = 1
+    # the DataLoader knobs a tune sets (None: the pipeline's or the script's own): batches each worker loads ahead,
+    # page-locked batches
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
 
     @property
     def name(self) -> str:
-        return config_name(self.pipeline, self.batch_size, self.workers, self.nproc)
+        return config_name(self.pipeline, self.batch_size, self.workers, self.nproc) + self.knobs_suffix
 
-    def to_dict(self) -> dict[str, str | int]:
-        out: dict[str, str | int] = {"pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers}
-        return out | ({"nproc": self.nproc} if self.nproc > 1 else {})  # tune.json's configurations stay as they were
+    @property
+    def knobs_suffix(self) -> str:
+        """``-pf4``, ``-pin``, ``-nopin``: the knobs set, as the run directory's name ends ("" for none)."""
+        pf = f"-pf{self.prefetch_factor}" if self.prefetch_factor is not None else ""
+        return pf + ("" if self.pin_memory is None else "-pin" if self.pin_memory else "-nopin")
+
+    def flags(self) -> str:
+        """The ``stallscope run`` flags that train this configuration."""
+        out = f"--pipeline {self.pipeline} --batch-size {self.batch_size} --workers {self.workers}"
+        if self.prefetch_factor is not None:
+            out += f" --prefetch-factor {self.prefetch_factor}"
+        return out + ("" if self.pin_memory is None else f" --pin-memory {'on' if self.pin_memory else 'off'}")
+
+    def to_dict(self) -> dict[str, str | int | bool]:
+        out: dict[str, str | int | bool] = {
+            "pipeline": self.pipeline, "batch_size": self.batch_size, "workers": self.workers,
+        }  # fmt: skip
+        out |= {"nproc": self.nproc} if self.nproc > 1 else {}  # tune.json's configurations stay as they were
+        out |= {"prefetch_factor": self.prefetch_factor} if self.prefetch_factor is not None else {}
+        return out | ({"pin_memory": self.pin_memory} if self.pin_memory is not None else {})
+
+
+def config_from_dict(c: dict[str, Any]) -> Config:
+    """A configuration as :meth:`Config.to_dict` wrote it."""
+    return Config(
+        c["pipeline"], c["batch_size"], c["workers"], c.get("nproc", 1), c.get("prefetch_factor"), c.get("pin_memory")
+    )
+
+
+def with_knobs(row: SweepRow, cfg: Config) -> SweepRow:
+    """``row`` carrying ``cfg``'s loader knobs (rows are built from a run's figures, which name no knob)."""
+    return replace(row, prefetch_factor=cfg.prefetch_factor, pin_memory=cfg.pin_memory)
 
 
 def config_name(pipeline: str, batch_size: int, workers: int, nproc: int = 1) -> str:

@@ -10,11 +10,11 @@ first always runs). The stop reason of each knob is written as the climb stops i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from profiler.analysis.contention import THRESHOLD as CONTENTION_THRESHOLD
-from profiler.sweep.analysis import Config, SweepRow
+from profiler.sweep.analysis import Config, SweepRow, with_knobs
 
 IMPROVE = 0.03
 FINAL_ROUNDS = 2  # the final comparison's rounds (profiler.sweep.tuner), reserved in the budget
@@ -31,6 +31,25 @@ WORKER_GAP = 1.25
 # passes of (batch climb, workers re-climb) after the first workers climb: each pass re-climbs the workers only
 # where the batch moved, and the batch only where the workers moved
 MAX_PASSES = 3
+
+# the knobs whose stop reasons a tune records, in the order the search settles them
+KNOB_ORDER = ("workers", "batch", "prefetch_factor", "pin_memory")
+# the loader's queue and copy are tried only where they could matter at the pick: the loop waited for data (for a
+# deeper queue) or copied (for page-locked memory) this share of the step or more
+KNOB_NOTABLE = 0.05
+PREFETCH_STEPS = 2  # prefetch_factor tried at 2x and 4x the loader's own (DataLoader's 2: 4, then 8)
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderKnobs:
+    """A pipeline's DataLoader knobs where the search does not set them (None: it has no such knob, as DALI's
+    loader has no prefetch_factor), and whether its batches are copied to an accelerator (CUDA, or a simulated
+    one): page-locked memory speeds that copy and nothing else."""
+
+    prefetch_factor: int | None = 2
+    pin_memory: bool | None = False
+    copies: bool = False
+
 
 # (configuration, label for its run directory, role) -> the configuration's row
 Trial = Callable[[Config, str, str], SweepRow]
@@ -113,9 +132,11 @@ class Search:
         max_workers: int,
         cores: int,
         batches: Sequence[int] | None = None,
+        knobs: Mapping[str, LoaderKnobs] | None = None,
     ) -> None:
         self.trial = trial
         self.batches = batches
+        self.knobs = dict(knobs or {})  # pipeline -> its loader's own knobs (absent: none searched)
         self.budget_s = budget_s
         self.clock = clock
         self.t0 = clock()
@@ -168,7 +189,7 @@ class Search:
         if hit is not None:
             return hit
         self._gate(cfg)
-        row = self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}", "trial")
+        row = with_knobs(self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}", "trial"), cfg)
         self.rows.append(row)
         self.cache[cfg] = row
         return row
@@ -182,7 +203,7 @@ class Search:
             self._gate(cfg)
         except BudgetSpent:
             return None
-        row = self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}-again", "trial")
+        row = with_knobs(self.trial(cfg, f"t{len(self.rows) + 1:02d}-{cfg.name}-again", "trial"), cfg)
         self.rows.append(row)
         self.again.add(cfg)
         self.cache[cfg] = pooled(self.cache[cfg], row)
@@ -204,9 +225,18 @@ class Search:
         return verdict, new, ref
 
 
-def step_text(best: SweepRow, row: SweepRow, knob: str, verdict: str = "", *, remeasured: bool = False) -> str:
-    """Why ``row``, a step of the climb from ``best``, was or was not taken, in their figures."""
-    what, ref = (
+def step_text(
+    best: SweepRow,
+    row: SweepRow,
+    knob: str,
+    verdict: str = "",
+    *,
+    remeasured: bool = False,
+    names: tuple[str, str] | None = None,
+) -> str:
+    """Why ``row``, a step of the climb from ``best``, was or was not taken, in their figures (``names``: how the
+    two are named, where the knob is not the workers or the batch)."""
+    what, ref = names or (
         (f"{row.workers} workers", f"{best.workers}")
         if knob == "workers"
         else (f"batch {row.batch_size}", f"batch {best.batch_size}")
@@ -241,13 +271,14 @@ def climb(s: Search, pipeline: str, start_batch: int) -> SweepRow | None:
             return None
         _taken(s, best)
         best, why["workers"] = climb_workers(s, best)
-        return _passes(s, best, why)
+        best = _passes(s, best, why)
+        return loader_knobs(s, best, why)
     except BudgetSpent as spent:
         s.spent = f"budget of {s.budget_s:g} s reached before trying {spent}: search stopped early"
         s.notes.append(s.spent)
         so_far = s.best_of(pipeline)
-        for knob in ("workers", "batch"):
-            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob)}"
+        for knob in KNOB_ORDER:
+            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob, s)}"
             why.setdefault(knob, f"{where}: the budget of {s.budget_s:g} s was reached before trying {spent}")
         return so_far
 
@@ -293,8 +324,17 @@ def _rival(s: Search, best: SweepRow, rival: SweepRow, why: dict[str, str]) -> S
     return _taken(s, got)
 
 
-def _knob(row: SweepRow, knob: str) -> int:
-    return row.workers if knob == "workers" else row.batch_size
+def _knob(row: SweepRow, knob: str, s: Search | None = None) -> int | str:
+    """``row``'s value of ``knob``, a loader knob the row did not set as its pipeline's own (``s.knobs``)."""
+    if knob == "workers":
+        return row.workers
+    if knob == "batch":
+        return row.batch_size
+    own = s.knobs.get(row.pipeline, LoaderKnobs()) if s is not None else LoaderKnobs()
+    if knob == "prefetch_factor":
+        return row.prefetch_factor or own.prefetch_factor or "its own"
+    pin = row.pin_memory if row.pin_memory is not None else own.pin_memory
+    return "its own" if pin is None else "on" if pin else "off"
 
 
 def _taken(s: Search, best: SweepRow) -> SweepRow:
@@ -460,3 +500,65 @@ def _batch_ladder(s: Search, best: SweepRow, sizes: Sequence[int], end: str) -> 
     if s.batches is not None:  # listed sizes: the last one tried that way, where there was one
         return best, "; ".join([*passed, end.format(sizes[-1])]) if sizes else ""
     return best, "; ".join([*passed, end])
+
+
+def loader_knobs(s: Search, best: SweepRow, why: dict[str, str]) -> SweepRow:
+    """At the pick of the workers and batch climb, the DataLoader's own knobs: ``prefetch_factor`` (2x, 4x the
+    loader's own, while each gains) where there are workers and the loop waited for data, then ``pin_memory`` on
+    where the batches are copied to an accelerator, the loader does not pin, and the copy took part of the step.
+    Each is taken only as the climb takes a step (past IMPROVE and the trials' uncertainty); why each stopped, or
+    was not searched, goes in ``why``."""
+    own = s.knobs.get(best.pipeline)
+    best, why["prefetch_factor"] = _prefetch(s, best, own)
+    best, why["pin_memory"] = _pin(s, best, own)
+    return best
+
+
+def _share(row: SweepRow, part: str) -> float:
+    """``part`` of the row's breakdown as a share of its mean step (NaN where either is missing)."""
+    step = row.step_time_ms.get("mean", math.nan)
+    value = row.breakdown_ms_per_step.get(part, math.nan)
+    return value / step if value is not None and math.isfinite(value) and step > 0 else math.nan
+
+
+def _prefetch(s: Search, best: SweepRow, own: LoaderKnobs | None) -> tuple[SweepRow, str]:
+    if own is None or own.prefetch_factor is None:
+        return best, f"not searched: the {best.pipeline} pipeline's loader has no prefetch_factor"
+    if best.workers == 0:
+        return best, "not searched: no worker processes at the pick (it is the batches each worker loads ahead)"
+    wait = _share(best, "data_wait")
+    if not wait >= KNOB_NOTABLE:
+        return best, (
+            f"not searched: the loop waited for data {wait:.0%} of the step at the pick (under {KNOB_NOTABLE:.0%}): "
+            "a deeper queue has nothing to hide"
+        )
+    base = own.prefetch_factor
+    for factor in (base * 2**k for k in range(1, PREFETCH_STEPS + 1)):
+        row = s.run(replace(best.config, prefetch_factor=factor))
+        verdict, row, best = s.compare(row, best)
+        if verdict == GAIN or (verdict == UNCLEAR and _ahead(row, best)):
+            best = _taken(s, row)
+            continue
+        names = (f"prefetch_factor {factor}", str(best.prefetch_factor or base))
+        text = step_text(best, row, "prefetch_factor", verdict, remeasured=row.config in s.again, names=names)
+        return best, f"stopped at {best.prefetch_factor or base}: {text}"
+    return best, f"stopped at {best.prefetch_factor}: {base * 2**PREFETCH_STEPS} is the deepest tried"
+
+
+def _pin(s: Search, best: SweepRow, own: LoaderKnobs | None) -> tuple[SweepRow, str]:
+    if own is None or own.pin_memory is None:
+        return best, f"not searched: the {best.pipeline} pipeline's loader has no pin_memory"
+    if not own.copies:
+        return best, "not searched: the batches are not copied to an accelerator (page-locked memory speeds that copy)"
+    if own.pin_memory:
+        return best, "not searched: the loader pins its batches already"
+    copy = _share(best, "h2d")
+    if not copy >= KNOB_NOTABLE:
+        return best, f"not searched: the copy took {copy:.0%} of the step at the pick (under {KNOB_NOTABLE:.0%})"
+    row = s.run(replace(best.config, pin_memory=True))
+    verdict, row, best = s.compare(row, best)
+    if verdict == GAIN or (verdict == UNCLEAR and _ahead(row, best)):
+        text = step_text(best, row, "pin_memory", verdict, names=("pin_memory on", "off"))
+        return _taken(s, row), f"stopped at on: {text}"
+    text = step_text(best, row, "pin_memory", verdict, remeasured=row.config in s.again, names=("pin_memory on", "off"))
+    return best, f"stopped at off: {text}"

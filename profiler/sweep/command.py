@@ -3,10 +3,10 @@ real, its DataLoader's knobs overridden at construction by the start-up module a
 the trial's seconds or steps (docs/sweep-and-tune.md, "Tuning your own script").
 
 Invariants: the first trial runs the command unchanged and its training loader's knobs are the configuration
-to beat; a configuration equal to it runs the command unchanged again, any other sets ``num_workers``,
-``persistent_workers`` (True with workers), ``pin_memory`` ("auto": True where CUDA is available, else as the
-script has it) and ``batch_size`` only where the user listed batch sizes; every trial's process group is ended
-with it; a trial that fails is a row, and the search goes on.
+to beat; a configuration equal to it runs the command unchanged again, any other sets ``num_workers`` and
+``persistent_workers`` (True with workers), ``batch_size`` only where the user listed batch sizes, and
+``prefetch_factor`` / ``pin_memory`` only where the search tries them; every trial's process group is ended with
+it; a trial that fails is a row, and the search goes on.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from profiler.core.session import Interrupted
-from profiler.sweep.analysis import Config, SweepResult, SweepRow, row_from_summary
+from profiler.sweep.analysis import Config, SweepResult, SweepRow, row_from_summary, with_knobs
+from profiler.sweep.climb import LoaderKnobs
 from profiler.sweep.run import ConfigStopped, OnFinish, write_json
 from profiler.sweep.tuner import TuneResult, tune
 from profiler.zerocode.instrument import LOCK_CALLS, WARMUP_STEPS, TrialStop
 from profiler.zerocode.profile import COMMAND_LOG, CommandTrial, ZeroCodeResult, profile_external
 
 PIPELINE = "script"  # a command's configurations: the script's own DataLoader, its knobs changed
+PREFETCH_FACTOR = 2  # torch's DataLoader's own, where a script with workers sets none
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 # the first trial (the command unchanged) must return a batch within this; later ones within
 # FIRST_BATCH_FACTOR x what it took plus FIRST_BATCH_SLACK_S (more workers take longer to start)
@@ -65,6 +67,7 @@ class CommandTrials:
     spec: CommandSpec
     out_dir: Path
     own: Config | None = None  # the script's own setting, once its trial ran
+    knobs: LoaderKnobs | None = None  # its loader's prefetch_factor and pin_memory, and whether it trains on CUDA
     first_batch_s: float = FIRST_BATCH_S
     done: list[SweepRow] = field(default_factory=list)
     loaders: dict[Config, dict[str, Any]] = field(default_factory=dict)  # the training loader each ran with
@@ -74,9 +77,12 @@ class CommandTrials:
         if self.own is None or cfg == self.own:
             return {}
         out: dict[str, object] = {"num_workers": cfg.workers, "persistent_workers": cfg.workers > 0}
-        out["pin_memory"] = "auto"
         if cfg.batch_size != self.own.batch_size:
             out["batch_size"] = cfg.batch_size
+        if cfg.prefetch_factor is not None:
+            out["prefetch_factor"] = cfg.prefetch_factor
+        if cfg.pin_memory is not None:
+            out["pin_memory"] = cfg.pin_memory
         return out
 
     def first(self, label: str = "t01-script", role: str = "trial") -> SweepRow:
@@ -117,6 +123,7 @@ class CommandTrials:
             ),
         )
         row = self._row(cfg, result, role, time.perf_counter() - t0)
+        row = with_knobs(row, cfg) if cfg is not None else row
         if cfg is None and row.ok:
             self._learn(row, result)
         self.done.append(row)
@@ -147,6 +154,13 @@ class CommandTrials:
     def _learn(self, row: SweepRow, result: ZeroCodeResult) -> None:
         """The script's own setting, from its first trial; later trials must reach a batch sooner."""
         self.own = row.config
+        args = (result.facts.get("training_loader") or {}).get("args") or {}
+        prefetch = args.get("prefetch_factor")
+        self.knobs = LoaderKnobs(
+            prefetch_factor=prefetch if isinstance(prefetch, int) and prefetch > 0 else PREFETCH_FACTOR,
+            pin_memory=bool(args.get("pin_memory")),
+            copies=(result.facts.get("device") or {}).get("kind") == "cuda",  # the start-up module saw CUDA in use
+        )
         first = result.facts.get("first_batch_s")
         if isinstance(first, (int, float)) and math.isfinite(first):
             self.first_batch_s = FIRST_BATCH_FACTOR * first + FIRST_BATCH_SLACK_S
@@ -212,6 +226,7 @@ def run_command_tune(
     result = tune(
         trials, pipelines=[PIPELINE], default_batch=own.batch_size, max_batch=max(batches or [own.batch_size]),
         max_workers=max_workers, budget_s=budget_s, cores=cores, default=own, first=first, batches=batches,
+        knobs={PIPELINE: trials.knobs} if trials.knobs is not None else None,
     )  # fmt: skip
     result.command = list(spec.command)
     rec = result.recommended

@@ -84,7 +84,7 @@ def tune_plan(
     for_real: str,
 ) -> list[str]:
     """What ``tune --dry-run`` prints: the trials a tune would run, in order, and what each does."""
-    from profiler.sweep.climb import FINAL_ROUNDS, IMPROVE, MAX_PASSES, worker_ladder
+    from profiler.sweep.climb import FINAL_ROUNDS, IMPROVE, KNOB_NOTABLE, MAX_PASSES, worker_ladder
     from profiler.sweep.tuner import FINAL_MAX_ROUNDS
 
     ladder = worker_ladder(max_workers, cores)
@@ -107,7 +107,11 @@ def tune_plan(
         f"here){knobs}",
         f"  3. batch size: {batches}; where it moves, the workers again at the new batch (up and down), then the "
         f"batch again where they moved (at most {MAX_PASSES} passes)",
-        f"  4. the pick and the setting to beat re-run alternately, {FINAL_ROUNDS} rounds each "
+        f"  4. at the pick, the DataLoader's prefetch_factor (2x, then 4x its own, where there are workers and the "
+        f"loop waited for data {KNOB_NOTABLE:.0%} of the step or more), then pin_memory on (where the batches are "
+        f"copied to an accelerator, the loader does not pin, and the copy took {KNOB_NOTABLE:.0%} of the step or "
+        "more), each kept only as a step of the climb",
+        f"  5. the pick and the setting to beat re-run alternately, {FINAL_ROUNDS} rounds each "
         f"(up to {FINAL_MAX_ROUNDS} while they split or vary more than they differ): the speedup is the ratio of "
         "their median throughputs",
         f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit",

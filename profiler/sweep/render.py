@@ -18,6 +18,7 @@ from rich.text import Text
 from profiler.render.figures import num, pct
 from profiler.render.svg import PALETTE, Line, line_chart
 from profiler.sweep.analysis import REL_CI, Config, SweepResult, SweepRow, line_label, lines
+from profiler.sweep.climb import KNOB_ORDER
 from profiler.sweep.tuner import TuneResult
 
 
@@ -222,7 +223,7 @@ def tune_table(result: TuneResult) -> Table:
     for r in [*result.trials, *result.final]:
         t.add_row(
             r.role or "",
-            r.pipeline,
+            r.pipeline + r.config.knobs_suffix.replace("-", " "),
             str(r.batch_size),
             str(r.workers),
             num(r.throughput_samples_per_s),
@@ -246,7 +247,7 @@ def _verdict(result: TuneResult) -> list[Text]:
     out = [
         Text.assemble(
             ("Recommended: ", "bold"),
-            (f"--pipeline {rec.pipeline} --batch-size {rec.batch_size} --workers {rec.workers}", "bold green"),
+            (rec.flags(), "bold green"),
         )
     ]
     if result.unconfirmed is not None:
@@ -264,8 +265,8 @@ def _verdict(result: TuneResult) -> list[Text]:
     elif result.speedup is not None:
         out.append(
             Text(
-                f"Measured speedup over the default (--pipeline {d.pipeline} --batch-size {d.batch_size} "
-                f"--workers {d.workers}): x{result.speedup:.2f}  (median {num(med['recommended'])} vs "
+                f"Measured speedup over the default ({d.flags()}): x{result.speedup:.2f}  (median "
+                f"{num(med['recommended'])} vs "
                 f"{num(med['default'])} samples/s, re-run side by side)"
             )
         )
@@ -315,9 +316,7 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
         *_verdict(result),
     ]
     for pipeline, why in result.stopped.items():
-        parts.extend(
-            Text.assemble((f"{pipeline} {knob} ", "bold"), why[knob]) for knob in ("workers", "batch") if knob in why
-        )
+        parts.extend(Text.assemble((f"{pipeline} {knob} ", "bold"), why[knob]) for knob in KNOB_ORDER if knob in why)
     parts.extend(Text(f"{name} left out: {why}", style="yellow") for name, why in result.left_out.items())
     parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
     if out_dir is not None:

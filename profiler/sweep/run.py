@@ -38,7 +38,9 @@ from profiler.sweep.analysis import (
     row_from_job,
     row_from_summary,
     t95,
+    with_knobs,
 )
+from profiler.sweep.climb import LoaderKnobs
 from profiler.sweep.tuner import TuneResult, tune
 from scenarios import Scenario
 
@@ -188,6 +190,8 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
         pipeline=cfg.pipeline,
         batch_size=cfg.batch_size,
         workers=cfg.workers,
+        prefetch_factor=cfg.prefetch_factor,
+        pin_memory=cfg.pin_memory,
         steps=h.limits.steps if h.limits.min_seconds <= 0 else SECONDS_ONLY_STEPS,
         attribution=False,
         stop_when=rule,
@@ -215,6 +219,7 @@ def run_config(h: Harness, cfg: Config, out: Path, role: str | None = None) -> S
     if stopped is None and signame is not None:  # the signal's exception was swallowed on its way
         stopped, status, error = signame, "interrupted", f"stopped by {signame}"
     row = _row(cfg, out, rule, session, status=status, error=error, wall_s=time.perf_counter() - t0, role=role)
+    row = with_knobs(row, cfg)
     if stopped is not None:
         raise ConfigStopped(stopped, row)
     return row
@@ -429,6 +434,7 @@ class _TuneTrials:
             if not (self.skip_inapplicable and isinstance(exc.__cause__, PipelineError)):
                 raise
             row = SweepRow(cfg.pipeline, cfg.batch_size, cfg.workers, "failed", str(run_dir), exc.bad_input, role=role)
+            row = with_knobs(row, cfg)
         self.done.append(row)
         if h.on_finish is not None:
             h.on_finish(row)
@@ -474,6 +480,19 @@ def run_tune(
         cores=usable_cores() if cores is None else cores,
         left_out=left_out,
         batches=batches,
+        knobs=scenario_knobs(h.base.device.accelerator),
     )
     write_json(out_dir / "tune.json", result.to_dict())
     return result
+
+
+def scenario_knobs(accelerator: bool) -> dict[str, LoaderKnobs]:
+    """The torch pipelines' DataLoader knobs where a run does not set them (pipelines.naive.data_loader): the
+    DataLoader's prefetch_factor 2; naive pins nothing, prefetch pins where it copies to an accelerator (on a
+    simulated one its copy is modelled pinned and asynchronous whatever the knob). DALI's loader has neither."""
+    from pipelines.naive import PREFETCH_FACTOR
+
+    return {
+        "naive": LoaderKnobs(PREFETCH_FACTOR, pin_memory=False, copies=accelerator),
+        "prefetch": LoaderKnobs(PREFETCH_FACTOR, pin_memory=accelerator, copies=accelerator),
+    }

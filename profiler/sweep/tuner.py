@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from profiler.analysis.stats import finite_or_none, quantile
 from profiler.core.session import Interrupted
-from profiler.sweep.analysis import Config, SweepRow, row_from_dict
-from profiler.sweep.climb import FINAL_ROUNDS, IMPROVE, MAX_PASSES, Search, Trial, climb
+from profiler.sweep.analysis import Config, SweepRow, config_from_dict, row_from_dict, with_knobs
+from profiler.sweep.climb import (
+    FINAL_ROUNDS,
+    IMPROVE,
+    KNOB_NOTABLE,
+    KNOB_ORDER,
+    MAX_PASSES,
+    LoaderKnobs,
+    Search,
+    Trial,
+    climb,
+)
 
 RUNNER_UP = "runner-up"  # the final comparison's role for a trial the pick beat only within their uncertainty
 # more rounds, while the budget allows, when the rounds are not settled: they split (the pick faster than the
@@ -93,6 +103,10 @@ class TuneResult:
                 f"{self.max_workers}; after the batch moves they are climbed again, up and down",
                 "batch": f"doubled while it helps, else halved; the batch and the workers in turn, at most "
                 f"{MAX_PASSES} passes",
+                "loader knobs": f"at the pick: prefetch_factor 2x then 4x the loader's own while each step helps (with "
+                f"workers, where the loop waited for data {KNOB_NOTABLE:.0%} of the step or more); then pin_memory on "
+                "where the batches are copied to an accelerator, the loader does not pin, and the copy took "
+                f"{KNOB_NOTABLE:.0%} of the step or more",
                 "final": f"recommended and default re-run alternately, {FINAL_ROUNDS} rounds each (up to "
                 f"{FINAL_MAX_ROUNDS} while they split or vary more than they differ); "
                 "speedup = ratio of median throughputs",
@@ -105,7 +119,7 @@ def tune_from_dict(d: dict[str, Any]) -> TuneResult:
     """The tune as ``TuneResult.to_dict`` wrote it (``tune.json``): what ``stallscope report TUNE_DIR`` prints."""
 
     def config(c: dict[str, Any] | None) -> Config | None:
-        return Config(c["pipeline"], c["batch_size"], c["workers"], c.get("nproc", 1)) if c else None
+        return config_from_dict(c) if c else None
 
     default = config(d["default"])
     assert default is not None
@@ -145,19 +159,21 @@ def tune(
     default: Config | None = None,
     first: SweepRow | None = None,
     batches: Sequence[int] | None = None,
+    knobs: Mapping[str, LoaderKnobs] | None = None,
 ) -> TuneResult:
     """Search, then measure the recommendation against the default side by side (see the module docstring).
 
     ``default``: the configuration to beat (the naive pipeline at ``default_batch`` with no workers when None);
     ``first``: its row, already measured (a script's own setting: it counts as the first trial and its time as
-    spent); ``batches``: the batch sizes the climb may try (None: doubling and halving up to ``max_batch``).
+    spent); ``batches``: the batch sizes the climb may try (None: doubling and halving up to ``max_batch``);
+    ``knobs``: each pipeline's DataLoader knobs where not set, for the climb's last step (none: not searched).
     KeyboardInterrupt (or the CLI's :class:`Interrupted`) during a trial ends the search: the result then
     has status "interrupted", ``stopped_by`` the signal, and holds whatever ran.
     """
     default = default or Config(DEFAULT_PIPELINE, default_batch, 0)
     s = Search(
         trial, budget_s, clock, default, max_batch=max_batch, max_workers=max_workers, cores=max(1, cores),
-        batches=batches,
+        batches=batches, knobs=knobs,
     )  # fmt: skip
     if first is not None:
         s.rows.append(first)
@@ -210,7 +226,7 @@ def _interrupted(result: TuneResult, s: Search, exc: BaseException) -> None:
         (s.rows if row.role == "trial" else result.final).append(row)
     s.notes.append(f"stopped by {result.stopped_by} after {len(s.rows)} trials: the result is partial")
     for why in s.stopped.values():
-        for knob in ("workers", "batch"):
+        for knob in KNOB_ORDER:
             why.setdefault(knob, f"stopped by {result.stopped_by}")
     ok = [r for r in s.rows if r.ok]
     if result.recommended is None and ok:
@@ -257,7 +273,7 @@ def _final_pair(result: TuneResult, s: Search, rec: Config) -> None:
         if i % 2:
             order.reverse()
         for role, cfg in order:
-            result.final.append(s.trial(cfg, f"final{i + 1}-{role}-{cfg.name}", role))
+            result.final.append(with_knobs(s.trial(cfg, f"final{i + 1}-{role}-{cfg.name}", role), cfg))
         i += 1
     if i > rounds:
         per = 3 if runner is not None else 2
