@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -251,3 +252,48 @@ def test_a_pinned_copy_to_a_simulated_device_takes_the_pinned_rate(
         simulated_ms = nbytes / (rate * 1e9) * 1e3
         assert SimDevice(device.sim).h2d_s(nbytes, pinned=pin) * 1e3 == pytest.approx(simulated_ms)
         assert s.breakdown_ms_per_step.h2d >= simulated_ms, (pin, s.breakdown_ms_per_step)
+
+
+# -- what a trial on an accelerator predicts ----------------------------------------------------------------------
+
+
+def test_on_a_simulated_gpu_the_workers_needed_come_from_the_devices_own_step(tmp_path: Path) -> None:
+    """io-wait's items sleep 20 ms (160 ms a batch of 8 in the loop); its model runs on a simulated device whose step
+    takes 40 ms. With 0 workers the loop launches a step in a few ms and goes back to loading while the device runs
+    it: the step less its data wait is the launch time, and dividing the loader's time by it would ask for about
+    five times the workers. The device's own busy time a step (the simulated device's events) is the rate that
+    says how many feed it: 160 x 1.25 / 40, 5 workers."""
+    import scenarios
+    from profiler.core.devices import DeviceInfo
+    from profiler.drivers.runner import RunConfig, run_scenario
+    from profiler.sim.cost import measure_step
+    from profiler.sim.device import SimDevice
+    from profiler.sim.specs import AcceleratorSpec, SimConfig
+    from profiler.sweep.analysis import row_from_summary
+    from profiler.sweep.climb import fed_step_ms, workers_to_feed
+
+    scenario = scenarios.get(str(ROOT / "tests" / "data" / "scenarios" / "io_wait.py"))
+    cost = measure_step(scenario.model, scenario.dataset()[0], 8, loss=scenario.loss)
+    spec = AcceleratorSpec("twin", "a 40 ms twin", {"fp32": cost.flops / 0.040 / 1e12}, 16.0, 10.0, 5.0, 300.0, 50.0)
+    config = SimConfig(spec, "fp32", 1.0)
+    truth = SimDevice(config)
+    truth.load(cost)
+    device_ms = truth.step_s() * 1e3
+    assert device_ms == pytest.approx(40.0, rel=0.02)  # the twin's step: the injected truth
+    cfg = RunConfig(
+        out=tmp_path / "run", device=DeviceInfo("sim", "cpu", "40 ms twin (simulated)", sim=config), pipeline="naive",
+        batch_size=8, workers=0, steps=12, warmup=2, attribution=False, sample_hz=5.0,
+    )  # fmt: skip
+    session = run_scenario(scenario, cfg)
+    s = session.summary()
+    assert s is not None and s.status == "complete"
+    row = row_from_summary(
+        s, pipeline="naive", batch_size=8, workers=0, run_dir=None, step_s=session.step_times(), stop_reason="steps",
+        wall_s=1.0,
+    )  # fmt: skip
+    step, wait = row.step_time_ms["mean"], row.breakdown_ms_per_step["data_wait"]
+    assert step - wait < 0.5 * device_ms, row  # what the host saw of the step: the launches and the copy
+    # the fed step: the device's busy time a step (its copy included), not the host's part
+    assert fed_step_ms(row) == pytest.approx(device_ms, rel=0.1), (row.device_busy_fraction, step)
+    expected = math.ceil(wait * 1.25 / fed_step_ms(row))
+    assert workers_to_feed(row) == expected and 4 <= expected <= 6, (wait, fed_step_ms(row))

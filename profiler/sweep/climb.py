@@ -104,18 +104,34 @@ def pooled(first: SweepRow, again: SweepRow) -> SweepRow:
     return replace(first, throughput_samples_per_s=thr, step_time_rel_ci=ci if ci > 0 else math.nan)
 
 
+def fed_step_ms(row: SweepRow) -> float:
+    """The row's step with an instant loader (whatif's fed period, from what the row measured): the step less its
+    data wait, or the device's busy time a step where that is longer. On a CPU they are one (the device is the
+    compute phase); on a GPU or a simulated one, a loader-bound loop with 0 workers launches a step's kernels and
+    goes back to loading while the device runs them, so the step less its wait is the launch time alone (8 ms where
+    the device took 40: five times the workers), and the device's own time (CUDA events or the simulated device's)
+    is the rate that says how many workers would feed it. NaN where the row lacks the figures."""
+    wait = row.breakdown_ms_per_step.get("data_wait", math.nan)
+    step = row.step_time_ms.get("mean", math.nan)
+    if not (wait is not None and math.isfinite(wait) and math.isfinite(step) and step > wait):
+        return math.nan
+    busy = row.device_busy_fraction
+    device = busy * step if math.isfinite(busy) else 0.0
+    return max(step - wait, device)
+
+
 def workers_to_feed(row: SweepRow) -> int | None:
     """The workers a loader-bound trial says would feed its step, from what it measured: the loader's time for a
     batch (with 0 workers the loop's data wait, times WORKER_GAP for a worker process; with w workers w x the step,
-    each delivering one batch in w steps) over the step's own time (the step less its data wait). None where the
-    trial was not loader-bound or its breakdown is missing."""
+    each delivering one batch in w steps) over the step with an instant loader (:func:`fed_step_ms`). None where
+    the trial was not loader-bound or its breakdown is missing."""
     wait = row.breakdown_ms_per_step.get("data_wait", math.nan)
     step = row.step_time_ms.get("mean", math.nan)
-    if not (row.ok and math.isfinite(wait) and math.isfinite(step) and step > wait >= LOADER_BOUND * step):
+    fed = fed_step_ms(row)
+    if not (row.ok and math.isfinite(fed) and fed > 0 and wait >= LOADER_BOUND * step):
         return None
-    own = step - wait
     per_batch = wait * WORKER_GAP if row.workers == 0 else row.workers * step
-    return max(1, math.ceil(per_batch / own - 1e-9))
+    return max(1, math.ceil(per_batch / fed - 1e-9))
 
 
 class Search:
