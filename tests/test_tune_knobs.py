@@ -297,3 +297,24 @@ def test_on_a_simulated_gpu_the_workers_needed_come_from_the_devices_own_step(tm
     assert fed_step_ms(row) == pytest.approx(device_ms, rel=0.1), (row.device_busy_fraction, step)
     expected = math.ceil(wait * 1.25 / fed_step_ms(row))
     assert workers_to_feed(row) == expected and 4 <= expected <= 6, (wait, fed_step_ms(row))
+
+
+def test_a_knob_the_final_rounds_undo_is_said_in_its_stop_reason() -> None:
+    # prefetch_factor 4 was 6% ahead of the loader's own 2 on trials known to +-12% each: taken as a step left within
+    # the uncertainty, and its rival re-run beside it in the final rounds, where the loader's own wins
+    trial_thr = {(0, None): 40.0, (1, None): 60.0, (2, None): 100.0, (2, 4): 106.0, (2, 8): 100.0}
+    final_thr = {(0, None): 40.0, (2, None): 104.0, (2, 4): 95.0}
+
+    class Noisy(FakeTrials):
+        def __call__(self, cfg: Config, label: str, role: str) -> SweepRow:
+            row = super().__call__(cfg, label, role)
+            thr = (trial_thr if role == "trial" else final_thr)[(cfg.workers, cfg.prefetch_factor)]
+            return replace(row, throughput_samples_per_s=thr, step_time_rel_ci=0.12)
+
+    trials = Noisy(lambda c: 1.0, cpu=lambda c: 0.05, parts=lambda c: (10.0, 30.0))
+    result = run(trials, pipelines=["naive"], cores=2, max_workers=2, batches=[], knobs=ON_CPU)
+    assert result.recommended == Config("naive", 8, 2)
+    why = result.stopped["naive"]["prefetch_factor"]
+    assert why.startswith("stopped at 2: re-run beside 4 in the final rounds, its median 104.0 against 95.0 samples/s")
+    assert "(the climb had stopped at 4: prefetch_factor 8 was 5.7% slower than 4" in why, why
+    assert result.stopped["naive"]["workers"].startswith("stopped at 2")  # the workers did not change

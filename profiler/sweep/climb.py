@@ -294,7 +294,8 @@ def climb(s: Search, pipeline: str, start_batch: int) -> SweepRow | None:
         s.notes.append(s.spent)
         so_far = s.best_of(pipeline)
         for knob in KNOB_ORDER:
-            where = "not searched" if so_far is None else f"stopped at {_knob(so_far, knob, s)}"
+            own = s.knobs.get(pipeline)
+            where = "not searched" if so_far is None else f"stopped at {knob_value(so_far.config, knob, own)}"
             why.setdefault(knob, f"{where}: the budget of {s.budget_s:g} s was reached before trying {spent}")
         return so_far
 
@@ -340,16 +341,17 @@ def _rival(s: Search, best: SweepRow, rival: SweepRow, why: dict[str, str]) -> S
     return _taken(s, got)
 
 
-def _knob(row: SweepRow, knob: str, s: Search | None = None) -> int | str:
-    """``row``'s value of ``knob``, a loader knob the row did not set as its pipeline's own (``s.knobs``)."""
+def knob_value(cfg: Config, knob: str, own: LoaderKnobs | None = None) -> int | str:
+    """``cfg``'s value of ``knob`` as the stop reasons name it: a loader knob the configuration did not set is its
+    pipeline's own (``own``)."""
     if knob == "workers":
-        return row.workers
+        return cfg.workers
     if knob == "batch":
-        return row.batch_size
-    own = s.knobs.get(row.pipeline, LoaderKnobs()) if s is not None else LoaderKnobs()
+        return cfg.batch_size
+    own = own or LoaderKnobs()
     if knob == "prefetch_factor":
-        return row.prefetch_factor or own.prefetch_factor or "its own"
-    pin = row.pin_memory if row.pin_memory is not None else own.pin_memory
+        return cfg.prefetch_factor or own.prefetch_factor or "its own"
+    pin = cfg.pin_memory if cfg.pin_memory is not None else own.pin_memory
     return "its own" if pin is None else "on" if pin else "off"
 
 

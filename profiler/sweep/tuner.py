@@ -27,6 +27,7 @@ from profiler.sweep.climb import (
     Search,
     Trial,
     climb,
+    knob_value,
 )
 
 RUNNER_UP = "runner-up"  # the final comparison's role for a trial the pick beat only within their uncertainty
@@ -318,7 +319,9 @@ def _settle_runner_up(result: TuneResult, s: Search, rec: Config, runner: Config
         return rec
     s.notes.append(f"{head}; {runner.name} is the pick")
     why = s.stopped.get(runner.pipeline, {})
-    for knob, was, now in (("workers", rec.workers, runner.workers), ("batch", rec.batch_size, runner.batch_size)):
+    own = s.knobs.get(runner.pipeline)
+    for knob in KNOB_ORDER:
+        was, now = knob_value(rec, knob, own), knob_value(runner, knob, own)
         if knob in why and was != now and runner.pipeline == rec.pipeline:
             why[knob] = (
                 f"stopped at {now}: re-run beside {was} in the final rounds, its median {run_m:.1f} against "
