@@ -2,16 +2,19 @@
 and a model of many tiny kernels, for a simulated device whose launches hold the GIL too (``sim:NAME,launch=gil``).
 
 - loader: every item burns ITEM_CPU_S of CPU in a Python loop (the GIL held, as a pure-Python augmentation
-  holds it), so a batch of 8 costs W = 32 ms of CPU;
+  holds it), so a batch of 8 costs W = 24 ms of CPU;
 - model: LAYERS tiny linear layers: 259 kernels a step of next to no device time, each launched by the training
   thread (``launch=gil``: the calibrated host cost, 7.3 ms a step and 34 us a kernel, spread over the launches:
   L = 16.1 ms a step).
 
-naive, 0 workers: the training thread loads each batch (input: W), then launches (host: L): input-bound, W = 2L.
+naive, 0 workers: the training thread loads each batch (input: W), then launches (host: L): input-bound, W = 1.5L.
 prefetch, 0 workers: a thread in the training process loads while the training thread launches, and the two share
-one GIL: the launches take about 2L (the GIL's turns) while the next batch loads, and what is left of the loader's
-W after that is input: host 2L against input W - L = L. W = 2L puts both at about two to one (2 / (W/L - 1) for
-prefetch, W/L for naive).
+one GIL: the launches take longer (the GIL's turns: the loop in the item holds it up to the 5 ms switch interval)
+while the next batch loads, and what is left of the loader's W after that is input. How the turns fall is the
+scheduler's: the split varies from run to run far more than naive's (measured 2026-11-28, 15 runs, 12 of them beside
+two busy processes: prefetch host 49-91% against input 48-5%, naive input 58-60% against host 36-39%). Items of
+4 ms (W = 2L, the model's balance point) put prefetch's host under its input in 3 runs of 3 beside two busy
+processes that day, and 2 ms ones naive's input level with its host: 3 ms keeps both sides in every run measured.
 """
 
 import time
@@ -21,7 +24,7 @@ from torch import nn
 
 from scenarios import Scenario
 
-ITEM_CPU_S = 0.004
+ITEM_CPU_S = 0.003
 LAYERS = 40
 
 
