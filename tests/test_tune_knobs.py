@@ -259,10 +259,10 @@ def test_a_pinned_copy_to_a_simulated_device_takes_the_pinned_rate(
 
 def test_on_a_simulated_gpu_the_workers_needed_come_from_the_devices_own_step(tmp_path: Path) -> None:
     """io-wait's items sleep 20 ms (160 ms a batch of 8 in the loop); its model runs on a simulated device whose step
-    takes 40 ms. With 0 workers the loop launches a step in a few ms and goes back to loading while the device runs
-    it: the step less its data wait is the launch time, and dividing the loader's time by it would ask for about
-    five times the workers. The device's own busy time a step (the simulated device's events) is the rate that
-    says how many feed it: 160 x 1.25 / 40, 5 workers."""
+    takes 40 ms. With 0 workers the loop launches a step and goes back to loading while the device runs it: the step
+    less its data wait is the launch time (7.3 ms by the calibrated host cost, and the copy), and dividing the
+    loader's time by it would ask for several times the workers. The device's own busy time a step (the simulated
+    device's events) is the rate that says how many feed it: 160 x 1.25 / 40, 5 workers."""
     import scenarios
     from profiler.core.devices import DeviceInfo
     from profiler.drivers.runner import RunConfig, run_scenario

@@ -108,9 +108,9 @@ def fed_step_ms(row: SweepRow) -> float:
     """The row's step with an instant loader (whatif's fed period, from what the row measured): the step less its
     data wait, or the device's busy time a step where that is longer. On a CPU they are one (the device is the
     compute phase); on a GPU or a simulated one, a loader-bound loop with 0 workers launches a step's kernels and
-    goes back to loading while the device runs them, so the step less its wait is the launch time alone (8 ms where
-    the device took 40: five times the workers), and the device's own time (CUDA events or the simulated device's)
-    is the rate that says how many workers would feed it. NaN where the row lacks the figures."""
+    goes back to loading while the device runs them, so the step less its wait is the launch time alone (about 8 ms
+    where the device took 40: several times the workers), and the device's own time (CUDA events or the simulated
+    device's) is the rate that says how many workers would feed it. NaN where the row lacks the figures."""
     wait = row.breakdown_ms_per_step.get("data_wait", math.nan)
     step = row.step_time_ms.get("mean", math.nan)
     if not (wait is not None and math.isfinite(wait) and math.isfinite(step) and step > wait):
