@@ -78,7 +78,7 @@ def test_the_knobs_are_not_tried_where_they_cannot_matter() -> None:
     assert result.recommended is not None and result.recommended.workers == 0
     assert result.stopped["naive"]["prefetch_factor"].startswith("not searched: no worker processes at the pick")
     # the copy is not in the breakdown: pin_memory's share unknown, not tried
-    assert result.stopped["naive"]["pin_memory"].startswith("not searched: the copy took nan%")
+    assert result.stopped["naive"]["pin_memory"] == "not searched: the pick's copy to the device was not measured"
     # a loop that barely waits: a deeper queue has nothing to hide (the figure said)
     fed = FakeTrials(lambda c: 100.0 + 50 * min(c.workers, 2), cpu=lambda c: 0.5, parts=lambda c: (0.6, 30.0))
     result = run(fed, pipelines=["naive"], max_batch=8, max_workers=2, knobs=ON_CPU)

@@ -545,6 +545,8 @@ def _prefetch(s: Search, best: SweepRow, own: LoaderKnobs | None) -> tuple[Sweep
     if best.workers == 0:
         return best, "not searched: no worker processes at the pick (it is the batches each worker loads ahead)"
     wait = _share(best, "data_wait")
+    if math.isnan(wait):
+        return best, "not searched: the pick's data wait was not measured"
     if not wait >= KNOB_NOTABLE:
         return best, (
             f"not searched: the loop waited for data {wait:.0%} of the step at the pick (under {KNOB_NOTABLE:.0%}): "
@@ -563,16 +565,26 @@ def _prefetch(s: Search, best: SweepRow, own: LoaderKnobs | None) -> tuple[Sweep
     return best, f"stopped at {best.prefetch_factor}: {base * 2**PREFETCH_STEPS} is the deepest tried"
 
 
-def _pin(s: Search, best: SweepRow, own: LoaderKnobs | None) -> tuple[SweepRow, str]:
+def _pin_skipped(best: SweepRow, own: LoaderKnobs | None) -> str | None:
+    """Why ``pin_memory`` is not tried at ``best`` (None: it is)."""
     if own is None or own.pin_memory is None:
-        return best, f"not searched: the {best.pipeline} pipeline's loader has no pin_memory"
+        return f"not searched: the {best.pipeline} pipeline's loader has no pin_memory"
     if not own.copies:
-        return best, "not searched: the batches are not copied to an accelerator (page-locked memory speeds that copy)"
+        return "not searched: the batches are not copied to an accelerator (page-locked memory speeds that copy)"
     if own.pin_memory:
-        return best, "not searched: the loader pins its batches already"
+        return "not searched: the loader pins its batches already"
     copy = _share(best, "h2d")
+    if math.isnan(copy):
+        return "not searched: the pick's copy to the device was not measured"
     if not copy >= KNOB_NOTABLE:
-        return best, f"not searched: the copy took {copy:.0%} of the step at the pick (under {KNOB_NOTABLE:.0%})"
+        return f"not searched: the copy took {copy:.0%} of the step at the pick (under {KNOB_NOTABLE:.0%})"
+    return None
+
+
+def _pin(s: Search, best: SweepRow, own: LoaderKnobs | None) -> tuple[SweepRow, str]:
+    skipped = _pin_skipped(best, own)
+    if skipped is not None:
+        return best, skipped
     row = s.run(replace(best.config, pin_memory=True))
     verdict, row, best = s.compare(row, best)
     if verdict == GAIN or (verdict == UNCLEAR and _ahead(row, best)):
