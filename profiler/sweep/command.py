@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.naive import PREFETCH_FACTOR  # the DataLoader's own, where a script with workers sets none
 from profiler.core.session import Interrupted
 from profiler.sweep.analysis import Config, SweepResult, SweepRow, row_from_summary, with_knobs
 from profiler.sweep.climb import LoaderKnobs
@@ -28,7 +29,6 @@ from profiler.zerocode.instrument import LOCK_CALLS, WARMUP_STEPS, TrialStop
 from profiler.zerocode.profile import COMMAND_LOG, CommandTrial, ZeroCodeResult, profile_external
 
 PIPELINE = "script"  # a command's configurations: the script's own DataLoader, its knobs changed
-PREFETCH_FACTOR = 2  # torch's DataLoader's own, where a script with workers sets none
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 # the first trial (the command unchanged) must return a batch within this; later ones within
 # FIRST_BATCH_FACTOR x what it took plus FIRST_BATCH_SLACK_S (more workers take longer to start)
