@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from profiler.analysis.apart import measured_steps
 from profiler.analysis.meta import AUTO_INSTRUMENTED, JSON
 from profiler.analysis.parts import HostFigures
 from profiler.analysis.stats import json_safe
@@ -65,7 +66,7 @@ def contention_of(rec: RunRecord, host: HostFigures) -> Contention:
     """Contention figures of a stored run (measured steps only); ``host`` are its sampled means over the
     measured window (the summary's host figures, which hold the ``sched`` source's metrics too)."""
     meta = rec.meta
-    measured = [s for s in rec.steps if not s.warmup]
+    measured = measured_steps(rec)
     sampled = host.by_metric
     per_worker = {w.group(1): v for m, v in sampled.items() if (w := _WORKER.fullmatch(m)) is not None}
     cpu = _cpu_use(host, _int(meta.get("workers")), _int(meta.get("cpu_count")))

@@ -23,6 +23,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from profiler.analysis.apart import measured_steps
 from profiler.core.rows import KernelWindow, RunRecord, StepRow
 from profiler.kernels.analysis import KERNEL_WAIT_US, Activity, merge, split_idle
 
@@ -100,7 +101,7 @@ def window_steps(
 ) -> list[GpuStep]:
     """The split of each measured step wholly inside ``window`` (microsecond arithmetic, as for a trace)."""
     inside = [s for s in steps if not s.warmup and s.t_start >= window.t_start and s.t_end <= window.t_end]
-    if not inside:
+    if not inside or not window.activities:  # a window that recorded nothing measured no step's device
         return []
     us = 1e6
     acts = sorted(
@@ -122,8 +123,11 @@ def window_steps(
     return out
 
 
-def gpu_split(windows: Sequence[KernelWindow], steps: Sequence[StepRow], source: str) -> GpuSplit | None:
-    """The split over every window's steps (None: no window holds a measured step)."""
+def gpu_split(
+    windows: Sequence[KernelWindow], steps: Sequence[StepRow], source: str, measured: Sequence[StepRow] | None = None
+) -> GpuSplit | None:
+    """The split over every window's steps (None: no window holds a step with activity); ``measured``: the steps
+    outside the windows (default: every other non-warm-up step)."""
     per: list[GpuStep] = []
     for w in windows:
         per.extend(window_steps(w, steps))
@@ -131,7 +135,8 @@ def gpu_split(windows: Sequence[KernelWindow], steps: Sequence[StepRow], source:
         return None
     held = {g.step for g in per}
     inside = [(s.t_end - s.t_start) * 1e3 for s in steps if s.step in held]
-    outside = [(s.t_end - s.t_start) * 1e3 for s in steps if not s.warmup and s.step not in held]
+    others = measured if measured is not None else [s for s in steps if not s.warmup and s.step not in held]
+    outside = [(s.t_end - s.t_start) * 1e3 for s in others]
     return GpuSplit(
         source,
         len(windows),
@@ -197,7 +202,7 @@ def gpu_of(rec: RunRecord) -> GpuSplit | None:
     """The run's split, from its kernel windows."""
     if not rec.windows:
         return None
-    return gpu_split(rec.windows, rec.steps, window_source(rec.meta))
+    return gpu_split(rec.windows, rec.steps, window_source(rec.meta), measured_steps(rec))
 
 
 def gpu_busy_source(g: GpuSplit) -> str:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypedDict
 
+from profiler.analysis.apart import WindowsApart, measured_steps, windows_apart
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.gpu import (
     CoarseSplit,
@@ -114,6 +115,7 @@ class Summary:
     gpu: GpuSplit | None = None  # the kernel windows' split of the device's time (analysis.gpu)
     mfu: Mfu | None = None  # model FLOPs utilisation (analysis.mfu)
     gpu_coarse: CoarseSplit | None = None  # without kernel windows: the split over the sampler's intervals
+    kernel_windows: WindowsApart | None = None  # the steps the kernel windows held, recorded apart (analysis.apart)
     precision: JSON | None = None  # what a real device's training computed in (run --precision; meta precision)
 
     def to_dict(self) -> JSON:
@@ -166,6 +168,7 @@ class Summary:
             "gpu": self.gpu.to_dict() if self.gpu else None,
             "mfu": self.mfu.to_dict() if self.mfu else None,
             "gpu_coarse": self.gpu_coarse.to_dict() if self.gpu_coarse else None,
+            "kernel_windows": self.kernel_windows.to_dict() if self.kernel_windows else None,
             "precision": self.precision,
         }
         return json_safe(out)
@@ -342,7 +345,7 @@ def _summary(
         batch_size=meta.get("batch_size"),
         workers=figures.workers,
         steps=m.n,
-        warmup_steps=len(rec.steps) - m.n,
+        warmup_steps=sum(1 for s in rec.steps if s.warmup),
         throughput_samples_per_s=throughput,
         step_time_ms=timing.step_time,
         breakdown_ms_per_step=timing.breakdown,
@@ -375,6 +378,7 @@ def _summary(
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
         loader_time=figures.loader_time,
+        kernel_windows=windows_apart(rec, m.steps),
         **_loader_parts(figures),
         **_device_parts(rec, m, figures, timing),
     )
@@ -449,7 +453,8 @@ class _LoaderFigures(TypedDict):
 
 
 def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
-    measured = [s for s in rec.steps if not s.warmup]
+    """The steps every timed figure is over: neither warm-up nor held by a kernel window (analysis.apart)."""
+    measured = measured_steps(rec)
     if not measured and rec.steps:
         notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")
     ids = {s.step for s in measured}
@@ -457,13 +462,18 @@ def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
     events = event_timer((rec.meta.get("device") or {}).get("kind"))
     if not (events and any(p.dev_start is not None for p in phases)):
         return _Measured(measured, phases, None)
+    # each run of consecutive measured steps (a window's held steps split them) gains the device work still queued
+    # at its end and loses what was queued from before its start
+    dev_end: dict[int, float] = defaultdict(lambda: -math.inf)
+    for p in rec.phases:
+        if p.dev_end is not None:
+            dev_end[p.step] = max(dev_end[p.step], p.dev_end)
     queued_in = queued_out = 0.0
-    if measured:
-        first, last = measured[0], measured[-1]
-        before = [p.dev_end for p in rec.phases if p.step == first.step - 1 and p.dev_end is not None]
-        after = [p.dev_end for p in phases if p.step == last.step and p.dev_end is not None]
-        queued_in = max(0.0, max(before, default=first.t_start) - first.t_start)
-        queued_out = max(0.0, max(after, default=last.t_end) - last.t_end)
+    for i, s in enumerate(measured):
+        if i == 0 or measured[i - 1].step != s.step - 1:
+            queued_in += max(0.0, dev_end[s.step - 1] - s.t_start)
+        if i == len(measured) - 1 or measured[i + 1].step != s.step + 1:
+            queued_out += max(0.0, dev_end[s.step] - s.t_end)
     return _Measured(measured, phases, events, queued_in, queued_out, rec.phases)
 
 

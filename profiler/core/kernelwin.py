@@ -52,16 +52,30 @@ class WindowPlan:
     after: int = 5
     steps: int = 20
     every: int = 2000
+    tail: bool = False  # after the measured steps (tail_plan): the loop runs ``steps`` steps more for it
 
     def first(self, warmup: int) -> int:
         return warmup + self.after
 
     def describe(self) -> str:
+        if self.tail:
+            return f"{self.steps} steps after the {self.after} measured steps"
         again = f", then every {self.every} steps" if self.every else ""
         return f"{self.steps} steps from {self.after} after the warm-up{again}"
 
 
 DEFAULT_PLAN = WindowPlan()
+# ``auto`` where the run's length is known (``Session(steps=N)``: run, sweep and tune trials, each rank): one window
+# right after the N measured steps, of a third of N (TAIL_MIN to TAIL_MAX steps), so that no measured step is
+# shortened or slowed; the loop runs those steps more (Session.tail_steps). The meta key names its first step.
+TAIL_MIN, TAIL_MAX = 5, 20
+TAIL_KEY = "kernel_window_tail_from"
+RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"  # "module:factory": a recorder of one's own, factory(clock) -> recorder
+
+
+def tail_plan(steps: int) -> WindowPlan:
+    """``auto`` for a run of ``steps`` measured steps: one window after them (see TAIL_MIN)."""
+    return WindowPlan(after=steps, steps=min(TAIL_MAX, max(TAIL_MIN, -(-steps // 3))), every=0, tail=True)
 
 
 def parse_plan(text: str) -> WindowPlan | None:
@@ -107,7 +121,7 @@ class KernelWindows:
         self.plan, self.recorder, self.clock = plan, recorder, clock
         self.next_index = plan.first(warmup)  # the step at whose tick something is due
         self.window = 0  # windows recorded
-        self.open_at: tuple[int, float, float] | None = None  # (step, clock, start cost) of the open window
+        self.open_at: tuple[int, float, float] | None = None  # (step, opening began, start cost) of the open window
         self.skipped: list[str] = []  # why windows did not open
 
     def at(self, index: int, put: Callable[[Event], object]) -> None:
@@ -137,7 +151,7 @@ class KernelWindows:
                     self.skipped.append(f"step {index}: {why}")
                 self.next_index = index + 1
             return
-        self.open_at = (index, t1, t1 - t0)
+        self.open_at = (index, t0, t1 - t0)
         self.next_index = index + self.plan.steps
 
     def close(self, put: Callable[[Event], object]) -> None:
@@ -153,16 +167,19 @@ class KernelWindows:
             self.skipped.append(f"step {index}: once: the recorder failed to stop ({type(exc).__name__}: {exc})")
             self.next_index = MAX_INDEX
             return
-        t1 = self.clock()
         for stream, kind, start, end, launch in acts:
             put((GPU, stream * 4 + kind, start, end, launch))
-        put((GWIN, self.window, t_open, t0, cost_open + t1 - t0))
+        t1 = self.clock()  # the window spans the training thread's pause: from its opening's start to now
+        put((GWIN, self.window, t_open, t1, cost_open + t1 - t0))
         self.window += 1
         self.next_index = index + self.plan.every if self.plan.every else MAX_INDEX
 
 
 def make_recorder(device_kind: str, timer: object, clock: Callable[[], float]) -> KernelRecorder | None:
-    """The recorder for the Session's device: CUPTI on CUDA, the simulated device's own on ``sim:``, else None."""
+    """The recorder for the Session's device: one of the user's own (RECORDER_ENV), CUPTI on CUDA, the simulated
+    device's own on ``sim:``, else None."""
+    if own := os.environ.get(RECORDER_ENV):
+        return own_recorder(own, clock)
     sim = getattr(timer, "kernel_recorder", None)
     if callable(sim):
         rec: KernelRecorder = sim(clock)
@@ -172,6 +189,22 @@ def make_recorder(device_kind: str, timer: object, clock: Callable[[], float]) -
     import torch
 
     return TorchKernelRecorder(torch, clock)
+
+
+def own_recorder(spec: str, clock: Callable[[], float]) -> KernelRecorder:
+    """``module:factory`` called with the Session's clock (a recorder for another accelerator, or a test's fake
+    that costs what CUPTI cost on a real GPU: tests/fakes/cupti_like.py)."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise KernelWindowError(
+            f"{RECORDER_ENV}={spec!r}: allowed MODULE:FACTORY, an importable module and a callable in it ({exc})"
+        ) from None
+    rec: KernelRecorder = factory(clock)
+    return rec
 
 
 # -- torch.profiler (CUPTI) ---------------------------------------------------------------------------------------

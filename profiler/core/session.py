@@ -43,7 +43,16 @@ from typing import TYPE_CHECKING, Any
 from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
-from profiler.core.kernelwin import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
+from profiler.core.kernelwin import (
+    DEFAULT_PLAN,
+    TAIL_KEY,
+    KernelRecorder,
+    KernelWindows,
+    WindowPlan,
+    make_recorder,
+    parse_plan,
+    tail_plan,
+)
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
@@ -164,12 +173,11 @@ class Session:
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (
         "__weakref__", "_asm", "_clock", "_due", "_due_t", "_edge", "_error", "_exporter", "_fine", "_halts",
-        "_hooks", "_in_flight", "_kw",
-        "_kw_plan", "_kw_recorder", "_log", "_mark_n", "_marks", "_max_lag", "_meta", "_names", "_next_index",
-        "_phase_of", "_put", "_recent", "_recorder", "_resolve_every", "_row_sinks", "_rows_asked", "_rq_on",
-        "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started", "_status", "_step",
-        "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "device", "out_dir", "sample_hz",
-        "warmup",
+        "_hooks", "_in_flight", "_kw", "_kw_plan", "_kw_recorder", "_log", "_mark_n", "_marks", "_max_lag", "_meta",
+        "_names", "_next_index", "_phase_of", "_put", "_recent", "_recorder", "_resolve_every", "_row_sinks",
+        "_rows_asked", "_rq_on", "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started",
+        "_status", "_step", "_steps", "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "device",
+        "out_dir", "sample_hz", "warmup",
     )  # fmt: skip
 
     def __init__(
@@ -190,13 +198,16 @@ class Session:
         max_lag: int = 32,
         kernel_windows: str | WindowPlan | None = "auto",
         kernel_recorder: KernelRecorder | None = None,
+        steps: int | None = None,
     ) -> None:
         """``meta``: run facts for the store (scenario, pipeline, batch_size, workers, pin_memory, or any other);
         ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``hooks``:
         more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending; ``sources``
         and ``sampling``: docs/architecture.md, "Two processes"; ``kernel_windows``: when the device's own activity is
         recorded (``off``, ``auto``, ``AFTER:STEPS[:EVERY]``: :mod:`profiler.core.kernelwin`), by
-        ``kernel_recorder`` (default: CUPTI on CUDA, the simulated device's own, none on CPU)."""
+        ``kernel_recorder`` (default: CUPTI on CUDA, the simulated device's own, none on CPU); ``steps``: the
+        measured steps the loop will run after the warm-up, where known: ``auto`` then records one window after
+        them, for which the loop runs :attr:`tail_steps` steps more (docs/metrics.md, "Kernel windows' cost")."""
         if warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.out_dir = Path(out_dir)
@@ -218,6 +229,7 @@ class Session:
         self._kw_plan = kernel_windows if not isinstance(kernel_windows, str) else parse_plan(kernel_windows)
         self._kw_recorder = kernel_recorder
         self._kw: KernelWindows | None = None
+        self._steps = steps
         self._started, self._t0 = False, 0.0
         self._init_hot_path()
         self._status: str | None = None
@@ -325,8 +337,28 @@ class Session:
         rec = self._kw_recorder or make_recorder(self.device.kind, self._timer, self._clock)
         if rec is None:
             return f"none: no kernel recorder for a {self.device.kind} device"
+        if plan == DEFAULT_PLAN and self._steps is not None:  # auto, the run's length known: after its steps
+            plan = tail_plan(self._steps)
+            self._meta[TAIL_KEY] = self.warmup + self._steps
         self._kw = KernelWindows(plan, rec, self.warmup, self._clock)
         return f"{rec.source}: {plan.describe()}"
+
+    @property
+    def tail_steps(self) -> int:
+        """The steps a loop of known length (``steps=``) runs after its measured steps for the kernel window
+        recorded there (0: none); those steps are recorded apart, never measured."""
+        kw = self._kw
+        return kw.plan.steps if kw is not None and kw.plan.tail else 0
+
+    def tail_now(self) -> int:
+        """The loop ends its measured steps early (a sweep's stop rule): the tail window opens at the next step
+        instead; returns the steps to run for it (0: none, or it opened already)."""
+        kw = self._kw
+        if kw is None or not kw.plan.tail or kw.window or kw.open_at is not None:
+            return 0
+        kw.next_index = self._due = self._next_index
+        self.annotate(**{TAIL_KEY: self._next_index})
+        return kw.plan.steps
 
     def _connect(self) -> None:
         """The step events go to the first hook that takes them (the sampler process's ring), and to a log here

@@ -24,8 +24,10 @@ Events (``t``: the Session's clock; run-queue readings ``x`` in seconds, NaN whe
 - ``DEV - t x``: device mark ``x`` completed at run time ``t``.
 - ``GPU a t x y``: in a kernel window (:mod:`profiler.core.kernelwin`), the device ran an activity from ``t`` to
   ``x`` launched at ``y`` (NaN: not known); ``a`` = stream x 4 + kind (0 kernel, 1 copy, 2 set).
-- ``GWIN a t x y``: kernel window ``a`` ran from ``t`` to ``x`` (the ``GPU`` events since the last ``GWIN`` are
-  its activities); ``y``: seconds the training thread spent opening and closing it.
+- ``GWIN a t x y``: kernel window ``a`` held the training thread from ``t`` (its opening began) to ``x`` (its
+  closing ended; the ``GPU`` events since the last ``GWIN`` are its activities); ``y``: seconds the training
+  thread spent opening and closing it. The steps that overlap that span are recorded apart
+  (:mod:`profiler.analysis.apart`).
 
 Invariants: rows come out in step order; a step whose phases carry device marks waits for all of them (the
 Session bounds that at ``max_lag`` steps); an event that does not fit the state (an EXIT with no ENTER, after the

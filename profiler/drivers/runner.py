@@ -260,6 +260,7 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         device=cfg.device,
         timer=sim.timer() if sim is not None else None,
         kernel_windows=cfg.kernel_windows,
+        steps=plan.steps,  # auto: the kernel window after the measured steps (Session.tail_steps)
         sources=_sources(cfg, sim),
         warmup=plan.warmup,
         store_errors="raise",  # a store that stops writing stops the run: training on would record nothing
@@ -322,6 +323,7 @@ class _Loop:
         self.shm_free_mb = self.shm_size_mb = math.nan  # /dev/shm at set-up, before the workers started
         self.sync: SyncTimer | None = None  # a rank under DDP: times the all-reduce wait after backward
         self.done = 0  # steps finished (warm-up included): the index of the step in flight
+        self.measuring = True  # until the stop rule fires (the tail window's steps may follow)
         self.item_batch_bytes: int | None = None  # one item's bytes x the batch, read once when needed
 
     def set_up(self) -> None:
@@ -456,7 +458,7 @@ class _Loop:
         raises a death from a SIGCHLD handler as well as from ``next()``, so anywhere in the step, hence caught
         here), unless the error is the user's data (a bad sample: ``_bad_input``)."""
         assert self.built is not None
-        total, epoch, done = self.plan.total, 0, 0
+        total, epoch, done = self.plan.total + self.session.tail_steps, 0, 0
         watch = None
         if self.worker_processes > 0:
             session = self.session
@@ -579,9 +581,11 @@ class _Loop:
             self.done = done
             if done >= total:
                 break
-            if cfg.stop_when is not None and done > self.plan.warmup and cfg.stop_when(session):
-                total = done
-                break
+            if cfg.stop_when is not None and self.measuring and done > self.plan.warmup and cfg.stop_when(session):
+                self.measuring = False
+                total = done + session.tail_now()  # the kernel window's steps, after the measured ones
+                if done >= total:
+                    break
         batches.close()  # ends the step in flight now, not at garbage collection
         return done, total, progressed
 

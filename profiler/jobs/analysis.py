@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Protocol
 
+from profiler.analysis.apart import measured_steps
 from profiler.analysis.meta import JSON, objects, opt_float, opt_int, opt_str
 from profiler.analysis.parts import Breakdown, StepTimes
 from profiler.analysis.stats import json_safe, mean, quantile
@@ -418,7 +419,7 @@ def _rank_row(r: RankInput, job: JobInput, exit_: RankExit | None) -> RankRow:
         status = exit_.describe() if exit_ else f"missing: {r.problem or 'no store'}"
         return RankRow(r.rank, r.node_rank, status, r.run_dir, None, (math.nan, math.nan), math.nan, exit_)
     s = summarize(r.record)
-    waits = [st.data_wait_s * 1e3 for st in r.record.steps if not st.warmup]
+    waits = [st.data_wait_s * 1e3 for st in measured_steps(r.record)]
     return RankRow(
         rank=r.rank,
         node_rank=r.node_rank,
@@ -446,7 +447,7 @@ def rank_cpu(r: RankInput, nodes: tuple[NodeInput, ...], what: str = "cpu_pct") 
         values = [(t, v) for t, _src, m, v in n.samples if m == metric and v is not None]
         if not values:
             continue
-        steps = [s for s in rec.steps if not s.warmup] if rec is not None else []
+        steps = measured_steps(rec) if rec is not None else []
         shift = _started(rec) - _started(n) if rec is not None else math.nan
         if steps and not math.isnan(shift):
             lo, hi = steps[0].t_start + shift, steps[-1].t_end + shift

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from profiler.analysis import Summary
+from profiler.analysis.apart import WindowsApart
 from profiler.analysis.parts import BadSamples, Cost, HostFigures, nvml_source
 from profiler.jobs.analysis import JobSummary, RankRow
 
@@ -308,10 +309,12 @@ def mfu_row(s: Summary) -> tuple[str, str]:
 
 
 def gpu_rows(s: Summary) -> list[tuple[str, str]]:
-    """The kernel windows' split of the device's time (analysis.gpu): the figures as computed, in words."""
-    g = s.gpu
+    """The kernel windows' split of the device's time (analysis.gpu), and the steps they held, recorded apart
+    (analysis.apart): the figures as computed, in words."""
+    g, held = s.gpu, s.kernel_windows
+    apart = [] if held is None else [("held apart", _held_text(held))]
     if g is None:
-        return []
+        return apart
     d = g.to_dict()
     fr, ms = d["fractions"], d["ms_per_step"]
     assert isinstance(fr, dict) and isinstance(ms, dict)
@@ -324,4 +327,13 @@ def gpu_rows(s: Summary) -> list[tuple[str, str]]:
         f"windows cost the training thread {g.window_cost_s * 1e3:.1f} ms; a window step took "
         f"{num(g.window_step_ms, '{:.1f}')} ms (median) against {num(g.other_step_ms, '{:.1f}')} ms outside"
     )
-    return [("GPU time", f"{parts}  ({how}: per step, by why the device idled)"), ("kernel windows", cost)]
+    return [("GPU time", f"{parts}  ({how}: per step, by why the device idled)"), ("kernel windows", cost), *apart]
+
+
+def _held_text(w: WindowsApart) -> str:
+    return (
+        f"{w.steps} step(s) in or beside {w.windows} kernel window(s) recorded apart, left out of every figure "
+        f"above: {w.wall_s:.2f} s of wall time ({w.cost_s * 1e3:.0f} ms of it opening and closing the windows), "
+        f"{num(w.added_s, '{:.2f}')} s more than as many measured steps; a held step took "
+        f"{num(w.step_ms, '{:.1f}')} ms (median) against {num(w.other_step_ms, '{:.1f}')} ms measured"
+    )

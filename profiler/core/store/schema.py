@@ -45,8 +45,8 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE INDEX IF NOT EXISTS samples_metric ON samples(metric, t);
 CREATE TABLE IF NOT EXISTS kernel_windows (  -- v3: profiler.core.kernelwin
     window INTEGER PRIMARY KEY,
-    t_start REAL NOT NULL,        -- s since run start: the window opened (the recorder started)
-    t_end REAL NOT NULL,          -- s since run start: it closed
+    t_start REAL NOT NULL,        -- s since run start: its opening began (the recorder's start)
+    t_end REAL NOT NULL,          -- s since run start: its closing ended (activities read and handed on)
     cost_s REAL NOT NULL          -- the training thread's time opening and closing it
 );
 CREATE TABLE IF NOT EXISTS kernels (  -- v3: the device's activity in each window

@@ -1,0 +1,104 @@
+"""The steps a kernel window held, recorded apart: the profiler's own pause is never the program's time.
+
+Pure. A kernel window (:mod:`profiler.core.kernelwin`) costs the training thread its opening and closing (CUPTI's
+start, the profiler's stop and the read of its activities: 0.4-1.6 s on an H200), and the steps inside it run
+slower (launches traced). So every step that overlaps a window's span is **held**: left out of the run's
+throughput, step time, phases, stall, verdict and advice, and shown apart (:class:`WindowsApart`). The span runs
+from the moment its opening began (at a step's batch arrival: that step holds the start's cost) to the moment its
+closing ended (at another step's batch arrival, or at the run's close, after its last step); a step overlaps it
+where it starts before the span ends and ends after it begins. Steps from ``meta["kernel_window_tail_from"]`` on
+are the tail window's (run after the measured steps, where the run's length is known) and are held whether or not
+the window opened.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from profiler.core.kernelwin import TAIL_KEY
+from profiler.core.rows import KernelWindow, RunRecord, StepRow
+
+
+def held_steps(windows: Iterable[KernelWindow], steps: Sequence[StepRow], tail_from: object = None) -> set[int]:
+    """The indices of the steps that overlap a window's span, and those from ``tail_from`` on."""
+    held = {s.step for s in steps if s.step >= tail_from} if isinstance(tail_from, int) else set()
+    ordered = sorted(steps, key=lambda s: s.t_start)
+    starts = [s.t_start for s in ordered]
+    for w in windows:
+        i = max(0, bisect.bisect_left(starts, w.t_start) - 1)  # the step the window opened in, or the first after
+        while i < len(ordered) and ordered[i].t_start < w.t_end:
+            if ordered[i].t_end > w.t_start:
+                held.add(ordered[i].step)
+            i += 1
+    return held
+
+
+def measured_steps(rec: RunRecord) -> list[StepRow]:
+    """The run's measured steps: neither warm-up nor held by a kernel window."""
+    held = held_steps(rec.windows, rec.steps, rec.meta.get(TAIL_KEY))
+    return [s for s in rec.steps if not s.warmup and s.step not in held]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowsApart:
+    """The steps the kernel windows held, and what the windows cost the run."""
+
+    windows: int  # windows recorded
+    steps: int  # steps held (left out of every other figure)
+    wall_s: float  # the held steps' time, plus the windows' opening and closing outside any step
+    cost_s: float  # the training thread's time opening and closing the windows (part of wall_s)
+    step_ms: float  # median held step (NaN: none)
+    other_step_ms: float  # median measured step (NaN: none)
+    throughput_samples_per_s: float  # over the held steps (NaN: a batch size not known)
+
+    @property
+    def added_s(self) -> float:
+        """What the windows added to the run's wall time beyond the measured pace: the held time less as many
+        steps at the median measured step (NaN without a measured step)."""
+        return self.wall_s - self.steps * self.other_step_ms / 1e3
+
+    def to_dict(self) -> dict[str, object]:
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else x
+
+        return {
+            "windows": self.windows,
+            "steps": self.steps,
+            "wall_s": self.wall_s,
+            "cost_ms": self.cost_s * 1e3,
+            "added_s": num(self.added_s),
+            "step_ms": num(self.step_ms),
+            "other_step_ms": num(self.other_step_ms),
+            "throughput_samples_per_s": num(self.throughput_samples_per_s),
+        }
+
+
+def windows_apart(rec: RunRecord, measured: Sequence[StepRow]) -> WindowsApart | None:
+    """The held steps' figures (None: no window was recorded and no step held)."""
+    held_ids = held_steps(rec.windows, rec.steps, rec.meta.get(TAIL_KEY))
+    held = [s for s in rec.steps if not s.warmup and s.step in held_ids]
+    if not rec.windows and not held:
+        return None
+    step_s = [s.t_end - s.t_start for s in held]
+    counted = [s.samples for s in held if s.samples is not None]
+    wall = math.fsum(step_s)
+    return WindowsApart(
+        windows=len(rec.windows),
+        steps=len(held),
+        wall_s=wall + math.fsum(_after_steps(w, rec.steps) for w in rec.windows),
+        cost_s=math.fsum(w.cost_s for w in rec.windows),
+        step_ms=statistics.median(step_s) * 1e3 if step_s else math.nan,
+        other_step_ms=statistics.median([s.t_end - s.t_start for s in measured]) * 1e3 if measured else math.nan,
+        throughput_samples_per_s=sum(counted) / wall if wall > 0 and len(counted) == len(held) else math.nan,
+    )
+
+
+def _after_steps(w: KernelWindow, steps: Sequence[StepRow]) -> float:
+    """The part of a window's span after the last step that began in it: a window the run's close closed ends
+    after every step (its closing is time the run added outside any step)."""
+    last = max((s.t_end for s in steps if s.t_start < w.t_end), default=w.t_start)
+    return max(0.0, w.t_end - max(last, w.t_start))

@@ -1,0 +1,80 @@
+"""A kernel recorder that costs the training thread what CUPTI's windows cost on a real H200 (2026-11-28).
+
+No machine of this project has a GPU, so kernel windows are tested with this stand-in for
+:class:`profiler.core.kernelwin.TorchKernelRecorder`. Measured there (shared/measured/h200-2026-11-28.md): one
+window cost the training thread 0.4-1.6 s (604 ms on ResNet-50 b64), and the steps inside a window ran about 20%
+slower (32.3 against 27.0 ms: traced launches). So, by default:
+
+- ``start()`` blocks the calling thread ``START_S`` (CUPTI's subscription), ``stop()`` ``STOP_S`` (the stop's
+  synchronize, the profiler's post-processing and the read of its events);
+- while a window is open, :func:`slowdown` says ``1 + SLOW``: a test's loop multiplies its step's work by it
+  (:func:`work`), as CUPTI's callbacks slow every launch;
+- the activities are ``ACTS`` kernels per window of 1 us each, launched at the stop (the default 0: a window that
+  recorded nothing).
+
+``STALLSCOPE_FAKE_CUPTI="start=0.05,stop=0.6,slow=0.2,acts=0"`` changes them (in a subprocess too). Use it as
+``Session(kernel_recorder=CuptiLike(clock))``, or for ``stallscope run`` and ``run -- CMD`` with
+``STALLSCOPE_KERNEL_RECORDER=cupti_like:CuptiLike`` and this folder on ``PYTHONPATH``. ``CALLS`` keeps each
+start's and stop's clock readings (before, after) in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+ENV = "STALLSCOPE_FAKE_CUPTI"
+DEFAULTS = {"start": 0.05, "stop": 0.6, "slow": 0.2, "acts": 0.0}
+ACTIVE = [False]
+CALLS: list[tuple[str, float, float]] = []  # ("start" | "stop", clock before, clock after)
+
+
+def settings() -> dict[str, float]:
+    out = dict(DEFAULTS)
+    for part in filter(None, os.environ.get(ENV, "").split(",")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = float(value)
+    return out
+
+
+def slowdown() -> float:
+    """How much slower a step's work runs now: 1 + SLOW inside a window, else 1."""
+    return 1.0 + settings()["slow"] if ACTIVE[0] else 1.0
+
+
+def work(seconds: float) -> None:
+    """A step's work of ``seconds``, slowed inside a window (a sleep: the loop's own time, CPU left free)."""
+    time.sleep(seconds * slowdown())
+
+
+class CuptiLike:
+    """The recorder (profiler.core.kernelwin.KernelRecorder's protocol)."""
+
+    source = "cupti"
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.cfg = settings()
+
+    def usable(self) -> str | None:
+        return None
+
+    def start(self) -> None:
+        t0 = self.clock()
+        _block(self.cfg["start"])
+        ACTIVE[0] = True
+        CALLS.append(("start", t0, self.clock()))
+
+    def stop(self) -> list[tuple[int, int, float, float, float]]:
+        t0 = self.clock()
+        ACTIVE[0] = False
+        _block(self.cfg["stop"])
+        CALLS.append(("stop", t0, self.clock()))
+        n = int(self.cfg["acts"])
+        return [(7, 0, t0 + i * 2e-6, t0 + i * 2e-6 + 1e-6, t0) for i in range(n)]
+
+
+def _block(seconds: float) -> None:
+    """The training thread held, as by C++ code that keeps the GIL: a sleep (the clock moves, the CPU is free)."""
+    time.sleep(seconds)
