@@ -4,11 +4,15 @@ loop's own timing of the steps outside the windows, in the same run on the same 
 
 from __future__ import annotations
 
+import json
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import cupti_like
 import pytest
+from conftest import ROOT, stallscope
 
 from profiler import Session
 from profiler.analysis import summarize
@@ -18,7 +22,11 @@ from profiler.core.rows import KernelWindow, RunRecord, StepRow
 from profiler.core.store import load_run
 
 BATCH = 8
-H2D_S, COMPUTE_S, OTHER_S = 0.001, 0.004, 0.0005
+SCENARIO = ROOT / "tests" / "data" / "scenarios" / "window_cost.py"
+SCRIPT = ROOT / "tests" / "data" / "window_train.py"
+# each phase 2 ms or more: the Session's own reads at a phase's edges (5-11 us beside two busy processes) stay
+# under half of the 1% bound
+H2D_S, COMPUTE_S, OTHER_S = 0.002, 0.004, 0.0005
 
 
 class Own:
@@ -29,10 +37,13 @@ class Own:
         self.phase: dict[str, list[float]] = {"h2d": [], "compute": []}
         self.slowed: list[bool] = []
 
-    def batches(self, n: int):  # noqa: ANN201 - a generator of n tiny batches
+    def batches(self, n: int) -> Iterator[object]:
+        """n tiny batches; each ask read first thing in the generator's body (the batch is made before)."""
         import torch
 
-        batch = torch.zeros(BATCH, 2)
+        return self._asked(torch.zeros(BATCH, 2), n)
+
+    def _asked(self, batch: object, n: int) -> Iterator[object]:
         for _ in range(n):
             self.ask.append(time.perf_counter())
             yield batch
@@ -47,8 +58,9 @@ class Own:
 def _loop(out: Path, n: int, *, steps: int | None) -> tuple[Summary, Own, Session]:
     own = Own()
     cupti_like.CALLS.clear()
-    with Session(out, kernel_recorder=cupti_like.CuptiLike(), steps=steps, sample_hz=5) as s:
-        total = n + s.tail_steps
+    # one warm-up step: the first step carries the Session's own first-step set-up (0.1-0.5 ms here)
+    with Session(out, kernel_recorder=cupti_like.CuptiLike(), steps=steps, sample_hz=5, warmup=1) as s:
+        total = 1 + n + s.tail_steps
         for _ in s.wrap(own.batches(total)):
             own.slowed.append(cupti_like.ACTIVE[0])
             with s.phase("h2d"):
@@ -75,7 +87,7 @@ def _own_figures(own: Own, measured: list[int]) -> dict[str, float]:
 
 def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
     held = held_steps(rec.windows, rec.steps, rec.meta.get("kernel_window_tail_from"))
-    measured = [s.step for s in rec.steps if s.step not in held]
+    measured = [s.step for s in rec.steps if not s.warmup and s.step not in held]
     # every step the recorder slowed or paused is held; the held steps are those and no more
     starts = [t for what, t, _ in cupti_like.CALLS]
     paused = {i for i in range(len(own.ask) - 1) for t in starts if own.ask[i] <= t < own.ask[i + 1]}
@@ -119,7 +131,7 @@ def test_a_run_of_known_length_records_its_window_after_the_measured_steps(tmp_p
     summary, own, s = _loop(tmp_path, n, steps=n)
     rec = load_run(tmp_path)
     assert s.tail_steps == min(20, max(5, -(-n // 3)))
-    assert rec.meta["kernel_window_tail_from"] == n
+    assert rec.meta["kernel_window_tail_from"] == n + 1
     _check(summary, own, rec, n)
     assert summary.steps == n  # no measured step lost to the window
     assert summarize(rec).to_dict()["kernel_windows"]["steps"] == s.tail_steps
@@ -131,3 +143,65 @@ def test_held_steps_are_those_that_overlap_a_windows_span() -> None:
     assert held_steps([w], steps) == {3, 4, 5, 6}
     assert held_steps([w], steps, tail_from=8) == {3, 4, 5, 6, 8, 9}
     assert held_steps([], steps) == set()
+
+
+RECORDER = {"STALLSCOPE_KERNEL_RECORDER": "tests.cupti_like:CuptiLike"}
+
+
+def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict) -> None:  # type: ignore[type-arg]
+    """The run's step time and throughput against the loop's own clock over the steps it measured."""
+    rec = load_run(out)
+    held = held_steps(rec.windows, rec.steps, rec.meta.get("kernel_window_tail_from"))
+    measured = [s.step for s in rec.steps if not s.warmup and s.step not in held]
+    assert len(rec.windows) == 1 and held and measured and set(measured) <= set(own_step_s)
+    own = [own_step_s[i] for i in measured]
+    assert summary["steps"] == len(measured)
+    assert summary["step_time_ms"]["mean"] == pytest.approx(sum(own) / len(own) * 1e3, rel=0.01)
+    assert summary["throughput_samples_per_s"] == pytest.approx(8 * len(own) / sum(own), rel=0.01)
+    every = [s.t_end - s.t_start for s in rec.steps if not s.warmup]
+    assert sum(every) / len(every) > 1.02 * sum(own) / len(own)  # with the held steps in: past 1%
+    assert all(r["code"] != "LOOP_OVERHEAD" for r in summary["recommendations"]), summary["recommendations"]
+    assert summary["gpu"] is None and summary["kernel_windows"]["steps"] == len(held)
+    assert summary["kernel_windows"]["cost_ms"] >= 600
+
+
+def test_run_records_its_window_after_the_measured_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    own_file = tmp_path / "own.txt"
+    for k, v in {**RECORDER, "WINDOW_COST_OWN": str(own_file)}.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "run"
+    res = stallscope("run", str(SCENARIO), "--steps", "30", "--no-live", "--json", "--out", str(out), fresh=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout)
+    starts = [float(x) for x in own_file.read_text().split()]
+    rec = load_run(out)
+    assert len(starts) == len(rec.steps) == 2 + 30 + 10  # warm-up, measured, the tail window's
+    own = {i: starts[i + 1] - starts[i] for i in range(len(starts) - 1)}
+    _within_1pct_of_own(out, own, summary)
+    assert rec.meta["kernel_window_tail_from"] == 32 and summary["steps"] == 30
+
+
+def test_run_command_holds_the_scripts_window_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in RECORDER.items():
+        monkeypatch.setenv(k, v)
+    out, own_file = tmp_path / "run", tmp_path / "own.json"
+    res = stallscope(
+        "run", "--json", "--no-live", "--out", str(out), "--", sys.executable, str(SCRIPT), "--steps", "60",
+        "--own", str(own_file), fresh=True,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout)
+    asked = json.loads(own_file.read_text())["asked"]
+    rec = load_run(out)
+    assert len(rec.steps) == 60 == len(asked) - 1 and rec.steps[0].step == 0
+    own = {i: asked[i + 1] - asked[i] for i in range(len(asked) - 1)}
+    _within_1pct_of_own(out, own, summary)
+
+
+def test_a_recorder_that_cannot_be_had_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STALLSCOPE_KERNEL_RECORDER", "no_such_module:Recorder")
+    res = stallscope("run", str(SCENARIO), "--steps", "2", "--no-live", "--out", str(tmp_path / "r"), fresh=True)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "STALLSCOPE_KERNEL_RECORDER='no_such_module:Recorder'" in lines[0], res.stderr
+    assert "MODULE:FACTORY" in lines[0] and "Traceback" not in res.stderr

@@ -90,10 +90,11 @@ def bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str) 
 
 def kernel_windows_arg(text: str) -> str:
     """``--kernel-windows``: checked here, kept as text (the Session parses it again)."""
-    from profiler.core.kernelwin import KernelWindowError, parse_plan
+    from profiler.core.kernelwin import RECORDER_ENV, KernelWindowError, own_factory, parse_plan
 
     try:
-        parse_plan(text)
+        if parse_plan(text) is not None and (own := os.environ.get(RECORDER_ENV)):
+            own_factory(own)  # a recorder of one's own that cannot be had: said before anything runs
     except KernelWindowError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

@@ -57,6 +57,10 @@ class WindowPlan:
     def first(self, warmup: int) -> int:
         return warmup + self.after
 
+    def known_length(self, steps: int | None) -> WindowPlan:
+        """This plan for a run of ``steps`` measured steps (None: not known): ``auto`` becomes :func:`tail_plan`."""
+        return tail_plan(steps) if steps is not None and self == DEFAULT_PLAN else self
+
     def describe(self) -> str:
         if self.tail:
             return f"{self.steps} steps after the {self.after} measured steps"
@@ -123,6 +127,18 @@ class KernelWindows:
         self.window = 0  # windows recorded
         self.open_at: tuple[int, float, float] | None = None  # (step, opening began, start cost) of the open window
         self.skipped: list[str] = []  # why windows did not open
+
+    @property
+    def tail_steps(self) -> int:
+        """The steps a loop runs after its measured ones for a tail window (0: the plan has none)."""
+        return self.plan.steps if self.plan.tail else 0
+
+    def tail_at(self, index: int) -> int:
+        """Open the tail window at step ``index`` instead (the measured steps ended early): its steps, or 0."""
+        if not self.plan.tail or self.window or self.open_at is not None:
+            return 0
+        self.next_index = index
+        return self.plan.steps
 
     def at(self, index: int, put: Callable[[Event], object]) -> None:
         """The tick of step ``index`` (its batch has come): open or close a window that is due."""
@@ -193,18 +209,27 @@ def make_recorder(device_kind: str, timer: object, clock: Callable[[], float]) -
 
 def own_recorder(spec: str, clock: Callable[[], float]) -> KernelRecorder:
     """``module:factory`` called with the Session's clock (a recorder for another accelerator, or a test's fake
-    that costs what CUPTI cost on a real GPU: tests/fakes/cupti_like.py)."""
+    that costs what CUPTI cost on a real GPU: tests/cupti_like.py)."""
+    rec: KernelRecorder = own_factory(spec)(clock)
+    return rec
+
+
+def own_factory(spec: str) -> Callable[[Callable[[], float]], KernelRecorder]:
+    """The factory ``module:factory`` names (KernelWindowError: it cannot be imported, or is not callable)."""
     import importlib
 
     module, _, name = spec.partition(":")
     try:
         factory = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
+        factory, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "not callable"
+    if not callable(factory):
         raise KernelWindowError(
-            f"{RECORDER_ENV}={spec!r}: allowed MODULE:FACTORY, an importable module and a callable in it ({exc})"
-        ) from None
-    rec: KernelRecorder = factory(clock)
-    return rec
+            f"{RECORDER_ENV}={spec!r}: allowed MODULE:FACTORY, an importable module and a callable in it ({why})"
+        )
+    return factory  # type: ignore[no-any-return]
 
 
 # -- torch.profiler (CUPTI) ---------------------------------------------------------------------------------------

@@ -43,16 +43,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
-from profiler.core.kernelwin import (
-    DEFAULT_PLAN,
-    TAIL_KEY,
-    KernelRecorder,
-    KernelWindows,
-    WindowPlan,
-    make_recorder,
-    parse_plan,
-    tail_plan,
-)
+from profiler.core.kernelwin import TAIL_KEY, KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
@@ -337,9 +328,8 @@ class Session:
         rec = self._kw_recorder or make_recorder(self.device.kind, self._timer, self._clock)
         if rec is None:
             return f"none: no kernel recorder for a {self.device.kind} device"
-        if plan == DEFAULT_PLAN and self._steps is not None:  # auto, the run's length known: after its steps
-            plan = tail_plan(self._steps)
-            self._meta[TAIL_KEY] = self.warmup + self._steps
+        if (plan := plan.known_length(self._steps)).tail:  # auto, the run's length known: after its steps
+            self._meta[TAIL_KEY] = plan.first(self.warmup)
         self._kw = KernelWindows(plan, rec, self.warmup, self._clock)
         return f"{rec.source}: {plan.describe()}"
 
@@ -347,18 +337,16 @@ class Session:
     def tail_steps(self) -> int:
         """The steps a loop of known length (``steps=``) runs after its measured steps for the kernel window
         recorded there (0: none); those steps are recorded apart, never measured."""
-        kw = self._kw
-        return kw.plan.steps if kw is not None and kw.plan.tail else 0
+        return self._kw.tail_steps if self._kw is not None else 0
 
     def tail_now(self) -> int:
         """The loop ends its measured steps early (a sweep's stop rule): the tail window opens at the next step
         instead; returns the steps to run for it (0: none, or it opened already)."""
-        kw = self._kw
-        if kw is None or not kw.plan.tail or kw.window or kw.open_at is not None:
-            return 0
-        kw.next_index = self._due = self._next_index
-        self.annotate(**{TAIL_KEY: self._next_index})
-        return kw.plan.steps
+        n = self._kw.tail_at(self._next_index) if self._kw is not None else 0
+        if n:
+            self._due = self._next_index
+            self.annotate(**{TAIL_KEY: self._next_index})
+        return n
 
     def _connect(self) -> None:
         """The step events go to the first hook that takes them (the sampler process's ring), and to a log here

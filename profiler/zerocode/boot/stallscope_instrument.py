@@ -55,6 +55,7 @@ FLUSH_EVERY = 64
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 WINDOWS_ENV = "STALLSCOPE_KERNEL_WINDOWS"  # "AFTER:STEPS[:EVERY]" in a loader's next() calls, or "off"
 WINDOWS_DEFAULT = (10, 20, 2000)
+RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"  # as profiler.core.kernelwin.RECORDER_ENV (this module cannot import it)
 _LIBRARIES = tuple(os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata"))
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -290,7 +291,7 @@ class KernelWindows:
         self.writer, self.plan = writer, plan
         self.next_call = plan[0] if plan is not None else 1 << 62
         self.prof: Any = None
-        self.opened = (0.0, 0.0, 0)  # clock, cost, the wall clock's ns at the opening
+        self.opened = (0.0, 0.0, 0, 0.0)  # opening began, its cost, the wall clock (ns) and the clock once started
         self.window = 0
 
     @staticmethod
@@ -317,32 +318,43 @@ class KernelWindows:
             self.writer.put({"k": "kwin_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
 
     def _open(self, calls: int) -> None:
+        own = os.environ.get(RECORDER_ENV)  # "module:factory": a recorder of one's own (profiler.core.kernelwin)
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
-        if torch is None or cuda is None or not cuda.is_initialized():
+        if not own and (torch is None or cuda is None or not cuda.is_initialized()):
             self.next_call = calls + 1  # not yet on CUDA: try at the next call
             return
-        os.environ.setdefault("TEARDOWN_CUPTI", "1")
         t0 = time.perf_counter()
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
-        prof.start()
+        if own:
+            module, _, name = own.partition(":")
+            prof = getattr(importlib.import_module(module), name)(time.perf_counter)
+            prof.start()
+        else:
+            os.environ.setdefault("TEARDOWN_CUPTI", "1")
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])  # type: ignore[union-attr]
+            prof.start()
         self.prof, t1 = prof, time.perf_counter()
-        self.opened = (t1, t1 - t0, time.time_ns())
+        # the window spans the training thread's pause: from its opening's start (t0) to its closing's end
+        self.opened = (t0, t1 - t0, time.time_ns(), t1)
         self.next_call = calls + self.plan[1]  # type: ignore[index]
 
     def _close(self, calls: int) -> None:
-        torch, prof = sys.modules["torch"], self.prof
+        prof = self.prof
         t0 = time.perf_counter()
-        torch.cuda.synchronize()
-        prof.stop()
+        t_open, cost, wall_open, t_started = self.opened
+        if os.environ.get(RECORDER_ENV):
+            acts = [[float(x) for x in a[:4]] + [a[4] if a[4] == a[4] else -1.0] for a in prof.stop()]
+        else:
+            torch = sys.modules["torch"]
+            torch.cuda.synchronize()
+            prof.stop()
+            # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer
+            # ns first: a float holds ns since the epoch only to 256 ns)
+            offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
+            acts = self._activities(prof.profiler.kineto_results.events(), wall_open, t_started - offset, torch)
         self.prof = None
-        t_open, cost, wall_open = self.opened
-        # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer ns
-        # first: a float holds ns since the epoch only to 256 ns)
-        offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_open)) / 2
-        acts = self._activities(prof.profiler.kineto_results.events(), wall_open, t_open - offset, torch)
         t1 = time.perf_counter()
-        self.writer.put({"k": "kwin", "w": self.window, "t0": t_open, "t1": t0, "cost": cost + t1 - t0, "acts": acts})
+        self.writer.put({"k": "kwin", "w": self.window, "t0": t_open, "t1": t1, "cost": cost + t1 - t0, "acts": acts})
         self.window += 1
         every = self.plan[2]  # type: ignore[index]
         self.next_call = calls - self.plan[1] + every if every else 1 << 62  # type: ignore[index]
