@@ -93,6 +93,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/soak.py
 	$(BIN)/python benchmarks/integrations_overhead.py
 	$(BIN)/python benchmarks/kernel_windows.py
+	$(BIN)/python benchmarks/window_cost.py
 	$(BIN)/python benchmarks/sim_calibration.py
 	$(BIN)/python benchmarks/tune_vs_grid.py
 

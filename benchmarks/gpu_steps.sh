@@ -4,10 +4,11 @@
 # others their time; everything it prints also goes to $OUT (or ./gpu-steps) for the closing note.
 #   #45: make gpu-check's kernel case (ssd, 0 workers, naive and prefetch: kernel busy against NVML, the cause
 #        named), then the kernel windows' cost on CUDA (benchmarks/kernel_windows.py's CUDA part);
+#   #55: one window's cost on the training thread by part, against its activities (benchmarks/window_cost.py);
 #   #44: the profiling overhead on the 4.5 ms CNN and resnet50 (benchmarks/gpu_overhead.py).
-# Run: bash benchmarks/gpu_steps.sh [SECONDS_EACH]   (default 180; three steps: under 10 minutes in all)
+# Run: bash benchmarks/gpu_steps.sh [SECONDS_EACH]   (default 100; four steps: under 8 minutes in all)
 set -u
-each="${1:-180}"
+each="${1:-100}"
 out="${OUT:-gpu-steps}"
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}."
@@ -22,4 +23,5 @@ step() {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 step kernel-case "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
 step kernel-windows "$py" benchmarks/kernel_windows.py --groups 20 --sim-runs 1 --json
+step window-cost "$py" benchmarks/window_cost.py --repeats 3 --json
 step overhead "$py" benchmarks/gpu_overhead.py --loops cnn,resnet50 --rounds 5

@@ -238,15 +238,20 @@ class TorchKernelRecorder:
 
     source = "cupti"
 
-    def __init__(self, torch_mod: ModuleType, clock: Callable[[], float]) -> None:
-        self._torch, self._clock = torch_mod, clock
+    def __init__(self, torch_mod: ModuleType, clock: Callable[[], float], activity: str = "cuda") -> None:
+        """``activity`` "cpu": the same path over torch's CPU operators, which a machine without a GPU can time
+        (benchmarks/window_cost.py); the run's recorder is always "cuda"."""
+        self._torch, self._clock, self._cuda = torch_mod, clock, activity == "cuda"
         self._prof: Any = None
         self._pairs: list[tuple[float, int]] = []
         self._used = False
+        self.parts: dict[str, float] = {}  # the last window's cost on the training thread, by part (s)
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
     def usable(self) -> str | None:
         cuda = self._torch.cuda
+        if not self._cuda:
+            return None
         if not cuda.is_available():
             return "once: CUDA is not available in this process"
         if self._used and os.environ.get("TEARDOWN_CUPTI") != "1":
@@ -260,21 +265,31 @@ class TorchKernelRecorder:
         return None
 
     def start(self) -> None:
-        prof = self._torch.profiler
-        self._prof = prof.profile(activities=[prof.ProfilerActivity.CUDA])
-        self._pairs = [wall_pair(self._clock)]
+        prof, clock = self._torch.profiler, self._clock
+        t0 = clock()
+        what = prof.ProfilerActivity.CUDA if self._cuda else prof.ProfilerActivity.CPU
+        self._prof = prof.profile(activities=[what])
+        self._pairs = [wall_pair(clock)]
         self._prof.start()
         self._used = True
+        self.parts = {"start": clock() - t0}
 
     def stop(self) -> list[Activity]:
-        prof, self._prof = self._prof, None
+        prof, self._prof, clock = self._prof, None, self._clock
         if prof is None:
             return []
-        self._torch.cuda.synchronize()  # the window's last kernels end inside it
-        prof.stop()
-        self._pairs.append(wall_pair(self._clock))
+        t0 = clock()
+        if self._cuda:
+            self._torch.cuda.synchronize()  # the window's last kernels end inside it
+        t1 = clock()
+        prof.stop()  # CUPTI's flush and kineto's post-processing, in C++ holding the GIL
+        t2 = clock()
+        self._pairs.append(wall_pair(clock))
         events = prof.profiler.kineto_results.events()
-        return kineto_activities(events, clock_map(self._pairs), self._torch.autograd.DeviceType.CUDA)
+        device = self._torch.autograd.DeviceType.CUDA if self._cuda else self._torch.autograd.DeviceType.CPU
+        acts = kineto_activities(events, clock_map(self._pairs), device)
+        self.parts.update(sync=t1 - t0, stop=t2 - t1, read=clock() - t2, events=float(len(events)))
+        return acts
 
 
 def wall_pair(clock: Callable[[], float]) -> tuple[float, int]:
