@@ -19,8 +19,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from profiler.core.kernelwin import TAIL_KEY
-from profiler.core.rows import KernelWindow, RunRecord, StepRow
+from profiler.core.rows import TAIL_KEY, KernelWindow, RunRecord, StepRow
 
 
 def held_steps(windows: Iterable[KernelWindow], steps: Sequence[StepRow], tail_from: object = None) -> set[int]:

@@ -378,7 +378,6 @@ def _summary(
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
         loader_time=figures.loader_time,
-        kernel_windows=windows_apart(rec, m.steps),
         **_loader_parts(figures),
         **_device_parts(rec, m, figures, timing),
     )
@@ -390,17 +389,19 @@ class _DeviceParts(TypedDict):
     mfu: Mfu | None
     gpu_coarse: CoarseSplit | None
     precision: JSON | None
+    kernel_windows: WindowsApart | None
 
 
 def _device_parts(rec: RunRecord, m: _Measured, figures: Figures, timing: _Timing) -> _DeviceParts:
     """The device events' span (the busy fraction before kernel windows), the kernel windows' split (else the
-    coarse one over the sampler's intervals), and MFU."""
+    coarse one over the sampler's intervals) and the steps they held, and MFU."""
     mfu = mfu_of(rec.meta, timing.step_time.mean, figures.gpu)
     on_gpu = figures.device_kind in ("cuda", "sim") and figures.gpu is None and m.steps
     coarse = coarse_split(rec.samples, m.steps, m.window) if on_gpu else None
     precision = rec.meta.get("precision")  # what a real device's training computed in (run --precision)
     return {"device_span_fraction": timing.busy_fraction, "gpu": figures.gpu, "mfu": mfu, "gpu_coarse": coarse,
-            "precision": precision if isinstance(precision, dict) else None}  # fmt: skip
+            "precision": precision if isinstance(precision, dict) else None,
+            "kernel_windows": windows_apart(rec, m.steps)}  # fmt: skip
 
 
 def _loader_parts(figures: Figures) -> _LoaderFigures:

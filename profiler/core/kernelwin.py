@@ -73,7 +73,6 @@ DEFAULT_PLAN = WindowPlan()
 # right after the N measured steps, of a third of N (TAIL_MIN to TAIL_MAX steps), so that no measured step is
 # shortened or slowed; the loop runs those steps more (Session.tail_steps). The meta key names its first step.
 TAIL_MIN, TAIL_MAX = 5, 20
-TAIL_KEY = "kernel_window_tail_from"
 RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"  # "module:factory": a recorder of one's own, factory(clock) -> recorder
 
 

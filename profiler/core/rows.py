@@ -38,6 +38,11 @@ class PhaseRow:
     runq_s: float | None = None  # schema v2; None: not measured, or a v1 store
 
 
+# meta: the first step run after the measured ones for a tail kernel window (profiler.core.kernelwin.tail_plan);
+# from it on every step is held apart from the run's figures (profiler.analysis.apart)
+TAIL_KEY = "kernel_window_tail_from"
+
+
 @dataclass(frozen=True, slots=True)
 class KernelWindow:
     """One kernel window: its span and cost (s) and its activities ``(stream, kind, start, end, launch)``, run

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
-from profiler.core.kernelwin import TAIL_KEY, KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
-from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.kernelwin import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
+from profiler.core.rows import TAIL_KEY, PhaseRow, StepRow
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import (
