@@ -101,8 +101,13 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
         "compute_ms": b.compute,
         "throughput": summary.throughput_samples_per_s,
     }
-    for key, want in truth.items():
-        assert got[key] == pytest.approx(want, rel=0.01), (key, got, truth)
+    for key in ("step_ms", "throughput"):
+        assert got[key] == pytest.approx(truth[key], rel=0.01), (key, got, truth)
+    # a phase's span holds the loop's own reads inside it and the Session's few reads at its edges: within 1% of
+    # the step (a preemption between two reads microseconds apart, beside busy processes, is the phase's own time
+    # to the Session and not to the loop: a 2 ms phase read 1.100 against 1.089 ms once)
+    for key in ("h2d_ms", "compute_ms"):
+        assert 0 <= got[key] - truth[key] <= 0.01 * truth["step_ms"], (key, got, truth)
     # what stallscope would have reported with the held steps in: past 1% (the check can fail)
     every = _own_figures(own, list(range(len(own.ask) - 1)))
     assert every["step_ms"] > 1.02 * truth["step_ms"]
