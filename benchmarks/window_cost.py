@@ -3,11 +3,14 @@
 
 The run's recorder (profiler.core.kernelwin.TorchKernelRecorder) is timed by part on the training thread:
 ``start`` (torch.profiler's start: CUPTI's subscription on a GPU), ``sync`` (on CUDA, the window's last kernels),
-``stop`` (the profiler's stop: CUPTI's flush and kineto's post-processing, C++ holding the GIL) and ``read`` (the
-events read into activities, in Python). Without a GPU the same recorder runs over torch's CPU operators
-(``activity="cpu"``: the same start, stop and read, with CPU events where CUPTI's would be): a loop of tiny
-in-place adds makes about 1,000 to 35,000 events a window. With CUDA (``torch.cuda.is_available()``) it runs on the
-GPU too, with a loop of tiny kernels (a kernel and its launch are two activities).
+``stop`` (the profiler's stop: CUPTI's flush and kineto's post-processing, C++ holding the GIL) and ``read``: either
+kineto's events read into activities here, in Python (``read here``: a Session without a sampler process, and the
+start-up module of ``run --``), or kineto's trace written in C++ for the sampler process to read (``handed over``:
+a Session's default; ``parse`` is that read, timed here but paid in the sampler process). Without a GPU the same
+recorder runs over torch's CPU operators (``activity="cpu"``: the same start, stop and read, with CPU events where
+CUPTI's would be): a loop of tiny in-place adds makes about 1,000 to 35,000 events a window. With CUDA
+(``torch.cuda.is_available()``) it runs on the GPU too, with a loop of tiny kernels (a kernel and its launch are two
+activities).
 
 Each size: ``--repeats`` windows (the first window of the process, kineto's own set-up, is run and not counted);
 medians printed, in ms, with the events per window. Run: ``.venv/bin/python benchmarks/window_cost.py [--json]``.
@@ -19,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,18 +31,29 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from profiler.core.kerneltrace import fill, trace_path  # noqa: E402
 from profiler.core.kernelwin import TorchKernelRecorder  # noqa: E402
+from profiler.core.rows import KernelWindow  # noqa: E402
 
 SIZES = (1_000, 5_000, 15_000, 35_000)  # target events a window
 PARTS = ("start", "sync", "stop", "read")
 
 
-def window(rec: TorchKernelRecorder, ops: int, x: torch.Tensor) -> dict[str, float]:
+def window(rec: TorchKernelRecorder, ops: int, x: torch.Tensor, handoff: Path | None) -> dict[str, float]:
+    """One window of ``ops`` tiny operators: read in this process (``handoff`` None), or handed over as kineto's
+    trace in ``handoff`` and then read as the sampler process reads it (``parse``: off the training thread)."""
     rec.start()
     for _ in range(ops):
         x.add_(1)
-    rec.stop()
-    parts = dict(rec.parts)
+    if handoff is None:
+        rec.stop()
+        parts = dict(rec.parts)
+    else:
+        rec.stop_to(trace_path(handoff, 1))
+        parts = dict(rec.parts)
+        t0 = time.perf_counter()
+        parts["events"] = len(fill(KernelWindow(1, 0.0, 0.0, 0.0, []), handoff, 0.0).activities)
+        parts["parse"] = time.perf_counter() - t0
     parts["total"] = sum(parts.get(p, 0.0) for p in PARTS)
     return parts
 
@@ -47,14 +62,17 @@ def measure(activity: str, repeats: int) -> list[dict[str, float]]:
     device = "cuda" if activity == "cuda" else "cpu"
     x = torch.ones(4, device=device)
     rec = TorchKernelRecorder(torch, time.perf_counter, activity=activity)
-    probe = window(rec, 1000, x)  # kineto's set-up (the process's first window) happens here, not counted
+    probe = window(rec, 1000, x, None)  # kineto's set-up (the process's first window) happens here, not counted
     per_op = probe["events"] / 1000
     rows = []
-    for target in SIZES:
-        ops = max(1, round(target / per_op))
-        got = [window(rec, ops, x) for _ in range(repeats)]
-        row = {k: statistics.median(g[k] for g in got) for k in (*PARTS, "total", "events")}
-        rows.append({"activity": activity, **row})
+    with tempfile.TemporaryDirectory() as tmp:
+        for target in SIZES:
+            ops = max(1, round(target / per_op))
+            for how, where in (("read here", None), ("handed over", Path(tmp))):
+                got = [window(rec, ops, x, where) for _ in range(repeats)]
+                keys = (*PARTS, "total", "events", *(("parse",) if where else ()))
+                row = {k: statistics.median(g[k] for g in got) for k in keys}
+                rows.append({"activity": activity, "path": how, **row})
     return rows
 
 
@@ -70,12 +88,16 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'recorder over':<14}{'events':>9}{'start':>9}{'sync':>8}{'stop':>9}{'read':>9}{'total ms':>10}")
+    print(
+        f"{'recorder over':<14}{'path':<13}{'events':>8}{'start':>8}{'sync':>7}{'stop':>8}{'read':>8}"
+        f"{'total ms':>10}{'parse ms (off the thread)':>27}"
+    )
     for r in rows:
+        parse = f"{r['parse'] * 1e3:>27.1f}" if "parse" in r else f"{'-':>27}"
         print(
-            f"{r['activity']:<14}{r['events']:>9.0f}"
-            + "".join(f"{r[k] * 1e3:>{w}.1f}" for k, w in (("start", 9), ("sync", 8), ("stop", 9), ("read", 9)))
-            + f"{r['total'] * 1e3:>10.1f}"
+            f"{r['activity']:<14}{r['path']:<13}{r['events']:>8.0f}"
+            + "".join(f"{r[k] * 1e3:>{w}.1f}" for k, w in (("start", 8), ("sync", 7), ("stop", 8), ("read", 8)))
+            + f"{r['total'] * 1e3:>10.1f}{parse}"
         )
     return 0
 

@@ -29,9 +29,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from profiler.core.kerneltrace import trace_path, write_clock
 from profiler.core.stepevents import GPU, GWIN, NAN, Event
 
 KINDS = ("kernel", "memcpy", "memset", "collective")  # an activity's kind code is its index here
@@ -126,6 +128,7 @@ class KernelWindows:
         self.window = 0  # windows recorded
         self.open_at: tuple[int, float, float] | None = None  # (step, opening began, start cost) of the open window
         self.skipped: list[str] = []  # why windows did not open
+        self.handoff: Path | None = None  # the run directory, where a sampler process reads handed-over windows
 
     @property
     def tail_steps(self) -> int:
@@ -176,8 +179,13 @@ class KernelWindows:
         index, t_open, cost_open = self.open_at
         self.open_at = None
         t0 = self.clock()
+        stop_to = getattr(self.recorder, "stop_to", None)
         try:
-            acts = self.recorder.stop()
+            if self.handoff is not None and callable(stop_to):  # read off this thread (profiler.core.kerneltrace)
+                acts: list[Activity] = []
+                stop_to(trace_path(self.handoff, self.window))
+            else:
+                acts = self.recorder.stop()
         except Exception as exc:  # noqa: BLE001 - said in the run; the window is lost, the training goes on
             self.skipped.append(f"step {index}: once: the recorder failed to stop ({type(exc).__name__}: {exc})")
             self.next_index = MAX_INDEX
@@ -274,21 +282,42 @@ class TorchKernelRecorder:
         self.parts = {"start": clock() - t0}
 
     def stop(self) -> list[Activity]:
-        prof, self._prof, clock = self._prof, None, self._clock
+        """End the window and read its activities here (about 8 us an event on this thread)."""
+        prof = self._end()
         if prof is None:
             return []
+        t = self._clock()
+        events = prof.profiler.kineto_results.events()
+        device = self._torch.autograd.DeviceType.CUDA if self._cuda else self._torch.autograd.DeviceType.CPU
+        acts = kineto_activities(events, clock_map(self._pairs), device)
+        self.parts.update(read=self._clock() - t, events=float(len(events)))
+        return acts
+
+    def stop_to(self, path: Path) -> None:
+        """End the window and hand its activities over as kineto's own trace at ``path`` (written in C++), with the
+        clock pairs beside it, for another process to read (:mod:`profiler.core.kerneltrace`)."""
+        prof = self._end()
+        if prof is None:
+            return
+        t = self._clock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        prof.profiler.kineto_results.save(str(path))
+        write_clock(path, *clock_offset(self._pairs), cpu=not self._cuda)
+        self.parts.update(read=self._clock() - t)
+
+    def _end(self) -> Any:
+        """The window's profiler stopped (its last kernels waited for on CUDA), and the closing clock pair taken."""
+        prof, self._prof, clock = self._prof, None, self._clock
+        if prof is None:
+            return None
         t0 = clock()
         if self._cuda:
             self._torch.cuda.synchronize()  # the window's last kernels end inside it
         t1 = clock()
         prof.stop()  # CUPTI's flush and kineto's post-processing, in C++ holding the GIL
-        t2 = clock()
+        self.parts.update(sync=t1 - t0, stop=clock() - t1)
         self._pairs.append(wall_pair(clock))
-        events = prof.profiler.kineto_results.events()
-        device = self._torch.autograd.DeviceType.CUDA if self._cuda else self._torch.autograd.DeviceType.CPU
-        acts = kineto_activities(events, clock_map(self._pairs), device)
-        self.parts.update(sync=t1 - t0, stop=t2 - t1, read=clock() - t2, events=float(len(events)))
-        return acts
+        return prof
 
 
 def wall_pair(clock: Callable[[], float]) -> tuple[float, int]:
@@ -308,9 +337,14 @@ def clock_map(pairs: list[tuple[float, int]]) -> Callable[[int], float]:
     """Wall-clock ns to the Session's clock, from pairs of readings (the mean offset: the wall clock may be stepped
     by NTP between runs, not within a window of seconds). In integer ns first: a float holds ns since the epoch
     only to 256 ns."""
-    ref = pairs[0][1]
-    offset = sum((w - ref) / 1e9 - c for c, w in pairs) / len(pairs)
+    ref, offset = clock_offset(pairs)
     return lambda wall_ns: (wall_ns - ref) / 1e9 - offset
+
+
+def clock_offset(pairs: list[tuple[float, int]]) -> tuple[int, float]:
+    """(reference wall-clock ns, offset s) of :func:`clock_map`: ``clock = (wall_ns - ref) / 1e9 - offset``."""
+    ref = pairs[0][1]
+    return ref, sum((w - ref) / 1e9 - c for c, w in pairs) / len(pairs)
 
 
 def kineto_activities(events: Any, to_clock: Callable[[int], float], cuda: object) -> list[Activity]:

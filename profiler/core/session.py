@@ -363,6 +363,8 @@ class Session:
         if self._stream is not None:
             self._sink = self._stream
             self._put = self._stream.put
+            if self._kw is not None:  # the sampler process reads the windows' activities (core.kerneltrace)
+                self._kw.handoff = self.out_dir
         if self._stream is None or rows or self._rows_asked:
             self._want_rows()
 

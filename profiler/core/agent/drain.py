@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from profiler.core.agent.ring import RingReader
 from profiler.core.agent.views import AgentFeed
+from profiler.core.kerneltrace import fill
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore
@@ -85,7 +86,8 @@ class Drain:
             asm.finish()
         for row, phases in asm.take():
             self._step(row, phases)
-        for window in asm.take_windows():
+        for taken in asm.take_windows():
+            window = fill(taken, store.run_dir, asm.t0)  # a window handed over as kineto's trace: read here
             store.put_window(window)
             if self._feed is not None:
                 self._feed.add_window(window)
