@@ -434,18 +434,27 @@ class _FakeProfile:
         self.base = time.time_ns()
 
     def stop(self) -> None:
-        b = self.base
-        events = [_Ev("cudaLaunchKernel", False, b + 900_000, 5_000, 3),
-                  _Ev("volta_sgemm", True, b + 1_000_000, 2_000_000, 3),
-                  _Ev("Memcpy HtoD (Pinned -> Device)", True, b + 4_000_000, 500_000, 4, stream=20)]  # fmt: skip
-        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events))
+        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(save=self._save))
+
+    def _save(self, path: str) -> None:
+        """Its trace as kineto writes it: microseconds from ``baseTimeNanoseconds``, launches linked by correlation."""
+        base = self.base - 123_456_789  # kineto's base is not the window's start
+
+        def x(cat: str, name: str, start_ns: int, dur_ns: int, **args: int) -> dict[str, object]:
+            return {"ph": "X", "cat": cat, "name": name, "ts": (self.base + start_ns - base) / 1e3,
+                    "dur": dur_ns / 1e3, "args": args}  # fmt: skip
+
+        events = [x("cuda_runtime", "cudaLaunchKernel", 900_000, 5_000, correlation=3),
+                  x("kernel", "volta_sgemm", 1_000_000, 2_000_000, stream=7, correlation=3),
+                  x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 4_000_000, 500_000, stream=20, correlation=4)]
+        Path(path).write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": events}))  # fmt: skip
 
 
 def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from profiler.zerocode.boot.stallscope_instrument import KernelWindows, Writer
-    from profiler.zerocode.instrument import InstrumentReader, Process
+    from profiler.zerocode.instrument import InstrumentReader, Process, handed_over
 
     fake_torch = SimpleNamespace(
         cuda=SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: None),
@@ -462,11 +471,13 @@ def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
     records = [json.loads(line) for line in (tmp_path / f"p{os.getpid()}.jsonl").read_text().splitlines()]
     (rec,) = records
     assert rec["k"] == "kwin" and rec["w"] == 0 and windows.next_call > 10**9
-    (stream, kind, start, end, launch), copy = rec["acts"]
+    # kineto wrote the window's trace; stallscope's process reads it, not the script's thread
+    assert rec["acts"] == [] and Path(rec["trace"]).parent == tmp_path
+    (stream, kind, start, end, launch), copy = handed_over(rec)
     # on perf_counter: the kernel 1 ms after the window opened (the wall clock read beside it, within a ms), 2 ms long
     assert (stream, kind) == (7, 0) and end - start == pytest.approx(0.002, abs=1e-6)
     assert start - rec["t0"] == pytest.approx(0.001, abs=0.001) and start - launch == pytest.approx(0.0001, abs=1e-6)
-    assert copy[:2] == [20, 1] and copy[4] == -1.0  # its launch is not in the window
+    assert copy[:2] == (20, 1) and copy[4] == -1.0  # its launch is not in the window
     # the reader takes it into the run's clock, once, for the source process
     reader = InstrumentReader(tmp_path, t0=rec["t0"] - 1.0)
     proc = Process(os.getpid())

@@ -86,14 +86,12 @@ def activities(
     out = []
     for e in events:
         cat, args = e.get("cat"), e.get("args") or {}
-        if cpu and cat == "cpu_op":
-            kind, stream = 0, 0
-        elif (kind := _ACTIVITY.get(cat, -1)) >= 0 and isinstance(stream := args.get("stream"), int):
-            if not 0 <= stream < _MAX_STREAM:
-                continue
-            kind = 3 if kind == 0 and "nccl" in str(e.get("name", "")).lower() else kind
-        else:
+        stream = 0 if cpu and cat == "cpu_op" else args.get("stream")
+        kind = 0 if cpu and cat == "cpu_op" else _ACTIVITY.get(cat, -1)
+        if kind < 0 or not isinstance(stream, int) or not 0 <= stream < _MAX_STREAM:
             continue
+        if kind == 0 and "nccl" in str(e.get("name", "")).lower():
+            kind = 3  # a collective (communication) kernel
         start = ns(e["ts"])
         launch = launches.get(args.get("correlation", -1))
         out.append((stream, kind, to_clock(start), to_clock(start + round(float(e.get("dur", 0)) * 1000)),

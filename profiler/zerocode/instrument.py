@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profiler.core.kerneltrace import KEEP, activities
 from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV, STOP_ENV
 
@@ -244,6 +245,20 @@ class StepBuilder:
         }
 
 
+def handed_over(rec: dict[str, Any]) -> list[tuple[int, int, float, float, float]]:
+    """A window the start-up module handed over as kineto's trace: its activities on the script's perf_counter
+    (launch -1: not known); the trace is removed once read, but for the first window's (profiler/core/kerneltrace)."""
+    path = Path(str(rec["trace"]))
+    wall_ref, clock_ref = int(rec["wall_ref"]), float(rec["clock_ref"])
+    try:
+        acts = activities(json.loads(path.read_bytes()), lambda ns: clock_ref + (ns - wall_ref) / 1e9)
+    except (OSError, ValueError):
+        return []
+    if int(rec["w"]) >= KEEP:
+        path.unlink(missing_ok=True)
+    return [(s, k, a, b, -1.0 if math.isnan(c) else c) for s, k, a, b, c in acts]
+
+
 class InstrumentReader:
     """Tails the start-up module's files in ``directory``; :meth:`poll` returns the run's steps completed since
     (the source process's); every other process with a training loader is built too, for its own figures."""
@@ -288,7 +303,8 @@ class InstrumentReader:
         t0 = self.t0
         return [
             KernelWindow(int(w["w"]), float(w["t0"]) - t0, float(w["t1"]) - t0, float(w["cost"]), [
-                (int(a[0]), int(a[1]), a[2] - t0, a[3] - t0, a[4] - t0 if a[4] >= 0 else math.nan) for a in w["acts"]
+                (int(a[0]), int(a[1]), a[2] - t0, a[3] - t0, a[4] - t0 if a[4] >= 0 else math.nan)
+                for a in (handed_over(w) if "trace" in w else w["acts"])
             ])
             for w in new
         ]  # fmt: skip

@@ -281,11 +281,11 @@ class KernelWindows:
     """Kernel windows in the script's process (as a Session's: profiler/core/kernelwin.py, which this module,
     running in the script's environment, cannot import): on CUDA, once the script has initialised it, from the
     AFTER-th ``next()`` of a loader for STEPS calls, then every EVERY calls, ``torch.profiler`` with CUDA activity
-    records the device's kernels, copies and sets and their launches; each window is one ``kwin`` record, its
-    activities ``[stream, kind, start, end, launch]`` on ``time.perf_counter`` (launch -1: not known). Any error
-    turns them off with one ``kwin_off`` record."""
-
-    SYNC = ("Stream Wait Event", "Stream Sync", "Context Sync", "Event Sync", "Device Sync")
+    records the device's kernels, copies and sets and their launches; each window is one ``kwin`` record naming
+    the trace kineto wrote for it (``trace``, with the clock readings that put its times on ``time.perf_counter``:
+    stallscope's own process reads it), or, from a recorder of one's own (STALLSCOPE_KERNEL_RECORDER), holding its
+    activities ``[stream, kind, start, end, launch]`` (launch -1: not known). Any error turns them off with one
+    ``kwin_off`` record."""
 
     def __init__(self, writer: Writer, plan: tuple[int, int, int] | None) -> None:
         self.writer, self.plan = writer, plan
@@ -342,7 +342,7 @@ class KernelWindows:
         prof = self.prof
         t0 = time.perf_counter()
         t_open, cost, wall_open, t_started = self.opened
-        if os.environ.get(RECORDER_ENV):
+        if own := os.environ.get(RECORDER_ENV):
             acts = [[float(x) for x in a[:4]] + [a[4] if a[4] == a[4] else -1.0] for a in prof.stop()]
         else:
             torch = sys.modules["torch"]
@@ -351,36 +351,19 @@ class KernelWindows:
             # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer
             # ns first: a float holds ns since the epoch only to 256 ns)
             offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
-            acts = self._activities(prof.profiler.kineto_results.events(), wall_open, t_started - offset, torch)
+            # kineto writes the window's trace in C++; stallscope's process reads it (profiler/core/kerneltrace.py),
+            # not this thread (about 8 us an event in Python)
+            trace = os.path.join(self.writer.directory, f"kwin-{os.getpid()}-{self.window}.json")
+            prof.profiler.kineto_results.save(trace)
+            hand = {"trace": trace, "wall_ref": wall_open, "clock_ref": t_started - offset}
+            acts = []
         self.prof = None
         t1 = time.perf_counter()
-        self.writer.put({"k": "kwin", "w": self.window, "t0": t_open, "t1": t1, "cost": cost + t1 - t0, "acts": acts})
+        rec = {"k": "kwin", "w": self.window, "t0": t_open, "t1": t1, "cost": cost + t1 - t0, "acts": acts}
+        self.writer.put({**rec, **hand} if not own else rec)
         self.window += 1
         every = self.plan[2]  # type: ignore[index]
         self.next_call = calls - self.plan[1] + every if every else 1 << 62  # type: ignore[index]
-
-    def _activities(self, events: Any, wall_ref: int, clock_ref: float, torch: Any) -> list[list[float]]:
-        cuda_type = torch.autograd.DeviceType.CUDA
-        launches, device = {}, []
-        for e in events:
-            if e.device_type() == cuda_type:
-                device.append(e)
-            elif e.correlation_id() > 0:
-                launches[e.correlation_id()] = int(e.start_ns())
-
-        def at(ns: int) -> float:
-            return clock_ref + (ns - wall_ref) / 1e9
-
-        out = []
-        for e in device:
-            name, stream = str(e.name()), int(e.device_resource_id())
-            if name.startswith(self.SYNC) or not 0 <= stream < 1 << 20:
-                continue
-            kind = 1 if name.startswith("Memcpy") else 2 if name.startswith("Memset") else 0
-            kind = 3 if kind == 0 and "nccl" in name.lower() else kind
-            start, launch = int(e.start_ns()), launches.get(e.correlation_id())
-            out.append([stream, kind, at(start), at(start + int(e.duration_ns())), at(launch) if launch else -1.0])
-        return out
 
 
 class Instrument:
