@@ -4,24 +4,26 @@
 # others their time; everything it prints also goes to $OUT (or ./gpu-steps) for the closing note.
 #   #45: make gpu-check's kernel case (ssd, 0 workers, naive and prefetch: kernel busy against NVML, the cause
 #        named), then the kernel windows' cost on CUDA (benchmarks/kernel_windows.py's CUDA part);
-#   #55: one window's cost on the training thread by part, against its activities (benchmarks/window_cost.py);
-#   #44: the profiling overhead on the 4.5 ms CNN and resnet50 (benchmarks/gpu_overhead.py).
-# Run: bash benchmarks/gpu_steps.sh [SECONDS_EACH]   (default 100; four steps: under 8 minutes in all)
+#   #55: one window's cost on the training thread by part, against its activities, read here and handed over
+#        (benchmarks/window_cost.py); the paired overhead and the reported throughput against the bare loop's at
+#        30, 200 and 2,000 steps (benchmarks/gpu_overhead.py: the CNN at all three, ResNet-50 at 30 and 200);
+#   #44: the same overhead figures.
+# Run: bash benchmarks/gpu_steps.sh   (each step has its own limit: 7.5 minutes in all at most)
 set -u
-each="${1:-100}"
 out="${OUT:-gpu-steps}"
 mkdir -p "$out"
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}."
 py="${PYTHON:-python3}"
 step() {
-    local name="$1"; shift
-    echo "== $name (limit ${each} s): $*" | tee -a "$out/steps.log"
-    timeout "$each" "$@" > "$out/$name.log" 2>&1
+    local name="$1" limit="$2"; shift 2
+    echo "== $name (limit ${limit} s): $*" | tee -a "$out/steps.log"
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
     echo "== $name: exit $?" | tee -a "$out/steps.log"
     tail -n 25 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-step kernel-case "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
-step kernel-windows "$py" benchmarks/kernel_windows.py --groups 20 --sim-runs 1 --json
-step window-cost "$py" benchmarks/window_cost.py --repeats 3 --json
-step overhead "$py" benchmarks/gpu_overhead.py --loops cnn,resnet50 --rounds 5
+step window-cost 45 "$py" benchmarks/window_cost.py --repeats 3
+step overhead-cnn 120 "$py" benchmarks/gpu_overhead.py --loops cnn --rounds 2 --steps 30,200,2000
+step overhead-resnet50 100 "$py" benchmarks/gpu_overhead.py --loops resnet50 --rounds 2 --steps 30,200
+step kernel-case 120 "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
+step kernel-windows 60 "$py" benchmarks/kernel_windows.py --groups 20 --sim-runs 1 --json
