@@ -444,9 +444,11 @@ class _FakeProfile:
             return {"ph": "X", "cat": cat, "name": name, "ts": (self.base + start_ns - base) / 1e3,
                     "dur": dur_ns / 1e3, "args": args}  # fmt: skip
 
-        events = [x("cuda_runtime", "cudaLaunchKernel", 900_000, 5_000, correlation=3),
-                  x("kernel", "volta_sgemm", 1_000_000, 2_000_000, stream=7, correlation=3),
-                  x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 4_000_000, 500_000, stream=20, correlation=4)]
+        events = [
+            x("cuda_runtime", "cudaLaunchKernel", 900_000, 5_000, correlation=3),
+            x("kernel", "volta_sgemm", 1_000_000, 2_000_000, stream=7, correlation=3),
+            x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 4_000_000, 500_000, stream=20, correlation=4),
+        ]
         Path(path).write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": events}))  # fmt: skip
 
 

@@ -11,10 +11,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
-from tests import cupti_like  # noqa: E402
+from tests import cupti_like
 
 WORK_S = 0.006
 

@@ -18,8 +18,15 @@ FORWARD_S = 0.006
 OWN = os.environ.get("WINDOW_COST_OWN")
 STARTS: list[float] = []
 CALLS = [0]
+
+
+def _write_own() -> None:
+    with open(OWN, "w") as f:
+        f.write("\n".join(map(repr, STARTS)) + "\n")
+
+
 if OWN:
-    atexit.register(lambda: open(OWN, "w").write("\n".join(map(repr, STARTS)) + "\n"))
+    atexit.register(_write_own)
 
 
 class Items(torch.utils.data.Dataset):
@@ -47,5 +54,13 @@ def squared_error(out, y):
     return (out - y.unsqueeze(1).float()).square().mean()
 
 
-scenario = Scenario(name="window-cost", dataset=Items, model=Model, loss=squared_error, batch_size=8, steps=30,
-                    warmup=2, description="steps of known cost, slowed inside a kernel window")
+scenario = Scenario(
+    name="window-cost",
+    dataset=Items,
+    model=Model,
+    loss=squared_error,
+    batch_size=8,
+    steps=30,
+    warmup=2,
+    description="steps of known cost, slowed inside a kernel window",
+)
