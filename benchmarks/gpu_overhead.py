@@ -12,9 +12,9 @@ window 5 steps in, its steps held apart); and ``known``, the same with ``Session
 measured steps: the loop runs its steps more, after the timed ones). Two figures a configuration, medians over
 rounds: ``ratio``, its samples/s over the N timed steps (the loop's own clock, synchronized at both ends) over the
 bare run's of the same round: what the user's loop pays; and ``reported``, the throughput stallscope reports for the
-run over the bare run's: whether the figures carry stallscope's own cost (issue #55: within 1%). Targets: ratio
->= 0.99 at 2,000 steps for the sampler process; reported within 1% at any length. Without CUDA it runs on the CPU (to check the script; the
-figures are not the GPU's).
+run over the bare run's: whether the figures carry stallscope's own cost (issue #55: within 1%). Targets: ratio >=
+0.99 at 2,000 steps for the sampler process; reported within 1% at any length. Without CUDA it runs on the CPU (to
+check the script; the figures are not the GPU's).
 
 Run: ``python3 benchmarks/gpu_overhead.py [--loops cnn,resnet50] [--rounds 7] [--steps 30,200,2000] [--json]`` (on the
 GPU machine from the checkout: ``PYTHONPATH=. python3 benchmarks/gpu_overhead.py``).
