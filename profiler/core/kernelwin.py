@@ -3,16 +3,19 @@ process, with the launch time of each kernel, copy and set.
 
 A :class:`KernelWindows` opens a window at a step boundary the Session's tick stops at (the Session makes its
 next tick due at the window's first and last step: outside the windows the hot path does nothing more), and at
-the window's end hands the activities on as step events (:mod:`profiler.core.stepevents`: ``GPU``, then ``GWIN``),
-so they reach the store through the same ring as the steps. The analysis (:mod:`profiler.analysis.gpu`) splits
+the window's end puts the window's span and cost (``GWIN``, :mod:`profiler.core.stepevents`), so it reaches the
+store through the same ring as the steps. Its activities go before it as ``GPU`` events, or, where a sampler
+process reads them (``handoff``), as kineto's own trace file (:mod:`profiler.core.kerneltrace`). The steps it held
+are left out of the run's figures (:mod:`profiler.analysis.apart`). The analysis (:mod:`profiler.analysis.gpu`) splits
 each window step's device time into kernels running and idle because of input, the host, synchronisation and
 short gaps.
 
 Recorders (:class:`KernelRecorder`):
 - :class:`TorchKernelRecorder`: ``torch.profiler`` with CUDA activity only (CUPTI): the kernels, copies and sets,
   and the runtime calls that launched them (linked by correlation id). The events are read in the process
-  (``kineto_results.events()``); no trace file is written. Kineto's times are on the wall clock (ns since the
-  epoch): they are put on the Session's clock by pairs of readings of both taken at the window's start and end.
+  (``stop``: ``kineto_results.events()``) or written by kineto for another process (``stop_to``). Kineto's times
+  are on the wall clock (ns since the epoch): they are put on the Session's clock by pairs of readings of both
+  taken at the window's start and end.
   CUPTI's traps: its callbacks stay attached after a profile unless it is torn down, which slows every later
   kernel launch; ``TEARDOWN_CUPTI=1`` is set for the process unless the user set it. Where it is ``0``
   (``torch.compile``'s CUDA graphs set it: tearing CUPTI down under graphs crashes), only the first window runs,
