@@ -16,9 +16,9 @@ from conftest import ROOT, stallscope
 
 from profiler import Session
 from profiler.analysis import summarize
-from profiler.analysis.apart import held_steps
+from profiler.analysis.apart import spans
 from profiler.analysis.summary import Summary
-from profiler.core.rows import KernelWindow, RunRecord, StepRow
+from profiler.core.rows import KernelWindow, RunRecord, StepRow, held_steps
 from profiler.core.store import load_run
 
 BATCH = 8
@@ -26,7 +26,7 @@ SCENARIO = ROOT / "tests" / "data" / "scenarios" / "window_cost.py"
 SCRIPT = ROOT / "tests" / "data" / "window_train.py"
 # each phase 2 ms or more: the Session's own reads at a phase's edges (5-11 us beside two busy processes) stay
 # under half of the 1% bound
-H2D_S, COMPUTE_S, OTHER_S = 0.002, 0.004, 0.0005
+H2D_S, COMPUTE_S = 0.002, 0.004  # and no other work: LOOP_OVERHEAD could only come from a window's pause
 
 
 class Own:
@@ -67,7 +67,6 @@ def _loop(out: Path, n: int, *, steps: int | None) -> tuple[Summary, Own, Sessio
                 own.timed("h2d", H2D_S)
             with s.phase("compute"):
                 own.timed("compute", COMPUTE_S)
-            time.sleep(OTHER_S)
     summary = s.summary()
     assert summary is not None
     return summary, own, s
@@ -86,7 +85,7 @@ def _own_figures(own: Own, measured: list[int]) -> dict[str, float]:
 
 
 def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
-    held = held_steps(rec.windows, rec.steps, rec.meta.get("kernel_window_tail_from"))
+    held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
     measured = [s.step for s in rec.steps if not s.warmup and s.step not in held]
     # every step the recorder slowed or paused is held; the held steps are those and no more
     starts = [t for what, t, _ in cupti_like.CALLS]
@@ -124,11 +123,14 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
 @pytest.mark.parametrize("n", [30, 200])
 def test_a_window_in_the_middle_is_held_apart(tmp_path: Path, n: int) -> None:
     """A Session of unknown length: auto opens a window 5 steps in (20 steps); its steps are held."""
-    summary, own, _ = _loop(tmp_path, n, steps=None)
+    summary, own, s = _loop(tmp_path, n, steps=None)
     rec = load_run(tmp_path)
     assert len(rec.windows) == 1 and rec.meta.get("kernel_window_tail_from") is None
     _check(summary, own, rec, n)
     assert summary.steps == n - 21  # the opening step, 19 inside, the closing step
+    # what a sweep's rows and the tuner read from the Session: the same measured steps
+    held = held_steps(spans(rec.windows), rec.steps)
+    assert s.step_times() == [st.t_end - st.t_start for st in rec.steps if not st.warmup and st.step not in held]
 
 
 @pytest.mark.parametrize("n", [30, 200])
@@ -145,8 +147,8 @@ def test_a_run_of_known_length_records_its_window_after_the_measured_steps(tmp_p
 def test_held_steps_are_those_that_overlap_a_windows_span() -> None:
     steps = [StepRow(i, i * 1.0, i + 1.0, 0.0, 1, i < 1) for i in range(10)]
     w = KernelWindow(0, 3.5, 6.2, 0.4, [])
-    assert held_steps([w], steps) == {3, 4, 5, 6}
-    assert held_steps([w], steps, tail_from=8) == {3, 4, 5, 6, 8, 9}
+    assert held_steps(spans([w]), steps) == {3, 4, 5, 6}
+    assert held_steps(spans([w]), steps, tail_from=8) == {3, 4, 5, 6, 8, 9}
     assert held_steps([], steps) == set()
 
 
@@ -156,7 +158,7 @@ RECORDER = {"STALLSCOPE_KERNEL_RECORDER": "tests.cupti_like:CuptiLike"}
 def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict) -> None:  # type: ignore[type-arg]
     """The run's step time and throughput against the loop's own clock over the steps it measured."""
     rec = load_run(out)
-    held = held_steps(rec.windows, rec.steps, rec.meta.get("kernel_window_tail_from"))
+    held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
     measured = [s.step for s in rec.steps if not s.warmup and s.step not in held]
     assert len(rec.windows) == 1 and held and measured and set(measured) <= set(own_step_s)
     own = [own_step_s[i] for i in measured]

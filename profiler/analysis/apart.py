@@ -13,33 +13,22 @@ the window opened.
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from profiler.core.rows import TAIL_KEY, KernelWindow, RunRecord, StepRow
-
-
-def held_steps(windows: Iterable[KernelWindow], steps: Sequence[StepRow], tail_from: object = None) -> set[int]:
-    """The indices of the steps that overlap a window's span, and those from ``tail_from`` on."""
-    held = {s.step for s in steps if s.step >= tail_from} if isinstance(tail_from, int) else set()
-    ordered = sorted(steps, key=lambda s: s.t_start)
-    starts = [s.t_start for s in ordered]
-    for w in windows:
-        i = max(0, bisect.bisect_left(starts, w.t_start) - 1)  # the step the window opened in, or the first after
-        while i < len(ordered) and ordered[i].t_start < w.t_end:
-            if ordered[i].t_end > w.t_start:
-                held.add(ordered[i].step)
-            i += 1
-    return held
+from profiler.core.rows import TAIL_KEY, KernelWindow, RunRecord, StepRow, held_steps
 
 
 def measured_steps(rec: RunRecord) -> list[StepRow]:
     """The run's measured steps: neither warm-up nor held by a kernel window."""
-    held = held_steps(rec.windows, rec.steps, rec.meta.get(TAIL_KEY))
+    held = held_steps(spans(rec.windows), rec.steps, rec.meta.get(TAIL_KEY))
     return [s for s in rec.steps if not s.warmup and s.step not in held]
+
+
+def spans(windows: Iterable[KernelWindow]) -> list[tuple[float, float]]:
+    return [(w.t_start, w.t_end) for w in windows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +67,7 @@ class WindowsApart:
 
 def windows_apart(rec: RunRecord, measured: Sequence[StepRow]) -> WindowsApart | None:
     """The held steps' figures (None: no window was recorded and no step held)."""
-    held_ids = held_steps(rec.windows, rec.steps, rec.meta.get(TAIL_KEY))
+    held_ids = held_steps(spans(rec.windows), rec.steps, rec.meta.get(TAIL_KEY))
     held = [s for s in rec.steps if not s.warmup and s.step in held_ids]
     if not rec.windows and not held:
         return None

@@ -132,6 +132,7 @@ class KernelWindows:
         self.open_at: tuple[int, float, float] | None = None  # (step, opening began, start cost) of the open window
         self.skipped: list[str] = []  # why windows did not open
         self.handoff: Path | None = None  # the run directory, where a sampler process reads handed-over windows
+        self.spans: list[tuple[float, float]] = []  # each window's pause on the clock: its opening's start to now
 
     @property
     def tail_steps(self) -> int:
@@ -197,6 +198,7 @@ class KernelWindows:
             put((GPU, stream * 4 + kind, start, end, launch))
         t1 = self.clock()  # the window spans the training thread's pause: from its opening's start to now
         put((GWIN, self.window, t_open, t1, cost_open + t1 - t0))
+        self.spans.append((t_open, t1))
         self.window += 1
         self.next_index = index + self.plan.every if self.plan.every else MAX_INDEX
 

@@ -6,6 +6,8 @@ it imports nothing of the project.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,3 +68,18 @@ class RunRecord:
     events: list[tuple[float, str, str | None, str]]
     stacks_text: str | None = None  # py-spy's collapsed stacks (RUN_DIR/pyspy.txt), when recorded
     windows: tuple[KernelWindow, ...] = ()  # schema v3: the kernel windows (profiler.core.kernelwin), in order
+
+
+def held_steps(spans: Iterable[tuple[float, float]], steps: Sequence[StepRow], tail_from: object = None) -> set[int]:
+    """The indices of the steps that overlap a kernel window's span (from its opening's start to its closing's end,
+    the steps' seconds), and those from ``tail_from`` on (profiler.analysis.apart)."""
+    held = {s.step for s in steps if s.step >= tail_from} if isinstance(tail_from, int) else set()
+    ordered = sorted(steps, key=lambda s: s.t_start)
+    starts = [s.t_start for s in ordered]
+    for a, b in spans:
+        i = max(0, bisect.bisect_left(starts, a) - 1)  # the step the window opened in, or the first after
+        while i < len(ordered) and ordered[i].t_start < b:
+            if ordered[i].t_end > a:
+                held.add(ordered[i].step)
+            i += 1
+    return held

@@ -44,7 +44,7 @@ from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
 from profiler.core.kernelwin import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
-from profiler.core.rows import TAIL_KEY, PhaseRow, StepRow
+from profiler.core.rows import TAIL_KEY, PhaseRow, StepRow, held_steps
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import (
@@ -335,13 +335,11 @@ class Session:
 
     @property
     def tail_steps(self) -> int:
-        """The steps a loop of known length (``steps=``) runs after its measured steps for the kernel window
-        recorded there (0: none); those steps are recorded apart, never measured."""
+        """The steps a loop of known length (``steps=``) runs after its measured ones for their window (0: none)."""
         return self._kw.tail_steps if self._kw is not None else 0
 
     def tail_now(self) -> int:
-        """The loop ends its measured steps early (a sweep's stop rule): the tail window opens at the next step
-        instead; returns the steps to run for it (0: none, or it opened already)."""
+        """The measured steps ended early (a sweep's stop rule): the tail window opens at the next step; its steps."""
         n = self._kw.tail_at(self._next_index) if self._kw is not None else 0
         if n:
             self._due = self._next_index
@@ -425,19 +423,20 @@ class Session:
         return self._recorder.summary
 
     def step_times(self) -> list[float]:
-        """Seconds of each measured (non-warm-up) step the store holds, in order, read back from it: while the
-        run goes on, those committed so far (at most ``flush_s`` behind); after close, every one."""
-        return [s.t_end - s.t_start for s in self._recorder.committed_steps() if not s.warmup]
+        """Seconds of each measured step (neither warm-up nor held by a kernel window) the store holds, in order,
+        read back from it: while the run goes on, those committed so far (at most ``flush_s`` behind)."""
+        return [s.t_end - s.t_start for s in self._measured_rows()]
 
     def own_step_times(self) -> list[float]:
-        """:meth:`step_times` less each step's run-queue wait (the training thread runnable but given no CPU): the
-        steps as the training would take them on a core of its own, for the steps whose wait was measured (every
-        step, or one in k of short ones: RUNQ_BUDGET); empty where none was."""
-        return [
-            s.t_end - s.t_start - s.runq_s
-            for s in self._recorder.committed_steps()
-            if not s.warmup and s.runq_s is not None and math.isfinite(s.runq_s)
-        ]
+        """:meth:`step_times` less each step's run-queue wait (runnable, given no CPU), for the steps whose wait was
+        measured (every step, or one in k of short ones: RUNQ_BUDGET): the steps on a core of their own."""
+        rows = self._measured_rows()
+        return [s.t_end - s.t_start - s.runq_s for s in rows if s.runq_s is not None and math.isfinite(s.runq_s)]
+
+    def _measured_rows(self) -> list[StepRow]:
+        steps, t0, kw = self._recorder.committed_steps(), self._t0, self._kw
+        held = held_steps([(a - t0, b - t0) for a, b in kw.spans] if kw else [], steps, self._meta.get(TAIL_KEY))
+        return [s for s in steps if not s.warmup and s.step not in held]
 
     @property
     def recording(self) -> Recorder:

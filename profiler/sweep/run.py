@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import PipelineError, applicable, require, usable_cores
+from profiler.analysis.apart import measured_steps
 from profiler.core.session import Interrupted, Session
 from profiler.core.store import StepRow, StoreWriteError
 from profiler.drivers.runner import RunConfig, RunStopped, TrainingError, run_scenario
@@ -300,7 +301,7 @@ def _job_row(h: Harness, cfg: Config, out: Path, *, status: str | None, error: s
         )  # fmt: skip
     js = summarize_job(job)
     slowest = next((r for r in job.ranks if r.rank == js.slowest_rank and r.record is not None), None)
-    step_s = [s.t_end - s.t_start for s in slowest.record.steps if not s.warmup] if slowest and slowest.record else []
+    step_s = [s.t_end - s.t_start for s in measured_steps(slowest.record)] if slowest and slowest.record else []
     price = h.base.extra_meta.get("price_per_hour")
     return row_from_job(
         js, cfg, run_dir=str(out), step_s=step_s, wall_s=wall_s, status=status, error=error, price_per_hour=price
