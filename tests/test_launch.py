@@ -19,6 +19,7 @@ import pytest
 import warm
 from conftest import ROOT, stallscope, wait_until
 
+from profiler.core.kernelwin import tail_plan
 from profiler.core.store import StoreError, load_run, run_status
 from profiler.drivers.ddp import DistInfo
 from profiler.export.endpoint import Endpoint, parse_endpoint
@@ -231,7 +232,10 @@ def test_ranks_on_a_simulated_device_sync_through_the_modelled_allreduce(tmp_pat
     for rank in (0, 1):
         run = load_run(out / f"rank-{rank}")
         syncs = [p for p in run.phases if p.name == "sync" and p.depth == 0]
-        assert len(syncs) == 10 and all(p.dev_end is not None and p.dev_end >= p.dev_start for p in syncs)
+        steps = 10 + tail_plan(8).steps  # warm-up and measured steps, then the kernel window's after them
+        assert len(run.steps) == len(syncs) == steps and all(
+            p.dev_end is not None and p.dev_end >= p.dev_start for p in syncs
+        )
         assert run.meta["device"]["kind"] == "sim"
 
 

@@ -221,6 +221,7 @@ def test_a_pinned_copy_to_a_simulated_device_takes_the_pinned_rate(
     host wakes the sleep late: beside a stress run a 0.6 ms copy's phase read up to 16 ms, so only the bound is
     checked on the host's clock)."""
     from profiler.core.devices import resolve_device
+    from profiler.core.kernelwin import tail_plan
     from profiler.core.store import load_run
     from profiler.drivers.runner import RunConfig, run_scenario
     from profiler.sim.device import SimDevice
@@ -247,7 +248,8 @@ def test_a_pinned_copy_to_a_simulated_device_takes_the_pinned_rate(
         meta = load_run(tmp_path / str(pin)).meta
         assert meta["sim_copy"] == ("pinned" if pin else "pageable") and meta["loader"]["pin_memory"] is pin
         nbytes = meta["batch_bytes"]
-        assert copies == [(nbytes, pin, False)] * 7  # every step's copy, blocking, pinned where asked
+        # every step's copy, blocking, pinned where asked: the 7 steps, then the kernel window's after them
+        assert copies == [(nbytes, pin, False)] * (7 + tail_plan(6).steps)
         rate = spec.h2d_pinned_gbps if pin else spec.h2d_pageable_gbps
         simulated_ms = nbytes / (rate * 1e9) * 1e3
         assert SimDevice(device.sim).h2d_s(nbytes, pinned=pin) * 1e3 == pytest.approx(simulated_ms)

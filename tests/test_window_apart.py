@@ -26,7 +26,7 @@ SCENARIO = ROOT / "tests" / "data" / "scenarios" / "window_cost.py"
 SCRIPT = ROOT / "tests" / "data" / "window_train.py"
 # each phase 2 ms or more: the Session's own reads at a phase's edges (5-11 us beside two busy processes) stay
 # under half of the 1% bound
-H2D_S, COMPUTE_S = 0.002, 0.004  # and no other work: LOOP_OVERHEAD could only come from a window's pause
+H2D_S, COMPUTE_S = 0.002, 0.004  # and no other work of the loop's own
 
 
 class Own:
@@ -111,7 +111,12 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
     every = _own_figures(own, list(range(len(own.ask) - 1)))
     assert every["step_ms"] > 1.02 * truth["step_ms"]
     assert summary.steps == len(measured)
-    assert all(r.code != "LOOP_OVERHEAD" for r in summary.recommendations), summary.recommendations
+    # the loop's "other" (outside its phases) as its own clock saw it: any LOOP_OVERHEAD advice is the loop's own
+    # (on a loaded host its preemptions land there), never the window's pause
+    own_other = truth["step_ms"] - truth["h2d_ms"] - truth["compute_ms"]
+    assert abs(b.other - own_other) <= 0.01 * truth["step_ms"], (b.other, own_other)
+    if any(r.code == "LOOP_OVERHEAD" for r in summary.recommendations):
+        assert own_other >= 1.0 and own_other >= 0.1 * truth["step_ms"], (own_other, summary.recommendations)
     assert summary.gpu is None  # the windows recorded no activity: no GPU finding
     assert "host-bound" not in summary.verdict
     apart = summary.kernel_windows

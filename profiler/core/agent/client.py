@@ -414,12 +414,13 @@ class SamplerProcess:
             local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]
         writer.flush_events()
         writer.put_item({"close": {"status": status, "error": error, "local_sources": local}})
-        if proc is not None and proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
         self._stop.set()
         if self._watch is not None:
             self._watch.join()
+        _hand_all(writer, proc)  # before the stdin closes: the sampler process takes a closed pipe for a lost run
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         self._finish(status, error, writer, proc)
         failed = self.failure is not None
         self._closed = True
@@ -469,6 +470,19 @@ class SamplerProcess:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(final)
+
+
+def _hand_all(writer: RingWriter, proc: subprocess.Popen[bytes] | None) -> None:
+    """Every record still spilled (a loop faster than the sampler process stores its steps) goes into the ring as
+    the sampler process makes room, the close item last. How long that takes is the backlog's business: the wait
+    ends when all is in, when the sampler process ends, or when it has taken nothing for CLOSE_TIMEOUT_S."""
+    left, since = writer.pending(), time.monotonic()
+    while not writer.flush() and proc is not None and proc.poll() is None:
+        if writer.pending() < left:
+            left, since = writer.pending(), time.monotonic()
+        elif time.monotonic() - since > CLOSE_TIMEOUT_S:
+            return
+        time.sleep(0.005)
 
 
 def _committed_mark(run_dir: Path) -> tuple[int, int, int]:
