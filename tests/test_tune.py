@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -527,7 +528,10 @@ def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> 
     rec = d["recommended"]
     assert rec["workers"] >= 1 and rec["batch_size"] >= 16, d  # injected: the loader needs a worker, 16 lanes
     assert d["speedup"] > 1.6, d  # injected: ~2.8
-    assert len({r["config"] for r in d["trials"]}) < 9  # fewer configurations than the grid (some measured twice)
+    # fewer of the grid's configurations than the grid's 9 (some measured twice); a loader knob tried at the pick
+    # (-pf4, -pin, -nopin: #47) is a trial of the pick's configuration, not another cell of the grid
+    grid = {re.sub(r"(-pf\d+|-pin|-nopin)+$", "", r["config"]) for r in d["trials"]}
+    assert len(grid) < 9, grid
     for r in d["trials"] + d["final"]:
         assert (Path(r["run_dir"]) / "run.sqlite").exists()
     assert json.loads((out / "tune.json").read_text()) == d
