@@ -9,7 +9,8 @@ DataLoader with 0 workers, pinned, a ``non_blocking`` copy, SGD:
 Each round runs, in rotating order: bare; ``thread``, a Session sampling in threads of the training process;
 ``process``, the default Session (the sampler process, kernel windows ``auto`` for a loop of unknown length: a
 window 5 steps in, its steps held apart); and ``known``, the same with ``Session(steps=N)`` (its window after the N
-measured steps: the loop runs its steps more, after the timed ones). Two figures a configuration, medians over
+measured steps: the loop runs its steps more, after the timed ones); and ``off``, the sampler process with kernel
+windows off (issue #55 item 3: the sampler process alone, target >= 0.99). Two figures a configuration, medians over
 rounds: ``ratio``, its samples/s over the N timed steps (the loop's own clock, synchronized at both ends) over the
 bare run's of the same round: what the user's loop pays; and ``reported``, the throughput stallscope reports for the
 run over the bare run's: whether the figures carry stallscope's own cost (issue #55: within 1%). Targets: ratio >=
@@ -39,7 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from profiler import Session
 
-CONFIGS = ("bare", "thread", "process", "known")
+CONFIGS = ("bare", "thread", "process", "known", "off")
+# the training thread's budget for one phase (enter + exit, its device marks and their later reading) on CUDA: the
+# host side's 20 us (benchmarks/overhead.py) less what a GPU loop's step of milliseconds can spare at 1% for 3 phases
+PHASE_BUDGET_US = 20.0
 
 
 def _cnn() -> nn.Module:
@@ -119,7 +123,11 @@ def measure(loop: str, rounds: int, steps: int, device: torch.device) -> dict[st
                 sampling = "thread" if name == "thread" else "process"
                 out = Path(tmp) / f"{loop}-{steps}-{name}{i}"
                 known = steps if name == "known" else None
-                with Session(out, sample_hz=10.0, device=str(device), sampling=sampling, warmup=20, steps=known) as s:
+                windows = "off" if name == "off" else "auto"
+                with Session(
+                    out, sample_hz=10.0, device=str(device), sampling=sampling, warmup=20, steps=known,
+                    kernel_windows=windows,
+                ) as s:  # fmt: skip
                     got[name] = train(loop, steps, s, device)
                 summary = s.summary()
                 said[name] = summary.throughput_samples_per_s if summary is not None else float("nan")
@@ -137,6 +145,56 @@ def measure(loop: str, rounds: int, steps: int, device: torch.device) -> dict[st
         **{f"{k}_ratios": v for k, v in ratios.items()},
         **{f"median_{k}_ratio": statistics.median(v) for k, v in ratios.items()},
         **{f"median_{k}_reported": statistics.median(v) for k, v in reported.items()},
+    }
+
+
+def phase_cost(device: torch.device, n: int = 5000, repeats: int = 5) -> dict[str, float]:
+    """The training thread's microseconds a step (``Session.wrap``) and a phase (enter + exit: on CUDA its device
+    marks, events recorded on the stream, and their reading at the hand-overs), medians of ``repeats``: the same
+    loop of one tiny kernel a phase bare, wrapped, and wrapped with two phases (h2d, compute), back to back."""
+    x = torch.ones(16, device=device)
+    per_step, per_phase = [], []
+
+    def timed(loop: Callable[[], None]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        loop()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    tmp = tempfile.TemporaryDirectory()
+    with tmp, Session(Path(tmp.name) / "phase", sources=[], device=str(device), kernel_windows="off") as s:
+        items = [None] * n
+
+        def bare() -> None:
+            for _ in items:
+                x.add_(1)
+                x.add_(1)
+
+        def wrapped() -> None:
+            for _ in s.wrap(items, samples=1):
+                x.add_(1)
+                x.add_(1)
+
+        def phased() -> None:
+            for _ in s.wrap(items, samples=1):
+                with s.phase("h2d"):
+                    x.add_(1)
+                with s.phase("compute"):
+                    x.add_(1)
+
+        for _ in range(repeats + 1):  # the first round warms the event pool and the caches: not counted
+            b, w, p = timed(bare), timed(wrapped), timed(phased)
+            per_step.append((w - b) / n * 1e6)
+            per_phase.append((p - w) / n / 2 * 1e6)
+    per_step, per_phase = per_step[1:], per_phase[1:]
+    return {
+        "step_us_median": statistics.median(per_step),
+        "phase_us_median": statistics.median(per_phase),
+        "phase_us_max": max(per_phase),
+        "phase_budget_us": PHASE_BUDGET_US,
     }
 
 
@@ -158,6 +216,12 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (no CUDA here: not the GPU's figures)"
     print(f"device: {name}; torch {torch.__version__}", flush=True)
+    cost = phase_cost(device)
+    print(
+        f"hot path on {device.type}: {cost['step_us_median']:.2f} us a step (Session.wrap), "
+        f"{cost['phase_us_median']:.2f} us a phase (max {cost['phase_us_max']:.2f}; budget {PHASE_BUDGET_US:.0f} us)",
+        flush=True,
+    )
     out = []
     for loop in loops:
         for steps in lengths:
@@ -167,7 +231,7 @@ def main() -> int:
                 f"{k} {got[f'median_{k}_ratio']:.4f}, reported {got[f'median_{k}_reported']:.4f}"
                 for k in CONFIGS[1:]), flush=True)  # fmt: skip
     if args.json:
-        print(json.dumps({"device": name, "loops": out}, indent=2))
+        print(json.dumps({"device": name, "hot_path": cost, "loops": out}, indent=2))
     return 0
 
 

@@ -6,9 +6,10 @@
 #        named), then the kernel windows' cost on CUDA (benchmarks/kernel_windows.py's CUDA part);
 #   #55: one window's cost on the training thread by part, against its activities, read here and handed over
 #        (benchmarks/window_cost.py); the paired overhead and the reported throughput against the bare loop's at
-#        30, 200 and 2,000 steps (benchmarks/gpu_overhead.py: the CNN at all three, ResNet-50 at 30 and 200);
+#        30, 200 and 2,000 steps (benchmarks/gpu_overhead.py: the CNN at all three, ResNet-50 at 30 and 200), with
+#        the sampler process alone (windows off: item 3), and the hot path's microseconds a step and a phase on CUDA;
 #   #44: the same overhead figures.
-# Run: bash benchmarks/gpu_steps.sh   (each step has its own limit: 7.5 minutes in all at most)
+# Run: bash benchmarks/gpu_steps.sh   (each step has its own limit: 7.7 minutes in all at most)
 set -u
 out="${OUT:-gpu-steps}"
 mkdir -p "$out"
@@ -23,7 +24,7 @@ step() {
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 step window-cost 45 "$py" benchmarks/window_cost.py --repeats 3
-step overhead-cnn 120 "$py" benchmarks/gpu_overhead.py --loops cnn --rounds 2 --steps 30,200,2000
-step overhead-resnet50 100 "$py" benchmarks/gpu_overhead.py --loops resnet50 --rounds 2 --steps 30,200
-step kernel-case 120 "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
-step kernel-windows 60 "$py" benchmarks/kernel_windows.py --groups 20 --sim-runs 1 --json
+step overhead-cnn 140 "$py" benchmarks/gpu_overhead.py --loops cnn --rounds 2 --steps 30,200,2000
+step overhead-resnet50 110 "$py" benchmarks/gpu_overhead.py --loops resnet50 --rounds 2 --steps 30,200
+step kernel-case 110 "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
+step kernel-windows 55 "$py" benchmarks/kernel_windows.py --groups 20 --sim-runs 1 --json
