@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -314,47 +312,6 @@ def tree_cpu_seconds() -> float:
                 continue
             total += t.user + t.system + t.children_user + t.children_system
     return total
-
-
-def host_cpu_seconds() -> tuple[float, float]:
-    """(busy, stolen) CPU seconds of the whole host since boot, all cores summed (user, nice, system, irq,
-    softirq; steal: what the hypervisor gave other guests)."""
-    import psutil
-
-    t = psutil.cpu_times()
-    return t.user + t.nice + t.system + t.irq + t.softirq, t.steal
-
-
-@dataclasses.dataclass
-class HostShare:
-    """Over a span of a test: the CPU seconds this test's processes used (:func:`tree_cpu_seconds`), what the rest
-    of the host used, and what the hypervisor took. For a test whose truth is which configuration is best on the
-    cores it has: the figures say whether it had them."""
-
-    wall_s: float = 0.0
-    own_s: float = 0.0
-    others_s: float = 0.0
-    stolen_s: float = 0.0
-
-    @contextlib.contextmanager
-    def span(self) -> Iterator[None]:
-        t0, own0, (busy0, steal0) = time.monotonic(), tree_cpu_seconds(), host_cpu_seconds()
-        try:
-            yield
-        finally:
-            busy, steal = host_cpu_seconds()
-            own = tree_cpu_seconds() - own0
-            self.wall_s += time.monotonic() - t0
-            self.own_s += own
-            self.others_s += max(0.0, busy - busy0 - own)
-            self.stolen_s += steal - steal0
-
-    def __str__(self) -> str:
-        w = self.wall_s or math.nan
-        return (
-            f"{self.wall_s:.0f} s: own {self.own_s / w:.2f} cores, others {self.others_s / w:.2f}, "
-            f"stolen {self.stolen_s / w:.2f}"
-        )
 
 
 @pytest.hookimpl(hookwrapper=True)

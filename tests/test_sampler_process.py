@@ -206,8 +206,11 @@ def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_sec
     # the watch, and the in-process sampler of the pin-memory source (1 Hz) with its source's thread
     assert set(ours) == {"stallscope-watch", "stallscope-sampler", "stallscope-source-pin"}, ours
     assert seconds > 2.5
-    # one round a second each (the in-process sampler's rounds are its samples, each one read of the pin source)
-    assert sampler.hz == 1.0 and samples <= math.floor(seconds) + 1, (samples, seconds)
+    # one round a second each (the in-process sampler's rounds are its samples, each one read of the pin source).
+    # A round is counted when it ends, and it may end up to half a period after its deadline (a read not back by
+    # then is left: core/sampler.py), so the rounds counted in the window are those due from half a period before
+    # it began: 4 were counted in 2.98 s, the round due just before the window ending inside it (issue #56)
+    assert sampler.hz == 1.0 and samples <= math.floor(seconds + 0.5 * sampler.period) + 1, (samples, seconds)
     assert rounds <= math.floor(seconds / WATCH_S) + 1, (rounds, seconds)
     # and nothing else wakes them: a round costs each thread one to three voluntary context switches (its wake-up,
     # a wait for the GIL that the training thread holds, the hand-over to the source's thread): 3.2-5.1 a second

@@ -85,7 +85,7 @@ def tune_plan(
 ) -> list[str]:
     """What ``tune --dry-run`` prints: the trials a tune would run, in order, and what each does."""
     from profiler.sweep.climb import FINAL_ROUNDS, IMPROVE, KNOB_NOTABLE, MAX_PASSES, worker_ladder
-    from profiler.sweep.tuner import FINAL_MAX_ROUNDS
+    from profiler.sweep.tuner import CONTESTED_GAIN, FINAL_MAX_ROUNDS
 
     ladder = worker_ladder(max_workers, cores)
     inside = [w for w in ladder if w <= cores]
@@ -112,7 +112,8 @@ def tune_plan(
         f"copied to an accelerator, the loader does not pin, and the copy took {KNOB_NOTABLE:.0%} of the step or "
         "more), each kept only as a step of the climb",
         f"  5. the pick and the setting to beat re-run alternately, {FINAL_ROUNDS} rounds each "
-        f"(up to {FINAL_MAX_ROUNDS} while they split or vary more than they differ): the speedup is the ratio of "
-        "their median throughputs",
+        f"(up to {FINAL_MAX_ROUNDS} while they split or vary more than they differ, or give no gain where the "
+        f"trials saw x{CONTESTED_GAIN:g} or more): the speedup is the ratio of their median throughputs (of every "
+        "run of each, trials too, where the rounds still give none)",
         f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit",
     ]

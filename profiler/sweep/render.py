@@ -19,7 +19,7 @@ from profiler.render.figures import num, pct
 from profiler.render.svg import PALETTE, Line, line_chart
 from profiler.sweep.analysis import REL_CI, Config, SweepResult, SweepRow, line_label, lines
 from profiler.sweep.climb import KNOB_ORDER
-from profiler.sweep.tuner import TuneResult
+from profiler.sweep.tuner import WEIGHED, TuneResult
 
 
 def start_line(index: int, planned: int | None, cfg: Config, run_dir: Path, what: str) -> str:
@@ -255,8 +255,8 @@ def _verdict(result: TuneResult) -> list[Text]:
         out.append(
             Text(
                 f"Measured: the best alternative found ({u.name}) made x{num(result.unconfirmed_speedup, '{:.2f}')} "
-                f"of the default's throughput re-run side by side (median {num(med['recommended'])} vs "
-                f"{num(med['default'])} samples/s): keep the default.",
+                f"of the default's throughput (median {num(med['recommended'])} vs {num(med['default'])} samples/s, "
+                f"{_basis(result)}): keep the default.",
                 style="yellow",
             )
         )
@@ -266,11 +266,17 @@ def _verdict(result: TuneResult) -> list[Text]:
         out.append(
             Text(
                 f"Measured speedup over the default ({d.flags()}): x{result.speedup:.2f}  (median "
-                f"{num(med['recommended'])} vs "
-                f"{num(med['default'])} samples/s, re-run side by side)"
+                f"{num(med['recommended'])} vs {num(med['default'])} samples/s, {_basis(result)})"
             )
         )
     return out
+
+
+def _basis(result: TuneResult) -> str:
+    """What the speedup's medians are taken over."""
+    if result.basis == WEIGHED:
+        return "every run of each: the trials and the final rounds, which contested the trials' gain"
+    return "re-run side by side"
 
 
 def change_line(result: TuneResult) -> str:
@@ -281,7 +287,8 @@ def change_line(result: TuneResult) -> str:
     med = result.medians()
     return (
         f"{change.get('site') or '?'}  {change.get('kind') or 'DataLoader'}(..., {args})  "
-        f"x{num(result.speedup, '{:.2f}')} measured ({num(med['default'])} -> {num(med['recommended'])} samples/s)"
+        f"x{num(result.speedup, '{:.2f}')} measured ({num(med['default'])} -> {num(med['recommended'])} samples/s"
+        + (f"; {_basis(result)})" if result.basis == WEIGHED else ")")
     )
 
 
@@ -292,8 +299,8 @@ def _command_verdict(result: TuneResult) -> list[Text]:
         return [
             Text(
                 f"Keep the script's setting at {site}: the best alternative found ({result.unconfirmed.name}) made "
-                f"x{num(result.unconfirmed_speedup, '{:.2f}')} of its throughput re-run side by side (median "
-                f"{num(med['recommended'])} vs {num(med['default'])} samples/s).",
+                f"x{num(result.unconfirmed_speedup, '{:.2f}')} of its throughput (median "
+                f"{num(med['recommended'])} vs {num(med['default'])} samples/s, {_basis(result)}).",
                 style="yellow",
             )
         ]
