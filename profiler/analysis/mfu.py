@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from profiler.analysis.gpu import GpuSplit
 
@@ -53,10 +52,10 @@ class Mfu:
         }
 
 
-def mfu_of(meta: dict[str, Any], step_ms_mean: float, gpu: GpuSplit | None) -> Mfu | None:
+def mfu_of(meta: dict[str, object], step_ms_mean: float, gpu: GpuSplit | None) -> Mfu | None:
     """The run's MFU (None: its FLOPs were not counted, or no step was measured)."""
     device = _dict(meta.get("device"))
-    sim = device.get("sim") if isinstance(device.get("sim"), dict) else None
+    sim = _dict(device.get("sim")) or None
     if sim is not None:
         flops, source = _dict(meta.get("sim_cost")).get("flops"), "counted on the meta device (sim_cost)"
         peak, peak_of = sim.get("peak_tflops"), f"{sim.get('full_name')} {sim.get('precision')} datasheet (SIMULATED)"
@@ -78,5 +77,5 @@ def mfu_of(meta: dict[str, Any], step_ms_mean: float, gpu: GpuSplit | None) -> M
     )
 
 
-def _dict(x: object) -> dict[str, Any]:
+def _dict(x: object) -> dict[str, object]:
     return x if isinstance(x, dict) else {}

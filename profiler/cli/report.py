@@ -178,7 +178,7 @@ def _write_files(args: argparse.Namespace, html: Callable[[str], Path], trace: C
         say(f"wrote {path}")
 
 
-def _compared(run_dir: str) -> Summary | dict[str, Any]:
+def _compared(run_dir: str) -> Summary | dict[str, object]:
     """What ``compare`` reads of a directory: a run's Summary, or a summary dict: a job's (its single-run keys),
     or a finished run's own ``summary.json`` (see :func:`stored_summary`)."""
     if _is_job(run_dir):

@@ -62,7 +62,7 @@ class BatchLen:
         return n
 
 
-def loader_facts(loader: Any) -> dict[str, Any]:
+def loader_facts(loader: Any) -> dict[str, object]:
     """``workers``, ``pin_memory`` and ``batch_size`` of a DataLoader-like object, those it has."""
     return {
         key: getattr(loader, attr)

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources.base import Source, SourceRecipe
@@ -33,7 +33,7 @@ class SessionView(Protocol):
     """What a hook may read of the Session that drives it."""
 
     @property
-    def meta(self) -> dict[str, Any]: ...
+    def meta(self) -> dict[str, object]: ...
 
     @property
     def t0(self) -> float: ...

@@ -72,7 +72,7 @@ class Recording:
         self,
         out_dir: str | os.PathLike[str],
         *,
-        meta: dict[str, Any],
+        meta: dict[str, object],
         sample_hz: float,
         sources: Sequence[Source] | None = None,
         clock: Callable[[], float] = time.perf_counter,

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.sampler import Sampler
 
-
+_T = TypeVar("_T")  # what a wrapped iterable yields
 # A phase entered within this long of the boundary before it (the step's next() returning, or the phase before it
 # exiting) takes that boundary's schedstat reading and CUDA event as its own start: one read and one event per
 # boundary rather than two. What the gap holds (a few microseconds of the loop's own bookkeeping: run-queue wait,
@@ -178,7 +178,7 @@ class Session:
         sample_hz: float = 10.0,
         device: str | DeviceInfo = "auto",
         warmup: int = 0,
-        meta: dict[str, Any] | None = None,
+        meta: dict[str, object] | None = None,
         sources: Sequence[Source | SourceRecipe] | None = None,
         prometheus: str | int | None = None,
         sampling: str = "process",
@@ -206,7 +206,7 @@ class Session:
         self.sample_hz, self.warmup = sample_hz, warmup
         self._clock, self._max_lag = clock, max_lag
         self._resolve_every = min(RESOLVE_EVERY, max_lag + 1)
-        self._meta: dict[str, Any] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
+        self._meta: dict[str, object] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
         sinks = make_sinks(
             SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
         )
@@ -248,8 +248,8 @@ class Session:
         self._runq_every = 1
         # the open step's last boundary (clock, run queue, device mark): a phase entered right after shares it
         self._edge: tuple[float, float, float] | None = None
-        self._marks: list[tuple[float, Any]] = []  # the open step's device marks (id, event)
-        self._in_flight: deque[list[tuple[float, Any]]] = deque()  # ended steps' marks, not yet known complete
+        self._marks: list[tuple[float, object]] = []  # the open step's device marks (id, event)
+        self._in_flight: deque[list[tuple[float, object]]] = deque()  # ended steps' marks, not yet known complete
         self._mark_n = 0
         self._win, self._due, self._due_t = (0, 0.0), 0, 0.0  # the last _tick (step, time); when the next is due
 
@@ -259,7 +259,7 @@ class Session:
         return self.out_dir
 
     @property
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> dict[str, object]:
         """The run facts recorded in the store's meta table so far (a copy)."""
         return dict(self._meta)
 
@@ -379,7 +379,7 @@ class Session:
         else:
             self.close("failed", error=_where(exc, tb))
 
-    def annotate(self, **items: Any) -> None:
+    def annotate(self, **items: object) -> None:
         """Record run facts (loader knobs, model name, ...) in the store's meta table."""
         self._meta.update(items)
         if self._started:
@@ -447,7 +447,7 @@ class Session:
     def _now(self) -> float:
         return self._clock() - self._t0
 
-    def _iterate(self, iterable: Iterable[Any]) -> Iterator[Any]:
+    def _iterate(self, iterable: Iterable[_T]) -> Iterator[_T]:
         """iter(): where a DataLoader starts its workers; the sampler then looks for them at its next reading. Not
         where none can have started: a loader without workers, or one whose persistent workers' iterator is the
         one it had (a scan of the process tree every epoch cost the sampler process a third of its CPU in a fast
@@ -461,8 +461,8 @@ class Session:
         return it
 
     def wrap(
-        self, iterable: Iterable[Any], *, samples: int | Callable[[Any], int | None] | None = None
-    ) -> Generator[Any, None, None]:
+        self, iterable: Iterable[_T], *, samples: int | Callable[[_T], int | None] | None = None
+    ) -> Generator[_T, None, None]:
         """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
         if not self._started:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
@@ -760,7 +760,7 @@ class Session:
         )
         return rq
 
-    def note_loader(self, loader: Any) -> None:
+    def note_loader(self, loader: object) -> None:
         """Take workers / pin_memory / batch_size from a DataLoader the user did not describe (``wrap()`` does
         it for the loader it is given; a framework's integration for the loader its trainer holds)."""
         found = {key: value for key, value in loader_facts(loader).items() if self._meta.get(key) is None}
@@ -776,7 +776,7 @@ def runq_every(step_s: float) -> int:
     return max(1, min(RUNQ_MAX_EVERY, math.ceil(RUNQ_COST_S / (RUNQ_BUDGET * step_s) - 1e-9)))  # 9 ms: 1, not 2
 
 
-def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, Any]:
+def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, object]:
     """The meta every run starts with; the labels a user may give (scenario, loader facts) are None until given."""
     return {
         **dict.fromkeys(LABELS),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from typing import Any
 
 from pipelines import BuiltLoader
 from profiler.core.batches import batch_len
@@ -28,7 +27,7 @@ def loader_alone(
     max_batches: int = MAX_BATCHES,
     warmup: int = WARMUP,
     clock: Callable[[], float] = time.perf_counter,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The meta record ``loader_alone``: samples/s over the timed batches, their count, the window's seconds and
     its start and end on ``clock`` (the run's timeline, as its samples: the stage readings of the window)."""
     built = build()

@@ -56,11 +56,11 @@ class Precision:
             if self.name == "bf16" and not torch.cuda.is_bf16_supported():
                 raise PrecisionError("--precision bf16: this GPU has no bfloat16; allowed default, fp32, fp16")
 
-    def apply(self, torch: Any, device_kind: str) -> dict[str, Any]:
+    def apply(self, torch: Any, device_kind: str) -> dict[str, object]:
         """Set the TF32 switches it asks for; what the run computes in, for the store's meta (``precision``)."""
         if device_kind == "cuda" and self.name in ("fp32", "tf32"):
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.name == "tf32"
-        facts: dict[str, Any] = {
+        facts: dict[str, object] = {
             "precision": self.name,
             "autocast": AUTOCAST.get(self.name),
             "grad_scaler": self.name == "fp16",

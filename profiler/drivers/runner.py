@@ -42,6 +42,9 @@ from profiler.sim.cost import CostModelError
 from scenarios import DataOptions, Scenario
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from profiler.sim.device import SimDevice
 
 StopWhen = Callable[[Session], bool]  # the session after a measured step -> stop now
@@ -116,7 +119,7 @@ class RunConfig:
     kernel_windows: str = "auto"  # when the device's own activity is recorded (profiler.core.kernelwin)
     # the arithmetic of a real device's training (profiler.drivers.precision)
     precision: Precision = field(default_factory=Precision)
-    extra_meta: dict[str, Any] = field(default_factory=dict)
+    extra_meta: dict[str, object] = field(default_factory=dict)
 
 
 def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = None) -> Session:
@@ -179,7 +182,7 @@ class _Plan:
     steps: int
     data: DataOptions | None
     pipeline: Pipeline
-    model_factory: Callable[[], Any]
+    model_factory: Callable[[], nn.Module]
 
     @property
     def total(self) -> int:
@@ -283,9 +286,9 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
     )
 
 
-def _storage_meta(cfg: RunConfig, root: Path | None) -> dict[str, Any]:
+def _storage_meta(cfg: RunConfig, root: Path | None) -> dict[str, object]:
     """The run's storage conditions, set up here (the page cache before the loader starts): its meta."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if cfg.store_mbps is not None:
         out["store_mbps"] = cfg.store_mbps
     if cfg.page_cache is not None and root is not None:
@@ -297,11 +300,11 @@ def _storage_meta(cfg: RunConfig, root: Path | None) -> dict[str, Any]:
 _PLAIN = contextlib.nullcontext()
 
 
-def _backward(loss: Any) -> None:
-    loss.backward()
+def _backward(loss: torch.Tensor) -> None:
+    loss.backward()  # type: ignore[no-untyped-call]
 
 
-def _opt_step(opt: Any) -> None:
+def _opt_step(opt: torch.optim.Optimizer) -> None:
     opt.step()
 
 
@@ -314,9 +317,9 @@ class _Loop:
         self.session, self.scenario, self.cfg, self.plan, self.sim = session, scenario, cfg, plan, sim
         self.dataset: Any = None
         self.built: BuiltLoader | None = None
-        self.model: Any = None
-        self.opt: Any = None
-        self.loss: Any = None
+        self.model: nn.Module | None = None
+        self.opt: torch.optim.Optimizer | None = None
+        self.loss: torch.Tensor | None = None
         self._step: Callable[[Any, Any, Any, Any], None] = self._train_step
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
         self.batch_bytes: int | None = None
@@ -392,7 +395,7 @@ class _Loop:
         ran goes to the store's meta (``precision``)."""
         p, kind = self.cfg.precision, self.cfg.device.kind
         self.session.annotate(precision=p.apply(torch, kind))
-        if p.channels_last:
+        if p.channels_last and self.model is not None:
             self.model = self.model.to(memory_format=torch.channels_last)
         if not p.plain:
             self._step = p.step(torch, "cuda" if kind == "cuda" else "cpu", self._train_step)
@@ -603,14 +606,14 @@ class _Loop:
 
     def _train_step(
         self,
-        model: Any,
-        opt: Any,
+        model: nn.Module,
+        opt: torch.optim.Optimizer,
         x: Any,
         y: Any,
         *,
         cast: AbstractContextManager[object] = _PLAIN,
-        backward: Callable[[Any], None] = _backward,
-        opt_step: Callable[[Any], None] = _opt_step,
+        backward: Callable[[torch.Tensor], None] = _backward,
+        opt_step: Callable[[torch.optim.Optimizer], None] = _opt_step,
     ) -> None:
         """Forward and loss (under ``cast``: autocast for --precision bf16/fp16), backward, optimizer step; under
         DDP the all-reduce wait after backward is the nested phase "compute/sync" (profiler.drivers.ddp)."""
@@ -637,7 +640,7 @@ class _Loop:
             self.built.close()
 
 
-def _dali_stages(dataset: Any, spec: LoaderSpec) -> dict[str, Any]:
+def _dali_stages(dataset: Any, spec: LoaderSpec) -> dict[str, object]:
     """DALI's prefixes timed alone before training (``--dali-stages``), each round net of this thread's wait for a
     CPU where schedstat gives it (the thread that queues the graph's batches is not the graph)."""
     from pipelines.dali import time_stages

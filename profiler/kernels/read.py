@@ -6,14 +6,13 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Any
 
 
 class TraceError(ValueError):
     """The file is not a trace this can read: the message names it and says why."""
 
 
-def read_trace(path: str | Path) -> dict[str, Any]:
+def read_trace(path: str | Path) -> dict[str, object]:
     """The trace's JSON object (``traceEvents`` and the rest); TraceError for a missing, unreadable or foreign file."""
     p = Path(path)
     try:

@@ -303,6 +303,7 @@ def _job_row(h: Harness, cfg: Config, out: Path, *, status: str | None, error: s
     slowest = next((r for r in job.ranks if r.rank == js.slowest_rank and r.record is not None), None)
     step_s = [s.t_end - s.t_start for s in measured_steps(slowest.record)] if slowest and slowest.record else []
     price = h.base.extra_meta.get("price_per_hour")
+    price = float(price) if isinstance(price, (int, float)) else None
     return row_from_job(
         js, cfg, run_dir=str(out), step_s=step_s, wall_s=wall_s, status=status, error=error, price_per_hour=price
     )

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from profiler.whatif.model import Checked, Prediction
 from profiler.whatif.source import Note, Source, read_summary, short_label
@@ -137,5 +137,5 @@ def _measure(src: Source, p: Prediction, device: DeviceInfo, out: Path, plan: Ch
     return session.summary(), "complete"
 
 
-def _source_meta(meta: dict[str, Any]) -> dict[str, Any]:
+def _source_meta(meta: dict[str, object]) -> dict[str, object]:
     return {"scenario_source": meta["scenario_source"]} if meta.get("scenario_source") else {}

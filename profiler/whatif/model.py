@@ -13,7 +13,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 # A loader-bound run: the share of the step the loop waited for data (data wait / step time) from which the
 # delivery rate, not the CPU use, measures the loader (the TensorFlow "highly input-bound" band's 20%)
@@ -72,7 +71,7 @@ class LoaderCost:
     cpu_s: float  # c_cpu <= c: what the cores limit
     method: str  # which measurement gave c, in words
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"seconds_per_sample": self.wall_s, "cpu_seconds_per_sample": self.cpu_s, "method": self.method}
 
 
@@ -160,7 +159,7 @@ class LoaderGap:
             return 1.0
         return self.factor if target_place == WORKER else 1.0 / self.factor
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         def num(x: float) -> float | None:
             return None if math.isnan(x) else x
 
@@ -239,7 +238,7 @@ class Host:
     def free_cores(self) -> float:
         return max(1.0, self.usable_cores - (0.0 if math.isnan(self.other_cores) else self.other_cores))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "usable_cores": self.usable_cores,
             "usable_cores_source": "given (--host-cores)" if self.given else "measured run",
@@ -290,7 +289,7 @@ class Prediction:
     parts_ms: dict[str, float] | None = None  # loader, device, launch, host link: ms per step
     loader_scale: float = 1.0  # the LoaderGap factor applied to the measured loader cost (1: same place)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         t = self.target
 
         def num(x: float) -> float | None:
@@ -518,7 +517,7 @@ class Checked:
             return math.nan
         return (p - m) / m
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         m, s, e = self.measured_samples_per_s, self.measured_stall_fraction, self.error
         lo, hi = self.spread
         return {
@@ -621,7 +620,7 @@ class WhatIf:
             )
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         rows = [c.to_dict() for c in self.checked] if self.checked else [p.to_dict() for p in self.predictions]
         worst = worst_error(list(self.checked))
         return {

@@ -97,7 +97,7 @@ class SamplerProcess:
         self,
         out_dir: str | os.PathLike[str],
         *,
-        meta: dict[str, Any],
+        meta: dict[str, object],
         sample_hz: float,
         sources: Sequence[Source | SourceRecipe] | None = None,
         store_errors: str = "warn",
@@ -408,7 +408,7 @@ class SamplerProcess:
         if self._closed or self._writer is None:
             return self._summary
         writer, proc = self._writer, self.proc
-        local: dict[str, Any] = {}
+        local: dict[str, object] = {}
         if self.sampler is not None:
             self.sampler.stop(final=True)
             local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]

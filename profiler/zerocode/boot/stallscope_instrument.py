@@ -67,11 +67,11 @@ class Writer:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
-        self.pending: collections.deque[dict[str, Any]] = collections.deque()
+        self.pending: collections.deque[dict[str, object]] = collections.deque()
         self.lock = threading.Lock()
         self.flushed_at = time.perf_counter()
 
-    def put(self, record: dict[str, Any]) -> None:
+    def put(self, record: dict[str, object]) -> None:
         pending = self.pending
         pending.append(record)
         if len(pending) >= FLUSH_EVERY or time.perf_counter() - self.flushed_at >= FLUSH_S:
@@ -370,7 +370,11 @@ class Instrument:
     """The patches and their records; one per process."""
 
     def __init__(
-        self, writer: Writer, overrides: dict[str, Any], stop: Stop | None, windows: tuple[int, int, int] | None = None
+        self,
+        writer: Writer,
+        overrides: dict[str, object],
+        stop: Stop | None,
+        windows: tuple[int, int, int] | None = None,
     ) -> None:
         self.writer = writer
         self.overrides = overrides
@@ -521,7 +525,7 @@ class Instrument:
         return __next__
 
 
-def knobs(loader: Any) -> dict[str, Any]:
+def knobs(loader: Any) -> dict[str, object]:
     """The loader's knobs and its sampler's kind, as built."""
     out = {k: getattr(loader, k, None) for k in KNOBS}
     sampler = getattr(loader, "batch_sampler", None)
@@ -531,7 +535,7 @@ def knobs(loader: Any) -> dict[str, Any]:
     return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
 
 
-def dali_knobs(iterator: Any) -> dict[str, Any]:
+def dali_knobs(iterator: Any) -> dict[str, object]:
     """A DALI iterator's knobs, from its (first) pipeline: batch size, CPU threads, device, queue depth."""
     pipes = getattr(iterator, "_pipes", None) or [None]
     pipe = pipes[0]
@@ -546,7 +550,7 @@ def dali_knobs(iterator: Any) -> dict[str, Any]:
     return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
 
 
-def node_knobs(loader: Any) -> dict[str, Any]:
+def node_knobs(loader: Any) -> dict[str, object]:
     """A torchdata.nodes Loader's knobs, from its graph (root first, following each node's ``source``): the
     batch size, the widest mapper's workers and method, the prefetch depth, pinning, the nodes' names in order."""
     out: dict[str, Any] = {"batch_size": None, "num_workers": None, "prefetch_factor": None, "pin_memory": False}
@@ -570,7 +574,7 @@ def node_knobs(loader: Any) -> dict[str, Any]:
     return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
 
 
-def apply_overrides(arguments: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+def apply_overrides(arguments: dict[str, object], overrides: dict[str, object]) -> dict[str, object]:
     """Set the overridden knobs in a bound DataLoader call; the values applied. Knobs that need workers
     (prefetch_factor, persistent_workers) are dropped when the workers are overridden to 0."""
     applied = {k: v for k, v in overrides.items() if k in KNOBS}
@@ -595,8 +599,8 @@ def _cuda_available() -> bool:
         return False
 
 
-def _rank_env() -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _rank_env() -> dict[str, object]:
+    out: dict[str, object] = {}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK"):
         value = os.environ.get(key)
         if value is not None and value.isdigit():
