@@ -32,10 +32,19 @@ from profiler.analysis.contention import (
     Contention,
     contention_advice,
 )
-from profiler.core.session import RUNQ_BUDGET, RUNQ_COST_S, runq_every
 from profiler.core.sources import sched
 from profiler.core.sources.base import Source, SourceLost
-from profiler.core.sources.sched import SchedSource, ThreadSched, delay_between, parse, probe, run_delay_s
+from profiler.core.sources.sched import (
+    RUNQ_BUDGET,
+    RUNQ_COST_S,
+    SchedSource,
+    ThreadSched,
+    delay_between,
+    parse,
+    probe,
+    run_delay_s,
+    runq_every,
+)
 from profiler.core.store import PhaseRow, RunRecord, RunStore, StepRow, load_run
 from profiler.render.report import render_report
 

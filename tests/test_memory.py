@@ -259,3 +259,29 @@ def test_the_pin_threads_figures_reach_the_report_table() -> None:
     console.print(memory_table(mem))
     assert "pin memory: the pin-memory thread 40% of a core; pinned 96 MiB at the peak" in console.export_text()
     assert math.isnan(loader_memory(_samples([20.0] * 3, [20.0] * 3), None, 100.0, 2).pin_cpu_pct)  # type: ignore[union-attr]
+
+
+def test_the_first_epoch_with_workers_asks_for_readings_at_its_marks_and_before_its_end() -> None:
+    from profiler.core.workerreads import READ_AHEAD_S, WorkerReads
+
+    class Loader:
+        num_workers = 2
+
+        def __len__(self) -> int:
+            return 300
+
+    reads = WorkerReads(warmup=5)
+    reads.begin(Loader(), 0, 0.0)
+    # asked at the Session's hand-overs (every 64 steps or 0.1 s): 10 ms steps, a hand-over every 10 steps
+    asked = [i for i in range(0, 300, 10) if reads.due(i, i * 0.010)]
+    # the window's first step (10, the first hand-over past step 5), a third (100), two thirds (200), and the end
+    # less READ_AHEAD_S at the mean step so far: 300 - 1 - 50 = 249, first reached at hand-over 250
+    assert asked == [10, 100, 200, 250], asked
+    assert READ_AHEAD_S == 0.5
+    # a later epoch, a loader without workers or without a length: the schedule alone
+    reads.begin(Loader(), 300, 3.0)
+    assert not any(reads.due(i, i * 0.01) for i in range(300, 600, 10))
+    for loader in (type("NoWorkers", (Loader,), {"num_workers": 0})(), type("NoLen", (), {"num_workers": 2})()):
+        fresh = WorkerReads(warmup=0)
+        fresh.begin(loader, 0, 0.0)
+        assert not any(fresh.due(i, i * 0.01) for i in range(0, 300, 10))

@@ -111,6 +111,72 @@ def test_copy_on_read_is_named_only_for_python_objects_and_its_growth_matches_sm
         assert abs(got - true) <= 0.2 * true, (w, got, true, truth_doc["seconds"])
 
 
+class Pages(torch.utils.data.Dataset):
+    """Items that each read PAGES strings of about a page each (a data set of Python objects: reading one
+    writes its reference count, so a forked worker copies that page from the parent)."""
+
+    def __init__(self, n: int) -> None:
+        self.strings = [f"{i:08d}" + "x" * 4000 for i in range(n * PAGES)]
+
+    def __len__(self) -> int:
+        return len(self.strings) // PAGES
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        part = self.strings[i * PAGES : (i + 1) * PAGES]
+        time.sleep(0.004)
+        return torch.tensor([sum(len(x) for x in part)])
+
+
+PAGES = 16  # ~64 KB copied a item: 150 steps of 8 items over 2 workers, ~37 MB a worker
+
+
+def _workers() -> list[int]:
+    """This process's loader workers (forked: its own command line), oldest first; not the sampler process."""
+    me = psutil.Process()
+    return [c.pid for c in sorted(me.children(), key=lambda c: c.create_time()) if c.cmdline() == me.cmdline()]
+
+
+def run_short(out: str) -> None:
+    """150 steps of a loader without persistent workers, under a Session with its default sources (a memory
+    reading as often as 0.5% of a core allows: seconds apart), as a user's short run is: run in a fresh
+    interpreter by the test below, with the test's own readings of each worker's smaps at its first and last batch."""
+    loader = torch.utils.data.DataLoader(Pages(150 * 8), batch_size=8, num_workers=WORKERS)
+    uss: list[list[float]] = []
+    t0 = time.perf_counter()
+    with Session(out, warmup=5, meta={"workers": WORKERS}) as s:
+        for i, _batch in enumerate(s.wrap(loader)):
+            if i in (5, 149):  # the window's first step and the last batch: the workers still live
+                uss.append(_uss(_workers()))
+    (Path(out) / "truth.json").write_text(json.dumps({"uss": uss, "seconds": time.perf_counter() - t0}))
+
+
+def test_a_short_run_reads_its_workers_while_they_live_and_names_their_copy_on_read(tmp_path: Path) -> None:
+    # issue #56: two workers over a list of Python objects ran 150 steps in 2.8 s, and each process had one memory
+    # reading (uss_start_mb == uss_end_mb): the workers were gone before the next. The Session now asks for readings
+    # through the first epoch while they live (profiler/core/workerreads.py)
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {MODULE} as t; t.run_short(sys.argv[1])"
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    mem = summary["memory"]
+    rows = {p["label"]: p for p in mem["processes"]}
+    assert {"w0", "w1"} <= set(rows), rows
+    # the truth: each worker's USS at the window's first step and at the last batch, read by the test
+    (first, last), seconds = truth["uss"], truth["seconds"]
+    for w in range(WORKERS):
+        row, grew = rows[f"w{w}"], last[w] - first[w]
+        assert grew > 8.0, (w, first, last)  # the test's own premise: each worker copied tens of MB
+        assert row["uss_end_mb"] > row["uss_start_mb"], (row, seconds)  # read more than once while it lived
+        # what stallscope saw grow, against what the test saw over nearly the same span (its first reading may come
+        # a round after the window's first step, its last up to READ_AHEAD_S before the last batch)
+        assert 0.5 * grew <= row["uss_end_mb"] - row["uss_start_mb"] <= 1.2 * grew, (row, first, last, seconds)
+    codes = [r["code"] for r in summary["recommendations"]]
+    assert sorted(mem["growing"]) == ["w0", "w1"] and "WORKER_MEMORY_GROWTH" in codes, (mem, seconds)
+
+
 def test_the_pin_threads_cpu_matches_the_threads_own_clock() -> None:
     stop, spent = threading.Event(), []
 

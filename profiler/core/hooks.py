@@ -90,6 +90,9 @@ class Recorder(SessionHook, Protocol):
     def rescan_soon(self) -> None:
         """A loader has just started its workers: sources that follow the process tree look at their next read."""
 
+    def read_memory_soon(self) -> None:
+        """Read the processes' memory at the next round, off its schedule (profiler.core.workerreads)."""
+
 
 class ServingHook(SessionHook, Protocol):
     """A hook that serves the run's figures while it runs (the Prometheus exporter of ``prometheus=``)."""

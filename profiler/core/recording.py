@@ -184,6 +184,11 @@ class Recording:
         if self.sampler is not None:
             self.sampler.rescan_soon()
 
+    def read_memory_soon(self) -> None:
+        """The sources that read some figures rarely (memory) read them all at the next round."""
+        if self.sampler is not None:
+            self.sampler.read_all_soon()
+
     def now(self) -> float:
         """Seconds since the run's zero."""
         return self._clock() - self.t0

@@ -230,9 +230,7 @@ class Sampler:
             self._close_all()
 
     def _last_round(self) -> None:
-        for src in self._active:
-            if isinstance(src, Paced):
-                src.read_all_next()
+        self.read_all_soon()
         self._stop.clear()  # collect() gives up on a stop: this round waits for its reads as any other
         try:
             self._sample_once(self._now(), 0.0, paced=False)
@@ -397,6 +395,12 @@ class Sampler:
         for worker in self._threads.values():
             worker.finish()
         self._active, self._threads = [], {}
+
+    def read_all_soon(self) -> None:
+        """Every source that reads some figures on a schedule of its own (memory) reads them all at its next read."""
+        for src in list(self._active):
+            if isinstance(src, Paced):
+                src.read_all_next()
 
     def rescan_soon(self) -> None:
         """The process tree has just changed (a loader started its workers): every source that rescans it on a

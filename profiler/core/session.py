@@ -66,6 +66,7 @@ from profiler.core.stepevents import (
     ListLog,
     Tee,
 )
+from profiler.core.workerreads import WorkerReads
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -87,15 +88,6 @@ ADJACENT_S = 50e-6
 RESOLVE_EVERY = 64
 RESOLVE_S = 0.1
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
-# The training thread's schedstat is read at a step's boundaries (its start, its batch's arrival, its phases) on
-# every step where that costs under RUNQ_BUDGET of the step, and on one step in k of shorter ones (k up to
-# RUNQ_MAX_EVERY, from the last batch of steps' mean time): those reads cost RUNQ_COST_S a step in a fast loop
-# (benchmarks/overhead.py: the training thread's CPU time per step with and without them, 41-78 us against 11-16 at
-# 1.7 ms steps; the syscalls' own time is 7-10 us, the rest the caches and branch predictors they leave cold).
-# Every step is timed by the clock all the same; the run-queue figures are those of the steps read (docs/metrics.md).
-RUNQ_COST_S = 45e-6
-RUNQ_BUDGET = 0.002
-RUNQ_MAX_EVERY = 32
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
 LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")
 
@@ -167,7 +159,8 @@ class Session:
         "_hooks", "_in_flight", "_kw", "_kw_plan", "_kw_recorder", "_log", "_mark_n", "_marks", "_max_lag", "_meta",
         "_names", "_next_index", "_phase_of", "_put", "_recent", "_recorder", "_resolve_every", "_row_sinks",
         "_rows_asked", "_rq_on", "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started",
-        "_status", "_step", "_steps", "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "device",
+        "_status", "_step", "_steps", "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "_wreads",
+        "device",
         "out_dir", "sample_hz", "warmup",
     )  # fmt: skip
 
@@ -252,6 +245,7 @@ class Session:
         self._in_flight: deque[list[tuple[float, object]]] = deque()  # ended steps' marks, not yet known complete
         self._mark_n = 0
         self._win, self._due, self._due_t = (0, 0.0), 0, 0.0  # the last _tick (step, time); when the next is due
+        self._wreads = WorkerReads(self.warmup)  # the first epoch's asks for the workers' memory
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -474,6 +468,7 @@ class Session:
         t_iter: float | None = clock()
         x_iter = rq.run_delay_s() if rq is not None and self._next_index % self._runq_every == 0 else NAN
         it = self._iterate(iterable)  # the workers' start: that wait belongs to the first step
+        self._wreads.begin(iterable, self._next_index, clock())
         try:
             while True:
                 t0 = self._waiting_since = clock()
@@ -543,12 +538,14 @@ class Session:
         the device marks that completed, and the rows wanted in this process."""
         n = index - self._win[0]
         if n > 0:
-            self._runq_every = runq_every((t - self._win[1]) / n)
+            self._runq_every = schedstat.runq_every((t - self._win[1]) / n)
         self._win = (index, t)
         self._due, self._due_t = index + self._resolve_every, t + RESOLVE_S
         if (kw := self._kw) is not None:
             kw.at(index, self._put)
             self._due = min(self._due, kw.next_index)
+        if self._wreads.due(index, t):
+            self._recorder.read_memory_soon()
         self._flush()
 
     def _flush(self, drain: bool = False) -> None:
@@ -756,7 +753,11 @@ class Session:
         self.annotate(
             schedstat_tid=rq.tid,
             schedstat_path=rq.path.replace("/self/", f"/{os.getpid()}/"),
-            schedstat_budget={"cost_s": RUNQ_COST_S, "share": RUNQ_BUDGET, "max_every": RUNQ_MAX_EVERY},
+            schedstat_budget={
+                "cost_s": schedstat.RUNQ_COST_S,
+                "share": schedstat.RUNQ_BUDGET,
+                "max_every": schedstat.RUNQ_MAX_EVERY,
+            },
         )
         return rq
 
@@ -766,14 +767,6 @@ class Session:
         found = {key: value for key, value in loader_facts(loader).items() if self._meta.get(key) is None}
         if found:
             self.annotate(**found)
-
-
-def runq_every(step_s: float) -> int:
-    """Read the training thread's schedstat on one step in this many, for steps of ``step_s`` seconds: its reads
-    kept under RUNQ_BUDGET of a step (every step from 9 ms up), at least one step in RUNQ_MAX_EVERY."""
-    if not step_s > 0:
-        return 1
-    return max(1, min(RUNQ_MAX_EVERY, math.ceil(RUNQ_COST_S / (RUNQ_BUDGET * step_s) - 1e-9)))  # 9 ms: 1, not 2
 
 
 def _run_facts(device: DeviceInfo, warmup: int, sample_hz: float) -> dict[str, object]:

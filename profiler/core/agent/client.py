@@ -303,6 +303,10 @@ class SamplerProcess:
         if self.sampler is not None:
             self.sampler.rescan_soon()
 
+    def read_memory_soon(self) -> None:
+        if self._writer is not None:
+            self._writer.put_item({"memory": 1})
+
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """py-spy on ``pid`` and its subprocesses, run by the sampler process (what it finds goes to the store)."""
         if self._writer is not None:

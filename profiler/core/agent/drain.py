@@ -30,6 +30,8 @@ class Extras(Protocol):
 
     def rescan_soon(self) -> None: ...
 
+    def read_memory_soon(self) -> None: ...
+
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None: ...
 
 
@@ -66,6 +68,7 @@ class Drain:
             "event": lambda v: store.put_event(v[0], v[1], v[3], v[2]),
             "samples": lambda v: store.put_samples(tuple(r) for r in v),
             "rescan": lambda _v: extras.rescan_soon() if extras is not None else None,
+            "memory": lambda _v: extras.read_memory_soon() if extras is not None else None,
             "pyspy": self._pyspy,
         }
         self.steps = 0
