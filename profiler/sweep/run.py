@@ -28,10 +28,8 @@ from profiler.core.store import StepRow, StoreWriteError
 from profiler.drivers.runner import RunConfig, RunStopped, TrainingError, run_scenario
 from profiler.live.feeds import Monitor
 from profiler.sweep.analysis import (
-    DEFAULT_STEPS,
     MIN_STEPS,
     REL_CI,
-    SECONDS_ONLY_STEPS,
     Config,
     SweepResult,
     SweepRow,
@@ -42,6 +40,7 @@ from profiler.sweep.analysis import (
     with_knobs,
 )
 from profiler.sweep.climb import LoaderKnobs
+from profiler.sweep.defaults import DEFAULT_STEPS, SECONDS_ONLY_STEPS
 from profiler.sweep.tuner import TuneResult, tune
 from scenarios import Scenario
 

@@ -46,10 +46,6 @@ FINAL_MAX_ROUNDS = 5
 CONTESTED_GAIN = 1.5
 WEIGHED = "trials+final"  # TuneResult.basis: the speedup from every run of each, the trials and the final rounds
 DEFAULT_PIPELINE = "naive"
-# tune's default --max-workers: a hard cap on the climb past the cores (each worker is a process holding a
-# copy of the dataset object and prefetch_factor batches); the ceiling from the workers' CPU use and the
-# throughput rule stop it long before this on most loaders
-WORKER_CAP = 64
 
 
 @dataclass(slots=True)
