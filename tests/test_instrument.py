@@ -281,3 +281,20 @@ def test_a_dali_iterator_is_timed_as_its_own_loader(tmp_path: Path) -> None:
     mine = [r for r in recs if r.get("id") == lo["id"] and r["k"] in ("iter", "next", "end")]
     assert [r["k"] for r in mine].count("next") == 20 and all(r["n"] == 4 for r in mine if r["k"] == "next")
     assert [r["k"] for r in mine].count("end") == 2
+
+
+def test_a_script_that_ends_normally_is_not_reported_lost(tmp_path: Path) -> None:
+    # issue #57: at the end of `run -- python main.py` stallscope printed, for each source that followed the script,
+    # "source host lost at 37.8 s: process 1845 exited; sampling goes on without it": the script had just finished
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time\nfrom torch.utils.data import DataLoader\n"
+        "for _ in DataLoader(list(range(240)), batch_size=4):\n    time.sleep(0.01)\n"
+    )
+    out = tmp_path / "r"
+    res = stallscope("run", "--no-live", "--out", str(out), "--", sys.executable, str(script))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "lost" not in res.stderr and "goes on without it" not in res.stderr, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] > 0
+    assert not any(v.startswith("lost") for v in summary["sampler"]["sources"].values()), summary["sampler"]

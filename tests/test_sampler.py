@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from conftest import wait_until
 
 from profiler.core.sampler import Sampler
-from profiler.core.sources.base import SourceLost
+from profiler.core.sources.base import SourceEnded, SourceLost
 
 
 class FakeClock:
@@ -153,6 +154,21 @@ def test_lost_source_is_retired_and_others_go_on() -> None:
     assert wait_until(lambda: gpu.closed >= 1, timeout=10)
     assert ("source" in [e[1] for e in events]) and any("lost" in e[2] for e in events)
     assert max(r[0] for r in rows if r[1] == "gpu") < min(r[0] for r in rows if r[1] == "host" and r[3] == 6.0)
+
+
+def test_a_source_whose_process_ended_is_retired_as_ended_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    # issue #57: a script that finished printed "source host lost at 37.8 s: process 1845 exited; sampling goes on
+    # without it" for each source that followed it
+    clock = FakeClock(stop_after=12)
+    host = Scripted("host", clock, costs=[0.0], fail={5: SourceEnded("process 1845 exited")})
+    gpu = Scripted("gpu", clock, costs=[0.0], fail={7: SourceLost("GPU is lost")})
+    with caplog.at_level(logging.DEBUG, logger="stallscope"):
+        s, _rows, events = _run([host, gpu], clock)
+    assert s.stats.sources["host"].status == "ended: process 1845 exited"
+    assert s.stats.sources["gpu"].status == "lost: GPU is lost"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warned == ["stallscope: source gpu lost at 0.7 s: GPU is lost; sampling goes on without it"], warned
+    assert any(e[2] == "ended: process 1845 exited" for e in events if e[1] == "source")
 
 
 def test_unavailable_source_is_reported_once_and_never_read() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from profiler.core.sources.base import Source, SourceLost
+from profiler.core.sources.base import Source, SourceEnded
 from profiler.core.sources.host import HostSource
 
 # Busy for at most 20 s so a failed test cannot leave a burner behind for long.
@@ -260,11 +260,11 @@ def test_children_failing_each_way_are_dropped_silently() -> None:
     assert src.pid_labels() == labels
 
 
-def test_loss_of_the_main_process_is_source_lost() -> None:
+def test_the_main_process_exiting_is_the_sources_end() -> None:
     main = _FakeProcess(1, fail=_NoSuchProcess)
     src = HostSource(1, psutil_module=_fake_psutil(main))
     assert src.open() is None
-    with pytest.raises(SourceLost, match="exited"):
+    with pytest.raises(SourceEnded, match="exited"):  # its subject's end, not a fault (SourceLost's kind)
         src.read()
 
 

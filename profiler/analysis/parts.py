@@ -298,7 +298,8 @@ class SamplerHealth:
     lateness_ms: Lateness
     read_ms_mean: float
     missed_deadlines: int | None  # written only at a clean close
-    sources: dict[str, str] = field(default_factory=dict)  # "available" | "unavailable: <why>" | "lost: <why>"
+    # "available" | "unavailable: <why>" | "lost: <why>" | "ended: <why>" (the process it followed exited)
+    sources: dict[str, str] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     last_error: dict[str, str] = field(default_factory=dict)
     stopped_at: dict[str, float] = field(default_factory=dict)  # name -> s into the run when a source was lost

@@ -440,8 +440,7 @@ def cmd_tune_command(args: argparse.Namespace) -> int:
 
 
 class _Once(logging.Filter):
-    """Each warning once a tune (every trial's recording warns alike: NVML missing, say); the sampler's note that
-    the command's process exited is every trial's normal end, not said."""
+    """Each warning once a tune (every trial's recording warns alike: NVML missing, say)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -450,7 +449,7 @@ class _Once(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         key = re.sub(r"[0-9.]+", "#", message)
-        if key in self.seen or ("exited" in message and "sampling goes on without it" in message):
+        if key in self.seen:
             return False
         self.seen.add(key)
         return True

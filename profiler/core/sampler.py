@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from profiler.core.sources.base import Paced, Rescans, Source, SourceLost
+from profiler.core.sources.base import Paced, Rescans, Source, SourceEnded, SourceLost
 from profiler.core.sources.sched import run_delay_s, schedstat_path
 
 log = logging.getLogger("stallscope")
@@ -124,7 +124,7 @@ class _SourceThread:
 
 @dataclass(slots=True)
 class SourceHealth:
-    status: str = "available"  # "available" | "unavailable: <reason>" | "lost: <reason>"
+    status: str = "available"  # "available" | "unavailable: <reason>" | "lost: <reason>" | "ended: <reason>"
     errors: int = 0
     last_error: str | None = None
 
@@ -351,6 +351,9 @@ class Sampler:
         exc = res.error
         if exc is None:
             return res.value
+        if isinstance(exc, SourceEnded):
+            self._retire(src, f"ended: {exc}", warn=False)
+            return {}
         if isinstance(exc, SourceLost):
             self._retire(src, f"lost: {exc}")
             return {}
@@ -362,7 +365,7 @@ class Sampler:
         health.last_error = reason
         return {}
 
-    def _retire(self, src: Source, status: str) -> None:
+    def _retire(self, src: Source, status: str, *, warn: bool = True) -> None:
         self._active.remove(src)
         health = self.stats.sources[src.name]
         health.status = status
@@ -370,7 +373,7 @@ class Sampler:
         health.last_error = status
         self._event("source", src.name, status)
         said = status.replace(": ", f" at {self._now():.1f} s: ", 1)  # "lost at 12.3 s: GPU 0: ..."
-        log.warning("stallscope: source %s %s; sampling goes on without it", src.name, said)
+        (log.warning if warn else log.debug)("stallscope: source %s %s; sampling goes on without it", src.name, said)
         # the source is gone; its close is queued behind any call still hung on its thread, never waited for
         self._threads.pop(id(src)).finish(src.close)
 

@@ -21,6 +21,12 @@ class SourceLost(Exception):
     """Raised by ``read()`` when the source can never be read again (device lost, driver unloaded)."""
 
 
+class SourceEnded(SourceLost):
+    """Raised by ``read()`` when what the source follows has ended (the process it reads exited): its subject's end,
+    not a fault. The sampler retires it as ``ended: <why>``, without a warning: a script that finishes is not a loss
+    (issue #57: three "source host lost ... sampling goes on without it" lines at a normal end)."""
+
+
 @runtime_checkable
 class Source(Protocol):
     """A metric source sampled by :class:`profiler.core.sampler.Sampler`."""

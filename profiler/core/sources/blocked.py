@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from profiler.core.sources.base import SourceLost
+from profiler.core.sources.base import SourceEnded
 from profiler.core.sources.sched import PROC, parse, schedstat_path, start_time
 
 POLL_HZ = 25.0
@@ -362,7 +362,7 @@ class BlockedSource:
             times = t.times()
             if times is None:
                 if label == "main":
-                    raise SourceLost(f"process {self.pid} exited (its main thread's schedstat is gone)")
+                    raise SourceEnded(f"process {self.pid} exited (its main thread's schedstat is gone)")
                 self._drop(label)
                 continue
             prev, t.prev = t.prev, times

@@ -8,7 +8,7 @@ Invariants:
 - Worker labels ``w0, w1, ...`` follow first appearance and are never reused (:meth:`HostSource.pid_labels`);
   a worker that has exited reports nothing, not zero.
 - A child that vanishes between listing and reading is dropped; only the loss of the main process raises
-  :class:`SourceLost`. ``rss_mb`` is MiB.
+  :class:`SourceEnded` (its exit), :class:`SourceLost` (no permission). ``rss_mb`` is MiB.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from profiler.core.sources.base import ProcessHandle, SourceLost
+from profiler.core.sources.base import ProcessHandle, SourceEnded, SourceLost
 
 _MIB = float(1 << 20)
 
@@ -103,7 +103,7 @@ class HostSource:
                 main_cpu, main_rss = self._read_process(self._main, first=not self._main_read)
                 self._main_read = True
             except (ps.NoSuchProcess, ps.ZombieProcess) as exc:
-                raise SourceLost(f"process {self._pid} exited") from exc
+                raise SourceEnded(f"process {self._pid} exited") from exc
             except ps.AccessDenied as exc:
                 raise SourceLost(f"lost permission to read process {self._pid}") from exc
 

@@ -8,7 +8,7 @@ and ``rank{R}.alive``, with CPU % as :mod:`profiler.core.sources.host` means it.
 Invariants: the tree is rescanned at most every ``refresh_s`` seconds; a process's environment is read when
 it is first seen and at each rescan until it names a rank (a launcher's fork names none until it execs); a
 process that is gone or unreadable is dropped, never an error; only the loss of the root raises
-:class:`~profiler.core.sources.base.SourceLost`. Without ranks the source reads nothing (an empty reading).
+:class:`~profiler.core.sources.base.SourceEnded`. Without ranks the source reads nothing (an empty reading).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-from profiler.core.sources.base import ProcessHandle, SourceLost
+from profiler.core.sources.base import ProcessHandle, SourceEnded
 
 _MIB = float(1 << 20)
 # What makes two processes the same rank: a worker forked from rank R carries exactly its environment
@@ -222,7 +222,7 @@ class RankSource:
         try:
             listed = root.children(recursive=True)
         except (ps.NoSuchProcess, ps.ZombieProcess) as exc:
-            raise SourceLost(f"process {self._root_pid} exited") from exc
+            raise SourceEnded(f"process {self._root_pid} exited") from exc
         except ps.AccessDenied:
             return
         live = {p.pid for p in listed}

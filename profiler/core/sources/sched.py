@@ -9,7 +9,7 @@ Invariants:
 - Every figure is a difference of two readings: a first reading is NaN (not 0); a thread first seen enters a
   sum from its next reading. Rates are ``100 * run delay / period`` (a sum over threads: % of one core).
 - Thread and worker lists are rescanned at most every ``rescan_s``; a worker is its pid and start time (a
-  recycled pid is not the old worker). Only the loss of the main thread raises :class:`SourceLost`.
+  recycled pid is not the old worker). Only the loss of the main thread raises :class:`SourceEnded`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from profiler.core.sources.base import SourceLost
+from profiler.core.sources.base import SourceEnded
 
 PROC = "/proc"
 FIELD = "field 2 (run delay: ns runnable but waiting for a CPU)"
@@ -248,7 +248,7 @@ class SchedSource:
         main = self._main
         deltas = main.read()
         if self.pid not in main.fds:
-            raise SourceLost(f"process {self.pid} exited (its main thread's schedstat is gone)")
+            raise SourceEnded(f"process {self.pid} exited (its main thread's schedstat is gone)")
         dt, self._last_t = (None if self._last_t is None else now - self._last_t), now
         pct = partial(_pct, dt)
         out = {"sched.main.runq_pct": pct(deltas.get(self.pid)), "sched.proc.runq_pct": pct(sum(deltas.values()))}
