@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,3 +95,21 @@ def test_data_make_killed_part_way_resumes_without_redoing_work(tmp_path: Path) 
     for name in (p.relative_to(ref.root) for p in ref.root.rglob("*.jpg")):
         assert (out / name).read_bytes() == (ref.root / name).read_bytes()
     assert len(list(out.rglob("*.jpg"))) == 60
+
+
+def test_synthetic_input_generates_one_batch_not_the_scenarios_whole_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue #57: `run imagenet --synthetic-input` generated the 1,280-image imagenet-like set (21 s on a new machine)
+    # and then trained on its loader's first batch alone
+    monkeypatch.setenv("STALLSCOPE_DATA", str(tmp_path / "data"))
+    res = stallscope(
+        "run", "imagenet", "--synthetic-input", "--device", "sim:v100", "--steps", "3", "--warmup", "1",
+        "--batch-size", "12", "--no-live", "--json", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads(res.stdout)["steps"] == 3
+    made = sorted(p.name for p in (tmp_path / "data").iterdir())
+    assert made == ["imagenet-like-12-s0"], made  # one batch of 12: the set it reads, and no other
+    images = [p for p in (tmp_path / "data" / made[0]).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
+    assert len(images) == 12

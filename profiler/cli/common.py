@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from profiler.core.agent.views import ViewRecipe
 from profiler.core.sampler import MAX_HZ
+from profiler.sweep.defaults import MAX_BATCH_FACTOR
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -327,7 +328,7 @@ def resolve_training(
             what = "does not exist" if not data.exists() else "is not a directory"
             raise BadInput(f"--data {args.data!r} {what}: allowed an existing data directory")
     else:
-        data = default_data(scenario)
+        data = default_data(scenario, synthetic_images(args, scenario))
     meta: dict[str, Any] = {}
     if args.scenario.endswith(".py"):  # a run names its scenario; `whatif` rebuilds a file's from this path
         meta["scenario_source"] = str(Path(args.scenario).resolve())
@@ -379,18 +380,38 @@ def precision_of(args: argparse.Namespace, t: Training) -> Precision:
     return p
 
 
-def default_data(scenario: Scenario) -> Path:
+def default_data(scenario: Scenario, count: int | None = None) -> Path:
     """The scenario's default data set (a file-backed scenario's: ``scenario.data`` set), generated (once)
-    behind a progress bar."""
+    behind a progress bar; ``count`` images (:func:`synthetic_images`) where fewer than the scenario's are read."""
     from profiler.render.progress import progress
     from scenarios.datagen import DataError, ensure_default
 
+    count = scenario.data_count if count is None else count
     try:
-        what = f"the default {scenario.data} set ({scenario.data_count} images, once)"
+        what = f"the default {scenario.data} set ({count} images, once)"
         with progress(f"stallscope: generating {what}") as report:
-            return ensure_default(str(scenario.data), scenario.data_count, seed=0, progress=report)
+            return ensure_default(str(scenario.data), count, seed=0, progress=report)
     except DataError as exc:
         raise BadInput(str(exc)) from None
+
+
+SYNTHETIC_MIN_IMAGES = 10  # the imagenet-like set's classes: one image of each at least
+
+
+def synthetic_images(args: argparse.Namespace, scenario: Scenario) -> int | None:
+    """With --synthetic-input, the images the default data set needs: one batch for each rank, at the largest batch
+    and rank count the command may run (a run trains on its loader's first batch alone: issue #57 found the full
+    1,280-image set generated, 21 s on a new machine, for one batch); None without it (the scenario's whole set)."""
+    if not getattr(args, "synthetic_input", False):
+        return None
+    given = getattr(args, "batch_size", None)  # run's --batch-size; sweep's --batch-sizes; tune's --max-batch-size
+    batches = [given] if isinstance(given, int) else list(getattr(args, "batch_sizes", None) or [scenario.batch_size])
+    if hasattr(args, "max_workers"):  # a tune climbs the batch up to its ceiling
+        batches.append(getattr(args, "max_batch_size", None) or MAX_BATCH_FACTOR * scenario.batch_size)
+    nproc = getattr(args, "nproc", None)
+    ranks = max(nproc) if isinstance(nproc, list) and nproc else nproc if isinstance(nproc, int) else 1
+    need = max(b for b in batches if isinstance(b, int)) * max(1, ranks)
+    return min(scenario.data_count, max(SYNTHETIC_MIN_IMAGES, need))
 
 
 def print_summary(summary: Summary, as_json: bool, job: ZeroCodeJob | None = None) -> None:
