@@ -65,12 +65,12 @@ def sim_twin(device_name: str, keys: Sequence[str] | None = None) -> tuple[str, 
     A key matches as a whole token of the name ("NVIDIA A100-SXM4-80GB" -> a100, "Tesla T4" -> t4), so that
     "T4" inside another model number does not.
     """
-    from profiler.sim.specs import match_accelerator
+    from profiler.sim.specs import match_accelerator, unknown_device
 
     key = match_accelerator(device_name, keys)
     if key is not None:
         return key, None
-    return DEFAULT_TWIN, f"no simulated accelerator matches {device_name!r}: its twin here is sim:{DEFAULT_TWIN}"
+    return DEFAULT_TWIN, f"{unknown_device(device_name)}: its twin here is sim:{DEFAULT_TWIN}"
 
 
 def nvml_util(summary: dict[str, Any]) -> float | None:

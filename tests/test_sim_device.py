@@ -160,7 +160,7 @@ def test_the_timer_puts_events_on_the_run_clock_in_stream_order() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("sim:h200", "unknown accelerator 'h200': allowed sim:"),
+        ("sim:b200", "unknown accelerator 'b200': allowed sim:"),
         ("sim:v100,precision=tf32", "the v100 has no tf32 peak: allowed fp32, amp"),
         ("sim:a100,efficiency=0", "efficiency '0' is not a number in (0, 1]"),
         ("sim:a100,efficiency=1.5", "efficiency '1.5' is not a number in (0, 1]"),

@@ -29,7 +29,7 @@ def _error(text: str) -> str:
 @pytest.mark.parametrize("name", list(ACCELERATORS))
 def test_every_name_parses_with_its_default_precision(name: str) -> None:
     config = parse(f"sim:{name}")
-    expected = "tf32" if name in ("a100", "h100") else "fp32"
+    expected = "tf32" if name in ("a100", "h100", "h200") else "fp32"
     assert config.spec is ACCELERATORS[name]
     assert config.precision == expected == config.spec.default_precision()
     own = DEVICE_EFFICIENCY.get((name, expected))
@@ -90,7 +90,7 @@ def test_table_sanity_and_every_figure_is_sourced(spec: specs.AcceleratorSpec) -
 
 
 def test_nvlink_only_on_sxm_boards_and_the_link_option() -> None:
-    assert [n for n, s in ACCELERATORS.items() if s.nvlink_gbps] == ["v100", "a100", "h100"]
+    assert [n for n, s in ACCELERATORS.items() if s.nvlink_gbps] == ["v100", "a100", "h100", "h200"]
     assert parse("sim:p100").link == "pcie" and parse("sim:p100").link_gbps == 12.0
     assert parse("sim:v100").link == "nvlink" and parse("sim:v100").link_gbps == 150.0
     pcie = parse("sim:v100,link=pcie")
@@ -101,7 +101,7 @@ def test_nvlink_only_on_sxm_boards_and_the_link_option() -> None:
 
 
 def test_tf32_only_on_ampere_and_later_and_no_amp_on_k80() -> None:
-    assert [n for n, s in ACCELERATORS.items() if "tf32" in s.peak_tflops] == ["a100", "h100"]
+    assert [n for n, s in ACCELERATORS.items() if "tf32" in s.peak_tflops] == ["a100", "h100", "h200"]
     assert "amp" not in ACCELERATORS["k80"].peak_tflops
 
 

@@ -404,7 +404,7 @@ class _Loop:
         """A CUDA run's FLOPs per step, counted once on the meta device (the simulator's count: the same model,
         batch and loss), for MFU (profiler.analysis.mfu)."""
         from profiler.sim.cost import CostModelError, measure_step
-        from profiler.sim.specs import ACCELERATORS, match_accelerator
+        from profiler.sim.specs import datasheet_peak
 
         scenario, plan = self.scenario, self.plan
         try:
@@ -420,12 +420,7 @@ class _Loop:
             self.session.annotate(step_flops={"flops": None, "source": f"not counted: {exc}"})
             return
         facts: dict[str, object] = {"flops": cost.flops, "source": "counted on the meta device (FlopCounterMode)"}
-        key = match_accelerator(self.cfg.device.name)
-        if key is not None:  # the datasheet's peak for PyTorch's default arithmetic there (TF32 convolutions)
-            spec = ACCELERATORS[key]
-            precision = spec.default_precision()
-            facts |= {"peak_tflops": spec.peak_tflops[precision], "peak_of": f"{spec.full_name} {precision} datasheet"}
-        self.session.annotate(step_flops=facts)
+        self.session.annotate(step_flops=facts | datasheet_peak(self.cfg.device.name))
 
     def _load_sim(self, sim: SimDevice) -> None:
         """The simulated device gets the step's cost, counted on the meta device from one item of the dataset;

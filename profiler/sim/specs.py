@@ -153,6 +153,15 @@ _WP_H100 = (
     "TFLOPS; the datasheet's 989 / 1,979 are with sparsity) "
     "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
 )
+_DS_H200 = (
+    "NVIDIA H200 datasheet, H200 SXM column (141 GB HBM3e, 4.8 TB/s, up to 700 W, NVLink 900 GB/s, PCIe Gen5 host "
+    "link; its FLOP peaks are the H100 SXM's: the same GH100 SMs and clocks) "
+    "https://www.nvidia.com/en-us/data-center/h200/"
+)
+_MEASURED_H200 = (
+    "measured: NVML on an NVIDIA H200 read 143,771 MiB of memory (140.4 GiB), 2026-11-28 "
+    "(../shared/measured/h200-2026-11-28.md)"
+)
 _PCIE3 = (
     "PCIe 3.0 x16 achieved from pinned memory, ~12 GB/s: bandwidthTest H2D pinned 12150.7 MB/s on a Tesla "
     "P100-PCIE-16GB https://github.com/mpicbg-scicomp/gearshifft/pull/82 ; V100 ingress measured at 12 GB/s "
@@ -325,7 +334,35 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         },
         nvlink_gbps=450.0,
     ),
+    "h200": _spec(
+        "h200",
+        "NVIDIA H200 (SXM, 141 GB)",
+        {"fp32": 67.0, "tf32": 494.7, "amp": 989.4},
+        memory_gib=140.4,
+        pinned_gbps=50.0,
+        tdp_w=700.0,
+        idle_w=140.0,
+        memory_gbps=4800.0,
+        sources={
+            "peak": _WP_H100 + " ; " + _DS_H200,
+            "peak_tflops.fp32": _DS_H100 + " ; " + _DS_H200,
+            "memory_gbps": _DS_H200,
+            "memory_gib": _MEASURED_H200 + " ; " + _DS_H200,
+            "h2d_pinned_gbps": _PCIE5,
+            "nvlink_gbps": _NVLINK.format(ds=_DS_H200, total=900, half=450),
+            "tdp_w": _DS_H200,
+            "idle_w": "estimate: the H100 SXM's 140-145 W at 0-4 % utilisation (the same board power class), not "
+            "measured on an H200 https://github.com/wilicc/gpu-burn/issues/114",
+        },
+        nvlink_gbps=450.0,
+    ),
 }
+# Variants whose name holds a table key but whose figures differ from its entry: a name with one of these tokens
+# (as torch.cuda.get_device_name and NVML give it) is not that entry: "NVIDIA H100 PCIe" (51 TFLOPS FP32, 2 TB/s)
+# and "NVIDIA H100 NVL" (94 GB, 3.9 TB/s) are not the H100 SXM, an "A100-SXM4-40GB" or "A100-PCIE-40GB" not the
+# A100 80GB (1,555 GB/s; the "A100 80GB PCIe" has its peaks and 1,935 GB/s: it is). GH200 and H20 hold no key as a
+# whole token ("gh200", "h20"): unknown too.
+OTHER_VARIANTS: dict[str, tuple[str, ...]] = {"h100": ("pcie", "nvl"), "a100": ("40gb",)}
 
 
 # The model's constants, fitted by profiler.sim.calibration.calibrate on the points in calibration.POINTS and
@@ -428,9 +465,30 @@ def _link(text: str, spec: AcceleratorSpec, value: str) -> str:
 
 def match_accelerator(device_name: str, keys: Sequence[str] | None = None) -> str | None:
     """The key of :data:`ACCELERATORS` whose name is a whole token of ``device_name`` (``torch.cuda.get_device_name``:
-    "NVIDIA A100-SXM4-80GB" -> a100, "Tesla T4" -> t4, and "T4" inside another model number does not match), or
-    None."""
+    "NVIDIA A100-SXM4-80GB" -> a100, "Tesla T4" -> t4, "NVIDIA H200" -> h200, and "T4" inside another model number
+    does not match), unless the name also holds a token of another variant (:data:`OTHER_VARIANTS`); else None."""
     for key in ACCELERATORS if keys is None else keys:
-        if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", device_name, re.IGNORECASE):
+        if _token(key, device_name) and not any(_token(v, device_name) for v in OTHER_VARIANTS.get(key, ())):
             return key
     return None
+
+
+def _token(word: str, name: str) -> bool:
+    return re.search(rf"(?<![a-z0-9]){re.escape(word)}(?![a-z0-9])", name, re.IGNORECASE) is not None
+
+
+def datasheet_peak(device_name: str) -> dict[str, object]:
+    """A CUDA device's peak for MFU (a run's ``step_flops`` meta): the datasheet's for PyTorch's default arithmetic
+    there (TF32 convolutions where it has them), ``{"peak_tflops", "peak_of"}``; for a device the table lacks,
+    ``{"peak_of": <the line that says so>}``."""
+    key = match_accelerator(device_name)
+    if key is None:
+        return {"peak_of": unknown_device(device_name)}
+    spec = ACCELERATORS[key]
+    precision = spec.default_precision()
+    return {"peak_tflops": spec.peak_tflops[precision], "peak_of": f"{spec.full_name} {precision} datasheet"}
+
+
+def unknown_device(device_name: str) -> str:
+    """The one line said where a CUDA device is not in the table: the name read, and what the table holds."""
+    return f"{device_name!r} is not in stallscope's device table ({', '.join(ACCELERATORS)}): its peak is not known"
