@@ -3,6 +3,7 @@ and the combinations that are bad input."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -77,8 +78,6 @@ def test_the_run_records_the_switches_in_effect() -> None:
         (Precision("tf32"), "cpu", None, "--precision tf32 needs CUDA (TF32 is an NVIDIA GPU's)"),
         (Precision("tf32"), "cuda", _fake_cuda(major=7), "--precision tf32 needs compute capability 8.0 or later"),
         (Precision("bf16"), "cuda", _fake_cuda(bf16=False), "--precision bf16: this GPU has no bfloat16"),
-        (Precision("fp32"), "sim", None, "--precision fp32 on a simulated device: give its precision in the device"),
-        (Precision(channels_last=True), "sim", None, "--channels-last on a simulated device"),
         (Precision("half"), "cpu", None, "--precision 'half': allowed default, fp32, tf32, bf16, fp16"),
     ],
 )
@@ -87,6 +86,47 @@ def test_what_a_device_cannot_run_is_one_line(precision: Precision, device: str,
         precision.check(device, torch_mod)
     assert str(err.value).startswith(says) and "\n" not in str(err.value)
     Precision("bf16").check("cuda", _fake_cuda())  # what the device has passes
+
+
+def test_on_a_simulated_device_the_flags_mean_what_they_mean_on_cuda_and_go_into_its_string() -> None:
+    # issue #57: `--device sim:h100,precision=bf16 --channels-last` and `--precision bf16` on sim: exited 2 where a
+    # real run takes them; the twin of a run changes only --device
+    peaks = {"fp32": 67.0, "tf32": 494.7, "amp": 989.4}
+    assert Precision("bf16").sim_device("sim:h100", "h100", peaks) == "sim:h100,precision=bf16"
+    assert (
+        Precision("fp32").sim_device("sim:h100,efficiency=0.2", "h100", peaks)
+        == "sim:h100,efficiency=0.2,precision=fp32"
+    )
+    assert Precision().sim_device("sim:h100", "h100", peaks) == "sim:h100"  # default: the device's own
+    assert Precision("fp16").sim_device("sim:h100,precision=amp", "h100", peaks) == "sim:h100,precision=amp"  # agree
+    # the refusals a real GPU of that kind gives: no TF32 and no bfloat16 before Ampere, no FP16 peak on a K80
+    volta, kepler = {"fp32": 15.7, "amp": 125.0}, {"fp32": 4.37}
+    for p, name, have, says in [
+        ("tf32", "v100", volta, "--precision tf32: the simulated v100 has no tf32 peak"),
+        ("bf16", "v100", volta, "--precision bf16: the simulated v100 has no bf16 peak"),
+        ("fp16", "k80", kepler, "--precision fp16: the simulated k80 has no fp16 peak"),
+    ]:
+        with pytest.raises(PrecisionError) as err:
+            Precision(p).sim_device(f"sim:{name}", name, have)
+        assert str(err.value).startswith(says) and "allowed default, fp32" in str(err.value)
+    with pytest.raises(PrecisionError, match="name different precisions: give one of them"):
+        Precision("fp32").sim_device("sim:h100,precision=amp", "h100", peaks)
+    # --channels-last is recorded, and said to change nothing the simulator models
+    facts = Precision("bf16", channels_last=True).sim_facts("amp")
+    assert facts["channels_last"] is True and "has no memory format" in str(facts["channels_last_note"])
+
+
+def test_a_twin_takes_the_real_runs_flags(tmp_path: Any) -> None:
+    out = tmp_path / "r"
+    res = stallscope(
+        "run", "fashion-vgg", "--device", "sim:h100", "--precision", "bf16", "--channels-last", "--steps", "2",
+        "--warmup", "1", "--no-live", "--json", "--out", str(out),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads(res.stdout)
+    assert summary["device"]["sim"]["precision"] == "amp" and summary["device"]["sim"]["device"].startswith("sim:h100")
+    report = stallscope("report", str(out))
+    assert "channels_last" in report.stdout and "has no memory format" in report.stdout, report.stdout
 
 
 def test_the_command_says_it_in_one_line_and_exits_2(tmp_path: Any) -> None:

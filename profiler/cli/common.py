@@ -312,6 +312,8 @@ def resolve_training(
         scenario.model_factory(args.model)
         if device is None:
             device = resolve_device(args.device)
+        if device.sim is not None and getattr(args, "precision", "default") != "default":
+            device = resolve_device(_sim_precision(args, device))
     except ValueError as exc:  # ScenarioError, PipelineError, DeviceError, or an unknown --model
         raise BadInput(str(exc)) from None
     try:
@@ -335,6 +337,17 @@ def resolve_training(
     if args.price_per_hour is not None:
         meta["price_per_hour"] = args.price_per_hour
     return Training(scenario, device, data, meta, scenario.warmup if args.warmup is None else args.warmup)
+
+
+def _sim_precision(args: argparse.Namespace, device: DeviceInfo) -> str:
+    """``--device sim:...`` with ``--precision`` in it: the twin of a real run changes only ``--device``."""
+    from profiler.drivers.precision import Precision, PrecisionError
+
+    spec = device.sim.spec
+    try:
+        return Precision(args.precision).sim_device(str(args.device), spec.name, spec.peak_tflops)
+    except PrecisionError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def loader_knobs(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,19 +7,26 @@
   ``GradScaler`` (CUDA only: the CPU's autocast runs bfloat16). ``bf16`` on CUDA needs a device that has it.
 - ``--channels-last``: the model and each 4-d input in ``torch.channels_last``.
 
-A simulated device takes its precision in its own string (``sim:NAME,precision=...``): the flags are bad input
-there. Bad input is a :class:`PrecisionError` whose message is the one line the command prints.
+On a simulated device the flags mean what they mean on CUDA, so that a real run and its twin differ only in
+``--device`` (issue #57): ``--precision`` goes into the device string (:meth:`Precision.sim_device`: bf16 and fp16
+are its ``amp``, the tensor cores' peak), refused where the simulated GPU has no peak for it as the real one would
+refuse it; ``--channels-last`` is recorded, and the run says that the simulator's cost model has no memory format.
+Bad input is a :class:`PrecisionError` whose message is the one line the command prints.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 PRECISIONS = ("default", "fp32", "tf32", "bf16", "fp16")
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+SIM_PRECISION = {"fp32": "fp32", "tf32": "tf32", "bf16": "amp", "fp16": "amp"}  # --precision -> sim:...,precision=
+CHANNELS_LAST_ON_SIM = (
+    "the simulated device's cost model has no memory format: channels_last changes none of its figures"
+)
 
 
 class PrecisionError(ValueError):
@@ -40,12 +47,6 @@ class Precision:
         """PrecisionError where ``device_kind`` ("cpu", "cuda", "sim") cannot run this precision."""
         if self.name not in PRECISIONS:
             raise PrecisionError(f"--precision {self.name!r}: allowed {', '.join(PRECISIONS)}")
-        if device_kind == "sim" and (self.name != "default" or self.channels_last):
-            flag = f"--precision {self.name}" if self.name != "default" else "--channels-last"
-            raise PrecisionError(
-                f"{flag} on a simulated device: give its precision in the device string instead "
-                "(sim:NAME,precision=fp32|tf32|amp)"
-            )
         if device_kind == "cpu" and self.name in ("tf32", "fp16"):
             why = "TF32 is an NVIDIA GPU's" if self.name == "tf32" else "the CPU's autocast runs bfloat16"
             raise PrecisionError(f"--precision {self.name} needs CUDA ({why}): allowed on a CPU default, fp32, bf16")
@@ -55,6 +56,42 @@ class Precision:
                 raise PrecisionError(f"--precision tf32 needs compute capability 8.0 or later; this GPU has {major}.x")
             if self.name == "bf16" and not torch.cuda.is_bf16_supported():
                 raise PrecisionError("--precision bf16: this GPU has no bfloat16; allowed default, fp32, fp16")
+
+    def sim_device(self, text: str, name: str, peaks: Collection[str]) -> str:
+        """``--device`` ``text`` (a simulated GPU ``name`` with FLOP ``peaks``) with this precision in it; the text
+        as given for ``default``. PrecisionError where the GPU has no peak for it (a real one of that kind would
+        refuse it too), or where the text already names another precision."""
+        if self.name == "default":
+            return text
+        want = SIM_PRECISION[self.name]
+        if want not in peaks or (self.name == "bf16" and "tf32" not in peaks):  # bfloat16: Ampere and later
+            allowed = [
+                "default",
+                "fp32",
+                *(["tf32", "bf16"] if "tf32" in peaks else []),
+                *(["fp16"] if "amp" in peaks else []),
+            ]
+            raise PrecisionError(
+                f"--precision {self.name}: the simulated {name} has no {self.name} peak (as that GPU would not run "
+                f"it); allowed {', '.join(allowed)}"
+            )
+        given = [item.partition("=")[2] for item in text.split(",")[1:] if item.startswith("precision=")]
+        if given and SIM_PRECISION.get(given[-1], given[-1]) != want:
+            raise PrecisionError(
+                f"--precision {self.name} and --device {text!r} name different precisions: give one of them"
+            )
+        return text if given else f"{text},precision={self.name}"
+
+    def sim_facts(self, precision: str) -> dict[str, object]:
+        """What a simulated device's run computes in, for the store's meta (``precision``)."""
+        facts: dict[str, object] = {
+            "precision": self.name,
+            "sim_precision": precision,
+            "channels_last": self.channels_last,
+        }
+        if self.channels_last:
+            facts["channels_last_note"] = CHANNELS_LAST_ON_SIM
+        return facts
 
     def apply(self, torch: Any, device_kind: str) -> dict[str, object]:
         """Set the TF32 switches it asks for; what the run computes in, for the store's meta (``precision``)."""

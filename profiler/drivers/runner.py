@@ -372,6 +372,7 @@ class _Loop:
             **({"augment": augment.describe()} if hasattr(augment, "describe") else {}),
         )
         if self.sim is not None:
+            session.annotate(precision=cfg.precision.sim_facts(self.sim.config.precision))
             self._load_sim(self.sim)
         elif not cfg.loader_only:
             self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))

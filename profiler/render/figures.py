@@ -290,6 +290,10 @@ def precision_text(p: Mapping[str, object]) -> str:
         parts.append(f"TF32 convolutions {on[bool(p['cudnn_tf32'])]}, matmuls {on[bool(p.get('matmul_tf32'))]}")
     if p.get("channels_last"):
         parts.append("channels_last")
+    if p.get("sim_precision"):
+        parts.append(f"on the simulated device: {p['sim_precision']}")
+    if p.get("channels_last_note"):
+        parts.append(f"({p['channels_last_note']})")
     return "  ".join(parts) + "  (run --precision)"
 
 
