@@ -181,3 +181,21 @@ def test_the_command_prints_the_split_and_bad_input_is_one_line(tmp_path: Path) 
     gz = tmp_path / "t.json.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes()))
     assert cli(str(gz)).stdout.split("\n", 1)[1] == cli(str(plain)).stdout.split("\n", 1)[1]
+
+
+# Holistic Trace Analysis 0.5.0 on the H200's torch 2.11 trace (../shared/measured/h200-2026-11-28.md): compute
+# 50,124 us and non-compute 4,383 us, idle 593,320 us of which host wait 589,905 and kernel wait 3,380
+H200_TRACE = Path(__file__).parent / "data" / "traces" / "rn18-input-w0.json.gz"
+HTA_H200_BUSY_US = 50_124 + 4_383
+
+
+def test_a_torch_2_11_trace_has_one_step_per_profiler_step_and_the_window_busy_of_hta() -> None:
+    # kineto now writes a gpu_user_annotation "ProfilerStep#N" beside each host user_annotation: it is the step's
+    # span on the device, not another step (issue #57: 10 rows for 5 steps, and the window then held the last step)
+    trace = read_trace(H200_TRACE)
+    assert sum(1 for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")) == 10
+    tk = analyze(trace, hta_window=True)
+    assert [s.step for s in tk.steps] == [3, 4, 5, 6, 7] and tk.device == "NVIDIA H200"
+    assert all(s.activities == 408 for s in tk.steps)
+    (stream,) = tk.streams
+    assert abs(stream.busy_us - HTA_H200_BUSY_US) <= 0.02 * HTA_H200_BUSY_US, stream.busy_us

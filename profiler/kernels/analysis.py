@@ -166,11 +166,14 @@ def union_us(intervals: Iterable[tuple[float, float]]) -> float:
 def steps(
     events: Sequence[Mapping[str, Any]], acts: Sequence[Activity], kernel_wait_us: float = KERNEL_WAIT_US
 ) -> list[StepKernels]:
-    """The ``ProfilerStep#N`` spans, the activities launched in each, and each one's busy and idle split."""
+    """The ``ProfilerStep#N`` spans, the activities launched in each, and each one's busy and idle split. A step is
+    the host's annotation: torch 2.11's kineto also writes a ``gpu_user_annotation`` of the same name (the step's
+    span on the device, from its first kernel to its last), which is not another step (issue #57: 10 rows for 5)."""
     spans = []
     for e in events:
         m = _STEP.match(str(e.get("name", "")))
-        if m and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)):
+        on_host = not str(e.get("cat", "")).startswith("gpu")
+        if m and on_host and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float)):
             spans.append((int(m.group(1)), float(e["ts"]), float(e.get("dur", 0.0))))
     busy = merge((a.ts, a.end) for a in acts)
     inputs = merge(input_spans(events))
