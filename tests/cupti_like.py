@@ -10,7 +10,9 @@ slower (32.3 against 27.0 ms: traced launches). So, by default:
 - while a window is open, :func:`slowdown` says ``1 + SLOW``: a test's loop multiplies its step's work by it
   (:func:`work`), as CUPTI's callbacks slow every launch;
 - the activities are ``ACTS`` kernels per window of 1 us each, launched at the stop (the default 0: a window that
-  recorded nothing).
+  recorded nothing);
+- ``sync=1``: the stop first waits for the device (``torch.cuda.synchronize()``, whatever ``torch.cuda`` is in this
+  process: a modelled device in tests/data/device_train.py), as a real window's close does.
 
 ``STALLSCOPE_FAKE_CUPTI="start=0.05,stop=0.6,slow=0.2,acts=0"`` changes them (in a subprocess too). Use it as
 ``Session(kernel_recorder=CuptiLike(clock))``, or for ``stallscope run`` and ``run -- CMD`` with
@@ -25,7 +27,7 @@ import time
 from collections.abc import Callable
 
 ENV = "STALLSCOPE_FAKE_CUPTI"
-DEFAULTS = {"start": 0.05, "stop": 0.6, "slow": 0.2, "acts": 0.0}
+DEFAULTS = {"start": 0.05, "stop": 0.6, "slow": 0.2, "acts": 0.0, "sync": 0.0}
 ACTIVE = [False]
 CALLS: list[tuple[str, float, float]] = []  # ("start" | "stop", clock before, clock after)
 
@@ -68,6 +70,10 @@ class CuptiLike:
 
     def stop(self) -> list[tuple[int, int, float, float, float]]:
         t0 = self.clock()
+        if self.cfg["sync"]:
+            import torch
+
+            torch.cuda.synchronize()
         ACTIVE[0] = False
         _block(self.cfg["stop"])
         CALLS.append(("stop", t0, self.clock()))
