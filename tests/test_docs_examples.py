@@ -26,7 +26,7 @@ The convention (the docs follow it; ``test_docs_follow_the_convention`` enforces
   ``write=NAME``   the block is a file, written as NAME into the directory every command runs in.
 
 Commands run in document order with bash, in one fresh directory per doc file, in which ``examples/``, the
-recorded runs, scenarios and HTA traces of ``tests/data/`` and every ``write=`` file are present. ``stallscope`` is this
+recorded runs, scenarios, HTA traces and real GPU traces of ``tests/data/`` and every ``write=`` file are present. ``stallscope`` is this
 checkout's ``python -m profiler`` (forked from a warm interpreter that has torch imported: tests/warm.py),
 ``python`` this interpreter and ``torchrun`` its ``-m torch.distributed.run``.
 ``$STALLSCOPE_DATA`` is one directory for the session, so a default data set is generated once. A command
@@ -343,7 +343,7 @@ class Workspace:
         if not d.exists():
             d.mkdir(parents=True)
             shutil.copytree(ROOT / "examples", d / "examples", ignore=shutil.ignore_patterns("__pycache__"))
-            for sub in ("runs", "scenarios", "hta"):
+            for sub in ("runs", "scenarios", "hta", "traces"):
                 shutil.copytree(ROOT / "tests" / "data" / sub, d / "tests" / "data" / sub)
             for name, (text, _) in DOCS_PARSED.files.items():
                 (d / name).parent.mkdir(parents=True, exist_ok=True)
