@@ -199,3 +199,22 @@ def test_a_torch_2_11_trace_has_one_step_per_profiler_step_and_the_window_busy_o
     assert all(s.activities == 408 for s in tk.steps)
     (stream,) = tk.streams
     assert abs(stream.busy_us - HTA_H200_BUSY_US) <= 0.02 * HTA_H200_BUSY_US, stream.busy_us
+
+
+def test_the_hta_window_gives_the_devices_union_busy_and_span_of_hta_s_temporal_breakdown() -> None:
+    # HTA 0.5.0's temporal breakdown of tests/data/hta/sampled_rank-0.json.gz (five streams, two steps): compute
+    # 106,252 us + non-compute 172,428 us, kernel time (first to last) 600,058 us; before (issue #57) the window's
+    # top-level busy was the whole trace's union, 547,656 us
+    tk = analyze(read_trace(DATA / "sampled_rank-0.json.gz"), hta_window=True)
+    assert (tk.busy_us, tk.span_us) == (106_252 + 172_428, 600_058)
+    assert sum(s.busy_us for s in tk.streams) > tk.busy_us  # the streams overlap: the union is not their sum
+
+
+def test_a_reader_that_goes_away_ends_the_command_without_a_traceback() -> None:
+    # `stallscope kernels TRACE | head -1`: the pipe closes before the output is written
+    cmd = [sys.executable, "-m", "profiler", "kernels", str(H200_TRACE)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[1])
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # long before the command has imported anything and written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1 and "Traceback" not in err, err

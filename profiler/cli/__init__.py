@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,6 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BadInput as exc:
         say(f"error: {exc}")
         code = EXIT_BAD_INPUT
+    except BrokenPipeError:  # its reader went away (`stallscope kernels T | head`): nothing left to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return 1
     if code == EXIT_BAD_INPUT:
         discard_made()  # bad input leaves no half-made run directory behind
     return code

@@ -257,9 +257,12 @@ def analyze(
     if hta_window and per_step:
         window = [(st.ts, st.ts + st.dur) for st in per_step[:-1]]
         in_window = [a for a in acts if a.launch_ts is not None and any(s <= a.launch_ts < e for s, e in window)]
+        # the device's figures over the window too: its busy time is the union over streams of the work in it
+        # (HTA's temporal breakdown: compute + non-compute), its span from the first of that work to the last end
+        span = (max(a.end for a in in_window) - min(a.ts for a in in_window)) if in_window else 0.0
     return TraceKernels(
-        device, len(acts), union_us((a.ts, a.end) for a in acts), span, stream_idle(in_window, kernel_wait_us),
-        per_step,
+        device, len(in_window), union_us((a.ts, a.end) for a in in_window), span,
+        stream_idle(in_window, kernel_wait_us), per_step,
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ def render(path: str, tk: TraceKernels, kernel_wait_us: float, *, hta_window: bo
         f"device activity (kernels, copies, sets; measured by the profiler's CUPTI records): {tk.activities} on "
         f"{len(tk.streams)} stream(s), busy {_ms(tk.busy_us)} ms of {_ms(tk.span_us)} ms from the first to the last "
         f"({tk.busy_fraction:.1%})"
+        + (" of the work launched in every ProfilerStep but the last" if hta_window and tk.steps else "")
         if tk.activities
         else "device activity: none in this trace (a CPU-only trace?)",
     ]
