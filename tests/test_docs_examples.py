@@ -26,9 +26,9 @@ The convention (the docs follow it; ``test_docs_follow_the_convention`` enforces
   ``write=NAME``   the block is a file, written as NAME into the directory every command runs in.
 
 Commands run in document order with bash, in one fresh directory per doc file, in which ``examples/``, the
-recorded runs, scenarios, HTA traces and real GPU traces of ``tests/data/`` and every ``write=`` file are present. ``stallscope`` is this
-checkout's ``python -m profiler`` (forked from a warm interpreter that has torch imported: tests/warm.py),
-``python`` this interpreter and ``torchrun`` its ``-m torch.distributed.run``.
+recorded runs, scenarios, HTA traces and real GPU traces of ``tests/data/`` and every ``write=`` file are present.
+``stallscope`` is this checkout's ``python -m profiler`` (forked from a warm interpreter that has torch imported:
+tests/warm.py), ``python`` this interpreter and ``torchrun`` its ``-m torch.distributed.run``.
 ``$STALLSCOPE_DATA`` is one directory for the session, so a default data set is generated once. A command
 selected alone (``-k``) first runs the commands above it in its doc, since they make what it reads
 (``report runs/x`` after ``run --out runs/x``).

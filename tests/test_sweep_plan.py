@@ -7,6 +7,7 @@ import torch
 
 from pipelines import usable_cores
 from profiler.sweep.analysis import Config
+from profiler.sweep.defaults import WORKER_CAP
 from profiler.sweep.plan import (
     MAX_BATCH_FACTOR,
     TuneBounds,
@@ -16,7 +17,6 @@ from profiler.sweep.plan import (
     sweep_configs,
     tune_bounds,
 )
-from profiler.sweep.tuner import WORKER_CAP
 
 
 def test_the_default_batches_are_half_once_and_twice_the_scenarios() -> None:

@@ -372,7 +372,6 @@ class _Loop:
             **({"augment": augment.describe()} if hasattr(augment, "describe") else {}),
         )
         if self.sim is not None:
-            session.annotate(precision=cfg.precision.sim_facts(self.sim.config.precision))
             self._load_sim(self.sim)
         elif not cfg.loader_only:
             self.model = self.plan.model_factory().to(torch.device(cfg.device.torch_device))
@@ -429,6 +428,7 @@ class _Loop:
         from profiler.sim.cost import measure_step
 
         scenario, plan = self.scenario, self.plan
+        self.session.annotate(precision=self.cfg.precision.sim_facts(sim.config.precision))  # --precision on sim:
         self.copy = getattr(plan.pipeline, "accelerator_copy", "pageable")
         if self.copy == "pageable" and self.built is not None and self.built.config.get("pin_memory"):
             self.copy = "pinned"  # a DataLoader's pin_memory=True: a blocking copy from page-locked memory
