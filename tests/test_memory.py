@@ -56,6 +56,13 @@ def test_the_source_reads_every_second_and_leaves_out_what_it_cannot_read(tmp_pa
     assert set(src.read()) == {"mem.shm.used_mb", "mem.shm.size_mb"}
     now[0] = 1.0
     assert "mem.main.uss_mb" in src.read()
+    # asked for the workers' memory off the schedule (profiler.core.workerreads): theirs alone, not the training
+    # process's (a walk of its page tables holds its memory-map lock) nor the job's total, which needs every one
+    now[0] = 1.5
+    src.read_workers_next()
+    got = src.read()
+    assert got["mem.w0.uss_mb"] == 20 and "mem.main.uss_mb" not in got and "mem.total.pss_mb" not in got
+    assert "mem.w0.uss_mb" not in src.read()  # once: the next read keeps the schedule
 
 
 def test_the_shared_memory_files_a_process_maps_or_holds_are_read_from_proc() -> None:

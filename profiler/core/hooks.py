@@ -91,7 +91,7 @@ class Recorder(SessionHook, Protocol):
         """A loader has just started its workers: sources that follow the process tree look at their next read."""
 
     def read_memory_soon(self) -> None:
-        """Read the processes' memory at the next round, off its schedule (profiler.core.workerreads)."""
+        """Read the loader workers' memory at the next round, off its schedule (profiler.core.workerreads)."""
 
 
 class ServingHook(SessionHook, Protocol):

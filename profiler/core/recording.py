@@ -185,9 +185,9 @@ class Recording:
             self.sampler.rescan_soon()
 
     def read_memory_soon(self) -> None:
-        """The sources that read some figures rarely (memory) read them all at the next round."""
+        """The memory source reads the loader workers' memory at the next round, off its schedule."""
         if self.sampler is not None:
-            self.sampler.read_all_soon()
+            self.sampler.read_workers_soon()
 
     def now(self) -> float:
         """Seconds since the run's zero."""

@@ -405,6 +405,12 @@ class Sampler:
             if isinstance(src, Paced):
                 src.read_all_next()
 
+    def read_workers_soon(self) -> None:
+        """The memory source reads the loader workers' memory at its next read (profiler.core.workerreads)."""
+        for src in list(self._active):
+            if callable(ask := getattr(src, "read_workers_next", None)):
+                ask()
+
     def rescan_soon(self) -> None:
         """The process tree has just changed (a loader started its workers): every source that rescans it on a
         schedule of its own does so at its next read, within a period, not up to a second later."""

@@ -10,15 +10,34 @@ step so far), while the workers still live: a loader without ``persistent_worker
 exhausted. The asks are checked at the Session's hand-overs (every 64 steps or 0.1 s), never per step; the
 reading itself is the sampler process's (its next round). Later epochs keep the schedule alone: the four extra
 readings (~23 ms of CPU each, in the sampler process) would exceed the budget on an epoch shorter than ~18 s.
+
+A reading walks each worker's page tables holding that worker's memory-map lock, in the sampler process, which runs
+niced: preempted mid-walk on a busy host it holds a worker that is mapping its next batch. With more workers than
+cores the loader keeps the cores busy by itself, and there the asks stalled it: a model-bound run of 8 workers on 2
+cores beside two busy processes read 5.6-8% loader stall against its twin's 0 in 4 of 17 runs with the asks, 1 of
+20 without (tests/test_sim_device.py's twin test, 2026-11-28). So a loader with more workers than cores gets no
+asks: its run keeps the schedule. Only the workers are read when asked, never the training process (its walk would
+hold the training thread's mappings the same way).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 # the last reading is asked this long before the epoch's end: the ask waits for the Session's hand-over (0.1 s),
 # the sampler process's drain (0.1 s) and its next round (0.1 s at 10 Hz), and the reading takes tens of ms
 READ_AHEAD_S = 0.5
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 MIN_STEPS = 8  # a shorter epoch gets no extra reading
 
 
@@ -39,6 +58,9 @@ class WorkerReads:
         the readings; any later one, nothing."""
         workers = getattr(loader, "num_workers", 0)
         if self._planned or not isinstance(workers, int) or workers <= 0:
+            return
+        if workers > _cores():  # more workers than cores: see the module (an asked reading stalled the loader)
+            self._planned = True
             return
         try:
             n = len(loader)  # type: ignore[arg-type]
