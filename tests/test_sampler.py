@@ -333,3 +333,36 @@ def test_a_read_that_only_waits_for_a_cpu_is_not_a_hung_call() -> None:
         s.stop()
     assert max(src.wall_s) > 0.4, src.wall_s  # the premise: a read was out longer than the timeout
     assert s.stats.sources["stages"].status == "available", (s.stats.sources["stages"], src.wall_s)
+
+
+def test_a_read_still_out_at_the_stop_is_kept_and_the_last_round_reads_afresh() -> None:
+    class Slow:
+        """Its second read takes 0.3 s: it is still out when the sampler stops."""
+
+        name = "slow"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def open(self) -> str | None:
+            return None
+
+        def read(self) -> dict[str, float]:
+            self.calls += 1
+            n = self.calls
+            if n == 2:
+                time.sleep(0.3)
+            return {"slow.n": float(n)}
+
+        def close(self) -> None:
+            pass
+
+    src, rows = Slow(), []
+    s = Sampler([src], 20.0, sink=rows.extend)
+    s.start()
+    assert wait_until(lambda: src.calls >= 2, timeout=10)
+    s.stop(final=True)
+    got = [r[3] for r in rows if r[2] == "slow.n"]
+    # the slow read is kept, and the last round read afresh after it (before: the slow one was not waited for, and
+    # no read was made at the stop)
+    assert 2.0 in got and got[-1] == src.calls >= 3, (got, src.calls)

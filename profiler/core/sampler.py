@@ -233,9 +233,29 @@ class Sampler:
         self.read_all_soon()
         self._stop.clear()  # collect() gives up on a stop: this round waits for its reads as any other
         try:
+            self._collect_out(self._now())
             self._sample_once(self._now(), 0.0, paced=False)
         finally:
             self._stop.set()
+
+    def _collect_out(self, t: float) -> None:
+        """Before the last round: the reads still out from earlier rounds, waited for (LAST_ROUND_S in all) and kept,
+        so that the last round reads those sources afresh. A memory reading asked just before a run's end was still
+        out at its close, and the close's own reading of the training process was never made (a fresh-clone CI)."""
+        until, rows = time.monotonic() + LAST_ROUND_S, list[SampleRow]()
+        for src in list(self._active):
+            worker = self._threads[id(src)]
+            if worker.pending is None:
+                continue
+            res = worker.collect(until, self._stop)
+            if res is not None:
+                values = self._outcome(src, res)
+                rows.extend((t, src.name, m, None if math.isnan(v) else v) for m, v in values.items())
+        if self._sink is not None and rows:
+            try:
+                self._sink(rows)
+            except Exception as exc:  # noqa: BLE001 - as in _sample_once
+                log.debug("sample sink failed: %r", exc)
 
     def _now(self) -> float:
         return self._clock() - self._t0
