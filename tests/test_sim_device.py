@@ -247,7 +247,11 @@ def _twin(forward_s: float, scenario_file: Path) -> DeviceInfo:
     [
         # light (tests/scheduling.py): its loader sleeps; 0.06 of a core in four CI runs, 7 s
         pytest.param(0, 0.020, id="input-bound", marks=pytest.mark.light(seconds=7)),
-        pytest.param(8, 0.060, id="model-bound"),
+        # alone (tests/scheduling.py): its truth is that 8 workers keep ahead of the model on this host's cores; beside
+        # the suite's other tests the CPU run's loader fell behind (loader stall 8.1% and 8.9% against its twin's 0 in
+        # two fresh-clone CIs of 2026-11-28, once the 175 s alone grid test had moved to benchmarks/), and beside two
+        # busy processes in 1 of 20 runs
+        pytest.param(8, 0.060, id="model-bound", marks=pytest.mark.alone),
     ],
 )
 def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int, forward_s: float) -> None:
