@@ -12,7 +12,12 @@ slower (32.3 against 27.0 ms: traced launches). So, by default:
 - the activities are ``ACTS`` kernels per window of 1 us each, launched at the stop (the default 0: a window that
   recorded nothing);
 - ``sync=1``: the stop first waits for the device (``torch.cuda.synchronize()``, whatever ``torch.cuda`` is in this
-  process: a modelled device in tests/data/device_train.py), as a real window's close does.
+  process: a modelled device in tests/data/device_train.py), as a real window's close does;
+- ``off=1``: CUDA's path (``off_thread``): the recorder starts and stops on the windows' own thread
+  (profiler.core.kernelwin.WindowThread), its stop a sleep there (the profiler's stop releases the GIL), then
+  ``hold`` seconds holding the GIL (kineto's trace export, C++: one C call that never lets the GIL go); with
+  ``acts``, as many kernels more are launched after the window's boundary (steps the stop overlapped: the
+  window must drop them).
 
 ``STALLSCOPE_FAKE_CUPTI="start=0.05,stop=0.6,slow=0.2,acts=0"`` changes them (in a subprocess too). Use it as
 ``Session(kernel_recorder=CuptiLike(clock))``, or for ``stallscope run`` and ``run -- CMD`` with
@@ -27,9 +32,9 @@ import time
 from collections.abc import Callable
 
 ENV = "STALLSCOPE_FAKE_CUPTI"
-DEFAULTS = {"start": 0.05, "stop": 0.6, "slow": 0.2, "acts": 0.0, "sync": 0.0}
+DEFAULTS = {"start": 0.05, "stop": 0.6, "slow": 0.2, "acts": 0.0, "sync": 0.0, "off": 0.0, "hold": 0.0}
 ACTIVE = [False]
-CALLS: list[tuple[str, float, float]] = []  # ("start" | "stop", clock before, clock after)
+CALLS: list[tuple[str, float, float]] = []  # ("start" | "stop" | "hold", clock before, clock after)
 
 
 def settings() -> dict[str, float]:
@@ -58,6 +63,8 @@ class CuptiLike:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
         self.cfg = settings()
+        self.off_thread = bool(self.cfg["off"])
+        self.parts: dict[str, float] = {}
 
     def usable(self) -> str | None:
         return None
@@ -68,7 +75,12 @@ class CuptiLike:
         ACTIVE[0] = True
         CALLS.append(("start", t0, self.clock()))
 
-    def stop(self) -> list[tuple[int, int, float, float, float]]:
+    def mark(self) -> float:
+        """The window's boundary (off_thread): the clock now; the loop's steps after it are not slowed."""
+        ACTIVE[0] = False
+        return self.clock()
+
+    def stop(self, boundary: float | None = None) -> list[tuple[int, int, float, float, float]]:
         t0 = self.clock()
         if self.cfg["sync"]:
             import torch
@@ -76,11 +88,35 @@ class CuptiLike:
             torch.cuda.synchronize()
         ACTIVE[0] = False
         _block(self.cfg["stop"])
+        t1 = self.clock()
+        hold_gil(self.cfg["hold"])
+        self.parts = {"read": self.clock() - t1}
         CALLS.append(("stop", t0, self.clock()))
+        if self.cfg["hold"]:
+            CALLS.append(("hold", t1, t1 + self.parts["read"]))
         n = int(self.cfg["acts"])
-        return [(7, 0, t0 + i * 2e-6, t0 + i * 2e-6 + 1e-6, t0) for i in range(n)]
+        at = t0 if boundary is None else boundary
+        acts = [(7, 0, at + i * 2e-6, at + i * 2e-6 + 1e-6, at) for i in range(n)]
+        if boundary is not None:  # launched after the boundary, before the stop: steps the window did not record
+            acts += [(7, 0, t0 + i * 2e-6, t0 + i * 2e-6 + 1e-6, t0) for i in range(n)] if t0 > boundary else []
+        return acts
 
 
 def _block(seconds: float) -> None:
     """The training thread held, as by C++ code that keeps the GIL: a sleep (the clock moves, the CPU is free)."""
     time.sleep(seconds)
+
+
+_PER_ITEM: list[float] = []
+
+
+def hold_gil(seconds: float) -> None:
+    """Hold the GIL about ``seconds``: one ``sum`` over a range, a single C call that never lets it go (as kineto's
+    trace export does), its length calibrated once on this host."""
+    if seconds <= 0:
+        return
+    if not _PER_ITEM:
+        t0 = time.perf_counter()
+        sum(range(2_000_000))
+        _PER_ITEM.append((time.perf_counter() - t0) / 2_000_000)
+    sum(range(int(seconds / _PER_ITEM[0])))

@@ -240,7 +240,7 @@ def test_session_records_runq_per_phase_and_step(tmp_path: Path) -> None:
                 with s.phase("forward"):
                     pass
     rec = load_run(tmp_path)
-    assert rec.meta["schema_version"] == 3 and rec.meta["schedstat"] == "available"
+    assert rec.meta["schema_version"] == 4 and rec.meta["schedstat"] == "available"
     assert rec.meta["schedstat_path"] == f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
     assert all(p.runq_s is not None and p.runq_s >= 0 for p in rec.phases)
     for step in rec.steps:

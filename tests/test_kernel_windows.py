@@ -10,6 +10,7 @@ host's fault where a loop that loads in its own thread reads as input's.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -271,6 +272,33 @@ def test_a_window_is_stored_once_though_its_events_are_read_twice(tmp_path: Path
     (back,) = load_run(tmp_path).windows
     assert (back.window, back.t_start, back.t_end, back.cost_s) == (0, 1.0, 2.0, 0.001)
     assert back.activities[0] == (7, 0, 1.1, 1.2, 1.05) and math.isnan(back.activities[1][4])
+    assert math.isnan(back.recorded_end) and back.t_recorded == 2.0  # stopped where its steps ended
+
+
+def test_where_a_windows_recorded_steps_ended_is_stored_and_an_older_store_reads_none(tmp_path: Path) -> None:
+    import sqlite3
+
+    store = RunStore(tmp_path / "new", meta={"run_id": "x"})
+    store.put_window(KernelWindow(0, 1.0, 2.0, 0.001, [], 1.5))
+    store.close()
+    (back,) = load_run(tmp_path / "new").windows
+    assert back.recorded_end == 1.5 and back.t_recorded == 1.5
+    # a v3 store: kernel_windows without the column
+    store = RunStore(tmp_path / "old", meta={"run_id": "y"})
+    store.close()
+    con = sqlite3.connect(tmp_path / "old" / "run.sqlite")
+    con.executescript(
+        "DROP TABLE kernel_windows; CREATE TABLE kernel_windows (window INTEGER PRIMARY KEY, t_start REAL NOT NULL, "
+        "t_end REAL NOT NULL, cost_s REAL NOT NULL); INSERT INTO kernel_windows VALUES (0, 1.0, 2.0, 0.5);"
+    )
+    con.close()
+    (old,) = load_run(tmp_path / "old").windows
+    assert (old.t_start, old.t_end, old.cost_s) == (1.0, 2.0, 0.5) and math.isnan(old.recorded_end)
+    # window_steps measures only the steps before the recorded end
+    steps = [StepRow(i, 1.0 + i * 0.1, 1.1 + i * 0.1, 0.0, 1, False) for i in range(10)]
+    cut = KernelWindow(0, 1.0, 2.0, 0.0, [(0, 0, 1.0, 2.0, 1.0)], 1.5)
+    assert [g.step for g in window_steps(cut, steps)] == [0, 1, 2, 3, 4]
+    assert len(window_steps(old.__class__(0, 1.0, 2.0, 0.0, [(0, 0, 1.0, 2.0, 1.0)]), steps)) == 10
 
 
 SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "gil_loader.py")
@@ -448,6 +476,7 @@ class _FakeProfile:
             x("cuda_runtime", "cudaLaunchKernel", 900_000, 5_000, correlation=3),
             x("kernel", "volta_sgemm", 1_000_000, 2_000_000, stream=7, correlation=3),
             x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 4_000_000, 500_000, stream=20, correlation=4),
+            x("kernel", "late_kernel", 900_000_000, 1_000, stream=7, correlation=9),  # after the window's boundary
         ]
         Path(path).write_text(json.dumps({"baseTimeNanoseconds": base, "traceEvents": events}))  # fmt: skip
 
@@ -455,27 +484,44 @@ class _FakeProfile:
 def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import threading
+
     from profiler.zerocode.boot.stallscope_instrument import KernelWindows, Writer
     from profiler.zerocode.instrument import InstrumentReader, Process, handed_over
 
+    threads: set[str] = set()
+
+    class Event:
+        def record(self) -> None:
+            threads.add("record:" + threading.current_thread().name)
+
+        def synchronize(self) -> None:
+            threads.add("synchronize:" + threading.current_thread().name)
+
     fake_torch = SimpleNamespace(
-        cuda=SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: None),
+        cuda=SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: None, Event=Event),
         profiler=SimpleNamespace(profile=_FakeProfile, ProfilerActivity=SimpleNamespace(CUDA="cuda")),
         autograd=SimpleNamespace(DeviceType=SimpleNamespace(CUDA="CUDA")),
     )
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     writer = Writer(str(tmp_path))
     windows = KernelWindows(writer, KernelWindows.parse("2:3"))
-    for call in range(1, 10):  # the script's next() calls: a window from the 2nd to the 5th, then none
+    for call in range(1, 10):  # the script's next() calls (2 ms apart): a window from the 2nd to the 5th, then none
+        time.sleep(0.002)
         if call >= windows.next_call:
             windows.at(call)
+    windows.finish()  # as at the script's exit: the stop running on the window thread has written its record
     writer.flush()
     records = [json.loads(line) for line in (tmp_path / f"p{os.getpid()}.jsonl").read_text().splitlines()]
     (rec,) = records
     assert rec["k"] == "kwin" and rec["w"] == 0 and windows.next_call > 10**9
+    # the boundary marked on the script's thread, waited for on the window thread, where the stop ran
+    assert threads == {"record:MainThread", "synchronize:stallscope-kernel-window"}
+    assert rec["t0"] < rec["r"] < rec["t1"]
     # kineto wrote the window's trace; stallscope's process reads it, not the script's thread
     assert rec["acts"] == [] and Path(rec["trace"]).parent == tmp_path
-    (stream, kind, start, end, launch), copy = handed_over(rec)
+    (stream, kind, start, end, launch), copy, late = handed_over(rec)
+    assert late[2] > rec["r"]  # started after the boundary (no launch known): the reader drops it
     # on perf_counter: the kernel 1 ms after the window opened (the wall clock read beside it, within a ms), 2 ms long
     assert (stream, kind) == (7, 0) and end - start == pytest.approx(0.002, abs=1e-6)
     assert start - rec["t0"] == pytest.approx(0.001, abs=0.001) and start - launch == pytest.approx(0.0001, abs=1e-6)
@@ -501,3 +547,54 @@ def test_a_window_put_off_for_now_opens_at_a_later_step_and_says_so_once() -> No
             rec.why = None  # the capture ended
         kw.at(index, log.put)
     assert kw.skipped == ["step 0: a CUDA graph is being captured"] and rec.starts == 1 and kw.open_at is not None
+
+
+class OffThreadRecorder(FakeRecorder):
+    """CUDA's path: started and stopped on the windows' own thread (threads noted), the stop failing once."""
+
+    off_thread = True
+
+    def __init__(self, fail_stop: bool = False) -> None:
+        super().__init__()
+        self.fail_stop, self.threads, self.parts = fail_stop, set(), {"read": 0.0}
+
+    def start(self) -> None:
+        import threading
+
+        self.threads.add(threading.current_thread().name)
+        super().start()
+
+    def mark(self) -> None:
+        return None
+
+    def stop(self, boundary: object = None) -> list[tuple]:
+        import threading
+
+        self.threads.add(threading.current_thread().name)
+        if self.fail_stop:
+            raise RuntimeError("CUPTI_ERROR_UNKNOWN")
+        return super().stop()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_an_off_thread_recorder_starts_and_stops_on_its_own_thread_and_a_failed_stop_is_said(
+    tmp_path: Path, fail: bool
+) -> None:
+    rec = OffThreadRecorder(fail_stop=fail)
+    with Session(tmp_path, sources=[], device="cpu", kernel_windows="0:2:4", kernel_recorder=rec) as s:
+        for _ in s.wrap(range(14)):
+            pass
+    run = load_run(tmp_path)
+    assert len(run.steps) == 14 and rec.threads == {"stallscope-kernel-window"}
+    warnings = [e[3] for e in run.events if e[1] == "warning" and "kernel windows" in e[3]]
+    if fail:  # the first window is lost, and no other opens
+        assert rec.starts == 1 and run.windows == ()
+        assert warnings == [
+            "kernel windows: step 0: once: the recorder failed to stop (RuntimeError: CUPTI_ERROR_UNKNOWN)"
+        ]
+    else:  # a window every 4 steps or more: the next opens 4 steps after the last, once its stop has ended there
+        assert rec.starts == rec.stops == len(run.windows) >= 1 and not warnings
+        assert all(not math.isnan(w.recorded_end) and w.t_start < w.recorded_end <= w.t_end for w in run.windows)
+        opened = [next(st.step for st in run.steps if st.t_end > w.t_start) for w in run.windows]
+        assert opened[0] == 0 and all(b - a >= 4 for a, b in itertools.pairwise(opened)), opened
+        assert all(a.t_end <= b.t_start for a, b in itertools.pairwise(run.windows))

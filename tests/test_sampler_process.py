@@ -219,6 +219,9 @@ def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_sec
     assert switches <= 12, {name: (after[name] - before[name]) / seconds for name in ours}
 
 
+EXPECTED = {"stallscope-watch", "stallscope-sampler", "stallscope-source-pin", "stallscope-shm-watch"}
+
+
 # light (tests/scheduling.py): a sleeping training loop, its live view and endpoint in the sampler process; 12 s
 @pytest.mark.light(seconds=12)
 def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_process(tmp_path: Path) -> None:
@@ -239,13 +242,20 @@ def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_pr
     earlier = {t.ident for t in threading.enumerate()}  # an earlier test's threads that may still be ending
 
     def observe() -> None:  # the test's own thread, while the run trains
-        time.sleep(3.0)
-        ours = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")
-                and t.ident not in earlier}  # fmt: skip
-        before, t0 = {n: _wakeups(tid) for n, tid in ours.items() if tid is not None}, time.monotonic()
+        def ours() -> dict[str, int | None]:
+            return {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")
+                    and t.ident not in earlier}  # fmt: skip
+
+        # from when the run's threads are up (its set-up took 3-6 s here beside the suite), then a second more
+        deadline = time.monotonic() + 30.0
+        while len(ours()) < len(EXPECTED) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.0)
+        threads = ours()
+        before, t0 = {n: _wakeups(tid) for n, tid in threads.items() if tid is not None}, time.monotonic()
         time.sleep(2.5)
         seconds = time.monotonic() - t0
-        seen["rates"] = {n: (_wakeups(tid) - before[n]) / seconds for n, tid in ours.items() if tid is not None}
+        seen["rates"] = {n: (_wakeups(tid) - before[n]) / seconds for n, tid in threads.items() if tid is not None}
         with urllib.request.urlopen(exporter.url, timeout=5) as r:
             seen["scrape"] = r.read().decode()
 
@@ -260,7 +270,7 @@ def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_pr
         exporter.close()
     rates = seen["rates"]
     assert isinstance(rates, dict)
-    assert set(rates) == {"stallscope-watch", "stallscope-sampler", "stallscope-source-pin", "stallscope-shm-watch"}
+    assert set(rates) == EXPECTED
     # one round a second each: the watches 1.0 switch a second, the in-process sampler 4.0 (its wake-up, the
     # hand-over to its source's thread and back, the GIL). A thread woken at 10 Hz makes 10 or more
     assert all(rate <= 6 for rate in rates.values()) and sum(rates.values()) <= 12, rates

@@ -1,10 +1,13 @@
 """Kernel windows never land in the run's figures (issue #55): a recorder that costs what CUPTI cost on an H200
 (tests/cupti_like.py: 600 ms to stop, steps 20% slower inside) leaves every reported figure within 1% of the
-loop's own timing of the steps outside the windows, in the same run on the same clock."""
+loop's own timing of the steps outside the windows, in the same run on the same clock: stopped on the training
+thread, or (CUDA's path, ``off=1``) on the windows' own thread while the loop goes on, the GIL held 30 ms for the
+hand-over."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -84,14 +87,22 @@ def _own_figures(own: Own, measured: list[int]) -> dict[str, float]:
     }
 
 
-def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
+OFF_THREAD = "off=1,hold=0.03"  # STALLSCOPE_FAKE_CUPTI: CUDA's path, the stop on the windows' own thread
+
+
+def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool = False) -> None:
     held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
     measured = [s.step for s in rec.steps if not s.warmup and s.step not in held]
-    # every step the recorder slowed or paused is held; the held steps are those and no more
-    starts = [t for what, t, _ in cupti_like.CALLS]
-    paused = {i for i in range(len(own.ask) - 1) for t in starts if own.ask[i] <= t < own.ask[i + 1]}
     slowed = {i for i, on in enumerate(own.slowed) if on}
-    assert paused and slowed and held == paused | slowed, (sorted(held), sorted(paused), sorted(slowed))
+    if off_thread:  # held: the steps from the start's call to the stop's end (the loop went on meanwhile)
+        (_, a, a1), (_, _, b), (_, h0, h1) = cupti_like.CALLS
+        during = {i for i in range(len(own.ask) - 1) if own.ask[i] < b and own.ask[i + 1] > a}
+        # and a step that began between the stop's end and the window thread's next clock reading
+        assert slowed and slowed <= during <= held <= during | {max(during) + 1}, (sorted(held), sorted(during))
+    else:  # every step the recorder slowed or paused is held; the held steps are those and no more
+        starts = [t for what, t, _ in cupti_like.CALLS]
+        paused = {i for i in range(len(own.ask) - 1) for t in starts if own.ask[i] <= t < own.ask[i + 1]}
+        assert paused and slowed and held == paused | slowed, (sorted(held), sorted(paused), sorted(slowed))
     truth = _own_figures(own, measured)
     b = summary.breakdown_ms_per_step
     got = {
@@ -121,30 +132,51 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int) -> None:
     assert "host-bound" not in summary.verdict
     apart = summary.kernel_windows
     assert apart is not None and apart.steps == len(held) and apart.windows == len(rec.windows) >= 1
-    assert apart.cost_s >= 0.6 * apart.windows  # the recorder's stop alone
-    assert apart.added_s > 0.6 * apart.windows * 0.9
+    if off_thread:  # the training thread paid the start (50 ms) and the GIL's hold (30 ms), not the 600 ms stop
+        (_, a, a1), _, (_, h0, h1) = cupti_like.CALLS
+        assert (a1 - a) + (h1 - h0) <= apart.cost_s < (a1 - a) + (h1 - h0) + 0.05, (apart, cupti_like.CALLS)
+        # what the loop's time gained: the close, after the last step, waits for a stop still running
+        waited = max(0.0, rec.windows[-1].t_end - max(st.t_end for st in rec.steps))
+        assert apart.added_s - waited < 0.3 * apart.windows, (apart, waited)
+    else:
+        assert apart.cost_s >= 0.6 * apart.windows  # the recorder's stop alone
+        assert apart.added_s > 0.6 * apart.windows * 0.9
 
 
+PATHS = pytest.mark.parametrize("off_thread", [False, True], ids=["stopped-here", "off-thread"])
+
+
+@PATHS
 @pytest.mark.parametrize("n", [30, 200])
-def test_a_window_in_the_middle_is_held_apart(tmp_path: Path, n: int) -> None:
+def test_a_window_in_the_middle_is_held_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, off_thread: bool
+) -> None:
     """A Session of unknown length: auto opens a window 5 steps in (20 steps); its steps are held."""
+    if off_thread:
+        monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
     summary, own, s = _loop(tmp_path, n, steps=None)
     rec = load_run(tmp_path)
     assert len(rec.windows) == 1 and rec.meta.get("kernel_window_tail_from") is None
-    _check(summary, own, rec, n)
-    assert summary.steps == n - 21  # the opening step, 19 inside, the closing step
+    _check(summary, own, rec, n, off_thread)
+    if not off_thread:
+        assert summary.steps == n - 21  # the opening step, 19 inside, the closing step
     # what a sweep's rows and the tuner read from the Session: the same measured steps
     held = held_steps(spans(rec.windows), rec.steps)
     assert s.step_times() == [st.t_end - st.t_start for st in rec.steps if not st.warmup and st.step not in held]
 
 
+@PATHS
 @pytest.mark.parametrize("n", [30, 200])
-def test_a_run_of_known_length_records_its_window_after_the_measured_steps(tmp_path: Path, n: int) -> None:
+def test_a_run_of_known_length_records_its_window_after_the_measured_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, n: int, off_thread: bool
+) -> None:
+    if off_thread:
+        monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
     summary, own, s = _loop(tmp_path, n, steps=n)
     rec = load_run(tmp_path)
     assert s.tail_steps == min(20, max(5, -(-n // 3)))
     assert rec.meta["kernel_window_tail_from"] == n + 1
-    _check(summary, own, rec, n)
+    _check(summary, own, rec, n, off_thread)
     assert summary.steps == n  # no measured step lost to the window
     assert summarize(rec).to_dict()["kernel_windows"]["steps"] == s.tail_steps
 
@@ -160,7 +192,7 @@ def test_held_steps_are_those_that_overlap_a_windows_span() -> None:
 RECORDER = {"STALLSCOPE_KERNEL_RECORDER": "tests.cupti_like:CuptiLike"}
 
 
-def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict) -> None:  # type: ignore[type-arg]
+def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict, off_thread: bool = False) -> None:  # type: ignore[type-arg]
     """The run's step time and throughput against the loop's own clock over the steps it measured."""
     rec = load_run(out)
     held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
@@ -174,13 +206,21 @@ def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict) 
     assert sum(every) / len(every) > 1.02 * sum(own) / len(own)  # with the held steps in: past 1%
     assert all(r["code"] != "LOOP_OVERHEAD" for r in summary["recommendations"]), summary["recommendations"]
     assert summary["gpu"] is None and summary["kernel_windows"]["steps"] == len(held)
-    assert summary["kernel_windows"]["cost_ms"] >= 600
+    if off_thread:  # the start (50 ms) and the GIL's hold (30 ms) on the training thread, not the stop
+        assert 80 <= summary["kernel_windows"]["cost_ms"] < 300, summary["kernel_windows"]
+    else:
+        assert summary["kernel_windows"]["cost_ms"] >= 600
 
 
-def test_run_records_its_window_after_the_measured_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@PATHS
+def test_run_records_its_window_after_the_measured_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, off_thread: bool
+) -> None:
     own_file = tmp_path / "own.txt"
     for k, v in {**RECORDER, "WINDOW_COST_OWN": str(own_file)}.items():
         monkeypatch.setenv(k, v)
+    if off_thread:
+        monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
     out = tmp_path / "run"
     res = stallscope("run", str(SCENARIO), "--steps", "30", "--no-live", "--json", "--out", str(out), fresh=True)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -189,13 +229,18 @@ def test_run_records_its_window_after_the_measured_steps(tmp_path: Path, monkeyp
     rec = load_run(out)
     assert len(starts) == len(rec.steps) == 2 + 30 + 10  # warm-up, measured, the tail window's
     own = {i: starts[i + 1] - starts[i] for i in range(len(starts) - 1)}
-    _within_1pct_of_own(out, own, summary)
+    _within_1pct_of_own(out, own, summary, off_thread)
     assert rec.meta["kernel_window_tail_from"] == 32 and summary["steps"] == 30
 
 
-def test_run_command_holds_the_scripts_window_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@PATHS
+def test_run_command_holds_the_scripts_window_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, off_thread: bool
+) -> None:
     for k, v in RECORDER.items():
         monkeypatch.setenv(k, v)
+    if off_thread:  # the start-up module's window thread (its own copy of core.kernelwin's)
+        monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
     out, own_file = tmp_path / "run", tmp_path / "own.json"
     res = stallscope(
         "run", "--json", "--no-live", "--out", str(out), "--", sys.executable, str(SCRIPT), "--steps", "60",
@@ -207,7 +252,9 @@ def test_run_command_holds_the_scripts_window_apart(tmp_path: Path, monkeypatch:
     rec = load_run(out)
     assert len(rec.steps) == 60 == len(asked) - 1 and rec.steps[0].step == 0
     own = {i: asked[i + 1] - asked[i] for i in range(len(asked) - 1)}
-    _within_1pct_of_own(out, own, summary)
+    _within_1pct_of_own(out, own, summary, off_thread)
+    (w,) = rec.windows
+    assert math.isnan(w.recorded_end) != off_thread  # the calls after the boundary: held, not recorded
 
 
 def test_a_recorder_that_cannot_be_had_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,3 +264,23 @@ def test_a_recorder_that_cannot_be_had_is_one_line_exit_2(tmp_path: Path, monkey
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "STALLSCOPE_KERNEL_RECORDER='no_such_module:Recorder'" in lines[0], res.stderr
     assert "MODULE:FACTORY" in lines[0] and "Traceback" not in res.stderr
+
+
+def test_a_window_stopped_off_the_thread_keeps_only_the_activities_of_the_steps_it_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop runs on after the window's boundary while the loop goes on: the kernels launched after it (40 in
+    the fake) are dropped, the store keeps where the recorded steps ended, and the device's split covers only the
+    steps before it."""
+    monkeypatch.setenv(cupti_like.ENV, OFF_THREAD + ",acts=40")
+    summary, _, _ = _loop(tmp_path, 60, steps=None)
+    rec = load_run(tmp_path)
+    (w,) = rec.windows
+    assert w.t_start < w.recorded_end < w.t_end and w.t_recorded == w.recorded_end
+    assert len(w.activities) == 40 and all(a[4] <= w.recorded_end for a in w.activities)
+    assert summary.gpu is not None
+    split = {g.step for g in summary.gpu.steps}
+    by_step = {st.step: st for st in rec.steps}
+    assert split and all(by_step[i].t_end <= w.recorded_end for i in split)
+    after = [st for st in rec.steps if w.recorded_end < st.t_start and st.t_end <= w.t_end]
+    assert after and not split & {st.step for st in after}  # held, not measured on the device

@@ -100,7 +100,8 @@ def window_steps(
     window: KernelWindow, steps: Sequence[StepRow], kernel_wait_us: float = KERNEL_WAIT_US
 ) -> list[GpuStep]:
     """The split of each measured step wholly inside ``window`` (microsecond arithmetic, as for a trace)."""
-    inside = [s for s in steps if not s.warmup and s.t_start >= window.t_start and s.t_end <= window.t_end]
+    end = window.t_recorded  # a stop that ran on after the boundary recorded no later step
+    inside = [s for s in steps if not s.warmup and s.t_start >= window.t_start and s.t_end <= end]
     if not inside or not window.activities:  # a window that recorded nothing measured no step's device
         return []
     us = 1e6

@@ -56,12 +56,23 @@ def fill(window: KernelWindow, run_dir: Path, t0: float) -> KernelWindow:
         clock = json.loads(clock_path(path).read_text())
         to_clock = _to_clock(int(clock["ref_ns"]), float(clock["offset_s"]), t0)
         acts = activities(json.loads(path.read_bytes()), to_clock, cpu=bool(clock.get("cpu")))
+        if not math.isnan(window.recorded_end):  # the stop ran on after the boundary: its steps are not the window's
+            acts = recorded(acts, window.recorded_end)
     except (OSError, ValueError, KeyError, TypeError):
         acts = []
     if window.window >= KEEP:
         for p in (path, clock_path(path)):
             p.unlink(missing_ok=True)
     return replace(window, activities=acts)
+
+
+Act = tuple[int, int, float, float, float]  # (stream, kind, start, end, launch): profiler.core.kernelwin.Activity
+
+
+def recorded(acts: list[Act], end: float) -> list[Act]:
+    """The activities of the steps recorded before ``end`` (the window's boundary): those launched after it, or
+    starting after it where their launch is not known, belong to the steps the window thread's stop overlapped."""
+    return [a for a in acts if (a[4] <= end if a[4] == a[4] else a[2] <= end)]
 
 
 def _to_clock(ref_ns: int, offset_s: float, t0: float) -> Callable[[int], float]:

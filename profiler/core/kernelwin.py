@@ -4,7 +4,17 @@ process, with the launch time of each kernel, copy and set.
 A :class:`KernelWindows` opens a window at a step boundary the Session's tick stops at (the Session makes its
 next tick due at the window's first and last step: outside the windows the hot path does nothing more), and at
 the window's end puts the window's span and cost (``GWIN``, :mod:`profiler.core.stepevents`), so it reaches the
-store through the same ring as the steps. Its activities go before it as ``GPU`` events, or, where a sampler
+store through the same ring as the steps.
+
+Off the training thread: CUPTI records the whole process, whichever thread started it, so a recorder that says so
+(``off_thread``: CUDA's) is started and stopped on a thread of the windows' own (:class:`WindowThread`). The
+training thread waits for the start (about a millisecond), and at the window's last step only marks the boundary
+(one CUDA event: ``GREC``, the recorded steps end there) and hands the stop over: the profiler's stop (CUPTI's
+flush and kineto's post-processing, C++ that releases the GIL) runs there while the training goes on; only the
+hand-over of its activities (kineto's trace export, C++ holding the GIL) still holds the training thread. The
+window's span, whose steps are held apart, ends when that thread has finished; the activities launched after the
+boundary are dropped (:func:`recorded`). benchmarks/window_cost.py measures what each path costs the training
+thread. Its activities go before it as ``GPU`` events, or, where a sampler
 process reads them (``handoff``), as kineto's own trace file (:mod:`profiler.core.kerneltrace`). The steps it held
 are left out of the run's figures (:mod:`profiler.analysis.apart`). The analysis (:mod:`profiler.analysis.gpu`) splits
 each window step's device time into kernels running and idle because of input, the host, synchronisation and
@@ -28,7 +38,9 @@ Recorders (:class:`KernelRecorder`):
 from __future__ import annotations
 
 import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,13 +48,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from profiler.core.kerneltrace import trace_path, write_clock
-from profiler.core.stepevents import GPU, GWIN, NAN, Event
+from profiler.core.kerneltrace import recorded, trace_path, write_clock
+from profiler.core.stepevents import GPU, GREC, GWIN, NAN, Event
 
 KINDS = ("kernel", "memcpy", "memset", "collective")  # an activity's kind code is its index here
 _SYNC = re.compile(r"^(Stream Wait Event|Stream Sync|Context Sync|Event Sync|Device Sync)")
 MAX_STREAMS = 1 << 20  # stream ids above this are not streams (kineto's "unknown" values)
 MAX_INDEX = 1 << 62  # no more windows
+START_WAIT_S = 30.0  # the training thread waits this long for a window thread's start (CUPTI's first subscription)
+STOP_WAIT_S = 120.0  # a run's close waits this long for a window's stop still running on its thread
 
 
 class KernelWindowError(ValueError):
@@ -110,7 +124,11 @@ Activity = tuple[int, int, float, float, float]
 
 
 class KernelRecorder(Protocol):
-    """Records the device's activity between :meth:`start` and :meth:`stop`."""
+    """Records the device's activity between :meth:`start` and :meth:`stop`. A recorder whose ``off_thread`` is
+    true records the whole process from any thread (CUPTI): its start and stop run on a :class:`WindowThread`, its
+    ``mark()`` is called on the training thread at the window's last step, and ``stop(boundary)`` (or
+    ``stop_to(path, boundary)``) first waits for that mark; its ``parts["read"]`` is the stop's part that held the
+    GIL (the read, or the hand-over of its activities)."""
 
     source: str  # "cupti" or "sim" (SIMULATED)
 
@@ -122,6 +140,65 @@ class KernelRecorder(Protocol):
     def stop(self) -> list[Activity]: ...
 
 
+class WindowThread:
+    """A thread of the kernel windows' own, where a process-wide recorder starts and stops (see the module).
+    Jobs run one at a time, in order; the recorder's thread-local state (torch.profiler's) stays on this thread."""
+
+    def __init__(self, recorder: Any, clock: Callable[[], float]) -> None:
+        self.recorder, self.clock = recorder, clock
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.done = threading.Event()  # the last stop handed over has ended
+        self.result: tuple[list[Activity], float, float] | BaseException = ([], 0.0, 0.0)  # its (acts, held, end)
+        self._thread = threading.Thread(target=self._run, name="stallscope-kernel-window", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def start(self) -> None:
+        """The recorder's start, run there and waited for (up to START_WAIT_S); raises what it raised."""
+        box: list[BaseException] = []
+        ran = threading.Event()
+
+        def job() -> None:
+            try:
+                self.recorder.start()
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread below
+                box.append(exc)
+            ran.set()
+
+        self._jobs.put(job)
+        if not ran.wait(START_WAIT_S):
+            raise TimeoutError(f"the recorder did not start within {START_WAIT_S:.0f} s")
+        if box:
+            raise box[0]
+
+    def stop(self, boundary: object, path: Path | None) -> None:
+        """Hand the stop over: there it waits for ``boundary``, stops and reads the activities, or hands them over to
+        ``path``; :attr:`done` is set when it has ended, :attr:`result` then holds them (none where handed over),
+        the seconds its read held the GIL and the clock at its end, or what it raised."""
+        self.done.clear()
+
+        def job() -> None:
+            rec = self.recorder
+            try:
+                if path is not None:
+                    rec.stop_to(path, boundary)
+                    acts: list[Activity] = []
+                else:
+                    acts = rec.stop(boundary)
+                self.result = (acts, float(rec.parts.get("read", 0.0)), self.clock())
+            except Exception as exc:  # noqa: BLE001 - said in the run by the training thread
+                self.result = exc
+            self.done.set()
+
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+
 class KernelWindows:
     """Opens and closes the windows of ``plan`` at the Session's ticks; puts what each recorded as step events."""
 
@@ -130,9 +207,12 @@ class KernelWindows:
         self.next_index = plan.first(warmup)  # the step at whose tick something is due
         self.window = 0  # windows recorded
         self.open_at: tuple[int, float, float] | None = None  # (step, opening began, start cost) of the open window
+        # a window whose stop runs on the window thread: (step it closed at, opening began, cost so far, boundary)
+        self.closing: tuple[int, float, float, float] | None = None
         self.skipped: list[str] = []  # why windows did not open
         self.handoff: Path | None = None  # the run directory, where a sampler process reads handed-over windows
         self.spans: list[tuple[float, float]] = []  # each window's pause on the clock: its opening's start to now
+        self._thread: WindowThread | None = None  # where an off_thread recorder starts and stops
 
     @property
     def tail_steps(self) -> int:
@@ -141,26 +221,29 @@ class KernelWindows:
 
     def tail_at(self, index: int) -> int:
         """Open the tail window at step ``index`` instead (the measured steps ended early): its steps, or 0."""
-        if not self.plan.tail or self.window or self.open_at is not None:
+        if not self.plan.tail or self.window or self.open_at is not None or self.closing is not None:
             return 0
         self.next_index = index
         return self.plan.steps
 
     def at(self, index: int, put: Callable[[Event], object]) -> None:
-        """The tick of step ``index`` (its batch has come): open or close a window that is due."""
+        """The tick of step ``index`` (its batch has come): open or close a window that is due, or take one whose
+        stop has ended on the window thread."""
         if index < self.next_index:
             return
-        if self.open_at is None:
+        if self.closing is not None:
+            self._collect(index, put)
+        elif self.open_at is None:
             self._open(index)
         else:
-            self.close(put)
+            self._close(index, put)
 
     def _open(self, index: int) -> None:
         try:  # a recorder that fails never stops the training: the run says why, and no window opens again
             why = self.recorder.usable()
             if why is None:
                 t0 = self.clock()
-                self.recorder.start()
+                self._start()
                 t1 = self.clock()
         except Exception as exc:  # noqa: BLE001 - whatever CUPTI or torch.profiler raised, said in the run
             why = f"once: the recorder failed to start ({type(exc).__name__}: {exc})"
@@ -176,31 +259,93 @@ class KernelWindows:
         self.open_at = (index, t0, t1 - t0)
         self.next_index = index + self.plan.steps
 
-    def close(self, put: Callable[[Event], object]) -> None:
-        """End the open window (if any) now and put its activities, then the window's own event."""
-        if self.open_at is None:
+    def _start(self) -> None:
+        if not getattr(self.recorder, "off_thread", False):
+            self.recorder.start()
             return
-        index, t_open, cost_open = self.open_at
+        if self._thread is None:
+            self._thread = WindowThread(self.recorder, self.clock)
+        self._thread.start()
+
+    def close(self, put: Callable[[Event], object]) -> None:
+        """At the run's close: end the open window (if any) and wait for a stop still running on the window thread
+        (up to STOP_WAIT_S); put their activities and events."""
+        if self.open_at is not None:
+            self._close(self.open_at[0] + self.plan.steps, put)
+        if self.closing is not None and self._thread is not None:
+            if self._thread.done.wait(STOP_WAIT_S):
+                self._collect(MAX_INDEX, put)
+            else:
+                self._lost(self.closing[0], "stop", TimeoutError(f"still running after {STOP_WAIT_S:.0f} s"))
+                self.closing = None
+        if self._thread is not None:
+            self._thread.close()
+            self._thread = None
+
+    def _close(self, index: int, put: Callable[[Event], object]) -> None:
+        """End the open window at step ``index``: here, or (off_thread) by handing its stop to the window thread."""
+        assert self.open_at is not None
+        at, t_open, cost_open = self.open_at
         self.open_at = None
         t0 = self.clock()
-        stop_to = getattr(self.recorder, "stop_to", None)
+        thread, path = self._thread, self._handoff_path()
+        if thread is not None:
+            try:
+                boundary = self.recorder.mark()  # type: ignore[attr-defined]
+            except Exception as exc:  # noqa: BLE001 - said in the run; the stop then waits for the whole device
+                boundary = None
+                self.skipped.append(f"step {index}: the window's end could not be marked ({type(exc).__name__}: {exc})")
+            t_rec = self.clock()  # what was launched before it is the window's
+            thread.stop(boundary, path)
+            put((GREC, self.window, t_rec, NAN, NAN))
+            self.closing = (at, t_open, cost_open + self.clock() - t0, t_rec)
+            self.next_index = index + 1
+            return
         try:
-            if self.handoff is not None and callable(stop_to):  # read off this thread (profiler.core.kerneltrace)
+            if path is not None:  # read off this thread (profiler.core.kerneltrace)
                 acts: list[Activity] = []
-                stop_to(trace_path(self.handoff, self.window))
+                self.recorder.stop_to(path)  # type: ignore[attr-defined]
             else:
                 acts = self.recorder.stop()
         except Exception as exc:  # noqa: BLE001 - said in the run; the window is lost, the training goes on
-            self.skipped.append(f"step {index}: once: the recorder failed to stop ({type(exc).__name__}: {exc})")
-            self.next_index = MAX_INDEX
+            self._lost(at, "stop", exc)
             return
+        t1 = self.clock()  # the window spans the training thread's pause: from its opening's start to now
+        self._put(put, acts, t_open, t1, cost_open + t1 - t0)
+        self.next_index = at + self.plan.every if self.plan.every else MAX_INDEX
+
+    def _handoff_path(self) -> Path | None:
+        """Where the window is handed over as kineto's trace (None: its activities are read in this process)."""
+        return trace_path(self.handoff, self.window) if self.handoff is not None and callable(
+            getattr(self.recorder, "stop_to", None)) else None  # fmt: skip
+
+    def _collect(self, index: int, put: Callable[[Event], object]) -> None:
+        """Take the window whose stop ran on the window thread, once it has ended (else look again next step)."""
+        thread, closing = self._thread, self.closing
+        assert thread is not None and closing is not None
+        if not thread.done.is_set():
+            self.next_index = index + 1
+            return
+        at, t_open, cost, boundary = closing
+        self.closing = None
+        self.next_index = at + self.plan.every if self.plan.every else MAX_INDEX
+        if isinstance(result := thread.result, BaseException):
+            self._lost(at, "stop", result)
+            return
+        acts, held, t_end = result
+        self._put(put, recorded(acts, boundary), t_open, t_end, cost + held)
+
+    def _put(self, put: Callable[[Event], object], acts: list[Activity], t_open: float, t_end: float, cost: float
+             ) -> None:  # fmt: skip
         for stream, kind, start, end, launch in acts:
             put((GPU, stream * 4 + kind, start, end, launch))
-        t1 = self.clock()  # the window spans the training thread's pause: from its opening's start to now
-        put((GWIN, self.window, t_open, t1, cost_open + t1 - t0))
-        self.spans.append((t_open, t1))
+        put((GWIN, self.window, t_open, t_end, cost))
+        self.spans.append((t_open, t_end))
         self.window += 1
-        self.next_index = index + self.plan.every if self.plan.every else MAX_INDEX
+
+    def _lost(self, index: int, what: str, exc: BaseException) -> None:
+        self.skipped.append(f"step {index}: once: the recorder failed to {what} ({type(exc).__name__}: {exc})")
+        self.next_index = MAX_INDEX
 
 
 def make_recorder(device_kind: str, timer: object, clock: Callable[[], float]) -> KernelRecorder | None:
@@ -254,10 +399,11 @@ class TorchKernelRecorder:
         """``activity`` "cpu": the same path over torch's CPU operators, which a machine without a GPU can time
         (benchmarks/window_cost.py); the run's recorder is always "cuda"."""
         self._torch, self._clock, self._cuda = torch_mod, clock, activity == "cuda"
+        self.off_thread = self._cuda  # CUPTI records every thread's launches; CPU operators only the starter's
         self._prof: Any = None
         self._pairs: list[tuple[float, int]] = []
         self._used = False
-        self.parts: dict[str, float] = {}  # the last window's cost on the training thread, by part (s)
+        self.parts: dict[str, float] = {}  # the last window's cost by part (s): start, sync, stop, read
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
     def usable(self) -> str | None:
@@ -286,9 +432,17 @@ class TorchKernelRecorder:
         self._used = True
         self.parts = {"start": clock() - t0}
 
-    def stop(self) -> list[Activity]:
-        """End the window and read its activities here (about 8 us an event on this thread)."""
-        prof = self._end()
+    def mark(self) -> object:
+        """The window's boundary on the training thread's stream (a CUDA event; None off CUDA)."""
+        if not self._cuda:
+            return None
+        ev = self._torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def stop(self, boundary: object = None) -> list[Activity]:
+        """End the window and read its activities here (about 8 us an event, holding the GIL)."""
+        prof = self._end(boundary)
         if prof is None:
             return []
         t = self._clock()
@@ -298,10 +452,10 @@ class TorchKernelRecorder:
         self.parts.update(read=self._clock() - t, events=float(len(events)))
         return acts
 
-    def stop_to(self, path: Path) -> None:
-        """End the window and hand its activities over as kineto's own trace at ``path`` (written in C++), with the
-        clock pairs beside it, for another process to read (:mod:`profiler.core.kerneltrace`)."""
-        prof = self._end()
+    def stop_to(self, path: Path, boundary: object = None) -> None:
+        """End the window and hand its activities over as kineto's own trace at ``path`` (written in C++, holding
+        the GIL: ``read``), with the clock pairs beside it, for another process to read (core.kerneltrace)."""
+        prof = self._end(boundary)
         if prof is None:
             return
         t = self._clock()
@@ -310,16 +464,17 @@ class TorchKernelRecorder:
         write_clock(path, *clock_offset(self._pairs), cpu=not self._cuda)
         self.parts.update(read=self._clock() - t)
 
-    def _end(self) -> Any:
-        """The window's profiler stopped (its last kernels waited for on CUDA), and the closing clock pair taken."""
+    def _end(self, boundary: object) -> Any:
+        """The window's profiler stopped once the device has reached ``boundary`` (None: all that was launched),
+        and the closing clock pair taken."""
         prof, self._prof, clock = self._prof, None, self._clock
         if prof is None:
             return None
         t0 = clock()
-        if self._cuda:
-            self._torch.cuda.synchronize()  # the window's last kernels end inside it
+        if self._cuda:  # the window's last kernels end inside it (an event's wait releases the GIL)
+            boundary.synchronize() if boundary is not None else self._torch.cuda.synchronize()  # type: ignore[attr-defined]
         t1 = clock()
-        prof.stop()  # CUPTI's flush and kineto's post-processing, in C++ holding the GIL
+        prof.stop()  # CUPTI's flush and kineto's post-processing, in C++ with the GIL released
         self.parts.update(sync=t1 - t0, stop=clock() - t1)
         self._pairs.append(wall_pair(clock))
         return prof

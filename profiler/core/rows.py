@@ -7,6 +7,7 @@ it imports nothing of the project.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +49,20 @@ TAIL_KEY = "kernel_window_tail_from"
 @dataclass(frozen=True, slots=True)
 class KernelWindow:
     """One kernel window: its span and cost (s) and its activities ``(stream, kind, start, end, launch)``, run
-    seconds (launch NaN: not known)."""
+    seconds (launch NaN: not known). ``recorded_end``: where the steps it recorded ended, when its stop ran on
+    after them (profiler.core.kernelwin.WindowThread; NaN: at ``t_end``, schema v4)."""
 
     window: int
     t_start: float
     t_end: float
     cost_s: float
     activities: list[tuple[int, int, float, float, float]]
+    recorded_end: float = math.nan
+
+    @property
+    def t_recorded(self) -> float:
+        """The end of the steps whose device activity the window recorded."""
+        return self.t_end if math.isnan(self.recorded_end) else min(self.t_end, self.recorded_end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ Events (``t``: the Session's clock; run-queue readings ``x`` in seconds, NaN whe
   closing ended; the ``GPU`` events since the last ``GWIN`` are its activities); ``y``: seconds the training
   thread spent opening and closing it. The steps that overlap that span are recorded apart
   (:mod:`profiler.analysis.apart`).
+- ``GREC a t``: kernel window ``a``'s recording of steps ended at ``t`` (its boundary), while its stop goes on
+  on the window thread: the steps after ``t`` are held but not recorded (the next ``GWIN`` carries it).
 
 Invariants: rows come out in step order; a step whose phases carry device marks waits for all of them (the
 Session bounds that at ``max_lag`` steps); an event that does not fit the state (an EXIT with no ENTER, after the
@@ -44,7 +46,7 @@ from typing import Protocol
 
 from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 
-FETCH, BATCH, OPEN, WAIT, SAMPLES, END, ENTER, EXIT, SPAN, DEV, GPU, GWIN = range(1, 13)
+FETCH, BATCH, OPEN, WAIT, SAMPLES, END, ENTER, EXIT, SPAN, DEV, GPU, GWIN, GREC = range(1, 14)
 Event = tuple[int, int, float, float, float]
 NAN = math.nan
 NO_MARK = -1.0
@@ -146,6 +148,7 @@ class Assembler:
         self._dev: dict[float, float] = {}
         self._out: list[tuple[StepRow, list[PhaseRow]]] = []
         self._acts: list[tuple[int, int, float, float, float]] = []  # the open kernel window's activities
+        self._recorded = NAN  # where the closing window's recorded steps ended (GREC), run seconds
         self._windows: list[KernelWindow] = []
 
     @property
@@ -204,8 +207,10 @@ class Assembler:
             t0 = self.t0
             self._acts.append((a >> 2, a & 3, t - t0, x - t0, y - t0))
         elif code == GWIN:
-            self._windows.append(KernelWindow(a, t - self.t0, x - self.t0, y, self._acts))
-            self._acts = []
+            self._windows.append(KernelWindow(a, t - self.t0, x - self.t0, y, self._acts, self._recorded))
+            self._acts, self._recorded = [], NAN
+        elif code == GREC:
+            self._recorded = t - self.t0
 
     def _exit(self, a: int, t: float, x: float, y: float) -> None:
         stack, st = self._stack, self._step

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler.core.kerneltrace import KEEP, activities
+from profiler.core.kerneltrace import KEEP, activities, recorded
 from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV, STOP_ENV
 
@@ -300,14 +300,17 @@ class InstrumentReader:
         if proc is None or self._windows_taken >= len(proc.windows):
             return []
         new, self._windows_taken = proc.windows[self._windows_taken :], len(proc.windows)
+        return [self._window(w) for w in new]
+
+    def _window(self, w: dict[str, Any]) -> KernelWindow:
+        """A ``kwin`` record on the run's clock; ``r``: where its recorded calls ended, its stop running on after
+        them on the window thread (the activities launched after it are dropped)."""
         t0 = self.t0
-        return [
-            KernelWindow(int(w["w"]), float(w["t0"]) - t0, float(w["t1"]) - t0, float(w["cost"]), [
-                (int(a[0]), int(a[1]), a[2] - t0, a[3] - t0, a[4] - t0 if a[4] >= 0 else math.nan)
-                for a in (handed_over(w) if "trace" in w else w["acts"])
-            ])
-            for w in new
-        ]  # fmt: skip
+        rec_end = float(w["r"]) - t0 if "r" in w else math.nan
+        acts = [(int(a[0]), int(a[1]), a[2] - t0, a[3] - t0, a[4] - t0 if a[4] >= 0 else math.nan)
+                for a in (handed_over(w) if "trace" in w else w["acts"])]  # fmt: skip
+        return KernelWindow(int(w["w"]), float(w["t0"]) - t0, float(w["t1"]) - t0, float(w["cost"]),
+                            acts if math.isnan(rec_end) else recorded(acts, rec_end), rec_end)  # fmt: skip
 
     def _read(self) -> None:
         try:

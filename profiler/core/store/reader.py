@@ -97,9 +97,10 @@ def read_windows(con: sqlite3.Connection) -> tuple[KernelWindow, ...]:
     for w, stream, kind, a, b, c in con.execute("SELECT * FROM kernels ORDER BY window, t_start"):
         acts.setdefault(w, []).append((stream, kind, a, b, math.nan if c is None else c))
     return tuple(
-        KernelWindow(w, a, b, cost, acts.get(w, []))
-        for w, a, b, cost in con.execute("SELECT * FROM kernel_windows ORDER BY window")
-    )
+        KernelWindow(w, a, b, cost, acts.get(w, []), math.nan if rec is None else rec)
+        for w, a, b, cost, rec in con.execute(f"SELECT {select_cols(con, 'kernel_windows')} FROM kernel_windows "
+                                              "ORDER BY window")
+    )  # fmt: skip
 
 
 def read_head(run: str | os.PathLike[str]) -> tuple[Meta, int]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 3  # 2 added phases.runq_s, steps.data_wait_runq_s and steps.runq_s; 3 the kernel windows
+SCHEMA_VERSION = 4  # 2 added phases.runq_s, steps.data_wait_runq_s and steps.runq_s; 3 the kernel windows;
+# 4 kernel_windows.recorded_end
 STALE_HEARTBEAT_S = 10.0  # the writer commits (and refreshes the heartbeat) at least every second
 DB_NAME = "run.sqlite"
 STACKS_NAME = "pyspy.speedscope.json"  # written by py-spy beside the store; read with it
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS kernel_windows (  -- v3: profiler.core.kernelwin
     window INTEGER PRIMARY KEY,
     t_start REAL NOT NULL,        -- s since run start: its opening began (the recorder's start)
     t_end REAL NOT NULL,          -- s since run start: its closing ended (activities read and handed on)
-    cost_s REAL NOT NULL          -- the training thread's time opening and closing it
+    cost_s REAL NOT NULL,         -- the training thread's time opening and closing it
+    recorded_end REAL             -- v4: where its recorded steps ended, its stop running on after (NULL: t_end)
 );
 CREATE TABLE IF NOT EXISTS kernels (  -- v3: the device's activity in each window
     window INTEGER NOT NULL,
@@ -69,7 +71,8 @@ CREATE TABLE IF NOT EXISTS events (
 STEP_COLS = "step, t_start, t_end, data_wait_s, samples, warmup, data_wait_runq_s, runq_s"
 PHASE_COLS = "step, name, depth, t_start, t_end, dev_start, dev_end, runq_s"
 # columns each schema version added: absent from an older store, they read as NULL
-ADDED = {"steps": ("data_wait_runq_s", "runq_s"), "phases": ("runq_s",)}
+ADDED = {"steps": ("data_wait_runq_s", "runq_s"), "phases": ("runq_s",), "kernel_windows": ("recorded_end",)}
+WINDOW_COLS = "window, t_start, t_end, cost_s, recorded_end"
 
 
 class StoreError(Exception):
@@ -90,7 +93,8 @@ def add_columns(con: sqlite3.Connection) -> None:
 
 
 def select_cols(con: sqlite3.Connection, table: str) -> str:
-    """The select list for ``table`` in StepRow / PhaseRow field order; columns an older store lacks read NULL."""
+    """The select list for ``table`` in StepRow / PhaseRow / KernelWindow field order; columns an older store lacks
+    read NULL."""
     have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-    wanted = (STEP_COLS if table == "steps" else PHASE_COLS).split(", ")
+    wanted = {"steps": STEP_COLS, "phases": PHASE_COLS, "kernel_windows": WINDOW_COLS}[table].split(", ")
     return ", ".join(c if c in have or c not in ADDED[table] else f"NULL AS {c}" for c in wanted)

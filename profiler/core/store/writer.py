@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import queue
 import resource
@@ -25,6 +26,7 @@ from profiler.core.store.schema import (
     SCHEMA,
     SCHEMA_VERSION,
     STEP_COLS,
+    WINDOW_COLS,
     StoreError,
     add_columns,
 )
@@ -382,8 +384,9 @@ class RunStore:
             return
         if item[0] == "window":
             w = item[1]
-            cur = con.execute("INSERT OR IGNORE INTO kernel_windows VALUES (?,?,?,?)", (w.window, w.t_start, w.t_end,
-                                                                                          w.cost_s))  # fmt: skip
+            rec = None if math.isnan(w.recorded_end) else w.recorded_end
+            cur = con.execute(f"INSERT OR IGNORE INTO kernel_windows ({WINDOW_COLS}) VALUES (?,?,?,?,?)",
+                              (w.window, w.t_start, w.t_end, w.cost_s, rec))  # fmt: skip
             if cur.rowcount == 1:
                 con.executemany(
                     "INSERT INTO kernels VALUES (?,?,?,?,?,?)",

@@ -285,7 +285,13 @@ class KernelWindows:
     the trace kineto wrote for it (``trace``, with the clock readings that put its times on ``time.perf_counter``:
     stallscope's own process reads it), or, from a recorder of one's own (STALLSCOPE_KERNEL_RECORDER), holding its
     activities ``[stream, kind, start, end, launch]`` (launch -1: not known). Any error turns them off with one
-    ``kwin_off`` record."""
+    ``kwin_off`` record.
+
+    CUPTI records every thread of the process, so the profiler starts and stops on a thread of the windows' own
+    (as profiler.core.kernelwin.WindowThread): the script's thread waits for the start, and at the window's last
+    call marks the boundary (a CUDA event; ``r`` in the record: the calls after it are not the window's) and goes
+    on while the stop and kineto's trace export run there; the record's ``t1`` is their end. A recorder of one's own
+    runs there too where it says ``off_thread``, else on the script's thread."""
 
     def __init__(self, writer: Writer, plan: tuple[int, int, int] | None) -> None:
         self.writer, self.plan = writer, plan
@@ -293,6 +299,9 @@ class KernelWindows:
         self.prof: Any = None
         self.opened = (0.0, 0.0, 0, 0.0)  # opening began, its cost, the wall clock (ns) and the clock once started
         self.window = 0
+        self.jobs: Any = None  # the window thread's queue (created at the first off-thread window)
+        self.stopping = threading.Event()  # set while no stop is running on the window thread
+        self.stopping.set()
 
     @staticmethod
     def parse(text: str | None) -> tuple[int, int, int] | None:
@@ -314,56 +323,117 @@ class KernelWindows:
             else:
                 self._close(calls)
         except Exception as exc:  # noqa: BLE001 - the profiler's failure is not the script's
-            self.next_call, self.prof = 1 << 62, None
-            self.writer.put({"k": "kwin_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
+            self._off(exc)
+
+    def _off(self, exc: BaseException) -> None:
+        self.next_call, self.prof = 1 << 62, None
+        self.writer.put({"k": "kwin_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
 
     def _open(self, calls: int) -> None:
         own = os.environ.get(RECORDER_ENV)  # "module:factory": a recorder of one's own (profiler.core.kernelwin)
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
-        if not own and (torch is None or cuda is None or not cuda.is_initialized()):
-            self.next_call = calls + 1  # not yet on CUDA: try at the next call
+        if not self.stopping.is_set() or (not own and (torch is None or cuda is None or not cuda.is_initialized())):
+            self.next_call = calls + 1  # a stop still running, or not yet on CUDA: try at the next call
             return
         t0 = time.perf_counter()
         if own:
             module, _, name = own.partition(":")
             prof = getattr(importlib.import_module(module), name)(time.perf_counter)
-            prof.start()
         else:
             os.environ.setdefault("TEARDOWN_CUPTI", "1")
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])  # type: ignore[union-attr]
+        if own and not getattr(prof, "off_thread", False):
             prof.start()
+        else:
+            self._on_thread(prof.start, wait=True)
         self.prof, t1 = prof, time.perf_counter()
         # the window spans the training thread's pause: from its opening's start (t0) to its closing's end
         self.opened = (t0, t1 - t0, time.time_ns(), t1)
         self.next_call = calls + self.plan[1]  # type: ignore[index]
 
+    def _on_thread(self, job: Callable[[], object], wait: bool) -> None:
+        """Run ``job`` on the window thread (``wait``: until it has run, raising what it raised)."""
+        if self.jobs is None:
+            import queue
+
+            self.jobs = queue.SimpleQueue()
+            threading.Thread(target=self._serve, name="stallscope-kernel-window", daemon=True).start()
+        box: list[BaseException] = []
+        ran = threading.Event()
+
+        def run() -> None:
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - raised where waited for, else said as kwin_off
+                box.append(exc)
+                if not wait:
+                    self._off(exc)
+            ran.set()
+
+        self.jobs.put(run)
+        if wait:
+            ran.wait()
+            if box:
+                raise box[0]
+
+    def _serve(self) -> None:
+        while True:
+            self.jobs.get()()
+
     def _close(self, calls: int) -> None:
-        prof = self.prof
+        prof, own = self.prof, os.environ.get(RECORDER_ENV)
         t0 = time.perf_counter()
-        t_open, cost, wall_open, t_started = self.opened
-        if own := os.environ.get(RECORDER_ENV):
+        if own and not getattr(prof, "off_thread", False):
             acts = [[float(x) for x in a[:4]] + [a[4] if a[4] == a[4] else -1.0] for a in prof.stop()]
+            self._put(self.window, self.opened[0], self.opened[1] + time.perf_counter() - t0, {"acts": acts})
         else:
-            torch = sys.modules["torch"]
-            torch.cuda.synchronize()
-            prof.stop()
-            # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer
-            # ns first: a float holds ns since the epoch only to 256 ns)
-            offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
-            # kineto writes the window's trace in C++; stallscope's process reads it (profiler/core/kerneltrace.py),
-            # not this thread (about 8 us an event in Python)
-            trace = os.path.join(self.writer.directory, f"kwin-{os.getpid()}-{self.window}.json")
-            prof.profiler.kineto_results.save(trace)
-            hand = {"trace": trace, "wall_ref": wall_open, "clock_ref": t_started - offset}
-            acts = []
+            boundary = prof.mark() if own else sys.modules["torch"].cuda.Event()
+            if not own:
+                boundary.record()
+            t_rec = time.perf_counter()  # what was launched before it is the window's
+            cost = self.opened[1] + t_rec - t0
+            self.stopping.clear()
+            window = self.window
+            self._on_thread(lambda: self._stop(prof, boundary, own, window=window, cost=cost, t_rec=t_rec), wait=False)
         self.prof = None
-        t1 = time.perf_counter()
-        rec = {"k": "kwin", "w": self.window, "t0": t_open, "t1": t1, "cost": cost + t1 - t0, "acts": acts}
-        self.writer.put({**rec, **hand} if not own else rec)
         self.window += 1
         every = self.plan[2]  # type: ignore[index]
         self.next_call = calls - self.plan[1] + every if every else 1 << 62  # type: ignore[index]
+
+    def _stop(self, prof: Any, boundary: Any, own: str | None, *, window: int, cost: float, t_rec: float) -> None:
+        """On the window thread: the stop once the device reached ``boundary``, and the window's record."""
+        try:
+            t_open, _, wall_open, t_started = self.opened  # the next window opens once this stop has ended
+            if own:
+                acts = [[float(x) for x in a[:4]] + [a[4] if a[4] == a[4] else -1.0] for a in prof.stop(boundary)]
+                held = float(getattr(prof, "parts", {}).get("read", 0.0))
+                self._put(window, t_open, cost + held, {"acts": [a for a in acts if (a[4] if a[4] >= 0 else a[2])
+                                                                 <= t_rec], "r": t_rec})  # fmt: skip
+                return
+            boundary.synchronize()  # the window's last kernels end inside it (the wait releases the GIL)
+            prof.stop()  # CUPTI's flush and kineto's post-processing: C++, the GIL released
+            # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer
+            # ns first: a float holds ns since the epoch only to 256 ns)
+            offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
+            # kineto writes the window's trace in C++ (holding the GIL: the script's thread waits that long);
+            # stallscope's process reads it (profiler/core/kerneltrace.py), not this process (8 us an event)
+            trace = os.path.join(self.writer.directory, f"kwin-{os.getpid()}-{window}.json")
+            t_save = time.perf_counter()
+            prof.profiler.kineto_results.save(trace)
+            held = time.perf_counter() - t_save
+            hand = {"acts": [], "trace": trace, "wall_ref": wall_open, "clock_ref": t_started - offset, "r": t_rec}
+            self._put(window, t_open, cost + held, hand)
+        finally:
+            self.stopping.set()
+
+    def _put(self, window: int, t_open: float, cost: float, more: dict[str, object]) -> None:
+        """The window's record: its span ends now (its stop and hand-over done)."""
+        self.writer.put({"k": "kwin", "w": window, "t0": t_open, "t1": time.perf_counter(), "cost": cost, **more})
+
+    def finish(self) -> None:
+        """At the script's exit: wait (up to 60 s) for a stop still running, so that its record is written."""
+        self.stopping.wait(60.0)
 
 
 class Instrument:
@@ -658,6 +728,7 @@ def install() -> Instrument | None:
     inst = Instrument(writer, overrides if isinstance(overrides, dict) else {}, stop, windows)
     inst.start()
     atexit.register(writer.flush)
+    atexit.register(inst.windows.finish)  # a stop still running on the window thread writes its record first
     atexit.register(inst.device.close)  # runs first (atexit is last-in, first-out): its records then flush
     for name, patch in (
         ("torch.utils.data.dataloader", inst.patch_dataloader),
