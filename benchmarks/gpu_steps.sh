@@ -4,8 +4,8 @@
 # others their time; everything it prints also goes to $OUT (or ./gpu-steps) for the closing note.
 #   #45: make gpu-check's kernel case (ssd, 0 workers, naive and prefetch: kernel busy against NVML, the cause
 #        named), then the kernel windows' cost on CUDA (benchmarks/kernel_windows.py's CUDA part);
-#   #55: one window's cost on the training thread by part, against its activities, read here and handed over
-#        (benchmarks/window_cost.py); the paired overhead and the reported throughput against the bare loop's at
+#   #55: one window's cost on the training thread by part, against its activities, read here, handed over and off
+#        the thread (benchmarks/window_cost.py --only cuda); the paired overhead and the reported throughput against the bare loop's at
 #        30, 200 and 2,000 steps (benchmarks/gpu_overhead.py: the CNN at all three, ResNet-50 at 30 and 200), with
 #        the sampler process alone (windows off: item 3), and the hot path's microseconds a step and a phase on CUDA;
 #   #44: the same overhead figures;
@@ -24,7 +24,7 @@ step() {
     tail -n 25 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-step window-cost 45 "$py" benchmarks/window_cost.py --repeats 3
+step window-cost 45 "$py" benchmarks/window_cost.py --only cuda --repeats 3
 step overhead-cnn 120 "$py" benchmarks/gpu_overhead.py --loops cnn --rounds 2 --steps 30,200,2000
 step overhead-resnet50 100 "$py" benchmarks/gpu_overhead.py --loops resnet50 --rounds 2 --steps 30,200
 step kernel-case 100 "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"

@@ -144,10 +144,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--only", choices=("cpu", "cuda"), help="one recorder (default: CPU, and CUDA where available)")
     args = p.parse_args()
     torch.set_num_threads(1)
-    rows = measure("cpu", args.repeats)
-    if torch.cuda.is_available():
+    rows = measure("cpu", args.repeats) if args.only != "cuda" else []
+    if args.only != "cpu" and torch.cuda.is_available():
         rows += measure("cuda", args.repeats)
     if args.json:
         print(json.dumps(rows, indent=2))
