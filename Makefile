@@ -8,6 +8,10 @@ PINS   := torch==2.14.1 torchvision==0.29.1
 # NVIDIA DALI for the `dali` pipeline (~200 MB from PyPI; CPU pipelines run without a GPU). Optional for the
 # package (the `dali` extra), installed here so that all three pipelines are tested.
 DALI   := nvidia-dali-cuda130==2.4.0
+# Holistic Trace Analysis, which tests/test_kernels.py runs beside `stallscope kernels --hta-window`: without its
+# dependencies (jupyterlab, a hundred packages HTA's analyses do not import), and with those they do
+HTA    := holistictraceanalysis==0.5.0
+HTA_DEPS := pandas plotly networkx pydot
 
 unexport PYTHONDONTWRITEBYTECODE
 
@@ -22,9 +26,10 @@ unexport PYTHONDONTWRITEBYTECODE
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
 	$(PYTHON) -m pip --python $(BIN)/python install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python \
-		$(PINS) -e '.[dev]' $(DALI) \
+		$(PINS) -e '.[dev]' $(DALI) $(HTA_DEPS) && $(BIN)/python -m uv pip install -q --python $(BIN)/python --no-deps $(HTA) \
 	|| { $(BIN)/python -m ensurepip --upgrade > /dev/null && $(BIN)/python -m pip install -q --upgrade pip \
-		&& $(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI); }
+		&& $(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI) $(HTA_DEPS) \
+		&& $(BIN)/python -m pip install -q --no-deps $(HTA); }
 	@touch $(STAMP)
 
 install: $(STAMP)

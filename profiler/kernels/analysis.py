@@ -244,9 +244,9 @@ def analyze(
     trace: Mapping[str, Any], *, kernel_wait_us: float = KERNEL_WAIT_US, syncs_as_activity: bool = False,
     hta_window: bool = False,
 ) -> TraceKernels:  # fmt: skip
-    """The figures of one kineto trace (its JSON object). ``hta_window``: the streams' figures over the work launched
-    in every ``ProfilerStep#N`` but the last (the whole trace where there is none), the window Holistic Trace
-    Analysis 0.5 analyses; the steps' figures are the same either way."""
+    """The figures of one kineto trace (its JSON object). ``hta_window``: the streams' and the device's figures over
+    the work Holistic Trace Analysis 0.5 analyses, on its rounded times (:func:`hta_view`); the steps' figures are
+    the same either way."""
     events = trace.get("traceEvents") or []
     acts = activities(events, syncs_as_activity=syncs_as_activity)
     props = trace.get("deviceProperties") or []
@@ -254,16 +254,61 @@ def analyze(
     span = (max(a.end for a in acts) - acts[0].ts) if acts else 0.0
     per_step = steps(events, acts, kernel_wait_us)
     in_window = acts
-    if hta_window and per_step:
-        window = [(st.ts, st.ts + st.dur) for st in per_step[:-1]]
-        in_window = [a for a in acts if a.launch_ts is not None and any(s <= a.launch_ts < e for s, e in window)]
-        # the device's figures over the window too: its busy time is the union over streams of the work in it
-        # (HTA's temporal breakdown: compute + non-compute), its span from the first of that work to the last end
-        span = (max(a.end for a in in_window) - min(a.ts for a in in_window)) if in_window else 0.0
-    return TraceKernels(
-        device, len(in_window), union_us((a.ts, a.end) for a in in_window), span,
-        stream_idle(in_window, kernel_wait_us), per_step,
-    )  # fmt: skip
+    busy = union_us((a.ts, a.end) for a in acts)
+    if hta_window:
+        in_window = hta_view(events, acts)
+        # the device's figures over the window too, as HTA's temporal breakdown takes them: the union of every
+        # device-side event in it (compute + non-compute), and its span from the first start to the last end
+        device_side = hta_device(events)
+        busy = union_us(device_side)
+        span = (max(b for _, b in device_side) - min(a for a, _ in device_side)) if device_side else 0.0
+    return TraceKernels(device, len(in_window), busy, span, stream_idle(in_window, kernel_wait_us), per_step)
+
+
+def hta_view(events: Sequence[Mapping[str, Any]], acts: Sequence[Activity]) -> list[Activity]:
+    """The activities as Holistic Trace Analysis 0.5.0 sees them. A trace of nanosecond resolution (float times,
+    torch 2.3 and later) has every event's start rounded up and its end rounded down to the microsecond (HTA's
+    parser: ``round_down_time_stamps``), launches included. Where the trace has two or more ``ProfilerStep``
+    names, only the work whose launch began before the latest ``ProfilerStep`` event's start is kept: the last
+    step's work is left out, but for what was launched before the device began that step where kineto writes the
+    step's device span as well (``gpu_user_annotation``, torch 2.11: HTA 0.5 counts it among the host's events).
+    Work without a launch in the trace is left out there too."""
+    ns = any(isinstance(e.get("ts"), float) for e in events)
+    if ns:
+        acts = [Activity(a.stream, float(math.ceil(a.ts)), float(math.floor(a.end) - math.ceil(a.ts)),
+                         None if a.launch_ts is None else float(math.ceil(a.launch_ts)), a.kind)
+                for a in acts]  # fmt: skip
+    marks = [e for e in events if e.get("ph") == "X" and "ProfilerStep" in str(e.get("name", ""))
+             and isinstance(e.get("ts"), (int, float))]  # fmt: skip
+    if len({e["name"] for e in marks}) < 2:
+        return list(acts)
+    cut = max(math.ceil(e["ts"]) if ns else e["ts"] for e in marks)
+    return [a for a in acts if a.launch_ts is not None and a.launch_ts < cut]
+
+
+def hta_device(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """The device-side events HTA 0.5.0's temporal breakdown takes, on its rounded microseconds: every event with a
+    stream (kernels, copies, sets, synchronisations, the unknown stream's too), in its window (:func:`hta_view`:
+    an event with a correlation id by its launch, one without by its own start)."""
+    ns = any(isinstance(e.get("ts"), float) for e in events)
+    xs = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
+    launches = {c: e["ts"] for e in xs if str(e.get("cat", "")).lower() in LAUNCH and (c := _arg(e, "correlation"))}
+    marks = [e["ts"] for e in xs if "ProfilerStep" in str(e.get("name", ""))]
+    windowed = len({e["name"] for e in xs if "ProfilerStep" in str(e.get("name", ""))}) >= 2
+    cut = (math.ceil(max(marks)) if ns else max(marks)) if windowed else math.inf
+    out = []
+    for e in xs:
+        stream = _arg(e, "stream")
+        if stream is None or stream < 0:
+            continue
+        ts, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))
+        if ns:
+            ts, end = float(math.ceil(ts)), float(math.floor(end))
+        corr = _arg(e, "correlation")
+        at = launches.get(corr) if corr is not None and corr >= 0 else e["ts"]
+        if not windowed or (at is not None and (math.ceil(at) if ns else at) < cut):
+            out.append((ts, end))
+    return out
 
 
 def _arg(e: Mapping[str, Any], key: str) -> int | None:

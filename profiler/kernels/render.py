@@ -16,7 +16,11 @@ def render(path: str, tk: TraceKernels, kernel_wait_us: float, *, hta_window: bo
         f"device activity (kernels, copies, sets; measured by the profiler's CUPTI records): {tk.activities} on "
         f"{len(tk.streams)} stream(s), busy {_ms(tk.busy_us)} ms of {_ms(tk.span_us)} ms from the first to the last "
         f"({tk.busy_fraction:.1%})"
-        + (" of the work launched in every ProfilerStep but the last" if hta_window and tk.steps else "")
+        + (
+            " of the work HTA 0.5 analyses (launched before the last ProfilerStep began)"
+            if hta_window and tk.steps
+            else ""
+        )
         if tk.activities
         else "device activity: none in this trace (a CPU-only trace?)",
     ]
@@ -25,7 +29,7 @@ def render(path: str, tk: TraceKernels, kernel_wait_us: float, *, hta_window: bo
             "",
             f"idle per stream, ms (host wait: the next work was launched after the last ended; kernel wait: a gap "
             f"under {kernel_wait_us:g} us; other)"
-            + (", over the work launched in every ProfilerStep but the last (--hta-window):" if hta_window else ":"),
+            + (", as HTA 0.5 takes them (--hta-window: its window and rounded microseconds):" if hta_window else ":"),
             f"  {'stream':>8} {'busy':>12} {'idle':>12} {'host wait':>12} {'kernel wait':>12} {'other':>12}",
         ]
         for s in tk.streams:
