@@ -82,14 +82,14 @@ def _tids(pid: int) -> set[int]:
 # a stand-in for py-spy record: says it samples (or not), then waits for SIGINT (set here: a pytest-xdist worker
 # ignores SIGINT, and a shell script could not take back an ignored signal), writes its output and exits 0
 FAKE_PYSPY = """import os, signal, sys, time
+def stop(*_):
+    open(os.environ["FAKE_OUT"], "w").write("{}")
+    sys.exit(0)
+signal.signal(signal.SIGINT, stop)  # before it says it samples: the stop may come right after (as py-spy's)
 if os.environ["FAKE_SAYS"] == "1":
     print("py-spy> Sampling process 10 times a second. Press Control-C to exit.", flush=True)
     for late in ("1.01s", "2.50s", "1.20s"):  # what py-spy prints, at most once a second, past 1 s behind
         print(f"py-spy> {late} behind in sampling, results may be inaccurate. Try reducing the sampling rate")
-def stop(*_):
-    open(os.environ["FAKE_OUT"], "w").write("{}")
-    sys.exit(0)
-signal.signal(signal.SIGINT, stop)
 while True:
     time.sleep(0.05)
 """
