@@ -5,8 +5,8 @@ import this module; it imports neither, so there is no import circle.
 
 Invariants:
 - Every part is a frozen, slotted dataclass; its ``to_dict()`` is exactly that part's object in summary.json
-  (the contract in DESIGN.md: keys are only ever added). NaN stays NaN here: the Summary's ``to_dict`` turns
-  it into null once, for the whole document.
+  (keys are only ever added: a reader of an older summary.json keeps working). NaN stays NaN here: the
+  Summary's ``to_dict`` turns it into null once, for the whole document.
 - A figure that was not measured is NaN (or None where the JSON has always said null), never zero.
 - Sampled host and NVML figures are kept per metric name (``sys.cpu_pct``); the JSON key
   (``sys_cpu_pct_mean``) is derived in one place, :func:`metric_key`, and readers use the typed accessors.

@@ -151,7 +151,7 @@ class _Phase:
 
 
 class Session:
-    """Profile a training loop. See DESIGN.md "Python API"."""
+    """Profile a training loop (docs/quickstart.md, "Instrumenting your own training loop")."""
 
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (

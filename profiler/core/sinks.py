@@ -19,7 +19,7 @@ def default_sinks(options: SinkOptions) -> Sinks:
 
     The recorder is a sampler process beside the training process (:mod:`profiler.core.agent`), unless
     ``sampling="thread"`` or the Session's clock is not ``time.perf_counter`` (a test's fake clock cannot be read
-    from another process): then the Recording's threads in this process, as before the sampler process."""
+    from another process): then the Recording's threads in this process."""
     if options.sampling not in SAMPLING:
         raise ValueError(f"sampling={options.sampling!r}: allowed {' or '.join(map(repr, SAMPLING))}")
     recording: Recorder

@@ -274,7 +274,7 @@ def _final_pair(result: TuneResult, s: Search, rec: Config) -> None:
     runner = _runner_up(s, rec, result.default)
     per_round = s.estimate(rec) + s.estimate(result.default)
     if runner is not None and s.elapsed() + per_round + s.estimate(runner) > s.budget_s:
-        runner = None  # the budget holds no round of three: the pick and the default as before
+        runner = None  # the budget holds no round of three: the pick and the default alone
     if runner is not None:
         per_round += s.estimate(runner)
     rounds = FINAL_ROUNDS
