@@ -86,10 +86,11 @@ def stop(*_):
     open(os.environ["FAKE_OUT"], "w").write("{}")
     sys.exit(0)
 signal.signal(signal.SIGINT, stop)  # before it says it samples: the stop may come right after (as py-spy's)
-if os.environ["FAKE_SAYS"] == "1":
-    print("py-spy> Sampling process 10 times a second. Press Control-C to exit.", flush=True)
+if os.environ["FAKE_SAYS"] == "1":  # in one write: the stop may come as soon as the first line is read
+    lines = ["py-spy> Sampling process 10 times a second. Press Control-C to exit."]
     for late in ("1.01s", "2.50s", "1.20s"):  # what py-spy prints, at most once a second, past 1 s behind
-        print(f"py-spy> {late} behind in sampling, results may be inaccurate. Try reducing the sampling rate")
+        lines.append(f"py-spy> {late} behind in sampling, results may be inaccurate. Try reducing the sampling rate")
+    print("\\n".join(lines), flush=True)
 while True:
     time.sleep(0.05)
 """

@@ -108,11 +108,26 @@ def test_trace_events_are_capped_and_every_step_is_drawn_or_summarised(trace: di
     json.dumps(doc, allow_nan=False)
 
 
-def test_the_trace_reads_only_the_phases_it_draws_and_is_the_same(long_run: Path, trace: dict[str, Any]) -> None:
-    """``report --trace`` reads every step but only the phases of the steps drawn in full: the same trace."""
-    partial = load_for_trace(long_run)
-    assert len(partial.steps) == STEPS and len(partial.phases) == 2 * MAX_DETAILED_STEPS
-    assert trace_events(partial) == trace
+def test_the_trace_reads_only_the_rows_it_draws_and_is_the_same(long_run: Path, trace: dict[str, Any]) -> None:
+    """``report --trace`` reads the steps drawn in full and their phases as rows, and summarises the others in SQL:
+    the same trace as from every row, but for the summaries' means (SQLite's sums against math.fsum)."""
+    got = load_for_trace(long_run)
+    assert len(got.record.steps) == MAX_DETAILED_STEPS and len(got.record.phases) == 2 * MAX_DETAILED_STEPS
+    assert got.steps == STEPS and sum(s.steps for s in got.summarised) == STEPS - MAX_DETAILED_STEPS
+    sparse = trace_events(got.record, got.summarised, got.steps)
+    means = ("mean_step_ms", "mean_data_wait_ms")
+
+    def apart(doc: dict[str, Any]) -> tuple[list[Any], list[tuple[float, float]]]:
+        events, got_means = [], []
+        for e in doc["traceEvents"]:
+            if e.get("cat") == "summary":
+                got_means.append(tuple(e["args"][k] for k in means))
+            events.append({**e, "args": {k: v for k, v in e["args"].items() if k not in means}} if "args" in e else e)
+        return events, got_means
+
+    (events, sums), (want_events, want_sums) = apart(sparse), apart(trace)
+    assert events == want_events and sparse["metadata"] == trace["metadata"]
+    assert len(sums) == DETAIL_WINDOWS - 1 and sums == [pytest.approx(w, rel=1e-9) for w in want_sums]
 
 
 def test_trace_training_track_nests_and_runs_forward(trace: dict[str, Any]) -> None:

@@ -206,8 +206,9 @@ def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict, 
     assert sum(every) / len(every) > 1.02 * sum(own) / len(own)  # with the held steps in: past 1%
     assert all(r["code"] != "LOOP_OVERHEAD" for r in summary["recommendations"]), summary["recommendations"]
     assert summary["gpu"] is None and summary["kernel_windows"]["steps"] == len(held)
-    if off_thread:  # the start (50 ms) and the GIL's hold (30 ms) on the training thread, not the stop
-        assert 80 <= summary["kernel_windows"]["cost_ms"] < 300, summary["kernel_windows"]
+    if off_thread:  # the start (50 ms) and the GIL's hold (30 ms, longer on a busy host: 319 ms in a fresh-clone
+        # CI beside the suite) on the training thread, never the stop's 600 ms
+        assert 80 <= summary["kernel_windows"]["cost_ms"] < 600, summary["kernel_windows"]
     else:
         assert summary["kernel_windows"]["cost_ms"] >= 600
 

@@ -98,14 +98,17 @@ def _cached(run_dir: str | Path) -> tuple[Summary, Timeline] | None:
         raise BadInput(str(exc)) from None
 
 
-def _for_trace(run_dir: str | Path) -> RunRecord:
+def _write_trace_of(run_dir: str | Path, target: str) -> Path:
+    """A closed run's trace, reading only what it draws (``runs.read.load_for_trace``)."""
     from profiler.core.store import StoreError
+    from profiler.render.trace import write_trace
     from profiler.runs.read import load_for_trace
 
     try:
-        return load_for_trace(run_dir)
+        got = load_for_trace(run_dir)
     except StoreError as exc:
         raise BadInput(str(exc)) from None
+    return write_trace(got.record, target, got.summarised, got.steps)
 
 
 def load_summary(run_dir: str | Path) -> Summary:
@@ -139,7 +142,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         summary, timeline = cached
         _write_files(
             args, lambda target: write_html_of(summary, timeline, target),
-            lambda target: write_trace(_for_trace(args.run_dir), target),
+            lambda target: _write_trace_of(args.run_dir, target),
         )  # fmt: skip
         print_summary(summary, args.json)
         return EXIT_OK

@@ -17,7 +17,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 from profiler.analysis.parts import device_where
 from profiler.analysis.stages import stage_series
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
+from profiler.core.store.reader import StepSpan
 from profiler.jobs.analysis import JobInput
 
 SIM_SOURCE = "nvml-sim"  # the simulated accelerator's NVML source (profiler.sim.nvml)
@@ -137,8 +138,9 @@ def _finite(*xs: float) -> bool:
 
 def _host_slices(steps: list[StepRow], phases: list[PhaseRow]) -> list[_Slice]:
     out: list[_Slice] = []
+    isfinite = math.isfinite
     for s in steps:
-        if not _finite(s.t_start, s.t_end, s.data_wait_s):  # no place on a timeline; the store never writes one
+        if not isfinite(s.t_start + s.t_end + s.data_wait_s):  # no place on a timeline; the store never writes one
             continue
         a = _ns(s.t_start)
         out.append(
@@ -154,7 +156,7 @@ def _host_slices(steps: list[StepRow], phases: list[PhaseRow]) -> list[_Slice]:
         # data_wait_s was measured as its own difference; adding it to t_start keeps its exact length
         out.append(_Slice(a, a + max(0, _ns(s.data_wait_s)), "data_wait", "input", 1, {"step": s.step}))
     for p in phases:
-        if not _finite(p.t_start, p.t_end):
+        if not isfinite(p.t_start + p.t_end):
             continue
         a = _ns(p.t_start)
         args: dict[str, Any] = {"step": p.step, "phase": p.name, "depth": p.depth}
@@ -268,12 +270,29 @@ def _detail(steps: list[StepRow], phases: list[PhaseRow]) -> _Detail:
     summaries: list[_Slice] = []
     done = 0  # steps [0, done) are drawn or summarised
     for start, end in windows:
-        if start > done and (gap := _summary(ordered[done:start])) is not None:
+        if start > done and (gap := _summary(span_of(ordered[done:start]))) is not None:
             summaries.append(gap)
         kept.extend(ordered[start:end])
         done = end
     drawn = {s.step for s in kept}
     return _Detail(kept, [p for p in phases if p.step in drawn], summaries)
+
+
+def trace_plan(numbers: Sequence[int]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The step numbers (in order) the trace draws in full and those it summarises, as (first, last) ranges: what
+    a long run's trace reads of its store (``runs.read.load_for_trace``, ``store.load_sparse``)."""
+    windows = _windows(len(numbers))
+    if not numbers:
+        return [], []
+    if windows is None:
+        return [(numbers[0], numbers[-1])], []
+    drawn, gaps, done = [], [], 0
+    for start, end in windows:
+        if start > done:
+            gaps.append((numbers[done], numbers[start - 1]))
+        drawn.append((numbers[start], numbers[min(end, len(numbers)) - 1]))
+        done = end
+    return drawn, gaps
 
 
 def _windows(n: int) -> list[tuple[int, int]] | None:
@@ -289,33 +308,30 @@ def _windows(n: int) -> list[tuple[int, int]] | None:
     return out
 
 
-def drawn_ranges(steps: list[StepRow]) -> list[tuple[int, int]]:
-    """The step numbers whose phases the trace draws, as (first, last) ranges (``runs.read.load_for_trace``)."""
-    windows = _windows(len(steps))
-    ordered = sorted(s.step for s in steps)
-    if not ordered:
-        return []
-    if windows is None:
-        return [(ordered[0], ordered[-1])]
-    return [(ordered[a], ordered[min(b, len(ordered)) - 1]) for a, b in windows if a < len(ordered)]
-
-
-def _summary(run: list[StepRow]) -> _Slice | None:
-    """One slice over a run of consecutive steps not drawn in full (None when none has a place on the timeline)."""
+def span_of(run: Sequence[StepRow]) -> StepSpan:
+    """What a summary slice shows of a run of consecutive steps (as ``store.load_sparse`` reads it in SQL)."""
     timed = [s for s in run if _finite(s.t_start, s.t_end, s.data_wait_s)]
-    if not timed:
+    return StepSpan(
+        len(run), run[0].step, run[-1].step, len(timed),
+        min((s.t_start for s in timed), default=None), max((s.t_end for s in timed), default=None),
+        math.fsum(s.t_end - s.t_start for s in timed), math.fsum(s.data_wait_s for s in timed),
+    )  # fmt: skip
+
+
+def _summary(span: StepSpan) -> _Slice | None:
+    """One slice over a run of consecutive steps not drawn in full (None when none has a place on the timeline)."""
+    if not span.timed or span.t_start is None or span.t_end is None:
         return None
-    a, b = _ns(min(s.t_start for s in timed)), _ns(max(s.t_end for s in timed))
-    first, last = run[0].step, run[-1].step
+    a, b = _ns(span.t_start), _ns(span.t_end)
     args = {
-        "steps": len(run),
-        "first_step": first,
-        "last_step": last,
-        "mean_step_ms": math.fsum(s.t_end - s.t_start for s in timed) / len(timed) * 1e3,
-        "mean_data_wait_ms": math.fsum(s.data_wait_s for s in timed) / len(timed) * 1e3,
+        "steps": span.steps,
+        "first_step": span.first,
+        "last_step": span.last,
+        "mean_step_ms": (span.step_s or 0.0) / span.timed * 1e3,
+        "mean_data_wait_ms": (span.data_wait_s or 0.0) / span.timed * 1e3,
         "note": "steps not drawn one by one, to keep the trace loadable; `stallscope report` covers every step",
     }
-    return _Slice(a, max(a, b), f"steps {first}-{last} (summarised)", "summary", 0, args)
+    return _Slice(a, max(a, b), f"steps {span.first}-{span.last} (summarised)", "summary", 0, args)
 
 
 def _decimate(counters: dict[tuple[int, str], dict[str, float]]) -> tuple[dict[tuple[int, str], dict[str, float]], int]:
@@ -364,14 +380,22 @@ def _pid(meta: dict[str, Any]) -> int:
 _Keyed = tuple[tuple[int, int, int, int], dict[str, Any]]
 
 
-def trace_events(record: RunRecord) -> dict[str, Any]:
-    """The run as a Trace Event Format JSON object (see the module docstring for tracks and invariants)."""
+def trace_events(
+    record: RunRecord, summarised: Sequence[StepSpan] | None = None, steps: int | None = None
+) -> dict[str, Any]:
+    """The run as a Trace Event Format JSON object (see the module docstring for tracks and invariants).
+    ``summarised`` (with ``steps``, the run's number of steps): the record holds only the steps drawn in full, and
+    these summarise each run of steps between them (``trace_plan``; read so by ``store.load_sparse``)."""
     meta = record.meta
     pid = _pid(meta)
     recorded = meta.get("device")
     device: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     simulated = device.get("kind") == "sim"
-    detail = _detail(record.steps, record.phases)
+    if summarised is None:
+        detail, steps = _detail(record.steps, record.phases), len(record.steps)
+    else:
+        gaps = [g for g in map(_summary, summarised) if g is not None]
+        detail, steps = _Detail(record.steps, record.phases, gaps), steps if steps is not None else len(record.steps)
     lanes = _device_lanes(detail.phases, simulated=simulated)
     tracks = [(TID_TRAINING, _nest(_host_slices(detail.steps, detail.phases) + detail.summaries))]
     tracks += [(TID_DEVICE + k, lane) for k, lane in enumerate(lanes)]
@@ -384,10 +408,10 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
     origin = min(0, keyed[0][0][0]) if keyed else 0
     names = _name_events(meta, device, pid, origin, len(lanes))
     names += [ev for tid, name, _ in gpu_tracks for ev in _track_names(pid, tid, origin, name)]
-    metadata = _metadata(record, pid, len(lanes))
+    metadata = _metadata(record, pid, len(lanes), steps)
     metadata["decimation"] = {
         "steps_drawn": len(detail.steps),
-        "steps_summarised": len(record.steps) - len(detail.steps),
+        "steps_summarised": steps - len(detail.steps),
         "summary_slices": len(detail.summaries),
         "counter_ticks_per_point": widest,
     }
@@ -395,12 +419,14 @@ def trace_events(record: RunRecord) -> dict[str, Any]:
 
 
 def _x_event(s: _Slice, pid: int, tid: int) -> _Keyed:
+    start, dur = s.start, s.end - s.start
+    ts, d = start / 1000, dur / 1000  # _us's value where the nearest double already reads back exactly (~99%)
     ev: dict[str, Any] = {
         "name": s.name,
         "cat": s.cat,
         "ph": "X",
-        "ts": _us(s.start),
-        "dur": _us(s.end - s.start),
+        "ts": ts if int(ts * 1000.0) == start else _us(start),
+        "dur": d if int(d * 1000.0) == dur else _us(dur),
         "pid": pid,
         "tid": tid,
         "args": s.args,
@@ -489,7 +515,7 @@ def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, Any]
     return {"name": kind, "ph": "M", "ts": _us(origin), "pid": pid, "tid": tid, "args": args}
 
 
-def _metadata(record: RunRecord, pid: int, device_lanes: int) -> dict[str, Any]:
+def _metadata(record: RunRecord, pid: int, device_lanes: int, steps: int) -> dict[str, Any]:
     meta = record.meta
     totals = {
         metric: value
@@ -509,7 +535,7 @@ def _metadata(record: RunRecord, pid: int, device_lanes: int) -> dict[str, Any]:
         "warmup_steps": meta.get("warmup_steps"),
         "pid": pid,
         "started_at_unix_s": meta.get("started_at"),
-        "steps_recorded": len(record.steps),
+        "steps_recorded": steps,
         "gpu_memory_total_mib": totals,
         "timeline": "ts/dur in microseconds since the run started (host perf_counter); device slices are CUDA "
         "event times on the same timeline",
@@ -525,8 +551,14 @@ def _metadata(record: RunRecord, pid: int, device_lanes: int) -> dict[str, Any]:
     return safe
 
 
-def write_trace(rec: RunRecord, path: str | os.PathLike[str]) -> Path:
+def write_trace(
+    rec: RunRecord,
+    path: str | os.PathLike[str],
+    summarised: Sequence[StepSpan] | None = None,
+    steps: int | None = None,
+) -> Path:
     """Export the run record ``rec`` to ``path`` (a directory gets ``trace.json``); returns the file written.
+    ``summarised``, ``steps``: as :func:`trace_events`'s.
 
     Raises ``OSError`` when ``path`` cannot be written. The file appears whole or not at all (written beside it,
     then renamed).
@@ -534,7 +566,7 @@ def write_trace(rec: RunRecord, path: str | os.PathLike[str]) -> Path:
     out = Path(path)
     if out.is_dir():
         out = out / "trace.json"
-    doc = trace_events(rec)
+    doc = trace_events(rec, summarised, steps)
     text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -7,11 +7,13 @@ that is not a readable run store; the CLI turns it into exit 2.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from profiler.analysis import Summary, summarize
 from profiler.core.rows import RunRecord
-from profiler.core.store import load_run, read_head, resolve_db, run_status
+from profiler.core.store import load_run, load_sparse, read_head, resolve_db, run_status
+from profiler.core.store.reader import StepSpan
 
 
 def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
@@ -20,12 +22,22 @@ def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
     return rec, summarize(rec)
 
 
-def load_for_trace(run_dir: str | Path) -> RunRecord:
-    """The run's rows its trace draws: every step, sample and event, and the phases of the steps drawn in full
-    (a 100,000-step run's trace reads 10,000 steps' phases, not all of them): ``render.trace.drawn_ranges``."""
-    from profiler.render.trace import drawn_ranges
+@dataclass(frozen=True, slots=True)
+class ForTrace:
+    """What a run's trace reads of its store: the record of the steps drawn in full (with their phases, and every
+    sample, event and window), each run of steps between them summarised in SQL, and the number of steps."""
 
-    return load_run(run_dir, phases_of=drawn_ranges)
+    record: RunRecord
+    summarised: list[StepSpan]
+    steps: int
+
+
+def load_for_trace(run_dir: str | Path) -> ForTrace:
+    """The run's rows its trace draws (``render.trace.trace_plan``): a 100,000-step run's trace reads 10,000 steps
+    and their phases as rows, and of the 90,000 others 19 summaries made in SQL."""
+    from profiler.render.trace import trace_plan
+
+    return ForTrace(*load_sparse(run_dir, trace_plan))
 
 
 def stored_summary(run_dir: str | Path) -> dict[str, object] | None:

@@ -10,6 +10,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import starmap
 from operator import attrgetter
 from pathlib import Path
@@ -62,6 +63,88 @@ def load_run(run: str | os.PathLike[str], *, phases_of: PhaseRanges | None = Non
 
 
 PhaseRanges = Callable[[list[StepRow]], Sequence[tuple[int, int]]]
+# step numbers -> (ranges read as rows, ranges summarised): both ends included
+StepPlan = Callable[[Sequence[int]], tuple[Sequence[tuple[int, int]], Sequence[tuple[int, int]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpan:
+    """A range of steps summarised in SQL: how many, the first and last step numbers, and over those whose times
+    are finite (``timed``) the earliest start, the latest end and the sums of their step times and data waits (s;
+    SQLite's sums, not compensated)."""
+
+    steps: int
+    first: int
+    last: int
+    timed: int
+    t_start: float | None
+    t_end: float | None
+    step_s: float | None
+    data_wait_s: float | None
+
+
+class _Numbers(Sequence[int]):
+    """A run's step numbers in order, read only where asked: ``MIN(step) + i`` where the steps are contiguous (every
+    run a Session records), else from the rows."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        n, lo, hi = con.execute("SELECT COUNT(*), MIN(step), MAX(step) FROM steps").fetchone()
+        self._n, self._lo = int(n), int(lo or 0)
+        self._all = (
+            None if n == 0 or hi - lo + 1 == n else [k for (k,) in con.execute("SELECT step FROM steps ORDER BY step")]
+        )
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._all[i] if self._all is not None else self._lo + i
+
+
+_SPAN = (
+    "SELECT COUNT(*), MIN(step), MAX(step), COUNT(f), MIN(a), MAX(b), SUM(b - a), SUM(w) FROM "
+    "(SELECT step, CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN 1 END AS f, "
+    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN t_start END AS a, "
+    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN t_end END AS b, "
+    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN data_wait_s END AS w "
+    "FROM steps WHERE step BETWEEN ? AND ?)"
+)
+
+
+def load_sparse(run: str | os.PathLike[str], plan: StepPlan) -> tuple[RunRecord, list[StepSpan], int]:
+    """A long run read as its trace draws it: ``plan`` takes the run's step numbers and names the ranges whose
+    steps and phases are read as rows (the record's, with every sample, event and window) and those summarised in
+    SQL (:class:`StepSpan`). Returns the record, the summaries and the number of steps stored."""
+    db = resolve_db(run)
+    con = open_read(db)
+    try:
+        meta = read_meta(con, db)
+        numbers = _Numbers(con)
+        rows, summarised = plan(numbers)
+        steps: list[StepRow] = []
+        phases: list[PhaseRow] = []
+        query = f"SELECT {select_cols(con, 'phases')} FROM phases WHERE step BETWEEN ? AND ?"
+        step_query = f"SELECT {select_cols(con, 'steps')} FROM steps WHERE step BETWEEN ? AND ? ORDER BY step"
+        for first, last in rows:
+            steps.extend(_step(r) for r in con.execute(step_query, (first, last)))
+            phases.extend(starmap(PhaseRow, con.execute(query, (first, last))))
+        phases.sort(key=attrgetter("step", "t_start"))
+        spans = [StepSpan(*con.execute(_SPAN, r).fetchone()) for r in summarised]
+        samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
+        events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
+        windows = read_windows(con)
+    except sqlite3.DatabaseError as exc:
+        raise read_error(db, exc) from None
+    finally:
+        con.close()
+    rec = RunRecord(meta, steps, phases, samples, events, read_stacks(db.parent), windows)
+    return rec, spans, len(numbers)
 
 
 def read_rows(con: sqlite3.Connection, meta: Meta, *, phases_of: PhaseRanges | None = None) -> RunRecord:
