@@ -25,7 +25,14 @@ from conftest import ROOT, stallscope
 
 from profiler import Session
 from profiler.analysis.gpu import GpuStep, gpu_split, window_steps
-from profiler.core.kernelwin import KernelWindowError, KernelWindows, WindowPlan, kineto_activities, parse_plan
+from profiler.core.kernelwin import (
+    KernelWindowError,
+    KernelWindows,
+    TorchKernelRecorder,
+    WindowPlan,
+    kineto_activities,
+    parse_plan,
+)
 from profiler.core.rows import KernelWindow, StepRow
 from profiler.core.stepevents import GPU, GWIN, ListLog
 from profiler.core.store import RunStore, load_run
@@ -502,8 +509,17 @@ def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
         def synchronize(self) -> None:
             threads.add("synchronize:" + threading.current_thread().name)
 
+    def set_device(device: int) -> None:
+        threads.add(f"set_device {device}:" + threading.current_thread().name)
+
     fake_torch = SimpleNamespace(
-        cuda=SimpleNamespace(is_initialized=lambda: True, synchronize=lambda: None, Event=Event),
+        cuda=SimpleNamespace(
+            is_initialized=lambda: True,
+            synchronize=lambda: None,
+            Event=Event,
+            current_device=lambda: 3,
+            set_device=set_device,
+        ),
         profiler=SimpleNamespace(profile=_FakeProfile, ProfilerActivity=SimpleNamespace(CUDA="cuda")),
         autograd=SimpleNamespace(DeviceType=SimpleNamespace(CUDA="CUDA")),
     )
@@ -520,7 +536,12 @@ def test_the_start_up_module_records_kernel_windows_in_the_scripts_process(
     (rec,) = records
     assert rec["k"] == "kwin" and rec["w"] == 0 and windows.next_call > 10**9
     # the boundary marked on the script's thread, waited for on the window thread, where the stop ran
-    assert threads == {"record:MainThread", "synchronize:stallscope-kernel-window"}
+    # the window thread on the script's device (3 here), where the profiler's stop synchronizes
+    assert threads == {
+        "record:MainThread",
+        "synchronize:stallscope-kernel-window",
+        "set_device 3:stallscope-kernel-window",
+    }
     assert rec["t0"] < rec["r"] < rec["t1"]
     # kineto wrote the window's trace; stallscope's process reads it, not the script's thread
     assert rec["acts"] == [] and Path(rec["trace"]).parent == tmp_path
@@ -604,3 +625,52 @@ def test_an_off_thread_recorder_starts_and_stops_on_its_own_thread_and_a_failed_
         opened = [next(st.step for st in run.steps if st.t_end > w.t_start) for w in run.windows]
         assert opened[0] == 0 and all(b - a >= 4 for a, b in itertools.pairwise(opened)), opened
         assert all(a.t_end <= b.t_start for a, b in itertools.pairwise(run.windows))
+
+
+def test_the_cuda_recorder_starts_and_stops_on_the_window_thread_on_the_training_threads_device(tmp_path: Path) -> None:
+    """TorchKernelRecorder over a fake torch (no GPU here): a Session's window starts the profiler on the window
+    thread after making the training thread's device (3) that thread's, marks the boundary on the training thread,
+    and waits for it, stops and hands the trace over there."""
+    import threading
+
+    calls: list[str] = []
+
+    def on(what: str) -> None:
+        calls.append(f"{what}:{threading.current_thread().name}")
+
+    class Event:
+        def record(self) -> None:
+            on("record")
+
+        def synchronize(self) -> None:
+            on("event sync")
+
+    class Profile:
+        def __init__(self, activities: list[object]) -> None:
+            self.profiler = SimpleNamespace(
+                kineto_results=SimpleNamespace(save=lambda path: Path(path).write_text("{}"))
+            )
+
+        def start(self) -> None:
+            on("start")
+
+        def stop(self) -> None:
+            on("stop")
+
+    cuda = SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, is_current_stream_capturing=lambda: False,
+        current_device=lambda: 3, set_device=lambda d: on(f"set_device {d}"), Event=Event,
+        synchronize=lambda: on("device sync"),
+    )  # fmt: skip
+    fake = SimpleNamespace(
+        cuda=cuda, profiler=SimpleNamespace(profile=Profile, ProfilerActivity=SimpleNamespace(CUDA=1))
+    )
+    rec = TorchKernelRecorder(fake, time.perf_counter)  # type: ignore[arg-type]
+    assert rec.off_thread
+    with Session(tmp_path, sources=[], device="cpu", kernel_windows="0:3:0", kernel_recorder=rec) as s:
+        for _ in s.wrap(range(8)):
+            pass
+    win = "stallscope-kernel-window"
+    assert calls == [f"set_device 3:{win}", f"start:{win}", "record:MainThread", f"event sync:{win}", f"stop:{win}"]
+    (w,) = load_run(tmp_path).windows
+    assert w.t_start < w.recorded_end <= w.t_end

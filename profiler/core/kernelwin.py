@@ -403,6 +403,7 @@ class TorchKernelRecorder:
         self._prof: Any = None
         self._pairs: list[tuple[float, int]] = []
         self._used = False
+        self._device: int | None = None  # the training thread's CUDA device, made the window thread's too
         self.parts: dict[str, float] = {}  # the last window's cost by part (s): start, sync, stop, read
         os.environ.setdefault("TEARDOWN_CUPTI", "1")
 
@@ -420,11 +421,16 @@ class TorchKernelRecorder:
         capturing = getattr(cuda, "is_current_stream_capturing", None)
         if cuda.is_initialized() and callable(capturing) and capturing():
             return "a CUDA graph is being captured"
+        # here, on the training thread: its device. The window thread starts on device 0, where the profiler's
+        # stop (torch.cuda.synchronize()) would make a context of its own on another rank's GPU
+        self._device = int(cuda.current_device()) if cuda.is_initialized() else None
         return None
 
     def start(self) -> None:
         prof, clock = self._torch.profiler, self._clock
         t0 = clock()
+        if self._cuda and self._device is not None:
+            self._torch.cuda.set_device(self._device)  # this thread's device: the training thread's
         what = prof.ProfilerActivity.CUDA if self._cuda else prof.ProfilerActivity.CPU
         self._prof = prof.profile(activities=[what])
         self._pairs = [wall_pair(clock)]

@@ -345,8 +345,12 @@ class KernelWindows:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])  # type: ignore[union-attr]
         if own and not getattr(prof, "off_thread", False):
             prof.start()
-        else:
+        elif own:
             self._on_thread(prof.start, wait=True)
+        else:  # on the script's device: the window thread starts on device 0, where the stop's synchronize would
+            # make a context of its own on another rank's GPU
+            device = cuda.current_device()  # type: ignore[union-attr]
+            self._on_thread(lambda: (cuda.set_device(device), prof.start()), wait=True)  # type: ignore[union-attr]
         self.prof, t1 = prof, time.perf_counter()
         # the window spans the training thread's pause: from its opening's start (t0) to its closing's end
         self.opened = (t0, t1 - t0, time.time_ns(), t1)
