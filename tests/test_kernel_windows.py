@@ -674,3 +674,22 @@ def test_the_cuda_recorder_starts_and_stops_on_the_window_thread_on_the_training
     assert calls == [f"set_device 3:{win}", f"start:{win}", "record:MainThread", f"event sync:{win}", f"stop:{win}"]
     (w,) = load_run(tmp_path).windows
     assert w.t_start < w.recorded_end <= w.t_end
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_window_records_the_training_threads_kernels_from_its_own_thread(tmp_path: Path) -> None:
+    """CUPTI started on the window thread records the kernels the training thread launches, with their launches:
+    the off-thread design's premise, which only a GPU can check. 40 steps of 4 spin kernels each, a window of 10."""
+    import torch
+
+    with Session(tmp_path, device="cuda", sources=[], warmup=1, kernel_windows="2:10:0") as s:
+        for _ in s.wrap(range(40)):
+            with s.phase("compute"):
+                for _ in range(4):
+                    torch.cuda._sleep(200_000)
+    (w,) = load_run(tmp_path).windows
+    assert not math.isnan(w.recorded_end) and w.t_start < w.recorded_end <= w.t_end
+    kernels = [a for a in w.activities if a[1] == 0]
+    # 10 steps of 4 launches in the window (the boundary steps' may fall either side), each with its launch
+    assert 36 <= len(kernels) <= 44 and all(not math.isnan(a[4]) for a in kernels), len(kernels)
+    assert all(a[4] <= w.recorded_end for a in w.activities)
