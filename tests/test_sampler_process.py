@@ -24,43 +24,57 @@ from profiler import Session
 from profiler.cli import main
 from profiler.core.agent.client import WATCH_S, SamplerProcess
 from profiler.core.agent.ring import Ring, RingReader, RingWriter
-from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.session import RESOLVE_EVERY
+from profiler.core.stepevents import BATCH, ENTER, EXIT, FETCH
 from profiler.core.store import integrity_ok, load_run, pid_alive, read_head
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _step(i: int, phases: int = 2) -> tuple[StepRow, list[PhaseRow]]:
-    row = StepRow(i, i * 0.01, i * 0.01 + 0.009, 0.001 * i, None if i % 5 == 0 else 8, i < 2, None, 1e-6 * i)
-    names = ["h2d", "compute", "compute/fwd", f"user{i % 3}"]
-    ph = [PhaseRow(i, names[k % 4], k // 2, i * 0.01 + k * 1e-4, i * 0.01 + k * 1e-4 + 5e-5,
-                   None if k % 2 else i * 0.01, None if k % 2 else i * 0.01 + 1e-3, None if k == 1 else 2e-6)
-          for k in range(phases)]  # fmt: skip
-    return row, ph
+def _step_events(writer: RingWriter, i: int, phases: int = 2) -> list[tuple[int, int, float, float, float]]:
+    """Step ``i``'s events as a Session puts them: the fetch, the batch, and ``phases`` phases entered and exited
+    (their names announced to the ring the first time)."""
+    t = i * 0.01
+    evs = [(FETCH, 0, t, 1e-6 * i, float(i)), (BATCH, 0, t + 0.001, 2e-6 * i, 8.0)]
+    for k in range(phases):
+        ident = writer.name_id(["h2d", "compute", "compute/fwd", f"user{i % 3}"][k % 4])
+        a = t + 0.002 + k * 1e-4
+        evs += [(ENTER, ident, a, 1e-6, float(k)), (EXIT, ident, a + 5e-5, 2e-6, -1.0)]
+    for ev in evs:
+        writer.put(ev)
+    return evs
 
 
-def test_the_ring_carries_steps_phases_and_items_in_order_across_its_end() -> None:
+def _drain(ring: Ring, writer: RingWriter, reader: RingReader) -> list[object]:
+    """Everything left, as the sampler process's drain takes it, the producer's spill flushed as room frees."""
+    got: list[object] = []
+    writer.flush_events()
+    while True:
+        records = [v[0] if k == "event" else v for k, v in reader.records()]
+        ring.set_read(reader.pos)
+        got += records
+        if not writer.pending() and not records:
+            return got
+        writer.flush()
+
+
+def test_the_ring_carries_step_events_and_items_in_order_across_its_end() -> None:
     ring = Ring.create(8192)  # small: the records cross its end many times
     writer, reader = RingWriter(ring), RingReader(ring)
     sent: list[object] = []
     got: list[object] = []
     for i in range(400):
-        row, phases = _step(i, phases=i % 5)
-        writer.put_step(row, phases)
-        sent.append((row, phases))
-        if i % 7 == 0:
+        sent += _step_events(writer, i, phases=i % 5)
+        if i % 7 == 0:  # an item after the events put before it (the Session's tick flushes them first)
+            writer.flush_events()
             item = {"event": [i * 0.01, "warning", "session", f"note {i} " + "x" * (i % 50)]}
             writer.put_item(item)
             sent.append(item)
         if i % 100 == 0:  # the consumer drains now and then; the producer spills meanwhile, never blocks
-            got.extend(v for _k, v in reader.records())
+            writer.flush_events()
+            got += [v[0] if k == "event" else v for k, v in reader.records()]
             ring.set_read(reader.pos)
-    while writer.pending():
-        got.extend(v for _k, v in reader.records())
-        ring.set_read(reader.pos)
-        writer.flush()
-    got.extend(v for _k, v in reader.records())
+    got += _drain(ring, writer, reader)
     assert writer.spilled > 0  # the ring was full at times: those records waited, in order
     assert got == sent
     ring.close()
@@ -69,16 +83,19 @@ def test_the_ring_carries_steps_phases_and_items_in_order_across_its_end() -> No
 def test_a_reader_that_starts_late_knows_the_names_the_producer_gives_it() -> None:
     ring = Ring.create(8192)
     writer = RingWriter(ring)
-    writer.put_step(*_step(0))
+    _step_events(writer, 0)
+    writer.flush_events()
     first = RingReader(ring)
     list(first.records())
     ring.set_read(first.pos)
-    writer.put_step(*_step(1))
-    late = RingReader(ring, names=writer.names())  # a take-over: the name records were read by the one before
-    ((kind, (row, phases)),) = list(late.records())
-    assert kind == "step" and row.step == 1 and [p.name for p in phases] == ["h2d", "compute"]
-    with pytest.raises(KeyError):
-        list(RingReader(ring, start=first.pos).records())  # without them, the phase names are unknown
+    assert first.names == {0: "h2d", 1: "compute"}
+    sent = _step_events(writer, 1)  # the same names: announced once, before the first step's events
+    writer.flush_events()
+    late = RingReader(ring, start=first.pos, names=writer.names())  # a take-over: the one before read the names
+    assert [v[0] for _k, v in late.records()] == sent and late.names == first.names
+    unaware = RingReader(ring, start=first.pos)
+    list(unaware.records())
+    assert unaware.names == {}  # without them, the phase ids of these events name nothing
     ring.close()
 
 
@@ -294,23 +311,14 @@ def test_without_a_sampler_process_the_run_is_still_recorded(tmp_path: Path, mon
     assert math.isnan(summary.sampler.hz_achieved)
 
 
-def test_a_step_with_more_phases_than_a_record_holds_is_kept_whole() -> None:
+def test_a_flush_of_more_events_than_a_record_holds_arrives_whole_and_in_order() -> None:
     ring = Ring.create(1 << 20)
     writer, reader = RingWriter(ring), RingReader(ring)
-    row, _ = _step(7)
-    phases = [PhaseRow(7, "compute", 0, k * 1e-6, k * 1e-6 + 5e-7) for k in range(70_000)]  # over a u16 count too
-    writer.put_step(row, phases)
-    got: list[PhaseRow] = []
-    while True:
-        records = list(reader.records())
-        ring.set_read(reader.pos)
-        for _kind, (r, ph) in records:
-            assert r == row
-            got.extend(ph)
-        if not writer.pending() and not records:
-            break
-        writer.flush()
-    assert got == phases
+    ident = writer.name_id("compute")
+    sent = [(ENTER if k % 2 == 0 else EXIT, ident, k * 1e-6, 0.0, float(k)) for k in range(70_000)]  # 9 records
+    for ev in sent:
+        writer.put(ev)
+    assert _drain(ring, writer, reader) == sent
     ring.close()
 
 

@@ -2,13 +2,13 @@
 ``Session`` uses by default (docs/architecture.md, "Two processes").
 
 What stays in the training process: the run directory's lock, the store's creation (schema and meta, before the
-first step), a packed record per step into the ring (:mod:`profiler.core.agent.ring`), and one watch thread that
+first step), the Session's step events into the ring (:mod:`profiler.core.agent.ring`), and one watch thread that
 wakes once a second. Sources that can only be read from inside this process (the pin-memory thread, a user's
 own source objects) run on an in-process sampler; those a recipe names run in the sampler process.
 
 Invariants:
-- Training never waits for the sampler process: a step is a struct pack and a copy into shared memory; a ring
-  that is full keeps the record in order in a spill list.
+- Training never waits for the sampler process: a step's events are appended to an array (one C call each) and
+  copied into shared memory in batches; a ring that is full keeps the record in order in a spill list.
 - The sampler process dies (or hangs at close): the watch sees it within a second and this process takes the
   store over (the lock is already its own), resuming from the ring position the store last committed, so no
   step is lost; the store says when and how the sampler process ended, and that samples stop there.
@@ -277,9 +277,9 @@ class SamplerProcess:
             self._writer.put_item({"meta": dict(items)})
 
     def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
-        writer = self._writer
-        if writer is not None:
-            writer.put_step(row, phases)  # type: ignore[arg-type]
+        """Not called: ``wants_rows`` is False, and the Session's step events go to the ring (:meth:`step_events`),
+        where the sampler process makes the rows. A row given here would have no way into the store."""
+        raise TypeError("SamplerProcess takes a Session's step events (step_events()), not rows")
 
     def on_event(self, kind: str, message: str) -> None:
         self.event(kind, message, "session")

@@ -81,8 +81,6 @@ class Drain:
         for kind, value in self.reader.records():
             if kind == "event":
                 apply(*value)
-            elif kind == "step":
-                self._step(*value)
             else:
                 closing = self._item(value) or closing
         if closing is not None:

@@ -25,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import math
 import mmap
 import os
 import resource
@@ -36,7 +35,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.stepevents import Event
 
 MAGIC = 0x53535247  # "SSRG"
@@ -52,22 +50,10 @@ _POS = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _REC = struct.Struct("<IB")  # a record's length (with this head and padding) and kind
-_STEP = struct.Struct("<qdddqBddI")  # step, t_start, t_end, data wait, samples (-1), warmup, runq x2 (NaN), phases
-PHASES_PER_RECORD = 4096  # a step with more phases goes as several records of the same step (the store adds them)
-_PHASE = struct.Struct("<HBddddd")  # name id, depth, t_start, t_end, dev_start, dev_end, runq (NaN: None)
 _EVENTS = struct.Struct("<IBxxx")  # a record of step events: its length and kind, then 5 doubles an event
 EVENT_DOUBLES = 5  # code, name id, t, x, y (profiler.core.stepevents)
 EVENTS_PER_RECORD = 8192  # 320 KiB: a flush of more goes as several records
-PAD, STEP, NAME, BLOB, EVENTS = 0, 1, 2, 3, 5
-_NAN = math.nan
-
-
-def _nan(x: float | None) -> float:
-    return _NAN if x is None else x
-
-
-def _none(x: float) -> float | None:
-    return None if x != x else x  # noqa: PLR0124 - NaN stands for None in a packed record
+PAD, NAME, BLOB, EVENTS = 0, 2, 3, 5  # record kinds (1 is not used)
 
 
 class Ring:
@@ -159,26 +145,6 @@ class RingWriter:
         self._names: dict[str, int] = {}
         self._spill: deque[bytes] = deque()
         self.spilled = 0  # records that waited in the spill list (the consumer was behind by a whole ring)
-
-    def put_step(self, row: StepRow, phases: list[PhaseRow] | tuple[PhaseRow, ...]) -> None:
-        for at in range(0, max(1, len(phases)), PHASES_PER_RECORD):
-            self._put_step(row, phases[at : at + PHASES_PER_RECORD])
-
-    def _put_step(self, row: StepRow, phases: list[PhaseRow] | tuple[PhaseRow, ...]) -> None:
-        names = self._names
-        parts = [
-            _STEP.pack(
-                row.step, row.t_start, row.t_end, row.data_wait_s, -1 if row.samples is None else row.samples,
-                row.warmup, _nan(row.data_wait_runq_s), _nan(row.runq_s), len(phases),
-            ),
-        ]  # fmt: skip
-        for p in phases:
-            ident = names.get(p.name)
-            if ident is None:
-                ident = self._name(p.name)
-            parts.append(_PHASE.pack(ident, p.depth, p.t_start, p.t_end, _nan(p.dev_start), _nan(p.dev_end),
-                                     _nan(p.runq_s)))  # fmt: skip
-        self._put(STEP, b"".join(parts))
 
     def _name(self, name: str) -> int:
         """A phase name's id, announced in the ring before the first record that uses it."""
@@ -284,7 +250,7 @@ class RingReader:
         self._items_from = items_from
 
     def records(self) -> Iterator[tuple[str, Any]]:
-        """``("event", (event, position))``, ``("step", (StepRow, [PhaseRow]))`` and ``("item", dict)`` in order,
+        """``("event", (event, position))`` and ``("item", dict)`` in order,
         up to the write position as read now; :attr:`pos` follows each record. Phase names are learnt as they
         pass (into :attr:`names`)."""
         ring, view, size = self.ring, self.ring.view, self.ring.size
@@ -304,8 +270,6 @@ class RingReader:
                     yield "event", ((int(code), int(a), t, x, y), at)
             elif at < self._items_from and kind != NAME:
                 continue
-            elif kind == STEP:
-                yield "step", self._step(view, body)
             elif kind == NAME:
                 (ident,) = struct.unpack_from("<H", view, body)
                 n = length - _REC.size - 2
@@ -313,15 +277,3 @@ class RingReader:
             elif kind == BLOB:
                 raw = bytes(view[body : HEADER + off + length]).rstrip(b"\0")
                 yield "item", json.loads(raw)
-
-    def _step(self, view: memoryview, at: int) -> tuple[StepRow, list[PhaseRow]]:
-        step, t0, t1, wait, samples, warmup, dwrq, rq, nph = _STEP.unpack_from(view, at)
-        row = StepRow(step, t0, t1, wait, None if samples < 0 else samples, bool(warmup), _none(dwrq), _none(rq))
-        at += _STEP.size
-        phases = []
-        names = self.names
-        for _ in range(nph):
-            ident, depth, a, b, d0, d1, prq = _PHASE.unpack_from(view, at)
-            at += _PHASE.size
-            phases.append(PhaseRow(step, names[ident], depth, a, b, _none(d0), _none(d1), _none(prq)))
-        return row, phases
