@@ -113,11 +113,15 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool 
     }
     for key in ("step_ms", "throughput"):
         assert got[key] == pytest.approx(truth[key], rel=0.01), (key, got, truth)
-    # a phase's span holds the loop's own reads inside it and the Session's few reads at its edges: within 1% of
-    # the step (a preemption between two reads microseconds apart, beside busy processes, is the phase's own time
-    # to the Session and not to the loop: a 2 ms phase read 1.100 against 1.089 ms once)
-    for key in ("h2d_ms", "compute_ms"):
-        assert 0 <= got[key] - truth[key] <= 0.01 * truth["step_ms"], (key, got, truth)
+    # a phase's span holds the loop's own reads inside it and the Session's few reads at its edges: never less,
+    # and per step within 1% of the step but where the training thread was preempted between two reads
+    # microseconds apart (beside busy processes: that time is the phase's to the Session and not to the loop; one
+    # such step of 30 moved the mean 1.03% in a fresh-clone CI), so at most one step in ten past it
+    for key, name in (("h2d_ms", "h2d"), ("compute_ms", "compute")):
+        assert got[key] - truth[key] >= 0, (key, got, truth)
+        mine = {ph.step: (ph.t_end - ph.t_start) * 1e3 for ph in rec.phases if ph.name == name}
+        over = [i for i in measured if mine[i] - own.phase[name][i] * 1e3 > 0.01 * truth["step_ms"]]
+        assert len(over) <= len(measured) // 10, (key, over, got, truth)
     # what stallscope would have reported with the held steps in: past 1% (the check can fail)
     every = _own_figures(own, list(range(len(own.ask) - 1)))
     assert every["step_ms"] > 1.02 * truth["step_ms"]
