@@ -140,11 +140,23 @@ class KernelRecorder(Protocol):
     def stop(self) -> list[Activity]: ...
 
 
+class OffThreadRecorder(Protocol):
+    """What a :class:`WindowThread` calls on a recorder whose ``off_thread`` is true (see KernelRecorder)."""
+
+    parts: dict[str, float]
+
+    def start(self) -> None: ...
+
+    def stop(self, boundary: object = None) -> list[Activity]: ...
+
+    def stop_to(self, path: Path, boundary: object = None) -> None: ...
+
+
 class WindowThread:
     """A thread of the kernel windows' own, where a process-wide recorder starts and stops (see the module).
     Jobs run one at a time, in order; the recorder's thread-local state (torch.profiler's) stays on this thread."""
 
-    def __init__(self, recorder: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, recorder: OffThreadRecorder, clock: Callable[[], float]) -> None:
         self.recorder, self.clock = recorder, clock
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.done = threading.Event()  # the last stop handed over has ended
@@ -264,7 +276,7 @@ class KernelWindows:
             self.recorder.start()
             return
         if self._thread is None:
-            self._thread = WindowThread(self.recorder, self.clock)
+            self._thread = WindowThread(self.recorder, self.clock)  # type: ignore[arg-type]
         self._thread.start()
 
     def close(self, put: Callable[[Event], object]) -> None:

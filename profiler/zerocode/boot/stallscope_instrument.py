@@ -40,6 +40,7 @@ import importlib.machinery
 import inspect
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -299,7 +300,7 @@ class KernelWindows:
         self.prof: Any = None
         self.opened = (0.0, 0.0, 0, 0.0)  # opening began, its cost, the wall clock (ns) and the clock once started
         self.window = 0
-        self.jobs: Any = None  # the window thread's queue (created at the first off-thread window)
+        self.jobs: queue.SimpleQueue[Callable[[], None]] | None = None  # the window thread's (at its first window)
         self.stopping = threading.Event()  # set while no stop is running on the window thread
         self.stopping.set()
 
@@ -359,8 +360,6 @@ class KernelWindows:
     def _on_thread(self, job: Callable[[], object], wait: bool) -> None:
         """Run ``job`` on the window thread (``wait``: until it has run, raising what it raised)."""
         if self.jobs is None:
-            import queue
-
             self.jobs = queue.SimpleQueue()
             threading.Thread(target=self._serve, name="stallscope-kernel-window", daemon=True).start()
         box: list[BaseException] = []
@@ -382,8 +381,10 @@ class KernelWindows:
                 raise box[0]
 
     def _serve(self) -> None:
+        jobs = self.jobs
+        assert jobs is not None
         while True:
-            self.jobs.get()()
+            jobs.get()()
 
     def _close(self, calls: int) -> None:
         prof, own = self.prof, os.environ.get(RECORDER_ENV)
