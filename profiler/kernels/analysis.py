@@ -273,29 +273,35 @@ def hta_view(events: Sequence[Mapping[str, Any]], acts: Sequence[Activity]) -> l
     step's work is left out, but for what was launched before the device began that step where kineto writes the
     step's device span as well (``gpu_user_annotation``, torch 2.11: HTA 0.5 counts it among the host's events).
     Work without a launch in the trace is left out there too."""
-    ns = any(isinstance(e.get("ts"), float) for e in events)
+    ns, cut = hta_window_of(events)
     if ns:
         acts = [Activity(a.stream, float(math.ceil(a.ts)), float(math.floor(a.end) - math.ceil(a.ts)),
                          None if a.launch_ts is None else float(math.ceil(a.launch_ts)), a.kind)
                 for a in acts]  # fmt: skip
+    if cut == math.inf:
+        return list(acts)
+    return [a for a in acts if a.launch_ts is not None and a.launch_ts < cut]
+
+
+def hta_window_of(events: Sequence[Mapping[str, Any]]) -> tuple[bool, float]:
+    """(whether HTA rounds the trace's times: nanosecond resolution; the start, so rounded, of its latest
+    ``ProfilerStep`` event, before which its window's work was launched: inf where it has fewer than two names)."""
+    ns = any(isinstance(e.get("ts"), float) for e in events)
     marks = [e for e in events if e.get("ph") == "X" and "ProfilerStep" in str(e.get("name", ""))
              and isinstance(e.get("ts"), (int, float))]  # fmt: skip
     if len({e["name"] for e in marks}) < 2:
-        return list(acts)
-    cut = max(math.ceil(e["ts"]) if ns else e["ts"] for e in marks)
-    return [a for a in acts if a.launch_ts is not None and a.launch_ts < cut]
+        return ns, math.inf
+    return ns, float(max(math.ceil(e["ts"]) if ns else e["ts"] for e in marks))
 
 
 def hta_device(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
     """The device-side events HTA 0.5.0's temporal breakdown takes, on its rounded microseconds: every event with a
     stream (kernels, copies, sets, synchronisations, the unknown stream's too), in its window (:func:`hta_view`:
     an event with a correlation id by its launch, one without by its own start)."""
-    ns = any(isinstance(e.get("ts"), float) for e in events)
+    ns, cut = hta_window_of(events)
+    windowed = cut != math.inf
     xs = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
     launches = {c: e["ts"] for e in xs if str(e.get("cat", "")).lower() in LAUNCH and (c := _arg(e, "correlation"))}
-    marks = [e["ts"] for e in xs if "ProfilerStep" in str(e.get("name", ""))]
-    windowed = len({e["name"] for e in xs if "ProfilerStep" in str(e.get("name", ""))}) >= 2
-    cut = (math.ceil(max(marks)) if ns else max(marks)) if windowed else math.inf
     out = []
     for e in xs:
         stream = _arg(e, "stream")
