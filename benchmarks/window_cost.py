@@ -15,9 +15,13 @@ activities).
 **Off the thread** (CUDA's path in a run: ``off_thread``, :class:`profiler.core.kernelwin.WindowThread`): the
 recorder starts and stops on the windows' own thread while the training thread goes on stepping; what it costs
 the training thread is its wait for the start plus what its steps lost while the stop and the hand-over ran there
-(their time over as many steps at the median step before; ``lost``). CPU operators are recorded only on the thread
-that started the profiler, where CUPTI records every thread's kernels, so here the window thread makes the window's
-operators itself, right after its start (not counted); the training thread's steps are 20 small matrix products.
+(their time over as many steps at the median of 50 steps before and 50 after; ``lost``). CPU operators are
+recorded only on the thread that started the profiler, where CUPTI records every thread's kernels, so here the
+window thread makes the window's operators itself, right after its start (not counted); the training thread's
+steps are 20 small matrix products.
+Two rows off the thread: ``off, binding`` hands the window over through torch's ``_ProfilerResult.save`` (which
+holds the GIL while kineto writes the trace), ``off thread`` through :mod:`profiler.core.kinetosave` (the same C++
+called with the GIL released: a run's path). The rows before them use torch's binding too.
 
 Each size: ``--repeats`` windows (the first window of the process, kineto's own set-up, is run and not counted);
 medians printed, in ms, with the events per window. Run: ``.venv/bin/python benchmarks/window_cost.py [--json]``.
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -39,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from profiler.core import kinetosave  # noqa: E402
 from profiler.core.kerneltrace import fill, trace_path  # noqa: E402
 from profiler.core.kernelwin import TorchKernelRecorder, WindowThread  # noqa: E402
 from profiler.core.rows import KernelWindow  # noqa: E402
@@ -62,7 +68,8 @@ def window(rec: TorchKernelRecorder, ops: int, x: torch.Tensor, handoff: Path | 
         t0 = time.perf_counter()
         parts["events"] = len(fill(KernelWindow(1, 0.0, 0.0, 0.0, []), handoff, 0.0).activities)
         parts["parse"] = time.perf_counter() - t0
-    parts["total"] = sum(parts.get(p, 0.0) for p in PARTS)
+    # on this thread a native export's wall time is the training thread's too (``read`` is only the GIL's part)
+    parts["total"] = sum(parts.get(p, 0.0) for p in PARTS) + (parts["export"] if parts.get("native") else 0.0)
     return parts
 
 
@@ -107,10 +114,12 @@ def off_thread(rec: TorchKernelRecorder, ops: int, x: torch.Tensor, handoff: Pat
     during = []
     while not thread.done.is_set():
         during.append(step())
+    after = [step() for _ in range(50)]
     thread.close()
     if isinstance(thread.result, BaseException):
         raise thread.result
-    lost = max(0.0, math.fsum(during) - len(during) * statistics.median(before))
+    # the baseline from both sides: this host's speed drifts by 10% within seconds, as much as the window costs
+    lost = max(0.0, math.fsum(during) - len(during) * statistics.median(before + after))
     parts = {**rec.parts, "start": start, "lost": lost, "total": start + lost}
     t0 = time.perf_counter()
     parts["events"] = len(fill(KernelWindow(1, 0.0, 0.0, 0.0, []), handoff, 0.0).activities)
@@ -118,25 +127,30 @@ def off_thread(rec: TorchKernelRecorder, ops: int, x: torch.Tensor, handoff: Pat
     return parts
 
 
-def measure(activity: str, repeats: int) -> list[dict[str, float]]:
+def measure(activity: str, repeats: int, sizes: tuple[int, ...] = SIZES) -> list[dict[str, float]]:
     device = "cuda" if activity == "cuda" else "cpu"
     x = torch.ones(4, device=device)
     rec = TorchKernelRecorder(torch, time.perf_counter, activity=activity)
     probe = window(rec, 1000, x, None)  # kineto's set-up (the process's first window) happens here, not counted
     per_op = probe["events"] / 1000
     rows = []
+    os.environ[kinetosave.ENV] = "binding"  # the paths before the native export, but for the last row of each size
     with tempfile.TemporaryDirectory() as tmp:
-        for target in SIZES:
+        for target in sizes:
             ops = max(1, round(target / per_op))
             for how, where in (("read here", None), ("handed over", Path(tmp))):
                 got = [window(rec, ops, x, where) for _ in range(repeats)]
                 keys = (*PARTS, "total", "events", *(("parse",) if where else ()))
                 row = {k: statistics.median(g[k] for g in got) for k in keys}
                 rows.append({"activity": activity, "path": how, **row})
-            got = [off_thread(rec, ops, x, Path(tmp)) for _ in range(repeats)]
-            keys = ("start", "sync", "stop", "read", "lost", "total", "events", "parse")
-            rows.append({"activity": activity, "path": "off thread",
-                         **{k: statistics.median(g.get(k, 0.0) for g in got) for k in keys}})  # fmt: skip
+            for how, export in (("off, binding", "binding"), ("off thread", "")):
+                os.environ[kinetosave.ENV] = export  # torch's binding (the GIL held) or kinetosave's native call
+                got = [off_thread(rec, ops, x, Path(tmp)) for _ in range(repeats)]
+                keys = ("start", "sync", "stop", "read", "lost", "total", "events", "parse", "native")
+                rows.append({"activity": activity, "path": how,
+                             **{k: statistics.median(g.get(k, 0.0) for g in got) for k in keys}})  # fmt: skip
+            os.environ[kinetosave.ENV] = "binding"
+    os.environ.pop(kinetosave.ENV, None)
     return rows
 
 
@@ -145,11 +159,13 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.add_argument("--only", choices=("cpu", "cuda"), help="one recorder (default: CPU, and CUDA where available)")
+    p.add_argument("--sizes", help=f"events a window, comma-separated (default: {','.join(map(str, SIZES))})")
     args = p.parse_args()
     torch.set_num_threads(1)
-    rows = measure("cpu", args.repeats) if args.only != "cuda" else []
+    sizes = tuple(int(x) for x in args.sizes.split(",")) if args.sizes else SIZES
+    rows = measure("cpu", args.repeats, sizes) if args.only != "cuda" else []
     if args.only != "cpu" and torch.cuda.is_available():
-        rows += measure("cuda", args.repeats)
+        rows += measure("cuda", args.repeats, sizes)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

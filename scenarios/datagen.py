@@ -31,6 +31,7 @@ Invariants:
 
 from __future__ import annotations
 
+import atexit
 import colorsys
 import io
 import json
@@ -38,7 +39,9 @@ import math
 import multiprocessing
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -68,6 +71,7 @@ __all__ = [
     "ensure_default",
     "imagenet_size",
     "make",
+    "temporary",
     "voc_layout",
 ]
 
@@ -177,6 +181,16 @@ def ensure_default(kind: str, count: int = DEFAULT_COUNT, *, seed: int = 0, prog
     Later calls find the directory complete and return at once. imagenet-like uses the default 10 classes.
     """
     root = default_root() / f"{kind}-{count}-s{seed}"
+    make(kind, root, count, seed=seed, progress=progress)
+    return root
+
+
+def temporary(kind: str, count: int, *, seed: int = 0, progress: Progress | None = None) -> Path:
+    """``count`` images of ``kind`` in a new temporary directory, removed when this process exits: the one batch a
+    ``--synthetic-input`` run reads (issue #57: no data set is kept for it). The same images as ``ensure_default``'s
+    first ``count`` of a set of that size (each image is a function of its index)."""
+    root = Path(tempfile.mkdtemp(prefix=f"stallscope-{kind}-{count}-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     make(kind, root, count, seed=seed, progress=progress)
     return root
 

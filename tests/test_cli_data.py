@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from profiler.core.store import load_run
 from scenarios.datagen import MARKER, make
 from tests.conftest import ROOT, stallscope, wait_until
 
@@ -97,19 +98,30 @@ def test_data_make_killed_part_way_resumes_without_redoing_work(tmp_path: Path) 
     assert len(list(out.rglob("*.jpg"))) == 60
 
 
-def test_synthetic_input_generates_one_batch_not_the_scenarios_whole_set(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_synthetic_input_keeps_no_data_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # issue #57: `run imagenet --synthetic-input` generated the 1,280-image imagenet-like set (21 s on a new machine)
-    # and then trained on its loader's first batch alone
+    # and then trained on its loader's first batch alone. Now one batch is rendered into a temporary directory,
+    # removed at exit; whatif renders the same batch again where it needs a sample
     monkeypatch.setenv("STALLSCOPE_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     res = stallscope(
         "run", "imagenet", "--synthetic-input", "--device", "sim:v100", "--steps", "3", "--warmup", "1",
         "--batch-size", "12", "--no-live", "--json", "--out", str(tmp_path / "run"),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout)["steps"] == 3
-    made = sorted(p.name for p in (tmp_path / "data").iterdir())
-    assert made == ["imagenet-like-12-s0"], made  # one batch of 12: the set it reads, and no other
-    images = [p for p in (tmp_path / "data" / made[0]).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
+    assert not (tmp_path / "data").exists()  # no data set kept
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("stallscope-")]
+    assert left == []  # the batch's directory went at exit (torch's own caches may stay)
+    meta = load_run(tmp_path / "run").meta
+    assert meta["synthetic_images"] == 12 and Path(meta["data_root"]).parent == tmp_path / "tmp"
+
+    from profiler.whatif.source import read_run
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "again"))
+    (tmp_path / "again").mkdir()
+    src = read_run(str(tmp_path / "run"))
+    assert src.data_root is not None and src.data_root.parent == tmp_path / "again"
+    images = [p for p in src.data_root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")]
     assert len(images) == 12

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -122,9 +123,11 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool 
         mine = {ph.step: (ph.t_end - ph.t_start) * 1e3 for ph in rec.phases if ph.name == name}
         over = [i for i in measured if mine[i] - own.phase[name][i] * 1e3 > 0.01 * truth["step_ms"]]
         assert len(over) <= len(measured) // 10, (key, over, got, truth)
-    # what stallscope would have reported with the held steps in: past 1% (the check can fail)
-    every = _own_figures(own, list(range(len(own.ask) - 1)))
-    assert every["step_ms"] > 1.02 * truth["step_ms"]
+    # the check can fail: the steps the recorder slowed (held, above) ran 20% slower by the loop's own clock, so
+    # with them in the figures would carry the window. Medians: a preempted step beside busy processes moves a mean
+    # (20 slowed steps in 200 add 2% to it, within the noise of a loaded host: red in a fresh-clone CI)
+    step = [own.ask[i + 1] - own.ask[i] for i in range(len(own.ask) - 1)]
+    assert statistics.median(step[i] for i in slowed) > 1.1 * statistics.median(step[i] for i in measured)
     assert summary.steps == len(measured)
     # the loop's "other" (outside its phases) as its own clock saw it: any LOOP_OVERHEAD advice is the loop's own
     # (on a loaded host its preemptions land there), never the window's pause

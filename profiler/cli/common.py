@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from profiler.core.agent.views import ViewRecipe
 from profiler.core.sampler import MAX_HZ
@@ -75,8 +75,13 @@ def exit_signal(name: str | None) -> int:
     return EXIT_SIGNAL.get(name or "SIGINT", 130)
 
 
-def bounded(kind: Callable[[str], Any], lo: float, hi: float | None, what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
+Number = TypeVar("Number", int, float)
+
+
+def bounded(kind: Callable[[str], Number], lo: float, hi: float | None, what: str) -> Callable[[str], Number]:
+    """An argparse ``type``: ``kind(text)`` within ``lo``..``hi`` (None: no upper bound), else one clear line."""
+
+    def parse(text: str) -> Number:
         try:
             value = kind(text)
         except ValueError:
@@ -320,7 +325,7 @@ def resolve_training(
         pipelines.require(pipeline_names, scenario.data, scenario.name)
     except pipelines.PipelineError as exc:
         raise BadInput(f"{flag}: {exc}") from None
-    data = None
+    data, count = None, None
     if scenario.data is None:
         if args.data is not None:
             raise BadInput(f"--data {args.data!r}: scenario {scenario.name!r} generates its data in memory")
@@ -330,8 +335,10 @@ def resolve_training(
             what = "does not exist" if not data.exists() else "is not a directory"
             raise BadInput(f"--data {args.data!r} {what}: allowed an existing data directory")
     else:
-        data = default_data(scenario, synthetic_images(args, scenario))
+        data = default_data(scenario, count := synthetic_images(args, scenario))
     meta: dict[str, Any] = {}
+    if count is not None:
+        meta["synthetic_images"] = count  # whatif renders the same batch again (the directory is gone by then)
     if args.scenario.endswith(".py"):  # a run names its scenario; `whatif` rebuilds a file's from this path
         meta["scenario_source"] = str(Path(args.scenario).resolve())
     if args.price_per_hour is not None:
@@ -395,15 +402,19 @@ def precision_of(args: argparse.Namespace, t: Training) -> Precision:
 
 def default_data(scenario: Scenario, count: int | None = None) -> Path:
     """The scenario's default data set (a file-backed scenario's: ``scenario.data`` set), generated (once)
-    behind a progress bar; ``count`` images (:func:`synthetic_images`) where fewer than the scenario's are read."""
+    behind a progress bar; with ``count`` (:func:`synthetic_images`: --synthetic-input), that many images in a
+    temporary directory removed at exit, the one batch the run reads: no data set is kept for it."""
     from profiler.render.progress import progress
-    from scenarios.datagen import DataError, ensure_default
+    from scenarios.datagen import DataError, ensure_default, temporary
 
-    count = scenario.data_count if count is None else count
     try:
-        what = f"the default {scenario.data} set ({count} images, once)"
+        if count is not None:
+            what = f"one batch of {scenario.data} images ({count}) for --synthetic-input, removed at exit"
+            with progress(f"stallscope: generating {what}") as report:
+                return temporary(str(scenario.data), count, seed=0, progress=report)
+        what = f"the default {scenario.data} set ({scenario.data_count} images, once)"
         with progress(f"stallscope: generating {what}") as report:
-            return ensure_default(str(scenario.data), count, seed=0, progress=report)
+            return ensure_default(str(scenario.data), scenario.data_count, seed=0, progress=report)
     except DataError as exc:
         raise BadInput(str(exc)) from None
 

@@ -10,8 +10,9 @@ Off the training thread: CUPTI records the whole process, whichever thread start
 (``off_thread``: CUDA's) is started and stopped on a thread of the windows' own (:class:`WindowThread`). The
 training thread waits for the start (about a millisecond), and at the window's last step only marks the boundary
 (one CUDA event: ``GREC``, the recorded steps end there) and hands the stop over: the profiler's stop (CUPTI's
-flush and kineto's post-processing, C++ that releases the GIL) runs there while the training goes on; only the
-hand-over of its activities (kineto's trace export, C++ holding the GIL) still holds the training thread. The
+flush and kineto's post-processing, C++ that releases the GIL) runs there while the training goes on, and so
+does the hand-over of its activities (kineto's trace export: C++ too, called with the GIL released by
+:mod:`profiler.core.kinetosave`; through torch's binding, which holds it, where that module's checks fail). The
 window's span, whose steps are held apart, ends when that thread has finished; the activities launched after the
 boundary are dropped (:func:`recorded`). benchmarks/window_cost.py measures what each path costs the training
 thread. Its activities go before it as ``GPU`` events, or, where a sampler
@@ -48,6 +49,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+from profiler.core import kinetosave
 from profiler.core.kerneltrace import recorded, trace_path, write_clock
 from profiler.core.stepevents import GPU, GREC, GWIN, NAN, Event
 
@@ -471,16 +473,23 @@ class TorchKernelRecorder:
         return acts
 
     def stop_to(self, path: Path, boundary: object = None) -> None:
-        """End the window and hand its activities over as kineto's own trace at ``path`` (written in C++, holding
-        the GIL: ``read``), with the clock pairs beside it, for another process to read (core.kerneltrace)."""
+        """End the window and hand its activities over as kineto's own trace at ``path`` (written in C++ with the GIL
+        released where :mod:`profiler.core.kinetosave` can, else holding it: ``read``), with the clock pairs beside
+        it, for another process to read (core.kerneltrace)."""
         prof = self._end(boundary)
         if prof is None:
             return
         t = self._clock()
         path.parent.mkdir(parents=True, exist_ok=True)
-        prof.profiler.kineto_results.save(str(path))
+        lib = os.path.join(os.path.dirname(getattr(self._torch, "__file__", None) or "."), "lib")
+        t_save = self._clock()
+        how, held = kinetosave.save(prof.profiler.kineto_results, str(path), lib)
+        t_saved = self._clock()
         write_clock(path, *clock_offset(self._pairs), cpu=not self._cuda)
-        self.parts.update(read=self._clock() - t)
+        end = self._clock()
+        # read: what held the GIL (all but the export where kineto wrote it with the GIL released)
+        self.parts.update(read=end - t - (t_saved - t_save) + held, export=t_saved - t_save,
+                          native=float(how == "native"))  # fmt: skip
 
     def _end(self, boundary: object) -> Any:
         """The window's profiler stopped once the device has reached ``boundary`` (None: all that was launched),

@@ -71,7 +71,13 @@ def read_run(run_dir: str) -> Source:
     if not isinstance(meta.get("batch_bytes"), int):
         raise WhatIfError(f"{run_dir} did not record batch_bytes (a run from an older stallscope): run it again")
     data_root = Path(meta["data_root"]) if meta.get("data_root") else None
-    return Source(Path(run_dir), meta, summary, _measured(summary, meta), _scenario(meta, run_dir), data_root)
+    scenario = _scenario(meta, run_dir)
+    count = meta.get("synthetic_images")
+    if data_root is not None and not data_root.is_dir() and isinstance(count, int) and scenario.data is not None:
+        from scenarios.datagen import temporary  # a --synthetic-input run's batch: its directory went at its exit
+
+        data_root = temporary(str(scenario.data), count)
+    return Source(Path(run_dir), meta, summary, _measured(summary, meta), scenario, data_root)
 
 
 def _measured(summary: Summary, meta: dict[str, Any]) -> MeasuredRun:
@@ -188,10 +194,10 @@ class StepCosts:
 
     def __init__(self, src: Source) -> None:
         self.src = src
-        self._sample: Any = None  # one item of the dataset: whatever the scenario's dataset yields
+        self._sample: Sequence[object] | None = None  # one item of the dataset: whatever the scenario's dataset yields
         self._costs: dict[tuple[str, int], StepCost] = {}
 
-    def sample(self) -> Any:
+    def sample(self) -> Sequence[object]:
         if self._sample is None:
             from scenarios import DataOptions
 

@@ -37,6 +37,7 @@ import atexit
 import collections
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import inspect
 import json
 import os
@@ -421,12 +422,11 @@ class KernelWindows:
             # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer
             # ns first: a float holds ns since the epoch only to 256 ns)
             offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
-            # kineto writes the window's trace in C++ (holding the GIL: the script's thread waits that long);
-            # stallscope's process reads it (profiler/core/kerneltrace.py), not this process (8 us an event)
+            # kineto writes the window's trace in C++ (the GIL released where profiler/core/kinetosave.py can, else
+            # held: the script's thread waits that long); stallscope's process reads it
+            # (profiler/core/kerneltrace.py), not this process (8 us an event)
             trace = os.path.join(self.writer.directory, f"kwin-{os.getpid()}-{window}.json")
-            t_save = time.perf_counter()
-            prof.profiler.kineto_results.save(trace)
-            held = time.perf_counter() - t_save
+            held = export_trace(prof.profiler.kineto_results, trace)
             hand = {"acts": [], "trace": trace, "wall_ref": wall_open, "clock_ref": t_started - offset, "r": t_rec}
             self._put(window, t_open, cost + held, hand)
         finally:
@@ -439,6 +439,31 @@ class KernelWindows:
     def finish(self) -> None:
         """At the script's exit: wait (up to 60 s) for a stop still running, so that its record is written."""
         self.stopping.wait(60.0)
+
+
+_SAVE: list[ModuleType | None] = []  # profiler/core/kinetosave.py once loaded (None: not loadable here)
+
+
+def export_trace(results: Any, path: str) -> float:
+    """Kineto's trace of ``results`` written to ``path``, through profiler/core/kinetosave.py (the GIL released where
+    its checks hold; loaded by its path: standard library only), else torch's binding. Returns the seconds the GIL
+    was held for it."""
+    if not _SAVE:
+        try:
+            where = os.path.join(_HERE, os.pardir, os.pardir, "core", "kinetosave.py")
+            spec = importlib.util.spec_from_file_location("stallscope_kinetosave", where)
+            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            _SAVE.append(module)
+        except (OSError, ImportError, AttributeError):
+            _SAVE.append(None)
+    torch = sys.modules["torch"]
+    if _SAVE[0] is None:
+        t0 = time.perf_counter()
+        results.save(path)
+        return time.perf_counter() - t0
+    lib = os.path.join(os.path.dirname(torch.__file__ or "."), "lib")
+    return float(_SAVE[0].save(results, path, lib)[1])
 
 
 class Instrument:
