@@ -26,7 +26,7 @@ step() {
     tail -n 25 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-step window-cost 45 "$py" benchmarks/window_cost.py --only cuda --repeats 3
+step window-cost 45 "$py" benchmarks/window_cost.py --only cuda --sizes 5000,35000 --repeats 3
 step overhead-cnn 120 "$py" benchmarks/gpu_overhead.py --loops cnn --rounds 2 --steps 30,200,2000
 step overhead-resnet50 100 "$py" benchmarks/gpu_overhead.py --loops resnet50 --rounds 2 --steps 30,200
 step kernel-case 100 "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
