@@ -457,12 +457,11 @@ def export_trace(results: Any, path: str) -> float:
             _SAVE.append(module)
         except (OSError, ImportError, AttributeError):
             _SAVE.append(None)
-    torch = sys.modules["torch"]
     if _SAVE[0] is None:
         t0 = time.perf_counter()
         results.save(path)
         return time.perf_counter() - t0
-    lib = os.path.join(os.path.dirname(torch.__file__ or "."), "lib")
+    lib = os.path.join(os.path.dirname(getattr(sys.modules.get("torch"), "__file__", None) or "."), "lib")
     return float(_SAVE[0].save(results, path, lib)[1])
 
 
