@@ -252,7 +252,7 @@ def one_step_actions() -> list[tuple[str, str]]:
     with one stallscope callback's hooks among them, as Lightning emits them."""
     from profiler.integrations.lightning import StallscopeCallback, pl
 
-    class Recording(pl.profilers.Profiler):  # type: ignore[misc]
+    class ThreadRecorder(pl.profilers.Profiler):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
             self.calls: list[tuple[str, str]] = []
@@ -274,7 +274,7 @@ def one_step_actions() -> list[tuple[str, str]]:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    rec = Recording()
+    rec = ThreadRecorder()
     trainer = pl.Trainer(
         max_epochs=1,
         accelerator="cpu",

@@ -4,7 +4,7 @@ Public surface: :class:`Session` (instrument a training loop) and :class:`Summar
 Everything else is internal and may change.
 
 Both are imported when first asked for (PEP 562), so that a process that needs only the recording core (the
-sampler process, ``python -m profiler.core.agent``, started beside every run) does not import the analysis.
+sampler process, ``python -m profiler.core.sampler_process``, started beside every run) does not import the analysis.
 """
 
 from __future__ import annotations

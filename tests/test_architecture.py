@@ -15,13 +15,13 @@ from conftest import ROOT
 
 PACKAGES = ("profiler", "pipelines", "scenarios")
 # Reading a store back is what `report` (once, also for --html and --trace), `watch` and `compare` are for; a run
-# prints the Summary its Recording built at close.
+# prints the Summary its ThreadRecorder built at close.
 STORE_READERS = {
     "profiler.runs.read",  # report, compare: a run and its Summary, or its own summary.json
     "profiler.live.feeds",
     "profiler.jobs.jobdir",  # `report` on a job directory reads each rank's and node's store through it
     "profiler.whatif.source",  # predicts from a measured run, and reads back a --check run it already measured
-    "profiler.core.agent.client",  # the Summary at close, from the store the sampler process wrote
+    "profiler.core.sampler_process.client",  # the Summary at close, from the store the sampler process wrote
 }
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60
@@ -215,7 +215,7 @@ def test_the_top_level_is_a_table_of_contents() -> None:
 
 
 def test_session_imports_no_sink() -> None:
-    """Session drives hooks; the store's Recording, the exporter and the live feed plug in from outside."""
+    """Session drives hooks; the store's ThreadRecorder, the exporter and the live feed plug in from outside."""
     sinks = ("profiler.core.recording", "profiler.core.store", "profiler.export", "profiler.live")
     assert {t for t in _graph()["profiler.core.session"] if t.startswith(sinks)} == set()
 

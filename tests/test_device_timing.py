@@ -45,8 +45,8 @@ class FakeStream:
     def mark(self) -> dict[str, float]:
         host = self._now()
         phase = self._stack[-1] if self._stack else ""
-        # the phase's exit (Session._fine_exit marks it): its work was enqueued inside it
-        exiting = any(sys._getframe(k).f_code.co_name == "_fine_exit" for k in (1, 2, 3))
+        # the phase's exit (Session._edge_exit marks it): its work was enqueued inside it
+        exiting = any(sys._getframe(k).f_code.co_name == "_edge_exit" for k in (1, 2, 3))
         work = self._work.get(phase, 0.0) if exiting else 0.0
         self._cursor = max(self._cursor + work, host)
         return {"dev": self._cursor}

@@ -21,7 +21,7 @@ from conftest import sleep_loader, wait_until
 
 from profiler import Session
 from profiler.cli import main
-from profiler.core.recording import Recording
+from profiler.core.recording import ThreadRecorder
 from profiler.core.sources.host import HostSource
 from profiler.core.sources.ranks import RankSource
 from profiler.core.store import integrity_ok, load_run
@@ -136,7 +136,7 @@ def test_ranks_that_exit_or_deny_reads_mid_read_leave_the_others_recording(
     monkeypatch.setattr(psutil.Process, "environ", environ)
     ranks = RankSource(os.getpid(), refresh_s=0.1)
     out = tmp_path / "run"
-    rec = Recording(out, meta={"mode": "zero-code"}, sample_hz=HZ, sources=[ranks])
+    rec = ThreadRecorder(out, meta={"mode": "zero-code"}, sample_hz=HZ, sources=[ranks])
     caplog.set_level(logging.DEBUG)
     rec.start()
     s = rec.sampler

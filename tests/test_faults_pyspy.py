@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, wait_until
 
 from profiler.cli import main
-from profiler.core.recording import Recording
+from profiler.core.recording import ThreadRecorder
 from profiler.core.store import integrity_ok, load_run
 
 KILLED = "(killed by SIGKILL); its stack samples are lost"
@@ -98,11 +98,11 @@ def test_pyspy_killed_mid_zero_code_run(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_pyspy_killed_mid_instrumented_run_with_attribution(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The path of ``stallscope run SCENARIO --workers N`` (the runner's own Recording and template), in this
+    """The path of ``stallscope run SCENARIO --workers N`` (the runner's own ThreadRecorder and template), in this
     process: py-spy on this process, SIGKILLed mid-run."""
     said: list[str] = []
     out = tmp_path / "run"
-    rec = Recording(out, meta={}, sample_hz=20, warn=said.append)
+    rec = ThreadRecorder(out, meta={}, sample_hz=20, warn=said.append)
     rec.start()
     assert (
         rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}")
@@ -131,7 +131,7 @@ def test_pyspy_missing_or_failing_to_attach_is_said_and_reported(
     monkeypatch.setenv("STALLSCOPE_PYSPY", exe if exe.startswith("/") else str(tmp_path / exe))
     said: list[str] = []
     out = tmp_path / "run"
-    rec = Recording(out, meta={"mode": "zero-code"}, sample_hz=20, warn=said.append)
+    rec = ThreadRecorder(out, meta={"mode": "zero-code"}, sample_hz=20, warn=said.append)
     rec.start()
     got = rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=1.0, unavailable="{problem}; sampler only")
     assert got is not None and got.startswith(problem)

@@ -447,7 +447,7 @@ def test_the_live_view_and_prometheus_show_the_newest_windows_split(tmp_path: Pa
 
 
 def test_the_thread_sampler_stores_the_windows_too(tmp_path: Path) -> None:
-    # sampling="thread": no sampler process; the Session's own rows and windows go to the Recording's store
+    # sampling="thread": no sampler process; the Session's own rows and windows go to the ThreadRecorder's store
     rec = FakeRecorder([_act(1, 2, 0.5)])
     with Session(tmp_path, sources=[], device="cpu", sampling="thread", kernel_windows="0:2:0",
                  kernel_recorder=rec) as s:  # fmt: skip

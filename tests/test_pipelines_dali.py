@@ -334,7 +334,7 @@ def test_a_timed_round_queues_as_run_does_and_leaves_nothing_in_flight(dali: Non
         with pytest.raises(StopIteration):  # DALI's scheduled API: no batch left to consume
             pipe.outputs()
 
-    class Recording:
+    class ThreadRecorder:
         def __init__(self) -> None:
             self.queued, self.most, self.collected = 0, 0, 0
 
@@ -347,6 +347,6 @@ def test_a_timed_round_queues_as_run_does_and_leaves_nothing_in_flight(dali: Non
             self.queued -= 1
             self.collected += 1
 
-    fake = Recording()
+    fake = ThreadRecorder()
     drained_round(fake, 8)
     assert (fake.queued, fake.collected, fake.most) == (0, 8, PREFETCH_QUEUE_DEPTH)

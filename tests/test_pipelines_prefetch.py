@@ -72,7 +72,9 @@ def live(pids: set[int]) -> set[int]:
 def children() -> set[int]:
     """This process's children other than stallscope's own sampler processes (one beside each open Session)."""
     return {
-        p.pid for p in psutil.Process().children(recursive=True) if p.cmdline()[1:3] != ["-m", "profiler.core.agent"]
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.cmdline()[1:3] != ["-m", "profiler.core.sampler_process"]
     }
 
 

@@ -23,7 +23,7 @@ import warm
 from conftest import ROOT, Truth, sleep_loader, stallscope, wait_until
 
 from profiler import Session
-from profiler.core.session import RESOLVE_S
+from profiler.core.session import HANDOFF_S
 from profiler.core.store import PhaseRow, StepRow, load_run
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import job_metrics, run_metrics
@@ -205,12 +205,12 @@ def test_scraped_stall_matches_the_summary(tmp_path: Path) -> None:
     spread = max(stalls) - min(stalls)
     assert {lab["status"]: v for lab, v in during["stallscope_run_status"]}["running"] == 1.0
     k = int(one(during, "stallscope_measured_steps_total"))
-    # the Session hands its rows on every RESOLVE_S (profiler/core/session.py): a scrape sees the steps ended up to
-    # the last hand-on, so as many steps behind as end in RESOLVE_S, and one more (the tick falls at a step's
+    # the Session hands its rows on every HANDOFF_S (profiler/core/session.py): a scrape sees the steps ended up to
+    # the last hand-on, so as many steps behind as end in HANDOFF_S, and one more (the tick falls at a step's
     # start). Bounded at +-1 step, a stress pass read 20 at step 25 (3 warm-up): the ticks, not the exporter
     rec = load_run(tmp_path / "run")
     shortest = min(st.t_end - st.t_start for st in rec.steps)
-    behind = math.ceil(RESOLVE_S / shortest) + 1
+    behind = math.ceil(HANDOFF_S / shortest) + 1
     assert mid - warmup - behind <= k <= mid - warmup + 1, (k, behind)
     # during: exactly the store's sums over the steps resolved then, and the final figure within the spread
     first = [st for st in rec.steps if not st.warmup][:k]

@@ -15,8 +15,8 @@ from conftest import sleep_loader
 
 from profiler import Session
 from profiler.analysis import summarize
-from profiler.core.agent.client import SamplerProcess
-from profiler.core.recording import Recording
+from profiler.core.recording import ThreadRecorder
+from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.store import DB_NAME, load_run
 from profiler.core.store import reader as store_reader
 from profiler.core.store import writer as store_writer
@@ -67,7 +67,7 @@ def test_close_reads_the_committed_rows_back_once(
 
 
 def test_close_is_idempotent_and_returns_the_same_summary(tmp_path: Path) -> None:
-    rec = Recording(tmp_path, meta={"scenario": "x"}, sample_hz=20, sources=[])
+    rec = ThreadRecorder(tmp_path, meta={"scenario": "x"}, sample_hz=20, sources=[])
     rec.start()
     rec.annotate(batch_size=4)
     first = rec.close("complete")
@@ -92,7 +92,7 @@ def test_a_warning_goes_through_the_injected_warn_and_into_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     said: list[str] = []
-    rec = Recording(tmp_path, meta={}, sample_hz=20, sources=[], warn=said.append)
+    rec = ThreadRecorder(tmp_path, meta={}, sample_hz=20, sources=[], warn=said.append)
     rec.start()
     monkeypatch.setenv("STALLSCOPE_PYSPY", str(tmp_path / "no-such-py-spy"))
     problem = rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=0.1, unavailable="no attribution: {problem}")
@@ -125,13 +125,13 @@ def test_a_signal_while_the_session_starts_still_closes_the_run(
     from profiler.core.session import Interrupted
     from profiler.drivers.runner import RunConfig, RunStopped, run_scenario
 
-    started = SamplerProcess.start
+    started = ProcessRecorder.start
 
-    def start_then_signal(self: SamplerProcess, t0: float) -> None:
+    def start_then_signal(self: ProcessRecorder, t0: float) -> None:
         started(self, t0)
         raise Interrupted("SIGINT")
 
-    monkeypatch.setattr(SamplerProcess, "start", start_then_signal)
+    monkeypatch.setattr(ProcessRecorder, "start", start_then_signal)
     cfg = RunConfig(out=tmp_path / "run", device=resolve_device("cpu"), steps=2, warmup=0)
     with pytest.raises(RunStopped) as info:
         run_scenario(scenarios.get("mlp-mnist"), cfg)

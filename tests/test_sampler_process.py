@@ -1,5 +1,5 @@
-"""The sampler process beside the training process (profiler/core/agent/): the ring that joins them, each of the
-two killed mid-run with nothing recorded lost, and the training process left with no stallscope thread that wakes
+"""The sampler process beside the training process (profiler/core/sampler_process/): the ring that joins them, each of
+the two killed mid-run with nothing recorded lost, and the training process left with no stallscope thread that wakes
 more than about once a second."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from conftest import ROOT, sleep_loader, wait_until
 
 from profiler import Session
 from profiler.cli import main
-from profiler.core.agent.client import WATCH_S, SamplerProcess
-from profiler.core.agent.ring import Ring, RingReader, RingWriter
-from profiler.core.session import RESOLVE_EVERY
+from profiler.core.sampler_process.client import WATCH_S, ProcessRecorder
+from profiler.core.sampler_process.ring import Ring, RingReader, RingWriter
+from profiler.core.session import HANDOFF_STEPS
 from profiler.core.stepevents import BATCH, ENTER, EXIT, FETCH
 from profiler.core.store import integrity_ok, load_run, pid_alive, read_head
 
@@ -121,7 +121,7 @@ def _loop(s: Session, steps: int, wait_s: float = 0.002) -> int:
 def test_a_session_records_through_its_sampler_process(tmp_path: Path) -> None:
     with Session(tmp_path / "run", sample_hz=20, warmup=1) as s:
         rec = s.recording
-        assert isinstance(rec, SamplerProcess) and rec.proc is not None
+        assert isinstance(rec, ProcessRecorder) and rec.proc is not None
         child = rec.proc.pid
         n = _loop(s, 40)
     summary = s.summary()
@@ -162,8 +162,8 @@ def test_the_training_process_killed_leaves_a_closed_interrupted_store(tmp_path:
     rec = load_run(out)
     assert rec.meta["status"] == "interrupted" and "ended without closing the run" in rec.meta["error"]
     steps = [r.step for r in rec.steps]
-    # every step resolved before the kill: steps are resolved in batches, so at most RESOLVE_EVERY had not been
-    assert steps == list(range(len(steps))) and len(steps) >= 200 - RESOLVE_EVERY
+    # every step resolved before the kill: steps are resolved in batches, so at most HANDOFF_STEPS had not been
+    assert steps == list(range(len(steps))) and len(steps) >= 200 - HANDOFF_STEPS
     assert main(["report", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "interrupted"
 
@@ -172,7 +172,7 @@ def test_the_sampler_process_killed_loses_no_step(tmp_path: Path, caplog: pytest
     caplog.set_level(logging.WARNING, logger="stallscope")
     with Session(tmp_path / "run", sample_hz=20, prometheus="127.0.0.1:0") as s:
         rec = s.recording
-        assert isinstance(rec, SamplerProcess) and rec.proc is not None and s.exporter is not None
+        assert isinstance(rec, ProcessRecorder) and rec.proc is not None and s.exporter is not None
         n = _loop(s, 60)
         assert wait_until(lambda: len(load_run(tmp_path / "run").steps) > 0, timeout=10)
         assert _served_steps(s.exporter.url) > 0  # the sampler process answers the endpoint
@@ -215,7 +215,7 @@ def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_sec
         ours = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")
                 and t.ident not in earlier}  # fmt: skip
         rec, sampler = s.recording, s.sampler
-        assert isinstance(rec, SamplerProcess) and sampler is not None
+        assert isinstance(rec, ProcessRecorder) and sampler is not None
         before = {name: _wakeups(tid) for name, tid in ours.items() if tid is not None}
         rounds0, samples0, t0 = rec.watch_rounds, sampler.stats.samples, time.monotonic()
         _loop(s, 500)
@@ -293,7 +293,7 @@ def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_pr
     # one round a second each: the watches 1.0 switch a second, the in-process sampler 4.0 (its wake-up, the
     # hand-over to its source's thread and back, the GIL). A thread woken at 10 Hz makes 10 or more
     assert all(rate <= 6 for rate in rates.values()) and sum(rates.values()) <= 12, rates
-    assert isinstance(session.recording, SamplerProcess) and session.recording.serving_views
+    assert isinstance(session.recording, ProcessRecorder) and session.recording.serving_views
     assert session.sampler is not None and session.sampler.hz == 1.0
     steps = [ln for ln in str(seen["scrape"]).splitlines() if ln.startswith("stallscope_steps_total")]
     assert steps and float(steps[0].split()[-1]) > 0, steps

@@ -29,7 +29,7 @@ from profiler import Session
 from profiler.analysis import summarize
 from profiler.analysis.timeline import MAX_BARS, MAX_POINTS, Series, build_timeline, thin_series
 from profiler.cli.report import stored_summary
-from profiler.core.session import RESOLVE_EVERY
+from profiler.core.session import HANDOFF_STEPS
 from profiler.core.store import PhaseRow, RunRecord, RunStore, StepRow, load_run, read_head
 from profiler.render.html import render_html
 from profiler.render.trace import (
@@ -200,8 +200,8 @@ def test_a_session_keeps_no_row_per_step_in_memory(tmp_path: Path) -> None:
                     pass
                 with s.phase("compute"):
                     pass
-                if i == 2_000:  # the steps before the last batch (RESOLVE_EVERY) are resolved and handed over
-                    assert wait_until(committed(1_999 - RESOLVE_EVERY), timeout=30)
+                if i == 2_000:  # the steps before the last batch (HANDOFF_STEPS) are resolved and handed over
+                    assert wait_until(committed(1_999 - HANDOFF_STEPS), timeout=30)
                     before = _traced_profiler_bytes()
             assert wait_until(committed(11_999), timeout=30)
             after = _traced_profiler_bytes()

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from profiler import Session
-from profiler.core.agent.ring import Ring, RingReader, RingWriter
 from profiler.core.batches import BatchLen, batch_len
 from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.sampler_process.ring import Ring, RingReader, RingWriter
 from profiler.core.stepevents import (
     BATCH,
     DEV,

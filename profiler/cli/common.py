@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from profiler.core.agent.views import ViewRecipe
 from profiler.core.sampler import MAX_HZ
+from profiler.core.sampler_process.views import ViewRecipe
 from profiler.sweep.defaults import MAX_BATCH_FACTOR
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""The hooks a Session drives: every sink of a run's steps (the run store's Recording, the Prometheus exporter,
+"""The hooks a Session drives: every sink of a run's steps (the run store's ThreadRecorder, the Prometheus exporter,
 a live feed, a sweep's early stop, any future sink) implements :class:`SessionHook`.
 
 Invariants: Session calls ``on_step`` on the training thread once per step, in batches (its tick), so a hook's
@@ -52,7 +52,7 @@ class SessionHook(Protocol):
     """A sink of a Session's run: told when it starts, of each run fact, step and event, and when it ends."""
 
     def on_start(self, session: SessionView) -> None:
-        """Before the first step (the Recording creates its store here; an exporter binds its port)."""
+        """Before the first step (the ThreadRecorder creates its store here; an exporter binds its port)."""
 
     def on_meta(self, items: Mapping[str, object]) -> None:
         """Run facts recorded with :meth:`Session.annotate`."""

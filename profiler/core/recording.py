@@ -1,4 +1,4 @@
-"""Recording: one run's record from start to close — run store, background sampler, py-spy, run status.
+"""ThreadRecorder: one run's record from start to close — run store, background sampler, py-spy, run status.
 
 Both ways of profiling record through it: a :class:`~profiler.core.session.Session` as its recorder hook, and
 :func:`profiler.zerocode.profile.profile_external` directly. docs/store.md, "A run's life", gives the order.
@@ -7,7 +7,7 @@ Invariants:
   built is logged, not raised: the store is the record.
 - A run store that stops writing never stops the training from here (unless ``store_errors="raise"``: then
   the CLI's runner stops the run); close writes no ``summary.json`` that would claim more than the store holds.
-- py-spy is started in one place (:meth:`Recording.start_pyspy`); one that cannot attach is a warning.
+- py-spy is started in one place (:meth:`ThreadRecorder.start_pyspy`); one that cannot attach is a warning.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def default_sources(pid: int | None = None, *, nvml: bool = True) -> list[Source
     return sources
 
 
-class Recording:
+class ThreadRecorder:
     """The run store, sampler and py-spy of one run directory; ``close()`` returns its Summary."""
 
     def __init__(
@@ -82,7 +82,8 @@ class Recording:
         on_failure: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
         """``summarize=False`` and ``on_failure``: for the sampler process, which records for the training
-        process (:mod:`profiler.core.agent`): that process builds the Summary, and hears of a store failure."""
+        process (:mod:`profiler.core.sampler_process`): that process builds the Summary, and hears of a store
+        failure."""
         if store_errors not in ("warn", "raise"):
             raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)

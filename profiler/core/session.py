@@ -1,4 +1,4 @@
-"""Session: times each training step's phases and hands each step to its hooks (the run store's Recording,
+"""Session: times each training step's phases and hands each step to its hooks (the run store's ThreadRecorder,
 the Prometheus exporter, ...: :mod:`profiler.core.hooks`); it imports none of them.
 
 A step starts the moment the loop asks the loader for its batch and ends when it asks for the next one.
@@ -9,7 +9,7 @@ Invariants:
 - The hot path (``next()`` wrapper, phase enter/exit) makes no row: a ``perf_counter`` read and one step event
   (:mod:`profiler.core.stepevents`) put with one C call; on one step in k (RUNQ_BUDGET) one ``pread`` of the
   training thread's run-queue counter at each boundary; on CUDA an event record. Rows are made from the events by
-  whoever reads them: the sampler process (its ring takes the events every RESOLVE_EVERY steps or RESOLVE_S), and
+  whoever reads them: the sampler process (its ring takes the events every HANDOFF_STEPS steps or HANDOFF_S), and
   this process only for a hook that takes rows or for :attr:`Session.recent` once asked for
   (``benchmarks/overhead.py`` measures the cost: under 1% of a 1.7 ms step is the target).
 - On CUDA, a step's device marks wait in a FIFO until their events have completed; their times are put as events
@@ -78,15 +78,15 @@ _T = TypeVar("_T")  # what a wrapped iterable yields
 # boundary rather than two. What the gap holds (a few microseconds of the loop's own bookkeeping: run-queue wait,
 # device work launched in it) is charged to the phase that follows; the host clock is read afresh.
 ADJACENT_S = 50e-6
-# The step events are handed on (to the sampler process's ring: one record) every RESOLVE_EVERY steps or RESOLVE_S
+# The step events are handed on (to the sampler process's ring: one record) every HANDOFF_STEPS steps or HANDOFF_S
 # seconds, whichever comes first, and then the rows wanted in this process are made. Right after a step's compute
 # the training thread's caches hold the model's data, not stallscope's code: a hand-over of 70 events measured
 # 40-55 us there, 1 us an operation (a lock, a copy, a slice), in a 1.6 ms loop (benchmarks/overhead.py); every 64
 # steps that is under 1 us a step. A loop's end (its loader exhausted or left) hands on what is pending at once, and
-# the watch thread does once a second. A SIGKILL loses the steps not yet handed on: at most RESOLVE_EVERY steps or
-# RESOLVE_S (or the second of a step longer than that).
-RESOLVE_EVERY = 64
-RESOLVE_S = 0.1
+# the watch thread does once a second. A SIGKILL loses the steps not yet handed on: at most HANDOFF_STEPS steps or
+# HANDOFF_S (or the second of a step longer than that).
+HANDOFF_STEPS = 64
+HANDOFF_S = 0.1
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
 LABELS = ("scenario", "pipeline", "batch_size", "workers", "pin_memory")
@@ -119,8 +119,8 @@ class _Phase:
             s._stack.append(self._outside)
             return self
         s._stack.append(self._name)
-        if s._fine:
-            x, m = s._fine_enter()
+        if s._read_edges:
+            x, m = s._edge_enter()
             s._put((ENTER, self._id, s._clock(), x, m))
         else:
             s._put((ENTER, self._id, s._clock(), NAN, NO_MARK))
@@ -139,8 +139,8 @@ class _Phase:
             raise ValueError(
                 f"phase {self._name!r} ended but the innermost open phase is {[n.lstrip(chr(0)) for n in stack[-1:]]}"
             )
-        if s._fine:
-            x, m = s._fine_exit(t, len(stack) == 1)  # its mark is made while it is still the innermost phase
+        if s._read_edges:
+            x, m = s._edge_exit(t, len(stack) == 1)  # its mark is made while it is still the innermost phase
             stack.pop()
             s._put((EXIT, self._id, t, x, m))
         else:
@@ -155,13 +155,12 @@ class Session:
 
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (
-        "__weakref__", "_asm", "_clock", "_due", "_due_t", "_edge", "_error", "_exporter", "_fine", "_halts",
-        "_hooks", "_in_flight", "_kw", "_kw_plan", "_kw_recorder", "_log", "_mark_n", "_marks", "_max_lag", "_meta",
-        "_names", "_next_index", "_phase_of", "_put", "_recent", "_recorder", "_resolve_every", "_row_sinks",
+        "__weakref__", "_asm", "_clock", "_error", "_exporter", "_halts", "_handoff_steps", "_hooks", "_in_flight",
+        "_kw", "_kw_plan", "_kw_recorder", "_last_edge", "_last_tick", "_log", "_mark_n", "_marks", "_max_lag",
+        "_meta", "_names", "_next_index", "_phase_of", "_put", "_read_edges", "_recent", "_recorder", "_row_sinks",
         "_rows_asked", "_rq_on", "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started",
-        "_status", "_step", "_steps", "_stream", "_t0", "_timer", "_unattributed", "_waiting_since", "_win", "_wreads",
-        "device",
-        "out_dir", "sample_hz", "warmup",
+        "_status", "_step", "_steps", "_stream", "_t0", "_tick_step", "_tick_t", "_timer", "_unattributed",
+        "_waiting_since", "_wreads", "device", "out_dir", "sample_hz", "warmup",
     )  # fmt: skip
 
     def __init__(
@@ -198,7 +197,7 @@ class Session:
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
         self.sample_hz, self.warmup = sample_hz, warmup
         self._clock, self._max_lag = clock, max_lag
-        self._resolve_every = min(RESOLVE_EVERY, max_lag + 1)
+        self._handoff_steps = min(HANDOFF_STEPS, max_lag + 1)
         self._meta: dict[str, object] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
         sinks = make_sinks(
             SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
@@ -236,15 +235,16 @@ class Session:
         self._step, self._next_index, self._unattributed = -1, 0, 0  # the open step (-1: none), the next one's index
         self._waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
         # this step's boundaries are read (schedstat on one step in _runq_every: RUNQ_BUDGET; device marks)
-        self._fine, self._rq_on = self._timer is not None, False
+        self._read_edges, self._rq_on = self._timer is not None, False
         self._rq_step: schedstat.ThreadSched | None = None  # _runq while the open step's schedstat is read
         self._runq_every = 1
         # the open step's last boundary (clock, run queue, device mark): a phase entered right after shares it
-        self._edge: tuple[float, float, float] | None = None
+        self._last_edge: tuple[float, float, float] | None = None
         self._marks: list[tuple[float, object]] = []  # the open step's device marks (id, event)
         self._in_flight: deque[list[tuple[float, object]]] = deque()  # ended steps' marks, not yet known complete
         self._mark_n = 0
-        self._win, self._due, self._due_t = (0, 0.0), 0, 0.0  # the last _tick (step, time); when the next is due
+        self._last_tick = (0, 0.0)  # the last _tick's (step, time)
+        self._tick_step, self._tick_t = 0, 0.0  # the next tick is due at this step or this time
         self._wreads = WorkerReads(self.warmup)  # the first epoch's asks for the workers' memory
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ class Session:
         """The measured steps ended early (a sweep's stop rule): the tail window opens at the next step; its steps."""
         n = self._kw.tail_at(self._next_index) if self._kw is not None else 0
         if n:
-            self._due = self._next_index
+            self._tick_step = self._next_index
             self.annotate(**{TAIL_KEY: self._next_index})
         return n
 
@@ -388,7 +388,7 @@ class Session:
 
     def close(self, status: str = "complete", error: str | None = None) -> Summary | None:
         """End the run: close the open step, drain device events, then the hooks in reverse order (the
-        Recording: sampler, py-spy, store, summary.json); returns the run's Summary (None if it could not be
+        ThreadRecorder: sampler, py-spy, store, summary.json); returns the run's Summary (None if it could not be
         built; the store still holds the run)."""
         if not self._started or self._status is not None:
             return self.summary()
@@ -434,7 +434,7 @@ class Session:
 
     @property
     def recording(self) -> Recorder:
-        """The hook that keeps the run (the Recording: store, sampler, py-spy)."""
+        """The hook that keeps the run (the ThreadRecorder: store, sampler, py-spy)."""
         return self._recorder
 
     # -- hot path ---------------------------------------------------------------------------------
@@ -483,7 +483,7 @@ class Session:
                     raise stop
                 # the step before ends at t0 (its row is made by whoever reads the events, not here); the next one
                 # starts there and waits for its batch
-                self._edge = None
+                self._last_edge = None
                 if self._marks:
                     self._ship_marks()
                 self._put((FETCH, 0, t0, x0, index))
@@ -512,17 +512,17 @@ class Session:
         x1 = rq.run_delay_s() if read and rq is not None else NAN
         self._step, self._next_index = index, index + 1
         self._rq_on, self._rq_step = read, rq if read else None
-        self._fine = fine = read or self._timer is not None
-        self._edge = (t1, x1, NO_MARK) if fine else None
+        self._read_edges = fine = read or self._timer is not None
+        self._last_edge = (t1, x1, NO_MARK) if fine else None
         self._put((BATCH, 0, t1, x1, -1.0 if n is None else n))
-        if index >= self._due or t1 >= self._due_t:
+        if index >= self._tick_step or t1 >= self._tick_t:
             self._tick(index, t1)
 
     def _end(self, t: float, x: float) -> None:
         """The open step (if any) ends at ``t`` (``x``: the run queue's reading there); a step still waiting for
         its batch is dropped."""
         self._put((END, 0, t, x, NAN))
-        self._step, self._rq_on, self._rq_step, self._edge = -1, False, None, None
+        self._step, self._rq_on, self._rq_step, self._last_edge = -1, False, None, None
         if self._marks:
             self._ship_marks()
 
@@ -534,16 +534,16 @@ class Session:
             self._poll_marks(drain=False)
 
     def _tick(self, index: int, t: float) -> None:
-        """Every ``RESOLVE_EVERY`` steps or ``RESOLVE_S``: the schedstat budget from the steps since the last tick,
+        """Every ``HANDOFF_STEPS`` steps or ``HANDOFF_S``: the schedstat budget from the steps since the last tick,
         the device marks that completed, and the rows wanted in this process."""
-        n = index - self._win[0]
+        n = index - self._last_tick[0]
         if n > 0:
-            self._runq_every = schedstat.runq_every((t - self._win[1]) / n)
-        self._win = (index, t)
-        self._due, self._due_t = index + self._resolve_every, t + RESOLVE_S
+            self._runq_every = schedstat.runq_every((t - self._last_tick[1]) / n)
+        self._last_tick = (index, t)
+        self._tick_step, self._tick_t = index + self._handoff_steps, t + HANDOFF_S
         if (kw := self._kw) is not None:
             kw.at(index, self._put)
-            self._due = min(self._due, kw.next_index)
+            self._tick_step = min(self._tick_step, kw.next_index)
         if self._wreads.due(index, t):
             self._recorder.read_memory_soon()
         self._flush()
@@ -588,26 +588,26 @@ class Session:
             for on_step in sinks:
                 on_step(row, phases)
             recent.append((row, phases))
-        for window in asm.take_windows():  # a hook that takes rows keeps them (the thread sampler's Recording)
+        for window in asm.take_windows():  # a hook that takes rows keeps them (a ThreadRecorder)
             for hook in self._hooks:
                 if callable(on_window := getattr(hook, "on_window", None)) and getattr(hook, "wants_rows", True):
                     on_window(window)
 
-    def _fine_enter(self) -> tuple[float, float]:
+    def _edge_enter(self) -> tuple[float, float]:
         """A phase's start on a step whose boundaries are read (schedstat, device marks): (run queue, mark).
         Entered within ADJACENT_S of the boundary before it, it takes that boundary's reading and mark."""
-        edge, timer = self._edge, self._timer
+        edge, timer = self._last_edge, self._timer
         if edge is not None and self._clock() - edge[0] < ADJACENT_S:
-            self._edge = None
+            self._last_edge = None
             return edge[1], edge[2] if edge[2] >= 0 or timer is None else self._mark()
         m = self._mark() if timer is not None else NO_MARK
         return self._runq_now(), m
 
-    def _fine_exit(self, t: float, top: bool) -> tuple[float, float]:
+    def _edge_exit(self, t: float, top: bool) -> tuple[float, float]:
         """A phase's end at ``t`` on such a step; a top-level one leaves its reading for the phase after it."""
         x = self._runq_now()
         m = self._mark() if self._timer is not None else NO_MARK
-        self._edge = (t, x, m) if top else None
+        self._last_edge = (t, x, m) if top else None
         return x, m
 
     def _mark(self) -> float:
@@ -627,7 +627,7 @@ class Session:
     def _boundary_runq(self, t: float, rq: schedstat.ThreadSched | None) -> float:
         """The run-queue reading at a step boundary at ``t``: right after the last phase's exit (ADJACENT_S), that
         exit's reading; else a new one."""
-        edge = self._edge
+        edge = self._last_edge
         if edge is not None and edge[1] == edge[1] and t - edge[0] < ADJACENT_S:
             return edge[1]
         return rq.run_delay_s() if rq is not None else NAN
@@ -656,8 +656,8 @@ class Session:
         self._put((OPEN, 0, t, x if read else NAN, index))
         self._step, self._next_index = index, index + 1
         self._rq_on, self._rq_step = read, rq if read else None
-        self._fine = read or self._timer is not None
-        if index >= self._due or t >= self._due_t:
+        self._read_edges = read or self._timer is not None
+        if index >= self._tick_step or t >= self._tick_t:
             self._tick(index, t)
 
     def add_wait(self, seconds: float) -> None:
@@ -719,7 +719,7 @@ class Session:
     def recent(self) -> deque[tuple[StepRow, list[PhaseRow]]]:
         """The newest steps (at most RECENT), as rows made in this process: from the first time they are asked
         for (a live view, a sweep's early stop), or from the start where a hook takes rows. Rows are made every
-        RESOLVE_EVERY steps or RESOLVE_S; the hot path makes none where nothing asks."""
+        HANDOFF_STEPS steps or HANDOFF_S; the hot path makes none where nothing asks."""
         if self._log is None and self._status is None:
             if self._started:
                 self._want_rows()

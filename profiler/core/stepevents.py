@@ -2,7 +2,7 @@
 
 The hot path of a :class:`~profiler.core.session.Session` makes no row. At each step boundary it reads the clock
 and puts one event ``(code, name id, t, x, y)`` into its sink, one C call: an array of doubles that the sampler
-process's shared-memory ring takes in batches (:meth:`profiler.core.agent.ring.RingWriter.flush_events`) or,
+process's shared-memory ring takes in batches (:meth:`profiler.core.sampler_process.ring.RingWriter.flush_events`) or,
 where rows are wanted in the training process itself, a list (:class:`ListLog`). An :class:`Assembler` turns the
 events back into :class:`~profiler.core.rows.StepRow` and :class:`~profiler.core.rows.PhaseRow`: in the sampler
 process for the store, and in the training process only for what asks for rows there (a hook's ``on_step``,

@@ -25,10 +25,10 @@ from pipelines import store as pipeline_store
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
-from profiler.core.agent.client import SamplerProcess, default_local_sources, default_recipe
-from profiler.core.agent.views import AgentViews
 from profiler.core.devices import DeviceInfo
-from profiler.core.recording import Recording, log_warning
+from profiler.core.recording import ThreadRecorder, log_warning
+from profiler.core.sampler_process.client import ProcessRecorder, default_local_sources, default_recipe
+from profiler.core.sampler_process.views import AgentViews
 from profiler.core.session import Interrupted, Session
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.sources.memory import SHM
@@ -166,7 +166,7 @@ def _hand_views(session: Session, monitor: Monitor | None, shown: contextlib.Exi
     """``monitor``'s views given to the session's sampler process (True), where it runs one and they can go
     there; should it not start, or be lost, they are shown from here instead (entered into ``shown``)."""
     rec = session.recording
-    if not isinstance(monitor, AgentViews) or not isinstance(rec, SamplerProcess):
+    if not isinstance(monitor, AgentViews) or not isinstance(rec, ProcessRecorder):
         return False
     views = monitor
     rec.add_views(views.recipes(), lambda: shown.enter_context(views(SessionFeed(session))))
@@ -385,7 +385,7 @@ class _Loop:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
         # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
         rec = session.recording
-        if cfg.attribution and isinstance(rec, (Recording, SamplerProcess)) and self.worker_processes > 0:
+        if cfg.attribution and isinstance(rec, (ThreadRecorder, ProcessRecorder)) and self.worker_processes > 0:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )

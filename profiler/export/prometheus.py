@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from profiler.analysis.gpu import window_source
-from profiler.core.agent.views import ViewRecipe
+from profiler.core.sampler_process.views import ViewRecipe
 from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import Metric, job_metrics, run_metrics
@@ -310,7 +310,7 @@ def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
 
 
 class ViewHost(Protocol):
-    """A recorder that serves views from its sampler process (``SamplerProcess.add_views``)."""
+    """A recorder that serves views from its sampler process (``ProcessRecorder.add_views``)."""
 
     def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> None: ...
 

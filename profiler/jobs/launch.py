@@ -31,7 +31,7 @@ from profiler.drivers.runner import RunConfig
 from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
-    from profiler.core.recording import Recording
+    from profiler.core.recording import ThreadRecorder
 
 
 JOB_FILE = "job.json"
@@ -99,7 +99,7 @@ def run_job(job: JobSpec) -> JobResult:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from profiler.core.recording import Recording
+    from profiler.core.recording import ThreadRecorder
     from profiler.core.sources.ranks import RankSource
 
     out = Path(job.run.out)
@@ -108,7 +108,7 @@ def run_job(job: JobSpec) -> JobResult:
     record = _job_record(job, endpoint)
     write_job(out, record)
     tree = RankSource(os.getpid(), refresh_s=0.5, announced=lambda: announced_ranks(out))
-    node = Recording(
+    node = ThreadRecorder(
         out / f"node-{job.node_rank}",
         meta={"job_id": job.job_id, "node_rank": job.node_rank, "role": "node sampler", "scenario": None},
         sample_hz=job.run.sample_hz,
@@ -151,7 +151,13 @@ def run_job(job: JobSpec) -> JobResult:
 
 
 def _finish(
-    node: Recording, out: Path, record: dict[str, Any], status: str, *, exits: list[dict[str, Any]], error: str | None
+    node: ThreadRecorder,
+    out: Path,
+    record: dict[str, Any],
+    status: str,
+    *,
+    exits: list[dict[str, Any]],
+    error: str | None,
 ) -> None:
     node.close("complete" if status == "complete" else status, error=error)
     record.update(

@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from profiler.analysis.meta import AUTO_INSTRUMENTED
 from profiler.core.pyspy import DEFAULT_RATE
-from profiler.core.recording import Recording, default_sources, log_warning
+from profiler.core.recording import ThreadRecorder, default_sources, log_warning
 from profiler.core.session import Interrupted
 from profiler.core.sources.ranks import RankMeta, RankSource
 from profiler.core.store import pid_alive
@@ -99,7 +99,7 @@ def profile_external(
     assert target is not None
     # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
     ranks = RankSource(target)
-    rec = Recording(
+    rec = ThreadRecorder(
         out,
         meta=_meta(command, target, pyspy_rate),
         sample_hz=sample_hz,
@@ -160,7 +160,7 @@ def _ended(watch: _Watch | None, exit_code: int | None) -> tuple[str, str | None
 
 
 def _result(
-    rec: Recording,
+    rec: ThreadRecorder,
     reader: InstrumentReader | None,
     summary: Summary | None,
     exit_code: int | None,
@@ -176,7 +176,7 @@ def _result(
     return ZeroCodeResult(rec.out_dir, exit_code, rec.pyspy_problem, status, summary, job, error, left, step_s, facts)
 
 
-def _job(rec: Recording, summary: Summary | None) -> ZeroCodeJob | None:
+def _job(rec: ThreadRecorder, summary: Summary | None) -> ZeroCodeJob | None:
     """The job view of a run that found ranks; its keys join summary.json (the single-run keys stay as they are)."""
     from profiler.zerocode.analysis import zero_code_job
 
@@ -216,7 +216,7 @@ def _instrument_facts(reader: InstrumentReader) -> dict[str, object]:
 class _Tick:
     """What the wait loop does each tick: keep the ranks seen, move the start-up module's steps into the store."""
 
-    rec: Recording
+    rec: ThreadRecorder
     note_ranks: _RankNotes
     reader: InstrumentReader | None
 
@@ -356,7 +356,7 @@ def _copy_sites(command: list[str] | None) -> list[list[str | int]]:
 class _RankNotes:
     """Keeps the ranks seen so far in the run's meta (``ranks``) as they appear, so a killed run has them."""
 
-    rec: Recording
+    rec: ThreadRecorder
     source: RankSource
     written: list[RankMeta] = field(default_factory=list)
 

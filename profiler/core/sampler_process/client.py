@@ -1,9 +1,9 @@
-"""The training process's side of a run recorded by a sampler process: :class:`SamplerProcess`, the recorder hook
+"""The training process's side of a run recorded by a sampler process: :class:`ProcessRecorder`, the recorder hook
 ``Session`` uses by default (docs/architecture.md, "Two processes").
 
 What stays in the training process: the run directory's lock, the store's creation (schema and meta, before the
-first step), the Session's step events into the ring (:mod:`profiler.core.agent.ring`), and one watch thread that
-wakes once a second. Sources that can only be read from inside this process (the pin-memory thread, a user's
+first step), the Session's step events into the ring (:mod:`profiler.core.sampler_process.ring`), and one watch
+thread that wakes once a second. Sources that can only be read from inside this process (the pin-memory thread, a user's
 own source objects) run on an in-process sampler; those a recipe names run in the sampler process.
 
 Invariants:
@@ -31,12 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.core.agent.drain import Drain
-from profiler.core.agent.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
-from profiler.core.agent.views import ViewRecipe
 from profiler.core.recording import log_warning, summarize_run
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
+from profiler.core.sampler_process.drain import Drain
+from profiler.core.sampler_process.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
+from profiler.core.sampler_process.views import ViewRecipe
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler, EventSink
 from profiler.core.store import (
@@ -90,7 +90,7 @@ def split_sources(
     return recipes, [s for s in sources if not isinstance(s, SourceRecipe)]
 
 
-class SamplerProcess:
+class ProcessRecorder:
     """The recorder hook of a Session whose sampling and store run in a sampler process (see the module)."""
 
     def __init__(
@@ -204,7 +204,7 @@ class SamplerProcess:
         fds = [ring.fd, *(fd for r in self._recipes for fd in r.pass_fds)]
         fds += [fd for v in self._views for fd in v.pass_fds]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "profiler.core.agent"],
+            [sys.executable, "-m", "profiler.core.sampler_process"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, pass_fds=fds,
         )  # fmt: skip
         assert proc.stdin is not None
@@ -279,7 +279,7 @@ class SamplerProcess:
     def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
         """Not called: ``wants_rows`` is False, and the Session's step events go to the ring (:meth:`step_events`),
         where the sampler process makes the rows. A row given here would have no way into the store."""
-        raise TypeError("SamplerProcess takes a Session's step events (step_events()), not rows")
+        raise TypeError("ProcessRecorder takes a Session's step events (step_events()), not rows")
 
     def on_event(self, kind: str, message: str) -> None:
         self.event(kind, message, "session")
@@ -490,8 +490,8 @@ def _hand_all(writer: RingWriter, proc: subprocess.Popen[bytes] | None) -> None:
 
 
 def _committed_mark(run_dir: Path) -> tuple[int, int, int]:
-    """The ring mark the store's rows are committed with (:mod:`profiler.core.agent.drain`): the position read up
-    to, where the oldest step not yet stored began, and its index; zeros where none was committed yet."""
+    """The ring mark the store's rows are committed with (:mod:`profiler.core.sampler_process.drain`): the position
+    read up to, where the oldest step not yet stored began, and its index; zeros where none was committed yet."""
     db = run_dir / DB_NAME
     con = open_read(db)
     try:

@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from profiler.core.agent.ring import RingReader
-from profiler.core.agent.views import AgentFeed
 from profiler.core.kerneltrace import fill
 from profiler.core.rows import PhaseRow, StepRow
+from profiler.core.sampler_process.ring import RingReader
+from profiler.core.sampler_process.views import AgentFeed
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore
 

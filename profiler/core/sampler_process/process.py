@@ -1,5 +1,6 @@
-"""The sampler process: started by the training process's :class:`~profiler.core.agent.client.SamplerProcess`,
-it does everything a run records except timing the steps (docs/architecture.md, "Two processes").
+"""The sampler process: started by the training process's
+:class:`~profiler.core.sampler_process.client.ProcessRecorder`, it does everything a run records except timing the
+steps (docs/architecture.md, "Two processes").
 
 It reads its orders as one JSON line on stdin, maps the ring the training process made, builds its sources
 from their recipes, and then, until the close item arrives or the training process is gone:
@@ -7,8 +8,8 @@ from their recipes, and then, until the close item arrives or the training proce
 - every ``DRAIN_S`` moves the ring's records into the run store it writes (the training process holds the
   run directory's lock; this process is its one writer), marking the ring position each commit reaches;
 - runs py-spy when asked;
-- serves the run's views (the live view, the Prometheus endpoint: :mod:`profiler.core.agent.views`) from the rows
-  it drains.
+- serves the run's views (the live view, the Prometheus endpoint: :mod:`profiler.core.sampler_process.views`)
+  from the rows it drains.
 
 Invariants:
 - It says ``ready`` on its channel (stdout, a pipe) once its sources are open (the training process waits for
@@ -36,11 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiler.core.agent.drain import DRAIN_S, Closing, Drain
-from profiler.core.agent.ring import Ring, RingReader
-from profiler.core.agent.views import AgentFeed, close_views, open_views
-from profiler.core.recording import Recording
+from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler import SourceHealth
+from profiler.core.sampler_process.drain import DRAIN_S, Closing, Drain
+from profiler.core.sampler_process.ring import Ring, RingReader
+from profiler.core.sampler_process.views import AgentFeed, close_views, open_views
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore, StoreWriteError
@@ -65,7 +66,7 @@ def run(orders: dict[str, Any]) -> int:
     def failed(failure: StoreWriteError) -> None:
         ring.set_failure(str(failure), failure.last_kept)
 
-    rec = Recording(
+    rec = ThreadRecorder(
         run_dir,
         meta={},
         sample_hz=float(orders["sample_hz"]),

@@ -2,7 +2,7 @@
 
 An anonymous memory file (``memfd``) mapped by both processes: a header, then a byte ring of records. The
 training thread appends each step event (:mod:`profiler.core.stepevents`: a clock reading at a step or phase
-boundary) to an array of doubles, one C call; every ``RESOLVE_EVERY`` steps or ``RESOLVE_S`` (the Session's tick),
+boundary) to an array of doubles, one C call; every ``HANDOFF_STEPS`` steps or ``HANDOFF_S`` (the Session's tick),
 and once a second from the watch thread, the array's bytes go into the ring as one record: no pickling, no system
 call, no wake-up of any other thread; the sampler process makes the rows. Rare items (run facts, events, readings
 of in-process sources, the close) travel as JSON records in the same ring, in the order they were put; the step
@@ -100,7 +100,7 @@ class Ring:
         _POS.pack_into(self.mem, _R_OFF, pos)
 
     def committed(self, mark: list[int]) -> None:
-        """The store committed a drain's mark (:mod:`profiler.core.agent.drain`): the room before its resume
+        """The store committed a drain's mark (:mod:`profiler.core.sampler_process.drain`): the room before its resume
         position is free."""
         self.set_read(int(mark[1]))
 

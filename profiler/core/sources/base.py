@@ -87,7 +87,8 @@ class ProcessHandle(Protocol):
 
 
 class Recipe:
-    """Something to be made in the sampler process (:mod:`profiler.core.agent`) rather than in the training process:
+    """Something to be made in the sampler process (:mod:`profiler.core.sampler_process`) rather than in the training
+    process:
     ``factory`` ("package.module:function") called there with ``kwargs`` (JSON-able). A recipe crosses the process
     boundary as JSON, so what it makes never shares the training process's GIL."""
 

@@ -247,7 +247,10 @@ def _by_birth(procs: Iterable[ProcessHandle], ps: ModuleType) -> list[ProcessHan
 _PROFILERS = frozenset({"py-spy"})
 
 
-SAMPLER_ARGV = ("-m", "profiler.core.agent")  # how the sampler process is started (profiler/core/agent/client.py)
+SAMPLER_ARGV = (
+    "-m",
+    "profiler.core.sampler_process",
+)  # how the sampler process is started (profiler/core/sampler_process/client.py)
 
 
 def _is_self(proc: ProcessHandle, ps: ModuleType, main: int) -> bool:

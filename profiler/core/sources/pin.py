@@ -51,7 +51,7 @@ class PinSource:
 
     name = "pin"
     # read in the training process, where a thread's every wake-up costs the loop a GIL hand-over: once a second
-    # is enough for a CPU share over the period and a byte count (profiler/core/agent/client.py, LOCAL_MAX_HZ)
+    # is enough for a CPU share over the period and a byte count (profiler/core/sampler_process/client.py, LOCAL_MAX_HZ)
     max_hz = 1.0
 
     def __init__(

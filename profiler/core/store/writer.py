@@ -67,7 +67,7 @@ class StoreWriteError(Exception):
 
 def init_store(run_dir: Path, meta: Mapping[str, object]) -> None:
     """Create ``run_dir``'s store (schema and ``meta``) and return at once, with no writer: the training process
-    of a run whose sampler process writes the rows (:mod:`profiler.core.agent`), so that a reader never sees a
+    of a run whose sampler process writes the rows (:mod:`profiler.core.sampler_process`), so that a reader never sees a
     store without its meta. The caller holds the run directory's lock."""
     make_dir(run_dir)
     path = run_dir / DB_NAME
@@ -174,8 +174,9 @@ class RunStore:
             self._q.put(("window", window))
 
     def put_mark(self, mark: list[int]) -> None:
-        """A ring mark (:mod:`profiler.core.agent.drain`: position, resume position, step): the rows put before it
-        are committed with it as meta ``ring_pos``, in one transaction, and ``on_commit`` hears of it after."""
+        """A ring mark (:mod:`profiler.core.sampler_process.drain`: position, resume position, step): the rows put
+        before it are committed with it as meta ``ring_pos``, in one transaction, and ``on_commit`` hears of it
+        after."""
         if not self._dead:
             self._q.put(("mark", mark))
 
