@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from profiler.runs import sinks
+
+sinks.install()  # what the recording core needs from the layers above it (Session's sinks, sim: devices)
+
 if TYPE_CHECKING:
     from profiler.analysis import Summary
     from profiler.core.session import Session

@@ -173,6 +173,52 @@ def test_layers_point_one_way() -> None:
     assert wrong == []
 
 
+def _runtime_imports(module: str) -> set[str]:
+    """The project modules ``module`` imports when it runs: all but those under ``if TYPE_CHECKING:``."""
+    typing_only = {
+        id(n)
+        for node in ast.walk(TREES[module])
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in node.body
+        for n in ast.walk(child)
+    }
+    out = set()
+    for node in ast.walk(TREES[module]):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {t for a in node.names if (t := _owner(a.name))}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                target = full if full in MODULES else _owner(node.module)
+                if target:
+                    out.add(target)
+    return out
+
+
+def test_the_core_imports_nothing_above_it() -> None:
+    """profiler.core is the bottom layer (issue #58): what it needs from above (Session's sinks, the Summary's
+    builder, sim: devices) is installed by profiler.runs.sinks. Type annotations may name the Summary."""
+    upward = sorted(
+        (m, t)
+        for m in MODULES
+        if m.startswith("profiler.core")
+        for t in _runtime_imports(m)
+        if t.startswith("profiler.") and not t.startswith("profiler.core")
+    )
+    assert upward == []
+
+
+def test_the_layer_rule_sees_an_upward_import() -> None:
+    TREES["profiler.core.planted"] = ast.parse("from profiler.analysis import summarize\n")
+    MODULES["profiler.core.planted"] = ROOT / "planted.py"
+    try:
+        assert _runtime_imports("profiler.core.planted") == {"profiler.analysis"}
+    finally:
+        del TREES["profiler.core.planted"], MODULES["profiler.core.planted"]
+
+
 def test_analysis_is_pure() -> None:
     impure = []
     for m in filter(_is_analysis, MODULES):

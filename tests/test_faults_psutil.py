@@ -25,6 +25,7 @@ from profiler.core.recording import ThreadRecorder
 from profiler.core.sources.host import HostSource
 from profiler.core.sources.ranks import RankSource
 from profiler.core.store import integrity_ok, load_run
+from profiler.runs.summarize import summarize_run
 
 HZ = 50.0
 
@@ -136,7 +137,7 @@ def test_ranks_that_exit_or_deny_reads_mid_read_leave_the_others_recording(
     monkeypatch.setattr(psutil.Process, "environ", environ)
     ranks = RankSource(os.getpid(), refresh_s=0.1)
     out = tmp_path / "run"
-    rec = ThreadRecorder(out, meta={"mode": "zero-code"}, sample_hz=HZ, sources=[ranks])
+    rec = ThreadRecorder(out, meta={"mode": "zero-code"}, sample_hz=HZ, sources=[ranks], summarize=summarize_run)
     caplog.set_level(logging.DEBUG)
     rec.start()
     s = rec.sampler

@@ -19,6 +19,7 @@ from conftest import ROOT, wait_until
 from profiler.cli import main
 from profiler.core.recording import ThreadRecorder
 from profiler.core.store import integrity_ok, load_run
+from profiler.runs.summarize import summarize_run
 
 KILLED = "(killed by SIGKILL); its stack samples are lost"
 
@@ -102,7 +103,7 @@ def test_pyspy_killed_mid_instrumented_run_with_attribution(tmp_path: Path, caps
     process: py-spy on this process, SIGKILLed mid-run."""
     said: list[str] = []
     out = tmp_path / "run"
-    rec = ThreadRecorder(out, meta={}, sample_hz=20, warn=said.append)
+    rec = ThreadRecorder(out, meta={}, sample_hz=20, warn=said.append, summarize=summarize_run)
     rec.start()
     assert (
         rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}")
@@ -131,7 +132,7 @@ def test_pyspy_missing_or_failing_to_attach_is_said_and_reported(
     monkeypatch.setenv("STALLSCOPE_PYSPY", exe if exe.startswith("/") else str(tmp_path / exe))
     said: list[str] = []
     out = tmp_path / "run"
-    rec = ThreadRecorder(out, meta={"mode": "zero-code"}, sample_hz=20, warn=said.append)
+    rec = ThreadRecorder(out, meta={"mode": "zero-code"}, sample_hz=20, warn=said.append, summarize=summarize_run)
     rec.start()
     got = rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=1.0, unavailable="{problem}; sampler only")
     assert got is not None and got.startswith(problem)

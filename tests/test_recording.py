@@ -20,6 +20,7 @@ from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.store import DB_NAME, load_run
 from profiler.core.store import reader as store_reader
 from profiler.core.store import writer as store_writer
+from profiler.runs.summarize import summarize_run
 from profiler.zerocode.profile import profile_external
 
 
@@ -67,7 +68,7 @@ def test_close_reads_the_committed_rows_back_once(
 
 
 def test_close_is_idempotent_and_returns_the_same_summary(tmp_path: Path) -> None:
-    rec = ThreadRecorder(tmp_path, meta={"scenario": "x"}, sample_hz=20, sources=[])
+    rec = ThreadRecorder(tmp_path, meta={"scenario": "x"}, sample_hz=20, sources=[], summarize=summarize_run)
     rec.start()
     rec.annotate(batch_size=4)
     first = rec.close("complete")
@@ -92,7 +93,7 @@ def test_a_warning_goes_through_the_injected_warn_and_into_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     said: list[str] = []
-    rec = ThreadRecorder(tmp_path, meta={}, sample_hz=20, sources=[], warn=said.append)
+    rec = ThreadRecorder(tmp_path, meta={}, sample_hz=20, sources=[], warn=said.append, summarize=summarize_run)
     rec.start()
     monkeypatch.setenv("STALLSCOPE_PYSPY", str(tmp_path / "no-such-py-spy"))
     problem = rec.start_pyspy(os.getpid(), rate=10, attach_timeout_s=0.1, unavailable="no attribution: {problem}")

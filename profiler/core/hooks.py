@@ -8,7 +8,7 @@ the sampler process's ring) and ``wants_rows = False`` spares it ``on_step``; wh
 training process makes none; a hook that must stop the training (a store that can no
 longer write, under ``store_errors="raise"``) says so through :meth:`Recorder.halt`, never by raising from
 ``on_step``. Session imports no sink: the sinks of ``Session(out_dir, ...)`` come from the factory installed
-with :func:`install` (``profiler/core/__init__.py`` installs :func:`profiler.core.sinks.default_sinks`).
+with :func:`install` (``profiler/runs/sinks.py`` installs :func:`profiler.runs.sinks.default_sinks`).
 """
 
 from __future__ import annotations

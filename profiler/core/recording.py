@@ -12,7 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -31,6 +30,8 @@ if TYPE_CHECKING:
     from profiler.core.hooks import SessionView
 
 log = logging.getLogger("stallscope")
+# (the run's rows, its directory, whether to write summary.json, warn) -> its Summary, None where it failed
+Summarizer = Callable[[Callable[[], RunRecord], Path, bool, Callable[[str], None]], "Summary | None"]
 
 
 def log_warning(message: str) -> None:
@@ -78,12 +79,13 @@ class ThreadRecorder:
         clock: Callable[[], float] = time.perf_counter,
         warn: Callable[[str], None] = log_warning,
         store_errors: str = "warn",
-        summarize: bool = True,
+        summarize: Summarizer | None = None,
         on_failure: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
-        """``summarize=False`` and ``on_failure``: for the sampler process, which records for the training
-        process (:mod:`profiler.core.sampler_process`): that process builds the Summary, and hears of a store
-        failure."""
+        """``summarize``: what builds the Summary at close (``profiler.runs.summarize.summarize_run``, passed in by
+        the layers above: the core imports no analysis); None: no Summary (the sampler process, which records for
+        the training process (:mod:`profiler.core.sampler_process`): that process builds it). ``on_failure``: the
+        sampler process hears of a store failure."""
         if store_errors not in ("warn", "raise"):
             raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
@@ -99,7 +101,7 @@ class ThreadRecorder:
         self._pyspy: PySpyRecorder | None = None
         self._pyspy_problem: str | None = None
         self._summary: Summary | None = None
-        self._summarizes = summarize
+        self._summarizer = summarize
         self._on_failure = on_failure
         self._closed = False
 
@@ -238,8 +240,8 @@ class ThreadRecorder:
         store.close()
         for name in STACKS_NAMES:  # py-spy creates its file with its own mode
             no_world_write(self.out_dir / name)
-        if self._summarizes:
-            self._summary = self._summarize(store)
+        if self._summarizer is not None:
+            self._summary = self._summarizer(store.record, self.out_dir, store.failure is None, self._warn)
         return self._summary
 
     @property
@@ -277,45 +279,3 @@ class ThreadRecorder:
             pyspy_behind_s=recorder.stdout.behind_s,
             pyspy_behind_reports=recorder.stdout.behind_reports,
         )
-
-    def _summarize(self, store: RunStore) -> Summary | None:
-        return summarize_run(store.record, self.out_dir, write=store.failure is None, warn=self._warn)
-
-
-def summarize_run(
-    record: Callable[[], RunRecord], out_dir: Path, *, write: bool, warn: Callable[[str], None]
-) -> Summary | None:
-    """The run's Summary from its rows, written to ``out_dir/summary.json`` when ``write`` (not for a store that
-    stopped writing: it holds less than the summary would claim, and `report` rebuilds it); None, logged, when it
-    could not be built."""
-    from profiler.analysis import summarize
-
-    try:
-        rec = record()
-        summary = summarize(rec)
-    # the store is the record: a summary that fails (any bug in analysis) must not hide the run's outcome
-    except Exception as exc:  # noqa: BLE001
-        log.error("stallscope: could not build the summary: %s", exc)
-        return None
-    if write:
-        path = out_dir / "summary.json"
-        try:
-            path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-            no_world_write(path)
-        except OSError as exc:  # a read-only or full directory: the store still holds the run
-            warn(f"could not write {path}: {exc.strerror or exc}; the run store holds the run")
-        else:
-            _write_report_cache(out_dir, rec, summary)
-    return summary
-
-
-def _write_report_cache(out_dir: Path, rec: RunRecord, summary: Summary) -> None:
-    """What ``report`` reads of a closed run instead of its rows (profiler.runs.cache); without it, the rows."""
-    from profiler.runs.cache import write_cache
-
-    try:
-        write_cache(out_dir, rec, summary)
-    except OSError:  # summary.json was written: the directory took that, and `report` reads the rows instead
-        pass
-    except Exception as exc:  # noqa: BLE001 - a bug in the timeline must not hide the run's outcome
-        log.error("stallscope: could not write the report cache: %s", exc)

@@ -101,6 +101,7 @@ def run_job(job: JobSpec) -> JobResult:
 
     from profiler.core.recording import ThreadRecorder
     from profiler.core.sources.ranks import RankSource
+    from profiler.runs.summarize import summarize_run
 
     out = Path(job.run.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,6 +114,7 @@ def run_job(job: JobSpec) -> JobResult:
         meta={"job_id": job.job_id, "node_rank": job.node_rank, "role": "node sampler", "scenario": None},
         sample_hz=job.run.sample_hz,
         sources=[tree],
+        summarize=summarize_run,
     )
     node.start()
     config = LaunchConfig(

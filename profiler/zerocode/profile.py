@@ -33,6 +33,7 @@ from profiler.core.session import Interrupted
 from profiler.core.sources.ranks import RankMeta, RankSource
 from profiler.core.store import pid_alive
 from profiler.live.feeds import Monitor, StoreFeed
+from profiler.runs.summarize import summarize_run
 from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, TrialStop, child_env
 
 INSTRUMENT_DIR = "instrument"  # in the run directory: the start-up module's records, as it wrote them
@@ -105,6 +106,7 @@ def profile_external(
         sample_hz=sample_hz,
         sources=[*default_sources(target), ranks],
         warn=warn,
+        summarize=summarize_run,
     )
     tick = _Tick(rec, _RankNotes(rec, ranks), reader)
     exit_code: int | None = None

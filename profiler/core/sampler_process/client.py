@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.core.recording import log_warning, summarize_run
+from profiler.core.recording import Summarizer, log_warning
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sampler_process.drain import Drain
@@ -103,7 +103,10 @@ class ProcessRecorder:
         store_errors: str = "warn",
         warn: Callable[[str], None] = log_warning,
         ring_size: int = DEFAULT_SIZE,
+        summarize: Summarizer | None = None,
     ) -> None:
+        """``summarize``: what builds the Summary at close (``profiler.runs.summarize.summarize_run``, passed in by the
+        layers above: the core imports no analysis); None: no Summary."""
         if store_errors not in ("warn", "raise"):
             raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
@@ -113,6 +116,7 @@ class ProcessRecorder:
         self._store_errors = store_errors
         self._warn = warn
         self._ring_size = ring_size
+        self._summarizer = summarize
         self.t0 = 0.0
         self.sampler: Sampler | None = None  # the in-process sources' sampler (None without any)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -460,7 +464,9 @@ class ProcessRecorder:
                 drain.store.close()
 
     def _summarize(self, *, write: bool) -> Summary | None:
-        return summarize_run(self._record, self.out_dir, write=write, warn=self._warn)
+        if self._summarizer is None:
+            return None
+        return self._summarizer(self._record, self.out_dir, write, self._warn)
 
     def _record(self) -> RunRecord:
         """The run's rows: read back from the store, or (a store that stopped writing) those the sampler process

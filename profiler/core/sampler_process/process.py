@@ -72,8 +72,7 @@ def run(orders: dict[str, Any]) -> int:
         sample_hz=float(orders["sample_hz"]),
         sources=build_sources(orders["recipes"]),
         store_errors=str(orders["store_errors"]),
-        summarize=False,
-        on_failure=failed,
+        on_failure=failed,  # no summarize: the training process builds the Summary
     )
     store = RunStore(run_dir, meta={"sampler_pid": os.getpid()}, lock=False, on_error=rec.store_failed,
                      on_commit=ring.committed)  # fmt: skip

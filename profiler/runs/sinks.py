@@ -1,14 +1,40 @@
-"""The sinks of ``Session(out_dir, ...)``: the run's ThreadRecorder (store, sampler, py-spy) and, for
-``prometheus=``, the exporter; installed as Session's sink factory by ``profiler/core/__init__.py``."""
+"""Session's sinks, and the one place the layers are wired together: installed when ``profiler`` is imported
+(``profiler/__init__.py``), before any Session can be made. The recording core (:mod:`profiler.core`) imports
+nothing above it, so what it needs from above is put in here:
+
+- the sinks of ``Session(out_dir, ...)`` (:func:`default_sinks`): its recorder (the sampler process's
+  :class:`~profiler.core.sampler_process.client.ProcessRecorder`, or a
+  :class:`~profiler.core.recording.ThreadRecorder`), with :func:`profiler.runs.summarize.summarize_run` to build
+  its Summary at close, and the Prometheus exporter (:mod:`profiler.export.prometheus`) when asked;
+- ``sim:`` device strings, read by the simulator (:mod:`profiler.sim.specs`), imported only when one is asked for.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from profiler.core import devices, hooks
 from profiler.core.hooks import Recorder, SinkOptions, Sinks
 from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.sources.base import SourceRecipe
+from profiler.runs.summarize import summarize_run
+
+
+def install() -> None:
+    """Session's sink factory and the ``sim:`` device reader (idempotent)."""
+    hooks.install(default_sinks)
+    devices.SIMULATED[:] = [simulated_device]
+
+
+def simulated_device(spec: str) -> tuple[Any, str]:
+    """A ``sim:`` string -> (its SimConfig, the device's full name); the simulator's SimSpecError (a ValueError)."""
+    from profiler.sim.specs import parse
+
+    config = parse(spec)
+    return config, config.spec.full_name
+
 
 SAMPLING = ("process", "thread")
 
@@ -30,6 +56,7 @@ def default_sinks(options: SinkOptions) -> Sinks:
             sample_hz=options.sample_hz,
             sources=options.sources,
             store_errors=options.store_errors,
+            summarize=summarize_run,
         )
     else:
         recipes = [s for s in options.sources or () if isinstance(s, SourceRecipe)]
@@ -43,6 +70,7 @@ def default_sinks(options: SinkOptions) -> Sinks:
             sources=sources,
             clock=options.clock,
             store_errors=options.store_errors,
+            summarize=summarize_run,
         )
     if options.prometheus is None:
         return Sinks(recording)
