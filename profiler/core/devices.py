@@ -29,7 +29,7 @@ ALLOWED = (
 
 # ``sim:`` device strings -> (the simulator's SimConfig, the device's full name); ValueError naming what is allowed.
 # Installed by the layer above (profiler/runs/sinks.py: profiler.sim), so that the core imports no simulator.
-SIMULATED: list[Callable[[str], tuple[Any, str]]] = []
+SIMULATED: list[Callable[[str], tuple[object, str]]] = []
 
 
 class DeviceError(ValueError):

@@ -12,7 +12,6 @@ nothing above it, so what it needs from above is put in here:
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from profiler.core import devices, hooks
 from profiler.core.hooks import Recorder, SinkOptions, Sinks
@@ -28,7 +27,7 @@ def install() -> None:
     devices.SIMULATED[:] = [simulated_device]
 
 
-def simulated_device(spec: str) -> tuple[Any, str]:
+def simulated_device(spec: str) -> tuple[object, str]:
     """A ``sim:`` string -> (its SimConfig, the device's full name); the simulator's SimSpecError (a ValueError)."""
     from profiler.sim.specs import parse
 
