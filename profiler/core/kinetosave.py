@@ -8,7 +8,7 @@ function through ``ctypes``, which releases the GIL for the call: the training t
 trace is written.
 
 It calls a C++ member function by its mangled name, so it first checks all it assumes, and where any check fails it
-uses torch's own binding (the GIL held, as before) and says which it used:
+uses torch's own binding (the GIL held while kineto writes) and says which it used:
 
 - Linux, and ``libtorch_cpu.so`` already loaded from torch's ``lib`` folder (``RTLD_NOLOAD``: never a second copy)
   with the libstdc++ (``__cxx11``) symbol ``torch::autograd::profiler::ProfilerResult::save(std::string const&)``;

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from profiler.core.kerneltrace import fill
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler_process.ring import RingReader
-from profiler.core.sampler_process.views import AgentFeed
+from profiler.core.sampler_process.views import SamplerFeed
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore
 
@@ -52,7 +52,7 @@ class Drain:
         reader: RingReader,
         store: RunStore,
         extras: Extras | None = None,
-        feed: AgentFeed | None = None,
+        feed: SamplerFeed | None = None,
         assembler: Assembler | None = None,
     ) -> None:
         """``feed``: the views' feed (the sampler process's, when it serves any), handed each step and meta item;

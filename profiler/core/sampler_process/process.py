@@ -41,7 +41,7 @@ from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler import SourceHealth
 from profiler.core.sampler_process.drain import DRAIN_S, Closing, Drain
 from profiler.core.sampler_process.ring import Ring, RingReader
-from profiler.core.sampler_process.views import AgentFeed, close_views, open_views
+from profiler.core.sampler_process.views import SamplerFeed, close_views, open_views
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore, StoreWriteError
@@ -79,7 +79,7 @@ def run(orders: dict[str, Any]) -> int:
     views = orders.get("views") or []
     feed = None
     if views:
-        feed = AgentFeed(orders.get("meta") or {}, lambda: list(rec.sampler.buffer) if rec.sampler else [])
+        feed = SamplerFeed(orders.get("meta") or {}, lambda: list(rec.sampler.buffer) if rec.sampler else [])
     drain = Drain(RingReader(ring), store, rec, feed, Assembler(float(orders["t0"]), int(orders["warmup"])))
     # the sources' probes (NVML's init can take seconds) go on beside the first drains: the ring waits for none
     rec.start(t0=float(orders["t0"]), store=store)

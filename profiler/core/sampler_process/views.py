@@ -4,7 +4,7 @@ sampler process drains them, so that no thread of theirs runs in the training pr
 
 A view crosses the process boundary as a :class:`ViewRecipe` (a factory named "package.module:function" and
 JSON-able arguments, like a source's recipe); the sampler process calls ``factory(feed, **kwargs)`` with its
-:class:`AgentFeed` and holds the context manager it returns open until the run's close item comes.
+:class:`SamplerFeed` and holds the context manager it returns open until the run's close item comes.
 
 Invariants:
 - The feed only moves rows (the live-feed contract of ``profiler.live.feeds``): it computes nothing, never blocks
@@ -50,7 +50,7 @@ class AgentViews(Protocol):
     def __call__(self, feed: Any) -> AbstractContextManager[object]: ...
 
 
-class AgentFeed:
+class SamplerFeed:
     """The sampler process's live feed: the steps as drained, the meta as announced, the sampler's readings."""
 
     def __init__(self, meta: Mapping[str, object], samples: Callable[[], Samples]) -> None:
@@ -86,7 +86,7 @@ class AgentFeed:
         return self._meta
 
 
-def open_views(recipes: Sequence[Mapping[str, Any]], feed: AgentFeed) -> contextlib.ExitStack:
+def open_views(recipes: Sequence[Mapping[str, Any]], feed: SamplerFeed) -> contextlib.ExitStack:
     """Each recipe's view opened over ``feed`` (one that fails is said and left out); closing the stack closes
     them, latest first."""
     stack = contextlib.ExitStack()
