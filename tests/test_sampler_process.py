@@ -24,6 +24,7 @@ from profiler import Session
 from profiler.cli import main
 from profiler.core.sampler_process.client import WATCH_S, ProcessRecorder
 from profiler.core.sampler_process.ring import Ring, RingReader, RingWriter
+from profiler.core.sampler_process.wire import RunEvent
 from profiler.core.session import HANDOFF_STEPS
 from profiler.core.stepevents import BATCH, ENTER, EXIT, FETCH
 from profiler.core.store import integrity_ok, load_run, pid_alive, read_head
@@ -67,7 +68,7 @@ def test_the_ring_carries_step_events_and_items_in_order_across_its_end() -> Non
         sent += _step_events(writer, i, phases=i % 5)
         if i % 7 == 0:  # an item after the events put before it (the Session's tick flushes them first)
             writer.flush_events()
-            item = {"event": [i * 0.01, "warning", "session", f"note {i} " + "x" * (i % 50)]}
+            item = RunEvent(i * 0.01, "warning", "session", f"note {i} " + "x" * (i % 50))
             writer.put_item(item)
             sent.append(item)
         if i % 100 == 0:  # the consumer drains now and then; the producer spills meanwhile, never blocks

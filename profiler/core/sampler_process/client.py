@@ -37,6 +37,19 @@ from profiler.core.sampler import Sampler
 from profiler.core.sampler_process.drain import Drain
 from profiler.core.sampler_process.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
 from profiler.core.sampler_process.views import ViewRecipe
+from profiler.core.sampler_process.wire import (
+    Close,
+    Final,
+    Log,
+    Meta,
+    PySpy,
+    ReadMemory,
+    Ready,
+    Rescan,
+    RunEvent,
+    Samples,
+    heard,
+)
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler, EventSink
 from profiler.core.store import (
@@ -185,8 +198,8 @@ class ProcessRecorder:
             hz = max(min(self._sample_hz, getattr(s, "max_hz", self._sample_hz)) for s in self._local)
             self.sampler = Sampler(
                 self._local, hz,
-                sink=lambda rows: writer.put_item({"samples": rows}),
-                on_event=lambda t, kind, message, source: writer.put_item({"event": [t, kind, source, message]}),
+                sink=lambda rows: writer.put_item(Samples(rows)),
+                on_event=lambda t, kind, message, source: writer.put_item(RunEvent(t, kind, source, message)),
                 t0=t0,
                 health_rows=False,
             )  # fmt: skip
@@ -251,17 +264,14 @@ class ProcessRecorder:
             proc.stdout.close()
         self._said += chunk
         *lines, self._said = self._said.split(b"\n")
-        for line in lines:
-            try:
-                said = json.loads(line)
-            except ValueError:
-                continue
-            if said.get("ready"):
+        for raw in lines:
+            said = heard(raw)
+            if isinstance(said, Ready):
                 self._ready = True
-            elif "log" in said:
-                log.log(int(said["log"][0]), "%s", said["log"][1])
-            elif "final" in said:
-                self._final = str(said["final"])
+            elif isinstance(said, Log):
+                log.log(said.level, "%s", said.message)
+            elif isinstance(said, Final):
+                self._final = said.path
         return bool(chunk)
 
     def _warmup(self) -> int:
@@ -278,7 +288,7 @@ class ProcessRecorder:
 
     def on_meta(self, items: Mapping[str, object]) -> None:
         if self._writer is not None:
-            self._writer.put_item({"meta": dict(items)})
+            self._writer.put_item(Meta(dict(items)))
 
     def on_step(self, row: StepRow, phases: Sequence[PhaseRow]) -> None:
         """Not called: ``wants_rows`` is False, and the Session's step events go to the ring (:meth:`step_events`),
@@ -290,7 +300,7 @@ class ProcessRecorder:
 
     def event(self, kind: str, message: str, source: str | None = None) -> None:
         if self._writer is not None:
-            self._writer.put_item({"event": [self.now(), kind, source, message]})
+            self._writer.put_item(RunEvent(self.now(), kind, source, message))
 
     def annotate(self, **items: Any) -> None:
         self.on_meta(items)
@@ -303,19 +313,18 @@ class ProcessRecorder:
 
     def rescan_soon(self) -> None:
         if self._writer is not None:
-            self._writer.put_item({"rescan": 1})
+            self._writer.put_item(Rescan())
         if self.sampler is not None:
             self.sampler.rescan_soon()
 
     def read_memory_soon(self) -> None:
         if self._writer is not None:
-            self._writer.put_item({"memory": 1})
+            self._writer.put_item(ReadMemory())
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """py-spy on ``pid`` and its subprocesses, run by the sampler process (what it finds goes to the store)."""
         if self._writer is not None:
-            self._writer.put_item({"pyspy": {"pid": pid, "rate": rate, "attach_timeout_s": attach_timeout_s,
-                                             "unavailable": unavailable}})  # fmt: skip
+            self._writer.put_item(PySpy(pid, rate, attach_timeout_s, unavailable))
         return None
 
     @property
@@ -421,7 +430,7 @@ class ProcessRecorder:
             self.sampler.stop(final=True)
             local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]
         writer.flush_events()
-        writer.put_item({"close": {"status": status, "error": error, "local_sources": local}})
+        writer.put_item(Close(status, error, local))
         self._stop.set()
         if self._watch is not None:
             self._watch.join()

@@ -11,14 +11,13 @@ takes over reads that step's events again (and skips the items before ``position
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from profiler.core.kerneltrace import fill
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler_process.ring import RingReader
 from profiler.core.sampler_process.views import SamplerFeed
+from profiler.core.sampler_process.wire import Close, Item, Meta, PySpy, ReadMemory, Rescan, RunEvent, Samples
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore
 
@@ -33,15 +32,6 @@ class Extras(Protocol):
     def read_memory_soon(self) -> None: ...
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None: ...
-
-
-@dataclass(slots=True)
-class Closing:
-    """The training process's close item: the run's status and what stopped it, and its own sampler's health."""
-
-    status: str
-    error: str | None
-    local_sources: dict[str, Any]
 
 
 class Drain:
@@ -63,17 +53,9 @@ class Drain:
         self.assembler.names = reader.names  # the names announced in the ring, as they pass
         self._extras = extras
         self._feed = feed
-        self._handlers: dict[str, Callable[[Any], None]] = {
-            "meta": self._meta,
-            "event": lambda v: store.put_event(v[0], v[1], v[3], v[2]),
-            "samples": lambda v: store.put_samples(tuple(r) for r in v),
-            "rescan": lambda _v: extras.rescan_soon() if extras is not None else None,
-            "memory": lambda _v: extras.read_memory_soon() if extras is not None else None,
-            "pyspy": self._pyspy,
-        }
         self.steps = 0
 
-    def once(self) -> Closing | None:
+    def once(self) -> Close | None:
         """Every record up to the producer's write position now, then a mark; the close item if it came."""
         closing = None
         store, asm = self.store, self.assembler
@@ -106,25 +88,26 @@ class Drain:
         if self._feed is not None:
             self._feed.add_step(row, phases)
 
-    def _item(self, item: Mapping[str, Any]) -> Closing | None:
-        for key, value in item.items():
-            if key == "close":
-                return Closing(value["status"], value.get("error"), value.get("local_sources") or {})
-            handler = self._handlers.get(key)
-            if handler is not None:
-                handler(value)
+    def _item(self, item: Item) -> Close | None:
+        """One item applied to the store (or asked of the sampler process); the close item returned."""
+        store, extras = self.store, self._extras
+        if isinstance(item, Close):
+            return item
+        if isinstance(item, Meta):
+            store.put_meta(**item.items)
+            if self._feed is not None:
+                self._feed.add_meta(item.items)
+        elif isinstance(item, RunEvent):
+            store.put_event(item.t, item.kind, item.message, item.source)
+        elif isinstance(item, Samples):
+            store.put_samples(tuple(r) for r in item.rows)
+        elif extras is None:  # an ask only a sampler process answers
+            return None
+        elif isinstance(item, Rescan):
+            extras.rescan_soon()
+        elif isinstance(item, ReadMemory):
+            extras.read_memory_soon()
+        elif isinstance(item, PySpy):
+            extras.start_pyspy(item.pid, rate=item.rate, attach_timeout_s=item.attach_timeout_s,
+                               unavailable=item.unavailable)  # fmt: skip
         return None
-
-    def _meta(self, items: dict[str, Any]) -> None:
-        self.store.put_meta(**items)
-        if self._feed is not None:
-            self._feed.add_meta(items)
-
-    def _pyspy(self, args: Mapping[str, Any]) -> None:
-        if self._extras is not None:
-            self._extras.start_pyspy(
-                int(args["pid"]),
-                rate=int(args["rate"]),
-                attach_timeout_s=float(args["attach_timeout_s"]),
-                unavailable=str(args["unavailable"]),
-            )

@@ -39,9 +39,10 @@ from typing import Any
 
 from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler import SourceHealth
-from profiler.core.sampler_process.drain import DRAIN_S, Closing, Drain
+from profiler.core.sampler_process.drain import DRAIN_S, Drain
 from profiler.core.sampler_process.ring import Ring, RingReader
 from profiler.core.sampler_process.views import SamplerFeed, close_views, open_views
+from profiler.core.sampler_process.wire import Close, Final, Line, Log, Ready, line
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore, StoreWriteError
@@ -102,27 +103,27 @@ def run(orders: dict[str, Any]) -> int:
         except OSError:  # no room for it either (the disk, the file size limit): the summary reads the store
             os.unlink(path)
         else:
-            _say({"final": path})
+            _say(Final(path))
     ring.close()
     return 0
 
 
 def _ready() -> None:
     """Tell the training process that the sources are open and the first reading is under way."""
-    _say({"ready": True})
+    _say(Ready())
 
 
-def _say(line: dict[str, Any]) -> None:
-    """One JSON line to the training process (this process's stdout is a pipe it reads)."""
+def _say(said: Line) -> None:
+    """One line to the training process (this process's stdout is a pipe it reads)."""
     with contextlib.suppress(OSError):
-        os.write(_CHANNEL, json.dumps(line).encode() + b"\n")
+        os.write(_CHANNEL, line(said))
 
 
 class _Relay(logging.Handler):
     """This process's warnings go to the training process, which logs them as its own (its logging setup applies)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        _say({"log": [record.levelno, record.getMessage()]})
+        _say(Log(record.levelno, record.getMessage()))
 
 
 def _gone(parent: int) -> bool:
@@ -133,7 +134,7 @@ def _gone(parent: int) -> bool:
     return bool(select.select([0], [], [], 0)[0]) and not os.read(0, 1)
 
 
-def _follow(drain: Drain, parent: int) -> Closing:
+def _follow(drain: Drain, parent: int) -> Close:
     """Drain until the close item comes, or the training process is gone (then one last drain)."""
     while True:
         gone = _gone(parent)
@@ -141,7 +142,7 @@ def _follow(drain: Drain, parent: int) -> Closing:
         if closing is not None:
             return closing
         if gone:
-            return Closing("interrupted", orphaned_error(parent), {})
+            return Close("interrupted", orphaned_error(parent), {})
         time.sleep(DRAIN_S)
 
 

@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import resource
@@ -35,6 +34,17 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from profiler.core.sampler_process.wire import (
+    BLOB,
+    EVENT_DOUBLES,
+    EVENTS,
+    EVENTS_PER_RECORD,
+    NAME,
+    PAD,
+    Item,
+    decode,
+    encode,
+)
 from profiler.core.stepevents import Event
 
 MAGIC = 0x53535247  # "SSRG"
@@ -51,9 +61,6 @@ _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _REC = struct.Struct("<IB")  # a record's length (with this head and padding) and kind
 _EVENTS = struct.Struct("<IBxxx")  # a record of step events: its length and kind, then 5 doubles an event
-EVENT_DOUBLES = 5  # code, name id, t, x, y (profiler.core.stepevents)
-EVENTS_PER_RECORD = 8192  # 320 KiB: a flush of more goes as several records
-PAD, NAME, BLOB, EVENTS = 0, 2, 3, 5  # record kinds (1 is not used)
 
 
 class Ring:
@@ -174,9 +181,10 @@ class RingWriter:
                 self._put_locked(_EVENTS.pack(_EVENTS.size + len(data), EVENTS) + data)
             del events[:n]
 
-    def put_item(self, item: Mapping[str, Any]) -> None:
-        """A rare item as JSON: ``{"meta": {...}}``, ``{"event": [...]}``, ``{"samples": [...]}``, ``{"close": ..}``."""
-        self._put(BLOB, json.dumps(item, allow_nan=True, default=str).encode())
+    def put_item(self, item: Item) -> None:
+        """A rare item (:mod:`profiler.core.sampler_process.wire`: run facts, a run event, readings, an ask, the
+        close), in order with the steps."""
+        self._put(BLOB, encode(item))
 
     def _put(self, kind: int, payload: bytes) -> None:
         n = _REC.size + len(payload)
@@ -250,7 +258,7 @@ class RingReader:
         self._items_from = items_from
 
     def records(self) -> Iterator[tuple[str, Any]]:
-        """``("event", (event, position))`` and ``("item", dict)`` in order,
+        """``("event", (event, position))`` and ``("item", wire.Item)`` in order,
         up to the write position as read now; :attr:`pos` follows each record. Phase names are learnt as they
         pass (into :attr:`names`)."""
         ring, view, size = self.ring, self.ring.view, self.ring.size
@@ -275,5 +283,5 @@ class RingReader:
                 n = length - _REC.size - 2
                 self.names[ident] = bytes(view[body + 2 : body + 2 + n]).rstrip(b"\0").decode()
             elif kind == BLOB:
-                raw = bytes(view[body : HEADER + off + length]).rstrip(b"\0")
-                yield "item", json.loads(raw)
+                for item in decode(bytes(view[body : HEADER + off + length]).rstrip(b"\0")):
+                    yield "item", item
