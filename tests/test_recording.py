@@ -139,3 +139,19 @@ def test_a_signal_while_the_session_starts_still_closes_the_run(
     summary = info.value.session.summary()
     assert summary is not None and summary.status == "interrupted" and summary.error == "stopped by SIGINT"
     assert load_run(tmp_path / "run").meta["status"] == "interrupted"
+
+
+def test_both_recorders_keep_one_contract_for_views_and_pyspy(tmp_path: Path) -> None:
+    """The runner and the sinks ask any recorder (profiler.core.hooks.Recorder), never which kind it is: a
+    ThreadRecorder has no other process to serve views (False: the caller shows them), a ProcessRecorder's sampler
+    process serves them (True: the fallback waits for its loss)."""
+    from profiler.core.hooks import Recorder
+    from profiler.core.sampler_process.client import ProcessRecorder
+
+    called: list[str] = []
+    here = ThreadRecorder(tmp_path / "t", meta={}, sample_hz=5, sources=[], summarize=summarize_run)
+    there = ProcessRecorder(tmp_path / "p", meta={}, sample_hz=5, sources=[])
+    recorders: list[Recorder] = [here, there]
+    got = [r.add_views([], lambda: called.append("fallback")) for r in recorders]
+    assert got == [False, True] and called == []
+    assert all(callable(getattr(r, "start_pyspy", None)) for r in recorders)

@@ -27,6 +27,7 @@ from profiler.core.store.writer import StoreWriteError
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.sampler import Sampler
+    from profiler.core.sampler_process.views import ViewRecipe
 
 
 class SessionView(Protocol):
@@ -92,6 +93,15 @@ class Recorder(SessionHook, Protocol):
 
     def read_memory_soon(self) -> None:
         """Read the loader workers' memory at the next round, off its schedule (profiler.core.workerreads)."""
+
+    def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
+        """Record ``pid`` and its subprocesses with py-spy until close; None when it attached (or was asked to),
+        else the reason (stored and shown as ``unavailable.format(problem=...)``)."""
+
+    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> bool:
+        """Live views (a dashboard, the Prometheus endpoint) served by another process while the run records: True
+        when they are (``fallback()`` shows them from this process should that process not start or be lost),
+        False when this recorder has no other process (the caller shows them here). Given before the start."""
 
 
 class ServingHook(SessionHook, Protocol):

@@ -28,6 +28,7 @@ from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_worl
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.hooks import SessionView
+    from profiler.core.sampler_process.views import ViewRecipe
 
 log = logging.getLogger("stallscope")
 # (the run's rows, its directory, whether to write summary.json, warn) -> its Summary, None where it failed
@@ -203,6 +204,10 @@ class ThreadRecorder:
     def event(self, kind: str, message: str, source: str | None = None) -> None:
         if self.store is not None:
             self.store.put_event(self.now(), kind, message, source)
+
+    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> bool:
+        """No other process here to serve them: False, the caller shows them from this process."""
+        return False
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """Record ``pid`` and its subprocesses with py-spy until close; None when it attached, else the

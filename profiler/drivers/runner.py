@@ -26,9 +26,9 @@ from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
 from profiler.core.devices import DeviceInfo
-from profiler.core.recording import ThreadRecorder, log_warning
-from profiler.core.sampler_process.client import ProcessRecorder, default_local_sources, default_recipe
-from profiler.core.sampler_process.views import AgentViews
+from profiler.core.recording import log_warning
+from profiler.core.sampler_process.client import default_local_sources, default_recipe
+from profiler.core.sampler_process.views import SamplerViews
 from profiler.core.session import Interrupted, Session
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.sources.memory import SHM
@@ -165,12 +165,10 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
 def _hand_views(session: Session, monitor: Monitor | None, shown: contextlib.ExitStack) -> bool:
     """``monitor``'s views given to the session's sampler process (True), where it runs one and they can go
     there; should it not start, or be lost, they are shown from here instead (entered into ``shown``)."""
-    rec = session.recording
-    if not isinstance(monitor, AgentViews) or not isinstance(rec, ProcessRecorder):
+    if not isinstance(monitor, SamplerViews):
         return False
     views = monitor
-    rec.add_views(views.recipes(), lambda: shown.enter_context(views(SessionFeed(session))))
-    return True
+    return session.recording.add_views(views.recipes(), lambda: shown.enter_context(views(SessionFeed(session))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +383,7 @@ class _Loop:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=scenario.lr, momentum=0.9)
         # py-spy attribution samples worker *processes*; DALI's workers are C++ threads with no Python stacks
         rec = session.recording
-        if cfg.attribution and isinstance(rec, (ThreadRecorder, ProcessRecorder)) and self.worker_processes > 0:
+        if cfg.attribution and self.worker_processes > 0:
             rec.start_pyspy(
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )

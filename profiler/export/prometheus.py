@@ -310,16 +310,17 @@ def serve(endpoint: Endpoint | str | int) -> PrometheusExporter:
 
 
 class ViewHost(Protocol):
-    """A recorder that serves views from its sampler process (``ProcessRecorder.add_views``)."""
+    """A recorder that may serve views from another process (``profiler.core.hooks.Recorder.add_views``)."""
 
-    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> None: ...
+    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> bool: ...
 
 
 class SessionExporter:
     """``Session(..., prometheus=PORT)``: a Session hook serving the session's figures while it runs (the
     integrations pass their ``prometheus`` argument through to the Session). The endpoint is checked when made
     (ValueError), bound when the session starts (ExporterError: nothing is recorded yet), closed with it. With a
-    ``host`` (the sampler process), the scrapes are answered there; else, or once it is lost, from this process."""
+    ``host`` (the run's recorder) that serves views from its sampler process, the scrapes are answered there; else, or
+    once it is lost, from this process."""
 
     def __init__(self, endpoint: str | int, host: ViewHost | None = None) -> None:
         self.endpoint = parse_endpoint(str(endpoint))
@@ -340,9 +341,7 @@ class SessionExporter:
             exporter.serve()
             self._stack.enter_context(exporter.follow(SessionFeed(session)))
 
-        if self._host is not None:
-            self._host.add_views([exporter.recipe()], here)
-        else:
+        if self._host is None or not self._host.add_views([exporter.recipe()], here):
             here()
 
     def on_meta(self, items: Mapping[str, object]) -> None:

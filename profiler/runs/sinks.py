@@ -75,5 +75,5 @@ def default_sinks(options: SinkOptions) -> Sinks:
         return Sinks(recording)
     from profiler.export.prometheus import SessionExporter
 
-    exporter = SessionExporter(options.prometheus, recording if isinstance(recording, ProcessRecorder) else None)
+    exporter = SessionExporter(options.prometheus, recording)
     return Sinks(recording, [exporter], exporter)

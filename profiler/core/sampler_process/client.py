@@ -150,14 +150,15 @@ class ProcessRecorder:
         self._fallbacks: list[Callable[[], object]] = []
 
     # -- start -----------------------------------------------------------------------------------------------
-    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> None:
-        """Views the sampler process serves while the run records (given before the start); ``fallback()`` is
-        called (once) where it does not or no longer can: it did not start, or it was lost mid-run. It then
+    def add_views(self, recipes: Sequence[ViewRecipe], fallback: Callable[[], object]) -> bool:
+        """Views the sampler process serves while the run records (given before the start): True. ``fallback()``
+        is called (once) where it does not or no longer can: it did not start, or it was lost mid-run. It then
         shows the same views from this process."""
         if self.proc is not None:
             raise RuntimeError("views are given before the sampler process starts")
         self._views.extend(recipes)
         self._fallbacks.append(fallback)
+        return True
 
     @property
     def serving_views(self) -> bool:

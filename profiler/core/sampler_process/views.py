@@ -41,7 +41,7 @@ class ViewRecipe(Recipe):
 
 
 @runtime_checkable
-class AgentViews(Protocol):
+class SamplerViews(Protocol):
     """What a caller hands the runner to show a run: views for the sampler process (:meth:`recipes`), and the
     same views in this process over a feed (calling it), where no sampler process runs them."""
 
