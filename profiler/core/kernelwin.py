@@ -59,6 +59,7 @@ MAX_STREAMS = 1 << 20  # stream ids above this are not streams (kineto's "unknow
 MAX_INDEX = 1 << 62  # no more windows
 START_WAIT_S = 30.0  # the training thread waits this long for a window thread's start (CUPTI's first subscription)
 STOP_WAIT_S = 120.0  # a run's close waits this long for a window's stop still running on its thread
+FOR_GOOD = "once: "  # a reason from usable() that starts with this stops every later window; any other, this step's
 
 
 class KernelWindowError(ValueError):
@@ -135,7 +136,8 @@ class KernelRecorder(Protocol):
     source: str  # "cupti" or "sim" (SIMULATED)
 
     def usable(self) -> str | None:
-        """None when a window may open now, else why not (and for how long: ``once`` in the reason stops all)."""
+        """None when a window may open now, else why not: a reason that starts with ``FOR_GOOD`` ("once: ") stops
+        every later window, any other only this step's (tried again at the next)."""
 
     def start(self) -> None: ...
 
@@ -260,9 +262,9 @@ class KernelWindows:
                 self._start()
                 t1 = self.clock()
         except Exception as exc:  # noqa: BLE001 - whatever CUPTI or torch.profiler raised, said in the run
-            why = f"once: the recorder failed to start ({type(exc).__name__}: {exc})"
+            why = f"{FOR_GOOD}the recorder failed to start ({type(exc).__name__}: {exc})"
         if why is not None:
-            if "once" in why:  # no window opens again
+            if why.startswith(FOR_GOOD):  # no window opens again
                 self.skipped.append(f"step {index}: {why}")
                 self.next_index = MAX_INDEX
             else:  # for now (a CUDA graph being captured): at the next step, said once
@@ -358,7 +360,7 @@ class KernelWindows:
         self.window += 1
 
     def _lost(self, index: int, what: str, exc: BaseException) -> None:
-        self.skipped.append(f"step {index}: once: the recorder failed to {what} ({type(exc).__name__}: {exc})")
+        self.skipped.append(f"step {index}: {FOR_GOOD}the recorder failed to {what} ({type(exc).__name__}: {exc})")
         self.next_index = MAX_INDEX
 
 
@@ -426,11 +428,11 @@ class TorchKernelRecorder:
         if not self._cuda:
             return None
         if not cuda.is_available():
-            return "once: CUDA is not available in this process"
+            return f"{FOR_GOOD}CUDA is not available in this process"
         if self._used and os.environ.get("TEARDOWN_CUPTI") != "1":
             return (
-                "once: TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0), so CUPTI stays attached after "
-                "a window: only the first one runs"
+                f"{FOR_GOOD}TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0), so CUPTI stays "
+                "attached after a window: only the first one runs"
             )
         capturing = getattr(cuda, "is_current_stream_capturing", None)
         if cuda.is_initialized() and callable(capturing) and capturing():

@@ -40,6 +40,28 @@ def log_warning(message: str) -> None:
     log.warning("stallscope: %s", message)
 
 
+STORE_ERRORS = ("warn", "raise")  # what a store that stops writing does to the training: said, or stops it
+
+
+def checked_store_errors(value: str) -> str:
+    """``store_errors=`` checked (both recorders): ValueError naming the value and what is allowed."""
+    if value not in STORE_ERRORS:
+        raise ValueError(f"store_errors={value!r}: allowed 'warn' or 'raise'")
+    return value
+
+
+def running_meta(meta: Mapping[str, object], sample_hz: float, **more: object) -> dict[str, object]:
+    """A new run's meta (both recorders): the facts given, ``status`` running, this process and the start."""
+    now = time.time()
+    return {**meta, "status": "running", "pid": os.getpid(), "started_at": now, "heartbeat": now,
+            "sample_hz": sample_hz, **more}  # fmt: skip
+
+
+def store_failed_line(failure: StoreWriteError) -> str:
+    """What both recorders say (with ``store_errors="warn"``) when the store stops writing."""
+    return f"{failure}; recording stopped, training goes on ({failure.kept})"
+
+
 def default_sources(pid: int | None = None, *, nvml: bool = True) -> list[Source]:
     """The sources every run samples: host (psutil) for ``pid``'s process tree, the run-queue wait of its
     threads and workers (schedstat; workers labelled as the host source labels them), where its loader
@@ -87,10 +109,8 @@ class ThreadRecorder:
         the layers above: the core imports no analysis); None: no Summary (the sampler process, which records for
         the training process (:mod:`profiler.core.sampler_process`): that process builds it). ``on_failure``: the
         sampler process hears of a store failure."""
-        if store_errors not in ("warn", "raise"):
-            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
-        self._store_errors = store_errors
+        self._store_errors = checked_store_errors(store_errors)
         self._meta = meta
         self._sample_hz = sample_hz
         self._sources = sources
@@ -116,18 +136,8 @@ class ThreadRecorder:
             self.store = store
             self._start_sampler(store)
             return store
-        now = time.time()
         self.store = store = RunStore(
-            self.out_dir,
-            meta={
-                **self._meta,
-                "status": "running",
-                "pid": os.getpid(),
-                "started_at": now,
-                "heartbeat": now,
-                "sample_hz": self._sample_hz,
-            },
-            on_error=self.store_failed,
+            self.out_dir, meta=running_meta(self._meta, self._sample_hz), on_error=self.store_failed
         )
         self._start_sampler(store)
         return store
@@ -144,7 +154,7 @@ class ThreadRecorder:
         if self._on_failure is not None:
             self._on_failure(failure)
         if self._store_errors == "warn":
-            self._warn(f"{failure}; recording stopped, training goes on ({failure.kept})")
+            self._warn(store_failed_line(failure))
 
     # -- the Session's recorder hook (profiler.core.hooks.Recorder) --------------------------------------------
     def on_start(self, session: SessionView) -> None:

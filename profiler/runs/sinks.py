@@ -17,7 +17,7 @@ from profiler.core import devices, hooks
 from profiler.core.hooks import Recorder, SinkOptions, Sinks
 from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
-from profiler.core.sources.base import SourceRecipe
+from profiler.core.sources.base import made_here
 from profiler.runs.summarize import summarize_run
 
 
@@ -58,15 +58,11 @@ def default_sinks(options: SinkOptions) -> Sinks:
             summarize=summarize_run,
         )
     else:
-        recipes = [s for s in options.sources or () if isinstance(s, SourceRecipe)]
-        sources = None if options.sources is None else [
-            *(s for s in options.sources if not isinstance(s, SourceRecipe)), *(x for r in recipes for x in r.build())
-        ]  # fmt: skip
         recording = ThreadRecorder(
             options.out_dir,
             meta=dict(options.meta),
             sample_hz=options.sample_hz,
-            sources=sources,
+            sources=made_here(options.sources),
             clock=options.clock,
             store_errors=options.store_errors,
             summarize=summarize_run,

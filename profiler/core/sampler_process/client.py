@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.core.recording import Summarizer, log_warning
+from profiler.core.recording import Summarizer, checked_store_errors, log_warning, running_meta, store_failed_line
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sampler_process.drain import Drain
@@ -50,7 +50,7 @@ from profiler.core.sampler_process.wire import (
     Samples,
     heard,
 )
-from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.sources.base import Source, SourceRecipe, split_recipes
 from profiler.core.stepevents import Assembler, EventSink
 from profiler.core.store import (
     DB_NAME,
@@ -99,8 +99,7 @@ def split_sources(
     """(recipes for the sampler process, source objects for this process); None: the defaults."""
     if sources is None:
         return [default_recipe()], default_local_sources()
-    recipes = [s for s in sources if isinstance(s, SourceRecipe)]
-    return recipes, [s for s in sources if not isinstance(s, SourceRecipe)]
+    return split_recipes(sources)
 
 
 class ProcessRecorder:
@@ -120,13 +119,11 @@ class ProcessRecorder:
     ) -> None:
         """``summarize``: what builds the Summary at close (``profiler.runs.summarize.summarize_run``, passed in by the
         layers above: the core imports no analysis); None: no Summary."""
-        if store_errors not in ("warn", "raise"):
-            raise ValueError(f"store_errors={store_errors!r}: allowed 'warn' or 'raise'")
         self.out_dir = Path(out_dir)
         self._meta = meta
         self._sample_hz = sample_hz
         self._recipes, self._local = split_sources(sources)
-        self._store_errors = store_errors
+        self._store_errors = checked_store_errors(store_errors)
         self._warn = warn
         self._ring_size = ring_size
         self._summarizer = summarize
@@ -175,11 +172,7 @@ class ProcessRecorder:
         make_dir(self.out_dir)
         lock_run_dir(self.out_dir, store=True)
         try:
-            now = time.time()
-            init_store(self.out_dir, {
-                **self._meta, "status": "running", "pid": os.getpid(), "started_at": now, "heartbeat": now,
-                "sample_hz": self._sample_hz, "sampling": "process",
-            })  # fmt: skip
+            init_store(self.out_dir, running_meta(self._meta, self._sample_hz, sampling="process"))
             self._ring = ring = Ring.create(self._ring_size)
             self._writer = RingWriter(ring)
             self.proc = proc = self._spawn(ring, t0)
@@ -417,7 +410,7 @@ class ProcessRecorder:
         assert self._ring is not None
         self._ring.set_failure(str(failure), failure.last_kept)
         if self._store_errors == "warn":
-            self._warn(f"{failure}; recording stopped, training goes on ({failure.kept})")
+            self._warn(store_failed_line(failure))
 
     # -- close ---------------------------------------------------------------------------------------------
     def close(self, status: str, error: str | None = None) -> Summary | None:

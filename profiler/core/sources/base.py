@@ -124,3 +124,17 @@ class SourceRecipe(Recipe):
         module, _, name = self.factory.partition(":")
         made = getattr(importlib.import_module(module), name)(**self.kwargs)
         return list(made) if isinstance(made, (list, tuple)) else [made]
+
+
+def split_recipes(sources: Sequence[Source | SourceRecipe]) -> tuple[list[SourceRecipe], list[Source]]:
+    """A run's ``sources=`` parted: (the recipes, to be made where the sampling runs; the source objects)."""
+    return [s for s in sources if isinstance(s, SourceRecipe)], [s for s in sources if not isinstance(s, SourceRecipe)]
+
+
+def made_here(sources: Sequence[Source | SourceRecipe] | None) -> list[Source] | None:
+    """A run's ``sources=`` all made in this process (its sampling runs here: the recipes built); None stays None
+    (the defaults)."""
+    if sources is None:
+        return None
+    recipes, objects = split_recipes(sources)
+    return [*objects, *(made for r in recipes for made in r.build())]
