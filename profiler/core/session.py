@@ -478,9 +478,8 @@ class Session:
                     t0, x0, t_iter = t_iter, x_iter, None
                 else:
                     x0 = self._boundary_runq(t0, rq) if read or self._rq_on else NAN
-                if self._step >= 0 and halt is not None and (stop := halt(index)) is not None:
-                    self._end(t0, x0)
-                    raise stop
+                if halt is not None and self._step >= 0:
+                    self._halt_before(index, t0, x0, halt)
                 # the step before ends at t0 (its row is made by whoever reads the events, not here); the next one
                 # starts there and waits for its batch
                 self._last_edge = None
@@ -506,17 +505,30 @@ class Session:
                 self._end(clock(), self._runq_now())
                 self._flush()
 
+    def _halt_before(self, index: int, t: float, x: float, halt: Callable[[int], BaseException | None]) -> None:
+        """Before step ``index`` (``wrap`` and ``open_step``): what the recorder says stops the training (a store
+        that stopped writing, with ``store_errors="raise"``) ends the open step at ``t`` and is raised."""
+        if (stop := halt(index)) is not None:
+            self._end(t, x)
+            raise stop
+
     def _got(self, index: int, t1: float, read: bool, rq: schedstat.ThreadSched | None, n: int | None) -> None:
         """Step ``index`` has its batch (``n`` items) at ``t1``: it is open."""
         self._waiting_since = None
         x1 = rq.run_delay_s() if read and rq is not None else NAN
+        self._put((BATCH, 0, t1, x1, -1.0 if n is None else n))
+        if self._opened(index, t1, read, rq):
+            self._last_edge = (t1, x1, NO_MARK)
+
+    def _opened(self, index: int, t: float, read: bool, rq: schedstat.ThreadSched | None) -> bool:
+        """Step ``index`` is open from ``t`` (its event put; ``wrap`` and ``open_step``): the hot path's state, and
+        the tick when one is due. True when this step's boundaries are read (schedstat, device marks)."""
         self._step, self._next_index = index, index + 1
         self._rq_on, self._rq_step = read, rq if read else None
         self._read_edges = fine = read or self._timer is not None
-        self._last_edge = (t1, x1, NO_MARK) if fine else None
-        self._put((BATCH, 0, t1, x1, -1.0 if n is None else n))
-        if index >= self._tick_step or t1 >= self._tick_t:
-            self._tick(index, t1)
+        if index >= self._tick_step or t >= self._tick_t:
+            self._tick(index, t)
+        return fine
 
     def _end(self, t: float, x: float) -> None:
         """The open step (if any) ends at ``t`` (``x``: the run queue's reading there); a step still waiting for
@@ -648,17 +660,12 @@ class Session:
         index = self._next_index
         read = rq is not None and index % self._runq_every == 0
         x = rq.run_delay_s() if rq is not None and (read or self._rq_on) else NAN
-        if self._step >= 0 and self._halts and (stop := self._recorder.halt(index)) is not None:
-            self._end(t, x)
-            raise stop  # as wrap() does: the user asked training to stop
         if self._step >= 0:
+            if self._halts:
+                self._halt_before(index, t, x, self._recorder.halt)
             self._end(t, x)
         self._put((OPEN, 0, t, x if read else NAN, index))
-        self._step, self._next_index = index, index + 1
-        self._rq_on, self._rq_step = read, rq if read else None
-        self._read_edges = read or self._timer is not None
-        if index >= self._tick_step or t >= self._tick_t:
-            self._tick(index, t)
+        self._opened(index, t, read, rq)
 
     def add_wait(self, seconds: float) -> None:
         """Add ``seconds`` blocked fetching a batch to the open step's data wait (no step open: ignored)."""
