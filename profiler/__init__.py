@@ -9,11 +9,23 @@ sampler process, ``python -m profiler.core.sampler_process``, started beside eve
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from profiler.runs import sinks
+from profiler.core import devices, hooks
 
-sinks.install()  # what the recording core needs from the layers above it (Session's sinks, sim: devices)
+
+def _wiring() -> ModuleType:
+    """profiler.runs.sinks, imported when a Session or a ``sim:`` device first needs it: a ``report`` or a
+    ``--help`` imports no recorder."""
+    from profiler.runs import sinks
+
+    return sinks
+
+
+# what the recording core needs from the layers above it (docs/architecture.md, "The core at the bottom")
+hooks.install(lambda options: _wiring().default_sinks(options))
+devices.SIMULATED[:] = [lambda spec: _wiring().simulated_device(spec)]
 
 if TYPE_CHECKING:
     from profiler.analysis import Summary

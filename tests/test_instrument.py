@@ -27,17 +27,17 @@ from profiler.zerocode.instrument import child_env
 METER = str(ROOT / "tests" / "data" / "meter_train.py")
 NODES = str(ROOT / "tests" / "data" / "nodes_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-# The bound: 2% of the script's own figure (issue #56; 3% before it). The script's data time also holds what runs after next()
-# returns and before its next line: with workers, releasing the previous batch's shared-memory tensors as the
-# loop rebinds x, y (measured: 20 us a step on a quiet host, 50-80 us with four busy processes beside it), and
-# any preemption there, which stallscope counts in the step's compute (so the script's run-queue wait in its data
-# window outside next() is netted out of its figure: a project CI run read -4.3% at torchrun rank 0, 1.7-6 ms a
-# step, where quiet and beside four busy loops the gap is 0.12-0.28 ms a step). The items sleep so that the data
-# wait dwarfs it: 10 ms at 0 workers (80 ms a step), 40 ms at 2 (55-111 ms a step beside four busy loops; at 10 ms
-# the workers got ahead of a model slowed by the host, the wait fell to 3 ms and one 33 ms preemption made it
-# -15%). Measured errors of the mean data wait: 0 workers -0.03% quiet, -0.02% beside two busy processes;
-# 2 workers -0.08% to -0.17% beside four busy loops (3 runs); torchrun rank 0 -0.09% / -0.09%; on 2026-11-28, quiet:
-# 0 workers -0.43% and -0.47%, 2 workers -0.28%. Step time: within 0.01% in every run.
+# The bound: 2% of the script's own figure (issue #56; 3% before it). The script's data time also holds what runs
+# after next() returns and before its next line: with workers, releasing the previous batch's shared-memory tensors as
+# the loop rebinds x, y (measured: 20 us a step on a quiet host, 50-80 us with four busy processes beside it), and any
+# preemption there, which stallscope counts in the step's compute (so the script's run-queue wait in its data window
+# outside next() is netted out of its figure: a project CI run read -4.3% at torchrun rank 0, 1.7-6 ms a step, where
+# quiet and beside four busy loops the gap is 0.12-0.28 ms a step). The items sleep so that the data wait dwarfs it:
+# 10 ms at 0 workers (80 ms a step), 40 ms at 2 (55-111 ms a step beside four busy loops; at 10 ms the workers got
+# ahead of a model slowed by the host, the wait fell to 3 ms and one 33 ms preemption made it -15%). Measured errors
+# of the mean data wait: 0 workers -0.03% quiet, -0.02% beside two busy processes; 2 workers -0.08% to -0.17% beside
+# four busy loops (3 runs); torchrun rank 0 -0.09% / -0.09%; on 2026-11-28, quiet: 0 workers -0.43% and -0.47%, 2
+# workers -0.28%. Step time: within 0.01% in every run.
 TOLERANCE = 0.02
 # a data wait that is a sliver of the step is checked as its share of the step, which is what a report shows: rank 0
 # of a torchrun job whose batches came ahead of rank 1's waited 2.6 ms a step, not 147, in a stress pass (its step,

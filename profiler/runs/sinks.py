@@ -1,6 +1,6 @@
-"""Session's sinks, and the one place the layers are wired together: installed when ``profiler`` is imported
-(``profiler/__init__.py``), before any Session can be made. The recording core (:mod:`profiler.core`) imports
-nothing above it, so what it needs from above is put in here:
+"""Session's sinks, and what else the recording core needs from the layers above it: ``profiler/__init__.py``
+installs them (imported from here when first used), before any Session can be made. The recording core
+(:mod:`profiler.core`) imports nothing above it, so what it needs from above is put in here:
 
 - the sinks of ``Session(out_dir, ...)`` (:func:`default_sinks`): its recorder (the sampler process's
   :class:`~profiler.core.sampler_process.client.ProcessRecorder`, or a
@@ -13,18 +13,11 @@ from __future__ import annotations
 
 import time
 
-from profiler.core import devices, hooks
 from profiler.core.hooks import Recorder, SinkOptions, Sinks
 from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.sources.base import made_here
 from profiler.runs.summarize import summarize_run
-
-
-def install() -> None:
-    """Session's sink factory and the ``sim:`` device reader (idempotent)."""
-    hooks.install(default_sinks)
-    devices.SIMULATED[:] = [simulated_device]
 
 
 def simulated_device(spec: str) -> tuple[object, str]:
