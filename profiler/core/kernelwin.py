@@ -483,9 +483,8 @@ class TorchKernelRecorder:
             return
         t = self._clock()
         path.parent.mkdir(parents=True, exist_ok=True)
-        lib = os.path.join(os.path.dirname(getattr(self._torch, "__file__", None) or "."), "lib")
         t_save = self._clock()
-        how, held = kinetosave.save(prof.profiler.kineto_results, str(path), lib)
+        how, held = kinetosave.save(prof.profiler.kineto_results, str(path), kinetosave.lib_of(self._torch))
         t_saved = self._clock()
         write_clock(path, *clock_offset(self._pairs), cpu=not self._cuda)
         end = self._clock()

@@ -59,6 +59,12 @@ class _StdString(ctypes.Structure):
                 ("spare", ctypes.c_size_t)]  # fmt: skip
 
 
+def lib_of(torch_module: object) -> str:
+    """The ``lib`` folder of the torch module given (where ``libtorch_cpu.so`` is); "./lib" for one without a file
+    (a test's stand-in: the binding is used there)."""
+    return os.path.join(os.path.dirname(getattr(torch_module, "__file__", None) or "."), "lib")
+
+
 def save(result: Results, path: str, lib_dir: str) -> tuple[str, float]:
     """Write ``result``'s trace (``prof.profiler.kineto_results``) to ``path``. Returns how ("native": the GIL
     released; "binding": torch's save, the GIL held) and the seconds the GIL was held here for it."""

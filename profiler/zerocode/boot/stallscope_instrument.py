@@ -461,8 +461,7 @@ def export_trace(results: Any, path: str) -> float:
         t0 = time.perf_counter()
         results.save(path)
         return time.perf_counter() - t0
-    lib = os.path.join(os.path.dirname(getattr(sys.modules.get("torch"), "__file__", None) or "."), "lib")
-    return float(_SAVE[0].save(results, path, lib)[1])
+    return float(_SAVE[0].save(results, path, _SAVE[0].lib_of(sys.modules.get("torch")))[1])
 
 
 class Instrument:
