@@ -22,19 +22,35 @@ slower (32.3 against 27.0 ms: traced launches). So, by default:
 ``STALLSCOPE_FAKE_CUPTI="start=0.05,stop=0.6,slow=0.2,acts=0"`` changes them (in a subprocess too). Use it as
 ``Session(kernel_recorder=CuptiLike(clock))``, or for ``stallscope run`` and ``run -- CMD`` with
 ``STALLSCOPE_KERNEL_RECORDER=cupti_like:CuptiLike`` and this folder on ``PYTHONPATH``. ``CALLS`` keeps each
-start's and stop's clock readings (before, after) in this process.
+start's and stop's clock readings (before, after) in this process, and ``STALLSCOPE_FAKE_CUPTI_CALLS=FILE`` appends
+them to FILE as JSON lines (a subprocess's: ``read_calls``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
 
 ENV = "STALLSCOPE_FAKE_CUPTI"
+CALLS_ENV = "STALLSCOPE_FAKE_CUPTI_CALLS"
 DEFAULTS = {"start": 0.05, "stop": 0.6, "slow": 0.2, "acts": 0.0, "sync": 0.0, "off": 0.0, "hold": 0.0}
 ACTIVE = [False]
 CALLS: list[tuple[str, float, float]] = []  # ("start" | "stop" | "hold", clock before, clock after)
+
+
+def _called(what: str, t0: float, t1: float) -> None:
+    CALLS.append((what, t0, t1))
+    if path := os.environ.get(CALLS_ENV):
+        with open(path, "a") as f:
+            f.write(json.dumps([what, t0, t1]) + "\n")
+
+
+def read_calls(path: str | os.PathLike[str]) -> list[tuple[str, float, float]]:
+    """The calls a subprocess's recorders wrote to ``path`` (``STALLSCOPE_FAKE_CUPTI_CALLS``), in order."""
+    with open(path) as f:
+        return [(w, t0, t1) for w, t0, t1 in map(json.loads, f)]
 
 
 def settings() -> dict[str, float]:
@@ -73,7 +89,7 @@ class CuptiLike:
         t0 = self.clock()
         _block(self.cfg["start"])
         ACTIVE[0] = True
-        CALLS.append(("start", t0, self.clock()))
+        _called("start", t0, self.clock())
 
     def mark(self) -> float:
         """The window's boundary (off_thread): the clock now; the loop's steps after it are not slowed."""
@@ -91,9 +107,9 @@ class CuptiLike:
         t1 = self.clock()
         hold_gil(self.cfg["hold"])
         self.parts = {"read": self.clock() - t1}
-        CALLS.append(("stop", t0, self.clock()))
+        _called("stop", t0, self.clock())
         if self.cfg["hold"]:
-            CALLS.append(("hold", t1, t1 + self.parts["read"]))
+            _called("hold", t1, t1 + self.parts["read"])
         n = int(self.cfg["acts"])
         at = t0 if boundary is None else boundary
         acts = [(7, 0, at + i * 2e-6, at + i * 2e-6 + 1e-6, at) for i in range(n)]

@@ -281,9 +281,10 @@ def test_the_first_epoch_with_workers_asks_for_readings_at_its_marks_and_before_
     reads.begin(Loader(), 0, 0.0)
     # asked at the Session's hand-overs (every 64 steps or 0.1 s): 10 ms steps, a hand-over every 10 steps
     asked = [i for i in range(0, 300, 10) if reads.due(i, i * 0.010)]
-    # the window's first step (10, the first hand-over past step 5), a third (100), two thirds (200), and the end
-    # less READ_AHEAD_S at the mean step so far: 300 - 1 - 50 = 249, first reached at hand-over 250
-    assert asked == [10, 100, 200, 250], asked
+    # the window's first step (10, the first hand-over past step 5), a quarter (75: hand-over 80), half (150), three
+    # quarters (225: 230), and the end less READ_AHEAD_S at the mean step so far: 300 - 1 - 50 = 249, first reached
+    # at hand-over 250
+    assert asked == [10, 80, 150, 230, 250], asked
     assert READ_AHEAD_S == 0.5
     # a later epoch, a loader without workers or without a length: the schedule alone
     reads.begin(Loader(), 300, 3.0)

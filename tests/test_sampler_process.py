@@ -211,10 +211,12 @@ def _wakeups(tid: int) -> int:
 
 
 def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_second(tmp_path: Path) -> None:
-    earlier = {t.ident for t in threading.enumerate()}  # an earlier test's (a start-up module's window thread)
+    # an earlier test's threads (a start-up module's window thread), by the objects: an ident is the thread's stack
+    # address, and a thread started after one ended may get its ident (the pin source's did in a fresh-clone CI)
+    earlier = set(threading.enumerate())
     with Session(tmp_path / "run", sample_hz=100) as s:  # the fastest sampling allowed: none of it is here
         ours = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")
-                and t.ident not in earlier}  # fmt: skip
+                and t not in earlier}  # fmt: skip
         rec, sampler = s.recording, s.sampler
         assert isinstance(rec, ProcessRecorder) and sampler is not None
         before = {name: _wakeups(tid) for name, tid in ours.items() if tid is not None}
@@ -259,12 +261,12 @@ def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_pr
     exporter = PrometheusExporter(parse_endpoint("127.0.0.1:0")).bind()
     seen: dict[str, object] = {}
 
-    earlier = {t.ident for t in threading.enumerate()}  # an earlier test's threads that may still be ending
+    earlier = set(threading.enumerate())  # an earlier test's threads that may still be ending (the objects: see above)
 
     def observe() -> None:  # the test's own thread, while the run trains
         def ours() -> dict[str, int | None]:
             return {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("stallscope")
-                    and t.ident not in earlier}  # fmt: skip
+                    and t not in earlier}  # fmt: skip
 
         # from when the run's threads are up (its set-up took 3-6 s here beside the suite), then a second more
         deadline = time.monotonic() + 30.0

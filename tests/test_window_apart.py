@@ -96,7 +96,7 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool 
     measured = [s.step for s in rec.steps if not s.warmup and s.step not in held]
     slowed = {i for i, on in enumerate(own.slowed) if on}
     if off_thread:  # held: the steps from the start's call to the stop's end (the loop went on meanwhile)
-        (_, a, a1), (_, _, b), (_, h0, h1) = cupti_like.CALLS
+        (_, a, _), (_, _, b), _ = cupti_like.CALLS
         during = {i for i in range(len(own.ask) - 1) if own.ask[i] < b and own.ask[i + 1] > a}
         # and a step that began between the stop's end and the window thread's next clock reading
         assert slowed and slowed <= during <= held <= during | {max(during) + 1}, (sorted(held), sorted(during))
@@ -139,16 +139,37 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool 
     assert "host-bound" not in summary.verdict
     apart = summary.kernel_windows
     assert apart is not None and apart.steps == len(held) and apart.windows == len(rec.windows) >= 1
-    if off_thread:  # the training thread paid the start (50 ms) and the GIL's hold (30 ms), not the 600 ms stop
-        (_, a, a1), _, (_, h0, h1) = cupti_like.CALLS
-        # at least the start and the hold; never the stop's 600 ms (the hand-overs took 61 ms beside the suite)
-        assert (a1 - a) + (h1 - h0) <= apart.cost_s < (a1 - a) + (h1 - h0) + 0.5, (apart, cupti_like.CALLS)
-        # what the loop's time gained: the close, after the last step, waits for a stop still running
+    if off_thread:
+        _paid_start_and_hold(cupti_like.CALLS, apart.cost_s)
+        # what the windows added to the run, against the loop's own clock: its held steps less as many at its median
+        # measured step, and the close, after the last step, waiting for a stop still running. Not a fixed bound:
+        # beside the suite the held steps ran slower than the measured ones by the host's load (0.31 s added where
+        # the recorder held the loop 83 ms, a fresh-clone CI), and that is what the run did
+        warm = {st.step for st in rec.steps if st.warmup}
+        mine = [step[i] for i in sorted(held - warm)]
         waited = max(0.0, rec.windows[-1].t_end - max(st.t_end for st in rec.steps))
-        assert apart.added_s - waited < 0.3 * apart.windows, (apart, waited)
+        own_added = math.fsum(mine) + waited - len(mine) * statistics.median(step[i] for i in measured)
+        assert apart.added_s == pytest.approx(own_added, abs=0.01 * apart.wall_s), (apart, own_added)
+        # and the loop went on through the stop: none of its steps held as long as the stop's own sleep
+        assert max(mine) < _stop_alone(cupti_like.CALLS), (max(mine), cupti_like.CALLS)
     else:
         assert apart.cost_s >= 0.6 * apart.windows  # the recorder's stop alone
         assert apart.added_s > 0.6 * apart.windows * 0.9
+
+
+def _stop_alone(calls: list[tuple[str, float, float]]) -> float:
+    """The recorder's stop without the GIL's hold that ends it (the stop's span holds the hold's)."""
+    span = {what: t1 - t0 for what, t0, t1 in calls}
+    return span["stop"] - span.get("hold", 0.0)
+
+
+def _paid_start_and_hold(calls: list[tuple[str, float, float]], cost_s: float) -> None:
+    """Off the thread, the training thread paid the window's start and the GIL's hold, as the recorder's own clock
+    read them in the same run (the hold, a CPU-bound call, took 30 ms alone and several times that beside the
+    suite), and never the stop's sleep (600 ms): at most the hand-overs besides (61 ms beside the suite)."""
+    span = {what: t1 - t0 for what, t0, t1 in calls}
+    paid = span["start"] + span["hold"]
+    assert paid <= cost_s < paid + 0.5 and _stop_alone(calls) >= 0.6, (cost_s, calls)
 
 
 PATHS = pytest.mark.parametrize("off_thread", [False, True], ids=["stopped-here", "off-thread"])
@@ -200,7 +221,15 @@ def test_held_steps_are_those_that_overlap_a_windows_span() -> None:
 RECORDER = {"STALLSCOPE_KERNEL_RECORDER": "tests.cupti_like:CuptiLike"}
 
 
-def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict, off_thread: bool = False) -> None:  # type: ignore[type-arg]
+def _off_thread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """CUDA's path for a subprocess's recorder, its calls written to the file returned."""
+    calls = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
+    monkeypatch.setenv(cupti_like.CALLS_ENV, str(calls))
+    return calls
+
+
+def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict, calls: Path | None = None) -> None:  # type: ignore[type-arg]
     """The run's step time and throughput against the loop's own clock over the steps it measured."""
     rec = load_run(out)
     held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
@@ -214,9 +243,9 @@ def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict, 
     assert sum(every) / len(every) > 1.02 * sum(own) / len(own)  # with the held steps in: past 1%
     assert all(r["code"] != "LOOP_OVERHEAD" for r in summary["recommendations"]), summary["recommendations"]
     assert summary["gpu"] is None and summary["kernel_windows"]["steps"] == len(held)
-    if off_thread:  # the start (50 ms) and the GIL's hold (30 ms, longer on a busy host: 319 ms in a fresh-clone
-        # CI beside the suite) on the training thread, never the stop's 600 ms
-        assert 80 <= summary["kernel_windows"]["cost_ms"] < 600, summary["kernel_windows"]
+    if calls is not None:  # off the thread: the start and the GIL's hold, as the script's recorder read them
+        # (a fixed bound failed: 801 ms beside the suite in a fresh-clone CI, where 319 had passed), never the stop
+        _paid_start_and_hold(cupti_like.read_calls(calls), summary["kernel_windows"]["cost_ms"] / 1e3)
     else:
         assert summary["kernel_windows"]["cost_ms"] >= 600
 
@@ -228,8 +257,7 @@ def test_run_records_its_window_after_the_measured_steps(
     own_file = tmp_path / "own.txt"
     for k, v in {**RECORDER, "WINDOW_COST_OWN": str(own_file)}.items():
         monkeypatch.setenv(k, v)
-    if off_thread:
-        monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
+    calls = _off_thread(monkeypatch, tmp_path) if off_thread else None
     out = tmp_path / "run"
     res = stallscope("run", str(SCENARIO), "--steps", "30", "--no-live", "--json", "--out", str(out), fresh=True)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -238,7 +266,7 @@ def test_run_records_its_window_after_the_measured_steps(
     rec = load_run(out)
     assert len(starts) == len(rec.steps) == 2 + 30 + 10  # warm-up, measured, the tail window's
     own = {i: starts[i + 1] - starts[i] for i in range(len(starts) - 1)}
-    _within_1pct_of_own(out, own, summary, off_thread)
+    _within_1pct_of_own(out, own, summary, calls)
     assert rec.meta["kernel_window_tail_from"] == 32 and summary["steps"] == 30
 
 
@@ -248,8 +276,8 @@ def test_run_command_holds_the_scripts_window_apart(
 ) -> None:
     for k, v in RECORDER.items():
         monkeypatch.setenv(k, v)
-    if off_thread:  # the start-up module's window thread (its own copy of core.kernelwin's)
-        monkeypatch.setenv(cupti_like.ENV, OFF_THREAD)
+    # off the thread: the start-up module's window thread (its own copy of core.kernelwin's)
+    calls = _off_thread(monkeypatch, tmp_path) if off_thread else None
     out, own_file = tmp_path / "run", tmp_path / "own.json"
     # off the thread the loop goes on through the stop's 600 ms (about 85 steps, held): 150 steps leave as many
     # measured as 60 do on the thread (with 60, 8 were left, and one preemption between the loop's reading and
@@ -265,7 +293,7 @@ def test_run_command_holds_the_scripts_window_apart(
     rec = load_run(out)
     assert len(rec.steps) == n == len(asked) - 1 and rec.steps[0].step == 0
     own = {i: asked[i + 1] - asked[i] for i in range(len(asked) - 1)}
-    _within_1pct_of_own(out, own, summary, off_thread)
+    _within_1pct_of_own(out, own, summary, calls)
     (w,) = rec.windows
     assert math.isnan(w.recorded_end) != off_thread  # the calls after the boundary: held, not recorded
 

@@ -46,6 +46,7 @@ class ProcessMemory:
     growth_mb_per_s: float  # least-squares slope of USS over the window
     growth_mb_per_1k_items: float  # the slope per 1,000 items this worker delivered (NaN for main)
     grows: bool  # the growth rule held (workers only)
+    readings: int  # USS readings in the window (growth needs MIN_READINGS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +240,7 @@ def _process(label: str, series: dict[str, list[tuple[float, float]]], items_per
         b,
         per_1k,
         grows,
+        len(uss),
     )
 
 

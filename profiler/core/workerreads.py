@@ -4,12 +4,16 @@ The memory source reads smaps as often as half a percent of a core allows: about
 process and two workers (profiler/core/sources/memory.py). A run shorter than that had one reading per process,
 taken when the workers appeared, and a worker's growth (copy-on-read of a data set held as Python objects) was
 never seen (issue #56: 150 steps in 2.8 s, ``uss_start_mb == uss_end_mb``). So during the first epoch of a loader
-with workers and a length, the training process asks for a reading at four points: the first measured step, a
-third and two thirds through the epoch, and its end less :data:`READ_AHEAD_S` (placed at two thirds from the mean
-step so far), while the workers still live: a loader without ``persistent_workers`` ends them when its iterator is
-exhausted. The asks are checked at the Session's hand-overs (every 64 steps or 0.1 s), never per step; the
-reading itself is the sampler process's (its next round). Later epochs keep the schedule alone: the four extra
-readings (~23 ms of CPU each, in the sampler process) would exceed the budget on an epoch shorter than ~18 s.
+with workers and a length, the training process asks for a reading at five points: the first measured step, a
+quarter, half and three quarters through the epoch, and its end less :data:`READ_AHEAD_S` (placed at three quarters
+from the mean step so far), while the workers still live: a loader without ``persistent_workers`` ends them when its
+iterator is exhausted. Growth needs four readings in the window (profiler/analysis/memory.py); the fifth is the one
+to spare where an ask meets a reading already under way and the two become one, or the last comes after the workers
+ended (with four asks the CI, beside the suite, named no growth; with five, beside two busy processes here, one
+worker's last reading came after it ended, and four were left). The asks are checked at
+the Session's hand-overs (every 64 steps or 0.1 s), never per step; the reading itself is the sampler process's (its
+next round). Later epochs keep the schedule alone: the five extra readings (~23 ms of CPU each, in the sampler
+process) would exceed the budget on an epoch shorter than ~23 s.
 
 A reading walks each worker's page tables holding that worker's memory-map lock, in the sampler process, which runs
 niced: preempted mid-walk on a busy host it holds a worker that is mapping its next batch. With more workers than
@@ -70,7 +74,7 @@ class WorkerReads:
         if n < MIN_STEPS:
             return
         first = max(index, self._warmup)
-        self._marks = sorted({first, index + n // 3, index + 2 * n // 3})
+        self._marks = sorted({first, index + n // 4, index + n // 2, index + 3 * n // 4})
         self._end, self._t0 = (index, n), t
 
     def due(self, index: int, t: float) -> bool:
@@ -81,7 +85,7 @@ class WorkerReads:
         while marks and index >= marks[0]:
             marks.pop(0)
         start, n = self._end
-        if not marks and n:  # two thirds in: the last one, READ_AHEAD_S before the end at the mean step so far
+        if not marks and n:  # three quarters in: the last one, READ_AHEAD_S before the end at the mean step so far
             step_s = (t - self._t0) / max(1, index - start)
             ahead = math.ceil(READ_AHEAD_S / step_s) if step_s > 0 else 1
             marks.append(max(index + 1, start + n - 1 - ahead))
