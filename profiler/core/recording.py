@@ -1,4 +1,5 @@
-"""ThreadRecorder: one run's record from start to close — run store, background sampler, py-spy, run status.
+"""ThreadRecorder: one run's record from start to close in this process — run store, its watchers (the sampler and
+py-spy: :mod:`profiler.core.watchers`), run status.
 
 Both ways of profiling record through it: a :class:`~profiler.core.session.Session` as its recorder hook, and
 :func:`profiler.zerocode.profile.profile_external` directly. docs/store.md, "A run's life", gives the order.
@@ -7,7 +8,8 @@ Invariants:
   built is logged, not raised: the store is the record.
 - A run store that stops writing never stops the training from here (unless ``store_errors="raise"``: then
   the CLI's runner stops the run); close writes no ``summary.json`` that would claim more than the store holds.
-- py-spy is started in one place (:meth:`ThreadRecorder.start_pyspy`); one that cannot attach is a warning.
+- py-spy is started in one place (:meth:`profiler.core.watchers.Watchers.start_pyspy`); one that cannot attach is
+  a warning.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.core.pyspy import OUTPUT, PySpyRecorder
 from profiler.core.rows import KernelWindow, PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
 from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
+from profiler.core.watchers import Watchers
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -90,7 +92,8 @@ def default_sources(pid: int | None = None, *, nvml: bool = True) -> list[Source
 
 
 class ThreadRecorder:
-    """The run store, sampler and py-spy of one run directory; ``close()`` returns its Summary."""
+    """The run store and the watchers (:class:`~profiler.core.watchers.Watchers`: sampler, py-spy) of one run
+    directory, in this process; ``close()`` returns its Summary."""
 
     def __init__(
         self,
@@ -103,12 +106,9 @@ class ThreadRecorder:
         warn: Callable[[str], None] = log_warning,
         store_errors: str = "warn",
         summarize: Summarizer | None = None,
-        on_failure: Callable[[StoreWriteError], None] | None = None,
     ) -> None:
         """``summarize``: what builds the Summary at close (``profiler.runs.summarize.summarize_run``, passed in by
-        the layers above: the core imports no analysis); None: no Summary (the sampler process, which records for
-        the training process (:mod:`profiler.core.sampler_process`): that process builds it). ``on_failure``: the
-        sampler process hears of a store failure."""
+        the layers above: the core imports no analysis); None: no Summary."""
         self.out_dir = Path(out_dir)
         self._store_errors = checked_store_errors(store_errors)
         self._meta = meta
@@ -118,41 +118,32 @@ class ThreadRecorder:
         self._warn = warn
         self.t0 = 0.0
         self.store: RunStore | None = None
-        self.sampler: Sampler | None = None
-        self._pyspy: PySpyRecorder | None = None
-        self._pyspy_problem: str | None = None
+        self._watch: Watchers | None = None
         self._summary: Summary | None = None
         self._summarizer = summarize
-        self._on_failure = on_failure
         self._closed = False
 
-    def start(self, t0: float | None = None, store: RunStore | None = None) -> RunStore:
-        """Create the store (meta first) and start sampling; ``t0`` is the run's zero on ``clock``. ``store``: one
-        made already (the sampler process's, which writes a store the training process created)."""
+    def start(self, t0: float | None = None) -> RunStore:
+        """Create the store (meta first) and start sampling; ``t0`` is the run's zero on ``clock``."""
         if self.store is not None:
             return self.store
         self.t0 = self._clock() if t0 is None else t0
-        if store is not None:
-            self.store = store
-            self._start_sampler(store)
-            return store
         self.store = store = RunStore(
             self.out_dir, meta=running_meta(self._meta, self._sample_hz), on_error=self.store_failed
         )
-        self._start_sampler(store)
+        sources = list(self._sources) if self._sources is not None else default_sources()
+        self._watch = Watchers(store, sample_hz=self._sample_hz, sources=sources, t0=self.t0, warn=self._warn,
+                               clock=self._clock)  # fmt: skip
+        self._watch.start()
         return store
 
-    def _start_sampler(self, store: RunStore) -> None:
-        sources = list(self._sources) if self._sources is not None else default_sources()
-        self.sampler = Sampler(
-            sources, self._sample_hz, sink=store.put_samples, on_event=store.put_event, clock=self._clock, t0=self.t0
-        )
-        self.sampler.start()
+    @property
+    def sampler(self) -> Sampler | None:
+        """The run's sampler (None before start)."""
+        return self._watch.sampler if self._watch is not None else None
 
     def store_failed(self, failure: StoreWriteError) -> None:
         """The writer thread's one call when the store stops writing."""
-        if self._on_failure is not None:
-            self._on_failure(failure)
         if self._store_errors == "warn":
             self._warn(store_failed_line(failure))
 
@@ -195,13 +186,13 @@ class ThreadRecorder:
 
     def rescan_soon(self) -> None:
         """A loader has just started its workers: the process-tree sources look for them at their next read."""
-        if self.sampler is not None:
-            self.sampler.rescan_soon()
+        if self._watch is not None:
+            self._watch.rescan_soon()
 
     def read_memory_soon(self) -> None:
         """The memory source reads the loader workers' memory at the next round, off its schedule."""
-        if self.sampler is not None:
-            self.sampler.read_workers_soon()
+        if self._watch is not None:
+            self._watch.read_memory_soon()
 
     def now(self) -> float:
         """Seconds since the run's zero."""
@@ -220,25 +211,16 @@ class ThreadRecorder:
         return False
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
-        """Record ``pid`` and its subprocesses with py-spy until close; None when it attached, else the
-        reason, which is stored and shown as ``unavailable.format(problem=...)``."""
-        recorder = PySpyRecorder(pid, self.out_dir / OUTPUT, rate=rate, now=self.now)
-        # py-spy killed or failing mid-run: said once, when it happens; the run goes on with the sampler
-        recorder.on_exit = lambda problem: self._pyspy_ended(unavailable.format(problem=problem), problem)
-        problem = recorder.start(attach_timeout_s=attach_timeout_s)
-        self.annotate(pyspy_rate=rate, pyspy_started_at=recorder.started_at, pyspy_args=recorder.args)
-        if problem:
-            self._pyspy_problem = problem
-            self.event("warning", problem, "pyspy")
-            self._warn(unavailable.format(problem=problem))
-            return problem
-        self._pyspy = recorder
-        return None
+        """Record ``pid`` and its subprocesses with py-spy until close (:meth:`Watchers.start_pyspy`); after
+        :meth:`start`."""
+        if self._watch is None:
+            raise RuntimeError("start_pyspy() before start(): the run has no store yet")
+        return self._watch.start_pyspy(pid, rate=rate, attach_timeout_s=attach_timeout_s, unavailable=unavailable)
 
     def stop_sampling(self) -> None:
         """Stop the sampler now (zero-code: the target is gone, and a read of its tree only reports that)."""
-        if self.sampler is not None:
-            self.sampler.stop()
+        if self._watch is not None:
+            self._watch.sampler.stop()
 
     def close(self, status: str, error: str | None = None, **final_meta: Any) -> Summary | None:
         """End the run (see the module docstring); the Summary, or None when it could not be built."""
@@ -246,11 +228,8 @@ class ThreadRecorder:
             return self._summary
         self._closed = True
         store = self.store
-        if self.sampler is not None:
-            self.sampler.stop(final=True)  # one last round: a short run still has every source's figures
-        self._stop_pyspy()
-        if self.sampler is not None:
-            store.put_meta(sampler_stats=self.sampler.stats.to_meta())
+        if self._watch is not None:
+            self._watch.close()
         store.put_meta(status=status, error=error, ended_at=time.time(), **final_meta)
         store.close()
         for name in STACKS_NAMES:  # py-spy creates its file with its own mode
@@ -262,35 +241,9 @@ class ThreadRecorder:
     @property
     def pyspy_problem(self) -> str | None:
         """Why py-spy recorded nothing (or stopped badly), when it was asked for; else None."""
-        return self._pyspy_problem
+        return self._watch.pyspy_problem if self._watch is not None else None
 
     @property
     def summary(self) -> Summary | None:
         """The Summary built at close (None before close)."""
         return self._summary
-
-    def _pyspy_ended(self, line: str, problem: str) -> None:
-        self._pyspy_problem = problem
-        self.event("warning", problem, "pyspy")
-        self.annotate(pyspy_problem=problem)
-        self._warn(line)
-
-    def _stop_pyspy(self) -> None:
-        recorder = self._pyspy
-        if recorder is None:
-            if self._pyspy_problem is not None:
-                self.annotate(pyspy_problem=self._pyspy_problem)
-            return
-        problem = recorder.stop()
-        if problem and problem != self._pyspy_problem:  # not already said when py-spy ended mid-run
-            self._pyspy_problem = problem
-            self.event("warning", problem, "pyspy")
-            self._warn(problem)
-        scheduling = recorder.on_time.scheduling if recorder.on_time is not None else None
-        self.annotate(
-            pyspy_stopped_at=recorder.stopped_at,
-            pyspy_problem=problem,
-            pyspy_scheduling=scheduling,
-            pyspy_behind_s=recorder.stdout.behind_s,
-            pyspy_behind_reports=recorder.stdout.behind_reports,
-        )

@@ -4,10 +4,10 @@ steps (docs/architecture.md, "Two processes").
 
 It reads its orders as one JSON line on stdin, maps the ring the training process made, builds its sources
 from their recipes, and then, until the close item arrives or the training process is gone:
-- samples every source on absolute deadlines (:class:`~profiler.core.sampler.Sampler`, its threads here);
+- samples every source on absolute deadlines, and runs py-spy when asked (:class:`~profiler.core.watchers.Watchers`:
+  the :class:`~profiler.core.sampler.Sampler`, its threads here);
 - every ``DRAIN_S`` moves the ring's records into the run store it writes (the training process holds the
   run directory's lock; this process is its one writer), marking the ring position each commit reaches;
-- runs py-spy when asked;
 - serves the run's views (the live view, the Prometheus endpoint: :mod:`profiler.core.sampler_process.views`)
   from the rows it drains.
 
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiler.core.recording import ThreadRecorder
+from profiler.core.recording import checked_store_errors, log_warning, store_failed_line
 from profiler.core.sampler import SourceHealth
 from profiler.core.sampler_process.drain import DRAIN_S, Drain
 from profiler.core.sampler_process.ring import Ring, RingReader
@@ -45,7 +45,8 @@ from profiler.core.sampler_process.views import SamplerFeed, close_views, open_v
 from profiler.core.sampler_process.wire import Close, Final, Line, Log, Ready, line
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler
-from profiler.core.store import RunStore, StoreWriteError
+from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
+from profiler.core.watchers import Watchers
 
 _CHANNEL = 1  # the pipe the training process reads: "ready", then its warnings (JSON lines)
 NICE = 5  # below the training process: it gets a core first; at +5 this process still gets ~1/4 of a busy one
@@ -63,49 +64,53 @@ def run(orders: dict[str, Any]) -> int:
     parent = int(orders["parent_pid"])
     ring = Ring(int(orders["fd"]), int(orders["size"]), create=False)
     run_dir = Path(orders["run_dir"])
+    store_errors = checked_store_errors(str(orders["store_errors"]))
 
-    def failed(failure: StoreWriteError) -> None:
+    def failed(failure: StoreWriteError) -> None:  # the store's writer thread, once: the training process reads it
         ring.set_failure(str(failure), failure.last_kept)
+        if store_errors == "warn":
+            log_warning(store_failed_line(failure))
 
-    rec = ThreadRecorder(
-        run_dir,
-        meta={},
-        sample_hz=float(orders["sample_hz"]),
-        sources=build_sources(orders["recipes"]),
-        store_errors=str(orders["store_errors"]),
-        on_failure=failed,  # no summarize: the training process builds the Summary
-    )
-    store = RunStore(run_dir, meta={"sampler_pid": os.getpid()}, lock=False, on_error=rec.store_failed,
+    # the store the training process created (it holds the run directory's lock): this process is its one writer
+    store = RunStore(run_dir, meta={"sampler_pid": os.getpid()}, lock=False, on_error=failed,
                      on_commit=ring.committed)  # fmt: skip
+    watch = Watchers(store, sample_hz=float(orders["sample_hz"]), sources=build_sources(orders["recipes"]),
+                     t0=float(orders["t0"]), warn=log_warning)  # fmt: skip
     views = orders.get("views") or []
-    feed = None
-    if views:
-        feed = SamplerFeed(orders.get("meta") or {}, lambda: list(rec.sampler.buffer) if rec.sampler else [])
-    drain = Drain(RingReader(ring), store, rec, feed, Assembler(float(orders["t0"]), int(orders["warmup"])))
+    feed = SamplerFeed(orders.get("meta") or {}, lambda: list(watch.sampler.buffer)) if views else None
+    drain = Drain(RingReader(ring), store, watch, feed, Assembler(float(orders["t0"]), int(orders["warmup"])))
     # the sources' probes (NVML's init can take seconds) go on beside the first drains: the ring waits for none
-    rec.start(t0=float(orders["t0"]), store=store)
+    watch.start()
     shown = open_views(views, feed) if feed is not None else None
     _ready()
     closing = _follow(drain, parent)
     if feed is not None and shown is not None:  # the views' last figures carry the run's status; then they close
         feed.set_status(closing.status)
         close_views(shown)
-    rec.annotate(sampler_process={"pid": os.getpid(), "steps": drain.steps})
-    if rec.sampler is not None:  # the training process's own (in-process) sources, beside this process's
-        for name, health in closing.local_sources.items():
-            rec.sampler.stats.sources.setdefault(name, SourceHealth(**health))
-    rec.close(closing.status, closing.error)
+    store.put_meta(sampler_process={"pid": os.getpid(), "steps": drain.steps})
+    for name, health in closing.local_sources.items():  # the training process's own (in-process) sources
+        watch.sampler.stats.sources.setdefault(name, SourceHealth(**health))
+    watch.close()
+    store.put_meta(status=closing.status, error=closing.error, ended_at=time.time())
+    store.close()
+    for name in STACKS_NAMES:  # py-spy creates its file with its own mode
+        no_world_write(run_dir / name)
     if store.failure is not None:  # its rows, read through this process's connection: the file may be gone
-        fd, path = tempfile.mkstemp(prefix="stallscope-final-", suffix=".pickle")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(store.record(), f)
-        except OSError:  # no room for it either (the disk, the file size limit): the summary reads the store
-            os.unlink(path)
-        else:
-            _say(Final(path))
+        _hand_over_rows(store)
     ring.close()
     return 0
+
+
+def _hand_over_rows(store: RunStore) -> None:
+    """The rows of a store that stopped writing, pickled to a file the training process reads (``Final``)."""
+    fd, path = tempfile.mkstemp(prefix="stallscope-final-", suffix=".pickle")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(store.record(), f)
+    except OSError:  # no room for it either (the disk, the file size limit): the summary reads the store
+        os.unlink(path)
+    else:
+        _say(Final(path))
 
 
 def _ready() -> None:
