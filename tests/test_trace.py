@@ -293,6 +293,7 @@ def test_recorded_runs_export(tmp_path: Path, name: str) -> None:
     doc = json.loads(path.read_text())
     events = validate(doc)
     record = load_run(run)
+    assert doc == trace_events(record)
     steps = [ev for ev in events if ev["ph"] == "X" and ev["cat"].startswith("step")]
     assert len(steps) == len(record.steps)
     assert len([ev for ev in events if ev["ph"] == "X" and ev["cat"] == "phase"]) == len(record.phases)
@@ -310,6 +311,32 @@ def test_recorded_runs_export(tmp_path: Path, name: str) -> None:
         assert {"main", "w0", "w1", "total", "system"} <= series
     if name == "interrupted":
         assert doc["metadata"]["status"] == "interrupted"
+
+
+def test_the_written_file_is_the_trace_events_document(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """write_trace writes its "X" events as text, without their dicts: read back, the file is trace_events' object,
+    for host and device slices, trimmed ones, names to escape, and a decimated run's summary slices."""
+    from profiler.render import trace
+
+    base = known_record(cuda=True)
+    odd = [
+        *base.phases,
+        PhaseRow(3, 'late "quoted"\\ä→😀', 0, 0.39, 0.45),  # escaped, non-ASCII, and trimmed at its step's end
+        PhaseRow(2, "cross\n\ttab", 0, 0.285, 0.292),
+    ]
+    records = [RunRecord(base.meta, base.steps, odd, base.samples, base.events), known_record()]
+    for i, record in enumerate(records):
+        path = write_trace(record, tmp_path / f"t{i}.json")
+        assert json.loads(path.read_text()) == trace_events(record)
+    monkeypatch.setattr(trace, "MAX_DETAILED_STEPS", 20)  # 60 steps: 20 windows of 1 step, and summaries between
+    monkeypatch.setattr(trace, "DETAIL_WINDOWS", 20)
+    steps = [StepRow(i, i * 0.01, i * 0.01 + 0.009, 0.001, 8, i < 2) for i in range(60)]
+    many = RunRecord(base.meta, steps, [PhaseRow(i, "compute", 0, i * 0.01 + 0.002, i * 0.01 + 0.008) for i in
+                                        range(60)], base.samples, base.events)  # fmt: skip
+    doc = trace_events(many)
+    assert doc["metadata"]["decimation"]["summary_slices"] > 0
+    assert json.loads(write_trace(many, tmp_path / "many.json").read_text()) == doc
+    validate(doc)
 
 
 def test_write_trace_into_a_directory_and_bad_input(tmp_path: Path) -> None:

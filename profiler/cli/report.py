@@ -123,8 +123,6 @@ def _is_job(path: str) -> bool:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from profiler.cli.tables import report_table, table_file
-    from profiler.render.html import write_html, write_html_of
-    from profiler.render.trace import write_trace
 
     dirs = [args.run_dir, *args.more_dirs]
     if not args.more_dirs and (table := table_file(args.run_dir)) is not None:
@@ -141,17 +139,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     if cached is not None:  # a closed run: its Summary and plots as built at close, no row read (docs/store.md)
         summary, timeline = cached
         _write_files(
-            args, lambda target: write_html_of(summary, timeline, target),
+            args,
+            lambda target: _html_of(summary, timeline, target),
             lambda target: _write_trace_of(args.run_dir, target),
-        )  # fmt: skip
+        )
         print_summary(summary, args.json)
         return EXIT_OK
     rec, summary = load(args.run_dir)
-    _write_files(args, lambda target: write_html(summary, rec, target), lambda target: write_trace(rec, target))
+    _write_files(args, lambda target: _html(summary, rec, target), lambda target: _trace(rec, target))
     from profiler.zerocode.analysis import zero_code_job
 
     print_summary(summary, args.json, zero_code_job(rec))
     return EXIT_OK
+
+
+def _html_of(summary: Summary, timeline: Timeline, target: str) -> Path:
+    from profiler.render.html import write_html_of  # imported where written: --trace alone, or neither, needs none
+
+    return write_html_of(summary, timeline, target)
+
+
+def _html(summary: Summary, rec: RunRecord, target: str) -> Path:
+    from profiler.render.html import write_html
+
+    return write_html(summary, rec, target)
+
+
+def _trace(rec: RunRecord, target: str) -> Path:
+    from profiler.render.trace import write_trace
+
+    return write_trace(rec, target)
 
 
 def _report_job(args: argparse.Namespace, dirs: list[str]) -> int:
