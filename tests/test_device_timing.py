@@ -179,7 +179,7 @@ def test_events_resolve_without_per_step_sync_and_lag_is_bounded(tmp_path: Path)
         for i, _ in enumerate(s.wrap(sleep_loader(12, 0.0))):
             with s.phase("compute"):
                 pass
-            assert len(s._in_flight) <= 4, i  # never more than max_lag steps in flight
+            assert s._marks is not None and s._marks.in_flight <= 4, i  # never more than max_lag steps in flight
         assert stream.waited == 12 - 4  # waited only for steps beyond the lag bound of 4
     assert len(load_run(tmp_path).steps) == 12  # close() drained the rest
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from profiler.core.batches import BatchLen, loader_facts
 from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.core.devmarks import DeviceMarks
 from profiler.core.hooks import Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
 from profiler.core.kernelwin import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
 from profiler.core.rows import TAIL_KEY, PhaseRow, StepRow, held_steps
@@ -49,7 +50,6 @@ from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import (
     BATCH,
-    DEV,
     END,
     ENTER,
     EXIT,
@@ -155,8 +155,8 @@ class Session:
 
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (
-        "__weakref__", "_asm", "_clock", "_error", "_exporter", "_halts", "_handoff_steps", "_hooks", "_in_flight",
-        "_kw", "_kw_plan", "_kw_recorder", "_last_edge", "_last_tick", "_log", "_mark_n", "_marks", "_max_lag",
+        "__weakref__", "_asm", "_clock", "_error", "_exporter", "_halts", "_handoff_steps", "_hooks", "_kw",
+        "_kw_plan", "_kw_recorder", "_last_edge", "_last_tick", "_log", "_marks", "_max_lag",
         "_meta", "_names", "_next_index", "_phase_of", "_put", "_read_edges", "_recent", "_recorder", "_row_sinks",
         "_rows_asked", "_rq_on", "_rq_step", "_runq", "_runq_every", "_runq_reason", "_sink", "_stack", "_started",
         "_status", "_step", "_steps", "_stream", "_t0", "_tick_step", "_tick_t", "_timer", "_unattributed",
@@ -240,9 +240,7 @@ class Session:
         self._runq_every = 1
         # the open step's last boundary (clock, run queue, device mark): a phase entered right after shares it
         self._last_edge: tuple[float, float, float] | None = None
-        self._marks: list[tuple[float, object]] = []  # the open step's device marks (id, event)
-        self._in_flight: deque[list[tuple[float, object]]] = deque()  # ended steps' marks, not yet known complete
-        self._mark_n = 0
+        self._marks: DeviceMarks | None = None  # the steps' device marks (set at start where there is a timer)
         self._last_tick = (0, 0.0)  # the last _tick's (step, time)
         self._tick_step, self._tick_t = 0, 0.0  # the next tick is due at this step or this time
         self._wreads = WorkerReads(self.warmup)  # the first epoch's asks for the workers' memory
@@ -299,6 +297,7 @@ class Session:
         elif callable(bind := getattr(self._timer, "bind", None)):
             bind(self._now)  # a timer given to the Session (the simulated device's) joins the run's clock
         self._meta["device_timer"] = self._timer.kind if self._timer is not None else "host-perf-counter"
+        self._marks = DeviceMarks(self._timer, self._max_lag) if self._timer is not None else None
         self._meta["kernel_windows"] = self._plan_windows()
         started: list[SessionHook] = []
         try:
@@ -483,8 +482,8 @@ class Session:
                 # the step before ends at t0 (its row is made by whoever reads the events, not here); the next one
                 # starts there and waits for its batch
                 self._last_edge = None
-                if self._marks:
-                    self._ship_marks()
+                if (dm := self._marks) is not None and dm.open:
+                    dm.end_step(self._put)
                 self._put((FETCH, 0, t0, x0, index))
                 try:
                     batch = next(it)
@@ -535,15 +534,8 @@ class Session:
         its batch is dropped."""
         self._put((END, 0, t, x, NAN))
         self._step, self._rq_on, self._rq_step, self._last_edge = -1, False, None, None
-        if self._marks:
-            self._ship_marks()
-
-    def _ship_marks(self) -> None:
-        """The ended step's device marks wait for their times, at most ``max_lag`` steps of them."""
-        self._in_flight.append(self._marks)
-        self._marks = []
-        if len(self._in_flight) > self._max_lag:
-            self._poll_marks(drain=False)
+        if (dm := self._marks) is not None and dm.open:
+            dm.end_step(self._put)
 
     def _tick(self, index: int, t: float) -> None:
         """Every ``HANDOFF_STEPS`` steps or ``HANDOFF_S``: the schedstat budget from the steps since the last tick,
@@ -563,29 +555,11 @@ class Session:
     def _flush(self, drain: bool = False) -> None:
         """Put the completed device marks' times (``drain``: wait for all), hand the events on (the sampler
         process's ring), and make the rows wanted here."""
-        if self._in_flight:
-            self._poll_marks(drain)
+        if (dm := self._marks) is not None and dm.pending:
+            dm.poll(self._put, drain)
         self._sink.flush_events()
         if self._log is not None:
             self._deliver(drain)
-
-    def _poll_marks(self, drain: bool) -> None:
-        """The device times of the steps whose marks completed, oldest first (a step's marks complete in order on
-        its stream: its last one is asked); past ``max_lag`` steps in flight, the oldest is waited for."""
-        timer, in_flight, put = self._timer, self._in_flight, self._put
-        assert timer is not None
-        while in_flight:
-            marks = in_flight[0]
-            last = marks[-1][1]
-            if not timer.done(last):
-                if not drain and len(in_flight) <= self._max_lag:
-                    return
-                timer.wait(last)
-            in_flight.popleft()
-            for m, ev in marks:
-                put((DEV, 0, timer.time_of(ev), m, NAN))
-            for _, ev in marks:
-                timer.release(ev)
 
     def _deliver(self, final: bool = False) -> None:
         """The rows of the events put since the last call, to the hooks that take rows and to :attr:`recent`."""
@@ -608,27 +582,19 @@ class Session:
     def _edge_enter(self) -> tuple[float, float]:
         """A phase's start on a step whose boundaries are read (schedstat, device marks): (run queue, mark).
         Entered within ADJACENT_S of the boundary before it, it takes that boundary's reading and mark."""
-        edge, timer = self._last_edge, self._timer
+        edge, dm = self._last_edge, self._marks
         if edge is not None and self._clock() - edge[0] < ADJACENT_S:
             self._last_edge = None
-            return edge[1], edge[2] if edge[2] >= 0 or timer is None else self._mark()
-        m = self._mark() if timer is not None else NO_MARK
+            return edge[1], edge[2] if edge[2] >= 0 or dm is None else dm.mark()
+        m = dm.mark() if dm is not None else NO_MARK
         return self._runq_now(), m
 
     def _edge_exit(self, t: float, top: bool) -> tuple[float, float]:
         """A phase's end at ``t`` on such a step; a top-level one leaves its reading for the phase after it."""
         x = self._runq_now()
-        m = self._mark() if self._timer is not None else NO_MARK
+        m = self._marks.mark() if self._marks is not None else NO_MARK
         self._last_edge = (t, x, m) if top else None
         return x, m
-
-    def _mark(self) -> float:
-        """A device mark (an event recorded on the device's stream), by id."""
-        assert self._timer is not None
-        m = float(self._mark_n)
-        self._mark_n += 1
-        self._marks.append((m, self._timer.mark()))
-        return m
 
     def _runq_now(self) -> float:
         """The training thread's run-queue wait so far (s), on a step whose schedstat is read and on that thread;
