@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from profiler.core.rows import KernelWindow, PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
-from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
+from profiler.core.store import RunStore, StoreWriteError
 from profiler.core.watchers import Watchers
 
 if TYPE_CHECKING:
@@ -232,8 +232,6 @@ class ThreadRecorder:
             self._watch.close()
         store.put_meta(status=status, error=error, ended_at=time.time(), **final_meta)
         store.close()
-        for name in STACKS_NAMES:  # py-spy creates its file with its own mode
-            no_world_write(self.out_dir / name)
         if self._summarizer is not None:
             self._summary = self._summarizer(store.record, self.out_dir, store.failure is None, self._warn)
         return self._summary

@@ -19,7 +19,7 @@ from pathlib import Path
 from profiler.core.pyspy import OUTPUT, PySpyRecorder
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
-from profiler.core.store import RunStore
+from profiler.core.store import STACKS_NAMES, RunStore, no_world_write
 
 
 class Watchers:
@@ -82,9 +82,12 @@ class Watchers:
         return None
 
     def close(self) -> None:
-        """One last round of the sampler, then py-spy stopped; both said in the meta."""
+        """One last round of the sampler, then py-spy stopped (its files made private to the user); both said in
+        the meta."""
         self.sampler.stop(final=True)
         self._stop_pyspy()
+        for name in STACKS_NAMES:  # py-spy creates its files with its own mode
+            no_world_write(self.out_dir / name)
         self.store.put_meta(sampler_stats=self.sampler.stats.to_meta())
 
     def _pyspy_ended(self, line: str, problem: str) -> None:

@@ -45,7 +45,7 @@ from profiler.core.sampler_process.views import SamplerFeed, close_views, open_v
 from profiler.core.sampler_process.wire import Close, Final, Line, Log, Ready, line
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.stepevents import Assembler
-from profiler.core.store import STACKS_NAMES, RunStore, StoreWriteError, no_world_write
+from profiler.core.store import RunStore, StoreWriteError
 from profiler.core.watchers import Watchers
 
 _CHANNEL = 1  # the pipe the training process reads: "ready", then its warnings (JSON lines)
@@ -93,8 +93,6 @@ def run(orders: dict[str, Any]) -> int:
     watch.close()
     store.put_meta(status=closing.status, error=closing.error, ended_at=time.time())
     store.close()
-    for name in STACKS_NAMES:  # py-spy creates its file with its own mode
-        no_world_write(run_dir / name)
     if store.failure is not None:  # its rows, read through this process's connection: the file may be gone
         _hand_over_rows(store)
     ring.close()
