@@ -317,7 +317,7 @@ def test_unavailable_schedstat_is_recorded_once_and_reported(tmp_path: Path, mon
         for _ in s.wrap([[0]] * 4):
             with s.phase("compute"):
                 pass
-        assert s._runq is None  # the hot path reads nothing
+        assert s._st.edges.reader is None  # the hot path reads nothing
     rec = load_run(tmp_path)
     assert rec.meta["schedstat"] == "unavailable: no schedstat in this test"
     assert all(p.runq_s is None for p in rec.phases) and all(st.runq_s is None for st in rec.steps)

@@ -25,14 +25,14 @@ FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
 class FakeStream:
     """Device work enqueued inside each phase: ``work[name]`` seconds, ending at the phase's exit mark (the copy of
     h2d, the kernels of compute). Marks are told apart by the phase and by whether the phase's enter or exit made
-    them, not counted: adjacent phases share the event at their boundary (Session.ADJACENT_S), so a step has three
+    them, not counted: adjacent phases share the event at their boundary (profiler.core.edges.ADJACENT_S), so a step has three
     marks or four."""
 
     kind = "cuda-events"
 
     def __init__(self, session: Session, work: dict[str, float], complete: bool = True) -> None:
         self._now = session._now
-        self._stack = session._stack
+        self._stack = session._st.stack
         self._work = work
         self._cursor = 0.0
         self.complete = complete
@@ -45,8 +45,8 @@ class FakeStream:
     def mark(self) -> dict[str, float]:
         host = self._now()
         phase = self._stack[-1] if self._stack else ""
-        # the phase's exit (Session._edge_exit marks it): its work was enqueued inside it
-        exiting = any(sys._getframe(k).f_code.co_name == "_edge_exit" for k in (1, 2, 3))
+        # the phase's exit (StepEdges.exit marks it): its work was enqueued inside it
+        exiting = any(sys._getframe(k).f_code.co_qualname == "StepEdges.exit" for k in (1, 2, 3))
         work = self._work.get(phase, 0.0) if exiting else 0.0
         self._cursor = max(self._cursor + work, host)
         return {"dev": self._cursor}
@@ -179,7 +179,7 @@ def test_events_resolve_without_per_step_sync_and_lag_is_bounded(tmp_path: Path)
         for i, _ in enumerate(s.wrap(sleep_loader(12, 0.0))):
             with s.phase("compute"):
                 pass
-            assert s._marks is not None and s._marks.in_flight <= 4, i  # never more than max_lag steps in flight
+            assert s._st.marks is not None and s._st.marks.in_flight <= 4, i  # never more than max_lag steps in flight
         assert stream.waited == 12 - 4  # waited only for steps beyond the lag bound of 4
     assert len(load_run(tmp_path).steps) == 12  # close() drained the rest
 

@@ -25,7 +25,7 @@ from profiler.cli import main
 from profiler.core.sampler_process.client import WATCH_S, ProcessRecorder
 from profiler.core.sampler_process.ring import Ring, RingReader, RingWriter
 from profiler.core.sampler_process.wire import RunEvent
-from profiler.core.session import HANDOFF_STEPS
+from profiler.core.stepclock import HANDOFF_STEPS
 from profiler.core.stepevents import BATCH, ENTER, EXIT, FETCH
 from profiler.core.store import integrity_ok, load_run, pid_alive, read_head
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources.base import Source, SourceRecipe
+from profiler.core.stepevents import EventSink
 from profiler.core.store.writer import StoreWriteError
 
 if TYPE_CHECKING:
@@ -102,6 +103,56 @@ class Recorder(SessionHook, Protocol):
         """Live views (a dashboard, the Prometheus endpoint) served by another process while the run records: True
         when they are (``fallback()`` shows them from this process should that process not start or be lost),
         False when this recorder has no other process (the caller shows them here). Given before the start."""
+
+
+class HookSet:
+    """A Session's hooks in the order they start (an exporter binds first); they close in reverse order."""
+
+    __slots__ = ("hooks",)
+
+    def __init__(self, hooks: Sequence[SessionHook]) -> None:
+        self.hooks = tuple(hooks)
+
+    def __iter__(self) -> Iterator[SessionHook]:
+        return iter(self.hooks)
+
+    def start(self, session: SessionView) -> None:
+        """Start each in order; one that fails ends those started before it ("failed"), and its error propagates."""
+        started: list[SessionHook] = []
+        try:
+            for hook in self.hooks:
+                hook.on_start(session)
+                started.append(hook)
+        except BaseException as exc:
+            for hook in reversed(started):
+                hook.on_close("failed", str(exc))
+            raise
+
+    def connect(self) -> tuple[EventSink | None, list[Callable[[StepRow, Sequence[PhaseRow]], None]]]:
+        """Where the step events go: the first hook's ``step_events()`` that gives a sink (the sampler process's
+        ring), and the ``on_step`` of every other hook that takes rows."""
+        stream: EventSink | None = None
+        rows: list[Callable[[StepRow, Sequence[PhaseRow]], None]] = []
+        for hook in self.hooks:
+            events = getattr(hook, "step_events", None)
+            sink = events() if callable(events) else None
+            if sink is not None and stream is None:
+                stream = sink
+            elif getattr(hook, "wants_rows", True):
+                rows.append(hook.on_step)
+        return stream, rows
+
+    def meta(self, items: Mapping[str, object]) -> None:
+        for hook in self.hooks:
+            hook.on_meta(items)
+
+    def event(self, kind: str, message: str) -> None:
+        for hook in self.hooks:
+            hook.on_event(kind, message)
+
+    def close(self, status: str, error: str | None) -> None:
+        for hook in reversed(self.hooks):
+            hook.on_close(status, error)
 
 
 class ServingHook(SessionHook, Protocol):
