@@ -25,8 +25,8 @@ FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
 class FakeStream:
     """Device work enqueued inside each phase: ``work[name]`` seconds, ending at the phase's exit mark (the copy of
     h2d, the kernels of compute). Marks are told apart by the phase and by whether the phase's enter or exit made
-    them, not counted: adjacent phases share the event at their boundary (profiler.core.edges.ADJACENT_S), so a step has three
-    marks or four."""
+    them, not counted: adjacent phases share the event at their boundary (profiler.core.edges.ADJACENT_S), so a
+    step has three marks or four."""
 
     kind = "cuda-events"
 
