@@ -76,6 +76,11 @@ def _loop(out: Path, n: int, *, steps: int | None) -> tuple[Summary, Own, Sessio
     return summary, own, s
 
 
+def _ms(runq_s: float | None) -> float:
+    """A phase's run-queue wait in ms; 0 where the Session did not read it."""
+    return runq_s * 1e3 if runq_s is not None and math.isfinite(runq_s) else 0.0
+
+
 def _own_figures(own: Own, measured: list[int]) -> dict[str, float]:
     """The loop's own figures over the steps stallscope measured: step time from its own readings (from asking
     for a batch to asking for the next), its phases, and samples per second."""
@@ -117,12 +122,16 @@ def _check(summary: Summary, own: Own, rec: RunRecord, n: int, off_thread: bool 
     # a phase's span holds the loop's own reads inside it and the Session's few reads at its edges: never less,
     # and per step within 1% of the step but where the training thread was preempted between two reads
     # microseconds apart (beside busy processes: that time is the phase's to the Session and not to the loop; one
-    # such step of 30 moved the mean 1.03% in a fresh-clone CI), so at most one step in ten past it
+    # such step of 30 moved the mean 1.03% in a fresh-clone CI). The phase's own run-queue wait, where the Session
+    # read it, is that preemption, so the excess is taken net of it; at most one step in ten past 1% besides
+    # (a step whose run queue was not read, or a preemption between the loop's read and the phase's edge).
     for key, name in (("h2d_ms", "h2d"), ("compute_ms", "compute")):
         assert got[key] - truth[key] >= 0, (key, got, truth)
         mine = {ph.step: (ph.t_end - ph.t_start) * 1e3 for ph in rec.phases if ph.name == name}
-        over = [i for i in measured if mine[i] - own.phase[name][i] * 1e3 > 0.01 * truth["step_ms"]]
-        assert len(over) <= len(measured) // 10, (key, over, got, truth)
+        waited = {ph.step: _ms(ph.runq_s) for ph in rec.phases if ph.name == name}
+        excess = {i: mine[i] - own.phase[name][i] * 1e3 for i in measured}
+        over = [i for i in measured if excess[i] - waited[i] > 0.01 * truth["step_ms"]]
+        assert len(over) <= len(measured) // 10, (key, [(i, excess[i], waited[i]) for i in over], got, truth)
     # the check can fail: the steps the recorder slowed (held, above) ran 20% slower by the loop's own clock, so
     # with them in the figures would carry the window. Medians: a preempted step beside busy processes moves a mean
     # (20 slowed steps in 200 add 2% to it, within the noise of a loaded host: red in a fresh-clone CI)
