@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,10 @@ from typing import Any
 import pytest
 from conftest import ROOT, stallscope
 
+from profiler.analysis.apart import spans
 from profiler.cli import main
+from profiler.core.rows import held_steps
+from profiler.core.store import load_run
 from profiler.whatif.model import (
     MAIN,
     NO_GAP,
@@ -305,14 +309,23 @@ def test_a_run_with_no_measured_steps_is_bad_input(tmp_path: Path, capsys: pytes
 @pytest.mark.alone
 @pytest.mark.slow
 def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Path) -> None:
+    # issue #56: from a 10-step base run on a simulated device (imagenet, sim:v100, 0 workers, 2 warm-up) the
+    # check was 38-67% off, and the base measured 79-94 samples/s where the check's re-run of the same
+    # configuration measured 133-147: the first run was slow. The base here is such a run, made twice
     scenario = str(ROOT / "tests/data/scenarios/io_wait.py")
-    measured = tmp_path / "run"
+    measured, again_run = tmp_path / "run", tmp_path / "again"
+    for out in (measured, again_run):
+        res = stallscope(
+            "run", scenario, "--device", "sim:v100", "--steps", "10", "--warmup", "2", "--out", str(out),
+            "--no-live", "--json",
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+    _first_run_as_the_second(measured, again_run)
+    # the check's runs are longer than the base (a window of whole delivery bursts: io_wait.py), so that the
+    # check measures as closely as it did with a 24-step base
     res = stallscope(
-        "run", scenario, "--device", "sim:v100", "--steps", "24", "--warmup", "4", "--out", str(measured),
-        "--no-live", "--json",
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    res = stallscope("whatif", str(measured), "--workers", "0,2,4", "--check", "--json")
+        "whatif", str(measured), "--workers", "0,2,4", "--check", "--steps", "24", "--warmup", "4", "--json"
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     rows = {r["workers"]: r for r in out["predictions"]}
@@ -333,6 +346,22 @@ def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Pat
     assert again.returncode == 0 and "is reused" in again.stderr, again.stderr
     gap, kept = out["worker_gap"], json.loads(again.stdout)["worker_gap"]
     assert kept["factor"] == gap["factor"] and kept["samples"] == gap["samples"] and "reused" in kept["source"]
+
+
+def _first_run_as_the_second(first: Path, second: Path) -> None:
+    """Two identical runs, the first in a fresh process as the second: their mean measured steps within 4 standard
+    errors of the difference, or 1%. Measured beside two busy processes (4 pairs of 10-step io_wait runs): 0.2-0.6
+    standard errors, 0.09-0.23%; quiet (2 pairs, each step's spread 0.05 ms) 2.9-3.1 standard errors, 0.12-0.13%:
+    between two runs the sleeps' wake-ups differ by more than within one."""
+    means = []
+    for run in (first, second):
+        rec = load_run(run)
+        held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
+        steps = [(s.t_end - s.t_start) * 1e3 for s in rec.steps if not s.warmup and s.step not in held]
+        assert len(steps) == 10, len(steps)
+        means.append((statistics.fmean(steps), statistics.stdev(steps) / math.sqrt(len(steps))))
+    (m1, se1), (m2, se2) = means
+    assert abs(m1 - m2) <= max(4 * math.hypot(se1, se2), 0.01 * m2), means
 
 
 def test_a_kept_calibration_is_reused_only_for_the_same_key_and_while_fresh(tmp_path: Path) -> None:
