@@ -28,6 +28,7 @@ from profiler.core.store import load_run
 BATCH = 8
 SCENARIO = ROOT / "tests" / "data" / "scenarios" / "window_cost.py"
 SCRIPT = ROOT / "tests" / "data" / "window_train.py"
+SCRIPT_WORK_S = 0.006  # each step's work (a sleep) in SCRIPT (WORK_S) and in SCENARIO (FORWARD_S)
 # each phase 2 ms or more: the Session's own reads at a phase's edges (5-11 us beside two busy processes) stay
 # under half of the 1% bound
 H2D_S, COMPUTE_S = 0.002, 0.004  # and no other work of the loop's own
@@ -248,8 +249,18 @@ def _within_1pct_of_own(out: Path, own_step_s: dict[int, float], summary: dict, 
     assert summary["steps"] == len(measured)
     assert summary["step_time_ms"]["mean"] == pytest.approx(sum(own) / len(own) * 1e3, rel=0.01)
     assert summary["throughput_samples_per_s"] == pytest.approx(8 * len(own) / sum(own), rel=0.01)
-    every = [s.t_end - s.t_start for s in rec.steps if not s.warmup]
-    assert sum(every) / len(every) > 1.02 * sum(own) / len(own)  # with the held steps in: past 1%
+    # the check can fail: the steps the window recorded ran slower by the loop's own clock (its work 20% longer), so
+    # with them in the figures would carry the window. Off the thread the loop goes on through the stop, and the
+    # held steps' mean was once under the measured ones' (7.79 against 7.85 ms: 19 slowed of 114 held, beside the
+    # suite); their medians, apart, differ by the injected 1.2 ms (1.09 there). Checked against half of it
+    win = rec.windows[0]
+    inside = [s.step for s in rec.steps if s.t_start >= win.t_start and s.t_end <= win.t_recorded]
+    slowed = [i for i in inside if i in own_step_s]  # a run's last step has no own reading after it
+    extra = cupti_like.settings()["slow"] * SCRIPT_WORK_S
+    assert set(slowed) <= held and len(slowed) >= 5, (slowed, sorted(held))
+    assert statistics.median(own_step_s[i] for i in slowed) - statistics.median(own) > 0.5 * extra
+    # and so many of them that with them in, the mean step would move past the 1% bound checked above
+    assert len(slowed) * 0.5 * extra / (len(own) + len(slowed)) > 0.01 * statistics.median(own), (slowed, own)
     assert all(r["code"] != "LOOP_OVERHEAD" for r in summary["recommendations"]), summary["recommendations"]
     assert summary["gpu"] is None and summary["kernel_windows"]["steps"] == len(held)
     if calls is not None:  # off the thread: the start and the GIL's hold, as the script's recorder read them
