@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from conftest import ROOT, stallscope
 
-from profiler.analysis.apart import spans
+from profiler.analysis.apart import measured_steps
 from profiler.cli import main
-from profiler.core.rows import held_steps
 from profiler.core.store import load_run
 from profiler.whatif.model import (
     MAIN,
@@ -355,9 +354,7 @@ def _first_run_as_the_second(first: Path, second: Path) -> None:
     between two runs the sleeps' wake-ups differ by more than within one."""
     means = []
     for run in (first, second):
-        rec = load_run(run)
-        held = held_steps(spans(rec.windows), rec.steps, rec.meta.get("kernel_window_tail_from"))
-        steps = [(s.t_end - s.t_start) * 1e3 for s in rec.steps if not s.warmup and s.step not in held]
+        steps = [(s.t_end - s.t_start) * 1e3 for s in measured_steps(load_run(run))]
         assert len(steps) == 10, len(steps)
         means.append((statistics.fmean(steps), statistics.stdev(steps) / math.sqrt(len(steps))))
     (m1, se1), (m2, se2) = means
