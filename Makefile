@@ -1,5 +1,15 @@
 # Two commands from a fresh clone: `make demo` and `make test`. Both create .venv when missing.
-PYTHON ?= python3.11
+# The interpreter that makes .venv: the newest of these that runs and is 3.11 or later (a pyenv shim of a version
+# that is installed but not selected is on PATH and fails when run, so each candidate is run, not looked up).
+# `make PYTHON=/path/to/python3.x` picks one; `make python` says which would be used. Found once, when first used.
+PY_CANDIDATES := python3.13 python3.12 python3.11 python3
+PY_NEEDS := 3.11
+PY_OK := import sys; sys.exit(sys.version_info[:2] < (3, 11))
+PY_VERSION := import sys; print("%d.%d.%d" % sys.version_info[:3])
+PYTHON ?= $(eval PYTHON := $(shell for p in $(PY_CANDIDATES); do $$p -c '$(PY_OK)' >/dev/null 2>&1 && { echo $$p; break; }; done))$(PYTHON)
+# What each candidate is, for the message when none fits
+PY_SEEN = $(shell for p in $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(PY_CANDIDATES)); do \
+	v=$$($$p -c '$(PY_VERSION)' 2>/dev/null) || v="not found"; printf '%s: %s; ' "$$p" "$$v"; done)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stallscope-installed
@@ -15,7 +25,7 @@ HTA_DEPS := pandas plotly networkx pydot
 
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install chromium pyc demo test test-fast test-timing test-docs stress lint bench gpu-check clean
+.PHONY: python install chromium pyc demo test test-fast test-timing test-docs stress lint bench gpu-check clean
 
 # uv installs the ~6 GB of wheels in parallel: 4 s here from its cache, where pip took 75-80 s. Not byte-compiled:
 # that took 40 s of a fresh-clone CI run's wall clock for every module of every package, where the suite imports a
@@ -24,13 +34,20 @@ unexport PYTHONDONTWRITEBYTECODE
 # others read it, as on a host without that setting (docs/testing.md). The venv is made without pip (ensurepip took
 # 5.5 of the 9 s before uv could start) and this Python's own pip puts uv in it; pip in the venv where uv cannot be had.
 $(STAMP): pyproject.toml Makefile
-	@test -x $(BIN)/python || $(PYTHON) -m venv --without-pip $(VENV)
+	@test -x $(BIN)/python || { $(MAKE) -s python > /dev/null && $(PYTHON) -m venv --without-pip $(VENV); }
 	$(PYTHON) -m pip --python $(BIN)/python install -q uv && $(BIN)/python -m uv pip install -q --python $(BIN)/python \
 		$(PINS) -e '.[dev]' $(DALI) $(HTA_DEPS) && $(BIN)/python -m uv pip install -q --python $(BIN)/python --no-deps $(HTA) \
 	|| { $(BIN)/python -m ensurepip --upgrade > /dev/null && $(BIN)/python -m pip install -q --upgrade pip \
 		&& $(BIN)/python -m pip install -q -e '.[dev]' $(PINS) $(DALI) $(HTA_DEPS) \
 		&& $(BIN)/python -m pip install -q --no-deps $(HTA); }
 	@touch $(STAMP)
+
+# The interpreter that makes .venv, or one line naming what was found and the version needed (exit 2)
+python:
+	@if [ -n "$(PYTHON)" ] && $(PYTHON) -c '$(PY_OK)' > /dev/null 2>&1; then \
+		echo "$(PYTHON) ($$($(PYTHON) -c '$(PY_VERSION)'), $$(command -v $(PYTHON)))"; \
+	else echo "make: stallscope needs Python $(PY_NEEDS) or later; found $(PY_SEEN)set PYTHON=/path/to/python3.x" >&2; \
+		exit 2; fi
 
 install: $(STAMP)
 
