@@ -10,8 +10,8 @@
 #        the sampler process alone (windows off: item 3), and the hot path's microseconds a step and a phase on CUDA;
 #   #44: the same overhead figures;
 #   #57: the GPU tests (pytest -m gpu): the real-CUDA zero-code events against the script's own, the device timer,
-#        a Session's window, started on its own thread, recording the training thread's kernels, and its trace
-#        exported with the GIL released (profiler/core/kinetosave.py on torch 2.11's layout).
+#        a Session's window, started on its own thread, recording the training thread's kernels (its trace
+#        exported there through torch's public export_chrome_trace).
 # Run: bash benchmarks/gpu_steps.sh   (each step has its own limit: 7.8 minutes in all at most)
 set -u
 out="${OUT:-gpu-steps}"
@@ -31,4 +31,4 @@ step overhead-cnn 120 "$py" benchmarks/gpu_overhead.py --loops cnn --rounds 2 --
 step overhead-resnet50 100 "$py" benchmarks/gpu_overhead.py --loops resnet50 --rounds 2 --steps 30,200
 step kernel-case 100 "$py" benchmarks/gpu_check.py --scenarios ssd --skip-tests --out "$out/runs"
 step kernel-windows 45 "$py" benchmarks/kernel_windows.py --groups 20 --sim-runs 1 --json
-step gpu-tests 60 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_instrument_device.py tests/test_device_timing.py tests/test_kernel_windows.py tests/test_kinetosave.py
+step gpu-tests 60 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/test_instrument_device.py tests/test_device_timing.py tests/test_kernel_windows.py

@@ -19,9 +19,10 @@ the training thread is its wait for the start plus what its steps lost while the
 recorded only on the thread that started the profiler, where CUPTI records every thread's kernels, so here the
 window thread makes the window's operators itself, right after its start (not counted); the training thread's
 steps are 20 small matrix products.
-Two rows off the thread: ``off, binding`` hands the window over through torch's ``_ProfilerResult.save`` (which
-holds the GIL while kineto writes the trace), ``off thread`` through :mod:`profiler.core.kinetosave` (the same C++
-called with the GIL released: a run's path). The rows before them use torch's binding too.
+The hand-over, on every path, is torch's public ``export_chrome_trace`` (its binding holds the GIL while kineto's C++
+writes the trace: off the thread, the training thread's steps wait that long, counted in ``lost``). Until
+issue #65 a fourth row timed the same C++ called through ``ctypes`` with the GIL released; that path could abort the
+process on a torch whose memory layout it did not know, and was removed (docs/benchmarks.md gives its figures).
 
 Each size: ``--repeats`` windows (the first window of the process, kineto's own set-up, is run and not counted);
 medians printed, in ms, with the events per window. Run: ``.venv/bin/python benchmarks/window_cost.py [--json]``.
@@ -32,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -44,7 +44,6 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from profiler.core import kinetosave  # noqa: E402
 from profiler.core.kerneltrace import fill, trace_path  # noqa: E402
 from profiler.core.kernelwin import TorchKernelRecorder, WindowThread  # noqa: E402
 from profiler.core.rows import KernelWindow  # noqa: E402
@@ -68,8 +67,7 @@ def window(rec: TorchKernelRecorder, ops: int, x: torch.Tensor, handoff: Path | 
         t0 = time.perf_counter()
         parts["events"] = len(fill(KernelWindow(1, 0.0, 0.0, 0.0, []), handoff, 0.0).activities)
         parts["parse"] = time.perf_counter() - t0
-    # on this thread a native export's wall time is the training thread's too (``read`` is only the GIL's part)
-    parts["total"] = sum(parts.get(p, 0.0) for p in PARTS) + (parts["export"] if parts.get("native") else 0.0)
+    parts["total"] = sum(parts.get(p, 0.0) for p in PARTS)  # ``read`` holds the export (the GIL held for it)
     return parts
 
 
@@ -134,7 +132,6 @@ def measure(activity: str, repeats: int, sizes: tuple[int, ...] = SIZES) -> list
     probe = window(rec, 1000, x, None)  # kineto's set-up (the process's first window) happens here, not counted
     per_op = probe["events"] / 1000
     rows = []
-    os.environ[kinetosave.ENV] = "binding"  # the paths before the native export, but for the last row of each size
     with tempfile.TemporaryDirectory() as tmp:
         for target in sizes:
             ops = max(1, round(target / per_op))
@@ -143,14 +140,10 @@ def measure(activity: str, repeats: int, sizes: tuple[int, ...] = SIZES) -> list
                 keys = (*PARTS, "total", "events", *(("parse",) if where else ()))
                 row = {k: statistics.median(g[k] for g in got) for k in keys}
                 rows.append({"activity": activity, "path": how, **row})
-            for how, export in (("off, binding", "binding"), ("off thread", "")):
-                os.environ[kinetosave.ENV] = export  # torch's binding (the GIL held) or kinetosave's native call
-                got = [off_thread(rec, ops, x, Path(tmp)) for _ in range(repeats)]
-                keys = ("start", "sync", "stop", "read", "lost", "total", "events", "parse", "native")
-                rows.append({"activity": activity, "path": how,
-                             **{k: statistics.median(g.get(k, 0.0) for g in got) for k in keys}})  # fmt: skip
-            os.environ[kinetosave.ENV] = "binding"
-    os.environ.pop(kinetosave.ENV, None)
+            got = [off_thread(rec, ops, x, Path(tmp)) for _ in range(repeats)]
+            keys = ("start", "sync", "stop", "read", "lost", "total", "events", "parse")
+            rows.append({"activity": activity, "path": "off thread",
+                         **{k: statistics.median(g.get(k, 0.0) for g in got) for k in keys}})  # fmt: skip
     return rows
 
 

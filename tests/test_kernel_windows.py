@@ -473,10 +473,11 @@ class _FakeProfile:
         _FakeProfile.started.append(time.perf_counter())
 
     def stop(self) -> None:
-        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(save=self._save))
+        pass
 
-    def _save(self, path: str) -> None:
-        """Its trace as kineto writes it: microseconds from ``baseTimeNanoseconds``, launches linked by correlation."""
+    def export_chrome_trace(self, path: str) -> None:
+        """Its trace as kineto writes it: microseconds from ``baseTimeNanoseconds``, launches linked by correlation
+        (torch's public export: the fake has nothing else to write it with)."""
         base = self.base - 123_456_789  # kineto's base is not the window's start
 
         def x(cat: str, name: str, start_ns: int, dur_ns: int, **args: int) -> dict[str, object]:
@@ -647,9 +648,11 @@ def test_the_cuda_recorder_starts_and_stops_on_the_window_thread_on_the_training
 
     class Profile:
         def __init__(self, activities: list[object]) -> None:
-            self.profiler = SimpleNamespace(
-                kineto_results=SimpleNamespace(save=lambda path: Path(path).write_text("{}"))
-            )
+            pass
+
+        def export_chrome_trace(self, path: str) -> None:
+            on("export")
+            Path(path).write_text("{}")
 
         def start(self) -> None:
             on("start")
@@ -671,7 +674,9 @@ def test_the_cuda_recorder_starts_and_stops_on_the_window_thread_on_the_training
         for _ in s.wrap(range(8)):
             pass
     win = "stallscope-kernel-window"
-    assert calls == [f"set_device 3:{win}", f"start:{win}", "record:MainThread", f"event sync:{win}", f"stop:{win}"]
+    # the trace handed over through torch's public export, on the window thread too
+    assert calls == [f"set_device 3:{win}", f"start:{win}", "record:MainThread", f"event sync:{win}", f"stop:{win}",
+                     f"export:{win}"]  # fmt: skip
     (w,) = load_run(tmp_path).windows
     assert w.t_start < w.recorded_end <= w.t_end
 

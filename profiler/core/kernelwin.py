@@ -11,8 +11,9 @@ Off the training thread: CUPTI records the whole process, whichever thread start
 training thread waits for the start (about a millisecond), and at the window's last step only marks the boundary
 (one CUDA event: ``GREC``, the recorded steps end there) and hands the stop over: the profiler's stop (CUPTI's
 flush and kineto's post-processing, C++ that releases the GIL) runs there while the training goes on, and so
-does the hand-over of its activities (kineto's trace export: C++ too, called with the GIL released by
-:mod:`profiler.core.kinetosave`; through torch's binding, which holds it, where that module's checks fail). The
+does the hand-over of its activities (kineto's trace export through torch's public ``export_chrome_trace``: C++
+that holds the GIL while it writes, so the training thread waits that long, about 1 us an event, and no longer:
+no call into torch goes around its Python API, which could take the training down on another torch). The
 window's span, whose steps are held apart, ends when that thread has finished; the activities launched after the
 boundary are dropped (:func:`recorded`). benchmarks/window_cost.py measures what each path costs the training
 thread. Its activities go before it as ``GPU`` events, or, where a sampler
@@ -30,7 +31,8 @@ Recorders (:class:`KernelRecorder`):
   CUPTI's traps: its callbacks stay attached after a profile unless it is torn down, which slows every later
   kernel launch; ``TEARDOWN_CUPTI=1`` is set for the process unless the user set it. Where it is ``0``
   (``torch.compile``'s CUDA graphs set it: tearing CUPTI down under graphs crashes), only the first window runs,
-  and the run says so.
+  and the run says so; so too before CUDA 12.6 (:func:`reinit_risk`: CUPTI set up again after its teardown can
+  crash a process that replays graphs, which a script may capture without torch.compile).
   A window never opens while a CUDA graph is being captured.
 - :class:`SimKernelRecorder`: the simulated device's operations, as kernels launched at their issue times
   (SIMULATED: labelled so wherever shown).
@@ -49,7 +51,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from profiler.core import kinetosave
 from profiler.core.kerneltrace import recorded, trace_path, write_clock
 from profiler.core.stepevents import GPU, GREC, GWIN, NAN, Event
 
@@ -434,6 +435,8 @@ class TorchKernelRecorder:
                 f"{FOR_GOOD}TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0), so CUPTI stays "
                 "attached after a window: only the first one runs"
             )
+        if self._used and (why := reinit_risk(self._torch)) is not None:
+            return f"{FOR_GOOD}{why}"
         capturing = getattr(cuda, "is_current_stream_capturing", None)
         if cuda.is_initialized() and callable(capturing) and capturing():
             return "a CUDA graph is being captured"
@@ -475,22 +478,20 @@ class TorchKernelRecorder:
         return acts
 
     def stop_to(self, path: Path, boundary: object = None) -> None:
-        """End the window and hand its activities over as kineto's own trace at ``path`` (written in C++ with the GIL
-        released where :mod:`profiler.core.kinetosave` can, else holding it: ``read``), with the clock pairs beside
-        it, for another process to read (core.kerneltrace)."""
+        """End the window and hand its activities over as kineto's own trace at ``path``, written by torch's public
+        ``export_chrome_trace`` (kineto's C++, the GIL held while it writes: ``read`` counts it), with the clock pairs
+        beside it, for another process to read (core.kerneltrace)."""
         prof = self._end(boundary)
         if prof is None:
             return
         t = self._clock()
         path.parent.mkdir(parents=True, exist_ok=True)
         t_save = self._clock()
-        how, held = kinetosave.save(prof.profiler.kineto_results, str(path), kinetosave.lib_of(self._torch))
+        prof.export_chrome_trace(str(path))
         t_saved = self._clock()
         write_clock(path, *clock_offset(self._pairs), cpu=not self._cuda)
         end = self._clock()
-        # read: what held the GIL (all but the export where kineto wrote it with the GIL released)
-        self.parts.update(read=end - t - (t_saved - t_save) + held, export=t_saved - t_save,
-                          native=float(how == "native"))  # fmt: skip
+        self.parts.update(read=end - t, export=t_saved - t_save)  # the export held the GIL: read counts it
 
     def _end(self, boundary: object) -> Any:
         """The window's profiler stopped once the device has reached ``boundary`` (None: all that was launched),
@@ -506,6 +507,24 @@ class TorchKernelRecorder:
         self.parts.update(sync=t1 - t0, stop=clock() - t1)
         self._pairs.append(wall_pair(clock))
         return prof
+
+
+def reinit_risk(torch_mod: object) -> str | None:
+    """Why a second window must not open under this torch's CUDA, or None. Before CUDA 12.6, CUPTI set up again
+    after its teardown (``TEARDOWN_CUPTI=1``, which a window sets) can crash a process that replays CUDA graphs
+    (torch's own note, where ``torch.compile`` turns the teardown off); stallscope cannot see graphs a script
+    captures itself, so there only the first window runs. The start-up module of ``run --`` has a copy."""
+    text = str(getattr(getattr(torch_mod, "version", None), "cuda", None))
+    try:
+        major, minor = (int(x) for x in text.split(".")[:2])
+    except ValueError:
+        return None  # no CUDA build (a test's stand-in)
+    if (major, minor) >= (12, 6):
+        return None
+    return (
+        f"CUDA {text} (before 12.6): setting CUPTI up again after its teardown can crash a process that replays "
+        "CUDA graphs, so only the first window runs"
+    )
 
 
 def wall_pair(clock: Callable[[], float]) -> tuple[float, int]:

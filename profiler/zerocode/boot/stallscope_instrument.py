@@ -37,7 +37,6 @@ import atexit
 import collections
 import importlib.abc
 import importlib.machinery
-import importlib.util
 import inspect
 import json
 import os
@@ -57,6 +56,7 @@ FLUSH_EVERY = 64
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 WINDOWS_ENV = "STALLSCOPE_KERNEL_WINDOWS"  # "AFTER:STEPS[:EVERY]" in a loader's next() calls, or "off"
 WINDOWS_DEFAULT = (10, 20, 2000)
+START_WAIT_S = 30.0  # as profiler.core.kernelwin.START_WAIT_S: the script waits this long for a window's start
 RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"  # as profiler.core.kernelwin.RECORDER_ENV (this module cannot import it)
 _LIBRARIES = tuple(os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata"))
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,13 +65,16 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 class Writer:
     """Appends records to this process's file: the hot path appends a record, and writes what is pending itself
     once FLUSH_EVERY records or FLUSH_S have gathered (one ``write``; no thread of its own in the script's process
-    to wake it: the GIL's hand-over to one costs a fast loop more than the write)."""
+    to wake it: the GIL's hand-over to one costs a fast loop more than the write). A write that fails (the
+    directory gone, the disk full) loses those records, never raises into the script's ``next()``: ``lost`` counts
+    them, said once on stderr."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.pending: collections.deque[dict[str, object]] = collections.deque()
         self.lock = threading.Lock()
         self.flushed_at = time.perf_counter()
+        self.lost = 0  # records a failed write lost
 
     def put(self, record: dict[str, object]) -> None:
         pending = self.pending
@@ -88,13 +91,18 @@ class Writer:
         with self.lock:
             self.flushed_at = time.perf_counter()
             lines = []
-            while self.pending:
-                lines.append(json.dumps(self.pending.popleft(), separators=(",", ":")))
+            while self.pending:  # default=str: a knob of a type JSON has not is written as its text, never raised
+                lines.append(json.dumps(self.pending.popleft(), separators=(",", ":"), default=str))
             if not lines:
                 return
             path = os.path.join(self.directory, f"p{os.getpid()}.jsonl")
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write("\n".join(lines) + "\n")
+            try:
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write("\n".join(lines) + "\n")
+            except OSError as exc:
+                if not self.lost:
+                    sys.stderr.write(f"stallscope: instrument records not written ({exc}); the script goes on\n")
+                self.lost += len(lines)
 
 
 def batch_len(batch: Any) -> int | None:
@@ -338,6 +346,10 @@ class KernelWindows:
         if not self.stopping.is_set() or (not own and (torch is None or cuda is None or not cuda.is_initialized())):
             self.next_call = calls + 1  # a stop still running, or not yet on CUDA: try at the next call
             return
+        if self.window and not own and (why := reinit_risk(torch)) is not None:
+            self.next_call = 1 << 62  # no window again (profiler.core.kernelwin.reinit_risk)
+            self.writer.put({"k": "kwin_off", "why": why})
+            return
         t0 = time.perf_counter()
         if own:
             module, _, name = own.partition(":")
@@ -377,7 +389,8 @@ class KernelWindows:
 
         self.jobs.put(run)
         if wait:
-            ran.wait()
+            if not ran.wait(START_WAIT_S):  # a start that hangs (CUPTI's) never holds the script: at() turns off
+                raise TimeoutError(f"the profiler did not start within {START_WAIT_S:.0f} s")
             if box:
                 raise box[0]
 
@@ -422,11 +435,13 @@ class KernelWindows:
             # kineto's times are wall-clock ns: onto perf_counter by the readings at the opening and now (integer
             # ns first: a float holds ns since the epoch only to 256 ns)
             offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
-            # kineto writes the window's trace in C++ (the GIL released where profiler/core/kinetosave.py can, else
-            # held: the script's thread waits that long); stallscope's process reads it
+            # kineto writes the window's trace in C++ through torch's public export (the GIL held: the script's
+            # thread waits that long, counted in the window's cost); stallscope's process reads it
             # (profiler/core/kerneltrace.py), not this process (8 us an event)
             trace = os.path.join(self.writer.directory, f"kwin-{os.getpid()}-{window}.json")
-            held = export_trace(prof.profiler.kineto_results, trace)
+            t_export = time.perf_counter()
+            prof.export_chrome_trace(trace)
+            held = time.perf_counter() - t_export
             hand = {"acts": [], "trace": trace, "wall_ref": wall_open, "clock_ref": t_started - offset, "r": t_rec}
             self._put(window, t_open, cost + held, hand)
         finally:
@@ -441,27 +456,23 @@ class KernelWindows:
         self.stopping.wait(60.0)
 
 
-_SAVE: list[ModuleType | None] = []  # profiler/core/kinetosave.py once loaded (None: not loadable here)
-
-
-def export_trace(results: Any, path: str) -> float:
-    """Kineto's trace of ``results`` written to ``path``, through profiler/core/kinetosave.py (the GIL released where
-    its checks hold; loaded by its path: standard library only), else torch's binding. Returns the seconds the GIL
-    was held for it."""
-    if not _SAVE:
-        try:
-            where = os.path.join(_HERE, os.pardir, os.pardir, "core", "kinetosave.py")
-            spec = importlib.util.spec_from_file_location("stallscope_kinetosave", where)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-            _SAVE.append(module)
-        except (OSError, ImportError, AttributeError):
-            _SAVE.append(None)
-    if _SAVE[0] is None:
-        t0 = time.perf_counter()
-        results.save(path)
-        return time.perf_counter() - t0
-    return float(_SAVE[0].save(results, path, _SAVE[0].lib_of(sys.modules.get("torch")))[1])
+def reinit_risk(torch: Any) -> str | None:
+    """profiler.core.kernelwin.reinit_risk, copied (this module imports nothing of stallscope): why a second window
+    must not set CUPTI up again after its teardown (CUDA before 12.6 with CUDA graphs can crash), else None; also
+    where the teardown is off (``TEARDOWN_CUPTI`` not 1: torch.compile's graphs), which would leave CUPTI attached."""
+    if os.environ.get("TEARDOWN_CUPTI") != "1":
+        return "TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0): only the first window runs"
+    text = str(getattr(getattr(torch, "version", None), "cuda", None))
+    try:
+        major, minor = (int(x) for x in text.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) >= (12, 6):
+        return None
+    return (
+        f"CUDA {text} (before 12.6): setting CUPTI up again after its teardown can crash a process that replays "
+        "CUDA graphs, so only the first window runs"
+    )
 
 
 class Instrument:
