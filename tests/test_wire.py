@@ -45,3 +45,8 @@ def test_every_line_is_heard_as_it_was_said_and_a_stray_print_is_not() -> None:
     assert wire.heard(b"hello from a print") is None
     assert wire.heard(b"[1, 2]") is None
     assert wire.heard(b'{"other": 1}') is None
+
+
+def test_the_ring_record_kinds_are_distinct() -> None:
+    kinds = [wire.PAD, wire.NAME, wire.BLOB, wire.EVENTS, wire.NEXT]
+    assert len(set(kinds)) == len(kinds) and all(0 <= k < 256 for k in kinds)  # one byte in a record's head

@@ -8,7 +8,10 @@ own source objects) run on an in-process sampler; those a recipe names run in th
 
 Invariants:
 - Training never waits for the sampler process: a step's events are appended to an array (one C call each) and
-  copied into shared memory in batches; a ring that is full keeps the record in order in a spill list.
+  copied into shared memory in batches; a ring that is full grows by a segment sent to the sampler process over a
+  socket (where it cannot, the record waits in a spill list), so what was handed on outlives a kill of this process.
+- The header counts the steps taken (the Session's step clock stores it); the sampler process, or this process after
+  a take-over, stores it at the close as meta ``steps_taken``.
 - The sampler process dies (or hangs at close): the watch sees it within a second and this process takes the
   store over (the lock is already its own), resuming from the ring position the store last committed, so no
   step is lost; the store says when and how the sampler process ended, and that samples stop there.
@@ -23,6 +26,7 @@ import logging
 import os
 import pickle
 import select
+import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +39,7 @@ from profiler.core.recording import Summarizer, checked_store_errors, log_warnin
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
 from profiler.core.sampler import Sampler
 from profiler.core.sampler_process.drain import Drain
-from profiler.core.sampler_process.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter
+from profiler.core.sampler_process.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter, send_segment
 from profiler.core.sampler_process.views import ViewRecipe
 from profiler.core.sampler_process.wire import (
     Close,
@@ -51,6 +55,7 @@ from profiler.core.sampler_process.wire import (
     heard,
 )
 from profiler.core.sources.base import Source, SourceRecipe, split_recipes
+from profiler.core.sources.memory import Taken
 from profiler.core.stepevents import Assembler, EventSink
 from profiler.core.store import (
     DB_NAME,
@@ -64,6 +69,7 @@ from profiler.core.store import (
 )
 from profiler.core.store.reader import open_read, read_meta
 from profiler.core.store.writer import MARK_KEY, init_store
+from profiler.core.tickreads import TickReads
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
@@ -73,7 +79,7 @@ log = logging.getLogger("stallscope")
 
 WATCH_S = 1.0  # the one thread this hook runs in the training process wakes this often
 READY_TIMEOUT_S = 30.0  # the sources' probes (NVML's init on a many-GPU machine can take seconds), and the start
-CLOSE_TIMEOUT_S = 60.0  # a sampler process that has not closed the store by then is taken over
+CLOSE_TIMEOUT_S = 60.0  # a sampler process that has stored nothing for this long at the close is taken over
 _ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the profiler package
 
 
@@ -129,9 +135,12 @@ class ProcessRecorder:
         self._summarizer = summarize
         self.t0 = 0.0
         self.sampler: Sampler | None = None  # the in-process sources' sampler (None without any)
+        self._ticked: TickReads | None = None  # those read at the training thread's hand-overs
         self.proc: subprocess.Popen[bytes] | None = None
         self._ring: Ring | None = None
         self._writer: RingWriter | None = None
+        # the ring's new segments go to the sampler process over this socket (ours; its end is passed at the spawn)
+        self._segments: socket.socket | None = None
         self._watch: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the take-over and the close
@@ -174,9 +183,17 @@ class ProcessRecorder:
         try:
             init_store(self.out_dir, running_meta(self._meta, self._sample_hz, sampling="process"))
             self._ring = ring = Ring.create(self._ring_size)
-            self._writer = RingWriter(ring)
-            self.proc = proc = self._spawn(ring, t0)
+            self._segments, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._segments.setblocking(False)  # a segment that cannot go at once is not sent: the record spills
+            ours = self._segments
+            self._writer = RingWriter(ring, announce=lambda seg: send_segment(ours, seg))
+            try:
+                self.proc = proc = self._spawn(ring, t0, theirs.fileno())
+            finally:
+                theirs.close()  # the sampler process has its own; ours alone here, so its end is seen
         except BaseException:
+            if self._segments is not None:
+                self._segments.close()
             if self._ring is not None:
                 self._ring.close()
             unlock_run_dir(self.out_dir)
@@ -186,12 +203,20 @@ class ProcessRecorder:
             with self._lock:
                 self._take_over(problem)
             self._views_here()
-        if self._local:
-            writer = self._writer
-            # as fast as the fastest of them needs: a source with a ``max_hz`` (the pin source's 1 Hz) asks for less
-            hz = max(min(self._sample_hz, getattr(s, "max_hz", self._sample_hz)) for s in self._local)
+        writer = self._writer
+        # the pin source's kind is read at the training thread's hand-overs, with no thread of its own (core.tickreads)
+        ticked = [s for s in self._local if getattr(s, "at_ticks", False)]
+        self._ticked = TickReads(
+            ticked,
+            sink=lambda rows: writer.put_item(Samples(rows)),
+            on_event=lambda t, kind, message, source: writer.put_item(RunEvent(t, kind, source, message)),
+            now=self.now,
+        )
+        if threaded := [s for s in self._local if s not in ticked]:
+            # as fast as the fastest of them needs: a source with a ``max_hz`` asks for less
+            hz = max(min(self._sample_hz, getattr(s, "max_hz", self._sample_hz)) for s in threaded)
             self.sampler = Sampler(
-                self._local, hz,
+                threaded, hz,
                 sink=lambda rows: writer.put_item(Samples(rows)),
                 on_event=lambda t, kind, message, source: writer.put_item(RunEvent(t, kind, source, message)),
                 t0=t0,
@@ -201,10 +226,11 @@ class ProcessRecorder:
         self._watch = threading.Thread(target=self._watch_loop, name="stallscope-watch", daemon=True)
         self._watch.start()
 
-    def _spawn(self, ring: Ring, t0: float) -> subprocess.Popen[bytes]:
+    def _spawn(self, ring: Ring, t0: float, segments_fd: int) -> subprocess.Popen[bytes]:
         orders = {
-            "parent_pid": os.getpid(), "fd": ring.fd, "size": ring.size, "run_dir": str(self.out_dir),
-            "sample_hz": self._sample_hz, "t0": t0, "warmup": self._warmup(), "store_errors": self._store_errors,
+            "parent_pid": os.getpid(), "fd": ring.fd, "size": ring.size, "segments_fd": segments_fd,
+            "run_dir": str(self.out_dir), "sample_hz": self._sample_hz, "t0": t0, "warmup": self._warmup(),
+            "store_errors": self._store_errors,
             "recipes": [r.to_json() for r in self._recipes],
             "views": [v.to_json() for v in self._views], "meta": self._meta if self._views else {},
             # its warnings go to stderr as this process's would: at the stallscope logger's level, or none
@@ -212,7 +238,7 @@ class ProcessRecorder:
         }  # fmt: skip
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
-        fds = [ring.fd, *(fd for r in self._recipes for fd in r.pass_fds)]
+        fds = [ring.fd, segments_fd, *(fd for r in self._recipes for fd in r.pass_fds)]
         fds += [fd for v in self._views for fd in v.pass_fds]
         proc = subprocess.Popen(
             [sys.executable, "-m", "profiler.core.sampler_process"],
@@ -311,9 +337,14 @@ class ProcessRecorder:
         if self.sampler is not None:
             self.sampler.rescan_soon()
 
-    def read_memory_soon(self) -> None:
+    def at_tick(self) -> None:
+        """A hand-over of the Session's step events (on the training thread): the sources read there, when due."""
+        if self._ticked:
+            self._ticked.at()
+
+    def read_memory_soon(self, taken: Taken | None = None) -> None:
         if self._writer is not None:
-            self._writer.put_item(ReadMemory())
+            self._writer.put_item(ReadMemory(self.now(), taken or {}))
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """py-spy on ``pid`` and its subprocesses, run by the sampler process (what it finds goes to the store)."""
@@ -367,6 +398,7 @@ class ProcessRecorder:
             return
         writer.flush_events()  # a training thread in a long step has not handed its events on since it began
         writer.flush()
+        writer.prepare()  # the ring's next segment, should it soon need one
         with self._lock:
             if self._closed:
                 return
@@ -396,9 +428,10 @@ class ProcessRecorder:
         pid = self.proc.pid if self.proc is not None else None
         self._lost = f"the sampler process (pid {pid}) {how} at {at:.1f} s"
         store = RunStore(self.out_dir, lock=False, on_error=self._store_failed, on_commit=self._ring.committed)
-        names = self._writer.names() if self._writer is not None else {}
+        assert self._writer is not None
+        self._writer.grow_here()  # a full ring grows for this process's own drain, which reads the writer's segments
         pos, resume, step = _committed_mark(self.out_dir)
-        reader = RingReader(self._ring, start=resume, names=names, items_from=pos)
+        reader = RingReader(self._ring, resume, self._writer.names(), pos, segments=self._writer)
         self._drain = Drain(reader, store, assembler=Assembler(self.t0, self._warmup(), first_step=step))
         self._drain.once()
         line = f"{self._lost}: no host, process or device samples after that; every step is kept"
@@ -423,6 +456,9 @@ class ProcessRecorder:
         if self.sampler is not None:
             self.sampler.stop(final=True)
             local = dict(self.sampler.stats.to_meta()["sources"])  # type: ignore[call-overload]
+        if self._ticked is not None:
+            local.update(self._ticked.close())
+            self._ticked = None
         writer.flush_events()
         writer.put_item(Close(status, error, local))
         self._stop.set()
@@ -436,6 +472,9 @@ class ProcessRecorder:
         failed = self.failure is not None
         self._closed = True
         assert self._ring is not None
+        writer.close()
+        if self._segments is not None:
+            self._segments.close()
         self._ring.close()
         unlock_run_dir(self.out_dir)
         self._summary = self._summarize(write=not failed)
@@ -447,15 +486,13 @@ class ProcessRecorder:
             time.sleep(0.01)  # the ring was full: the sampler process is making room
         with self._lock:
             if self._drain is None and proc is not None:
-                try:
-                    proc.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
+                assert self._ring is not None
+                if not _exited(proc, self._ring):
                     proc.kill()
                     proc.wait()
-                    self._take_over(f"did not close the run within {CLOSE_TIMEOUT_S:g} s")
-                else:
-                    if proc.returncode != 0:
-                        self._take_over(f"ended with {_exit_words(proc.returncode)}")
+                    self._take_over(f"stored nothing for {CLOSE_TIMEOUT_S:g} s and did not close the run")
+                elif proc.returncode != 0:
+                    self._take_over(f"ended with {_exit_words(proc.returncode)}")
             while self._relay():  # what it said before it ended
                 pass
             drain = self._drain
@@ -463,7 +500,8 @@ class ProcessRecorder:
                 while not writer.flush():
                     drain.once()
                 drain.once()
-                drain.store.put_meta(status=status, error=error, ended_at=time.time())
+                assert self._ring is not None
+                drain.store.put_meta(status=status, error=error, ended_at=time.time(), steps_taken=self._ring.taken())
                 drain.store.close()
 
     def _summarize(self, *, write: bool) -> Summary | None:
@@ -496,6 +534,24 @@ def _hand_all(writer: RingWriter, proc: subprocess.Popen[bytes] | None) -> None:
         elif time.monotonic() - since > CLOSE_TIMEOUT_S:
             return
         time.sleep(0.005)
+
+
+def _exited(proc: subprocess.Popen[bytes], ring: Ring) -> bool:
+    """Wait for the sampler process's exit for as long as it goes on storing (the backlog in the ring's segments
+    can be a loop's worth of steps: about 11,000 a second here); False once it has committed nothing for
+    CLOSE_TIMEOUT_S."""
+    read, since = ring.read_pos(), time.monotonic()
+    while True:
+        try:
+            proc.wait(0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        else:
+            return True
+        if ring.read_pos() != read:
+            read, since = ring.read_pos(), time.monotonic()
+        elif time.monotonic() - since > CLOSE_TIMEOUT_S:
+            return False
 
 
 def _committed_mark(run_dir: Path) -> tuple[int, int, int]:

@@ -4,7 +4,8 @@ lines the sampler process writes to its stdout.
 
 - **Ring records** (:mod:`profiler.core.sampler_process.ring`): ``EVENTS`` (the step events: ``EVENT_DOUBLES``
   doubles an event, :mod:`profiler.core.stepevents`), ``NAME`` (a phase name's id, announced before its first
-  event), ``BLOB`` (one item, as a JSON object), ``PAD`` (the rest of the ring before it wraps).
+  event), ``BLOB`` (one item, as a JSON object), ``PAD`` (the rest of the ring before it wraps), ``NEXT`` (the
+  ring goes on in a new segment: its number, size and start, the memory file sent over the segments' socket).
 - **Items** (in the ring, in order with the steps): the run's facts (:class:`Meta`), a run event
   (:class:`RunEvent`), the in-process sources' readings (:class:`Samples`), asks (:class:`Rescan`,
   :class:`ReadMemory`, :class:`PySpy`) and the close (:class:`Close`). Each is one JSON object with one key, so a
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # -- the ring's records --------------------------------------------------------------------------------------------
-PAD, NAME, BLOB, EVENTS = 0, 2, 3, 5  # record kinds (1 and 4 are not used)
+PAD, NAME, BLOB, EVENTS, NEXT = 0, 2, 3, 5, 6  # record kinds (1 and 4 are not used)
 EVENT_DOUBLES = 5  # code, name id, t, x, y (profiler.core.stepevents)
 EVENTS_PER_RECORD = 8192  # 320 KiB: a flush of more goes as several records
 
@@ -59,7 +60,11 @@ class Rescan:
 
 @dataclass(frozen=True, slots=True)
 class ReadMemory:
-    """Read the processes' memory now (the first epoch's marks: docs/metrics.md)."""
+    """Read the loader workers' memory now (the first epoch's asks: docs/metrics.md); with ``taken``, the readings
+    the training process took of them itself at ``t`` (its loop's end: pid -> USS, PSS, shared MiB), to store."""
+
+    t: float = 0.0
+    taken: dict[int, tuple[float, float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +100,7 @@ def encode(item: Item) -> bytes:
     elif isinstance(item, Rescan):
         obj = {"rescan": 1}
     elif isinstance(item, ReadMemory):
-        obj = {"memory": 1}
+        obj = {"memory": {"t": item.t, "taken": {str(k): list(v) for k, v in item.taken.items()}} if item.taken else 1}
     elif isinstance(item, PySpy):
         obj = {"pyspy": {"pid": item.pid, "rate": item.rate, "attach_timeout_s": item.attach_timeout_s,
                          "unavailable": item.unavailable}}  # fmt: skip
@@ -117,7 +122,9 @@ def decode(raw: bytes) -> Iterator[Item]:
         elif key == "rescan":
             yield Rescan()
         elif key == "memory":
-            yield ReadMemory()
+            got = v if isinstance(v, Mapping) else {}
+            taken = {int(k): (float(a), float(b), float(c)) for k, (a, b, c) in (got.get("taken") or {}).items()}
+            yield ReadMemory(float(got.get("t", 0.0)), taken)
         elif key == "pyspy":
             yield PySpy(int(v["pid"]), int(v["rate"]), float(v["attach_timeout_s"]), str(v["unavailable"]))
         elif key == "close":
