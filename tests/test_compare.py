@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import shutil
 from pathlib import Path
@@ -236,3 +237,137 @@ def test_recorded_runs_compare(tmp_path: Path) -> None:
     assert compare(cpu, killed).row("status").b == "interrupted"
     assert not compare(cpu, cpu, max_stall_increase_pp=0, max_throughput_drop_pct=0).regressed
     render(cmp)
+
+
+# --- noise: a change is flagged only beyond the runs' own spread and a share of the step that can matter ---
+
+
+def spread_of(step_ms: list[float], h2d_ms: float = 0.1) -> Summary:
+    """A summary of steps of the given ms (data wait 10% of each, the given h2d, compute the rest), 1 warm-up."""
+    steps, phases, t = [], [], 0.0
+    for i, ms in enumerate([step_ms[0], *step_ms]):
+        s = ms / 1e3
+        steps.append(StepRow(i, t, t + s, 0.1 * s, 8, i == 0))
+        phases.append(PhaseRow(i, "h2d", 0, t + 0.1 * s, t + 0.1 * s + h2d_ms / 1e3))
+        phases.append(PhaseRow(i, "compute", 0, t + 0.1 * s + h2d_ms / 1e3, t + s))
+        t += s
+    meta = {
+        "schema_version": 1, "run_id": "s", "scenario": "known", "pipeline": "naive", "batch_size": 8,
+        "workers": 0, "status": "complete", "device": {"kind": "cpu", "torch_device": "cpu", "name": "Test CPU"},
+    }  # fmt: skip
+    return summarize(RunRecord(meta, steps, phases, [], []))
+
+
+def test_spread_is_the_standard_error_of_the_step_mean() -> None:
+    # 20 steps alternating 90 and 110 ms: sd 10.26 ms, independent-steps SE 2.29 ms; the 5 blocks' means are
+    # all 100 ms, so the larger estimate is the first
+    s = spread_of([90.0, 110.0] * 10)
+    assert s.step_spread is not None
+    se = s.step_spread.se_ms
+    sd = math.sqrt(sum((x - 100.0) ** 2 for x in [90.0, 110.0] * 10) / 19)
+    assert se["step"] == pytest.approx(sd / math.sqrt(20), rel=1e-6)
+    assert se["data_wait"] == pytest.approx(0.1 * sd / math.sqrt(20), rel=1e-6)
+    assert se["h2d"] == pytest.approx(0.0, abs=1e-9)
+    # a drift the steps' own sd hides in part: 10 steps of 90 then 10 of 110 ms; the blocks see it
+    drift = spread_of([90.0] * 10 + [110.0] * 10)
+    assert drift.step_spread is not None and drift.step_spread.se_ms["step"] > se["step"]
+    assert drift.to_dict()["step_spread"]["blocks"] == 5
+    assert spread_of([100.0] * 3).step_spread is None  # too few steps to know the noise
+
+
+def test_a_tiny_change_on_a_long_step_is_within_noise() -> None:
+    """Issue #66: h2d 0.08 -> 0.20 ms on a step of about 1,100 ms read "+164.9% worse"."""
+    a = spread_of([1090.0, 1110.0] * 10, h2d_ms=0.08)
+    b = spread_of([1095.0, 1105.0] * 10, h2d_ms=0.20)
+    cmp = compare(a, b)
+    h2d = cmp.row("h2d / step")
+    assert h2d.delta == pytest.approx(0.12) and h2d.change == "same"
+    assert h2d.flag_at == pytest.approx(11.0)  # 1% of A's 1,100 ms step (the h2d spread here is 0)
+    assert compare(a.to_dict(), b.to_dict()) == cmp  # summary.json carries the spread
+    # the same steps 5% slower in B, all of it in compute: beyond both counts, flagged
+    slow = spread_of([1090.0 * 1.05, 1110.0 * 1.05] * 10, h2d_ms=0.08)
+    moved = compare(a, slow)
+    assert moved.row("step time mean").change == "worse" and moved.row("compute / step").change == "worse"
+    assert moved.row("throughput").change == "worse"
+    # a real change inside the spread of noisy runs is not flagged: steps of 600 and 1,600 ms
+    noisy_a, noisy_b = spread_of([600.0, 1600.0] * 10), spread_of([630.0, 1630.0] * 10)
+    assert compare(noisy_a, noisy_b).row("step time mean").change == "same"
+
+
+def test_rendered_same_rows_say_what_same_means() -> None:
+    a = spread_of([1090.0, 1110.0] * 10, h2d_ms=0.08)
+    text = render(compare(a, spread_of([1095.0, 1105.0] * 10, h2d_ms=0.20)))
+    assert "= same: within noise" in text and "docs/trace-and-compare.md" in text
+
+
+TWIN = """
+import time
+import torch
+from torch import nn
+from scenarios import Scenario
+
+torch.set_num_threads(1)  # a step of one thread that sleeps: a busy host delays it little, and alike in every run
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4096
+    def __getitem__(self, i):
+        return torch.full((4,), float(i % 7)), i % 3
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+    def forward(self, x):
+        time.sleep({forward_s})
+        return self.lin(x)
+
+scenario = Scenario(name="twin", dataset=Items, model=Model, loss=nn.functional.cross_entropy,
+                    batch_size=8, steps=24, warmup=2, description="compare's noise test")
+"""
+
+
+@pytest.fixture(scope="module")
+def twin_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two runs of the same command (30 ms of compute a step) and one with 15 ms more compute, through the CLI."""
+    from conftest import stallscope
+
+    root = tmp_path_factory.mktemp("twins")
+    runs = {}
+    for name, forward_s in (("a", 0.03), ("a2", 0.03), ("slow", 0.045)):
+        scenario = root / f"twin_{name}.py"
+        scenario.write_text(TWIN.format(forward_s=forward_s))
+        out = root / name
+        res = stallscope("run", str(scenario), "--out", str(out), "--no-live", "--json")
+        assert res.returncode == 0, res.stderr
+        runs[name] = out
+    return runs
+
+
+def _changes(res_stdout: str) -> dict[str, str]:
+    doc = json.loads(res_stdout)
+    return {r["metric"]: r["change"] for r in doc["rows"] if r["kind"] == "figure"}
+
+
+def test_compare_of_the_same_command_twice_flags_nothing(twin_runs: dict[str, Path]) -> None:
+    from conftest import stallscope
+
+    res = stallscope("compare", str(twin_runs["a"]), str(twin_runs["a2"]), "--json")
+    assert res.returncode == 0, res.stderr
+    changes = _changes(res.stdout)
+    assert set(changes.values()) == {"same"}, changes
+    text = stallscope("compare", str(twin_runs["a"]), str(twin_runs["a2"])).stdout
+    assert "▼ worse" not in text and "▲ better" not in text and "= same: within noise" in text
+
+
+def test_compare_flags_an_injected_slowdown(twin_runs: dict[str, Path]) -> None:
+    """15 ms more compute a step (+50%): the compute row, the step time and the throughput move beyond noise."""
+    from conftest import stallscope
+
+    res = stallscope("compare", str(twin_runs["a"]), str(twin_runs["slow"]), "--json")
+    assert res.returncode == 0, res.stderr
+    changes = _changes(res.stdout)
+    for metric in ("throughput", "step time mean", "step time p50", "compute / step"):
+        assert changes[metric] == "worse", (metric, changes)
+    rows = {r["metric"]: r for r in json.loads(res.stdout)["rows"]}
+    assert rows["compute / step"]["delta"] == pytest.approx(15.0, abs=6.0)

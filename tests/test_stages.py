@@ -63,7 +63,7 @@ def test_capacity_demand_and_the_bottleneck() -> None:
     console = Console(record=True, width=140)
     console.print(stages_table(st))
     text = console.export_text()
-    assert "fetch  <- bottleneck" in text and "capacity 100 samples/s with 2 loader processes" in text
+    assert "fetch  <- bottleneck" in text and "capacity 100 samples/s in 2 worker processes" in text
     assert "an upper bound" in text
     # the same stages beside a slow model: the loader keeps up, nothing is named
     slow = loader_stages(samples, None, workers=2, batch_size=4, step_ms=100.0, data_wait_ms=0.0)
@@ -71,7 +71,7 @@ def test_capacity_demand_and_the_bottleneck() -> None:
     # 0 workers: the training process runs the stages, one at a time
     alone = loader_stages(samples, None, workers=0, batch_size=4, step_ms=40.0, data_wait_ms=30.0)
     assert alone is not None and alone.processes == 1 and alone.capacity_samples_per_s == pytest.approx(50.0)
-    assert "0 workers (in the training process)" in alone.headline
+    assert "samples/s in the training process (num_workers=0)" in alone.headline
 
 
 def test_no_stage_readings_no_figures() -> None:
@@ -113,7 +113,7 @@ def test_dali_stages_are_the_differences_of_its_prefixes() -> None:
     buf = io.StringIO()
     Console(file=buf, width=200, color_system=None).print(stages_table(st))
     text = " ".join(buf.getvalue().split())  # the caption wraps at the table's width
-    assert "with DALI's 2 threads (measured: the whole graph run alone" in text and "decode <- bottleneck" in text
+    assert "on DALI's 2 threads, measured: the whole graph run alone" in text and "decode <- bottleneck" in text
     # a prefix that ran faster than the one before it (noise) costs nothing rather than a negative time
     noisy = {**prefixes, "prefix_s_per_sample": {"fetch": 0.002, "decode": 0.0019, "augment": 0.004}}
     st2 = prefix_stages(noisy, batch_size=8, step_ms=20.0, data_wait_ms=2.0)

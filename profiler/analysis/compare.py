@@ -6,9 +6,15 @@ null) and returns a :class:`Comparison`; reads no clock and no file. ``stallscop
 
 Invariants:
 - Each figure's direction is fixed: more throughput and a higher device busy fraction are better; lower
-  step times, stall fraction and per-step phase times are better. A change smaller than ``SAME_PCT`` of A's
-  value (``SAME_PP`` points for fractions, and any time change under ``SAME_MS``) is "same", so run-to-run
-  noise does not read as a trend.
+  step times, stall fraction and per-step phase times are better.
+- A change is flagged (better or worse) only when it is beyond noise on both counts, else it is "same":
+  - beyond the runs' own spread: more than ``NOISE_Z`` combined standard errors, sqrt(se_A^2 + se_B^2), of the
+    figure's per-step mean in each run (:mod:`profiler.analysis.spread`; a run without one, an old summary.json,
+    is checked on the second count alone);
+  - a share of the step that can matter: a time at least ``MATTER_SHARE`` of A's mean step time, a fraction of
+    the step at least ``MATTER_SHARE`` (1 pp), throughput and step times at least ``SAME_PCT`` of A's value,
+    and any time change at least ``SAME_MS``.
+  ``Row.flag_at`` is the least change that would have been flagged (in the row's unit), None where unknown.
 - Only two figures can regress, each only when its limit is given: throughput, by the drop in percent of
   A's throughput, and stall fraction, by the rise in percentage points. "Beyond" is strictly greater: a
   drop equal to the limit passes.
@@ -29,8 +35,9 @@ from profiler.analysis.parts import device_where
 from profiler.analysis.summary import Summary
 
 SAME_PCT = 1.0  # |B - A| under 1% of A reads "same"
-SAME_PP = 0.5  # fractions: under half a percentage point reads "same"
+MATTER_SHARE = 0.01  # a phase's change under 1% of the step time, or a fraction's under 1 pp, reads "same"
 SAME_MS = 0.01  # times: under 10 us reads "same" (the host timer's own cost per phase is a few us)
+NOISE_Z = 3.0  # a change within 3 combined standard errors of the two runs' means reads "same"
 _EPS = 1e-9  # float noise allowed when a change is compared with its limit
 
 BETTER, WORSE, SAME, CHANGED, NOT_COMPARABLE = "better", "worse", "same", "changed", "not comparable"
@@ -55,6 +62,7 @@ class Row:
     change: str  # better | worse | same | changed (text that differs) | not comparable
     unit: str = ""
     kind: str = "figure"  # figure | verdict | config
+    flag_at: float | None = None  # the least |B - A| flagged better or worse (the row's unit); None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +125,7 @@ class _Run:
     device_busy_fraction: object
     verdict: object
     simulated: bool = False  # a simulated accelerator: its device figures are predictions, labelled so
+    spread: Mapping[str, object] = field(default_factory=dict)  # summary.json's step_spread: standard errors
 
 
 _FACTS = ("run id", "scenario", "pipeline", "batch size", "workers", "device", "status", "measured steps")
@@ -146,6 +155,7 @@ def _run(s: Summary | Mapping[str, object], which: str) -> _Run:
             s.device_busy_fraction,
             s.verdict,
             dev.simulated,
+            as_json(s.step_spread.to_dict()) if s.step_spread else {},
         )
     if isinstance(s, dict):
         d = as_json(s.get("device"))
@@ -169,6 +179,7 @@ def _run(s: Summary | Mapping[str, object], which: str) -> _Run:
             s.get("device_busy_fraction"),
             s.get("verdict"),
             d.get("kind") == "sim",
+            as_json(s.get("step_spread")),
         )
     raise TypeError(f"run {which} must be a Summary or a summary.json dict, got {type(s).__name__}")
 
@@ -179,7 +190,38 @@ def _num(x: object) -> float | None:
     return float(x)
 
 
-def _figure(metric: str, a: object, b: object, *, unit: str, higher_is_better: bool, scale: float = 1.0) -> Row:
+@dataclass(frozen=True, slots=True)
+class _Noise:
+    """What a row's change must pass to be flagged: the two runs' standard errors of the figure (the row's unit;
+    None where a run has none) and the least change that can matter (None: ``SAME_PCT`` of A's value)."""
+
+    se_a: float | None = None
+    se_b: float | None = None
+    matter: float | None = None
+
+    def flag_at(self, a: float, unit: str) -> float:
+        """The least |B - A| flagged: beyond ``NOISE_Z`` combined standard errors and at least what can matter."""
+        if self.matter is not None:
+            floor = self.matter
+        else:
+            floor = MATTER_SHARE * 100 if unit == "%" else abs(a) * SAME_PCT / 100
+        if unit == "ms":
+            floor = max(floor, SAME_MS)
+        if self.se_a is None or self.se_b is None:
+            return floor
+        return max(floor, NOISE_Z * math.hypot(self.se_a, self.se_b))
+
+
+def _figure(
+    metric: str,
+    a: object,
+    b: object,
+    *,
+    unit: str,
+    higher_is_better: bool,
+    scale: float = 1.0,
+    noise: _Noise = _Noise(),  # frozen: one shared default is safe
+) -> Row:
     x, y = _num(a), _num(b)
     x = None if x is None else x * scale
     y = None if y is None else y * scale
@@ -187,16 +229,28 @@ def _figure(metric: str, a: object, b: object, *, unit: str, higher_is_better: b
         return Row(metric, x, y, None, None, NOT_COMPARABLE, unit)
     delta = y - x
     delta_pct = delta / abs(x) * 100 if x else None
-    if unit == "%":
-        noise = abs(delta) < SAME_PP
-    elif unit == "ms" and abs(delta) < SAME_MS:
-        noise = True
-    elif delta_pct is None:  # A is 0: any change is a change
-        noise = delta == 0
-    else:
-        noise = abs(delta_pct) < SAME_PCT
-    change = SAME if noise else (BETTER if (delta > 0) == higher_is_better else WORSE)
-    return Row(metric, x, y, delta, delta_pct, change, unit)
+    flag_at = noise.flag_at(x, unit)
+    same = delta == 0 or abs(delta) < flag_at
+    change = SAME if same else (BETTER if (delta > 0) == higher_is_better else WORSE)
+    return Row(metric, x, y, delta, delta_pct, change, unit, flag_at=flag_at)
+
+
+def _se(spread: Mapping[str, object], key: str, *, scale: float = 1.0) -> float | None:
+    """A standard error from summary.json's ``step_spread``: ``key`` of its ``se_ms_per_step``, or a top key."""
+    per_step = as_json(spread.get("se_ms_per_step"))
+    v = _num(per_step[key] if key in per_step else spread.get(key))
+    return None if v is None else v * scale
+
+
+def _throughput_noise(a: _Run, b: _Run) -> _Noise:
+    """Throughput's standard errors, in samples/s: each run's standard error of the mean step time as a share of
+    A's mean step time, times A's throughput (throughput is the batch / the step time), so that throughput is
+    flagged where the mean step time is, and not by one run's spread seen at two scales."""
+    step, thr = _num(a.step_time.get("mean")), _num(a.throughput)
+    if not step or thr is None:
+        return _Noise()
+    se_a, se_b = _se(a.spread, "step"), _se(b.spread, "step")
+    return _Noise(None if se_a is None else abs(thr) * se_a / step, None if se_b is None else abs(thr) * se_b / step)
 
 
 def _fact(metric: str, a: Scalar, b: Scalar) -> Row:
@@ -268,23 +322,41 @@ def compare(
 def _rows(ra: _Run, rb: _Run) -> tuple[list[Row], Row, Row]:
     """Every row, in the report's order, with the throughput and stall fraction rows the limits check."""
     rows = [_fact(name, value, rb.facts[name]) for name, value in ra.facts.items()]
-    throughput = _figure("throughput", ra.throughput, rb.throughput, unit="samples/s", higher_is_better=True)
-    rows.append(throughput)
-    for q in ("mean", "p50", "p90"):
-        rows.append(
-            _figure(f"step time {q}", ra.step_time.get(q), rb.step_time.get(q), unit="ms", higher_is_better=False)
-        )
-    stall = _figure(
-        "stall fraction", ra.stall_fraction, rb.stall_fraction, unit="%", higher_is_better=False, scale=100.0
+
+    def noise(key: str, *, scale: float = 1.0, matter: float | None = None) -> _Noise:
+        return _Noise(_se(ra.spread, key, scale=scale), _se(rb.spread, key, scale=scale), matter)
+
+    throughput = _figure(
+        "throughput",
+        ra.throughput,
+        rb.throughput,
+        unit="samples/s",
+        higher_is_better=True,
+        noise=_throughput_noise(ra, rb),
     )
+    rows.append(throughput)
+    for q, key in (("mean", "step"), ("p50", "step_p50"), ("p90", "step_p90")):
+        a, b = ra.step_time.get(q), rb.step_time.get(q)
+        rows.append(_figure(f"step time {q}", a, b, unit="ms", higher_is_better=False, noise=noise(key)))
+    stall_noise = noise("stall_fraction_se", scale=100.0)
+    stall = _figure(
+        "stall fraction", ra.stall_fraction, rb.stall_fraction, unit="%", higher_is_better=False, scale=100.0,
+        noise=stall_noise,
+    )  # fmt: skip
     rows.append(stall)
     ba, bb = ra.breakdown, rb.breakdown
     sim = _simulated_in(ra, rb)
+    step_a = _num(ra.step_time.get("mean"))
+    matter = MATTER_SHARE * step_a if step_a else None  # 1% of A's step: a phase's change that can matter
     for name in _phase_names(ba, bb):
         label = f"{name} / step" + (sim if name == "compute" else "")
-        rows.append(_figure(label, ba.get(name), bb.get(name), unit="ms", higher_is_better=False))
+        phase_noise = noise(name, matter=matter)
+        rows.append(_figure(label, ba.get(name), bb.get(name), unit="ms", higher_is_better=False, noise=phase_noise))
     busy_a, busy_b = ra.device_busy_fraction, rb.device_busy_fraction
-    rows.append(_figure("device busy" + sim, busy_a, busy_b, unit="%", higher_is_better=True, scale=100.0))
+    busy_noise = noise("device_busy_fraction_se", scale=100.0)
+    rows.append(
+        _figure("device busy" + sim, busy_a, busy_b, unit="%", higher_is_better=True, scale=100.0, noise=busy_noise)
+    )
     rows.append(_verdict(ra.verdict, rb.verdict))
     return rows, throughput, stall
 

@@ -27,7 +27,7 @@ from profiler.core.store import RunRecord, StepRow
 # docs/metrics.md "CPU contention" gives the measurements: on a quiet 2-core machine fashion-vgg measured 3-5%;
 # 11% came with no throughput loss; from 18% on, every run lost throughput (18% at 18%, 61% at 51%).
 THRESHOLD = 0.15
-SCHEDSTAT = "schedstat run delay"
+SCHEDSTAT = "schedstat: the time runnable but not on a CPU"
 # CPU use (% of one core) that makes other processes or the loader workers a competitor worth naming
 BUSY_PCT = 10.0
 _WORKER = re.compile(r"sched\.(w\d+)\.runq_pct")

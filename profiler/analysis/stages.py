@@ -75,6 +75,7 @@ class LoaderStages:
     store_busy: float | None = None  # DERIVED: items read per second x bytes per item / the store's rate, 0..1
     capacity_basis: str = CAPACITY_DERIVED  # how the capacity was had: derived, or measured (DALI's whole graph)
     runners: str | None = None  # what runs the stages, where not loader processes ("DALI's 2 threads")
+    where: str | None = None  # where the stages ran, as the headline says it ("in 2 worker processes")
 
     @property
     def store_saturated(self) -> bool:
@@ -121,7 +122,8 @@ def loader_stages(
     store = store_per_item(samples, window)
     busy = store["reads_per_s"] * store["bytes"] / (store_mbps * 1e6) if store_mbps is not None and store else None
     saturated = busy is not None and busy >= STORE_SATURATED
-    headline = _headline(slowest, capacity, demand, headroom, workers, saturated=saturated)
+    where = where_ran(workers)
+    headline = _headline(slowest, capacity, demand, headroom, where, saturated=saturated)
     if busy is not None:
         headline += (
             f" (an emulated store of {store_mbps:g} MB/s: {store['wait_s'] * 1e3:.1f} ms of each item's fetch "
@@ -142,6 +144,7 @@ def loader_stages(
         store["wait_s"] * 1e3 if store else None,
         store["bytes"] if store else None,
         busy,
+        where=where,
     )
 
 
@@ -180,10 +183,11 @@ def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wai
         demand,
         headroom,
         slowest.name if headroom < KEEPS_UP else None,
-        _headline(slowest, capacity, demand, headroom, 0, runners=runners),
+        _headline(slowest, capacity, demand, headroom, f"on {runners}"),
         capacity_basis="measured: the whole graph run alone before training; the iterator's hand-over to torch "
         "and the training beside it are not in it",
         runners=runners,
+        where=f"on {runners}",
     )
 
 
@@ -244,31 +248,49 @@ def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> lis
     return sorted(out)
 
 
+def where_ran(workers: int) -> str:
+    """Where a DataLoader's stages ran, one phrase for every worker count: ``in the training process
+    (num_workers=0)``, ``in 1 worker process``, ``in 2 worker processes``."""
+    if workers <= 0:
+        return "in the training process (num_workers=0)"
+    return f"in {workers} worker process{'es' if workers != 1 else ''}"
+
+
+def rate_text(v: float) -> str:
+    """A rate with the precision a derived figure deserves: whole numbers below 1,000, else three significant
+    digits with thousands separators (275,522 -> "276,000"); "n/a" for NaN, "unbounded" for infinity."""
+    if math.isnan(v):
+        return "n/a"
+    if math.isinf(v):
+        return "unbounded"
+    return f"{v:.0f}" if abs(v) < 1000 else f"{float(f'{v:.3g}'):,.0f}"
+
+
+def times_text(x: float) -> str:
+    """A ratio as "x3.4" (two significant digits), "x34", or "more than x100" (beyond that, the figure says only
+    that one side is negligible: a stage time of microseconds makes any capacity)."""
+    if math.isnan(x):
+        return "n/a"
+    if x >= 100:
+        return "more than x100"
+    return f"x{x:.0f}" if x >= 10 else f"x{x:.2g}"
+
+
 def _headline(
-    slowest: Stage,
-    capacity: float,
-    demand: float,
-    headroom: float,
-    workers: int,
-    *,
-    saturated: bool = False,
-    runners: str | None = None,
+    slowest: Stage, capacity: float, demand: float, headroom: float, where: str, *, saturated: bool = False
 ) -> str:
-    who = runners or (
-        f"{workers} worker{'s' if workers != 1 else ''}" if workers > 0 else "0 workers (in the training process)"
-    )
     at = f"{slowest.name} ({slowest.ms_per_item:.1f} ms an item, {slowest.share:.0%} of an item's time)"
     if math.isnan(headroom):
-        return f"The loader's slowest stage is {at}; it can deliver {capacity:.0f} samples/s"
+        return f"The loader's slowest stage is {at}; it can deliver {rate_text(capacity)} samples/s {where}"
     if headroom >= KEEPS_UP:
         return (
-            f"The loader keeps up: it can deliver {capacity:.0f} samples/s with {who} against the training's "
-            f"{demand:.0f} (headroom x{headroom:.2f}); its slowest stage is {at}"
+            f"The loader keeps up: it can deliver {rate_text(capacity)} samples/s {where} against the training's "
+            f"{rate_text(demand)} (headroom {times_text(headroom)}); its slowest stage is {at}"
         )
     fix = FIXES.get("store" if saturated and slowest.name == "fetch" else slowest.name, "")
     return (
-        f"Input-bound at the {slowest.name} stage: the loader can deliver {capacity:.0f} samples/s with {who}, the "
-        f"training would take {demand:.0f} (x{headroom:.2f}); {at}. {fix.capitalize()}"
+        f"Input-bound at the {slowest.name} stage: the loader can deliver {rate_text(capacity)} samples/s {where}, "
+        f"the training would take {rate_text(demand)} ({times_text(headroom)}); {at}. {fix.capitalize()}"
     ).rstrip(". ")
 
 
@@ -315,15 +337,18 @@ def headspace(
     elif ratio < 1:
         headline = (
             f"{alone_words}, less than the {demand:.0f} the training consumes at its own pace (headspace "
-            f"x{ratio:.2f}): the loader cannot keep up even alone; its capacity is the limit (its stages say where)"
+            f"{times_text(ratio)}): the loader cannot keep up even alone; its capacity is the limit "
+            "(its stages say where)"
         )
     elif throughput < DELIVERED_SHORT * demand:
         headline = (
-            f"{alone_words}, x{ratio:.2f} the {demand:.0f} the training consumes, but beside the training it "
+            f"{alone_words}, {times_text(ratio)} the {demand:.0f} the training consumes, but beside the training it "
             f"delivered {throughput:.0f}: the loader slows down when the training runs beside it (they compete for "
             "the CPU; the contention figures say how much): fewer workers, or fewer threads for the model"
         )
     else:
-        headline = f"{alone_words}, x{ratio:.2f} the {demand:.0f} the training consumes: the loader is not the limit"
+        headline = (
+            f"{alone_words}, {times_text(ratio)} the {demand:.0f} the training consumes: the loader is not the limit"
+        )
     return Headspace(rate, int(alone.get("batches") or 0), float(alone.get("seconds") or 0.0), demand, throughput,
                      ratio, headline)  # fmt: skip

@@ -54,10 +54,42 @@ class BadInput(Exception):
 
 
 class Parser(argparse.ArgumentParser):
+    has_commands = False  # True once it has subcommands: its unknown arguments are theirs to name
+
     def error(self, message: str) -> NoReturn:
         # argparse prints the whole usage first; one line naming the problem is what a user can act on
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         sys.exit(EXIT_BAD_INPUT)
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        self.has_commands = True
+        return super().add_subparsers(**kwargs)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """As argparse's, but a subcommand's unknown arguments are its error, not its caller's: the message names
+        this subcommand's help (where its flags are) and the nearest flag it has."""
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and not self.has_commands:
+            self.error(f"unrecognized arguments: {' '.join(extra)}{self.nearest(extra)}")
+        return parsed, extra
+
+    def nearest(self, extra: Sequence[str]) -> str:
+        """``: did you mean --steps?`` for ``--stpes``, or "" when no flag of this command is near."""
+        import difflib
+        import re
+
+        # the flags a user can see (hidden ones are not in the usage line), compared without their "--": a near
+        # miss shares most of its letters with the flag, not just the dashes
+        names = re.findall(r"--([A-Za-z0-9][\w-]*)", self.format_usage())
+        near = [
+            f"--{hit[0]}"
+            for word in extra
+            if word.startswith("--")
+            and (hit := difflib.get_close_matches(word[2:].split("=", 1)[0], names, n=1, cutoff=0.75))
+        ]
+        return f": did you mean {' or '.join(dict.fromkeys(near))}?" if near else ""
 
 
 # Line breaks and other control characters in a value quoted by a message (a path holding a newline) are shown

@@ -10,7 +10,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from profiler.analysis.compare import BETTER, CHANGED, NOT_COMPARABLE, SAME, WORSE, Comparison, Row
+from profiler.analysis.compare import BETTER, CHANGED, NOISE_Z, NOT_COMPARABLE, SAME, WORSE, Comparison, Row
 
 _CHANGE = {
     BETTER: ("▲ better", "green"),
@@ -79,6 +79,13 @@ def outcome_block(cmp: Comparison) -> Group:
     return Group(*lines)
 
 
+LEGEND = (
+    "= same: within noise: the change is under {z:g} standard errors of the two runs' own step-to-step spread, "
+    "or under 1% of the step time; pp: percentage points (docs/trace-and-compare.md)"
+)
+
+
 def render_compare(cmp: Comparison, console: Console) -> None:
     console.print(compare_table(cmp))
+    console.print(Text(LEGEND.format(z=NOISE_Z), style="dim"))
     console.print(outcome_block(cmp))

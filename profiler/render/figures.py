@@ -8,6 +8,7 @@ time, NVML) say "simulated" in their row, and :func:`simulated_line` is the line
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
         times = "  ".join(f"{k} {num(v, '{:.2f}')} ms" for k, v in s.device_ms_per_step.items())
         rows.append(("device time", times + ("  (simulated, sim-events)" if sim else "  (CUDA events)")))
     if s.command_exit_code is not None:
-        rows.append(("command", f"exited with code {s.command_exit_code}"))
+        rows.append(("command", command_end(s.command_exit_code)))
     if s.loader is not None:
         rows.append(("DataLoader", loader_text(s.loader)))
     rows.extend(_nvml_rows(s))
@@ -108,6 +109,39 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
     if s.contention is not None:
         rows.append(("CPU contention", contention_text(s)))
     return rows
+
+
+TERMS = {
+    "pNN": "p50 / p90 / p95: the value half / 90% / 95% of the steps (or samples) stay under",
+    "USS/PSS": "USS: memory only that process holds; PSS: USS plus its share of the pages it shares with others",
+    "headroom": "headroom: what the loader could deliver / what the training takes (above 1: it keeps up)",
+    "schedstat": "schedstat: the kernel's count of the time a thread was runnable but not on a CPU",
+}
+METRICS_DOC = "docs/metrics.md"
+
+
+def legend(s: Summary) -> str:
+    """One line naming the report's terms that are not plain words, with the page that defines every figure."""
+    terms = [TERMS["pNN"]]
+    if s.memory is not None and len(s.memory.processes) > 1:
+        terms.append(TERMS["USS/PSS"])
+    if s.stages is not None:
+        terms.append(TERMS["headroom"])
+    if s.contention is not None and s.contention.available:
+        terms.append(TERMS["schedstat"])
+    return f"Terms: {'; '.join(terms)}. Every term and figure is defined in {METRICS_DOC}#terms"
+
+
+def sampler_text(s: Summary) -> str:
+    """The sampler's own health in plain words: its rate, how late its samples were, what reading cost."""
+    sm = s.sampler
+    lat = sm.lateness_ms
+    return (
+        f"{num(sm.hz_achieved, '{:.1f}')} Hz achieved of {num(sm.hz_requested, '{:g}')} asked, {sm.samples} samples; "
+        f"a sample came {num(lat.p95, '{:.2f}')} ms late or less (p95), {num(lat.max, '{:.2f}')} ms at most; "
+        f"reading the sources took {num(sm.read_ms_mean, '{:.2f}')} ms a sample; "
+        f"deadlines missed: {num(sm.missed_deadlines, '{}')}"
+    )
 
 
 def loader_text(loader: Mapping[str, object]) -> str:
@@ -121,7 +155,11 @@ def _nvml_rows(s: Summary) -> list[tuple[str, str]]:
     utils = s.nvml.util_pct
     sim = s.device.simulated or s.nvml.simulated
     if not utils:
-        return [("NVML util", f"n/a ({'simulated NVML: ' if sim else ''}{s.device.nvml})")]
+        if sim:
+            return [("NVML util", f"n/a (simulated NVML: {s.device.nvml})")]
+        if s.device.kind not in ("cuda", "sim"):
+            return []  # no GPU in the run: why NVML read nothing is said once, in the sampler's sources
+        return [("NVML util", f"n/a (the {nvml_source(s.device.kind)} source read nothing: see Sampler below)")]
     line = "  ".join(f"{gpu} {num(v, '{:.0f}')}%" for gpu, v in utils.items())
     if s.device.nvml.startswith("lost"):
         # the figures above it cover the run until then; say when NVML stopped and why
@@ -169,7 +207,7 @@ def contention_text(s: Summary) -> str:
     if c.available:
         text = (
             f"training thread waited for a CPU {pct(c.compute_runq_fraction)} of compute time "
-            f"({num(c.runq_ms_per_step.get('compute'), '{:.1f}')} ms/step; schedstat run delay at phase boundaries)"
+            f"({num(c.runq_ms_per_step.get('compute'), '{:.1f}')} ms/step; schedstat at each phase's start and end)"
         )
     else:
         text = f"not measured ({c.reason})"
@@ -341,3 +379,15 @@ def _held_text(w: WindowsApart) -> str:
         f"{num(w.added_s, '{:.2f}')} s more than as many measured steps; a held step took "
         f"{num(w.step_ms, '{:.1f}')} ms (median) against {num(w.other_step_ms, '{:.1f}')} ms measured"
     )
+
+
+def command_end(code: int | None) -> str:
+    """How a profiled command ended, as a shell shows it: ``exited with code 2``, or for a process ended by a
+    signal (Python's -2) ``was ended by SIGINT (exit status 130)``."""
+    if code is None or code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"was ended by {name} (exit status {128 - code})"

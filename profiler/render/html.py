@@ -27,6 +27,7 @@ from profiler.render.figures import (
     breakdown_title,
     figure_rows,
     job_lines,
+    legend,
     part_label,
     rank_cells,
     rank_columns,
@@ -132,7 +133,8 @@ def _verdict(s: Summary) -> str:
 
 def _figures(s: Summary) -> str:
     body = "".join(f'<tr data-figure="{_e(k)}"><th>{_e(k)}</th><td>{_e(v)}</td></tr>' for k, v in figure_rows(s))
-    return _section("figures", "Figures", f'<table class="figures">{body}</table>')
+    terms = f'<p class="note" data-figure="terms">{_e(legend(s))}</p>'
+    return _section("figures", "Figures", f'<table class="figures">{body}</table>{terms}')
 
 
 def _breakdown(s: Summary) -> str:
@@ -237,7 +239,7 @@ def _stages(s: Summary) -> str:
         "stages",
         "Loader stages (per item, where they run)",
         f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
-        f'<p class="headline">{_e(st.headline)}</p><p class="note">{_e(stages_caption(st))}</p>',
+        f'<p class="headline">{_e(st.headline)}</p><p class="note">{_e(stages_caption(st, headline=False))}</p>',
     )
 
 
@@ -349,7 +351,7 @@ def _plot_utilisation(s: Summary, tl: Timeline, warm: list[Band]) -> str:
     elif tl.gpu_util:
         gpu = f"GPU utilisation: NVML utilization.gpu ({_rate(s)}; the driver averages it over 1/6 s to 1 s)."
     else:
-        gpu = f'GPU utilisation: not shown; the NVML source reported "{s.device.nvml}".'
+        gpu = "GPU utilisation: not shown: NVML read nothing (the sampler's sources below say why)."
     caption = (
         f"{gpu} Stall: {stall_how}, in each {tl.bucket_s:g} s bucket, from the step and phase records. "
         f"Host CPU: psutil system-wide CPU % (100% = every core busy), {_rate(s)}. Grey: warm-up steps."

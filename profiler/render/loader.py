@@ -9,7 +9,7 @@ from rich.table import Table
 
 from profiler.analysis.loader_time import LoaderTime, ProcessTime
 from profiler.analysis.memory import LoaderMemory
-from profiler.analysis.stages import Headspace, LoaderStages
+from profiler.analysis.stages import Headspace, LoaderStages, rate_text, times_text
 
 COLUMNS = (
     ("cpu", "CPU"),
@@ -113,15 +113,16 @@ def shm_line(mem: LoaderMemory) -> str:
 
 
 def rate(v: float) -> str:
-    return "n/a" if math.isnan(v) else "unbounded" if math.isinf(v) else f"{v:.0f}"
+    return rate_text(v)
 
 
-def stages_caption(st: LoaderStages) -> str:
-    """Capacity against demand in words, and the method."""
+def stages_caption(st: LoaderStages, *, headline: bool = True) -> str:
+    """Capacity against demand in words, and the method (after the headline unless ``headline=False``: the HTML
+    prints the headline apart)."""
+    where = st.where or (f"on {st.runners}" if st.runners else f"in {st.processes} loader process(es)")
     return (
-        f"{st.headline}\ncapacity {rate(st.capacity_samples_per_s)} samples/s with "
-        + (st.runners or f"{st.processes} loader process{'es' if st.processes != 1 else ''}")
-        + f" ({st.capacity_basis}); demand "
+        (f"{st.headline}\n" if headline else "")
+        + f"capacity {rate(st.capacity_samples_per_s)} samples/s {where}, {st.capacity_basis}; demand "
         f"{rate(st.demand_samples_per_s)} samples/s (the batch / the step time without the data wait)\n"
         f"source: {st.method}"
     )
@@ -146,5 +147,5 @@ def headspace_text(h: Headspace) -> str:
         f"Headspace: {h.headline}\nalone {rate(h.alone_samples_per_s)} samples/s ({h.batches} batches in "
         f"{h.seconds:.1f} s); the training's demand {rate(h.demand_samples_per_s)} samples/s (the batch / the step "
         f"time without the data wait); delivered beside the training {rate(h.delivered_samples_per_s)} samples/s; "
-        f"headspace x{h.headspace:.2f}\nsource: {h.method}"
+        f"headspace {times_text(h.headspace)}\nsource: {h.method}"
     )

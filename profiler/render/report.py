@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from profiler.analysis import Summary
-from profiler.render.figures import breakdown_title, figure_rows, part_label, simulated_line
+from profiler.render.figures import breakdown_title, figure_rows, legend, part_label, sampler_text, simulated_line
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
 from profiler.render.loader import headspace_text, loader_time_table, memory_table, shm_line, stages_table
@@ -81,15 +81,9 @@ def verdict_block(s: Summary) -> Group:
 
 def sampler_block(s: Summary) -> Text:
     sm = s.sampler
-    lat = sm.lateness_ms
     t = Text()
     t.append("Sampler: ", style="bold")
-    t.append(
-        f"{_num(sm.hz_achieved, '{:.1f}')} Hz achieved of {_num(sm.hz_requested, '{:g}')} asked, "
-        f"{sm.samples} samples, lateness p95 {_num(lat.p95, '{:.2f}')} ms "
-        f"max {_num(lat.max, '{:.2f}')} ms, read cost {_num(sm.read_ms_mean, '{:.2f}')} ms, "
-        f"missed deadlines {_num(sm.missed_deadlines, '{}')}"
-    )
+    t.append(sampler_text(s))
     for name in sorted(sm.sources):
         status = sm.status_at(name)
         errors = sm.errors.get(name, 0)
@@ -129,7 +123,7 @@ def render_report(s: Summary, console: Console) -> None:
         body.append(memory_table(s.memory))
     elif s.memory is not None and s.memory.shm_need is not None:  # no smaps reading in the window: the shm figures
         body.append(Text("\n".join(h for h in (s.memory.shm_headline, shm_line(s.memory)) if h)))
-    body += [verdict_block(s), sampler_block(s)]
+    body += [verdict_block(s), sampler_block(s), Text(legend(s), style="dim")]
     if s.error:
         body.insert(1, Text(f"Run stopped: {s.error}", style="bold red"))  # above everything but the header
     body.extend(Text(f"note: {n}", style="yellow") for n in s.notes)

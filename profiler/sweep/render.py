@@ -19,7 +19,7 @@ from profiler.render.figures import num, pct
 from profiler.render.svg import PALETTE, Line, line_chart
 from profiler.sweep.analysis import REL_CI, Config, SweepResult, SweepRow, line_label, lines
 from profiler.sweep.climb import KNOB_ORDER
-from profiler.sweep.tuner import WEIGHED, TuneResult
+from profiler.sweep.tuner import ONE_TRIAL_EACH, WEIGHED, TuneResult
 
 
 def start_line(index: int, planned: int | None, cfg: Config, run_dir: Path, what: str) -> str:
@@ -120,8 +120,34 @@ def scaling_lines(result: SweepResult) -> list[Text]:
     return out
 
 
+COMMAND_DEVICE = "chosen by the command"  # a sweep of a command: its script picks the device (sweep.command)
+
+
+def swept(rows: Sequence[SweepRow]) -> str:
+    """The knobs a sweep varied and their values, ``workers 0, 2`` (``x batch 32, 64`` where batches varied too)."""
+    knobs: list[tuple[str, Sequence[object]]] = [
+        ("pipeline", list(dict.fromkeys(r.pipeline for r in rows))),
+        ("batch", sorted({r.batch_size for r in rows})),
+        ("workers", sorted({r.workers for r in rows})),
+        ("nproc", sorted({r.nproc for r in rows})),
+    ]
+    varied = [f"{name} {', '.join(map(str, values))}" for name, values in knobs if len(values) > 1]
+    return " x ".join(varied) or (f"workers {rows[0].workers}" if rows else "nothing run yet")
+
+
+def sweep_title(result: SweepResult) -> str:
+    """``Sweep of `python main.py --epochs 1`: workers 0, 2 (device chosen by the command): 2 of 2 configurations``
+    for a command (its program named without its directory); ``Sweep of SCENARIO on DEVICE: ...`` for a scenario."""
+    done = f"{len(result.rows)} of {result.planned} configurations"
+    if result.device != COMMAND_DEVICE:
+        return f"Sweep of {result.scenario} on {result.device}: {done}"
+    program, _, rest = result.scenario.partition(" ")
+    command = " ".join(filter(None, (Path(program).name, rest)))
+    return f"Sweep of `{command}`: {swept(result.rows)} (device {COMMAND_DEVICE}): {done}"
+
+
 def render_sweep(result: SweepResult, console: Console, out_dir: Path | None = None) -> None:
-    title = f"Sweep of {result.scenario} on {result.device}: {len(result.rows)} of {result.planned} configurations"
+    title = sweep_title(result)
     parts: list[Text | Table] = [sweep_table(result, title)]
     busy = "SIMULATED device busy fraction (sim-events)" if result.device.startswith("sim:") else "device busy fraction"
     legend = (
@@ -211,7 +237,8 @@ def tune_header(
 
 def tune_table(result: TuneResult) -> Table:
     t = Table(
-        title=f"Tune: {len(result.trials)} trials + {len(result.final)} final runs, {result.elapsed_s:.0f} s of a "
+        title=f"Tune: {_count(len(result.trials), 'trial')} + {_count(len(result.final), 'final run')}, "
+        f"{result.elapsed_s:.0f} s of a "
         f"{result.budget_s:g} s budget",
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -236,6 +263,10 @@ def tune_table(result: TuneResult) -> Table:
     return t
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def _verdict(result: TuneResult) -> list[Text]:
     """The recommendation and its measured speedup (or why there is none)."""
     rec, d = result.recommended, result.default
@@ -244,6 +275,8 @@ def _verdict(result: TuneResult) -> list[Text]:
         return [Text("No recommendation: no configuration completed.", style="bold red")]
     if result.change is not None:
         return _command_verdict(result)
+    if not result.compared:
+        return not_compared(result, "the default")
     out = [
         Text.assemble(
             ("Recommended: ", "bold"),
@@ -260,8 +293,8 @@ def _verdict(result: TuneResult) -> list[Text]:
                 style="yellow",
             )
         )
-    elif result.speedup is not None and not result.final:
-        out.append(Text("Speedup over the default: x1 (the default is the best configuration found)"))
+    elif result.speedup is not None and not result.final and result.basis != ONE_TRIAL_EACH:
+        out.append(Text("Speedup over the default: x1 (every other configuration tried failed)"))
     elif result.speedup is not None:
         out.append(
             Text(
@@ -276,7 +309,27 @@ def _basis(result: TuneResult) -> str:
     """What the speedup's medians are taken over."""
     if result.basis == WEIGHED:
         return "every run of each: the trials and the final rounds, which contested the trials' gain"
+    if result.basis == ONE_TRIAL_EACH:
+        return "one trial each, not re-run side by side: the budget held no final round"
     return "re-run side by side"
+
+
+def not_compared(result: TuneResult, what: str) -> list[Text]:
+    """A tune that measured nothing beside the setting to beat: no verdict on it, why nothing else ran (the
+    budget's note), and what ``stallscope run`` on that trial advised, which the tune did not measure."""
+    why = _why_alone(result) or "no other configuration was measured"
+    out = [Text(f"Nothing was compared with {what}, so there is no verdict on it: {why}.", style="bold yellow")]
+    out.extend(
+        Text(f"Not measured by this tune, `stallscope run` on its first trial advises: {a}", style="yellow")
+        for a in result.advice
+    )
+    return out
+
+
+def _why_alone(result: TuneResult) -> str | None:
+    """The note saying why nothing ran beside the setting to beat (the budget's), where there is one."""
+    alone = ("budget", "nothing was compared")
+    return None if result.compared else next((n for n in result.notes if any(a in n for a in alone)), None)
 
 
 def change_line(result: TuneResult) -> str:
@@ -304,12 +357,20 @@ def _command_verdict(result: TuneResult) -> list[Text]:
                 style="yellow",
             )
         ]
-    if not (result.change or {}).get("args") or not result.final:
-        return [Text(f"Keep the script's setting at {site}: it was the best configuration found.", style="bold")]
-    return [
-        Text("Recommended change (re-run side by side with the script's own setting):", style="bold"),
-        Text(change_line(result), style="bold green"),
-    ]
+    if not result.compared:
+        return not_compared(result, f"the script's setting at {site}")
+    if result.recommended == result.default:
+        return [Text(f"Keep the script's setting at {site}: every other configuration tried failed.", style="bold")]
+    if not (result.change or {}).get("args"):
+        name = result.recommended.name if result.recommended else "?"
+        return [Text(f"Keep the script's setting at {site}: the pick ({name}) changes no knob there.", style="bold")]
+    how = (
+        "measured in one trial each; not re-run side by side with the script's own setting: the budget held no "
+        "final round"
+        if result.basis == ONE_TRIAL_EACH
+        else "re-run side by side with the script's own setting"
+    )
+    return [Text(f"Recommended change ({how}):", style="bold"), Text(change_line(result), style="bold green")]
 
 
 def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
@@ -325,7 +386,8 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
     for pipeline, why in result.stopped.items():
         parts.extend(Text.assemble((f"{pipeline} {knob} ", "bold"), why[knob]) for knob in KNOB_ORDER if knob in why)
     parts.extend(Text(f"{name} left out: {why}", style="yellow") for name, why in result.left_out.items())
-    parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes)
+    said = _why_alone(result)  # in the verdict already
+    parts.extend(Text(f"note: {n}", style="yellow") for n in result.notes if n != said)
     if out_dir is not None:
         parts.append(Text(f"trials and final runs: {out_dir}/  summary: {out_dir / 'tune.json'}", style="dim"))
     console.print(Group(*parts))
