@@ -23,6 +23,7 @@ from conftest import ROOT, sleep_loader, wait_until
 
 from profiler import Session
 from profiler.cli import main
+from profiler.core.sampler_process import client as client_module
 from profiler.core.sampler_process.client import WATCH_S, ProcessRecorder
 from profiler.core.sampler_process.ring import Announced, Ring, RingReader, RingWriter, send_segment
 from profiler.core.sampler_process.wire import RunEvent
@@ -460,3 +461,33 @@ def test_the_watch_makes_the_next_segment_ahead_and_the_ring_grows_into_it() -> 
     ring.close()
     ours.close()
     theirs.close()
+
+
+def test_an_error_in_the_watch_is_counted_named_once_and_the_watch_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the watch thread lives in the user's process: what a round raises must not end it nor reach the user as a
+    # traceback (docs/reliability.md)
+    monkeypatch.setattr(client_module, "WATCH_S", 0.05)
+    with Session(tmp_path / "run", sample_hz=10) as s:
+        rec = s.recording
+        assert isinstance(rec, ProcessRecorder)
+        real_check = rec.check
+
+        def failing() -> None:
+            raise RuntimeError("planted")
+
+        monkeypatch.setattr(rec, "check", failing)
+        deadline = time.monotonic() + 10
+        while rec.watch_errors < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        monkeypatch.setattr(rec, "check", real_check)
+        assert rec.watch_errors >= 3
+        rounds = rec.watch_rounds
+        assert wait_until(lambda: rec.watch_rounds >= rounds + 2, timeout=10)  # the watch goes on
+        _loop(s, 20)
+    assert rec.watch_error == "RuntimeError: planted"
+    assert [r.getMessage() for r in caplog.records].count(
+        "stallscope: the Session's watch thread met RuntimeError: planted; it goes on"
+    ) == 1
+    assert s.summary().steps == 20

@@ -147,6 +147,8 @@ class ProcessRecorder:
         self._drain: Drain | None = None  # this process's own drain, once it took the store over
         self._lost: str | None = None
         self.watch_rounds = 0  # the watch thread's wake-ups so far (tests/test_sampler_process.py counts them)
+        self.watch_errors = 0  # the watch thread's rounds that raised (counted, never raised)
+        self.watch_error: str | None = None  # the first of them
         self._ready = False
         self._final: str | None = None  # a stopped store's rows, pickled by the sampler process (its file may be gone)
         self._said = b""  # a part line of what the sampler process said
@@ -386,9 +388,17 @@ class ProcessRecorder:
 
     # -- the watch, and the take-over ------------------------------------------------------------------------
     def _watch_loop(self) -> None:
+        # This thread lives in the user's process: an error in a round is counted, named once, and the watch goes
+        # on (a traceback on the user's stderr, or a watch that stops moving spilled records, would be worse)
         while not self._stop.wait(WATCH_S):
             self.watch_rounds += 1
-            self.check()
+            try:
+                self.check()
+            except Exception as exc:  # noqa: BLE001 - anything check() meets must not end the watch
+                self.watch_errors += 1
+                if self.watch_error is None:
+                    self.watch_error = f"{type(exc).__name__}: {exc}"
+                    log.warning("stallscope: the Session's watch thread met %s; it goes on", self.watch_error)
 
     def check(self) -> None:
         """Once a second: move spilled records into the ring; take the store over from a dead sampler process
