@@ -3,7 +3,8 @@
 For each point (NVIDIA's published eager-PyTorch ResNet-50 throughput, and what stallscope measured on an H100):
 its kernels counted on the meta device at its batch size and precision, the model's device and host time per step
 with the rounded constants of profiler/sim/specs.py, the prediction, and its error. Then the fit's own (unrounded)
-constants, and the error to expect on a device without points (each precision's leave-one-device-out error).
+constants, and the error to expect on a device without points (each precision's leave-one-device-out error). Last,
+the points held out of the fit (the H200's, measured after it): each predicted as a run is, and its error.
 
 Run: ``.venv/bin/python benchmarks/sim_calibration.py [--json]``. Deterministic: no timing, the same on any host.
 """
@@ -35,6 +36,7 @@ def main() -> int:
     )
     rows = [calibration.check(p, work_of(p), rounded) for p in calibration.POINTS]
     loo = calibration.leave_one_out(calibration.POINTS, work_of, fit)
+    held = [calibration.check(p, work_of(p), rounded) for p in calibration.HELD_OUT]
     if args.json:
         out = {
             "points": [
@@ -59,6 +61,16 @@ def main() -> int:
                 "efficiency": fit.efficiency,
             },
             "leave_one_device_out": {p: None if math.isnan(e) else e for p, e in loo.items()},
+            "held_out": [
+                {
+                    "point": c.point.label,
+                    "measured_ms": c.point.step_s * 1e3,
+                    "predicted_ms": c.predicted_s * 1e3,
+                    "efficiency": c.efficiency,
+                    "error": c.error,
+                }
+                for c in held
+            ],
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -77,6 +89,17 @@ def main() -> int:
     for p, e in fit.efficiency.items():
         print(f"  efficiency {p}, a device without points (median): {e:.4f}; leave one device out: "
               f"{'no other device' if math.isnan(loo.get(p, math.nan)) else f'{loo[p]:+.1%}'}")  # fmt: skip
+    print("\nheld out of the fit (predicted with the constants above):")
+    print("| point | bound | kernels | efficiency | measured ms | device ms | host ms | predicted samples/s | measured "
+          "| error |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in held:
+        p = c.point
+        print(
+            f"| {p.label} | {p.bound} | {len(work_of(p))} | {c.efficiency:.2f} | {p.step_s * 1e3:.1f} | "
+            f"{c.device_s * 1e3:.1f} | {c.host_s * 1e3:.1f} | {p.batch_size / c.predicted_s:,.0f} | "
+            f"{p.samples_per_s:,.0f} | {c.error:+.1%} |"
+        )
     return 0
 
 

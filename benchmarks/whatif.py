@@ -125,8 +125,25 @@ def main() -> int:
         if r.get("relative_error") is not None
     ]
     worst = max(errors) if errors else None
+    speedups = [
+        abs(r["speedup_error"])
+        for out in results.values()
+        for r in out.get("predictions", [])
+        if r.get("speedup_error") is not None
+    ]
+    worst_speedup = max(speedups) if speedups else None
     if args.json:
-        print(json.dumps({"results": results, "worst_relative_error": worst, "wall_s": wall}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "results": results,
+                    "worst_relative_error": worst,
+                    "worst_speedup_error": worst_speedup,
+                    "wall_s": wall,
+                },
+                indent=2,
+            )
+        )
         return 0 if errors else 1
     for scenario, out in results.items():
         if "error" in out:
@@ -140,7 +157,7 @@ def main() -> int:
         print(f"  loadavg before {out['loadavg']['before']}, after {out['loadavg']['after']} ({out['wall_s']:.0f} s)")
         print(
             f"  {'device':<26} {'w':>2} {'pred/s':>8} {'meas/s':>8} {'runs min-max':>14} {'error':>7} "
-            f"{'pred stall':>10} {'meas stall':>10}"
+            f"{'pred stall':>10} {'meas stall':>10} {'95% range':>14} {'speedup err':>11}"
         )
         for r in out["predictions"]:
             pred = "OOM" if r["status"] == "OOM" else _f(r["predicted_throughput_samples_per_s"], ".1f")
@@ -150,10 +167,17 @@ def main() -> int:
                 f"  {r['device']:<26} {r['workers']:>2} {pred:>8} "
                 f"{_f(r['measured_throughput_samples_per_s'], '.1f'):>8} {runs:>14} "
                 f"{_f(r['relative_error'], '+.1%'):>7} "
-                f"{_f(r['predicted_stall_fraction'], '.0%'):>10} {_f(r['measured_stall_fraction'], '.0%'):>10}"
+                f"{_f(r['predicted_stall_fraction'], '.0%'):>10} {_f(r['measured_stall_fraction'], '.0%'):>10} "
+                f"{_range(r):>14} {_f(r.get('speedup_error'), '+.1%'):>11}"
             )
     print(f"worst |error| over {len(errors)} predictions: {_f(worst, '.1%')} (wall {wall:.0f} s)")
+    print(f"worst |error| of the speedups against the re-measured base: {_f(worst_speedup, '.1%')}")
     return 0 if errors else 1
+
+
+def _range(row: dict[str, Any]) -> str:
+    lo, hi = row.get("predicted_throughput_samples_per_s_low"), row.get("predicted_throughput_samples_per_s_high")
+    return "n/a" if lo is None or hi is None else f"{lo:.1f}-{hi:.1f}"
 
 
 if __name__ == "__main__":

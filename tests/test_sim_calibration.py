@@ -150,14 +150,16 @@ def test_throughput_grows_with_the_batch_then_flattens_and_small_batches_are_lau
 
     dev = SimDevice(specs.parse("sim:h100"))
     rates = {}
-    for batch in (4, 32, 256):
+    for batch in (4, 32, 256, 1024):
         cost = measure_step(imagenet.resnet18, (torch.zeros(3, 224, 224), 0), batch, loss=imagenet.cross_entropy)
         period = step_period_s(dev.kernel_times(cost), dev.launch_total_s(cost))
         rates[batch] = batch / period
         if batch == 4:
             assert dev.launch_total_s(cost) > dev.step_s(cost)  # the host's launches set a small batch's pace
-    assert rates[4] < rates[32] < rates[256]
-    assert rates[32] / rates[4] > 4 and rates[256] / rates[32] < 2.5  # 8x the batch: the gain shrinks
+    assert rates[4] < rates[32] < rates[256] < rates[1024]
+    # 8x the batch: near 8x the rate while the launches set the pace, then less, then little (the fill time shrinks
+    # to nothing beside the kernels)
+    assert rates[32] / rates[4] > 4 and rates[256] / rates[32] < 4 and rates[1024] / rates[256] < 1.3
 
 
 # -- the measured and published points ------------------------------------------------------------------------------
@@ -233,3 +235,44 @@ def test_every_point_names_a_known_device_and_precision_and_its_source() -> None
         assert p.bound in (DEVICE, HOST) and p.step_s > 0 and p.date and p.source.strip()
     assert {p.accelerator for p in POINTS} == {"v100", "a100", "h100"}
     assert calibration.POINTS[0].samples_per_s == pytest.approx(367.0)
+
+
+@pytest.mark.parametrize("point", calibration.HELD_OUT, ids=lambda p: p.label.replace(" ", "-"))
+def test_the_h200s_real_rows_out_of_sample_within_15_percent(point: Point) -> None:
+    """issue #65: measured on an H200 after the fit and not fitted on. Its twin predicts each as a run does (the
+    rounded constants; the H100's efficiency, whose SMs and clocks it has); bf16 at batch 256 had come out 32%
+    fast with the median efficiency, and the default arithmetic at 64 -9% without the convolutions' transposes."""
+    assert point not in POINTS and point.accelerator == "h200"
+    checked = check(point, _point_work(point), _rounded())
+    assert checked.efficiency == specs.default_efficiency("h200", point.precision)
+    assert abs(checked.error) <= calibration.OUT_OF_SAMPLE_ERROR, (checked.error, point.label)
+    assert (checked.host_s >= checked.device_s) == (point.bound == HOST), point.label
+    # the same point with the median of the calibrated devices (what a device without points takes) misses the bf16
+    # batch of 256 by more than 15%: the test can fail
+    if point.precision == "amp" and point.batch_size == 256:
+        median = check(point, _point_work(point), _rounded(), efficiency=specs.EFFICIENCY["amp"])
+        assert median.error > calibration.OUT_OF_SAMPLE_ERROR, median.error
+
+
+def test_tf32_convolutions_add_their_layout_transposes_and_amp_does_not() -> None:
+    """One convolution, its bytes worked by hand: in tf32 each of its 4-d channels-first tensors is read and written
+    once more (cuDNN's NHWC tensor-core kernels); fp32 and amp count none."""
+    import torch
+
+    from profiler.sim.cost import measure_step
+
+    def model() -> torch.nn.Module:
+        return torch.nn.Conv2d(2, 3, 3, padding=1, bias=False)
+
+    sample = (torch.zeros(2, 4, 4), torch.zeros(3, 4, 4))
+    fp32 = measure_step(model, sample, 1, precision="fp32", loss=torch.nn.functional.mse_loss)
+    tf32 = measure_step(model, sample, 1, precision="tf32", loss=torch.nn.functional.mse_loss)
+    amp = measure_step(model, sample, 1, precision="amp", loss=torch.nn.functional.mse_loss)
+    x, w, y = 2 * 16 * 4, 3 * 2 * 9 * 4, 3 * 16 * 4  # input [1,2,4,4], weight [3,2,3,3], output [1,3,4,4], fp32
+    forward = 2.0 * (x + w + y)
+    backward = 2.0 * (y + x + w + w)  # grad_output, input, weight; grad_weight (the input needs no gradient)
+    extra = [b for b in tf32.work if b not in fp32.work]
+    assert (0.0, forward) in tf32.work and (0.0, backward) in tf32.work, extra
+    assert tf32.kernels == fp32.kernels + 2 and tf32.flops == fp32.flops
+    assert amp.kernels == fp32.kernels + 2  # its two casts of the weight, no transposes
+    assert all(b not in (forward, backward) for _, b in amp.work)

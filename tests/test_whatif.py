@@ -336,6 +336,27 @@ def test_whatif_check_on_the_io_wait_scenario_is_within_15_percent(tmp_path: Pat
         assert r["binding"] == "loader"
         assert (measured / "whatif" / Path(r["check_run"]).name / "run.sqlite").exists()
     assert out["worst_relative_error"] <= 0.15
+    # issue #65: the base's own configuration (w0) is the re-measured base; each row's error twice, absolute and as
+    # a speedup against it, and an interval around each absolute figure that holds the prediction
+    assert [r["base_configuration"] for r in out["predictions"]].count(True) == 1 and rows[0]["base_configuration"]
+    conf = out["confidence"]
+    assert conf["remeasured_base_throughput_samples_per_s"] == rows[0]["measured_throughput_samples_per_s"]
+    assert conf["spread"]["steps"] == 10 and conf["spread"]["short_run"]
+    assert any("ONE SHORT RUN (10 steps" in line for line in conf["lines"])
+    for r in rows.values():
+        low, high = r["predicted_throughput_samples_per_s_low"], r["predicted_throughput_samples_per_s_high"]
+        assert low < r["predicted_throughput_samples_per_s"] < high, r
+        assert r["absolute_error"] == r["relative_error"]
+        assert abs(r["absolute_error"]) <= 0.15 or r["measured_inside_interval"], r
+        base = rows[0]
+        assert r["predicted_speedup_vs_base"] == pytest.approx(
+            r["predicted_throughput_samples_per_s"] / base["predicted_throughput_samples_per_s"]
+        )
+        assert r["measured_speedup_vs_base"] == pytest.approx(
+            r["measured_throughput_samples_per_s"] / base["measured_throughput_samples_per_s"]
+        )
+        assert abs(r["speedup_error"]) <= 0.15, r
+    assert out["worst_speedup_error"] == max(abs(r["speedup_error"]) for r in rows.values())
     assert (
         "delivery" in out["measured"]["loader_cost"]["method"]
         or "data wait" in out["measured"]["loader_cost"]["method"]

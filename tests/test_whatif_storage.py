@@ -120,7 +120,13 @@ def test_whatif_storage_is_within_15_percent_of_its_check_run(measured: Path, fl
     res = stallscope("whatif", str(measured), "--device", "sim:a100", *flag, "--check", "--repeat", "3", "--json")
     assert res.returncode == 0, res.stderr[-2000:]
     d = json.loads(res.stdout)
-    (row,) = d["predictions"]
+    # the asked configuration, and the run's own re-measured beside it (issue #65): its speedup's denominator
+    row, base = d["predictions"]
+    assert base["base_configuration"] and base["storage"] == "as measured" and not row["base_configuration"]
+    assert len(base["measured_runs"]) == 1 and len(row["measured_runs"]) == 3  # added, not asked: measured once
+    assert row["measured_speedup_vs_base"] == pytest.approx(
+        row["measured_throughput_samples_per_s"] / base["measured_throughput_samples_per_s"]
+    )
     line = "Storage: cached" if label == "cached" else "Storage: a store of 6 MB/s"
     assert row["storage"] == label and d["storage_line"].startswith(line)
     print(label, row["predicted_throughput_samples_per_s"], row["measured_throughput_samples_per_s"])

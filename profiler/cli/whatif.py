@@ -156,12 +156,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         say(f"stopped by {exc.signame}")
         raise SystemExit(exit_signal(exc.signame)) from None
     if args.json:
-        print(json.dumps(outcome.result.to_dict(), indent=2))
+        print(json.dumps(outcome.to_dict(), indent=2))
     else:
         from profiler.render.report import make_console
         from profiler.whatif.render import render_whatif
 
-        render_whatif(outcome.result, make_console())
+        render_whatif(outcome.result, make_console(), outcome.confidence)
     return EXIT_FAILED if outcome.check_failed else EXIT_OK
 
 

@@ -91,6 +91,21 @@ POINTS: tuple[Point, ...] = (
     ),
 )  # fmt: skip
 
+_H200 = (
+    "measured by stallscope on one NVIDIA H200 (16-core host, torch 2.11.0+cu130, eager PyTorch, SGD): ResNet-50 "
+    "with one batch kept on the device (run --synthetic-input), {arith}, the median step outside the kernel window "
+    "(../shared/measured/h200-2026-11-28.md)"
+)
+_H200_DATE = "2026-11-28"
+# Out of sample: not fitted, each predicted with the constants above (the H200 takes the H100's efficiency: its SMs
+# and clocks, AcceleratorSpec.compute_of) and held within OUT_OF_SAMPLE_ERROR by tests/test_sim_calibration.py
+HELD_OUT: tuple[Point, ...] = (
+    Point("resnet50", "h200", "tf32", 64, 27.0e-3, DEVICE, _H200.format(arith=_TF32), _H200_DATE),
+    Point("resnet50", "h200", "amp", 64, 25.1e-3, HOST, _H200.format(arith=_BF16), _H200_DATE),
+    Point("resnet50", "h200", "amp", 256, 54.5e-3, DEVICE, _H200.format(arith=_BF16), _H200_DATE),
+)
+OUT_OF_SAMPLE_ERROR = 0.15
+
 WorkOf = Callable[[Point], Work]  # a point's kernels, counted at its batch size and precision
 
 
@@ -200,7 +215,9 @@ def check(
     """The model's step for ``point`` with ``fit``'s constants (``efficiency`` in place of the device's own)."""
     spec = specs[point.accelerator]
     if efficiency is None:
-        efficiency = fit.device_efficiency.get((point.accelerator, point.precision), fit.efficiency[point.precision])
+        own = fit.device_efficiency.get((point.accelerator, point.precision))
+        shared = fit.device_efficiency.get((spec.compute_of or point.accelerator, point.precision))
+        efficiency = own if own is not None else shared if shared is not None else fit.efficiency[point.precision]
     rates = Rates(spec.peak_tflops[point.precision] * 1e12 * efficiency, _bytes_per_s(spec), fit.fill_s)
     times = kernel_times(work, rates)
     host = host_s(len(work), fit.launch_s, fit.framework_s)

@@ -81,6 +81,9 @@ _MOMENTUM = 0.9
 # tensors launches once per chunk. Its further split by blocks (320 x 64 Ki elements per launch) is left out.
 _FOREACH_TENSORS_PER_LAUNCH = 64
 
+# The aten ops of a convolution (forward, and its input and weight gradients)
+_CONVOLUTIONS = frozenset({"convolution", "convolution_backward"})
+
 # Ops that allocate or record but run no device kernel; the dispatch-level count skips them beside views.
 _NO_KERNEL_OPS = frozenset(
     {
@@ -123,12 +126,15 @@ def measure_step(
     ``cost_forward(model, x)``, when given, replaces model and loss: it returns a tensor, or a sequence or
     mapping of tensors, whose elements summed are the traced loss, and y is not used.
 
-    ``precision``: ``fp32`` and ``tf32`` count the same bytes; ``amp`` halves the bytes of floating-point
-    saved activations (autocast keeps them in half precision) and keeps fp32 weights, gradients and optimizer
-    state (AMP's master weights). Each kernel's ``work`` is its FLOPs and the bytes of the tensors it reads and
-    writes; under ``amp`` the floating-point bytes of the forward and backward kernels are halved (the optimizer
-    keeps fp32), and each weight of two or more dimensions adds two cast kernels (autocast's half copy of it in
-    the forward, its gradient back to fp32 in the backward). FLOPs do not depend on precision.
+    ``precision``: ``fp32`` counts each kernel's tensors; ``tf32`` adds, after each convolution, one kernel that
+    reads and writes its channels-first (NCHW) 4-d floating-point tensors once more: cuDNN's tensor-core
+    convolutions run in NHWC and transpose to it and back (an H200's trace of ResNet-18: 18% of the kernel time;
+    docs/sim.md); ``amp`` is what its calibration measured, channels_last, with no transposes, and halves the
+    bytes of floating-point saved activations (autocast keeps them in half precision) and keeps fp32 weights,
+    gradients and optimizer state (AMP's master weights). Each kernel's ``work`` is its FLOPs and the bytes of the
+    tensors it reads and writes; under ``amp`` the floating-point bytes of the forward and backward kernels are
+    halved (the optimizer keeps fp32), and each weight of two or more dimensions adds two cast kernels (autocast's
+    half copy of it in the forward, its gradient back to fp32 in the backward). FLOPs do not depend on precision.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -161,6 +167,13 @@ def measure_step(
 
 def _work(trace: _Trace, precision: str) -> tuple[tuple[float, float], ...]:
     """Each kernel's (FLOPs, bytes) at ``precision`` (see :func:`measure_step`)."""
+    if precision == "tf32":
+        work: list[tuple[float, float]] = []
+        for k in trace.launches:
+            work.append((k.flops, k.nbytes))
+            if k.layout_bytes:  # its tensors to NHWC and back: each read and written once more
+                work.append((0.0, 2.0 * k.layout_bytes))
+        return tuple(work)
     if precision != "amp":
         return tuple((k.flops, k.nbytes) for k in trace.launches)
     work = [(k.flops, k.nbytes if k.optimizer else k.nbytes - k.float_bytes / 2) for k in trace.launches]
@@ -178,6 +191,9 @@ class _Launch:
     nbytes: float
     float_bytes: float
     optimizer: bool
+    # a convolution's 4-d floating-point tensors in the channels-first (NCHW) layout, in bytes: what cuDNN's
+    # tensor-core kernels transpose to NHWC and back around it (0 for any other op)
+    layout_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,13 +454,17 @@ class _KernelLog:
         self.optimizer = False  # set once the optimizer's step begins
         self.launches: list[_Launch] = []
 
-    def add(self, n: int, flops: float, tensors: Iterator[torch.Tensor]) -> None:
-        total = floating = 0
+    def add(self, n: int, flops: float, tensors: Iterator[torch.Tensor], *, convolution: bool = False) -> None:
+        import torch
+
+        total = floating = layout = 0
         for t in tensors:
             nbytes = t.numel() * t.element_size()
             total += nbytes
             floating += nbytes if t.is_floating_point() else 0
-        self.launches += [_Launch(flops / n, total / n, floating / n, self.optimizer)] * n
+            if convolution and t.dim() == 4 and t.is_floating_point():
+                layout += nbytes if t.size(1) > 1 and not t.is_contiguous(memory_format=torch.channels_last) else 0
+        self.launches += [_Launch(flops / n, total / n, floating / n, self.optimizer, layout / n)] * n
 
 
 def _counting_kernels(log: _KernelLog) -> AbstractContextManager[object]:
@@ -472,7 +492,8 @@ def _counting_kernels(log: _KernelLog) -> AbstractContextManager[object]:
             before = log.flops()
             out = func(*args, **(kwargs or {}))
             if n:
-                log.add(n, float(log.flops() - before), _tensors_in((args, kwargs or {}, out)))
+                conv = func.overloadpacket.__name__ in _CONVOLUTIONS
+                log.add(n, float(log.flops() - before), _tensors_in((args, kwargs or {}, out)), convolution=conv)
             return out
 
     return _KernelCounter()  # type: ignore[no-untyped-call]

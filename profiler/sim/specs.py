@@ -46,6 +46,9 @@ class AcceleratorSpec:
     # GPU-to-GPU link for the gradient all-reduce of multi-rank training, GB/s per direction per GPU: NVLink on SXM
     # boards (None: the GPUs talk over PCIe, at the pinned host-link rate)
     nvlink_gbps: float | None = None
+    # the calibrated device whose SMs, clocks and tensor cores this one has (the H200 is an H100's GH100 with more
+    # and faster memory): without points of its own it takes that device's efficiency, not the median of others
+    compute_of: str | None = None
 
     def default_link(self) -> str:
         """nvlink where the board has it (SXM), else pcie."""
@@ -204,14 +207,28 @@ def _spec(
     memory_gbps: float,
     sources: dict[str, str],
     nvlink_gbps: float | None = None,
+    compute_of: str | None = None,
 ) -> AcceleratorSpec:
     """Pageable host-to-device is half the pinned rate on every device (see _PAGEABLE)."""
     srcs = {f"peak_tflops.{p}": sources.get(f"peak_tflops.{p}", sources["peak"]) for p in peaks}
     srcs |= {k: v for k, v in sources.items() if k != "peak" and not k.startswith("peak_tflops.")}
     srcs["h2d_pageable_gbps"] = _PAGEABLE
     srcs["nvlink_gbps"] = sources.get("nvlink_gbps", _NO_NVLINK)
+    if compute_of is not None:
+        srcs["compute_of"] = sources["peak"]
     return AcceleratorSpec(
-        name, full_name, peaks, memory_gib, pinned_gbps, pinned_gbps / 2, tdp_w, idle_w, srcs, memory_gbps, nvlink_gbps
+        name,
+        full_name,
+        peaks,
+        memory_gib,
+        pinned_gbps,
+        pinned_gbps / 2,
+        tdp_w,
+        idle_w,
+        srcs,
+        memory_gbps,
+        nvlink_gbps,
+        compute_of,
     )
 
 
@@ -355,6 +372,7 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
             "measured on an H200 https://github.com/wilicc/gpu-burn/issues/114",
         },
         nvlink_gbps=450.0,
+        compute_of="h100",
     ),
 }
 # Variants whose name holds a table key but whose figures differ from its entry: a name with one of these tokens
@@ -370,35 +388,49 @@ OTHER_VARIANTS: dict[str, tuple[str, ...]] = {"h100": ("pcie", "nvl"), "a100": (
 # Achieved fraction of the datasheet FLOP peak, per device and precision where a point measured it:
 DEVICE_EFFICIENCY: dict[tuple[str, str], float] = {
     ("v100", "fp32"): 0.81,
-    ("v100", "amp"): 0.48,
-    ("a100", "tf32"): 0.22,
-    ("a100", "amp"): 0.38,
-    ("h100", "tf32"): 0.16,
-    ("h100", "amp"): 0.20,
+    ("v100", "amp"): 0.47,
+    ("a100", "tf32"): 0.36,
+    ("a100", "amp"): 0.37,
+    ("h100", "tf32"): 0.37,
+    ("h100", "amp"): 0.19,
 }
-# and on a device no point measured, per precision: the median over the devices above
-EFFICIENCY: dict[str, float] = {"fp32": 0.81, "tf32": 0.19, "amp": 0.38}
+# and on a device no point measured, per precision: the median over the devices above (a device that shares a
+# measured one's SMs and clocks, AcceleratorSpec.compute_of, takes that one's instead)
+EFFICIENCY: dict[str, float] = {"fp32": 0.81, "tf32": 0.37, "amp": 0.37}
 # Each kernel's fill time (seconds): fitted where one device and precision was measured at two batch sizes
-KERNEL_FILL_S = 8.9e-6
+KERNEL_FILL_S = 6.9e-6
 # The host's time to issue a step of eager PyTorch: the framework's per-step cost, and one launch per kernel (Python,
 # the dispatcher, the CUDA driver), fitted on launch-bound steps measured on the H100's 16-core host
-FRAMEWORK_S = 7.3e-3
-LAUNCH_S = 34e-6
+FRAMEWORK_S = 6.2e-3
+LAUNCH_S = 36e-6
 # Achieved fraction of the datasheet memory bandwidth for the kernels that stream memory (normalisation,
 # activations, the optimizer): an estimate, not fitted (docs/sim.md says how the fit depends on it)
 MEMORY_EFFICIENCY = 0.8
 
 
+def efficiency_of(name: str) -> str:
+    """The device whose calibrated efficiency ``name`` takes: itself, or the one whose SMs it has (compute_of)."""
+    spec = ACCELERATORS.get(name)
+    return spec.compute_of if spec is not None and spec.compute_of else name
+
+
 def _efficiency_source(name: str, precision: str) -> str:
     if (name, precision) in DEVICE_EFFICIENCY:
         return f"calibrated on the {name} (docs/sim.md)"
+    of = efficiency_of(name)
+    if (of, precision) in DEVICE_EFFICIENCY:
+        return f"calibrated on the {of}, whose SMs and clocks the {name} has (docs/sim.md)"
     return f"no {name} {precision} point: the median of the calibrated devices (docs/sim.md)"
 
 
 def default_efficiency(name: str, precision: str) -> float:
-    """The calibrated efficiency of ``precision`` on the device ``name``: its own where a point measured it,
-    else the precision's median over the devices that were measured."""
-    return DEVICE_EFFICIENCY.get((name, precision), EFFICIENCY[precision])
+    """The calibrated efficiency of ``precision`` on the device ``name``: its own where a point measured it, else
+    that of the device whose SMs and clocks it has (``compute_of``), else the precision's median over the devices
+    that were measured."""
+    own = DEVICE_EFFICIENCY.get((name, precision))
+    if own is not None:
+        return own
+    return DEVICE_EFFICIENCY.get((efficiency_of(name), precision), EFFICIENCY[precision])
 
 
 def names() -> list[str]:

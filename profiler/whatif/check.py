@@ -55,19 +55,29 @@ def check_label(p: Prediction, steps: int | None = None, warmup: int | None = No
 
 
 def check_all(
-    src: Source, predictions: Sequence[Prediction], devices: Sequence[DeviceInfo], plan: CheckPlan, note: Note
+    src: Source,
+    predictions: Sequence[Prediction],
+    devices: Sequence[DeviceInfo],
+    plan: CheckPlan,
+    note: Note,
+    *,
+    once: int | None = None,
 ) -> tuple[list[Checked], bool]:
     """Each prediction beside ``plan.repeat`` runs of its configuration, the repetitions interleaved (every
     configuration once, then again) so that a burst of load on the host does not fall on one configuration's
-    runs alone; and whether a check failed unexpectedly (not an OOM the prediction foresaw). CheckStopped when a
-    signal stopped a run."""
+    runs alone, and the prediction at index ``once`` (the base's configuration, added for the speedups) run once;
+    and whether a check failed unexpectedly (not an OOM the prediction foresaw). CheckStopped when a signal
+    stopped a run."""
     by_label = {short_label(d.sim): d for d in devices}
     results: list[list[_Run]] = [[] for _ in predictions]
-    total = len(predictions) * plan.repeat
+    total = len(predictions) * plan.repeat - (plan.repeat - 1 if once is not None else 0)
+    n = 0
     for rep in range(1, plan.repeat + 1):
         for i, p in enumerate(predictions):
+            if rep > 1 and i == once:
+                continue
             out = src.run_dir / "whatif" / check_label(p, plan.steps, plan.warmup, rep)
-            n = (rep - 1) * len(predictions) + i + 1
+            n += 1
             note(f"check [{n}/{total}] {p.target.label} -> {out}")
             if rep > 1 and results[i] and results[i][0][0] is None:
                 continue  # the first run failed: the others would fail the same way

@@ -7,12 +7,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from profiler.whatif.check import CheckPlan, check_all
+from profiler.whatif.confidence import Confidence, add_confidence, gap_half_width, interval, spread_of
 from profiler.whatif.model import (
     AS_MEASURED,
     NO_GAP,
+    Host,
+    LoaderCost,
+    LoaderGap,
+    MeasuredRun,
+    Prediction,
     Storage,
+    Target,
     WhatIf,
     WhatIfError,
     host_of,
@@ -23,14 +31,20 @@ from profiler.whatif.model import (
 )
 from profiler.whatif.source import (
     Note,
+    Source,
     StepCosts,
     default_devices,
     measure_gap,
     needs_gap,
     notes,
+    own_device,
     read_run,
     resolve_devices,
+    short_label,
 )
+
+if TYPE_CHECKING:
+    from profiler.core.devices import DeviceInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +67,36 @@ class Request:
 class Outcome:
     result: WhatIf
     check_failed: bool = False  # a check run failed for another reason than a predicted OOM
+    confidence: Confidence | None = None  # each prediction's interval and, checked, its speedup against the base
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON of ``whatif --json``: the result's, with each row's interval and speedups added."""
+        out = self.result.to_dict()
+        if self.confidence is not None:
+            add_confidence(out, self.result, self.confidence)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Model:
+    """What every prediction of one request is made from: the measured run's costs, host and gap."""
+
+    run: MeasuredRun
+    cost: LoaderCost
+    host: Host
+    gap: LoaderGap
+    storage: Storage
+
+    def predict(self, t: Target, k: float = 1.0) -> Prediction:
+        """``t``'s prediction, with the run's measured loader cost and loop overhead scaled by ``k`` (1: as
+        measured); the base's own configuration (storage as measured) keeps the measured storage."""
+        storage = t.storage if t.storage.label else AS_MEASURED
+        cost = storage.cost(self.cost, self.run)
+        if k != 1.0:
+            cost = replace(cost, wall_s=cost.wall_s * k, cpu_s=cost.cpu_s * k)
+        host = replace(self.host, overhead_s=self.host.overhead_s * k) if k != 1.0 else self.host
+        at = loader_place(self.run.pipeline, self.run.workers)
+        return predict(cost, host, t, self.gap, at, store_s=storage.period(t.batch_size, self.run))
 
 
 def run_whatif(req: Request, note: Note) -> Outcome:
@@ -82,20 +126,78 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         for b in batches
         for w in workers
     ]
+    asked = len(targets)
+    if req.check:  # the base's own configuration is re-measured beside the others: the speedups' denominator
+        devices, targets = _with_base(src, steps, devices, targets, note)
     gap = NO_GAP
     if needs_gap(m, targets):
         gap = measure_gap(src, note) if req.worker_gap == "measure" else replace(NO_GAP, source="--worker-gap off")
         cost = loader_cost(m, gap)
         gap = on_host(gap, host)
-    measured_at = loader_place(m.pipeline, m.workers)
-    stored = req.storage.cost(cost, m)
-    predictions = [
-        predict(stored, host, t, gap, measured_at, store_s=req.storage.period(t.batch_size, m)) for t in targets
-    ]
+    model = _Model(m, cost, host, gap, req.storage)
+    predictions = [model.predict(t) for t in targets]
     result = WhatIf(
         str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(notes(src)), gap=gap, storage=req.storage
     )
+    base = _base_index(src, targets)
     if not req.check:
-        return Outcome(result)
-    checked, failed = check_all(src, predictions, devices, plan, note)
-    return Outcome(replace(result, checked=tuple(checked), repeat=plan.repeat), failed)
+        return Outcome(result, confidence=_confidence(src, model, result, base))
+    added = base if base is not None and base >= asked else None  # not asked for: measured once, not --repeat times
+    checked, failed = check_all(src, predictions, devices, plan, note, once=added)
+    result = replace(result, checked=tuple(checked), repeat=plan.repeat)
+    return Outcome(result, failed, _confidence(src, model, result, base))
+
+
+def _is_base(src: Source, t: Target) -> bool:
+    m, own = src.measured, own_device(src)
+    return (
+        own is not None
+        and t.device == _label(own)
+        and (t.pipeline, t.workers, t.batch_size) == (m.pipeline, m.workers, m.batch_size)
+        and not t.storage.label
+    )
+
+
+def _label(device: str) -> str:
+    return short_label(resolve_devices([device])[0].sim)
+
+
+def _base_index(src: Source, targets: Sequence[Target]) -> int | None:
+    return next((i for i, t in enumerate(targets) if _is_base(src, t)), None)
+
+
+def _with_base(
+    src: Source, steps: StepCosts, devices: list[DeviceInfo], targets: list[Target], note: Note
+) -> tuple[list[DeviceInfo], list[Target]]:
+    """``devices`` and ``targets`` with the base's own configuration (its simulated device, pipeline, workers and
+    batch size, storage as measured) added where it is not among them (said through ``note``). A run on another
+    device than a simulated one cannot be re-measured by a check: unchanged."""
+    own, m = own_device(src), src.measured
+    if own is None or _base_index(src, targets) is not None:
+        return devices, targets
+    dev = resolve_devices([own])[0]
+    base = steps.target(dev, m.pipeline, m.workers, m.batch_size, m.bytes_per_sample)
+    note(f"--check: the base's own configuration ({base.label}) is re-measured once beside the others")
+    have = {short_label(d.sim) for d in devices}
+    return ([*devices, dev] if base.device not in have else devices), [*targets, base]
+
+
+def _confidence(src: Source, model: _Model, result: WhatIf, base: int | None) -> Confidence:
+    """Each prediction's interval from the base's spread and, checked, the drift of its re-measured base."""
+    spread = spread_of(src.step_ms)
+    again = result.checked[base].measured_samples_per_s if base is not None and result.checked else math.nan
+    draft = Confidence(spread, src.measured.throughput, again, (), base)
+    half = draft.half_width
+    intervals = tuple(_interval(model, p, half) for p in result.predictions)
+    return replace(draft, intervals=intervals)
+
+
+def _interval(model: _Model, p: Prediction, half: float) -> tuple[float, float]:
+    """``p``'s interval: the base's half-width, plus the worker gap's where ``p`` uses it."""
+    if p.status != "ok":
+        return (math.nan, math.nan)
+
+    def at(k: float) -> float:
+        return model.predict(p.target, k).samples_per_s
+
+    return interval(at, half + gap_half_width(model.gap, p.loader_scale != 1.0, p.target.workers))

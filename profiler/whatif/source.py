@@ -40,6 +40,7 @@ class Source:
     measured: MeasuredRun
     scenario: Scenario
     data_root: Path | None
+    step_ms: tuple[float, ...] = ()  # each measured step's wall time, in order (whatif.confidence's spread)
 
 
 def read_summary(run_dir: str | Path) -> Summary:
@@ -77,7 +78,10 @@ def read_run(run_dir: str) -> Source:
         from scenarios.datagen import temporary  # a --synthetic-input run's batch: its directory went at its exit
 
         data_root = temporary(str(scenario.data), count)
-    return Source(Path(run_dir), meta, summary, _measured(summary, meta), scenario, data_root)
+    from profiler.analysis.apart import measured_steps
+
+    step_ms = tuple((st.t_end - st.t_start) * 1e3 for st in measured_steps(rec))
+    return Source(Path(run_dir), meta, summary, _measured(summary, meta), scenario, data_root, step_ms)
 
 
 def _measured(summary: Summary, meta: dict[str, Any]) -> MeasuredRun:
@@ -164,16 +168,24 @@ def resolve_devices(names: Sequence[str]) -> list[DeviceInfo]:
     return devices
 
 
+def own_device(src: Source) -> str | None:
+    """The run's own simulated device as a ``sim:`` string (None: the run is not on a simulated device)."""
+    own = src.meta.get("device") or {}
+    if own.get("kind") != "sim":
+        return None
+    sim = own["sim"]
+    given = sim.get("efficiency_source") == "given"
+    return f"sim:{sim['accelerator']},precision={sim['precision']}" + (
+        f",efficiency={sim['efficiency']:g}" if given else ""
+    )
+
+
 def default_devices(src: Source, note: Note) -> list[DeviceInfo]:
     """Without --device: the run's own simulated device, else the defaults (said through ``note``)."""
     own = src.meta.get("device") or {}
-    if own.get("kind") == "sim":
-        sim = own["sim"]
-        given = sim.get("efficiency_source") == "given"
-        names = [
-            f"sim:{sim['accelerator']},precision={sim['precision']}"
-            + (f",efficiency={sim['efficiency']:g}" if given else "")
-        ]
+    name = own_device(src)
+    if name is not None:
+        names = [name]
         note(f"--device: the run's own, {names[0]}")
     else:
         names = list(DEFAULT_TARGETS)
