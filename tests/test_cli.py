@@ -211,10 +211,17 @@ def test_scenarios_lists_builtins() -> None:
     assert all(len(line.split(maxsplit=1)) == 2 for line in res.stdout.splitlines())  # a description each
 
 
+# py-spy samples a worker only once it has found it (--subprocesses) and attached: here 0.6-2.8 s after the workers
+# started, which was 9-27 of this run's steps (9 runs of it beside other work, load 6-12 on the 2 cores; the workers'
+# life less the seconds py-spy sampled each one's main thread). 40 steps left no worker sample beside a 2-rank job
+# (issue #65: loader_attribution null); 150 are 5.5 times the longest lag measured, in steps
+ATTRIBUTION_STEPS = 150
+
+
 def test_run_with_workers_attributes_their_cpu(tmp_path: Path, tiny_scenario) -> None:
     out = tmp_path / "run"
-    res = stallscope("run", str(tiny_scenario(item_sleep=0.002, steps=40)), "--workers", "2", "--pyspy-rate", "50",
-                     "--out", str(out), "--json", "--no-live")  # fmt: skip
+    res = stallscope("run", str(tiny_scenario(item_sleep=0.002, steps=ATTRIBUTION_STEPS)), "--workers", "2",
+                     "--pyspy-rate", "50", "--out", str(out), "--json", "--no-live")  # fmt: skip
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     att = summary["loader_attribution"]

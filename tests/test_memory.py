@@ -4,7 +4,9 @@ against the workers' own smaps are in tests/test_memory_truth.py."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -268,28 +270,172 @@ def test_the_pin_threads_figures_reach_the_report_table() -> None:
     assert math.isnan(loader_memory(_samples([20.0] * 3, [20.0] * 3), None, 100.0, 2).pin_cpu_pct)  # type: ignore[union-attr]
 
 
-def test_the_first_epoch_with_workers_asks_for_readings_at_its_marks_and_before_its_end() -> None:
-    from profiler.core.workerreads import READ_AHEAD_S, WorkerReads
+class _Loader:
+    num_workers = 2
 
-    class Loader:
-        num_workers = 2
+    def __init__(self, n: int = 300) -> None:
+        self.n = n
 
-        def __len__(self) -> int:
-            return 300
+    def __len__(self) -> int:
+        return self.n
+
+
+def _asks(reads: object, steps: range, step_s: Callable[[int], float]) -> list[int]:
+    """The steps at which ``reads`` asks, checked at a hand-over every 10 steps, each step ``step_s(i)`` long."""
+    t, out = 0.0, []
+    for i in range(steps.stop):
+        if i in steps and i % 10 == 0 and reads.due(i, t):  # type: ignore[attr-defined]
+            out.append(i)
+        t = round(t + step_s(i), 9)  # the floats of a sum of 10 ms steps land on their marks
+    return out
+
+
+def test_the_first_epoch_with_workers_asks_for_readings_spaced_in_time_up_to_before_its_end() -> None:
+    from profiler.core.workerreads import ASKS, EARLY_GAP_S, READ_AHEAD_S, WorkerReads
 
     reads = WorkerReads(warmup=5)
-    reads.begin(Loader(), 0, 0.0)
-    # asked at the Session's hand-overs (every 64 steps or 0.1 s): 10 ms steps, a hand-over every 10 steps
-    asked = [i for i in range(0, 300, 10) if reads.due(i, i * 0.010)]
-    # the window's first step (10, the first hand-over past step 5), a quarter (75: hand-over 80), half (150), three
-    # quarters (225: 230), and the end less READ_AHEAD_S at the mean step so far: 300 - 1 - 50 = 249, first reached
-    # at hand-over 250
-    assert asked == [10, 80, 150, 230, 250], asked
-    assert READ_AHEAD_S == 0.5
+    reads.begin(_Loader(300), 0, 0.0)
+    # 10 ms steps: the window's first step (10, the first hand-over past step 5), the next EARLY_GAP_S later (60),
+    # then evenly spaced in time to READ_AHEAD_S before the end (3.0 s - 0.5 s = step 250)
+    asked = _asks(reads, range(300), lambda i: 0.010)
+    assert asked == [10, 60, 130, 190, 250] and len(asked) == ASKS and (READ_AHEAD_S, EARLY_GAP_S) == (0.5, 0.5), asked
     # a later epoch, a loader without workers or without a length: the schedule alone
-    reads.begin(Loader(), 300, 3.0)
+    reads.begin(_Loader(300), 300, 3.0)
     assert not any(reads.due(i, i * 0.01) for i in range(300, 600, 10))
-    for loader in (type("NoWorkers", (Loader,), {"num_workers": 0})(), type("NoLen", (), {"num_workers": 2})()):
+    for loader in (type("NoWorkers", (_Loader,), {"num_workers": 0})(), _Loader(4)):
         fresh = WorkerReads(warmup=0)
         fresh.begin(loader, 0, 0.0)
-        assert not any(fresh.due(i, i * 0.01) for i in range(0, 300, 10))
+        assert not any(fresh.due(i, i * 0.01) for i in range(0, 300, 10)), loader
+
+
+def test_the_runs_known_length_places_the_asks_where_the_epoch_is_longer_than_the_run() -> None:
+    # issue #65: 150 steps of a 6,250-step epoch (400,000 items, batch 64) asked at the window's first step only: its
+    # marks were a quarter, half and three quarters of the epoch. The run's length (Session(steps=), run --steps)
+    # ends the loop first; the asks span it
+    from profiler.core.workerreads import READ_AHEAD_S, WorkerReads
+
+    reads = WorkerReads(warmup=10)
+    reads.run_length(150)
+    reads.begin(_Loader(6250), 0, 0.0)
+    asked = _asks(reads, range(160), lambda i: 0.015)
+    assert asked[0] == 10 and len(asked) == 5, asked
+    # the last one READ_AHEAD_S before the loop's end at step 160 (2.4 s): at 1.9 s, step 126.7, the hand-over at 130
+    assert asked[-1] == 130 and (160 - asked[-1]) * 0.015 <= READ_AHEAD_S, asked
+    # the steps slow to 4x halfway: the end is projected from the mean step since the first ask, at each hand-over,
+    # so the last ask still comes before the end, with the others spread before it
+    slow = WorkerReads(warmup=10)
+    slow.run_length(150)
+    slow.begin(_Loader(6250), 0, 0.0)
+    asked = _asks(slow, range(160), lambda i: 0.010 if i < 80 else 0.040)
+    t_of = [0.0]
+    for i in range(160):
+        t_of.append(t_of[-1] + (0.010 if i < 80 else 0.040))
+    assert len(asked) == 5 and t_of[160] - t_of[asked[-1]] >= READ_AHEAD_S / 2, (asked, t_of[160])
+    assert all(b - a >= 10 for a, b in itertools.pairwise(asked)), asked
+
+
+def test_a_loop_of_unknown_length_asks_early_then_reads_its_workers_where_it_breaks_out() -> None:
+    # a Session without steps= over an iterable without a length: asks early on, and the reading at the loop's end
+    # (profiler.core.stepclock: a break, an exception, close()) while the iterator still holds its workers, once
+    import os
+    import subprocess
+    import sys
+
+    from profiler.core.workerreads import WorkerReads, worker_pids
+
+    class Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+    class Iterator:  # a DataLoader iterator's worker list (torch's _workers)
+        def __init__(self, pids: list[int]) -> None:
+            self._workers = [Proc(p) for p in pids]
+
+    reads = WorkerReads(warmup=2)
+    assert reads.at_end(Iterator([os.getpid()])) is None  # nothing planned yet: no reading
+    reads.begin(type("NoLen", (), {"num_workers": 2})(), 0, 0.0)
+    # the first ask, then gaps that double from EARLY_GAP_S: 0.5, 1, 2 and 4 s (the schedule reads a longer loop)
+    assert _asks(reads, range(2000), lambda i: 0.01) == [10, 60, 160, 360, 760]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        taken = reads.at_end(Iterator([child.pid, 999_999_999]))  # one that does not exist is left out
+        assert taken is not None and set(taken) == {child.pid}, taken
+        uss, pss, shared = taken[child.pid]
+        assert 0 < uss <= pss + shared and pss > 0, taken  # MiB of a live Python process
+        assert reads.at_end(Iterator([child.pid])) is None  # once
+    finally:
+        child.kill()
+        child.wait()
+    assert worker_pids(object()) == []  # no worker list, no child running this process's command line
+
+
+def test_readings_taken_at_the_loops_end_are_labelled_by_the_source_and_cross_the_ring() -> None:
+    from profiler.core.sampler_process.wire import ReadMemory, decode, encode
+
+    src = MemorySource(lambda: {"main": 1, "w0": 2, "w1": 3})
+    got = src.labelled({2: (10.0, 20.0, 30.0), 7: (1.0, 1.0, 1.0)})  # pid 7 is no process it knows
+    assert got == {"mem.w0.uss_mb": 10.0, "mem.w0.pss_mb": 20.0, "mem.w0.shared_mb": 30.0}
+    item = ReadMemory(4.5, {2: (10.0, 20.0, 30.0)})
+    assert list(decode(encode(item))) == [item]
+    assert list(decode(encode(ReadMemory()))) == [ReadMemory()]  # a plain ask, as before
+
+
+def test_a_workers_reading_just_after_the_window_counts_as_its_end() -> None:
+    # the loop's end reading comes after its last step ended: within END_GRACE_S of the window it counts; a reading
+    # later than that (the workers idle since) does not
+    from profiler.analysis.memory import END_GRACE_S
+
+    samples = [(t, "memory", "mem.w0.uss_mb", 10.0 + 10 * t) for t in (0.0, 0.5, 1.0, 1.5)]
+    samples.append((2.0 + END_GRACE_S / 2, "memory", "mem.w0.uss_mb", 30.0))
+    samples.append((2.0 + 2 * END_GRACE_S, "memory", "mem.w0.uss_mb", 30.0))
+    mem = loader_memory(samples, (0.0, 2.0), 100.0, 1)
+    assert mem is not None
+    (w0,) = mem.processes
+    assert w0.readings == 5 and w0.uss_end_mb == 30.0, w0
+
+
+def test_a_process_read_as_it_exits_gives_no_figure() -> None:
+    # a worker read while its loader stopped it: smaps read 0 MiB of USS (issue #65's dicts run), no figure of it
+    from profiler.core.sources.memory import take
+
+    src = MemorySource(lambda: {"main": 1, "w0": 2}, read=lambda pid: Info(uss=0, pss=0, rss=0) if pid == 2 else
+                       Info(uss=2**20, pss=2**20, rss=2**21))  # fmt: skip
+    src.read_workers_next()
+    got = src.read()
+    assert "mem.w0.uss_mb" not in got and got["mem.main.uss_mb"] == 1.0, got
+    assert take([2], read=lambda pid: Info(uss=0, pss=0, rss=0)) == {}
+
+
+def test_a_workers_reading_just_after_the_loops_end_reading_is_left_out() -> None:
+    # the loop's end reading is taken just before the loader stops its workers; the sampler process's reading of a
+    # worker after it comes while the worker's Python frees its memory on its way out: not a figure of what it held
+    from profiler.analysis.memory import LOOP_END
+    from profiler.core.sources.memory import LOOP_END as STORED_AS
+
+    assert LOOP_END == STORED_AS  # the analysis cannot import the core's sources: the name is spelled twice
+    samples = [(t, "memory", "mem.w0.uss_mb", 10.0 + 10 * t) for t in (0.0, 0.5, 1.0, 1.5)]
+    samples += [(2.0, LOOP_END, "mem.w0.uss_mb", 30.0), (2.1, "memory", "mem.w0.uss_mb", 14.0)]
+    mem = loader_memory(samples, (0.0, 2.0), 100.0, 1)
+    assert mem is not None
+    (w0,) = mem.processes
+    assert w0.readings == 5 and w0.uss_end_mb == 30.0, w0
+    # without the loop's end reading, the same late reading is the worker's last
+    plain = [(t, "memory" if src == LOOP_END else src, m, v) for t, src, m, v in samples]
+    (w0,) = loader_memory(plain, (0.0, 2.0), 100.0, 1).processes  # type: ignore[union-attr]
+    assert w0.uss_end_mb == 14.0, w0
+
+
+def test_asks_before_the_workers_are_found_are_made_once_they_are() -> None:
+    # the host source finds a loader's workers a round or more after they start (0.4-1 s here beside other work, the
+    # window of a fast 150-step run half over): asks made before are made then, one a read
+    procs: dict[str, int] = {"main": 1}
+    src = MemorySource(lambda: dict(procs), clock=lambda: 5.0, cpu_clock=lambda: 0.0,
+                       read=lambda pid: Info(uss=2**20 * pid, pss=2**20, rss=2**22))  # fmt: skip
+    src.read()  # the schedule's reading of the training process
+    for _ in range(2):
+        src.read_workers_next()
+        assert "mem.w0.uss_mb" not in src.read()  # no worker yet
+    procs["w0"] = 2
+    got = [("mem.w0.uss_mb" in src.read()) for _ in range(5)]
+    # found: their first reading, then the two asks made before, then the schedule alone (at 5 s: not yet due)
+    assert got == [True, True, True, False, False], got

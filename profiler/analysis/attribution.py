@@ -16,7 +16,7 @@ import ast
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from profiler.analysis.stacks import Frame, Roles, StackSample, file_matches, identify, is_import_frame, wilson
@@ -352,3 +352,33 @@ def headline(attribution: WorkerAttribution, threshold: float = 0.5, min_samples
     top = attribution.top.get(cat, ())
     where = f", mostly {top[0].function}" if top else ""
     return f"{pct}% of worker CPU is in the data set's own code{where}: profile __getitem__"
+
+
+# how late py-spy first sampled a loader worker after the workers started, measured on this project's 2-core host
+# beside other work (load 6-12; tests/test_cli.py, ATTRIBUTION_STEPS): what a run shorter than it misses
+PYSPY_WORKER_LAG_S = (0.6, 2.8)
+
+
+def unattributed_workers(meta: Mapping[str, object], attributed: bool) -> str | None:
+    """Where py-spy recorded a run with loader worker processes and sampled none of them: that, and the likely why,
+    in words (the report's loader attribution would otherwise be missing without a word); else None. A py-spy that
+    failed is said by its own note (its ``pyspy_problem``)."""
+    rate, workers = meta.get("pyspy_rate"), _worker_processes(meta)
+    if attributed or not isinstance(rate, (int, float)) or rate <= 0 or meta.get("pyspy_problem") or not workers:
+        return None
+    low, high = PYSPY_WORKER_LAG_S
+    return (
+        f"py-spy ({rate:g} Hz) has no sample of the loader's {workers} worker process{'es' if workers > 1 else ''}: "
+        f"no loader attribution. It samples a worker only once it has found and attached to it, measured {low:g}-"
+        f"{high:g} s after the workers started on a busy 2-core host: workers that live shorter than that (a short "
+        "run, or one beside other jobs) end unsampled; a longer run gives it time"
+    )
+
+
+def _worker_processes(meta: Mapping[str, object]) -> int:
+    """The run's loader worker processes (DALI's workers are threads: py-spy has none to sample); 0 where unknown."""
+    loader = meta.get("loader")
+    workers = loader.get("worker_processes", loader.get("workers")) if isinstance(loader, Mapping) else None
+    if not isinstance(workers, int):
+        workers = meta.get("workers")
+    return workers if isinstance(workers, int) and workers > 0 else 0

@@ -20,6 +20,13 @@ GROWTH_MIN_MB = 8.0  # a worker's private memory must grow at least this much ov
 GROWTH_MIN_SHARE = 0.05  # ... and this share of where it started ...
 GROWTH_MIN_R2 = 0.8  # ... and steadily (a straight line explains this share of its variance)
 MIN_READINGS = 4
+# a process's reading this soon after the window's last step counts as the window's: the reading a loop's end takes of
+# its workers before dropping their iterator stops them (profiler.core.workerreads), made after its last step ended
+# (15 ms for two workers here), and the close's last round where the workers outlive the loop (persistent_workers)
+END_GRACE_S = 1.0
+# the source of that loop's end reading (profiler.core.sources.memory.LOOP_END): a worker's reading within END_GRACE_S
+# after it was made while its loader stopped it, its memory being freed (one then read 0 MiB of USS); left out
+LOOP_END = "memory-loop-end"
 SHM_NEAR = 0.9  # the need, or the segment's use, within this share of what there is: said
 TORCH_PREFETCH_FACTOR = 2  # DataLoader's default with workers
 _MIB = 1024 * 1024
@@ -29,7 +36,7 @@ SHM_FIX = (
 )
 METHOD = (
     "psutil memory_full_info (/proc/PID/smaps_rollup) of the training process and each worker, as often as 0.5% "
-    "of one core allows: "
+    "of one core allows, and of the workers five times more in the first epoch and where the loop ends: "
     "USS (private), PSS (shared pages divided among the processes that map them), shared = RSS - USS"
 )
 _PROC = re.compile(r"mem\.(main|w\d+)\.(uss|pss|shared)_mb")
@@ -135,12 +142,17 @@ def loader_memory(
     whenever it runs out, warm-up included); None without ``memory`` readings."""
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     first_used = math.nan
-    for t, _source, metric, value in samples:
+    stopped = _loop_ends(samples)
+    for t, source, metric, value in samples:
         if value is None or not metric.startswith(("mem.", "pin.")) or math.isnan(value):
             continue
+        if source != LOOP_END and 0 < t - stopped.get(metric, -math.inf) <= END_GRACE_S:
+            continue  # read as its loader stopped it
         if metric == "mem.shm.used_mb" and math.isnan(first_used):
             first_used = value  # the segment before the loader started: its free space is size - this
-        if metric.startswith("mem.shm.") or window is None or window[0] <= t <= window[1]:
+        in_window = window is None or window[0] <= t <= window[1]
+        just_after = window is not None and window[1] < t <= window[1] + END_GRACE_S and _PROC.fullmatch(metric)
+        if metric.startswith("mem.shm.") or in_window or just_after:
             series[metric].append((t, value))
     labels = sorted({m.group(1) for k in series if (m := _PROC.fullmatch(k))}, key=_order)
     if not labels and not series.get("mem.shm.job_mb") and not series.get("pin.cpu_pct"):
@@ -171,6 +183,15 @@ def loader_memory(
         headline=_headline([p for p in procs if p.grows], eta),
         shm_headline=shm_headline(need, free, size, used_peak),
     )
+
+
+def _loop_ends(samples: Sequence[tuple[float, str, str, float | None]]) -> dict[str, float]:
+    """Each metric's time of the loop's end reading (the first, where a run broke out of several loops: LOOP_END)."""
+    out: dict[str, float] = {}
+    for t, source, metric, _value in samples:
+        if source == LOOP_END:
+            out.setdefault(metric, t)
+    return out
 
 
 def shm_headline(need: ShmNeed | None, free_mb: float, size_mb: float, used_peak_mb: float) -> str | None:

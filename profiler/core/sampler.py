@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from profiler.core.sources.base import Paced, Rescans, Source, SourceEnded, SourceLost
+from profiler.core.sources.memory import Taken
 from profiler.core.sources.sched import run_delay_s, schedstat_path
 
 log = logging.getLogger("stallscope")
@@ -389,8 +390,9 @@ class Sampler:
         self._active.remove(src)
         health = self.stats.sources[src.name]
         health.status = status
-        health.errors += 1
-        health.last_error = status
+        if not status.startswith("ended:"):  # what it read ended (its process exited): no read failed
+            health.errors += 1
+            health.last_error = status
         self._event("source", src.name, status)
         said = status.replace(": ", f" at {self._now():.1f} s: ", 1)  # "lost at 12.3 s: GPU 0: ..."
         (log.warning if warn else log.debug)("stallscope: source %s %s; sampling goes on without it", src.name, said)
@@ -430,6 +432,15 @@ class Sampler:
         for src in list(self._active):
             if callable(ask := getattr(src, "read_workers_next", None)):
                 ask()
+
+    def labelled_memory(self, taken: Taken) -> Reading:
+        """Readings of processes taken elsewhere (the training process, where its loop ends), by pid, as the memory
+        source's figures: that source knows which pid is which worker."""
+        out: Reading = {}
+        for src in list(self._active):
+            if callable(label := getattr(src, "labelled", None)):
+                out.update(label(taken))
+        return out
 
     def rescan_soon(self) -> None:
         """The process tree has just changed (a loader started its workers): every source that rescans it on a

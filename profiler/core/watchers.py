@@ -7,7 +7,9 @@ Each process that samples a run builds one directly: the sampler process
 - The sampler writes its rows and events to the store as they come; :meth:`close` takes one last round (a short
   run still has every source's figures), stops py-spy, and puts the sampler's health in the meta.
 - py-spy is started in one place (:meth:`start_pyspy`); one that cannot attach, or that ends mid-run, is a warning
-  said once, an event and the meta's ``pyspy_problem``.
+  said once, an event and the meta's ``pyspy_problem``; where its target had already exited (a command that failed
+  at once), the event and the meta only: the command's own end is the news. py-spy's own output is in
+  ``RUN_DIR/pyspy.log``, never on the terminal.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from profiler.core.pyspy import OUTPUT, PySpyRecorder
+from profiler.core.pyspy import OUTPUT, PySpyRecorder, target_gone
 from profiler.core.sampler import Sampler
 from profiler.core.sources.base import Source
+from profiler.core.sources.memory import LOOP_END, Taken
 from profiler.core.store import STACKS_NAMES, RunStore, no_world_write
 
 
@@ -61,22 +64,31 @@ class Watchers:
         """A loader has just started its workers: the process-tree sources look for them at their next read."""
         self.sampler.rescan_soon()
 
-    def read_memory_soon(self) -> None:
-        """The memory source reads the loader workers' memory at the next round, off its schedule."""
-        self.sampler.read_workers_soon()
+    def read_memory_soon(self, taken: Taken | None = None, t: float = 0.0) -> None:
+        """The memory source reads the loader workers' memory at the next round, off its schedule; ``taken``: the
+        readings the training process took of them at ``t`` (its loop's end), stored as the memory source's."""
+        if not taken:
+            self.sampler.read_workers_soon()
+            return
+        figures = self.sampler.labelled_memory(taken)
+        if figures:
+            self.store.put_samples([(t, LOOP_END, metric, value) for metric, value in figures.items()])
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """Record ``pid`` and its subprocesses with py-spy until close; None when it attached, else the
         reason, which is stored and shown as ``unavailable.format(problem=...)``."""
         recorder = PySpyRecorder(pid, self.out_dir / OUTPUT, rate=rate, now=self.now)
         # py-spy killed or failing mid-run: said once, when it happens; the run goes on with the sampler
-        recorder.on_exit = lambda problem: self._pyspy_ended(unavailable.format(problem=problem), problem)
+        recorder.on_exit = lambda problem: self._pyspy_ended(
+            unavailable.format(problem=problem), problem, quiet=target_gone(pid)
+        )
         problem = recorder.start(attach_timeout_s=attach_timeout_s)
         self.store.put_meta(pyspy_rate=rate, pyspy_started_at=recorder.started_at, pyspy_args=recorder.args)
         if problem:
             self.pyspy_problem = problem
             self.event("warning", problem, "pyspy")
-            self._warn(unavailable.format(problem=problem))
+            if not recorder.gone:
+                self._warn(unavailable.format(problem=problem))
             return problem
         self._pyspy = recorder
         return None
@@ -90,11 +102,12 @@ class Watchers:
             no_world_write(self.out_dir / name)
         self.store.put_meta(sampler_stats=self.sampler.stats.to_meta())
 
-    def _pyspy_ended(self, line: str, problem: str) -> None:
+    def _pyspy_ended(self, line: str, problem: str, *, quiet: bool = False) -> None:
         self.pyspy_problem = problem
         self.event("warning", problem, "pyspy")
         self.store.put_meta(pyspy_problem=problem)
-        self._warn(line)
+        if not quiet:  # quiet: its target had exited (py-spy failing then is no news)
+            self._warn(line)
 
     def _stop_pyspy(self) -> None:
         recorder = self._pyspy
@@ -106,7 +119,8 @@ class Watchers:
         if problem and problem != self.pyspy_problem:  # not already said when py-spy ended mid-run
             self.pyspy_problem = problem
             self.event("warning", problem, "pyspy")
-            self._warn(problem)
+            if not (recorder.wrote_nothing and target_gone(recorder.pid)):  # a target gone at once: no news
+                self._warn(problem)
         scheduling = recorder.on_time.scheduling if recorder.on_time is not None else None
         self.store.put_meta(
             pyspy_stopped_at=recorder.stopped_at,

@@ -18,6 +18,7 @@ from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler_process.ring import RingReader
 from profiler.core.sampler_process.views import SamplerFeed
 from profiler.core.sampler_process.wire import Close, Item, Meta, PySpy, ReadMemory, Rescan, RunEvent, Samples
+from profiler.core.sources.memory import Taken
 from profiler.core.stepevents import Assembler
 from profiler.core.store import RunStore
 
@@ -29,7 +30,7 @@ class Extras(Protocol):
 
     def rescan_soon(self) -> None: ...
 
-    def read_memory_soon(self) -> None: ...
+    def read_memory_soon(self, taken: Taken | None = None, t: float = 0.0) -> None: ...
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None: ...
 
@@ -106,7 +107,7 @@ class Drain:
         elif isinstance(item, Rescan):
             extras.rescan_soon()
         elif isinstance(item, ReadMemory):
-            extras.read_memory_soon()
+            extras.read_memory_soon(item.taken or None, item.t)
         elif isinstance(item, PySpy):
             extras.start_pyspy(item.pid, rate=item.rate, attach_timeout_s=item.attach_timeout_s,
                                unavailable=item.unavailable)  # fmt: skip

@@ -44,6 +44,33 @@ def full_info(pid: int) -> _FullInfo:
     return info
 
 
+def gone(info: _FullInfo) -> bool:
+    """A reading of a process that is exiting: its memory already torn down (a worker read as its loader stopped it
+    read 0 MiB of USS, which is no figure of its memory)."""
+    return info.uss <= 0 or info.rss <= 0
+
+
+# readings taken elsewhere (the training process, at its loop's end): pid -> (USS, PSS, shared) MiB
+Taken = dict[int, tuple[float, float, float]]
+# the stored rows' source for those readings: a worker read after it is a worker being stopped (its Python freeing its
+# memory as it exits: the analysis leaves such readings out; profiler.analysis.memory.LOOP_END spells it too)
+LOOP_END = "memory-loop-end"
+
+
+def take(pids: list[int], read: Callable[[int], _FullInfo] = full_info) -> Taken:
+    """Each of ``pids``'s USS, PSS and shared MiB (one that cannot be read is left out): the reading the training
+    process takes of its loader's workers where its loop ends (profiler.core.workerreads)."""
+    out: Taken = {}
+    for pid in pids:
+        try:
+            info = read(pid)
+        except Exception:  # noqa: BLE001 - exited or not readable: left out
+            continue
+        if not gone(info):
+            out[pid] = (info.uss / _MIB, info.pss / _MIB, max(0, info.rss - info.uss) / _MIB)
+    return out
+
+
 def shm_files(pid: int) -> dict[tuple[int, int], int]:
     """The shared-memory files (``/dev/shm``, where torch puts the batches its workers send) that ``pid`` maps or
     holds open: (device, inode) -> bytes (the larger of the file's size and its largest mapping). A batch a
@@ -116,6 +143,7 @@ class MemorySource:
         self._next_maps = -math.inf  # the next reading of the job's /dev/shm files (maps: ~10x cheaper than smaps)
         self._workers_read = False  # a smaps reading has covered a process besides the main one
         self._workers_next = False  # read_workers_next(): the next read takes the workers' smaps, off the schedule
+        self._missed = 0  # asks made before any worker was found, each made at a read once they are
 
     def open(self) -> str | None:
         try:
@@ -136,8 +164,29 @@ class MemorySource:
         stalled 8% against 0 in 2 of 7 runs beside two busy processes)."""
         self._workers_next = True
 
+    def labelled(self, taken: Taken) -> dict[str, float]:
+        """Readings taken elsewhere by pid, as this source's figures (``mem.<label>.uss_mb`` ...), for the processes
+        it knows (a pid it does not know, no figure)."""
+        labels = {pid: label for label, pid in self._processes().items()}
+        out: dict[str, float] = {}
+        for pid, (uss, pss, shared) in taken.items():
+            if (label := labels.get(pid)) is not None:
+                out.update({f"mem.{label}.uss_mb": uss, f"mem.{label}.pss_mb": pss, f"mem.{label}.shared_mb": shared})
+        return out
+
     def read(self) -> dict[str, float]:
+        # the ask is taken before the reading: one that comes while this read runs is for the next
+        asked, self._workers_next = self._workers_next, False
         out = self._segment()
+        if len(self._processes()) <= 1:
+            # asked before the workers were found (the host source finds them a round or more after they start: 0.4-1
+            # s beside other work here, the run's window half over in a fast short run): made once they are, one a
+            # read, so that a short run still has its readings spread over what is left of it
+            self._missed += asked
+            asked = False
+        elif not asked and self._missed and self._workers_read:  # after their first reading
+            self._missed -= 1
+            asked = True
         if not self._workers_read and len(self._processes()) > 1:
             # the loader's workers have just appeared: read them now, not seconds later (a short run had no worker
             # reading at all); later ones keep the budget's schedule
@@ -151,9 +200,8 @@ class MemorySource:
         if now >= self._next:
             out.update(self._reading())
             self._next = now + self._wait(self._clock() - now)
-        elif self._workers_next:
+        elif asked:
             out.update(self._reading(workers_only=True))
-        self._workers_next = False
         return out
 
     def _wait(self, spent_s: float) -> float:
@@ -192,6 +240,8 @@ class MemorySource:
             try:
                 info = self._read(pid)
             except Exception:  # noqa: BLE001 - exited or not readable: left out of this reading
+                continue
+            if gone(info):
                 continue
             out[f"mem.{label}.uss_mb"] = info.uss / _MIB
             out[f"mem.{label}.pss_mb"] = info.pss / _MIB
