@@ -12,6 +12,7 @@ Summary is built once with its recommendations and this module never imports it 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from profiler.analysis.contention import Contention, contention_advice
@@ -340,9 +341,12 @@ def _from_stacks(s: Figures) -> list[Recommendation]:
     return out
 
 
-def run_verdict(figures: Figures, loader_only: bool, synthetic: bool = False) -> str:
-    """The run's verdict: what it measured (a loader alone, a synthetic input), the GPU waiting for the host, the
-    stall band, or why it is unknown."""
+def run_verdict(figures: Figures, meta: Mapping[str, object], status: str) -> str:
+    """The run's verdict: what it measured (a loader alone, a synthetic input: ``meta``), the GPU waiting for the
+    host, the stall band, or why it is unknown (a run whose ``status`` says it was interrupted or failed is not
+    asked to sample faster: no rate fixes that)."""
+    loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
+    ended_early = status in ("interrupted", "failed")
     if loader_only:
         return "loader only (no model): throughput is the pipeline's prep rate"
     if synthetic:
@@ -352,13 +356,21 @@ def run_verdict(figures: Figures, loader_only: bool, synthetic: bool = False) ->
         return HOST_VERDICT
     if not math.isnan(stall):
         return verdict_for(stall)
-    return too_few_samples(figures.stack_estimate) if figures.mode == "zero-code" else "unknown: no measured steps"
+    if figures.mode == "zero-code":
+        return too_few_samples(figures.stack_estimate, ended_early)
+    return "unknown: no measured steps"
 
 
-def too_few_samples(est: StackEstimate | None) -> str:
-    """A zero-code run's verdict when its estimate has too few samples: how many, and what would give enough."""
+def too_few_samples(est: StackEstimate | None, ended_early: bool = False) -> str:
+    """A zero-code run's verdict when its estimate has too few samples: how many, and what would give enough (for
+    a run that ended early, interrupted or failed, nothing: a faster rate is no fix for that)."""
     o = est.overall if est is not None else None
     n, span = (o.samples, o.seconds) if o is not None else (0, 0.0)
+    if ended_early:
+        return (
+            f"unknown: the run ended early, with {n} main-thread stack samples over {span:.1f} s of training "
+            f"(an estimate needs {MIN_SAMPLES}) and no measured step"
+        )
     fix = "run it longer"
     if span > 0 and (need := math.ceil(1.5 * MIN_SAMPLES / span)) <= MAX_PYSPY_RATE:
         fix += f", or sample faster: --pyspy-rate {need}"  # 1.5x: set-up and tear-down are cut from the span

@@ -34,17 +34,20 @@ from profiler.cli.common import (
     loader_knobs,
     positive_hz,
     prepare_out,
+    print_summary,
     report_outcome,
     resolve_training,
     say,
     stem,
 )
 from profiler.cli.job import add_job_options, check_job_options, cmd_job
+from profiler.cli.totrackers import add_log_to_option, checked_log_to
 from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
     from profiler.drivers.runner import TrainingError
     from profiler.export.prometheus import PrometheusExporter
+    from profiler.zerocode.profile import ZeroCodeResult
 
 
 def add_parsers(sub: Any) -> None:
@@ -112,6 +115,7 @@ def _add_run(sub: Any) -> None:
     )
     add_job_options(r)
     add_prometheus_option(r)
+    add_log_to_option(r)
     r.epilog = "Zero-code: `stallscope run [OPTIONS] -- python train.py ARGS...` profiles an unmodified script."
 
 
@@ -211,6 +215,7 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     check_job_options(args)
     _check_flags(args)  # before the scenario's default data set is made: a bad pair of flags is told at once
+    checked_log_to(args)  # a bad target, or a tracker's package missing: told before anything runs
     t = resolve_training(args, [args.pipeline])
     with exporter_for(args) as exporter:
         if args.nproc is not None:
@@ -252,6 +257,8 @@ def _run_scenario(args: argparse.Namespace, t: Training, exporter: PrometheusExp
         dali_stages=args.dali_stages,
         headspace=args.headspace,
         kernel_windows=args.kernel_windows,
+        log_to=checked_log_to(args),
+        log_every_s=args.log_every,
     )
     if not args.json:
         what = "loading (no model)" if args.loader_only else "training"
@@ -361,7 +368,9 @@ def _profile_external(
     if not args.json:
         say(f"profiling {' '.join(command) if command else f'pid {pid}'} from outside -> {out}")
     try:
-        with SignalStop():
+        # Ctrl-C reaches the command and stallscope alike, and `timeout -s INT` signals stallscope twice (itself,
+        # then its group): the first stops the run, the next would cut the command's reaping and the close short
+        with SignalStop(ignore_more=True):
             result = profile_external(
                 out,
                 command=command,
@@ -375,13 +384,50 @@ def _profile_external(
             )
     except FileNotFoundError as exc:
         raise BadInput(str(exc)) from None
-    if result.exit_code:
-        say(f"the command exited with code {result.exit_code}; report of what was measured follows")
-    code = EXIT_FAILED if result.exit_code else exit_signal(None) if result.status == "interrupted" else EXIT_OK
-    return report_outcome(result.summary, out, args.json, code, result.job)
+    return _external_outcome(args, result, out, started=command is not None)
+
+
+def _external_outcome(args: argparse.Namespace, result: ZeroCodeResult, out: Path, *, started: bool) -> int:
+    """The exit code of ``run -- CMD`` / ``attach``, and what is printed: the report, or for a command (``started``
+    here) that ended, failed or stopped, before anything could be measured, one line saying so and where the run
+    is. A signal is told as a shell tells it (128 + the signal: Ctrl-C is 130); a stopped run exits so too."""
+    from profiler.render.figures import command_end
+
+    stopped = result.status == "interrupted"
+    signame = (result.error or "SIGINT").rsplit(" ", 1)[-1] if stopped else None
+    code = exit_signal(signame) if stopped else EXIT_FAILED if result.exit_code else EXIT_OK
+    s = result.summary
+    how = command_end(result.exit_code)
+    ended = stopped or bool(result.exit_code)
+    if started and ended and s is not None and s.steps == 0 and s.verdict.startswith("unknown"):
+        took = f" after {result.ran_s:.1f} s" if result.ran_s is not None else ""
+        when = f"stopped by {signame}{took}" if stopped else f"the command {how}{took}"
+        also = f"; the command {how}" if stopped and result.exit_code else ""
+        say(f"{when}, {_nothing_measured(result)}{also}: no report (what was recorded: stallscope report {out})")
+        if args.json:
+            print_summary(s, True, result.job)
+        return code
+    if stopped:
+        also = f"; the command {how}" if result.exit_code else ""
+        n = s.steps if s else 0
+        what = f"the {n} step{'' if n == 1 else 's'} measured" if n else "what was measured"
+        say(f"stopped by {signame}{also}; report of {what} follows")
+    elif result.exit_code:
+        say(f"the command {how}; report of what was measured follows")
+    return report_outcome(s, out, args.json, code, result.job)
+
+
+def _nothing_measured(result: ZeroCodeResult) -> str:
+    """What the command got to before it ended: no batch, or a few not yet a measured step."""
+    batches = sum(int(lo.get("next_calls") or 0) for lo in result.facts.get("loaders") or [])
+    if batches:
+        return f"with {batches} DataLoader batch{'es' if batches != 1 else ''} and no step measured"
+    return "before any DataLoader batch"
 
 
 def cmd_run_command(args: argparse.Namespace) -> int:
+    if args.log_to:  # the script's own Session(log_to=...) logs; stallscope's records no step of its own here
+        raise BadInput("--log-to: not with -- CMD: use report RUN_DIR --to TARGET after it")
     command = args.command_argv
     name = Path(command[1]).stem if len(command) > 1 and command[1].endswith(".py") else Path(command[0]).name
     return _external(args, command=command, pid=None, name=name)

@@ -6,9 +6,10 @@ SCHED_FIFO where the host allows it (:class:`OnTime`), so that its samples are t
 with no idle core.
 Invariants: nothing here raises into the caller for a py-spy that is missing or cannot attach; ``start``
 returns a reason with a fix instead, and the run goes on with the sampler alone. ``start`` returns as soon as
-py-spy says it samples (its stdout is read to the end throughout). Once attached, a watcher
-thread drains py-spy's stderr (a full pipe never stalls it) and reports a py-spy killed or failed before
-``stop`` once through ``on_exit``; ending with code 0 by itself (its target exited) is its normal end.
+py-spy says it samples (its stdout is read to the end throughout). py-spy's stderr (its errors, with a Rust
+backtrace where it fails) goes whole to ``LOG`` in the run directory, never to the terminal: a problem line quotes
+its first message only and names the log. Once attached, a watcher thread reports a py-spy killed or failed
+before ``stop`` once through ``on_exit``; ending with code 0 by itself (its target exited) is its normal end.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from profiler.core.store import STACKS_NAME
 DEFAULT_RATE = 10
 MAX_RATE = 1000
 OUTPUT = STACKS_NAME
+LOG = "pyspy.log"  # beside OUTPUT: py-spy's own stderr
 FIFO_PRIORITY = 1  # the lowest real-time priority: ahead of every normal process, behind the kernel's threads
 PROMOTE_AFTER_S = 0.5  # a py-spy thread's age before it runs real-time (see OnTime)
 PROMOTE_EVERY_S = 0.2
@@ -128,10 +129,32 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def attach_problem(stderr: str) -> str:
-    """Turn py-spy's failure output into one line saying why and how to fix it."""
-    text = " ".join(stderr.split())
-    low = text.lower()
+def first_message(stderr: str) -> str:
+    """py-spy's error message on one line, without the Rust backtrace it adds ("Stack backtrace: 0: anyhow::...")."""
+    return " ".join(stderr.split("Stack backtrace:", 1)[0].split())
+
+
+def target_gone(pid: int) -> bool:
+    """The process has exited (a zombie not yet reaped counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return not os.path.exists(f"/proc/{pid}")
+
+
+def attach_problem(stderr: str, log: Path | None = None) -> str:
+    """Turn py-spy's failure output into one line saying why and how to fix it (``log``: where its output is)."""
+    low = " ".join(stderr.split()).lower()
+    text = first_message(stderr)
+    line = _attach_problem(text, low)
+    return f"{line} (py-spy's output: {log})" if log is not None and text else line
+
+
+NO_PROCESS = "the process exited before py-spy could attach"
+
+
+def _attach_problem(text: str, low: str) -> str:
     if "permission denied" in low or "operation not permitted" in low or "eperm" in low:
         return (
             f"py-spy cannot read the process ({text[:160]}): run stallscope as root, or allow ptrace with "
@@ -140,11 +163,11 @@ def attach_problem(stderr: str) -> str:
     if "failed to find python version" in low or "not a python" in low:
         return f"py-spy found no Python interpreter in the process ({text[:160]}): is the command a Python program?"
     if "no such process" in low:
-        return "the process exited before py-spy could attach"
+        return NO_PROCESS
     return f"py-spy failed: {text[:200]}" if text else "py-spy exited without output"
 
 
-def exit_problem(returncode: int, stderr: str, at_s: float) -> str:
+def exit_problem(returncode: int, stderr: str, at_s: float, log: Path | None = None) -> str:
     """One line for a py-spy that ended by itself mid-run: when, and killed by what or failing how."""
     if returncode < 0:
         try:
@@ -152,8 +175,9 @@ def exit_problem(returncode: int, stderr: str, at_s: float) -> str:
         except ValueError:
             how = f"killed by signal {-returncode}"
     else:
-        text = " ".join(stderr.split())
-        how = f"exited with code {returncode}" + (f": {text[-160:]}" if text else "")
+        text = first_message(stderr)
+        how = f"exited with code {returncode}" + (f": {text[:160]}" if text else "")
+        how += f"; its output: {log}" if log is not None and text else ""
     return f"py-spy stopped at {at_s:.1f} s ({how}); its stack samples are lost"
 
 
@@ -173,6 +197,8 @@ class PySpyRecorder:
     on_time: OnTime | None = None  # what py-spy runs under: ``on_time.scheduling``; None before start
     now: Callable[[], float] | None = None  # the run's seconds, to say when py-spy stopped (default: since start)
     on_exit: Callable[[str], None] | None = None  # told once, from the watcher, when py-spy ends before stop()
+    log: Path | None = None  # where py-spy's stderr goes (None: LOG beside ``out``)
+    gone: bool = False  # its target had exited when it failed to attach (then that is no news of py-spy's)
     _stopping: bool = field(default=False, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     stdout: PySpyOut = field(default_factory=PySpyOut, init=False, repr=False)  # attached; how far behind it fell
@@ -191,8 +217,10 @@ class PySpyRecorder:
             exe, "record", "--pid", str(self.pid), "--subprocesses", "--idle", "--threads",
             "--rate", str(self.rate), "--format", "speedscope", "--output", str(self.out),
         ]  # fmt: skip
-        # py-spy prints its failures on stderr; keep them for the failure reason, never show them to the user
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # py-spy prints its failures on stderr, with a Rust backtrace: into the log, never to the user's terminal
+        self.log = self.log or self.out.with_name(LOG)
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=log)
         self.on_time = OnTime(self.proc.pid)
         self.on_time.start()
         self.started_at = time.time()
@@ -203,9 +231,15 @@ class PySpyRecorder:
         # until py-spy says it samples (it has opened the process), it exits (it could not) or the time is up
         while not attached.is_set() and time.monotonic() < deadline:
             if (returncode := self.proc.poll()) is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                err = self._stderr()
+                self.gone = target_gone(self.pid)
                 # killed (by a signal) while attaching says so; else py-spy's own output says why it could not
-                self.problem = exit_problem(returncode, err, self._at()) if returncode < 0 else attach_problem(err)
+                if returncode < 0:
+                    self.problem = exit_problem(returncode, err, self._at())
+                elif self.gone:  # whatever py-spy says of a process that is no more ("No python processes found")
+                    self.problem = attach_problem("Error: No such process", self.log if err.strip() else None)
+                else:
+                    self.problem = attach_problem(err, self.log)
                 return self.problem
             attached.wait(0.05)
         self._watcher = threading.Thread(target=self._watch, args=(self.proc,), name="stallscope-pyspy", daemon=True)
@@ -217,17 +251,25 @@ class PySpyRecorder:
             self.stdout.read(proc.stdout)  # until py-spy closes it, at its exit
             proc.stdout.close()
 
+    @property
+    def wrote_nothing(self) -> bool:
+        return not (self.out.exists() and self.out.stat().st_size > 0)
+
+    def _stderr(self) -> str:
+        """What py-spy has written to its log (its first 64 KiB: the message comes first)."""
+        try:
+            with open(self.log or self.out.with_name(LOG), "rb") as fh:
+                return fh.read(1 << 16).decode(errors="replace")
+        except OSError:
+            return ""
+
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
-        tail: deque[bytes] = deque(maxlen=20)
-        if proc.stderr is not None:
-            tail.extend(proc.stderr)  # until py-spy closes it, at its exit
-            proc.stderr.close()
         returncode = proc.wait()
         at_s = self._at()
         with self._lock:
             if self._stopping or returncode == 0:
                 return
-            self.problem = exit_problem(returncode, b"".join(tail).decode(errors="replace"), at_s)
+            self.problem = exit_problem(returncode, self._stderr(), at_s, self.log)
             self.stopped_at = time.time()
         if self.on_exit is not None:
             self.on_exit(self.problem)
@@ -259,6 +301,6 @@ class PySpyRecorder:
         for reader in (self._watcher, self._reader):  # each ends once py-spy has exited and closed its stream
             if reader is not None:
                 reader.join(timeout=5.0)
-        if self.problem is None and not (self.out.exists() and self.out.stat().st_size > 0):
+        if self.problem is None and self.wrote_nothing:
             self.problem = "py-spy wrote no samples (the process exited before the first sample?)"
         return self.problem

@@ -4,7 +4,9 @@ Invariants: every decision is a pure function of the trials' rows (their through
 the workers' CPU use, the breakdown), the budget gate and the arguments; a configuration runs at most twice (a
 second time only to settle a comparison its first trial left within the two trials' uncertainty), and its figure is
 then the pooled one; a trial starts only when it and the reserve for the final comparison fit in the budget (the
-first always runs). The stop reason of each knob is written as the climb stops it, in the figures that decided.
+first always runs; where the first's length leaves room for trials but not for that reserve too, no reserve is
+kept and nothing is measured twice: Search.plan). The stop reason of each knob is written as the climb stops it,
+in the figures that decided.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ GAIN, LOSS, EVEN, UNCLEAR = "gain", "loss", "even", "unclear"
 
 class BudgetSpent(Exception):
     """The next trial does not fit in the budget."""
+
+
+# How the budget is spent, decided from the first trial's measured length (Search.plan): FINAL, trials with the
+# final comparison's reserve kept; TRIALS, a budget that holds a second trial but not that and a round of the final
+# comparison besides: every trial it holds, compared as they ran (no re-measure, no final rounds)
+FINAL, TRIALS = "final", "trials"
 
 
 def worker_ladder(max_workers: int, cores: int | None = None) -> list[int]:
@@ -167,6 +175,8 @@ class Search:
         self.spent: str | None = None  # why the budget stopped the search
         self.stopped: dict[str, dict[str, str]] = {}
         self.best: SweepRow | None = None  # the climb's best so far, for the budget's reserve
+        self.mode: str | None = None  # FINAL or TRIALS, once the first trial's length is known (plan)
+        self.budget_note: str | None = None  # what the budget holds, said where it cannot hold the usual search
         self.close: list[SweepRow] = []  # this pass's batch steps left within the uncertainty of the best (or even)
 
     def best_of(self, pipeline: str) -> SweepRow | None:
@@ -193,9 +203,42 @@ class Search:
         d = self.cache.get(self.default)
         d_s = d.wall_s if d is not None and math.isfinite(d.wall_s) else 0.0
         b_s = self.best.wall_s if self.best is not None and math.isfinite(self.best.wall_s) else d_s
+        if self.mode == TRIALS:
+            return 0.0
         return (FINAL_ROUNDS if len(self.rows) >= 2 else 1) * (d_s + b_s)
 
+    def plan(self, cfg: Config) -> None:
+        """Once, before the second trial (``cfg``): from the first trial's measured length, whether the budget left
+        holds that trial and a round of the final comparison (FINAL), that trial alone or more of them (TRIALS: the
+        budget goes to trials, compared as they ran), or not even one more (said, with the budget that would)."""
+        if self.mode is not None or not self.rows:
+            return
+        first = self.estimate(cfg)
+        left = self.budget_s - self.elapsed()
+        need = first + self.reserve()  # the second trial and one round of the default beside the pick
+        self.mode = FINAL if need <= left else TRIALS
+        if self.mode == FINAL:
+            return
+        spent = self.elapsed()
+        full = f"--budget-s {math.ceil(spent + need)} or more also re-runs the pick beside the default"
+        if first <= left:
+            n = math.floor(left / first) if first > 0 else 1
+            self.budget_note = (
+                f"the first trial took {first:.0f} s: the {left:.0f} s left of the {self.budget_s:g} s budget hold "
+                f"{n} more trial{'s' if n != 1 else ''} of that length, not a side-by-side re-run besides "
+                f"({need:.0f} s for a second trial and one round of the pick beside the default): the trials are "
+                f"compared as they ran, one each ({full})"
+            )
+        else:
+            self.budget_note = (
+                f"the budget of {self.budget_s:g} s is too small for a second trial: the first took {first:.0f} s, "
+                f"and a second needs {spent + first - self.budget_s:.0f} s more than the budget (--budget-s "
+                f"{math.ceil(spent + first)} or more tries a second configuration; {full})"
+            )
+        self.notes.append(self.budget_note)
+
     def _gate(self, cfg: Config) -> None:
+        self.plan(cfg)
         if self.rows and self.elapsed() + self.estimate(cfg) + self.reserve() > self.budget_s:
             raise BudgetSpent(cfg.name)
 
@@ -213,8 +256,8 @@ class Search:
     def remeasure(self, cfg: Config) -> SweepRow | None:
         """Run ``cfg`` a second time and pool the two; None where it ran twice already or the budget has no room
         (a re-measure never ends the search: the comparison then stands as it is)."""
-        if cfg in self.again or cfg not in self.cache:
-            return None
+        if cfg in self.again or cfg not in self.cache or self.mode == TRIALS:
+            return None  # TRIALS: a trial the budget holds goes to a configuration not yet tried
         try:
             self._gate(cfg)
         except BudgetSpent:

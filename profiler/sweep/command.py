@@ -23,7 +23,7 @@ from pipelines.naive import PREFETCH_FACTOR  # the DataLoader's own, where a scr
 from profiler.core.session import Interrupted
 from profiler.sweep.analysis import Config, SweepResult, SweepRow, row_from_summary, with_knobs
 from profiler.sweep.climb import LoaderKnobs
-from profiler.sweep.run import ConfigStopped, OnFinish, write_json
+from profiler.sweep.run import ConfigStopped, OnFinish, first_advice, write_json
 from profiler.sweep.tuner import TuneResult, tune
 from profiler.zerocode.instrument import LOCK_CALLS, WARMUP_STEPS, TrialStop
 from profiler.zerocode.profile import COMMAND_LOG, CommandTrial, ZeroCodeResult, profile_external
@@ -233,6 +233,7 @@ def run_command_tune(
     lo = trials.loaders.get(own) or {}
     site = {k: lo.get(k) for k in ("site", "file", "line", "kind")}
     result.change = {**site, "args": change(lo, trials.loaders.get(rec, {})) if rec is not None else {}}
+    result.advice = first_advice(result)
     write_json(out_dir / "tune.json", result.to_dict())
     return result
 

@@ -113,5 +113,8 @@ def tune_plan(
         f"(up to {FINAL_MAX_ROUNDS} while they split or vary more than they differ, or give no gain where the "
         f"trials saw x{CONTESTED_GAIN:g} or more): the speedup is the ratio of their median throughputs (of every "
         "run of each, trials too, where the rounds still give none)",
-        f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit",
+        f"  budget {budget_s:g} s for all of it: a trial starts only when it and the final comparison fit; where the "
+        "first trial's length leaves room for more trials but not for a round of the final comparison too, the "
+        "budget goes to trials, compared as they ran (one each), and where it leaves room for none, the result "
+        "says by how much it is short",
     ]

@@ -483,8 +483,32 @@ def run_tune(
         batches=batches,
         knobs=scenario_knobs(h.base.device.accelerator),
     )
+    result.advice = first_advice(result)
     write_json(out_dir / "tune.json", result.to_dict())
     return result
+
+
+def first_advice(result: TuneResult) -> list[str]:
+    """Where a tune compared nothing with its first trial: the loader advice that trial's own report gives (its
+    summary.json's loader recommendations: what ``stallscope run`` on it says), or where it gives none, that it
+    advises no change to the loader, with its verdict and measured stall."""
+    from profiler.analysis.verdict import LOADER_CODES
+
+    first = result.trials[0] if result.trials else None
+    if result.compared or first is None or first.run_dir is None:
+        return []
+    try:
+        summary = json.loads((Path(first.run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(summary, dict):
+        return []
+    recs = summary.get("recommendations") or []
+    advice = [str(r.get("text")) for r in recs if isinstance(r, dict) and r.get("code") in LOADER_CODES]
+    stall = summary.get("stall_fraction")
+    if advice or not isinstance(stall, (int, float)):
+        return advice
+    return [f"no change to the loader (its verdict: {summary.get('verdict')}, stall {stall:.1%})"]
 
 
 def scenario_knobs(accelerator: bool) -> dict[str, LoaderKnobs]:

@@ -3,7 +3,10 @@ pick re-run side by side with the default (docs/sweep-and-tune.md, "The search",
 
 Invariants: the search and the stop reasons it records are a pure function of the ``trial`` callable's rows, the
 ``clock`` and the arguments (the core count included); a configuration is tried at most once; a trial starts
-only when it and the reserve for the final comparison fit in ``budget_s`` (the first always runs).
+only when it and the reserve for the final comparison fit in ``budget_s`` (the first always runs), or, where the
+first trial's length leaves room for more trials but not for a round of the final comparison too, when it fits
+alone (then the trials are compared as they ran, one each, and nothing is called better than the default unless
+its trial beat the default's past their uncertainty); a tune that compared nothing gives no speedup.
 """
 
 from __future__ import annotations
@@ -19,15 +22,19 @@ from profiler.core.session import Interrupted
 from profiler.sweep.analysis import Config, SweepRow, config_from_dict, row_from_dict, with_knobs
 from profiler.sweep.climb import (
     FINAL_ROUNDS,
+    GAIN,
     IMPROVE,
     KNOB_NOTABLE,
     KNOB_ORDER,
     MAX_PASSES,
+    TRIALS,
     LoaderKnobs,
     Search,
     Trial,
     climb,
+    judge,
     knob_value,
+    rel_ci,
 )
 
 RUNNER_UP = "runner-up"  # the final comparison's role for a trial the pick beat only within their uncertainty
@@ -45,6 +52,8 @@ FINAL_MAX_ROUNDS = 5
 # rounds decide it alone (tests/test_tune.py: trials x1.4, one round x1.05 within its +-9%: not confirmed).
 CONTESTED_GAIN = 1.5
 WEIGHED = "trials+final"  # TuneResult.basis: the speedup from every run of each, the trials and the final rounds
+# TuneResult.basis where the budget held no final round (climb.TRIALS): the speedup from one trial of each
+ONE_TRIAL_EACH = "trials"
 DEFAULT_PIPELINE = "naive"
 
 
@@ -74,12 +83,21 @@ class TuneResult:
     change: dict[str, Any] | None = None
     command: list[str] | None = None
     # what the speedup is the ratio of: "final", the medians of the final rounds; WEIGHED, where the rounds
-    # contested the trials' gain, the medians of every run of each, trials and final rounds
+    # contested the trials' gain, the medians of every run of each, trials and final rounds; ONE_TRIAL_EACH, where
+    # the budget held no final round, the trials
     basis: str = "final"
+    # the loader advice of the first trial's own report (what `stallscope run` on it advises), for a tune that
+    # could compare nothing with it
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def compared(self) -> bool:
+        """Whether any configuration other than the default was measured (a trial, failed or not, or a final run)."""
+        return bool(self.final) or any(r.config != self.default for r in self.trials)
 
     def medians(self) -> dict[str, float | None]:
         """The median throughput of the pick and of the default, over the runs the speedup is made of."""
-        if self.basis != WEIGHED:
+        if self.basis not in (WEIGHED, ONE_TRIAL_EACH):
             return {role: finite_or_none(_median(self.final, role)) for role in ("recommended", "default")}
         pick = self.unconfirmed or self.recommended
         return {
@@ -128,7 +146,13 @@ class TuneResult:
                 "where they still contest the trials' gain, of every run of each, trials and final rounds)",
             },
             "notes": list(self.notes),
-        } | ({"command": list(self.command), "change": self.change} if self.command is not None else {})
+        } | self._extra()
+
+    def _extra(self) -> dict[str, Any]:
+        """tune.json's keys only some tunes have: the first trial's advice (a tune that compared nothing), the
+        command and its change (a tune of a command)."""
+        out: dict[str, Any] = {"advice": list(self.advice)} if self.advice else {}
+        return out | ({"command": list(self.command), "change": self.change} if self.command is not None else {})
 
 
 def tune_from_dict(d: dict[str, Any]) -> TuneResult:
@@ -159,6 +183,7 @@ def tune_from_dict(d: dict[str, Any]) -> TuneResult:
         change=d.get("change"),
         command=d.get("command"),
         basis=str(d.get("speedup_basis", "final")),
+        advice=[str(a) for a in d.get("advice", [])],
     )
 
 
@@ -221,17 +246,49 @@ def _search(result: TuneResult, s: Search, pipelines: Sequence[str], start: int)
         s.notes.append("no configuration completed: nothing to recommend")
         return
     rec = result.recommended = _fastest(bests)
+    others = [r for r in s.rows if r.ok and r.config != default]
+    if not others:
+        failed = len({r.config for r in s.rows if r.config != default})
+        if failed:  # the alternatives ran and failed: keeping the default is what was measured
+            others_failed = f"{failed} other{'s' if failed != 1 else ''} failed"
+            s.notes.append(f"the default configuration is the only one that completed ({others_failed})")
+            result.speedup = 1.0
+        elif s.budget_note is None:  # nothing ran beside it (the budget's note says why, where it was the budget)
+            s.notes.append("no other configuration was tried: nothing was compared with the default")
+        return
+    if s.mode == TRIALS:
+        _one_trial_each(result, s)
+        return
     if rec == default:
         # the default won its single trial: measure it against the best alternative side by side, so that
         # "keep the default" rests on a re-run too, not on one short trial each
-        others = [r for r in s.rows if r.ok and r.config != default]
-        if not others:
-            s.notes.append("the default configuration is the only one that completed: nothing to compare")
-            result.speedup = 1.0
-            return
         rec = result.recommended = _fastest(others)
         s.notes.append(f"the default was the best trial; the best alternative, {rec.name}, is re-run beside it")
     _final_pair(result, s, rec)
+
+
+def _one_trial_each(result: TuneResult, s: Search) -> None:
+    """A budget that held no final round (climb.TRIALS): the best alternative against the default as their trials
+    measured them, one each; it is recommended only past IMPROVE and the two trials' own uncertainty."""
+    default = result.default
+    ref = s.cache.get(default)
+    best = max((r for c, r in s.cache.items() if r.ok and c != default), key=lambda r: r.throughput_samples_per_s)
+    result.basis = ONE_TRIAL_EACH
+    if ref is None or not ref.ok:  # nothing measured to compare the best with: it is recommended, with no speedup
+        result.recommended = best.config
+        s.notes.append(f"the default did not complete: {best.name}, the best trial, has no measured speedup")
+        return
+    x = best.throughput_samples_per_s / ref.throughput_samples_per_s
+    margin = max(IMPROVE, rel_ci(best) + rel_ci(ref))
+    head = f"{best.name} made x{x:.2f} of the default's throughput in one trial each"
+    if judge(best, ref) == GAIN:
+        result.recommended, result.speedup = best.config, x
+        s.notes.append(f"{head}, past the two trials' uncertainty (+-{margin:.0%}); not re-run side by side")
+        return
+    why = "no faster" if x <= 1.0 else f"within the two trials' uncertainty (+-{margin:.0%})"
+    s.notes.append(f"{head}: {why}, the default is kept (not re-run side by side)")
+    result.unconfirmed, result.unconfirmed_speedup = best.config, x
+    result.recommended, result.speedup = default, 1.0
 
 
 def _interrupted(result: TuneResult, s: Search, exc: BaseException) -> None:

@@ -12,7 +12,8 @@ The rules (docs/zero-code.md, "Exact step figures"):
 - **The training loader** of a process is the first loader to reach ``LOCK_CALLS`` ``next()`` calls while
   holding at least twice any other loader's calls (a short sanity-check pass over a validation loader first
   does not take it). Steps come from one process: rank 0's under a launcher, else the process that iterated
-  most.
+  most. A command that ended early (Ctrl-C, a crash) before any loader had ``LOCK_CALLS`` calls still has the
+  steps that ran: at the last poll the rule holds from ``EARLY_CALLS`` calls, and the run says so.
 - **A step** runs from one ``next()`` call on the training loader to the next call (or to the call that
   ends the epoch); its data wait is the call's duration, plus ``iter()``'s for an epoch's first step (workers
   start there), as under ``Session.wrap``. The last batch's step has no end and is not counted.
@@ -38,6 +39,7 @@ from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV,
 
 BOOT_DIR = Path(__file__).with_name("boot")
 LOCK_CALLS = 20
+EARLY_CALLS = 2  # the least calls that make a step (its start and its end), for a command that ended early
 WARMUP_STEPS = 1  # the first step starts the workers and fills their queues
 
 
@@ -154,11 +156,12 @@ class Process:
                 loader.calls += 1
             self.records.append(rec)
 
-    def choose_training(self) -> int | None:
-        """The training loader's id once one qualifies (see the module docstring); fixed from then on."""
+    def choose_training(self, least: int = LOCK_CALLS) -> int | None:
+        """The training loader's id once one qualifies with ``least`` calls or more (see the module docstring);
+        fixed from then on."""
         if self.training is None:
             ranked = sorted(self.loaders.values(), key=lambda lo: -lo.calls)
-            if ranked and ranked[0].calls >= LOCK_CALLS and (len(ranked) < 2 or ranked[0].calls >= 2 * ranked[1].calls):
+            if ranked and ranked[0].calls >= least and (len(ranked) < 2 or ranked[0].calls >= 2 * ranked[1].calls):
                 self.training = ranked[0].id
         return self.training
 
@@ -282,10 +285,12 @@ class InstrumentReader:
         """Steps the run has (the source process's)."""
         return self.builders[self.source.pid].steps if self.source is not None else 0
 
-    def poll(self, final: bool = False) -> list[tuple[StepRow, list[PhaseRow]]]:
-        """The run's steps completed since the last poll; ``final``: the last poll, nothing held back."""
+    def poll(self, final: bool = False, early: bool = False) -> list[tuple[StepRow, list[PhaseRow]]]:
+        """The run's steps completed since the last poll; ``final``: the last poll, nothing held back; ``early``
+        (with ``final``): the command ended early, and a loader with EARLY_CALLS calls may be the training one."""
         self._read()
-        ready = [p for p in self.processes.values() if p.choose_training() is not None]
+        least = EARLY_CALLS if final and early else LOCK_CALLS
+        ready = [p for p in self.processes.values() if p.choose_training(least) is not None]
         source = self._source(ready)
         out: list[tuple[StepRow, list[PhaseRow]]] = []
         for proc in ready:
@@ -384,7 +389,12 @@ class InstrumentReader:
             out["loader_site"] = lo.site
             out.update(_knob_facts(lo.args), pipeline=_pipeline(lo.kind))
             most = max(src.loaders.values(), key=lambda x: x.calls)
-            if most.id != lo.id:
+            if lo.calls < LOCK_CALLS:
+                out["instrument_note"] = (
+                    f"the command ended after {lo.calls} batches of the loader at {lo.site}, before any loader had "
+                    f"the {LOCK_CALLS} that pick the training loader: the steps that ran are that loader's"
+                )
+            elif most.id != lo.id:
                 out["instrument_note"] = (
                     f"the loader at {most.site} ended with more next() calls ({most.calls}) than the one taken as "
                     f"training at {lo.site} ({lo.calls}), which reached {LOCK_CALLS} calls first"

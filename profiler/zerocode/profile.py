@@ -22,7 +22,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -57,6 +57,7 @@ class ZeroCodeResult:
     left_behind: int = 0  # a trial's processes still alive when its command ended (then killed)
     step_s: tuple[float, ...] = ()  # the measured (not warm-up) steps' durations, when instrumented
     facts: dict[str, Any] = field(default_factory=dict)  # the start-up module's facts (loaders, trial_stop)
+    ran_s: float | None = None  # from the start to the command's end or the stop (the close not counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ def profile_external(
     exit_code: int | None = None
     status, error = "complete", None
     left = 0
+    ran_s: float | None = None
     try:
         rec.start(t0=t0)
         if trial is None:  # a trial's throughput is what it measures: py-spy's cost would be in it
@@ -119,17 +121,20 @@ def profile_external(
         watch = _Watch(trial, reader, t0) if trial is not None else None
         with monitor(StoreFeed(out)) if monitor else nullcontext():
             exit_code = _wait(child, target, duration_s, tick, watch)
+        ran_s = time.perf_counter() - t0
         status, error = _ended(watch, exit_code)
     except (KeyboardInterrupt, Interrupted) as exc:
+        ran_s = time.perf_counter() - t0
         status, error = "interrupted", f"stopped by {getattr(exc, 'signame', 'SIGINT')}"
         if child is not None and trial is None:
             exit_code = _reap(child)
     finally:
         if child is not None and trial is not None:
             left = end_group(child)
-        tick.last()
+        # a command that ended early keeps the steps that ran, however few (a trial needs its loader told apart)
+        tick.last(early=trial is None and (status == "interrupted" or bool(exit_code)))
         summary = rec.close(status, error, command_exit_code=exit_code, **({"left_behind": left} if trial else {}))
-    return _result(rec, reader, summary, exit_code, status=status, error=error, left=left)
+    return replace(_result(rec, reader, summary, exit_code, status=status, error=error, left=left), ran_s=ran_s)
 
 
 def _launch(
@@ -222,18 +227,18 @@ class _Tick:
     note_ranks: _RankNotes
     reader: InstrumentReader | None
 
-    def __call__(self, final: bool = False) -> None:
+    def __call__(self, final: bool = False, early: bool = False) -> None:
         self.note_ranks()
         if self.reader is not None:
-            for row, phases in self.reader.poll(final):
+            for row, phases in self.reader.poll(final, early):
                 self.rec.on_step(row, phases)
             for window in self.reader.take_windows():
                 self.rec.on_window(window)
 
-    def last(self) -> None:
+    def last(self, early: bool = False) -> None:
         """The last tick, before the store closes (nothing held back for device times), and the instrumented
-        run's facts into its meta."""
-        self(final=True)
+        run's facts into its meta; ``early``: the command ended early (see InstrumentReader.poll)."""
+        self(final=True, early=early)
         if self.reader is not None:
             self.rec.annotate(**_instrument_facts(self.reader))
 
