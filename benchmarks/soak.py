@@ -14,17 +14,22 @@
    absolute deadline) are summarised per window. Reported: growth per 10,000 steps of the session's RSS, of
    the session's RSS beyond the bare loop's, and of stallscope's traced Python memory; store bytes per step;
    sampler lateness (mean, p99, max) per window.
-2. Scale. On the session's store: ``stallscope report RUN``, ``report RUN --html F``, ``report RUN --trace F``,
-   ``--html`` and ``--trace`` together, the same four on a copy without the report cache (every row read, as
-   before the cache), and ``compare RUN RUN``, each in a fresh interpreter as a user runs it (``python -m
-   profiler``): wall clock and CPU time (medians of ``--repeats``, after one untimed run) and the child's peak RSS
-   (``os.wait4``'s ``ru_maxrss``). Targets:
-   < 1 s and < 300 MiB each for 100,000 steps. Also: the trace's event count and size, the HTML's size, the
-   interpreter start plus command-line parse, and whether ``report`` imports torch (it must not).
+2. Scale. On the session's store (completed: its report cache written at close) and on a store of as many steps
+   whose training process was killed (SIGKILL inside its ``with Session`` block, once every step was stored: the
+   sampler process closed it ``interrupted``, and nothing wrote a summary or a cache): ``stallscope report RUN``,
+   ``report RUN --json``, ``report RUN --html F``, ``report RUN --trace F``, ``--html`` and ``--trace`` together,
+   and ``compare RUN RUN``, each in a fresh interpreter as a user runs it (``python -m profiler``). The killed
+   store is timed twice: its first read (each run on a fresh copy with no cache: the rows read in bulk, and the
+   cache written) and its second read (the cache the first wrote). Wall clock and CPU time (medians of
+   ``--repeats``, after one untimed run) and the child's peak RSS (``os.wait4``'s ``ru_maxrss``). Targets: < 1 s
+   and < 300 MiB each for 100,000 steps (issue #65: cache or not). Also: the trace's event count and size, the
+   HTML's size, the interpreter start plus command-line parse, and whether ``report`` imports torch (never) or
+   numpy (only to read the rows in bulk).
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/soak.py [--steps 100000] [--every 10000] [--json]``
-(about 5 minutes on 2 cores). ``--keep DIR`` keeps the stores; ``--scale-only RUN_DIR`` times the commands on an
-existing store without a soak.
+(about 5 minutes on 2 cores). ``--keep DIR`` keeps the stores; ``--scale-only [RUN_DIR]`` times the commands
+without a soak: on RUN_DIR as the completed store (without RUN_DIR, one made by a fast ``Session`` loop of
+``--steps`` steps) and on a killed store made the same way (``--killed DIR`` reuses one).
 """
 
 from __future__ import annotations
@@ -130,6 +135,53 @@ def child(mode: str, steps: int, every: int, matrix: int, out: Path) -> None:
     print(json.dumps(done), flush=True)
 
 
+# -- the stores of --scale-only: a fast Session loop, completed or killed -------------------------------------
+SCALE_LOOP = """
+import os, signal, sys, time
+from profiler import Session
+from profiler.core.store import read_head
+out, steps, kill, work = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "kill", int(sys.argv[4])
+with Session(out, meta={"scenario": "soak"}) as s:
+    for _ in s.wrap(range(steps)):
+        with s.phase("h2d"):
+            pass
+        with s.phase("compute"):
+            sum(range(work))
+    if kill:  # every step stored (or 60 s), then killed inside the block: the sampler process closes it interrupted
+        deadline = time.monotonic() + 60
+        while read_head(out)[1] < steps and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def make_store(out: Path, steps: int, *, kill: bool, work: int) -> dict[str, Any]:
+    """A store of ``steps`` fast steps (a compute phase of ``sum(range(work))``); ``kill``: SIGKILLed after the last
+    step was stored. Returns what the store holds (steps, status)."""
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"scale: a {'killed' if kill else 'completed'} run of {steps} steps ...", file=sys.stderr, flush=True)
+    argv = [str(out), str(steps), "kill" if kill else "done", str(work)]
+    proc = subprocess.run([sys.executable, "-c", SCALE_LOOP, *argv], env=_env(), capture_output=True, check=False)
+    if proc.returncode != (-9 if kill else 0):
+        raise SystemExit(f"the scale run failed (exit {proc.returncode}):\n{proc.stderr.decode()[-2000:]}")
+    return store_facts(out, wait_for="interrupted" if kill else None)
+
+
+def store_facts(run_dir: Path, wait_for: str | None = None) -> dict[str, Any]:
+    """The store's step count and status (``wait_for``: a status its sampler process is about to write)."""
+    deadline = time.monotonic() + 30
+    while True:
+        con = sqlite3.connect(run_dir / "run.sqlite")
+        try:
+            steps = con.execute("SELECT count(*) FROM steps").fetchone()[0]
+            status = json.loads(con.execute("SELECT value FROM meta WHERE key = 'status'").fetchone()[0])
+        finally:
+            con.close()
+        if wait_for is None or status == wait_for or time.monotonic() > deadline:
+            return {"steps": steps, "status": status}
+        time.sleep(0.2)
+
+
 def start_soak(mode: str, args: argparse.Namespace, tmp: Path) -> subprocess.Popen[bytes] | None:
     """Start one soak run, its JSON lines going to ``tmp/MODE.jsonl``; None when ``--reuse`` finds that file
     complete (a soak interrupted after some of its runs resumes where it stopped)."""
@@ -194,12 +246,14 @@ def _env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT)}
 
 
-def timed(argv: list[str], repeats: int) -> dict[str, Any]:
+def timed(argv: list[str], repeats: int, before: Any = None) -> dict[str, Any]:
     """Median wall and CPU (user + system) seconds and the largest peak RSS of ``python -m profiler ARGV`` over
     ``repeats`` runs after one untimed run (bytecode written, page cache warm). CPU seconds are what a busy host
-    does not stretch."""
+    does not stretch. ``before``: called (untimed) before each run."""
     walls, cpus, peaks, rc = [], [], [], 0
     for i in range(repeats + 1):
+        if before is not None:
+            before()
         t = time.perf_counter()
         p = subprocess.Popen(
             [sys.executable, "-m", "profiler", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env()
@@ -214,6 +268,7 @@ def timed(argv: list[str], repeats: int) -> dict[str, Any]:
     return {
         "argv": argv,
         "rc": rc,
+        "walls": walls,
         "seconds": statistics.median(walls),
         "cpu_seconds": statistics.median(cpus),
         "peak_rss": max(peaks),
@@ -244,31 +299,46 @@ def imports_of_report(run_dir: Path, tmp: Path) -> dict[str, bool]:
     return {"torch": torch_in == "1", "numpy": numpy_in == "1"}
 
 
-def scale(run_dir: Path, tmp: Path, repeats: int) -> dict[str, Any]:
-    """The commands on the store as closed (its report cache: docs/store.md) and, in the same run, on a copy
-    without the cache (every row read, as before the cache)."""
+COMMANDS = ("report", "report --json", "report --html", "report --trace", "report --html --trace", "compare")
+STATES = ("completed", "killed, first read", "killed, second read")
+
+
+def _argv(command: str, run: Path, tmp: Path) -> list[str]:
+    extra = {"--json": ["--json"], "--html": ["--html", str(tmp / "report.html")],
+             "--trace": ["--trace", str(tmp / "trace.json")]}  # fmt: skip
+    if command == "compare":
+        return ["compare", str(run), str(run)]
+    return ["report", str(run), *(a for flag in command.split()[1:] for a in extra[flag])]
+
+
+def scale(run_dir: Path, tmp: Path, repeats: int, killed: Path | None = None) -> dict[str, Any]:
+    """The commands on the completed store (its report cache: docs/store.md) and, where ``killed`` is given, on
+    the killed store: its first read (a fresh copy without a cache before each run) and its second read."""
     from profiler.runs.cache import CACHE_NAME
 
     html, trace = tmp / "report.html", tmp / "trace.json"
-    rows_dir = tmp / "rows"
-    shutil.rmtree(rows_dir, ignore_errors=True)
-    shutil.copytree(run_dir, rows_dir, ignore=shutil.ignore_patterns(CACHE_NAME))
-    cmds: dict[str, list[str]] = {}
-    for label, d in (("", run_dir), (" (rows)", rows_dir)):
-        cmds |= {
-            f"report{label}": ["report", str(d)],
-            f"report --html{label}": ["report", str(d), "--html", str(html)],
-            f"report --trace{label}": ["report", str(d), "--trace", str(trace)],
-            f"report --html --trace{label}": ["report", str(d), "--html", str(html), "--trace", str(trace)],
-        }
-    cmds["compare"] = ["compare", str(run_dir), str(run_dir)]
-    got: dict[str, Any] = {name: timed(argv, repeats) for name, argv in cmds.items()}
-    events = json.loads(trace.read_text())["traceEvents"]
-    got["trace_events"] = len(events)
+    got: dict[str, Any] = {"completed": {c: timed(_argv(c, run_dir, tmp), repeats) for c in COMMANDS}}
+    got["trace_events"] = len(json.loads(trace.read_text())["traceEvents"])
     got["trace_bytes"] = trace.stat().st_size
     got["html_bytes"] = html.stat().st_size
+    if killed is not None:
+        copy = tmp / "killed"
+
+        def fresh() -> None:  # the killed store as it was left: no cache, no summary
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(killed, copy, ignore=shutil.ignore_patterns(f"{CACHE_NAME}*"))
+
+        got["killed, first read"] = {c: timed(_argv(c, copy, tmp), repeats, before=fresh) for c in COMMANDS}
+        fresh()
+        subprocess.run([sys.executable, "-m", "profiler", *_argv("report", copy, tmp)], env=_env(), check=True,
+                       capture_output=True)  # fmt: skip  # the first read, which writes the cache
+        got["second_read_cached"] = (copy / CACHE_NAME).is_file()  # the code before issue #65 wrote none
+        got["killed, second read"] = {c: timed(_argv(c, copy, tmp), repeats) for c in COMMANDS}
+        got["killed_store"] = store_facts(killed)
+    got["completed_store"] = store_facts(run_dir)
     got["startup"] = startup()
     got["report_imports"] = imports_of_report(run_dir, tmp)
+    got["loadavg"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     return got
 
 
@@ -280,6 +350,8 @@ def summarise(args: argparse.Namespace, runs: dict[str, Any], run_dir: Path, tmp
     for b, s in zip(bare, sess, strict=True):
         s["rss_beyond_bare"] = s["rss"] - b["rss"]
     windows = lateness_windows(run_dir, [r["step"] for r in sess[1:]])
+    killed = tmp / "killed-store"
+    make_store(killed, args.steps, kill=True, work=args.work)
     con = sqlite3.connect(run_dir / "run.sqlite")
     n_steps, n_phases, n_samples = (
         con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("steps", "phases", "samples")
@@ -307,7 +379,7 @@ def summarise(args: argparse.Namespace, runs: dict[str, Any], run_dir: Path, tmp
         "store_bytes_closed": sess_done["store_bytes_closed"],
         "close_s": sess_done.get("close_s"),
         "store_bytes_per_step": sess_done["store_bytes_closed"] / args.steps,
-        "scale": scale(run_dir, tmp, args.repeats),
+        "scale": scale(run_dir, tmp, args.repeats, killed),
     }
 
 
@@ -343,15 +415,22 @@ def show(r: dict[str, Any]) -> None:
 
 
 def show_scale(sc: dict[str, Any], what: str) -> None:
-    print(f"commands on {what} (fresh interpreter each; target < {TARGET_S:g} s, < {TARGET_MIB:g} MiB):")
-    names = ("report", "report --html", "report --trace", "report --html --trace")
-    for name in (*names, *(f"{n} (rows)" for n in names), "compare"):
-        c = sc[name]
-        ok = c["seconds"] < TARGET_S and c["peak_rss"] / MIB < TARGET_MIB and c["rc"] == 0
-        print(
-            f"  {name:29s} {c['seconds']:5.2f} s wall {c['cpu_seconds']:5.2f} s CPU {c['peak_rss'] / MIB:6.0f} MiB"
-            f"  exit {c['rc']}  {'ok' if ok else 'MISSED'}"
-        )
+    facts = f"{sc['completed_store']['steps']} steps"
+    if "killed_store" in sc:
+        facts += f"; the killed store: {sc['killed_store']['steps']} steps, status {sc['killed_store']['status']}"
+        facts += "" if sc["second_read_cached"] else ", its first read wrote no cache"
+    print(f"commands on {what} ({facts}; fresh interpreter each; target < {TARGET_S:g} s, < {TARGET_MIB:g} MiB;")
+    print(f"  load average after: {sc['loadavg']}):")
+    states = [st for st in STATES if st in sc]
+    print(f"  {'command':22s}" + "".join(f"  {st:>32s}" for st in states))
+    for name in COMMANDS:
+        cells = []
+        for st in states:
+            c = sc[st][name]
+            ok = c["seconds"] < TARGET_S and c["peak_rss"] / MIB < TARGET_MIB and c["rc"] == 0
+            verdict = "ok" if ok else "MISSED"
+            cells.append(f"{c['seconds']:5.2f} s {c['cpu_seconds']:5.2f} CPU {c['peak_rss'] / MIB:4.0f} MiB {verdict}")
+        print(f"  {name:22s}" + "".join(f"  {cell:>32s}" for cell in cells))
     print(
         f"  trace: {sc['trace_events']} events, {sc['trace_bytes'] / 1e6:.2f} MB; "
         f"HTML {sc['html_bytes'] / 1e3:.0f} kB; "
@@ -368,7 +447,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each command (median time, largest peak)")
     ap.add_argument("--keep", metavar="DIR", help="keep the stores and outputs in DIR")
     ap.add_argument("--reuse", action="store_true", help="with --keep: reuse the runs already complete in DIR")
-    ap.add_argument("--scale-only", metavar="RUN_DIR", help="only time the commands on this existing store")
+    ap.add_argument(
+        "--scale-only",
+        metavar="RUN_DIR",
+        nargs="?",
+        const="",
+        help="only time the commands: on RUN_DIR (else on a store of --steps fast steps) and on a killed store",
+    )
+    ap.add_argument("--killed", metavar="DIR", help="with --scale-only: the killed store to time (else one is made)")
+    ap.add_argument("--work", type=int, default=1500, help="--scale-only's stores: sum(range(WORK)) a step")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--child", choices=("bare", "session", "traced"), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -376,12 +463,20 @@ def main() -> int:
     if args.child:
         child(args.child, args.steps, args.every, args.matrix, Path(args.out))
         return 0
-    if args.scale_only:
+    if args.scale_only is not None:
         with tempfile.TemporaryDirectory() as d:
-            got = scale(Path(args.scale_only), Path(d), args.repeats)
+            tmp = Path(args.keep) if args.keep else Path(d)
+            tmp.mkdir(parents=True, exist_ok=True)
+            run = Path(args.scale_only) if args.scale_only else tmp / "completed"
+            if not args.scale_only:
+                make_store(run, args.steps, kill=False, work=args.work)
+            killed = Path(args.killed) if args.killed else tmp / "killed-store"
+            if not args.killed:
+                make_store(killed, args.steps, kill=True, work=args.work)
+            got = scale(run, tmp, args.repeats, killed)
         print(json.dumps(got, indent=2) if args.json else "")
         if not args.json:
-            show_scale(got, args.scale_only)
+            show_scale(got, str(run))
         return 0
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="stallscope-soak-"))
     tmp.mkdir(parents=True, exist_ok=True)

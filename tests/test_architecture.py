@@ -153,6 +153,7 @@ PURE_STDLIB = {
     "itertools",
     "json",
     "math",
+    "numpy",  # arrays of a store read in bulk (analysis.bulk, timeline.timeline_of_columns): no file, no clock
     "re",
     "statistics",
     "typing",

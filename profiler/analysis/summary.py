@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, TypedDict
 
 from profiler.analysis.apart import WindowsApart, measured_steps, windows_apart
+from profiler.analysis.attribution import unattributed_workers
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.gpu import (
     CoarseSplit,
@@ -57,9 +58,12 @@ from profiler.analysis.parts import (
     is_peak,
     nvml_source,
 )
+from profiler.analysis.phasesums import PhaseTotals, phase_sums, phase_totals
 from profiler.analysis.sampled import MIN_SAMPLES, sampling_notes, stack_estimates
+from profiler.analysis.spread import StepSpread, step_spread
 from profiler.analysis.stages import Headspace, LoaderStages, headspace, loader_stages, prefix_stages
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
+from profiler.analysis.taken import missing_notes, steps_taken
 from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, run_verdict
 from profiler.core.store import PhaseRow, RunRecord, StepRow, run_status
 
@@ -117,6 +121,10 @@ class Summary:
     gpu_coarse: CoarseSplit | None = None  # without kernel windows: the split over the sampler's intervals
     kernel_windows: WindowsApart | None = None  # the steps the kernel windows held, recorded apart (analysis.apart)
     precision: JSON | None = None  # what a real device's training computed in (run --precision; meta precision)
+    step_spread: StepSpread | None = None  # the standard errors of the per-step means (analysis.spread)
+    # the steps the training process took (the ring's count, meta steps_taken), and those of them the store lacks
+    steps_taken: int | None = None
+    steps_lost: int | None = None
 
     def to_dict(self) -> JSON:
         """The summary.json object (today's keys in today's order): NaN becomes null (JSON has no NaN)."""
@@ -170,6 +178,9 @@ class Summary:
             "gpu_coarse": self.gpu_coarse.to_dict() if self.gpu_coarse else None,
             "kernel_windows": self.kernel_windows.to_dict() if self.kernel_windows else None,
             "precision": self.precision,
+            "step_spread": self.step_spread.to_dict() if self.step_spread else None,
+            "steps_taken": self.steps_taken,
+            "steps_lost": self.steps_lost,
         }
         return json_safe(out)
 
@@ -186,6 +197,14 @@ class _Measured:
     queued_out: float = 0.0
     # every phase of the run, warm-up included: queued warm-up compute also overlaps the measured data waits
     all_phases: list[PhaseRow] = field(default_factory=list)
+    totals: PhaseTotals | None = None  # the phases' figures read in bulk (analysis.bulk): ``phases`` is then empty
+    step_s: list[float] = field(init=False)  # each step's time, and their sum: made once (a long run's 100,000
+    wall: float = field(init=False)  # were made seven times a summary)
+
+    def __post_init__(self) -> None:
+        step_s = [s.t_end - s.t_start for s in self.steps]
+        object.__setattr__(self, "step_s", step_s)
+        object.__setattr__(self, "wall", math.fsum(step_s))
 
     @property
     def on_device_events(self) -> bool:
@@ -194,14 +213,6 @@ class _Measured:
     @property
     def n(self) -> int:
         return len(self.steps)
-
-    @property
-    def step_s(self) -> list[float]:
-        return [s.t_end - s.t_start for s in self.steps]
-
-    @property
-    def wall(self) -> float:
-        return math.fsum(self.step_s)
 
     @property
     def device_wall(self) -> float:
@@ -225,6 +236,7 @@ class _Timing:
     stall_fraction: float  # (stall_ms.data_wait + stall_ms.h2d) / mean step time
     busy_fraction: float
     busy_source: str  # "cuda-events" | "sim-events" | "host-compute-phase" | "none"
+    spread: StepSpread | None = None  # how far the per-step means could move in a run made again
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,17 +256,20 @@ class _HostParts:
         return max(0.0, step_ms - math.fsum(parts))
 
 
-def summarize(rec: RunRecord, now: float | None = None) -> Summary:
-    """The run's Summary, in named steps: measured steps -> timing -> sampled figures -> verdict."""
+def summarize(rec: RunRecord, now: float | None = None, *, totals: PhaseTotals | None = None) -> Summary:
+    """The run's Summary: measured steps -> timing -> sampled figures -> verdict (``totals``: see analysis.bulk)."""
     meta = rec.meta
     notes = stopped_notes(rec)
-    m = _measured(rec, notes)
+    notes.extend(missing_notes(rec))
+    m = _measured(rec, notes, totals)
     timing = _timing(m)
     throughput, samples_total = _throughput(m, notes)
     host, nvml = sample_figures(rec, m.window if m.steps else None)
     sampler = sampler_health(rec)
     mode = str(meta.get("mode") or "instrumented")
     stack_est, attribution = stack_estimates(rec)
+    if (unsampled := unattributed_workers(meta, attribution is not None)) is not None:
+        notes.append(unsampled)  # py-spy sampled no worker: said, not an empty section
     if stack_est is not None and stack_est.overall is not None:
         notes.extend(sampling_notes(meta))  # said beside the figures estimated from py-spy's samples
     recorded = dict(meta.get("device") or {"kind": "cpu", "name": "unknown"})
@@ -351,7 +366,7 @@ def _summary(
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=figures.stall_fraction,
         device_busy_fraction=figures.device_busy_fraction,
-        verdict=run_verdict(figures, bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))),
+        verdict=run_verdict(figures, meta, run_status(meta, now)),
         recommendations=recommendations,
         sampler=figures.sampler,
         status=run_status(meta, now),
@@ -378,6 +393,8 @@ def _summary(
         cost=cost_figures(meta.get("price_per_hour"), throughput, meta.get("epoch_samples")),
         contention=figures.contention,
         loader_time=figures.loader_time,
+        step_spread=timing.spread,
+        **steps_taken(rec),
         **_loader_parts(figures),
         **_device_parts(rec, m, figures, timing),
     )
@@ -453,11 +470,13 @@ class _LoaderFigures(TypedDict):
     headspace: Headspace | None
 
 
-def _measured(rec: RunRecord, notes: list[str]) -> _Measured:
+def _measured(rec: RunRecord, notes: list[str], totals: PhaseTotals | None = None) -> _Measured:
     """The steps every timed figure is over: neither warm-up nor held by a kernel window (analysis.apart)."""
     measured = measured_steps(rec)
     if not measured and rec.steps:
         notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")
+    if totals is not None:
+        return _Measured(measured, [], None, totals=totals)
     ids = {s.step for s in measured}
     phases = [p for p in rec.phases if p.step in ids]
     events = event_timer((rec.meta.get("device") or {}).get("kind"))
@@ -482,10 +501,12 @@ def _timing(m: _Measured) -> _Timing:
     """Step times, the per-step breakdown, input stall and device busy fraction (docs/metrics.md)."""
     n, step_s = m.n, m.step_s
     step_mean = mean(step_s)
-    per_step = _phase_sums(m.steps, m.phases)
+    ordered = sorted(step_s)  # once: quantile's own sort of a sorted list is one pass
+    per_step = phase_sums(m.steps, m.phases) if m.totals is None else {}
+    totals = m.totals or phase_totals(m.steps, m.phases, per_step)
     # on a device with events a pageable copy first waits for the compute already queued: that wait is compute
     stalls = _cuda_stalls(m.steps, m.phases, m.all_phases) if m.on_device_events and n else None
-    host = _host_parts(m, per_step, drained_s=stalls.drained_s if stalls else None)
+    host = _host_parts(m, totals, drained_s=stalls.drained_s if stalls else None)
     if stalls is None:  # no device clock: the device waits as long as the host does
         stall_ms = InputStall(host.data_wait, host.h2d)
     else:
@@ -496,9 +517,9 @@ def _timing(m: _Measured) -> _Timing:
     compute, sync = host.compute, host.sync
     if device_ms is not None and m.events == EVENT_TIMERS[SIMULATED]:
         compute, sync = _simulated_compute_sync(m, device_ms)
-    busy, busy_source = _busy_fraction(m, per_step, host.nested_sync * n / 1e3)
+    busy, busy_source = _busy_fraction(m, totals, host.nested_sync * n / 1e3)
     return _Timing(
-        step_time=StepTimes(step_mean * 1e3, quantile(step_s, 0.5) * 1e3, quantile(step_s, 0.9) * 1e3),
+        step_time=StepTimes(step_mean * 1e3, quantile(ordered, 0.5) * 1e3, quantile(ordered, 0.9) * 1e3),
         breakdown=Breakdown(
             host.data_wait,
             host.h2d,
@@ -506,26 +527,29 @@ def _timing(m: _Measured) -> _Timing:
             host.other(step_mean * 1e3) if n else math.nan,
             host.user,
             sync=sync if n else 0.0,
-            sync_recorded=any(p.name in (SYNC_PHASE, NESTED_SYNC) for p in m.phases),
+            sync_recorded=totals.sync_recorded,
         ),
         stall_ms=stall_ms,
         device_ms=device_ms,
         stall_fraction=(stall_ms.data_wait + stall_ms.h2d) / (step_mean * 1e3) if n and step_mean > 0 else math.nan,
         busy_fraction=busy,
         busy_source=busy_source,
+        spread=totals.spread
+        if m.totals is not None
+        else step_spread(m.steps, per_step, busy_is_compute=busy_source == "host-compute-phase"),
     )
 
 
-def _host_parts(m: _Measured, per_step: dict[int, dict[str, float]], drained_s: float | None) -> _HostParts:
+def _host_parts(m: _Measured, totals: PhaseTotals, drained_s: float | None) -> _HostParts:
     """The host-clock breakdown; ``drained_s``: host seconds the copies spent waiting for queued device compute
     (None without device events). h2d, compute and sync are there even when never entered (NaN with no steps)."""
     n = m.n
 
     def host_ms(name: str) -> float:
-        return math.fsum(per_step[s.step].get(name, 0.0) for s in m.steps) / n * 1e3 if n else math.nan
+        return totals.host_s.get(name, 0.0) / n * 1e3 if n else math.nan
 
-    user = sorted({name for sums in per_step.values() for name in sums} - {*CORE_PHASES, SYNC_PHASE})
-    nested = total([(p.t_start, p.t_end) for p in m.phases if p.name == NESTED_SYNC]) / n * 1e3 if n else 0.0
+    user = sorted(set(totals.host_s) - {*CORE_PHASES, SYNC_PHASE})
+    nested = total(totals.nested_sync) / n * 1e3 if n else 0.0
     h2d, compute = host_ms("h2d"), host_ms("compute") - nested
     if drained_s is not None:
         h2d, compute = h2d - drained_s / n * 1e3, compute + drained_s / n * 1e3
@@ -584,15 +608,6 @@ def cost_figures(price_per_hour: object, throughput: float, epoch_samples: objec
         per_epoch=per_sample * epoch if epoch else math.nan,
         epoch_samples=epoch,
     )
-
-
-def _phase_sums(steps: list[StepRow], phases: list[PhaseRow]) -> dict[int, dict[str, float]]:
-    """Per step, host seconds per top-level phase name (nested phases would double count)."""
-    out: dict[int, dict[str, float]] = {s.step: defaultdict(float) for s in steps}
-    for p in phases:
-        if p.depth == 0:
-            out[p.step][p.name] += p.t_end - p.t_start
-    return out
 
 
 def _auto_sources(sources: Sources, meta: JSON, notes: list[str]) -> Sources:
@@ -684,7 +699,7 @@ def _cuda_stalls(
     return _DeviceStalls(wait_stall, h2d_stall, drained)
 
 
-def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_sync_s: float) -> tuple[float, str]:
+def _busy_fraction(m: _Measured, totals: PhaseTotals, nested_sync_s: float) -> tuple[float, str]:
     """Busy share of the measured wall time. With device events, every phase's device interval counts, sync
     phases included: an all-reduce's kernel spins on the device while it waits for the other ranks, and NVML
     counts it busy too (the job report's sync column is what shows that wait). On a CPU device it is the
@@ -699,7 +714,7 @@ def _busy_fraction(m: _Measured, per_step: dict[int, dict[str, float]], nested_s
             return math.nan, "none"
         busy = total(clip(union(_dev(m.phases)), lo + m.queued_in, hi + m.queued_out)) / lived
         return min(1.0, busy), m.events  # a share: float sums of the same span may exceed 1 by an ulp
-    compute = math.fsum(per_step[s.step].get("compute", 0.0) for s in m.steps) - nested_sync_s
+    compute = totals.host_s.get("compute", 0.0) - nested_sync_s
     return compute / wall, "host-compute-phase"
 
 

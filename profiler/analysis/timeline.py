@@ -13,13 +13,23 @@ the definitions. Invariants:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from profiler.analysis.parts import NESTED_SYNC, SYNC_PHASE, event_timer
 from profiler.analysis.stats import Interval, quantile, subtract, total, union
 from profiler.core.store import PhaseRow, RunRecord, StepRow
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+    from profiler.core.store.columns import PhaseColumns, RunColumns
+
+    Floats = NDArray[np.float64]
 
 CORE_PARTS = ("data_wait", "h2d", "compute")
 # Rolling-stall buckets hold at least this many median steps, so one step does not make a bucket 0% or 100%.
@@ -378,6 +388,10 @@ def rolling_stall(rec: RunRecord, bucket_s: float, *, stalled: list[Interval] | 
     n = max(1, math.ceil((last - start) / bucket_s - 1e-9))
     covered = _bucket_totals(union((s.t_start, s.t_end) for s in rec.steps), start, bucket_s, n)
     in_stall = _bucket_totals(stall_intervals(rec) if stalled is None else stalled, start, bucket_s, n)
+    return _stall_buckets(covered, in_stall, start, bucket_s)
+
+
+def _stall_buckets(covered: list[float], in_stall: list[float], start: float, bucket_s: float) -> list[StallBucket]:
     return [
         StallBucket(
             t_start=start + k * bucket_s,
@@ -386,7 +400,7 @@ def rolling_stall(rec: RunRecord, bucket_s: float, *, stalled: list[Interval] | 
             stall_s=min(in_stall[k], covered[k]),
             stall_fraction=min(in_stall[k], covered[k]) / covered[k] if covered[k] > 0 else math.nan,
         )
-        for k in range(n)
+        for k in range(len(covered))
     ]
 
 
@@ -469,6 +483,222 @@ def process_cpu_series(series: dict[str, Series]) -> tuple[Series, ...]:
     return tuple(sorted(procs, key=order))
 
 
+# -- from a store read in bulk ----------------------------------------------------------------------------
+# build_timeline of a long run without a row object per step or phase: the same Timeline, to the last bit (each
+# per-step figure by the same float operations; every sum in the rows' order: np.bincount adds in order from 0.0;
+# every fsum of the same floats), except that its ``record`` is empty (as the report cache's: no report draws
+# ``steps``). tests/test_report_cache.py checks the two are equal.
+
+
+def timeline_of_columns(cols: RunColumns, *, max_bars: int = MAX_BARS, max_points: int = MAX_POINTS) -> Timeline:
+    """``build_timeline(cols.record())`` with an empty ``record``; from the rows where the bars are the steps
+    themselves (a short run), the phases carry device times, or a phase is named ``other``."""
+    import numpy as np
+
+    st, ph = cols.steps, cols.phases
+    light = RunRecord(cols.meta, [], [], cols.samples, cols.events, cols.stacks_text, cols.windows)
+    kind = (cols.meta.get("device") or {}).get("kind")
+    device_events = event_timer(kind) is not None and not np.isnan(ph.dev_start).all()
+    if len(st) <= max_bars or device_events or "other" in ph.names:
+        rows = build_timeline(cols.record(), max_bars=max_bars, max_points=max_points)
+        return Timeline(**{f: getattr(rows, f) for f in Timeline.__slots__ if f != "record"}, record=light)
+    h2d = _named(ph, "h2d", depth0=True)
+    stalled = _union_arrays(np.concatenate([st.t_start, ph.t_start[h2d]]), np.concatenate([st.t_start + st.data_wait_s,
+                            ph.t_end[h2d]]))  # fmt: skip
+    parts = _parts_of(cols)
+    bars, group = _bars_of_columns(cols, parts, stalled, max_bars)
+    series = {m: thin_series(s, max_points) for m, s in sample_series(light).items()}
+    ends = [float(st.t_end.max()), *(t for t, *_ in cols.samples)]
+    width = nice_ceil(
+        max(
+            quantile((st.t_end - st.t_start).tolist(), 0.5) * STEPS_PER_BUCKET,
+            (float(st.t_end[-1]) - float(st.t_start.min())) / MAX_BUCKETS,
+            1e-3,
+        )
+    )
+    return Timeline(
+        duration_s=max(ends),
+        warmup_end_s=float(st.t_end[st.warmup].max()) if st.warmup.any() else None,
+        on_cuda=False,
+        parts=parts,
+        bars=tuple(bars),
+        bar_group=group,
+        bucket_s=width,
+        stall=tuple(_stall_of_columns(cols, width, stalled)),
+        series=series,
+        gpu_util=tuple(
+            sorted(
+                (s for m, s in series.items() if m.startswith("gpu") and m.endswith(".util_pct")),
+                key=lambda s: _index(s.label[3:]),
+            )
+        ),
+        host_cpu=series.get("sys.cpu_pct"),
+        process_cpu=process_cpu_series(series),
+        record=light,
+    )
+
+
+def _named(ph: PhaseColumns, name: str, *, depth0: bool = False) -> NDArray[np.bool_]:
+    """The phases called ``name`` (at the top level only, where asked)."""
+    import numpy as np
+
+    if name not in ph.names:
+        return np.zeros(len(ph), bool)
+    hit: NDArray[np.bool_] = ph.name == ph.names.index(name)
+    return hit & (ph.depth == 0) if depth0 else hit
+
+
+def _parts_of(cols: RunColumns) -> tuple[str, ...]:
+    """:func:`_parts` of the columns."""
+    import numpy as np
+
+    ph = cols.phases
+    names = {ph.names[k] for k in np.unique(ph.name[ph.depth == 0]).tolist()}
+    if NESTED_SYNC in {ph.names[k] for k in np.unique(ph.name[ph.depth != 0]).tolist()}:
+        names.add(SYNC_PHASE)
+    return (*CORE_PARTS, *sorted(names - set(CORE_PARTS)), "other")
+
+
+def _union_arrays(a: Floats, b: Floats) -> tuple[Floats, Floats]:
+    """:func:`union` of the intervals ``(a[i], b[i])``: the same starts and ends, as two sorted arrays."""
+    import numpy as np
+
+    keep = b > a
+    a, b = a[keep], b[keep]
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    if not len(a):
+        return a, b
+    reach = np.maximum.accumulate(b)  # within a merged interval, its end so far
+    first = np.flatnonzero(np.concatenate([[True], a[1:] > reach[:-1]]))
+    last = np.concatenate([first[1:], [len(a)]]) - 1
+    return a[first], reach[last]
+
+
+def _overlaps(lo: Floats, hi: Floats, ua: Floats, ub: Floats, first: NDArray[np.int64]) -> Floats:
+    """For each span ``[lo[i], hi[i])`` the seconds of the sorted, disjoint intervals ``(ua, ub)`` inside it, added
+    in the intervals' order from ``first[i]`` (the first that may overlap it) as the loops of
+    :func:`_per_step_totals` and :func:`_bucket_totals` add them."""
+    import numpy as np
+
+    stop = np.maximum(first, np.searchsorted(ua, hi, side="left"))
+    count = np.maximum(stop - first, 0)
+    span = np.repeat(np.arange(len(lo)), count)
+    k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+    d = np.minimum(ub[k], hi[span]) - np.maximum(ua[k], lo[span])
+    return np.asarray(np.bincount(span, weights=np.where(d > 0.0, d, 0.0), minlength=len(lo)), np.float64)
+
+
+def _bars_of_columns(
+    cols: RunColumns, parts: tuple[str, ...], stalled: tuple[Floats, Floats], max_bars: int
+) -> tuple[list[StepBar], int]:
+    """:func:`_step_figures` then :func:`_group_figures` (groups of two steps or more) of the columns."""
+    import numpy as np
+
+    st, ph = cols.steps, cols.phases
+    order = np.argsort(st.t_start, kind="stable")  # the steps by start, as _step_figures sorts them
+    n_steps, n_parts = len(order), len(parts)
+    place = np.empty(n_steps, np.int64)
+    place[order] = np.arange(n_steps)
+    # each phase's step, by its place in that order; a phase of no recorded step adds to no step
+    at = np.searchsorted(st.step, ph.step).clip(0, max(n_steps - 1, 0))
+    known = st.step[at] == ph.step if n_steps else np.zeros(len(ph), bool)
+    part_of = np.array([parts.index(n) if n in parts else -1 for n in ph.names], np.int64)
+    top = known & (ph.depth == 0)
+    nested = known & (ph.depth != 0) & _named(ph, NESTED_SYNC)
+    ms = (ph.t_end - ph.t_start) * 1e3
+    # what each phase adds, in the phases' order; a step's data wait first (the loop starts from it)
+    i_top, i_nest = np.flatnonzero(top), np.flatnonzero(nested)
+    compute, sync = parts.index("compute"), parts.index(SYNC_PHASE) if SYNC_PHASE in parts else 0
+    seq = np.concatenate([np.full(n_steps, -1), i_top, i_nest, i_nest])
+    cell = np.concatenate([
+        np.arange(n_steps) * n_parts + parts.index("data_wait"),
+        place[at[i_top]] * n_parts + part_of[ph.name[i_top]],
+        place[at[i_nest]] * n_parts + compute,
+        place[at[i_nest]] * n_parts + sync,
+    ])  # fmt: skip
+    value = np.concatenate([st.data_wait_s[order] * 1e3, ms[i_top], -ms[i_nest], ms[i_nest]])
+    by = np.argsort(seq, kind="stable")
+    table = np.bincount(cell[by], weights=value[by], minlength=n_steps * n_parts).reshape(n_steps, n_parts)
+    step_ms = (st.t_end[order] - st.t_start[order]) * 1e3
+    summed = [table[:, k].tolist() for k, name in enumerate(parts) if name != "other"]
+    left = step_ms - np.array(list(map(math.fsum, zip(*summed, strict=True))))
+    table[:, parts.index("other")] = np.where(left > 0.0, left, 0.0)
+    lo, hi = st.t_start[order], st.t_end[order]
+    ua, ub = stalled
+    stall_ms = _overlaps(lo, hi, ua, ub, np.searchsorted(ub, lo, side="right")) * 1e3
+    warm = st.warmup[order]
+    group = max(1, math.ceil(n_steps / max_bars))
+    while _chunk_count(warm, group) > max_bars and group < n_steps:
+        group += 1
+    columns = [table[:, k].tolist() for k in range(n_parts)]
+    step_l, stall_l = step_ms.tolist(), stall_ms.tolist()
+    steps_l, warm_l, lo_l, hi_l = st.step[order].tolist(), warm.tolist(), lo.tolist(), hi.tolist()
+    bars = []
+    for i, j in _chunks(warm, group):
+        n = j - i
+        step_total = math.fsum(step_l[i:j])
+        chunk_ms = {name: math.fsum(columns[k][i:j]) / n for k, name in enumerate(parts)}
+        mean_stall = math.fsum(stall_l[i:j]) / n
+        frac = mean_stall * n / step_total if step_total > 0 else math.nan
+        bars.append(StepBar(steps_l[i], steps_l[j - 1], n, warm_l[i], lo_l[i], hi_l[j - 1], step_total / n, chunk_ms,
+                            mean_stall, frac))  # fmt: skip
+    return bars, group
+
+
+def _runs(warm: NDArray[np.bool_]) -> list[tuple[int, int]]:
+    """The runs of consecutive steps all warm-up or all measured: (first, end) indices."""
+    import numpy as np
+
+    cuts = [0, *(np.flatnonzero(warm[1:] != warm[:-1]) + 1).tolist(), len(warm)]
+    return list(itertools.pairwise(cuts))
+
+
+def _chunk_count(warm: NDArray[np.bool_], size: int) -> int:
+    return sum(-(-(b - a) // size) for a, b in _runs(warm))
+
+
+def _chunks(warm: NDArray[np.bool_], size: int) -> list[tuple[int, int]]:
+    """:func:`_group_figures`' groups: ``size`` consecutive steps, a group never mixing warm-up and measured."""
+    return [(i, min(i + size, b)) for a, b in _runs(warm) for i in range(a, b, size)]
+
+
+def _stall_of_columns(cols: RunColumns, bucket_s: float, stalled: tuple[Floats, Floats]) -> list[StallBucket]:
+    """:func:`rolling_stall` of the columns."""
+    import numpy as np
+
+    st = cols.steps
+    first, last = float(st.t_start.min()), float(st.t_end.max())
+    start = math.floor(first / bucket_s) * bucket_s
+    n = max(1, math.ceil((last - start) / bucket_s - 1e-9))
+    lo = start + np.arange(n, dtype=np.float64) * bucket_s
+    hi = lo + bucket_s
+
+    def totals(ua: Floats, ub: Floats) -> list[float]:
+        # _bucket_totals adds interval by interval, each into the buckets from (a - start) // width on
+        k0 = np.maximum(np.floor_divide(ua - start, bucket_s), 0).astype(np.int64)
+        return _bucket_sums((lo, hi), (ua, ub), k0)
+
+    covered = totals(*_union_arrays(st.t_start, st.t_end))
+    return _stall_buckets(covered, totals(*stalled), start, bucket_s)
+
+
+def _bucket_sums(
+    buckets: tuple[Floats, Floats], intervals: tuple[Floats, Floats], k0: NDArray[np.int64]
+) -> list[float]:
+    """Interval-major: bucket k gets each interval's part in it, in the intervals' order (``k0``: each interval's
+    first bucket)."""
+    import numpy as np
+
+    (lo, hi), (ua, ub), n = buckets, intervals, len(buckets[0])
+    stop = np.minimum(np.maximum(k0, np.searchsorted(lo, ub, side="left")), n)
+    count = np.maximum(stop - k0, 0)
+    which = np.repeat(np.arange(len(ua)), count)
+    k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + np.repeat(k0, count)
+    d = np.minimum(ub[which], hi[k]) - np.maximum(ua[which], lo[k])
+    return list(np.bincount(k, weights=np.where(d > 0.0, d, 0.0), minlength=n).tolist())
+
+
 __all__ = [
     "CORE_PARTS",
     "Series",
@@ -484,4 +714,5 @@ __all__ = [
     "sample_series",
     "stall_intervals",
     "step_rows",
+    "timeline_of_columns",
 ]

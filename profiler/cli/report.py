@@ -24,11 +24,14 @@ from profiler.cli.common import (
     print_summary,
     say,
 )
+from profiler.cli.totrackers import add_to_option, report_to
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.analysis.timeline import Timeline
     from profiler.core.rows import RunRecord
+    from profiler.core.store.columns import RunColumns
+    from profiler.runs.read import Bulk
 
 
 def add_parsers(sub: Any) -> None:
@@ -46,6 +49,7 @@ def add_parsers(sub: Any) -> None:
     )
     rep.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     rep.add_argument("--trace", metavar="FILE", help="also write a Chrome/Perfetto trace-event JSON file")
+    add_to_option(rep)
 
     cmp = sub.add_parser("compare", help="compare run B against baseline run A; exit 1 when B regresses")
     cmp.add_argument("run_a")
@@ -88,24 +92,35 @@ def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
 def _cached(run_dir: str | Path) -> tuple[Summary, Timeline] | None:
     """A closed run's report cache (profiler.runs.cache), None where it is not the store's own or the run is a
     zero-code job (whose report reads its ranks' rows); BadInput naming what is wrong with the store."""
-    from profiler.core.store import StoreError, read_head
+    from profiler.core.store import StoreError
     from profiler.runs.cache import read_cache
-    from profiler.zerocode.analysis import is_zero_code
 
     try:
-        return None if is_zero_code(read_head(run_dir)[0]) else read_cache(run_dir)
+        return None if _zero_code(run_dir) else read_cache(run_dir)
     except StoreError as exc:
         raise BadInput(str(exc)) from None
 
 
-def _write_trace_of(run_dir: str | Path, target: str) -> Path:
-    """A closed run's trace, reading only what it draws (``runs.read.load_for_trace``)."""
-    from profiler.core.store import StoreError
-    from profiler.render.trace import write_trace
-    from profiler.runs.read import load_for_trace
+def _zero_code(run_dir: str | Path) -> bool:
+    """A zero-code job's store (its report reads its ranks' rows); BadInput naming what is wrong with the store."""
+    from profiler.core.store import StoreError, read_head
+    from profiler.zerocode.analysis import is_zero_code
 
     try:
-        got = load_for_trace(run_dir)
+        return is_zero_code(read_head(run_dir)[0])
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def _write_trace_of(run_dir: str | Path, target: str, columns: RunColumns | None = None) -> Path:
+    """A run's trace, reading only what it draws (``runs.read.load_for_trace``), or taking it from the ``columns``
+    already read: the same trace either way."""
+    from profiler.core.store import StoreError
+    from profiler.render.trace import write_trace
+    from profiler.runs.read import load_for_trace, trace_of_columns
+
+    try:
+        got = load_for_trace(run_dir) if columns is None else trace_of_columns(run_dir, columns)
     except StoreError as exc:
         raise BadInput(str(exc)) from None
     return write_trace(got.record, target, got.summarised, got.steps)
@@ -124,6 +139,8 @@ def _is_job(path: str) -> bool:
 def cmd_report(args: argparse.Namespace) -> int:
     from profiler.cli.tables import report_table, table_file
 
+    if args.to:  # the run's figures into experiment trackers, from the store alone
+        return report_to(args)
     dirs = [args.run_dir, *args.more_dirs]
     if not args.more_dirs and (table := table_file(args.run_dir)) is not None:
         return report_table(table, args)  # a sweep or tune directory
@@ -145,12 +162,39 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
         print_summary(summary, args.json)
         return EXIT_OK
-    rec, summary = load(args.run_dir)
-    _write_files(args, lambda target: _html(summary, rec, target), lambda target: _trace(rec, target))
     from profiler.zerocode.analysis import zero_code_job
 
-    print_summary(summary, args.json, zero_code_job(rec))
+    if _zero_code(args.run_dir):  # a job's report reads its ranks' rows
+        rec, summary = load(args.run_dir)
+        _write_files(args, lambda target: _html(summary, rec, target), lambda target: _trace(rec, target))
+        print_summary(summary, args.json, zero_code_job(rec))
+        return EXIT_OK
+    # a run with no cache of its own (killed, interrupted, or written by other code): its store read in bulk,
+    # the cache written where the store will not change again (docs/store.md, "The report cache")
+    bulk = _bulk(args.run_dir, timeline=args.html is not None)
+    _write_files(
+        args,
+        lambda target: _html_of_bulk(bulk, target),
+        lambda target: _write_trace_of(args.run_dir, target, bulk.columns),
+    )
+    print_summary(bulk.summary, args.json)
     return EXIT_OK
+
+
+def _html_of_bulk(bulk: Bulk, target: str) -> Path:
+    assert bulk.timeline is not None  # load_bulk builds it where --html asks for it
+    return _html_of(bulk.summary, bulk.timeline, target)
+
+
+def _bulk(run_dir: str | Path, *, timeline: bool) -> Bulk:
+    """The store read in bulk (``runs.read.load_bulk``); BadInput naming what is wrong with the store."""
+    from profiler.core.store import StoreError
+    from profiler.runs.read import load_bulk
+
+    try:
+        return load_bulk(run_dir, timeline=timeline)
+    except StoreError as exc:
+        raise BadInput(str(exc)) from None
 
 
 def _html_of(summary: Summary, timeline: Timeline, target: str) -> Path:
@@ -203,7 +247,18 @@ def _compared(run_dir: str) -> Summary | dict[str, object]:
     or a finished run's own ``summary.json`` (see :func:`stored_summary`)."""
     if _is_job(run_dir):
         return load_job_summary([run_dir])[0].to_dict()
-    return stored_summary(run_dir) or load_summary(run_dir)
+    stored = stored_summary(run_dir)
+    # a summary.json written before step_spread existed: summarised again, so the comparison knows the run's noise
+    return stored if stored is not None and "step_spread" in stored else _read_summary(run_dir)
+
+
+def _read_summary(run_dir: str) -> Summary:
+    """A run's Summary: from its report cache, else from its store read in bulk (which writes the cache where the
+    store will not change again); a zero-code job's from its rows."""
+    if _zero_code(run_dir):
+        return load_summary(run_dir)
+    cached = _cached(run_dir)
+    return cached[0] if cached is not None else _bulk(run_dir, timeline=False).summary
 
 
 def stored_summary(run_dir: str | Path) -> dict[str, object] | None:

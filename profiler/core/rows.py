@@ -82,6 +82,9 @@ def held_steps(spans: Iterable[tuple[float, float]], steps: Sequence[StepRow], t
     """The indices of the steps that overlap a kernel window's span (from its opening's start to its closing's end,
     the steps' seconds), and those from ``tail_from`` on (profiler.analysis.apart)."""
     held = {s.step for s in steps if s.step >= tail_from} if isinstance(tail_from, int) else set()
+    spans = list(spans)
+    if not spans:  # no window: no sort of a long run's steps (each summary asks three times)
+        return held
     ordered = sorted(steps, key=lambda s: s.t_start)
     starts = [s.t_start for s in ordered]
     for a, b in spans:

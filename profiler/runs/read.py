@@ -1,4 +1,6 @@
-"""A stored run read back once: its record and Summary, or its own ``summary.json`` when that is current.
+"""A stored run read back once: its record and Summary, or its own ``summary.json`` when that is current; a long
+run's store read in bulk (:func:`load_bulk`), which writes its report cache where the run has none and will not
+change again (a run that was killed or interrupted: docs/store.md, "The report cache").
 
 Raises :class:`~profiler.core.store.StoreError` (one line naming the store and what is wrong) for a directory
 that is not a readable run store; the CLI turns it into exit 2.
@@ -6,14 +8,20 @@ that is not a readable run store; the CLI turns it into exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from profiler.analysis import Summary, summarize
 from profiler.core.rows import RunRecord
 from profiler.core.store import load_run, load_sparse, read_head, resolve_db, run_status
 from profiler.core.store.reader import StepSpan
+
+if TYPE_CHECKING:
+    from profiler.analysis.timeline import Timeline
+    from profiler.core.store.columns import RunColumns
 
 
 def load(run_dir: str | Path) -> tuple[RunRecord, Summary]:
@@ -38,6 +46,47 @@ def load_for_trace(run_dir: str | Path) -> ForTrace:
     from profiler.render.trace import trace_plan
 
     return ForTrace(*load_sparse(run_dir, trace_plan))
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """A store read in bulk: its columns, its Summary, and its Timeline (None where neither asked for nor written to
+    the cache); ``cached``: the report cache was written."""
+
+    columns: RunColumns
+    summary: Summary
+    timeline: Timeline | None
+    cached: bool
+
+
+def load_bulk(run_dir: str | Path, *, timeline: bool = False) -> Bulk:
+    """The run's Summary from its store read in bulk (:mod:`profiler.analysis.bulk`: the same as from its rows),
+    and its Timeline where ``timeline`` asks. Where the store will not change again (:func:`cache.settled`), its
+    report cache is written too, so that the next ``report`` reads that instead (a directory that takes no file:
+    not written)."""
+    from profiler.analysis.bulk import summarize_columns
+    from profiler.analysis.timeline import timeline_of_columns
+    from profiler.core.store.columns import load_columns
+    from profiler.runs.cache import settled, store_cache
+
+    cols = load_columns(run_dir)
+    summary = summarize_columns(cols)
+    settle = settled(cols.meta)
+    plots = timeline_of_columns(cols) if timeline or settle else None
+    cached = False
+    if settle and plots is not None:
+        # a read-only or full directory: the next report reads the rows again
+        with contextlib.suppress(OSError):
+            cached = store_cache(run_dir, summary, plots, read=(cols.meta, len(cols.steps))) is not None
+    return Bulk(cols, summary, plots, cached)
+
+
+def trace_of_columns(run_dir: str | Path, cols: RunColumns) -> ForTrace:
+    """:func:`load_for_trace` of a store already read in bulk: the same rows, from the columns."""
+    from profiler.core.store.columns import load_sparse_of
+    from profiler.render.trace import trace_plan
+
+    return ForTrace(*load_sparse_of(run_dir, cols, trace_plan))
 
 
 def stored_summary(run_dir: str | Path) -> dict[str, object] | None:

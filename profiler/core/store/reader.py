@@ -44,7 +44,21 @@ def resolve_db(run: str | os.PathLike[str]) -> Path:
         if p.is_dir():
             raise StoreError(f"run directory '{p}' holds no {DB_NAME}: pass a directory written by stallscope run")
         raise StoreError(f"run directory '{p}' does not exist")
+    if db is p and p.name != DB_NAME and not _sqlite_header(p):
+        # a file that is no database at all (a saved report, a log) is not a damaged run: say what is expected
+        raise StoreError(
+            f"'{p}' is not a stallscope run: expected a run directory holding {DB_NAME}, or a {DB_NAME} file"
+        )
     return db
+
+
+def _sqlite_header(path: Path) -> bool:
+    """The file starts as every SQLite database does (True where it cannot be read: the reader says why)."""
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return True
 
 
 def load_run(run: str | os.PathLike[str], *, phases_of: PhaseRanges | None = None) -> RunRecord:
@@ -107,13 +121,13 @@ class _Numbers(Sequence[int]):
         return self._all[i] if self._all is not None else self._lo + i
 
 
+# the finite test made once a row (LIMIT -1 keeps SQLite from folding it into each aggregate); ``x * f`` is x where
+# the row's times are finite (f = 1) and NULL where not, as the four CASEs before this gave it
 _SPAN = (
-    "SELECT COUNT(*), MIN(step), MAX(step), COUNT(f), MIN(a), MAX(b), SUM(b - a), SUM(w) FROM "
-    "(SELECT step, CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN 1 END AS f, "
-    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN t_start END AS a, "
-    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN t_end END AS b, "
-    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN data_wait_s END AS w "
-    "FROM steps WHERE step BETWEEN ? AND ?)"
+    "SELECT COUNT(*), MIN(step), MAX(step), COUNT(f), MIN(t_start * f), MAX(t_end * f), SUM((t_end - t_start) * f), "
+    "SUM(data_wait_s * f) FROM (SELECT step, t_start, t_end, data_wait_s, "
+    "CASE WHEN abs(t_start) + abs(t_end) + abs(data_wait_s) < 1e308 THEN 1 END AS f "
+    "FROM steps WHERE step BETWEEN ? AND ? LIMIT -1)"
 )
 
 
@@ -135,7 +149,7 @@ def load_sparse(run: str | os.PathLike[str], plan: StepPlan) -> tuple[RunRecord,
             steps.extend(_step(r) for r in con.execute(step_query, (first, last)))
             phases.extend(starmap(PhaseRow, con.execute(query, (first, last))))
         phases.sort(key=attrgetter("step", "t_start"))
-        spans = [StepSpan(*con.execute(_SPAN, r).fetchone()) for r in summarised]
+        spans = step_spans(con, summarised)
         samples = list(con.execute("SELECT t, source, metric, value FROM samples ORDER BY t"))
         events = list(con.execute("SELECT t, kind, source, message FROM events ORDER BY t"))
         windows = read_windows(con)
@@ -145,6 +159,11 @@ def load_sparse(run: str | os.PathLike[str], plan: StepPlan) -> tuple[RunRecord,
         con.close()
     rec = RunRecord(meta, steps, phases, samples, events, read_stacks(db.parent), windows)
     return rec, spans, len(numbers)
+
+
+def step_spans(con: sqlite3.Connection, ranges: Sequence[tuple[int, int]]) -> list[StepSpan]:
+    """Each range of steps (both ends included) summarised in SQL (:class:`StepSpan`)."""
+    return [StepSpan(*con.execute(_SPAN, r).fetchone()) for r in ranges]
 
 
 def read_rows(con: sqlite3.Connection, meta: Meta, *, phases_of: PhaseRanges | None = None) -> RunRecord:
