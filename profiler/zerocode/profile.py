@@ -102,13 +102,9 @@ def profile_external(
     # a launcher's ranks (torchrun --nproc-per-node N) are found from their environment as they start
     ranks = RankSource(target)
     rec = ThreadRecorder(
-        out,
-        meta=_meta(command, target, pyspy_rate),
-        sample_hz=sample_hz,
-        sources=[*default_sources(target), ranks],
-        warn=warn,
-        summarize=summarize_run,
-    )
+        out, meta=_meta(command, target, pyspy_rate), sample_hz=sample_hz,
+        sources=[*default_sources(target), ranks], warn=warn, summarize=summarize_run,
+    )  # fmt: skip
     tick = _Tick(rec, _RankNotes(rec, ranks), reader)
     exit_code: int | None = None
     status, error = "complete", None
