@@ -292,17 +292,20 @@ def test_a_prometheus_port_in_use_is_one_line_and_the_fit_goes_on(
 
 def test_the_callback_leaves_lightning_only_the_step_hook_it_uses(tmp_path: Path) -> None:
     """Lightning calls a callback's callable hooks through the profiler several times a step: the unused ones are
-    None (Lightning skips them); a subclass that overrides one keeps it."""
+    None (Lightning skips them); a subclass that overrides one keeps it. ``on_train_batch_end`` logs to the
+    Trainer's loggers at its logging steps: None with ``loggers=False``."""
 
     class Mine(StallscopeCallback):
-        def on_train_batch_end(self, *args: Any) -> None:
+        def on_before_backward(self, *args: Any) -> None:
             pass
 
-    cb, prof, mine = StallscopeCallback(tmp_path / "a"), StallscopeProfiler(tmp_path / "b"), Mine(tmp_path / "c")
+    cb, prof = StallscopeCallback(tmp_path / "a", loggers=False), StallscopeProfiler(tmp_path / "b", loggers=False)
     for hooks in (cb, prof._hooks):
         assert hooks.on_before_backward is None and hooks.on_train_batch_end is None
         assert callable(hooks.on_train_batch_start) and callable(hooks.on_exception)
-    assert callable(mine.on_train_batch_end) and mine.on_after_backward is None
+    mine = Mine(tmp_path / "c")
+    assert callable(mine.on_before_backward) and mine.on_after_backward is None
+    assert callable(mine.on_train_batch_end) and callable(StallscopeCallback(tmp_path / "d").on_train_batch_end)
 
 
 def test_without_lightning_the_import_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -117,6 +117,8 @@ class RunConfig:
     dali_stages: bool = False  # dali: time the graph's prefixes alone before training (pipelines.dali.time_stages)
     headspace: bool = False  # iterate a second loader alone before training (profiler.drivers.headspace)
     kernel_windows: str = "auto"  # when the device's own activity is recorded (profiler.core.kernelwin)
+    log_to: tuple[str, ...] = ()  # experiment trackers logged to while the run records (profiler.trackers.live)
+    log_every_s: float = 10.0
     # the arithmetic of a real device's training (profiler.drivers.precision)
     precision: Precision = field(default_factory=Precision)
     extra_meta: dict[str, object] = field(default_factory=dict)
@@ -261,6 +263,8 @@ def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | N
         device=cfg.device,
         timer=sim.timer() if sim is not None else None,
         kernel_windows=cfg.kernel_windows,
+        log_to=list(cfg.log_to) or None,
+        log_every_s=cfg.log_every_s,
         steps=plan.steps,  # auto: the kernel window after the measured steps (Session.tail_steps)
         sources=_sources(cfg, sim),
         warmup=plan.warmup,

@@ -32,6 +32,7 @@ from profiler.integrations.base import (
     start_session,
     torch_device,
 )
+from profiler.integrations.loggers import StepPoints, run_figures
 
 try:
     import transformers
@@ -80,6 +81,9 @@ class StallscopeCallback(TrainerCallback):
         self._compute: AbstractContextManager[object] | None = None
         self._rank = 0
         self._runs = 0  # trainings recorded so far
+        self.points: StepPoints | None = None  # the stall/ figures added to the Trainer's logs
+        self.trainer: Trainer | None = None  # instrument()'s: the run's own figures logged through it at the end
+        self._logging_end = False
 
     # -- the Trainer's events ---------------------------------------------------------------------
     def on_train_begin(
@@ -115,6 +119,20 @@ class StallscopeCallback(TrainerCallback):
         }
         self._runs += 1
         self.session = start_session(rank_dir(self.out_dir, rank, world, self._runs), self.options, facts)
+        self.points = StepPoints(self.session.run_dir)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: object,
+    ) -> None:
+        """The stall/ figures of the steps since the last logging step, added to ``logs`` for the callbacks
+        after this one (``report_to``'s trackers: :func:`instrument` puts this callback first)."""
+        if logs is not None and self.points is not None and not self._logging_end:
+            logs.update(self.points.take())
 
     def on_epoch_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
@@ -174,6 +192,13 @@ class StallscopeCallback(TrainerCallback):
             return
         self._compute = None
         s.__exit__(None if exc is None else type(exc), exc, None if exc is None else exc.__traceback__)
+        points, self.points = self.points, None
+        if exc is None and self.trainer is not None and points is not None:
+            self._logging_end = True  # the last steps' point and the run's figures, through report_to's trackers
+            try:
+                self.trainer.log({**points.take(), **run_figures(s.summary())})
+            finally:
+                self._logging_end = False
         if self.report and self._rank == 0:
             print_report(s.summary(), s.run_dir)
             if not self.timed_fetch:
@@ -243,7 +268,11 @@ def instrument(
     ``trainer.train`` raises. Returns the callback (its ``session`` is the run's)."""
     cb = StallscopeCallback(out_dir, report=report, prometheus=prometheus, **session)
     cb.timed_fetch = True
+    cb.trainer = trainer
     trainer.add_callback(cb)
+    # first: its on_log adds the stall/ figures to the logs before report_to's callbacks read them
+    callbacks = trainer.callback_handler.callbacks
+    callbacks.insert(0, callbacks.pop(callbacks.index(cb)))
     trainer.get_batch_samples = _timing(trainer.get_batch_samples, cb)
     trainer.train = _closing(trainer.train, cb)
     return cb

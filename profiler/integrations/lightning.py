@@ -34,6 +34,7 @@ from profiler.integrations.base import (
     start_session,
     torch_device,
 )
+from profiler.integrations.loggers import StepPoints, run_figures, with_separator
 
 
 def _import_lightning() -> ModuleType:
@@ -99,6 +100,7 @@ class _Recorder:
         self._fetched = False  # a training batch was fetched and has not reached run_training_batch yet
         self._rank = 0
         self._runs = 0  # fits recorded so far
+        self.points: StepPoints | None = None  # the stall/ figures for the Trainer's loggers
 
     def open(self, trainer: Trainer, form: str) -> None:
         if self.session is not None and self.session.status is None:
@@ -131,6 +133,7 @@ class _Recorder:
         self._fetched = False
         self.session = self._live = session
         self._clock = session.clock
+        self.points = StepPoints(session.run_dir)
 
     def start(self, action_name: str) -> None:
         kind = self._kinds.get(action_name)
@@ -170,6 +173,28 @@ class _Recorder:
         if self.session is not None:
             self.session.note_loader(trainer.train_dataloader)
 
+    def log_point(self, trainer: Trainer) -> None:
+        """At the Trainer's logging steps (``log_every_n_steps``, as DeviceStatsMonitor): the steps since the last
+        point, to every logger."""
+        if self.points is None or not getattr(trainer, "loggers", None):
+            return
+        if trainer._logger_connector.should_update_logs:
+            self._log(trainer, self.points.take())
+
+    def log_end(self, trainer: Trainer) -> None:
+        """After the fit's close: its last steps' point and the run's own figures, to every logger."""
+        points, self.points = self.points, None
+        if points is not None and getattr(trainer, "loggers", None) and self.session is not None:
+            self._log(trainer, {**points.take(), **run_figures(self.session.summary())})
+
+    @staticmethod
+    def _log(trainer: Trainer, figures: dict[str, float]) -> None:
+        if not figures:
+            return
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the loggers' own step axis
+        for logger in trainer.loggers:
+            logger.log_metrics(with_separator(figures, getattr(logger, "group_separator", "/")), step=step)
+
     def close(self, exc: BaseException | None = None) -> None:
         s, self._live = self._live, None
         if s is None or s.status is not None:
@@ -196,11 +221,22 @@ _STEP_HOOKS = (
 class _Hooks(_Callback):
     """The batch and exception hooks both forms need: the batch's size, the loader's facts, a failed fit."""
 
-    def __init__(self, recorder: _Recorder) -> None:
+    def __init__(self, recorder: _Recorder, loggers: bool = True) -> None:
         self.recorder = recorder
         for name in _STEP_HOOKS:  # not used here: None, so Lightning does not call them (a subclass's stay)
-            if getattr(type(self), name) is getattr(_Callback, name):
+            if getattr(type(self), name) is getattr(_Callback, name) or (name == "on_train_batch_end" and not loggers):
                 setattr(self, name, None)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: object, batch: object, batch_idx: int
+    ) -> None:
+        self.recorder.log_point(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """The profiler form's fit ends here, before the Trainer finalizes its loggers (its teardown comes later)."""
+        if stage == "fit":
+            self.recorder.close()
+            self.recorder.log_end(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.recorder.loader(trainer)
@@ -216,8 +252,9 @@ class StallscopeProfiler(_Profiler):
     """A Lightning profiler that records fit as a stallscope run in ``out_dir``: ``Trainer(profiler=...)``.
 
     ``report`` prints the run's report at the end of fit (rank 0). ``prometheus`` (``[ADDR:]PORT``, 0: a free
-    port) serves the live figures while fit runs (rank R of a machine on PORT + R). The other keyword arguments
-    are the Session's (``warmup``, ``sample_hz``, ``sources``, ``meta``, ...)."""
+    port) serves the live figures while fit runs (rank R of a machine on PORT + R). ``loggers``: the stall/
+    figures to the Trainer's loggers at its logging steps, and the run's at the end of fit (docs/integrations.md,
+    "Experiment trackers"). The other keyword arguments are the Session's (``warmup``, ``sample_hz``, ...)."""
 
     _lightning_module: LightningModule | None  # the Trainer sets it before setup (Profiler does not declare it)
 
@@ -227,11 +264,12 @@ class StallscopeProfiler(_Profiler):
         *,
         report: bool = True,
         prometheus: str | int | None = None,
+        loggers: bool = True,
         **session: object,
     ) -> None:
         super().__init__()
         self.recorder = _Recorder(out_dir, report, session_options(prometheus, session))
-        self._hooks = _Hooks(self.recorder)
+        self._hooks = _Hooks(self.recorder, loggers)
         # Lightning calls these dozens of times a step: the recorder's own, one call each, not through a method here
         self.start = self.recorder.start  # type: ignore[method-assign]
         self.stop = self.recorder.stop  # type: ignore[method-assign]
@@ -311,9 +349,10 @@ class StallscopeCallback(_Hooks):
         *,
         report: bool = True,
         prometheus: str | int | None = None,
+        loggers: bool = True,
         **session: object,
     ) -> None:
-        super().__init__(_Recorder(out_dir, report, session_options(prometheus, session)))
+        super().__init__(_Recorder(out_dir, report, session_options(prometheus, session)), loggers)
         self._inner: _Profiler | None = None
 
     @property
@@ -335,6 +374,7 @@ class StallscopeCallback(_Hooks):
             _slots(trainer).profiler = self._inner
             self._inner = None
         self.recorder.close()
+        self.recorder.log_end(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._inner is not None:

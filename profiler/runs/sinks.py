@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from profiler.core.hooks import Recorder, SinkOptions, Sinks
+from profiler.core.hooks import Recorder, SessionHook, SinkOptions, Sinks
 from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.sources.base import made_here
@@ -60,9 +60,14 @@ def default_sinks(options: SinkOptions) -> Sinks:
             store_errors=options.store_errors,
             summarize=summarize_run,
         )
+    hooks: list[SessionHook] = []
+    if options.log_to is not None:  # experiment trackers (profiler.trackers.live); a bad target: ValueError here
+        from profiler.trackers.live import TrackerHook
+
+        hooks.append(TrackerHook(options.log_to, options.out_dir, every_s=options.log_every_s, host=recording))
     if options.prometheus is None:
-        return Sinks(recording)
+        return Sinks(recording, hooks)
     from profiler.export.prometheus import SessionExporter
 
     exporter = SessionExporter(options.prometheus, recording)
-    return Sinks(recording, [exporter], exporter)
+    return Sinks(recording, [exporter, *hooks], exporter)

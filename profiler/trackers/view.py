@@ -1,0 +1,33 @@
+"""The sampler process's view of :class:`profiler.trackers.live.TrackerHook` (``log_view``), opened before that
+process says it is ready: it imports nothing of the analysis here, so that the Session's start does not wait for
+it. A thread imports :mod:`profiler.trackers.live` and follows the feed until the view closes."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+JOIN_S = 10.0  # the close: the trackers' own wait (live.CLOSE_WAIT_S) and the last fold, with room
+
+
+@contextlib.contextmanager
+def log_view(
+    feed: Any, *, targets: list[dict[str, Any]], every_s: float, run_name: str | None = None
+) -> Iterator[None]:
+    done = threading.Event()
+
+    def run() -> None:
+        from profiler.trackers.live import follow_targets
+
+        with follow_targets(feed, targets, every_s=every_s, run_name=run_name):
+            done.wait()
+
+    thread = threading.Thread(target=run, name="stallscope-trackers-view", daemon=True)
+    thread.start()
+    try:
+        yield None
+    finally:
+        done.set()
+        thread.join(JOIN_S)
