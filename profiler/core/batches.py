@@ -42,13 +42,14 @@ class BatchLen:
         outer = type(batch)
         if outer is self._outer:
             inner: Any = self._inner
+            # shape[0], not len(): a tensor's __len__ is Python code of torch's, a few us more on a cold hot path
             try:
                 if inner is None:
-                    return len(batch)
+                    return int(batch.shape[0])
                 first: Any = batch[0] if batch else None
                 if type(first) is inner:
-                    return len(first)
-            except TypeError:  # a 0-d tensor
+                    return int(first.shape[0])
+            except (TypeError, IndexError):  # a 0-d tensor
                 pass
             return batch_len(batch)
         n = batch_len(batch)

@@ -58,7 +58,9 @@ class StepEdges:
         """A phase's end at ``t`` on such a step; a top-level one leaves its reading for the phase after it."""
         x = self.now()
         m = self.marks.mark() if self.marks is not None else NO_MARK
-        self.last = (t, x, m) if top else None
+        # the gap to the next boundary counts from the end of this reading: a cold read (15-40 us right after a
+        # compute) must not make the boundary after it read the counter again
+        self.last = (self._clock() if x == x else t, x, m) if top else None  # noqa: PLR0124 - NaN: not read
         return x, m
 
     def now(self) -> float:

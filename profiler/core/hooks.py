@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.sampler import Sampler
     from profiler.core.sampler_process.views import ViewRecipe
+    from profiler.core.sources.memory import Taken
 
 
 class SessionView(Protocol):
@@ -92,8 +93,9 @@ class Recorder(SessionHook, Protocol):
     def rescan_soon(self) -> None:
         """A loader has just started its workers: sources that follow the process tree look at their next read."""
 
-    def read_memory_soon(self) -> None:
-        """Read the loader workers' memory at the next round, off its schedule (profiler.core.workerreads)."""
+    def read_memory_soon(self, taken: Taken | None = None) -> None:
+        """Read the loader workers' memory at the next round, off its schedule (profiler.core.workerreads); with
+        ``taken``, store the readings the training process took of them now, at its loop's end."""
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """Record ``pid`` and its subprocesses with py-spy until close; None when it attached (or was asked to),
@@ -174,6 +176,8 @@ class SinkOptions:
     store_errors: str = "warn"
     prometheus: str | int | None = None
     sampling: str = "process"  # "process": a sampler process beside this one; "thread": threads in this one
+    log_to: object = None  # experiment trackers logged to while the run records (profiler.trackers.live)
+    log_every_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

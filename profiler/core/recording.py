@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
     from profiler.core.hooks import SessionView
     from profiler.core.sampler_process.views import ViewRecipe
+    from profiler.core.sources.memory import Taken
 
 log = logging.getLogger("stallscope")
 # (the run's rows, its directory, whether to write summary.json, warn) -> its Summary, None where it failed
@@ -189,10 +190,11 @@ class ThreadRecorder:
         if self._watch is not None:
             self._watch.rescan_soon()
 
-    def read_memory_soon(self) -> None:
-        """The memory source reads the loader workers' memory at the next round, off its schedule."""
+    def read_memory_soon(self, taken: Taken | None = None) -> None:
+        """The memory source reads the loader workers' memory at the next round, off its schedule; ``taken``: the
+        readings this process took of them now (its loop's end), stored as the memory source's."""
         if self._watch is not None:
-            self._watch.read_memory_soon()
+            self._watch.read_memory_soon(taken, self.now())
 
     def now(self) -> float:
         """Seconds since the run's zero."""

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -83,6 +84,8 @@ class Session:
         meta: dict[str, object] | None = None,
         sources: Sequence[Source | SourceRecipe] | None = None,
         prometheus: str | int | None = None,
+        log_to: object = None,
+        log_every_s: float = 10.0,
         sampling: str = "process",
         hooks: Sequence[SessionHook] = (),
         store_errors: str = "warn",
@@ -94,7 +97,9 @@ class Session:
         steps: int | None = None,
     ) -> None:
         """``meta``: run facts for the store (scenario, pipeline, batch_size, workers, pin_memory, or any other);
-        ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``hooks``:
+        ``prometheus``: "[ADDR:]PORT" served while the session runs (checked here, bound at start); ``log_to``:
+        experiment trackers ("tensorboard:DIR", "mlflow[:URI]", "wandb", or a list) given the run's stall/ figures
+        every ``log_every_s`` seconds, off the training thread (docs/integrations.md); ``hooks``:
         more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending; ``sources``
         and ``sampling``: docs/architecture.md, "Two processes"; ``kernel_windows``: when the device's own activity is
         recorded (``off``, ``auto``, ``AFTER:STEPS[:EVERY]``: :mod:`profiler.core.kernelwin`), by
@@ -108,9 +113,8 @@ class Session:
         self.sample_hz, self.warmup = sample_hz, warmup
         self._clock, self._max_lag = clock, max_lag
         self._meta: dict[str, object] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
-        sinks = make_sinks(
-            SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
-        )
+        options = SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
+        sinks = make_sinks(dataclasses.replace(options, log_to=log_to, log_every_s=log_every_s))
         self._recorder: Recorder = sinks.recorder
         self._hooks = HookSet([*sinks.hooks, sinks.recorder, *hooks])  # an exporter binds first
         self._exporter = sinks.exporter
@@ -126,6 +130,8 @@ class Session:
             clock, self._recorder, self.annotate,
             warmup=warmup, halts=store_errors == "raise", handoff_steps=min(HANDOFF_STEPS, max_lag + 1),
         )  # fmt: skip
+        if steps is not None:  # the loop's end, where the workers' last memory reading is asked before it
+            self._st.wreads.run_length(steps)
         # where the step events go (set at start): a hook's stream (the sampler process's ring), rows made here
         self._stream: EventSink | None = None
         self._row_sinks: tuple[RowSink, ...] = ()

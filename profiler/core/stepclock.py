@@ -62,6 +62,11 @@ _T = TypeVar("_T")  # what a wrapped iterable yields
 # HANDOFF_S (or the second of a step longer than that).
 HANDOFF_STEPS = 64
 HANDOFF_S = 0.1
+# Right after the model's compute, or the loader's next(), stallscope's code runs cold: in the fast loop of
+# benchmarks/fastloop_parts.py (3.6 ms steps) each Python call on the hot path cost the training thread 2-10 us of
+# CPU, a generator layer alone 13-28 us, where a loop of empty steps shows well under 1 us. So a step whose edges
+# are not read (no run-queue reading, no device mark: most steps of a fast loop) takes the batch's arrival inline in
+# wrap(), with no call to _got or _opened.
 
 
 class Phase:
@@ -116,9 +121,9 @@ class StepClock:
 
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (
-        "_annotate", "_halts", "_handoff_steps", "_last_tick", "_phases", "_recorder", "_sink", "_tick_step",
-        "_tick_t", "clock", "closed", "edges", "here", "marks", "names", "next_index", "put", "read_edges", "stack",
-        "step", "unattributed", "waiting_since", "windows", "wreads",
+        "_annotate", "_at_tick", "_halts", "_handoff_steps", "_last_tick", "_phases", "_recorder", "_sink",
+        "_tick_step", "_tick_t", "clock", "closed", "edges", "here", "marks", "names", "next_index", "put",
+        "read_edges", "stack", "step", "taken", "unattributed", "waiting_since", "windows", "wreads",
     )  # fmt: skip
 
     def __init__(
@@ -135,11 +140,16 @@ class StepClock:
         ``annotate``: where run facts found here go (the training thread's schedstat); ``halts``: a recorder's halt
         stops the training (``store_errors="raise"``); ``handoff_steps``: the steps between hand-overs."""
         self.clock, self._recorder, self._annotate = clock, recorder, annotate
+        # what the recorder reads on this thread at a hand-over (the pin source: core.tickreads), where it has any
+        self._at_tick: Callable[[], None] | None = getattr(recorder, "at_tick", None)
         self._halts, self._handoff_steps = halts, handoff_steps
         # where the step events go: a hook's stream (the sampler process's ring), a log here for rows made in this
         # process, or both
         self._sink: EventSink = ListLog()
         self.put: Callable[[Event], object] = self._sink.put
+        # the index of the last step opened, stored at its opening: the ring's header where there is one (a sampler
+        # process that outlives a killed training process reads how many steps were taken there; 20 ns a step)
+        self.taken: memoryview = memoryview(bytearray(8)).cast("q")
         self.here: RowsHere | None = None  # the rows made in this process, once a hook or `recent` wants them
         self.names: dict[int, str] = {}  # the phase names' ids in the stream
         self._phases: dict[str, Phase] = {}
@@ -160,6 +170,7 @@ class StepClock:
     def send_to(self, stream: EventSink) -> None:
         """The step events go to ``stream`` (the sampler process's ring)."""
         self._sink, self.put = stream, stream.put
+        self.taken = getattr(stream, "taken", self.taken)
 
     def keep_rows(self, here: RowsHere, stream: EventSink | None) -> None:
         """Keep the step events here too, from now on, for rows in this process (``here``; any thread may ask)."""
@@ -168,7 +179,7 @@ class StepClock:
         self.here = here
 
     # -- wrap(): the loop asks the loader -----------------------------------------------------------
-    def wrap(
+    def wrap(  # noqa: PLR0915 - the hot path kept inline (HANDOFF_S's note)
         self, iterable: Iterable[_T], samples: int | Callable[[_T], int | None] | None
     ) -> Generator[_T, None, None]:
         """Yield from ``iterable``; time blocked in ``next()`` is the step's data wait."""
@@ -199,15 +210,23 @@ class StepClock:
                 self.put((FETCH, 0, t0, x0, index))
                 try:
                     batch = next(it)
-                except StopIteration:  # the loader ended: no step waits for a batch
-                    self.end(t0, NAN)
+                except BaseException as exc:  # the loader ended (no step waits for a batch) or failed: the step
+                    self.end(t0, NAN)  # before still ended at t0
                     self.flush()
-                    return
-                except BaseException:  # the loader failed: the step before still ended at t0
-                    self.end(t0, NAN)
-                    self.flush()
+                    if isinstance(exc, StopIteration):
+                        return
                     raise
-                self._got(index, clock(), read, rq, count(batch))
+                t1 = clock()
+                if read or dm is not None:
+                    self._got(index, t1, read, rq, count(batch))
+                else:  # a fast loop's common step, nothing read at its edges: _got, _opened inline (HANDOFF_S's note)
+                    self.put((BATCH, 0, t1, NAN, -1.0 if (n := count(batch)) is None else n))
+                    self.waiting_since, self.step, self.next_index = None, index, index + 1
+                    self.taken[0] = index  # its own statement: a 4-name assignment builds a tuple (+40 ns a step)
+                    if self.read_edges:  # the step before was read
+                        edges.on, edges.step_rq, self.read_edges = False, None, False
+                    if index >= self._tick_step or t1 >= self._tick_t:
+                        self._tick(index, t1)
                 yield batch
         finally:
             self.waiting_since = None
@@ -215,6 +234,8 @@ class StepClock:
             if self.step >= 0 and not self.closed:
                 self.end(clock(), edges.now())
                 self.flush()
+                if (taken := self.wreads.at_end(it)) is not None:  # the workers' memory before dropping it stops them
+                    self._recorder.read_memory_soon(taken)
 
     def _iterate(self, iterable: Iterable[_T]) -> Iterator[_T]:
         """iter(): where a DataLoader starts its workers; the sampler then looks for them at its next reading. Not
@@ -241,13 +262,14 @@ class StepClock:
         self.waiting_since = None
         x1 = rq.run_delay_s() if read and rq is not None else NAN
         self.put((BATCH, 0, t1, x1, -1.0 if n is None else n))
-        if self._opened(index, t1, read, rq):
-            self.edges.last = (t1, x1, NO_MARK)
+        if self._opened(index, t1, read, rq):  # a phase entered right after takes this reading (edges.ADJACENT_S)
+            self.edges.last = (self.clock() if read else t1, x1, NO_MARK)
 
     def _opened(self, index: int, t: float, read: bool, rq: schedstat.ThreadSched | None) -> bool:
         """Step ``index`` is open from ``t`` (its event put; ``wrap`` and ``open_step``): the hot path's state, and
         the tick when one is due. True when this step's boundaries are read (schedstat, device marks)."""
         self.step, self.next_index = index, index + 1
+        self.taken[0] = index
         edges = self.edges
         edges.on, edges.step_rq = read, rq if read else None
         self.read_edges = fine = read or self.marks is not None
@@ -278,6 +300,8 @@ class StepClock:
             self._tick_step = min(self._tick_step, kw.next_index)
         if self.wreads.due(index, t):
             self._recorder.read_memory_soon()
+        if self._at_tick is not None:
+            self._at_tick()
         self.flush()
 
     def tick_next(self) -> None:

@@ -18,8 +18,9 @@ Invariants:
 - It never stops the training: it ignores SIGINT and SIGTERM (they are the training process's to handle; it
   closes when that process tells it, or is gone) and runs ``NICE`` steps below the training process.
 - The training process killed (SIGKILL included), or its Session dropped unclosed: seen within ``DRAIN_S`` (its
-  parent pid changes, or the stdin pipe it holds closes); the ring is drained and the store closed
-  ``interrupted``, saying so.
+  parent pid changes, or the stdin pipe it holds closes); the ring is drained (every segment it grew by: they
+  come over a socket whose queue outlives the sender) and the store closed ``interrupted``, saying so, with the
+  count of steps taken from the ring's header (meta ``steps_taken``).
 - A store that stops writing: the failure goes to the ring's header, where the training process reads it.
 """
 
@@ -32,6 +33,7 @@ import os
 import pickle
 import select
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +42,7 @@ from typing import Any
 from profiler.core.recording import checked_store_errors, log_warning, store_failed_line
 from profiler.core.sampler import SourceHealth
 from profiler.core.sampler_process.drain import DRAIN_S, Drain
-from profiler.core.sampler_process.ring import Ring, RingReader
+from profiler.core.sampler_process.ring import Announced, Ring, RingReader
 from profiler.core.sampler_process.views import SamplerFeed, close_views, open_views
 from profiler.core.sampler_process.wire import Close, Final, Line, Log, Ready, line
 from profiler.core.sources.base import Source, SourceRecipe
@@ -78,7 +80,10 @@ def run(orders: dict[str, Any]) -> int:
                      t0=float(orders["t0"]), warn=log_warning)  # fmt: skip
     views = orders.get("views") or []
     feed = SamplerFeed(orders.get("meta") or {}, lambda: list(watch.sampler.buffer)) if views else None
-    drain = Drain(RingReader(ring), store, watch, feed, Assembler(float(orders["t0"]), int(orders["warmup"])))
+    # the ring's later segments arrive over this socket, each before the NEXT record that names it
+    segments = Announced(ring, socket.socket(fileno=int(orders["segments_fd"])))
+    reader = RingReader(ring, segments=segments)
+    drain = Drain(reader, store, watch, feed, Assembler(float(orders["t0"]), int(orders["warmup"])))
     # the sources' probes (NVML's init can take seconds) go on beside the first drains: the ring waits for none
     watch.start()
     shown = open_views(views, feed) if feed is not None else None
@@ -87,7 +92,8 @@ def run(orders: dict[str, Any]) -> int:
     if feed is not None and shown is not None:  # the views' last figures carry the run's status; then they close
         feed.set_status(closing.status)
         close_views(shown)
-    store.put_meta(sampler_process={"pid": os.getpid(), "steps": drain.steps})
+    # the steps the training process took (the ring's header): beside those stored, what a kill cost (if anything)
+    store.put_meta(sampler_process={"pid": os.getpid(), "steps": drain.steps}, steps_taken=ring.taken())
     for name, health in closing.local_sources.items():  # the training process's own (in-process) sources
         watch.sampler.stats.sources.setdefault(name, SourceHealth(**health))
     watch.close()
@@ -95,6 +101,7 @@ def run(orders: dict[str, Any]) -> int:
     store.close()
     if store.failure is not None:  # its rows, read through this process's connection: the file may be gone
         _hand_over_rows(store)
+    segments.left(reader.seg)
     ring.close()
     return 0
 

@@ -50,9 +50,11 @@ class PinSource:
     """``pin.cpu_pct`` of the pin-memory threads and ``pin.pinned_mb`` (see the module docstring)."""
 
     name = "pin"
-    # read in the training process, where a thread's every wake-up costs the loop a GIL hand-over: once a second
-    # is enough for a CPU share over the period and a byte count (profiler/core/sampler_process/client.py, LOCAL_MAX_HZ)
+    # read in the training process: once a second is enough for a CPU share over the period and a byte count
     max_hz = 1.0
+    # on the training thread at the Session's hand-overs (core.tickreads), not on a sampler thread: a thread of its
+    # own woke the GIL-bound loop for a read of microseconds (issue #65)
+    at_ticks = True
 
     def __init__(
         self,

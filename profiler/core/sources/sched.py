@@ -304,18 +304,22 @@ def _pct(dt: float | None, delta_ns: int | None) -> float:
 
 # The training thread's schedstat is read at a step's boundaries (its start, its batch's arrival, its phases) on
 # every step where that costs under RUNQ_BUDGET of the step, and on one step in k of shorter ones (k up to
-# RUNQ_MAX_EVERY, from the last batch of steps' mean time): those reads cost RUNQ_COST_S a step in a fast loop
-# (benchmarks/overhead.py: the training thread's CPU time per step with and without them, 41-78 us against 11-16 at
-# 1.7 ms steps; the syscalls' own time is 7-10 us, the rest the caches and branch predictors they leave cold).
-# Every step is timed by the clock all the same; the run-queue figures are those of the steps read (docs/metrics.md).
-RUNQ_COST_S = 45e-6
+# RUNQ_MAX_EVERY, from the last batch of steps' mean time): those reads cost RUNQ_COST_S a step in a fast loop.
+# A read step of two phases reads four times (its start, its batch, each phase's exit; each phase's entry and the
+# next step's start take the reading just before them: core/edges.py). Each read is one pread of 0.9 us hot, but
+# right after the loader's next() or the model's compute it ran cold: 11-41 us a read, 45-200 us a read step in the
+# fast loop of benchmarks/fastloop_parts.py (3.6-4.2 ms steps, 2026-11-29, this 2-core host beside other load:
+# quiet, the low end). 45 us (issue #44's figure, from a quiet host) read 1 step in 7 at 3.6 ms there, ~35 us a
+# step. Every step is timed by the clock all the same; the run-queue figures are those of the steps read
+# (docs/metrics.md).
+RUNQ_COST_S = 100e-6
 RUNQ_BUDGET = 0.002
 RUNQ_MAX_EVERY = 32
 
 
 def runq_every(step_s: float) -> int:
     """Read the training thread's schedstat on one step in this many, for steps of ``step_s`` seconds: its reads
-    kept under RUNQ_BUDGET of a step (every step from 9 ms up), at least one step in RUNQ_MAX_EVERY."""
+    kept under RUNQ_BUDGET of a step (every step from 50 ms up), at least one step in RUNQ_MAX_EVERY."""
     if not step_s > 0:
         return 1
-    return max(1, min(RUNQ_MAX_EVERY, math.ceil(RUNQ_COST_S / (RUNQ_BUDGET * step_s) - 1e-9)))  # 9 ms: 1, not 2
+    return max(1, min(RUNQ_MAX_EVERY, math.ceil(RUNQ_COST_S / (RUNQ_BUDGET * step_s) - 1e-9)))  # 50 ms: 1, not 2
