@@ -20,6 +20,7 @@ from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.store import DB_NAME, load_run
 from profiler.core.store import reader as store_reader
 from profiler.core.store import writer as store_writer
+from profiler.runs import cache as report_cache
 from profiler.runs.summarize import summarize_run
 from profiler.zerocode.profile import profile_external
 
@@ -60,11 +61,25 @@ def test_close_reads_the_committed_rows_back_once(
             return real(db)
 
         monkeypatch.setattr(module, "open_read", counting)
+    # the report cache's key is the store as it is when the cache is written: its meta and step count, read apart
+    # (no row) and counted apart
+    heads: list[Path] = []
+    real_head = report_cache.read_head
+
+    def head(run: Path) -> tuple[dict[str, object], int]:
+        before = {k: list(v) for k, v in opened.items()}
+        got = real_head(run)
+        heads.extend(p for k, v in opened.items() for p in v[len(before[k]) :])
+        opened.update(before)
+        return got
+
+    monkeypatch.setattr(report_cache, "read_head", head)
     s = _loop(tmp_path, steps=6, sampling=sampling)
     summary = s.summary()
     assert summary is not None and summary.steps == 4 and summary.status == "complete"
     once = [tmp_path / DB_NAME]
     assert opened == ({"writer": once, "reader": []} if sampling == "thread" else {"writer": [], "reader": once})
+    assert heads in ([], once)  # at most one head read, for the cache's key
 
 
 def test_close_is_idempotent_and_returns_the_same_summary(tmp_path: Path) -> None:
