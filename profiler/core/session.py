@@ -110,20 +110,17 @@ class Session:
             raise ValueError(f"warmup must be >= 0, got {warmup}")
         self.out_dir = Path(out_dir)
         self.device = device if isinstance(device, DeviceInfo) else resolve_device(device)
-        self.sample_hz, self.warmup = sample_hz, warmup
-        self._clock, self._max_lag = clock, max_lag
+        self.sample_hz, self.warmup, self._clock, self._max_lag = sample_hz, warmup, clock, max_lag
         self._meta: dict[str, object] = {**_run_facts(self.device, warmup, sample_hz), **(meta or {})}
         options = SinkOptions(self.out_dir, self._meta, sample_hz, sources, clock, store_errors, prometheus, sampling)
         sinks = make_sinks(dataclasses.replace(options, log_to=log_to, log_every_s=log_every_s))
         self._recorder: Recorder = sinks.recorder
         self._hooks = HookSet([*sinks.hooks, sinks.recorder, *hooks])  # an exporter binds first
-        self._exporter = sinks.exporter
-        self._timer: DeviceTimer | None = timer
+        self._exporter, self._timer = sinks.exporter, timer
         self._kw_plan = kernel_windows if not isinstance(kernel_windows, str) else parse_plan(kernel_windows)
         self._kw_recorder = kernel_recorder
         self._kw: KernelWindows | None = None
-        self._steps = steps
-        self._started, self._t0 = False, 0.0
+        self._steps, self._started, self._t0 = steps, False, 0.0
         self._status: str | None = None
         self._error: str | None = None
         self._st = StepClock(
