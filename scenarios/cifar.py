@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipelines import stages
 from scenarios.base import Scenario
 from scenarios.common import AugmentedItems, cross_entropy, draw_bank, keras_init, shared_read_only
 
@@ -262,16 +263,21 @@ class SyntheticCifar(AugmentedItems):
         return int(dy), int(dx), bool(flip)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        img, label = self.raw(index)
+        # the loader's stages (pipelines.stages, timed in a stallscope run only): drawing the item stands in for
+        # reading it (fetch), the shift and flip are the augmentation, the float conversion the decode
+        with stages.timed("fetch"):
+            img, label = self.raw(index)
         if self.augmenting:
-            dy, dx, flip = self.shift_flip_params(index)
-            # Edge padding then a shifted crop is Keras's fill_mode="nearest" shift for whole pixels.
-            padded = np.pad(img, ((SHIFT, SHIFT), (SHIFT, SHIFT), (0, 0)), mode="edge")
-            img = padded[SHIFT - dy : SHIFT - dy + SIZE, SHIFT - dx : SHIFT - dx + SIZE]
-            if flip:
-                img = img[:, ::-1]
-        x = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), np.float32) / np.float32(255.0))
-        return x, torch.tensor(label, dtype=torch.int64)
+            with stages.timed("augment"):
+                dy, dx, flip = self.shift_flip_params(index)
+                # Edge padding then a shifted crop is Keras's fill_mode="nearest" shift for whole pixels.
+                padded = np.pad(img, ((SHIFT, SHIFT), (SHIFT, SHIFT), (0, 0)), mode="edge")
+                img = padded[SHIFT - dy : SHIFT - dy + SIZE, SHIFT - dx : SHIFT - dx + SIZE]
+                if flip:
+                    img = img[:, ::-1]
+        with stages.timed("decode"):
+            x = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1), np.float32) / np.float32(255.0))
+            return x, torch.tensor(label, dtype=torch.int64)
 
 
 class CifarVGG(nn.Module):

@@ -29,6 +29,7 @@ import torchvision.transforms.v2.functional as TF
 from torch import nn
 from torchvision.transforms import v2
 
+from pipelines import stages
 from scenarios.base import Scenario
 from scenarios.common import AugmentedItems, cross_entropy, draw_bank
 
@@ -195,12 +196,17 @@ class SyntheticFashion(AugmentedItems):
         }
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        img, label = self.raw(index)
-        x = torch.from_numpy(img).unsqueeze(0)
+        # the loader's stages (pipelines.stages, timed in a stallscope run only): drawing the item stands in for
+        # reading it (fetch), the affine is the augmentation, the float conversion and normalisation the decode
+        with stages.timed("fetch"):
+            img, label = self.raw(index)
+            x = torch.from_numpy(img).unsqueeze(0)
         if self.augmenting:
-            x = TF.affine(x, **self.affine_params(index), interpolation=self.affine.interpolation, fill=0)
-        x = TF.to_dtype(x, torch.float32, scale=True)
-        return (x - MEAN) / STD, torch.tensor(label, dtype=torch.int64)
+            with stages.timed("augment"):
+                x = TF.affine(x, **self.affine_params(index), interpolation=self.affine.interpolation, fill=0)
+        with stages.timed("decode"):
+            x = TF.to_dtype(x, torch.float32, scale=True)
+            return (x - MEAN) / STD, torch.tensor(label, dtype=torch.int64)
 
 
 def _conv_block(channels: list[int]) -> list[nn.Module]:

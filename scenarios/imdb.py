@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipelines import stages
 from scenarios.base import Scenario
 from scenarios.common import SeededItems, cross_entropy
 
@@ -95,12 +96,16 @@ class SyntheticReviews(SeededItems):
         return np.concatenate(([START], ids)).astype(np.int64), label
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, label = self.review(index)
-        # Keras pad_sequences defaults: padding="pre" and truncating="pre" (the review's end is kept).
-        out = np.full(self.maxlen, PAD, np.int64)
-        tail = ids[-self.maxlen :]
-        out[self.maxlen - len(tail) :] = tail
-        return torch.from_numpy(out), torch.tensor(label, dtype=torch.int64)
+        # the loader's stages (pipelines.stages, timed in a stallscope run only): drawing the review stands in for
+        # reading it (fetch), padding it to a fixed length is the decode; nothing is augmented
+        with stages.timed("fetch"):
+            ids, label = self.review(index)
+        with stages.timed("decode"):
+            # Keras pad_sequences defaults: padding="pre" and truncating="pre" (the review's end is kept).
+            out = np.full(self.maxlen, PAD, np.int64)
+            tail = ids[-self.maxlen :]
+            out[self.maxlen - len(tail) :] = tail
+            return torch.from_numpy(out), torch.tensor(label, dtype=torch.int64)
 
 
 class FastText(nn.Module):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipelines import stages
 from scenarios.base import Scenario
 from scenarios.common import SeededItems, cross_entropy, draw_bank, keras_init, shared_read_only
 
@@ -128,9 +129,13 @@ class SyntheticDigits(SeededItems):
         return np.clip(img, 0, 255).astype(np.uint8), label
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        img, label = self.raw(index)
-        x = torch.from_numpy(img.astype(np.float32) / np.float32(255.0)).unsqueeze(0)
-        return x, torch.tensor(label, dtype=torch.int64)
+        # the loader's stages (pipelines.stages, timed in a stallscope run only): drawing the item stands in for
+        # reading it (fetch), the float conversion is the decode; nothing is augmented
+        with stages.timed("fetch"):
+            img, label = self.raw(index)
+        with stages.timed("decode"):
+            x = torch.from_numpy(img.astype(np.float32) / np.float32(255.0)).unsqueeze(0)
+            return x, torch.tensor(label, dtype=torch.int64)
 
 
 class MnistMLP(nn.Module):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import stallscope
 from torch import nn
 
+from profiler.analysis.stages import COVERED
 from scenarios.fashion_vgg import MEAN, NUM_CLASSES, SCENARIO, STD, FashionVGG, SyntheticFashion
 
 
@@ -141,3 +145,33 @@ def test_scenario_fields() -> None:
     assert SCENARIO.steps >= 1 and 0 <= SCENARIO.warmup < SCENARIO.steps
     assert isinstance(SCENARIO.dataset(), SyntheticFashion)
     assert isinstance(SCENARIO.model(), FashionVGG)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_stage_table_covers_the_loaders_time_or_gives_no_capacity(tmp_path: Path, workers: int) -> None:
+    """Issue #66 item 2: the augmentation was not timed, and the capacity left it out (150 times too high). Every
+    stage of an item is timed now; the timed stages per item against the loader's time per item measured apart from
+    them in the same run (0 workers: the data wait per item; 1 worker: its busy time, all but its wait for work,
+    per sample trained): 80% or more of it, or no capacity figure at all."""
+    res = stallscope(
+        "run", "fashion-vgg", "--steps", "4", "--warmup", "1", "--batch-size", "16", "--workers", str(workers),
+        "--no-attribution", "--no-live", "--json", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    st = summary["stages"]
+    timed = {s["name"]: s["ms_per_item"] for s in st["stages"]}
+    assert {"fetch", "decode", "augment", "collate"} <= set(timed), timed
+    if workers == 0:
+        loader_ms = summary["breakdown_ms_per_step"]["data_wait"] / 16
+    else:
+        busy = sum(100.0 - p["queue"] for p in summary["loader_time"]["processes"] if p["label"] != "main")
+        loader_ms = 10.0 * busy / summary["throughput_samples_per_s"]
+    assert st["loader_ms_per_item"] == pytest.approx(loader_ms, rel=1e-6)
+    covered = sum(timed.values()) / loader_ms
+    story = f"timed {timed} of {loader_ms:.3f} ms an item ({covered:.0%}): {st['headline']}"
+    if covered >= COVERED:
+        assert st["capacity_samples_per_s"] == pytest.approx(max(1, workers) * 1e3 / sum(timed.values())), story
+    else:
+        assert st["capacity_samples_per_s"] is None and "no capacity is given" in st["headline"], story
+        assert all(s["capacity_samples_per_s"] is None for s in st["stages"]), story

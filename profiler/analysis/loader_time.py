@@ -120,6 +120,12 @@ def _row(label: str, pct: dict[str, float], polls: dict[str, float]) -> ProcessT
     return ProcessTime(label, pct.get("cpu", math.nan), pct.get("runq", math.nan), *(shares[c] for c in BLOCKED))
 
 
+def busy_pct(p: ProcessTime) -> float:
+    """The process's busy share, % of wall time: all of it but the wait for work (on a CPU, waiting for one, and
+    blocked in the work itself: a read, a sleep, a lock)."""
+    return math.fsum(getattr(p, part) for part in PARTS if part != "queue")
+
+
 def _mean(rows: list[ProcessTime]) -> ProcessTime:
     parts = [math.fsum(getattr(r, p) for r in rows) / len(rows) for p in PARTS]
     return ProcessTime("workers", *parts)

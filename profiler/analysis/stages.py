@@ -14,7 +14,9 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TypedDict
 
+from profiler.analysis.loader_time import LoaderTime, busy_pct
 from profiler.analysis.meta import JSON
 from profiler.analysis.stats import Interval, json_safe
 
@@ -35,6 +37,16 @@ DALI_METHOD = (
     "prefixes), times its threads: the time in the thread that ran it"
 )
 KEEPS_UP = 1.1  # capacity at least this multiple of the demand: the loader keeps up
+RUNQ_NAMED = 0.5  # the workers' wait for a CPU is named where it is at least this share of the untimed time
+COVERED = 0.8  # the timed stages' share of the measured loader time per item below which no capacity is given
+LOADER_TIME_IN_PROCESS = (
+    "the loader's time per item measured as the data wait per item: with 0 workers the loader runs inside the "
+    "training's wait for each batch"
+)
+LOADER_TIME_WORKERS = (
+    "the loader's time per item measured as the workers' busy time per sample trained: their wall time less their "
+    "wait for work, from the loader processes' time table"
+)
 STORE_SATURATED = 0.9  # an emulated store busy this share of the time or more is the loader's limit
 _METRIC = re.compile(r"stage\.([a-z]+)\.(s|n)")
 FIXES = {
@@ -76,6 +88,27 @@ class LoaderStages:
     capacity_basis: str = CAPACITY_DERIVED  # how the capacity was had: derived, or measured (DALI's whole graph)
     runners: str | None = None  # what runs the stages, where not loader processes ("DALI's 2 threads")
     where: str | None = None  # where the stages ran, as the headline says it ("in 2 worker processes")
+    # MEASURED apart from the stages: the loader's time per item (loader_ms_per_item) and how (loader_basis); the
+    # timed stages' share of it (coverage, DERIVED). Below COVERED the capacity, headroom and bottleneck are NaN /
+    # None: a capacity that leaves untimed work out is too high by what it leaves out. None: not checked.
+    loader_ms_per_item: float | None = None
+    loader_basis: str | None = None
+    coverage: float | None = None
+    coverage_line: str | None = None  # the check in words, for the caption
+    loader_runq_ms_per_item: float | None = None  # of loader_ms_per_item, the workers' wait for a CPU (schedstat)
+
+    @property
+    def uncovered(self) -> bool:
+        """The timed stages hold less than :data:`COVERED` of the measured loader time (or it was not measured):
+        no capacity is given."""
+        return self.loader_ms_per_item is not None and not (self.coverage is not None and self.coverage >= COVERED)
+
+    @property
+    def untimed_ms_per_item(self) -> float:
+        """The measured loader time per item that no stage holds (NaN where not checked, 0 where fully timed)."""
+        if self.loader_ms_per_item is None or self.coverage is None:
+            return math.nan
+        return max(0.0, self.loader_ms_per_item - math.fsum(st.ms_per_item for st in self.stages))
 
     @property
     def store_saturated(self) -> bool:
@@ -102,19 +135,26 @@ def loader_stages(
     step_ms: float,
     data_wait_ms: float,
     store_mbps: float | None = None,
+    loader_ms_per_item: float | None = None,
+    loader_runq_ms_per_item: float | None = None,
 ) -> LoaderStages | None:
-    """The stages over ``window`` (their first and last readings in it); None without two readings of a stage."""
+    """The stages over ``window`` (their first and last readings in it); None without two readings of a stage.
+    ``loader_ms_per_item``, ``loader_runq_ms_per_item``: the check against the loader's own time (:func:`checked`)."""
     times = per_item(samples, window)
     if not times:
         return None
     total = math.fsum(times.values())
     processes = max(1, workers)
     order = ("fetch", "decode", "augment", "collate")
+    check = checked(1e3 * total, loader_ms_per_item, loader_runq_ms_per_item, workers)
+    coverage = check["coverage"]
+    short = coverage is not None and not coverage >= COVERED
     stages = tuple(
-        Stage(name, 1e3 * s, s / total if total > 0 else math.nan, processes / s if s > 0 else math.inf)
+        Stage(name, 1e3 * s, s / total if total > 0 else math.nan,
+              math.nan if short else processes / s if s > 0 else math.inf)
         for name, s in sorted(times.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
-    )
-    capacity = processes / total if total > 0 else math.inf
+    )  # fmt: skip
+    capacity = math.nan if short else processes / total if total > 0 else math.inf
     demand = demand_of(batch_size, step_ms, data_wait_ms)
     headroom = capacity / demand if demand > 0 else math.nan
     slowest = max(stages, key=lambda st: st.ms_per_item)
@@ -123,14 +163,11 @@ def loader_stages(
     busy = store["reads_per_s"] * store["bytes"] / (store_mbps * 1e6) if store_mbps is not None and store else None
     saturated = busy is not None and busy >= STORE_SATURATED
     where = where_ran(workers)
-    headline = _headline(slowest, capacity, demand, headroom, where, saturated=saturated)
-    if busy is not None:
-        headline += (
-            f" (an emulated store of {store_mbps:g} MB/s: {store['wait_s'] * 1e3:.1f} ms of each item's fetch "
-            f"waited for it, {store['bytes'] / 1e3:.0f} kB an item, the store busy {busy:.0%} of the time"
-            + (": saturated" if saturated else "")
-            + ")"
-        )
+    headline = (
+        _short_headline(slowest, 1e3 * total, loader_ms_per_item, where, loader_runq_ms_per_item)
+        if short and loader_ms_per_item is not None
+        else _headline(slowest, capacity, demand, headroom, where, saturated=saturated)
+    ) + _store_words(store, store_mbps, busy)
     return LoaderStages(
         METHOD,
         stages,
@@ -145,7 +182,103 @@ def loader_stages(
         store["bytes"] if store else None,
         busy,
         where=where,
+        **check,
     )
+
+
+def _store_words(store: dict[str, float], store_mbps: float | None, busy: float | None) -> str:
+    if busy is None or store_mbps is None:
+        return ""
+    return (
+        f" (an emulated store of {store_mbps:g} MB/s: {store['wait_s'] * 1e3:.1f} ms of each item's fetch "
+        f"waited for it, {store['bytes'] / 1e3:.0f} kB an item, the store busy {busy:.0%} of the time"
+        + (": saturated" if busy >= STORE_SATURATED else "")
+        + ")"
+    )
+
+
+class Check(TypedDict):
+    """The timed stages against the loader's own time: :class:`LoaderStages`' fields of it."""
+
+    loader_ms_per_item: float | None
+    loader_basis: str | None
+    coverage: float | None
+    coverage_line: str | None
+    loader_runq_ms_per_item: float | None
+
+
+def checked(timed_ms: float, loader_ms: float | None, runq_ms: float | None, workers: int) -> Check:
+    """The timed stages (``timed_ms`` an item) against ``loader_ms``, the loader's time per item MEASURED apart
+    from them (:func:`loader_ms_per_item`): where they hold less than :data:`COVERED` of it (or it is NaN: not
+    measured), no capacity is given. None leaves the check out (a caller with no such measure). ``runq_ms``: the
+    part of it the workers spent waiting for a CPU, named where it is most of what is untimed."""
+    if loader_ms is None:
+        return {"loader_ms_per_item": None, "loader_basis": None, "coverage": None, "coverage_line": None,
+                "loader_runq_ms_per_item": runq_ms}  # fmt: skip
+    basis = LOADER_TIME_WORKERS if workers > 0 else LOADER_TIME_IN_PROCESS
+    return {"loader_ms_per_item": loader_ms, "loader_basis": basis, "coverage": _coverage(timed_ms, loader_ms),
+            "coverage_line": coverage_text(timed_ms, loader_ms, basis), "loader_runq_ms_per_item": runq_ms}  # fmt: skip
+
+
+def loader_ms_per_item(
+    workers: int, *, batch_size: float, data_wait_ms: float, worker_busy_pct: float, samples_per_s: float
+) -> float:
+    """The loader's time per item, ms, MEASURED apart from the stages: with 0 workers the data wait per item (the
+    loader runs inside the training's wait for each batch); with workers, their busy time (``worker_busy_pct``: the
+    sum over the workers of their wall time less their wait for work, %, from
+    :func:`profiler.analysis.loader_time.busy_pct`) per sample trained. NaN where a figure is missing."""
+    if workers <= 0:
+        return data_wait_ms / batch_size if batch_size > 0 else math.nan
+    return 10.0 * worker_busy_pct / samples_per_s if samples_per_s > 0 else math.nan
+
+
+class PerItem(TypedDict):
+    """The loader's time per item measured apart from the stages, and the workers' wait for a CPU in it (None with
+    0 workers): :func:`loader_stages`' keywords."""
+
+    loader_ms_per_item: float
+    loader_runq_ms_per_item: float | None
+
+
+def per_item_of(
+    times: LoaderTime | None, workers: int, batch_size: float, data_wait_ms: float, samples_per_s: float
+) -> PerItem:
+    """The loader's time per item (:func:`loader_ms_per_item`) from the run's loader time figures (the workers'
+    rows; NaN with workers and no row) and step figures."""
+    rows = [p for p in times.processes if p.label != "main"] if times is not None else []
+
+    def per_item(pct: float) -> float:
+        return loader_ms_per_item(
+            workers, batch_size=batch_size, data_wait_ms=data_wait_ms, worker_busy_pct=pct, samples_per_s=samples_per_s
+        )
+
+    busy = math.fsum(map(busy_pct, rows)) if rows else math.nan
+    runq = per_item(math.fsum(p.runq for p in rows)) if rows and workers > 0 else None
+    return {"loader_ms_per_item": per_item(busy), "loader_runq_ms_per_item": runq}
+
+
+def dali_stages(meta: JSON, *, step_ms: float, data_wait_ms: float) -> LoaderStages | None:
+    """A DALI run's stages from its prefixes (``run --dali-stages``: the meta ``dali_stages``), where it timed them."""
+    prefixes, batch = meta.get("dali_stages"), meta.get("batch_size")
+    if not isinstance(prefixes, dict):
+        return None
+    batch_size = float(batch) if isinstance(batch, (int, float)) and not isinstance(batch, bool) and batch else math.nan
+    return prefix_stages(prefixes, batch_size=batch_size, step_ms=step_ms, data_wait_ms=data_wait_ms)
+
+
+def _coverage(timed_ms: float, loader_ms: float) -> float:
+    return timed_ms / loader_ms if loader_ms > 0 else math.nan
+
+
+def coverage_text(timed_ms: float, loader_ms: float, basis: str) -> str:
+    """The check of the timed stages against the measured loader time per item, in words (the headline gives the
+    shares where it failed)."""
+    if math.isnan(loader_ms):
+        return "the loader's time per item was not measured, so the stages' coverage cannot be checked"
+    share = _coverage(timed_ms, loader_ms)
+    if not share >= COVERED:
+        return f"{basis}; a capacity needs {COVERED:.0%} or more of it timed"
+    return f"checked: the stages hold {share:.0%} of the loader's {loader_ms:.2f} ms an item ({basis})"
 
 
 def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wait_ms: float) -> LoaderStages | None:
@@ -246,6 +379,25 @@ def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> lis
             if n1 > n0:
                 out.append((t1, name, 1e3 * (s1 - s0) / (n1 - n0)))
     return sorted(out)
+
+
+def _short_headline(slowest: Stage, timed_ms: float, loader_ms: float, where: str, runq_ms: float | None) -> str:
+    if math.isnan(loader_ms):
+        return (
+            f"The loader's stages {where}: {timed_ms:.2f} ms an item timed, against no measured loader time: no "
+            f"capacity is given; the slowest timed stage is {slowest.name} ({slowest.ms_per_item:.2f} ms an item)"
+        )
+    return (
+        f"The loader's stages {where} were timed for {_coverage(timed_ms, loader_ms):.0%} of its measured time per "
+        f"item ({timed_ms:.2f} of {loader_ms:.2f} ms); the rest ({loader_ms - timed_ms:.2f} ms) is untimed, so no "
+        f"capacity is given; the slowest timed stage is {slowest.name} ({slowest.ms_per_item:.2f} ms an item)"
+        + (
+            f". The workers waited for a CPU {runq_ms:.2f} ms an item (runq: the host's cores were taken), inside "
+            "the stages or between them: on free cores the stages would hold more of the loader's time"
+            if runq_ms is not None and runq_ms >= RUNQ_NAMED * (loader_ms - timed_ms)
+            else ""
+        )
+    )
 
 
 def where_ran(workers: int) -> str:

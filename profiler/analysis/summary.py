@@ -61,7 +61,7 @@ from profiler.analysis.parts import (
 from profiler.analysis.phasesums import PhaseTotals, phase_sums, phase_totals
 from profiler.analysis.sampled import MIN_SAMPLES, sampling_notes, stack_estimates
 from profiler.analysis.spread import StepSpread, step_spread
-from profiler.analysis.stages import Headspace, LoaderStages, headspace, loader_stages, prefix_stages
+from profiler.analysis.stages import Headspace, LoaderStages, dali_stages, headspace, loader_stages, per_item_of
 from profiler.analysis.stats import Interval, clip, json_safe, mean, quantile, subtract, total, union
 from profiler.analysis.taken import missing_notes, steps_taken
 from profiler.analysis.verdict import Figures, Recommendation, at_site, recommend, run_verdict
@@ -301,7 +301,7 @@ def summarize(rec: RunRecord, now: float | None = None, *, totals: PhaseTotals |
         cpu_count=meta.get("cpu_count"),
         contention=contention_of(rec, host),
         loader_time=loader_time(host, throughput),
-        **_loader_figures(rec, m, timing, throughput),
+        **_loader_figures(rec, m, timing, throughput, loader_time(host, throughput)),
     )
     loader_only, synthetic = bool(meta.get("loader_only")), bool(meta.get("synthetic_input"))
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
@@ -425,8 +425,10 @@ def _loader_parts(figures: Figures) -> _LoaderFigures:
     return {"memory": figures.memory, "stages": figures.stages, "headspace": figures.headspace}
 
 
-def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: float) -> _LoaderFigures:
-    """The loader's memory and stages over the measured window."""
+def _loader_figures(
+    rec: RunRecord, m: _Measured, timing: _Timing, throughput: float, lt: LoaderTime | None
+) -> _LoaderFigures:
+    """The loader's memory and stages over the measured window (the stages checked against the loader's time)."""
     meta, window = rec.meta, m.window if m.steps else None
     workers = _int_or_0(meta.get("workers"))
     return {
@@ -439,8 +441,11 @@ def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: f
             step_ms=timing.step_time.mean,
             data_wait_ms=timing.breakdown.data_wait,
             store_mbps=_float_or_none(meta.get("store_mbps")),
+            **per_item_of(
+                lt, workers, float(meta.get("batch_size") or math.nan), timing.breakdown.data_wait, throughput
+            ),
         )
-        or _dali_stages(meta, timing),
+        or dali_stages(meta, step_ms=timing.step_time.mean, data_wait_ms=timing.breakdown.data_wait),
         "headspace": headspace(
             meta.get("loader_alone"),
             batch_size=float(meta.get("batch_size") or math.nan),
@@ -449,19 +454,6 @@ def _loader_figures(rec: RunRecord, m: _Measured, timing: _Timing, throughput: f
             throughput=throughput,
         ),
     }
-
-
-def _dali_stages(meta: JSON, timing: _Timing) -> LoaderStages | None:
-    """A DALI run's stages from its prefixes (``run --dali-stages``), where it timed them."""
-    prefixes = meta.get("dali_stages")
-    if not isinstance(prefixes, dict):
-        return None
-    return prefix_stages(
-        prefixes,
-        batch_size=_float_or_none(meta.get("batch_size")) or math.nan,
-        step_ms=timing.step_time.mean,
-        data_wait_ms=timing.breakdown.data_wait,
-    )
 
 
 class _LoaderFigures(TypedDict):

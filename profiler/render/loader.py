@@ -120,9 +120,15 @@ def stages_caption(st: LoaderStages, *, headline: bool = True) -> str:
     """Capacity against demand in words, and the method (after the headline unless ``headline=False``: the HTML
     prints the headline apart)."""
     where = st.where or (f"on {st.runners}" if st.runners else f"in {st.processes} loader process(es)")
+    capacity = (
+        "no capacity"
+        if math.isnan(st.capacity_samples_per_s)
+        else f"capacity {rate(st.capacity_samples_per_s)} samples/s {where}, {st.capacity_basis}"
+    )
     return (
         (f"{st.headline}\n" if headline else "")
-        + f"capacity {rate(st.capacity_samples_per_s)} samples/s {where}, {st.capacity_basis}; demand "
+        + (f"{st.coverage_line}\n" if st.coverage_line else "")
+        + f"{capacity}; demand "
         f"{rate(st.demand_samples_per_s)} samples/s (the batch / the step time without the data wait)\n"
         f"source: {st.method}"
     )
@@ -136,6 +142,8 @@ def stages_table(st: LoaderStages) -> Table:
         mark = "  <- bottleneck" if stage.name == st.bottleneck else ""
         share = "n/a" if math.isnan(stage.share) else f"{stage.share:.0%}"
         t.add_row(stage.name + mark, f"{stage.ms_per_item:.2f}", share, rate(stage.capacity_samples_per_s))
+    if st.uncovered and not math.isnan(st.untimed_ms_per_item):
+        t.add_row("untimed (in no stage)", f"{st.untimed_ms_per_item:.2f}", "", "")
     t.caption = stages_caption(st)
     t.caption_justify = "left"
     return t
