@@ -41,13 +41,20 @@ PIPELINES: dict[str, str] = {
     "dali": "pipelines.dali_pipeline:DaliPipeline",
     "naive": "pipelines.naive:NaivePipeline",
     "prefetch": "pipelines.prefetch:PrefetchPipeline",
+    "ray": "pipelines.ray_data:RayPipeline",
 }
 
 # name -> "module:attr" of ``(data: str | None) -> str | None``: why the pipeline cannot train a scenario whose
 # ``Scenario.data`` is ``data`` on this machine (one line), None when it can
 REQUIREMENTS: dict[str, str] = {
     "dali": "pipelines.dali:unusable",
+    "ray": "pipelines.ray_data:unusable",
 }
+
+
+# pipelines a default search (tune without --pipelines) leaves out: each run starts a Ray instance (seconds), so
+# they run where asked for by name; run, sweep and tune --pipelines take them as any other
+BY_NAME_ONLY = frozenset({"ray"})
 
 
 class PipelineError(ValueError):
@@ -71,9 +78,10 @@ def why_not(name: str, data: str | None) -> str | None:
 
 def applicable(data: str | None) -> tuple[list[str], dict[str, str]]:
     """The registered pipelines (sorted) that can train a scenario whose ``Scenario.data`` is ``data`` here,
-    and each one left out with why."""
-    left_out = {n: why for n in names() if (why := why_not(n, data)) is not None}
-    return [n for n in names() if n not in left_out], left_out
+    and each one left out with why; those in ``BY_NAME_ONLY`` are in neither (asked for by name only)."""
+    searched = [n for n in names() if n not in BY_NAME_ONLY]
+    left_out = {n: why for n in searched if (why := why_not(n, data)) is not None}
+    return [n for n in searched if n not in left_out], left_out
 
 
 def require(asked: Sequence[str], data: str | None, scenario: str) -> None:

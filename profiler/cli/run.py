@@ -64,7 +64,7 @@ def _add_run(sub: Any) -> None:
         default=None,
         help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})",
     )
-    r.add_argument("--pipeline", default="naive", help="naive | prefetch | dali: how batches reach the device")
+    r.add_argument("--pipeline", default="naive", help="naive | prefetch | dali | ray: how batches reach the device")
     r.add_argument("--batch-size", type=bounded(int, 1, MAX_BATCH, "an integer"), help="default: the scenario's")
     r.add_argument(
         "--workers",

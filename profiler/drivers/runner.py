@@ -628,6 +628,8 @@ class _Loop:
         opt_step(opt)
 
     def finish(self) -> None:
+        if self.built is not None:  # a loader that learns its facts while running (ray: first batch, Ray's stats)
+            self.session.annotate(loader=self.built.config)
         if self.loss is not None:
             self.session.annotate(final_loss=float(self.loss.detach()))
         if self.built is not None and self.built.skips is not None:

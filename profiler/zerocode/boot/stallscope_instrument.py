@@ -17,6 +17,8 @@ What it does, once ``torch.utils.data.dataloader`` is imported (a post-import ho
   the iterator being its own loader (knobs from its pipeline: batch size, CPU threads, queue depth).
 - ``torchdata.nodes.Loader`` / ``LoaderIterator.__next__``, once imported: the same records (knobs from its
   graph: batch size, the mapper's workers, prefetch depth, pinning). Overrides apply to DataLoaders only.
+- Ray Data's ``DataIterator._iter_batches`` (behind ``iter_batches`` and ``iter_torch_batches``), once imported:
+  the same records, one loader per call site of the line that builds the iterator, each call an epoch.
 - On CUDA, once the script has initialised it: an event at each ``next()``'s start and return (DeviceClock).
 
 Records go to ``$STALLSCOPE_INSTRUMENT_DIR/p<pid>.jsonl``, one JSON object a line, written by the thread that
@@ -58,7 +60,9 @@ WINDOWS_ENV = "STALLSCOPE_KERNEL_WINDOWS"  # "AFTER:STEPS[:EVERY]" in a loader's
 WINDOWS_DEFAULT = (10, 20, 2000)
 START_WAIT_S = 30.0  # as profiler.core.kernelwin.START_WAIT_S: the script waits this long for a window's start
 RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"  # as profiler.core.kernelwin.RECORDER_ENV (this module cannot import it)
-_LIBRARIES = tuple(os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata"))
+_LIBRARIES = tuple(
+    os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata", os.path.join("ray", "data"))
+)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -536,6 +540,46 @@ class Instrument:
         loader_cls.__iter__ = self._iter(loader_cls.__iter__)
         iter_cls.__next__ = self._next(iter_cls.__next__)
 
+    def patch_ray(self, module: ModuleType) -> None:
+        """Wrap Ray Data's ``DataIterator._iter_batches``, which ``iter_batches`` and ``iter_torch_batches`` of a
+        Dataset or a DataIterator all return: each call is an epoch of the loader named by its call site (one
+        loader per site, however many epochs), its batches timed by the same ``next()`` records as a DataLoader's."""
+        cls = getattr(module, "DataIterator", None)
+        if cls is None or not hasattr(cls, "_iter_batches"):
+            self.aside("ray.data.iterator has no DataIterator._iter_batches")
+            return
+        RayEpoch.__iter__ = self._iter(RayEpoch.__iter__)  # type: ignore[method-assign]
+        RayEpochIterator.__next__ = self._next(RayEpochIterator.__next__)  # type: ignore[method-assign,assignment]
+        cls._iter_batches = self._ray_iter_batches(cls._iter_batches)
+
+    def _ray_iter_batches(self, iter_batches: Callable[..., Any]) -> Callable[..., Any]:
+        inst = self
+        sites: dict[tuple[str, int], int] = {}  # one loader per call site, however many epochs
+
+        def _iter_batches(iterator: Any, *args: Any, **kwargs: Any) -> Any:
+            timers: list[Any] = []
+            own = getattr(iterator, "_to_ref_bundle_iterator", None)
+            if callable(own):  # keep the stats object Ray's iteration updates: its own blocked-time timers
+
+                def capturing() -> Any:
+                    result = own()
+                    if isinstance(result, tuple) and len(result) >= 2:
+                        timers.append(result[1])
+                    return result
+
+                iterator._to_ref_bundle_iterator = capturing
+            batches = iter_batches(iterator, *args, **kwargs)
+            site = call_site()
+            if site not in sites:
+                inst.loaders += 1
+                sites[site] = lid = inst.loaders
+                knob = {k: kwargs.get(k) for k in ("batch_size", "prefetch_batches")}
+                rec = {"k": "loader", "id": lid, "file": site[0], "line": site[1], "args": knob, "applied": {}}
+                inst.writer.put({**rec, "kind": "ray.data.DataIterator"})
+            return RayEpoch(batches, sites[site], timers, inst.writer)
+
+        return _iter_batches
+
     def _nodes_init(self, init: Callable[..., None]) -> Callable[..., None]:
         inst = self
 
@@ -632,6 +676,52 @@ class Instrument:
             return batch
 
         return __next__
+
+
+# Ray Data's own iteration timers (DatasetStats attributes) written at an epoch's end as a ``ray_stats`` record
+RAY_TIMERS = {
+    "user_thread_blocked_s": "iter_total_blocked_s",
+    "first_batch_s": "iter_time_to_first_batch_s",
+    "user_code_s": "iter_user_s",
+    "blocked_on_production_s": "iter_blocked_production_wait_s",
+}
+
+
+class RayEpoch:
+    """One ``iter_batches`` / ``iter_torch_batches`` result of Ray Data, as a loader's epoch (``patch_ray``)."""
+
+    def __init__(self, batches: Any, lid: int, timers: list[Any], writer: Writer) -> None:
+        self.batches, self._stallscope_id, self.timers, self.writer = batches, lid, timers, writer
+
+    def __iter__(self) -> Any:
+        return RayEpochIterator(iter(self.batches), self)
+
+
+class RayEpochIterator:
+    """Ray's generator behind a class whose ``__next__`` can be timed (a generator's cannot be patched); at the
+    epoch's end, Ray's own timers for it as a ``ray_stats`` record, labelled as Ray's."""
+
+    def __init__(self, inner: Any, epoch: RayEpoch) -> None:
+        self.inner, self.epoch = inner, epoch
+
+    def __iter__(self) -> RayEpochIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.inner)
+        except StopIteration:
+            self.write_stats()
+            raise
+
+    def write_stats(self) -> None:
+        stats = self.epoch.timers[-1] if self.epoch.timers else None
+        rec: dict[str, object] = {"k": "ray_stats", "id": self.epoch._stallscope_id, "source": "Ray Data's own timers"}
+        for key, attr in RAY_TIMERS.items():
+            get = getattr(getattr(stats, attr, None), "get", None)
+            rec[key] = float(get()) if callable(get) else None
+        rec["batches"] = getattr(stats, "iter_batches_total", None)
+        self.epoch.writer.put(rec)
 
 
 def knobs(loader: Any) -> dict[str, object]:
@@ -773,6 +863,7 @@ def install() -> Instrument | None:
         ("torch.utils.data.dataloader", inst.patch_dataloader),
         ("nvidia.dali.plugin.pytorch", inst.patch_dali),
         ("torchdata.nodes.loader", inst.patch_torchdata),
+        ("ray.data.iterator", inst.patch_ray),
     ):
         if name in sys.modules:
             patch(sys.modules[name])

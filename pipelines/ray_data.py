@@ -1,0 +1,237 @@
+"""The ``ray`` pipeline: the scenario's items prepared by Ray Data ``map_batches`` tasks, fed by ``iter_torch_batches``.
+
+Every epoch is one Ray Dataset over the epoch's item indices: ``map_batches`` loads and augments a batch of
+indices in a Ray worker (the dataset's own ``__getitem__``, so the scenario's ``AugmentSpec`` is realised exactly as
+``naive`` realises it), and ``iter_torch_batches`` streams the stacked ``(x, y)`` batches to the loop with its own
+read-ahead (``prefetch_batches``). The order of batches is the order of the indices (``preserve_order``), so the
+same seed gives the same batches as the reference and shuffling off gives the dataset's order.
+
+Invariants: a Ray instance the pipeline started (``ray.init`` with ``max(1, workers)`` CPUs and an object store
+sized for the batches in flight) is shut down by ``close``, and a connection it made to ``RAY_ADDRESS`` is closed
+(the cluster stays); an instance this process had already initialised (a test's) is left as it was. ``ray`` is
+imported here only, late, so that listing pipelines imports nothing.
+
+The first batch's wait is kept apart in ``config``: ``ray_start_ms`` (connecting to or starting the instance) and
+``first_batch_ms`` (from building the epoch's dataset to its first batch: the plan, the executor's start and the
+first blocks). Both fall in the run's first step, a warm-up step unless ``--warmup 0``. Ray Data's own figures
+(per operator, and the user thread's blocked time) are read at each epoch's end into ``ray_stats``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.base import BuiltLoader, LoaderSpec
+from pipelines.naive import move
+from pipelines.ray_stats import capture_iteration, read_stats
+
+EXTRA = "the ray pipeline needs Ray Data: pip install 'stallscope[ray]'"
+PREFETCH_BATCHES = 2
+CONNECT_TIMEOUT_S = 5.0
+# Ray refuses an object store under 75 MiB; batches in flight are workers' outputs plus the read-ahead
+MIN_STORE_BYTES = 80 * 2**20
+STORE_HEADROOM = 4
+# datasets whose items the pipeline cannot stack into (x, y) arrays (a list of per-image targets)
+UNSTACKABLE = {"detection": "its items carry per-image target lists that Ray Data cannot stack into arrays"}
+
+
+def unusable(data: str | None) -> str | None:
+    """Why the ray pipeline cannot train a scenario whose ``Scenario.data`` is ``data`` here (REQUIREMENTS)."""
+    if importlib.util.find_spec("ray") is None:
+        return EXTRA
+    return UNSTACKABLE.get(data or "")
+
+
+class RayUnavailable(RuntimeError):
+    """Ray could not be started or reached; the message is one line."""
+
+
+def _items(dataset: Any, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for i in indices.tolist():
+        x, y = dataset[int(i)]
+        xs.append(np.asarray(x))
+        ys.append(int(y))
+    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+
+class LoadItems:
+    """The ``map_batches`` stage: a batch of item indices to the stacked, augmented ``x`` and labels ``y``."""
+
+    def __init__(self, dataset: Any, epoch: int) -> None:
+        self.dataset, self.epoch = dataset, epoch
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)  # the epoch the loop asked for, in this worker's copy
+        x, y = _items(self.dataset, batch["id"])
+        return {"x": x, "y": y}
+
+
+def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """RayUnavailable (one line) unless ``host:port`` takes a TCP connection within ``timeout_s``: Ray's own
+    client retries an unreachable address for minutes, printing a warning every few seconds."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return  # "auto", "ray://...": left to Ray
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RayUnavailable(
+            f"cannot reach the Ray instance at RAY_ADDRESS={address} within {timeout_s:g} s: {exc.strerror or exc}"
+        ) from None
+
+
+def store_bytes(item_bytes: int, spec: LoaderSpec) -> int:
+    """The object store a local instance gets: the batches in flight (one per worker plus the read-ahead), with
+    headroom for Ray's own copies, and never under Ray's minimum."""
+    in_flight = max(1, spec.workers) + (spec.prefetch_factor or PREFETCH_BATCHES)
+    return max(MIN_STORE_BYTES, STORE_HEADROOM * in_flight * item_bytes * spec.batch_size)
+
+
+def quiet_ray_data() -> None:
+    """No progress bars or per-dataset INFO lines on the run's terminal (they would interleave with the live view)."""
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.execution_options.preserve_order = True
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
+class RayBatches:
+    """An epoch per ``iter()``: a Ray Dataset of the epoch's indices, ``map_batches``-ed, streamed as torch batches."""
+
+    def __init__(self, dataset: Any, spec: LoaderSpec, config: dict[str, Any]) -> None:
+        self.dataset, self.spec, self.config = dataset, spec, config
+        self.epoch = 0
+        self.generator = torch.Generator().manual_seed(spec.seed)
+        self.owns_instance = False
+        self.last: Any = None  # the latest epoch's DataIterator, whose stats() are Ray's own figures
+        self.first_wait_s: float | None = None
+        self.iterations: list[Any] = []  # the DatasetStats each epoch's iteration updated (Ray's own timers)
+
+    def start(self) -> None:
+        """Connect to the instance at ``RAY_ADDRESS`` or the running one, else start a local one for this run."""
+        import ray
+
+        quiet_ray_data()
+        if ray.is_initialized():
+            self.config["ray_instance"] = "already running (shared)"
+            return
+        address = os.environ.get("RAY_ADDRESS") or None
+        if address is not None:
+            reachable(address)
+        try:
+            if address is not None:
+                ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+                self.config["ray_instance"] = f"connected to {address}"
+                self.owns_instance = True  # the connection only: shutdown() disconnects, the cluster stays
+            else:
+                item_bytes = int(np.asarray(self.dataset[0][0]).nbytes)
+                store = store_bytes(item_bytes, self.spec)
+                ray.init(
+                    num_cpus=max(1, self.spec.workers),
+                    object_store_memory=store,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                    # the workers unpickle the scenario's dataset: a scenario file loaded by path must import there
+                    runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}},
+                )
+                self.owns_instance = True
+                self.config["ray_instance"] = f"local, started for this run ({store / 2**20:.0f} MiB object store)"
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"at {address}" if address else "locally"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RayUnavailable(f"cannot start or reach a Ray instance {where}: {first}") from exc
+        self.config["ray_cpus"] = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+        quiet_ray_data()
+
+    def indices(self) -> np.ndarray:
+        n = len(self.dataset)
+        order = torch.randperm(n, generator=self.generator) if self.spec.shuffle else torch.arange(n)
+        order = order[self.spec.shard :: self.spec.num_shards]
+        return order.numpy().astype(np.int64)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        import ray.data
+
+        if not self.config.get("ray_instance"):
+            t_start = time.perf_counter()
+            self.start()
+            self.config["ray_start_ms"] = round((time.perf_counter() - t_start) * 1000, 3)
+        spec, t0 = self.spec, time.perf_counter()
+        # one block per batch: a single block would be one task over the whole epoch, nothing streamed
+        order = self.indices()
+        blocks = [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)] or [order]
+        ds = ray.data.from_numpy(blocks).rename_columns({"data": "id"})
+        ds = ds.map_batches(LoadItems(self.dataset, self.epoch), batch_size=spec.batch_size, zero_copy_batch=True)
+        self.epoch += 1
+        self.last = it = ds.iterator()
+        self.iterations = []
+        capture_iteration(it, self.iterations)
+        try:
+            for batch in it.iter_torch_batches(
+                batch_size=spec.batch_size,
+                prefetch_batches=spec.prefetch_factor or PREFETCH_BATCHES,
+                drop_last=spec.drop_last,
+            ):
+                if self.first_wait_s is None:
+                    self.first_wait_s = time.perf_counter() - t0
+                    self.config["first_batch_ms"] = round(self.first_wait_s * 1000, 3)
+                yield batch["x"], batch["y"]
+        finally:
+            # at the epoch's end or when the loop closes it early: Ray's figures are in config before the run ends
+            self.config["ray_stats"] = self.stats()
+
+    def stats(self) -> dict[str, Any] | None:
+        """Ray Data's own figures for the latest epoch (``pipelines.ray_stats``), None before any epoch ran."""
+        if self.last is None:
+            return None
+        base = getattr(self.last, "_base_dataset", None)
+        summary = base.get_stats_summary() if base is not None else None
+        return read_stats(summary, self.iterations[-1] if self.iterations else None)
+
+    def close(self) -> None:
+        if self.owns_instance:
+            import ray
+
+            ray.shutdown()
+            self.owns_instance = False
+
+
+class RayPipeline:
+    """Ray Data ``map_batches`` over the dataset's items, ``iter_torch_batches`` to the loop, a blocking copy."""
+
+    name = "ray"
+    accelerator_copy = "pageable"
+
+    def build(self, dataset: Any, spec: LoaderSpec) -> BuiltLoader:
+        if importlib.util.find_spec("ray") is None:
+            from pipelines import PipelineError
+
+            raise PipelineError(EXTRA)
+        config: dict[str, Any] = {
+            "pipeline": self.name,
+            "workers": spec.workers,
+            "ray_cpus_asked": max(1, spec.workers),
+            "prefetch_batches": spec.prefetch_factor or PREFETCH_BATCHES,
+            "pin_memory": False,
+            # Ray's workers are its own processes, fed through its object store, not DataLoader workers
+            "worker_processes": 0,
+            "stages": ["map_batches(load+augment)", "iter_torch_batches"],
+        }
+        batches = RayBatches(dataset, spec, config)
+        return BuiltLoader(batches=batches, to_device=lambda b: move(b, torch.device(spec.device)), config=config)
