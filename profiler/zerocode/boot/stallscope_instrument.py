@@ -39,6 +39,7 @@ import atexit
 import collections
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import inspect
 import json
 import os
@@ -126,6 +127,19 @@ def batch_len(batch: Any) -> int | None:
         else:
             return None
     return None
+
+
+def sibling(name: str) -> ModuleType:
+    """A module of this directory, by its file (this one is loaded as ``stallscope_instrument`` from PYTHONPATH by a
+    script's interpreter, and as ``profiler.zerocode.boot.stallscope_instrument`` by stallscope's own)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def call_site() -> tuple[str, int]:
@@ -494,6 +508,7 @@ class Instrument:
         self.stop = stop
         self.windows = KernelWindows(writer, windows)
         self.loaders = 0
+        self.ray_sites: dict[tuple[str, int], int] = {}  # one Ray loader per call site, however many epochs
         self.calls: collections.Counter[int] = collections.Counter()
         self.runq = RunQueue()
         self.device = DeviceClock(writer)
@@ -543,42 +558,28 @@ class Instrument:
     def patch_ray(self, module: ModuleType) -> None:
         """Wrap Ray Data's ``DataIterator._iter_batches``, which ``iter_batches`` and ``iter_torch_batches`` of a
         Dataset or a DataIterator all return: each call is an epoch of the loader named by its call site (one
-        loader per site, however many epochs), its batches timed by the same ``next()`` records as a DataLoader's."""
+        loader per site, however many epochs), its batches timed by the same ``next()`` records as a DataLoader's
+        (stallscope_ray.py beside this file)."""
         cls = getattr(module, "DataIterator", None)
         if cls is None or not hasattr(cls, "_iter_batches"):
             self.aside("ray.data.iterator has no DataIterator._iter_batches")
             return
-        RayEpoch.__iter__ = self._iter(RayEpoch.__iter__)  # type: ignore[method-assign]
-        RayEpochIterator.__next__ = self._next(RayEpochIterator.__next__)  # type: ignore[method-assign,assignment]
-        cls._iter_batches = self._ray_iter_batches(cls._iter_batches)
+        ray = sibling("stallscope_ray")
+        ray.RayEpoch.__iter__ = self._iter(ray.RayEpoch.__iter__)
+        ray.RayEpochIterator.__next__ = self._next(ray.RayEpochIterator.__next__)
+        cls._iter_batches = ray.wrap_iter_batches(cls._iter_batches, self.ray_loader, self.writer)
 
-    def _ray_iter_batches(self, iter_batches: Callable[..., Any]) -> Callable[..., Any]:
-        inst = self
-        sites: dict[tuple[str, int], int] = {}  # one loader per call site, however many epochs
-
-        def _iter_batches(iterator: Any, *args: Any, **kwargs: Any) -> Any:
-            timers: list[Any] = []
-            own = getattr(iterator, "_to_ref_bundle_iterator", None)
-            if callable(own):  # keep the stats object Ray's iteration updates: its own blocked-time timers
-
-                def capturing() -> Any:
-                    result = own()
-                    if isinstance(result, tuple) and len(result) >= 2:
-                        timers.append(result[1])
-                    return result
-
-                iterator._to_ref_bundle_iterator = capturing
-            batches = iter_batches(iterator, *args, **kwargs)
-            site = call_site()
-            if site not in sites:
-                inst.loaders += 1
-                sites[site] = lid = inst.loaders
-                knob = {k: kwargs.get(k) for k in ("batch_size", "prefetch_batches")}
-                rec = {"k": "loader", "id": lid, "file": site[0], "line": site[1], "args": knob, "applied": {}}
-                inst.writer.put({**rec, "kind": "ray.data.DataIterator"})
-            return RayEpoch(batches, sites[site], timers, inst.writer)
-
-        return _iter_batches
+    def ray_loader(self, kwargs: dict[str, Any]) -> int:
+        """The loader of the Ray iterator built at the caller's call site: its id, its record written once."""
+        site = call_site()
+        lid = self.ray_sites.get(site)
+        if lid is None:
+            self.loaders += 1
+            self.ray_sites[site] = lid = self.loaders
+            knob = {k: kwargs.get(k) for k in ("batch_size", "prefetch_batches")}
+            rec = {"k": "loader", "id": lid, "file": site[0], "line": site[1], "args": knob, "applied": {}}
+            self.writer.put({**rec, "kind": "ray.data.DataIterator"})
+        return lid
 
     def _nodes_init(self, init: Callable[..., None]) -> Callable[..., None]:
         inst = self
@@ -588,7 +589,8 @@ class Instrument:
             inst.loaders += 1
             loader._stallscope_id = lid = inst.loaders
             path, line = call_site()
-            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": node_knobs(loader), "applied": {}}
+            args = sibling("stallscope_knobs").node_knobs(loader)
+            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": args, "applied": {}}
             inst.writer.put({**rec, "kind": "torchdata.nodes.Loader"})
 
         return __init__
@@ -601,7 +603,8 @@ class Instrument:
             inst.loaders += 1
             iterator._stallscope_id = lid = inst.loaders
             path, line = call_site()
-            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": dali_knobs(iterator), "applied": {}}
+            args = sibling("stallscope_knobs").dali_knobs(iterator)
+            rec = {"k": "loader", "id": lid, "file": path, "line": line, "args": args, "applied": {}}
             inst.writer.put({**rec, "kind": type(iterator).__name__})
 
         return __init__
@@ -678,52 +681,6 @@ class Instrument:
         return __next__
 
 
-# Ray Data's own iteration timers (DatasetStats attributes) written at an epoch's end as a ``ray_stats`` record
-RAY_TIMERS = {
-    "user_thread_blocked_s": "iter_total_blocked_s",
-    "first_batch_s": "iter_time_to_first_batch_s",
-    "user_code_s": "iter_user_s",
-    "blocked_on_production_s": "iter_blocked_production_wait_s",
-}
-
-
-class RayEpoch:
-    """One ``iter_batches`` / ``iter_torch_batches`` result of Ray Data, as a loader's epoch (``patch_ray``)."""
-
-    def __init__(self, batches: Any, lid: int, timers: list[Any], writer: Writer) -> None:
-        self.batches, self._stallscope_id, self.timers, self.writer = batches, lid, timers, writer
-
-    def __iter__(self) -> Any:
-        return RayEpochIterator(iter(self.batches), self)
-
-
-class RayEpochIterator:
-    """Ray's generator behind a class whose ``__next__`` can be timed (a generator's cannot be patched); at the
-    epoch's end, Ray's own timers for it as a ``ray_stats`` record, labelled as Ray's."""
-
-    def __init__(self, inner: Any, epoch: RayEpoch) -> None:
-        self.inner, self.epoch = inner, epoch
-
-    def __iter__(self) -> RayEpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return next(self.inner)
-        except StopIteration:
-            self.write_stats()
-            raise
-
-    def write_stats(self) -> None:
-        stats = self.epoch.timers[-1] if self.epoch.timers else None
-        rec: dict[str, object] = {"k": "ray_stats", "id": self.epoch._stallscope_id, "source": "Ray Data's own timers"}
-        for key, attr in RAY_TIMERS.items():
-            get = getattr(getattr(stats, attr, None), "get", None)
-            rec[key] = float(get()) if callable(get) else None
-        rec["batches"] = getattr(stats, "iter_batches_total", None)
-        self.epoch.writer.put(rec)
-
-
 def knobs(loader: Any) -> dict[str, object]:
     """The loader's knobs and its sampler's kind, as built."""
     out = {k: getattr(loader, k, None) for k in KNOBS}
@@ -731,45 +688,6 @@ def knobs(loader: Any) -> dict[str, object]:
     inner = getattr(sampler, "sampler", None)
     out["sampler"] = type(inner if inner is not None else getattr(loader, "sampler", None)).__name__
     out["dataset"] = type(getattr(loader, "dataset", None)).__name__
-    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
-
-
-def dali_knobs(iterator: Any) -> dict[str, object]:
-    """A DALI iterator's knobs, from its (first) pipeline: batch size, CPU threads, device, queue depth."""
-    pipes = getattr(iterator, "_pipes", None) or [None]
-    pipe = pipes[0]
-    out = {
-        "batch_size": getattr(pipe, "max_batch_size", None),
-        "num_threads": getattr(pipe, "num_threads", None),
-        "device_id": getattr(pipe, "device_id", None),
-        "prefetch_queue_depth": getattr(pipe, "prefetch_queue_depth", None),
-        "pipelines": len(pipes),
-        "reader_name": getattr(iterator, "_reader_name", None),
-    }
-    return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
-
-
-def node_knobs(loader: Any) -> dict[str, object]:
-    """A torchdata.nodes Loader's knobs, from its graph (root first, following each node's ``source``): the
-    batch size, the widest mapper's workers and method, the prefetch depth, pinning, the nodes' names in order."""
-    out: dict[str, Any] = {"batch_size": None, "num_workers": None, "prefetch_factor": None, "pin_memory": False}
-    names = []
-    node = getattr(loader, "root", None)
-    for _ in range(64):  # a graph is a chain here; a cycle (never built by torchdata) must not hang the script
-        if node is None:
-            break
-        kind = type(node).__name__
-        names.append(kind)
-        for key in ("batch_size", "prefetch_factor"):
-            value = getattr(node, key, None)
-            if out[key] is None and isinstance(value, int):
-                out[key] = value
-        workers = getattr(node, "num_workers", None)
-        if isinstance(workers, int) and workers >= (out["num_workers"] or 0):  # the widest mapper's
-            out["num_workers"], out["method"] = workers, getattr(node, "method", None)
-        out["pin_memory"] = out["pin_memory"] or kind == "PinMemory"
-        node = getattr(node, "source", None)
-    out["nodes"] = " <- ".join(names)
     return {k: v if isinstance(v, (int, float, str, bool)) or v is None else repr(v) for k, v in out.items()}
 
 
