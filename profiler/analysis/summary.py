@@ -307,18 +307,9 @@ def summarize(rec: RunRecord, now: float | None = None, *, totals: PhaseTotals |
     # the rules read the figures before the Summary exists; a run with no stall figure gets none
     recommendations = _recommendations(figures, meta, none=math.isnan(stall) or loader_only or synthetic)
     return _summary(
-        rec,
-        now,
-        m=m,
-        timing=timing,
-        figures=figures,
-        device=device,
-        recommendations=recommendations,
-        throughput=throughput,
-        samples_total=samples_total,
-        sources=sources,
-        notes=notes,
-    )
+        rec, now, m=m, timing=timing, figures=figures, device=device, recommendations=recommendations,
+        throughput=throughput, samples_total=samples_total, sources=sources, notes=notes,
+    )  # fmt: skip
 
 
 def _sources(m: _Measured, timing: _Timing, device: RunDevice, gpu: GpuSplit | None) -> Sources:
@@ -337,19 +328,10 @@ def _float_or_none(v: object) -> float | None:
 
 
 def _summary(
-    rec: RunRecord,
-    now: float | None,
-    *,
-    m: _Measured,
-    timing: _Timing,
-    figures: Figures,
-    device: RunDevice,
-    recommendations: tuple[Recommendation, ...],
-    throughput: float,
-    samples_total: int,
-    sources: Sources,
+    rec: RunRecord, now: float | None, *, m: _Measured, timing: _Timing, figures: Figures, device: RunDevice,
+    recommendations: tuple[Recommendation, ...], throughput: float, samples_total: int, sources: Sources,
     notes: list[str],
-) -> Summary:
+) -> Summary:  # fmt: skip
     """The Summary itself, from the figures the rules read and the rest of what summarize gathered."""
     meta = rec.meta
     return Summary(
@@ -366,10 +348,10 @@ def _summary(
         breakdown_ms_per_step=timing.breakdown,
         stall_fraction=figures.stall_fraction,
         device_busy_fraction=figures.device_busy_fraction,
-        verdict=run_verdict(figures, meta, run_status(meta, now)),
+        verdict=run_verdict(figures, meta, status := run_status(meta, now)),
         recommendations=recommendations,
         sampler=figures.sampler,
-        status=run_status(meta, now),
+        status=status,
         sources=sources,
         error=meta.get("error"),
         measured_s=m.device_wall,

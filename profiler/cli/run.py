@@ -58,12 +58,8 @@ def add_parsers(sub: Any) -> None:
 
 def _add_run(sub: Any) -> None:
     r = sub.add_parser("run", help="train a scenario under the profiler and print a stall report")
-    r.add_argument(
-        "scenario",
-        nargs="?",
-        default=None,
-        help=f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})",
-    )
+    scenario_help = f"built-in scenario name or path to a .py file (default {DEFAULT_SCENARIO})"
+    r.add_argument("scenario", nargs="?", default=None, help=scenario_help)
     r.add_argument("--pipeline", default="naive", help="naive | prefetch | dali | ray: how batches reach the device")
     r.add_argument("--batch-size", type=bounded(int, 1, MAX_BATCH, "an integer"), help="default: the scenario's")
     r.add_argument(
