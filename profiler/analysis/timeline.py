@@ -141,12 +141,7 @@ def build_timeline(
         bucket_s=width,
         stall=tuple(rolling_stall(rec, width, stalled=stalled)),
         series=series,
-        gpu_util=tuple(
-            sorted(
-                (s for m, s in series.items() if m.startswith("gpu") and m.endswith(".util_pct")),
-                key=lambda s: _index(s.label[3:]),
-            )
-        ),
+        gpu_util=gpu_util_series(series),
         host_cpu=series.get("sys.cpu_pct"),
         process_cpu=process_cpu_series(series),
         record=rec,
@@ -462,6 +457,12 @@ def _index(s: str) -> int:
     return int(s) if s.isdigit() else 1 << 30
 
 
+def gpu_util_series(series: dict[str, Series]) -> tuple[Series, ...]:
+    """Each GPU's utilisation series, in the GPUs' order."""
+    util = (s for m, s in series.items() if m.startswith("gpu") and m.endswith(".util_pct"))
+    return tuple(sorted(util, key=lambda s: _index(s.label[3:])))
+
+
 def process_cpu_series(series: dict[str, Series]) -> tuple[Series, ...]:
     """Per-process CPU %: ``main`` first, then workers by index (w0, w1, ... w10), then any other process.
 
@@ -526,12 +527,7 @@ def timeline_of_columns(cols: RunColumns, *, max_bars: int = MAX_BARS, max_point
         bucket_s=width,
         stall=tuple(_stall_of_columns(cols, width, stalled)),
         series=series,
-        gpu_util=tuple(
-            sorted(
-                (s for m, s in series.items() if m.startswith("gpu") and m.endswith(".util_pct")),
-                key=lambda s: _index(s.label[3:]),
-            )
-        ),
+        gpu_util=gpu_util_series(series),
         host_cpu=series.get("sys.cpu_pct"),
         process_cpu=process_cpu_series(series),
         record=light,
