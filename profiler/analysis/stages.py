@@ -144,8 +144,7 @@ def loader_stages(
     times = per_item(samples, window)
     if not times:
         return None
-    total = math.fsum(times.values())
-    processes = max(1, workers)
+    total, processes = math.fsum(times.values()), max(1, workers)
     order = ("fetch", "decode", "augment", "collate")
     check = checked(1e3 * total, loader_ms_per_item, loader_runq_ms_per_item, workers)
     coverage = check["coverage"]
