@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 
 from pipelines import stages
-from profiler.analysis.stages import loader_stages, prefix_stages
+from profiler.analysis.stages import loader_stages, prefix_stages, stage_advice
 from profiler.core.sources.stages import StageSource
 from profiler.render.loader import stages_table
 
@@ -72,6 +72,12 @@ def test_capacity_demand_and_the_bottleneck() -> None:
     alone = loader_stages(samples, None, workers=0, batch_size=4, step_ms=40.0, data_wait_ms=30.0)
     assert alone is not None and alone.processes == 1 and alone.capacity_samples_per_s == pytest.approx(50.0)
     assert "samples/s in the training process (num_workers=0)" in alone.headline
+    # the advice leads with the change and never repeats the headline (a report shows both: an HTML page said the
+    # sentence twice in a fresh-clone CI)
+    advice = stage_advice(st)
+    assert advice is not None and st.headline not in advice and advice.startswith("Speed up the fetch stage")
+    assert "holds the loader to 100 samples/s in 2 worker processes, under the training's 400" in advice
+    assert "The bytes come slowly: cache the data set" in advice and stage_advice(slow) is None
 
 
 def test_no_stage_readings_no_figures() -> None:

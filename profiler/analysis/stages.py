@@ -457,6 +457,22 @@ def _headline(
     ).rstrip(". ")
 
 
+def stage_advice(st: LoaderStages) -> str | None:
+    """LOADER_STAGE's words: the stage to speed up, what it holds the loader to, and the fix that fits it. The
+    stages' headline states the finding; the advice leads with what to change, so a report never says it twice."""
+    slowest = next((x for x in st.stages if x.name == st.bottleneck), None)
+    if slowest is None:
+        return None
+    saturated = st.store_busy is not None and st.store_busy >= STORE_SATURATED
+    fix = FIXES.get("store" if saturated and slowest.name == "fetch" else slowest.name, "")
+    where = f" {st.where}" if st.where else ""
+    return (
+        f"Speed up the {slowest.name} stage ({slowest.ms_per_item:.1f} ms an item, {slowest.share:.0%} of an item's "
+        f"time): it holds the loader to {rate_text(st.capacity_samples_per_s)} samples/s{where}, under the training's "
+        f"{rate_text(st.demand_samples_per_s)}. {fix[:1].upper()}{fix[1:]}."
+    )
+
+
 HEADSPACE_METHOD = (
     "the run's own pipeline, data set and knobs built a second time and iterated alone before training (no model, "
     "no copy), its first batches not timed; samples over the timed batches / their seconds (perf_counter)"

@@ -31,7 +31,7 @@ from profiler.analysis.parts import (
     StepTimes,
 )
 from profiler.analysis.sampled import MAX_PYSPY_RATE, MIN_SAMPLES
-from profiler.analysis.stages import Headspace, LoaderStages
+from profiler.analysis.stages import Headspace, LoaderStages, stage_advice
 
 HIGH = 0.20
 MODERATE = 0.05
@@ -110,8 +110,9 @@ def recommend(s: Figures) -> list[Recommendation]:
     if not step or math.isnan(step):
         return out
     input_bound = s.stall_fraction >= MODERATE
-    if input_bound and s.stages is not None and s.stages.bottleneck is not None:
-        out.append(Recommendation("LOADER_STAGE", s.stages.headline + "."))
+    advice = stage_advice(s.stages) if input_bound and s.stages is not None else None
+    if advice:
+        out.append(Recommendation("LOADER_STAGE", advice))
     # a simulated device's compute phase is the host launching kernels it does not run: its wait for a CPU is
     # no loss of the model's compute, which the simulator times (docs/sim.md)
     contended = None if s.simulated else contention_advice(s.contention)
