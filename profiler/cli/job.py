@@ -110,9 +110,22 @@ def cmd_job(args: argparse.Namespace, t: Training, exporter: PrometheusExporter 
             f"training {t.scenario.name} on {job.world_size} ranks ({args.nproc} here, node {args.node_rank} of "
             f"{args.nnodes}; {args.pipeline}, device {t.device.label}, {job.backend}) -> {out}"
         )
-    with _live(args, out, (cfg.steps or 0) + t.warmup), follow_store(exporter, out, job=True):
+    with _live(args, out, (cfg.steps or 0) + t.warmup), follow_store(exporter, out, job=True), _log_to(args, out):
         result = run_job(job)
     return _report(result, args)
+
+
+def _log_to(args: argparse.Namespace, out: Path) -> contextlib.AbstractContextManager[object]:
+    """``--log-to``: one logger here follows the rank stores (the ranks log nothing; profiler.trackers.joblive)."""
+    from profiler.cli.totrackers import checked_log_to
+
+    targets = checked_log_to(args)
+    if not targets:
+        return contextlib.nullcontext()
+    from profiler.trackers.base import parse_targets
+    from profiler.trackers.joblive import follow_job
+
+    return follow_job(out, parse_targets(list(targets)), ranks=args.nproc, every_s=args.log_every)
 
 
 def _live(args: argparse.Namespace, out: Path, total_steps: int) -> contextlib.AbstractContextManager[object]:

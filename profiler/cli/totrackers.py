@@ -42,8 +42,12 @@ def checked_log_to(args: argparse.Namespace) -> tuple[str, ...]:
 
     if not args.log_to:
         return ()
-    if getattr(args, "nproc", None) is not None:
-        raise BadInput("--log-to: not with --nproc yet: log a job's ranks after it with report JOB_DIR --to TARGET")
+    if getattr(args, "nproc", None) is not None and getattr(args, "nnodes", 1) > 1:
+        # a node's launcher sees its own ranks' stores only, so no node knows the job's slowest rank while it runs
+        raise BadInput(
+            f"--log-to: not with --nnodes {args.nnodes}: each node sees only its own ranks; log the job after it "
+            "with report JOB_DIR ... --to TARGET"
+        )
     if not args.log_every > 0:
         raise BadInput(f"--log-every {args.log_every:g}: allowed a number of seconds > 0")
     try:

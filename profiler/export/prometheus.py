@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from profiler.analysis.gpu import window_source
+from profiler.core.background import in_background
 from profiler.core.sampler_process.views import ViewRecipe
 from profiler.core.store import PhaseRow, StepRow
 from profiler.export.endpoint import Endpoint, parse_endpoint
@@ -215,22 +216,18 @@ class PrometheusExporter:
     @contextlib.contextmanager
     def _follow(self, state: _RunState | _JobState) -> Iterator[PrometheusExporter]:
         self.serve()
-        done = threading.Event()
 
-        def loop() -> None:
+        def loop(done: threading.Event) -> None:
             while not done.wait(self._poll_s):
                 with self._lock:
                     self._refresh(state)
 
         with self._lock:
             self._state = state
-        thread = threading.Thread(target=loop, name="stallscope-prometheus", daemon=True)
-        thread.start()
         try:
-            yield self
+            with in_background(loop, name="stallscope-prometheus", join_s=max(2.0, 2 * self._poll_s)):
+                yield self
         finally:
-            done.set()
-            thread.join(timeout=max(2.0, 2 * self._poll_s))
             with self._lock:
                 self._refresh(state)  # the run's last steps and status stay served until close()
 

@@ -193,28 +193,41 @@ def run_records(rec: RunRecord, summary: Summary, *, max_points: int = MAX_POINT
     return Records(tuple(points), summary_figures(summary, prefix), verdict_text(summary))
 
 
+def rank_points(ranks: Mapping[int, Sequence[Point]]) -> list[Point]:
+    """Each rank's points under ``stall/rankR/``."""
+    return [
+        Point(f"{PREFIX}rank{r}/{p.name.removeprefix(PREFIX)}", p.step, p.value) for r, ps in ranks.items() for p in ps
+    ]
+
+
+def slowest_points(ranks: Mapping[int, Sequence[Point]], *, same_step: bool = True) -> list[Point]:
+    """The slowest rank's points under ``stall/`` (as detectron2 logs the ranks' max): for each series (``stall/``,
+    ``stall/held/``) the points of the rank whose ``step_ms`` is the longest, at each step (``same_step``: the
+    ranks' points cover one step each, matched by index), or among the points given (each rank's one point of
+    the same steps: a live interval's)."""
+    slowest_at: dict[tuple[str, int], tuple[float, int]] = {}  # (series prefix, step or -1) -> (step_ms, rank)
+    for r, ps in ranks.items():
+        for p in ps:
+            if p.name.endswith("/step_ms"):
+                key = (p.name.removesuffix("step_ms"), p.step if same_step else -1)
+                if key not in slowest_at or p.value > slowest_at[key][0]:
+                    slowest_at[key] = (p.value, r)
+    out = []
+    for r, ps in ranks.items():
+        for p in ps:
+            at = slowest_at.get((p.name.rpartition("/")[0] + "/", p.step if same_step else -1))
+            if at is not None and at[1] == r:
+                out.append(p)
+    return out
+
+
 def job_records(ranks: Mapping[int, Records], summaries: Mapping[int, Summary]) -> Records:
     """A job's records: each rank's under ``stall/rankR/``, and the slowest rank's under ``stall/``: at each step
     the figures of the rank whose step took longest there (as detectron2 logs the ranks' max), and the run
     figures of the rank with the longest mean step."""
-    points = [
-        Point(f"{PREFIX}rank{r}/{p.name.removeprefix(PREFIX)}", p.step, p.value)
-        for r, rr in ranks.items()
-        for p in rr.points
-    ]
+    by_rank = {r: rr.points for r, rr in ranks.items()}
+    points = rank_points(by_rank) + slowest_points(by_rank)
     summary = {f"{PREFIX}rank{r}/{k.removeprefix(PREFIX)}": v for r, rr in ranks.items() for k, v in rr.summary.items()}
-    slowest_at: dict[tuple[str, int], tuple[float, int]] = {}  # (series prefix, step) -> (step_ms, rank)
-    for r, rr in ranks.items():
-        for p in rr.points:
-            if p.name.endswith("/step_ms"):
-                key = (p.name.removesuffix("step_ms"), p.step)
-                if key not in slowest_at or p.value > slowest_at[key][0]:
-                    slowest_at[key] = (p.value, r)
-    for r, rr in ranks.items():
-        for p in rr.points:
-            at = slowest_at.get((p.name.rpartition("/")[0] + "/", p.step))
-            if at is not None and at[1] == r:
-                points.append(p)
     if summaries:
         worst = max(summaries, key=lambda r: _or_low(summaries[r].step_time_ms.mean))
         summary.update(ranks[worst].summary)
@@ -288,3 +301,69 @@ class LiveFold:
         }
         figures[f"{self.prefix}run/steps"] = float(self.total.n)
         return figures
+
+
+def is_cuda(meta: Mapping[str, object]) -> bool:
+    """Whether a run's meta names a CUDA device (its NVML readings are a GPU's utilisation)."""
+    device = meta.get("device")
+    return isinstance(device, dict) and device.get("kind") == "cuda"
+
+
+class JobFold:
+    """A running job's ranks folded as their feeds hand steps over: one :class:`LiveFold` per rank, each rank's
+    steps folded only up to the last step every one of the ``ranks`` expected has handed over, so that the ranks'
+    points of one :meth:`take` cover the same steps and the slowest rank's is the slowest over those steps (DDP
+    keeps the ranks within a step or two; before every rank has handed a step, none is folded). A rank's sampler
+    readings are folded with its steps, up to the last folded step's end."""
+
+    def __init__(self, ranks: int, *, prefix: str = PREFIX) -> None:
+        self.expected, self.prefix = ranks, prefix
+        self.folds: dict[int, LiveFold] = {}
+        self._steps: dict[int, list[tuple[StepRow, Sequence[PhaseRow]]]] = {}
+        self._samples: dict[int, list[tuple[float, Mapping[str, float]]]] = {}
+        self._meta: dict[int, Mapping[str, object]] = {}
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (newest step, newest sample's time) handed over
+
+    def add(
+        self,
+        rank: int,
+        steps: Iterable[tuple[StepRow, Sequence[PhaseRow]]],
+        samples: Iterable[tuple[float, Mapping[str, float]]],
+        windows: Iterable[KernelWindow],
+        meta: Mapping[str, object],
+    ) -> None:
+        """What rank ``rank``'s feed handed over (again and again: each step and reading is taken once)."""
+        fold = self.folds.setdefault(rank, LiveFold(prefix=self.prefix))
+        fold.gpu_util = is_cuda(meta)
+        fold.add_windows(windows)
+        self._meta[rank] = meta
+        step, t = self._seen.get(rank, (-1, -math.inf))
+        pending, readings = self._steps.setdefault(rank, []), self._samples.setdefault(rank, [])
+        for row, phases in steps:
+            if row.step > step:
+                pending.append((row, phases))
+                step = row.step
+        for at, values in samples:
+            if at > t:
+                readings.append((at, values))
+                t = at
+        self._seen[rank] = (step, t)
+
+    def take(self, *, final: bool = False) -> list[Point]:
+        """Each rank's point of the steps folded since the last take under ``stall/rankR/``, and the slowest rank's
+        under ``stall/``; ``final``: every step handed over, aligned or not (the job has ended)."""
+        ready = len(self._seen) >= self.expected and self._seen
+        bound = math.inf if final else min(s for s, _ in self._seen.values()) if ready else -1
+        per_rank: dict[int, list[Point]] = {}
+        for r, fold in sorted(self.folds.items()):
+            pending = self._steps[r]
+            n = next((i for i, (row, _) in enumerate(pending) if row.step > bound), len(pending))
+            fold.add(pending[:n], self._meta[r])
+            end = math.inf if final else pending[n - 1][0].t_end if n else -math.inf
+            readings = self._samples[r]
+            k = next((i for i, (t, _) in enumerate(readings) if t > end), len(readings))
+            fold.add_samples(readings[:k])
+            self._steps[r], self._samples[r] = pending[n:], readings[k:]
+            if points := fold.take():
+                per_rank[r] = points
+        return rank_points(per_rank) + slowest_points(per_rank, same_step=False)

@@ -61,8 +61,14 @@ def _job_export(job_dir: str | Path) -> Export:
 
 def write_records(tracker: Tracker, export: Export, html: Path | None) -> None:
     """Everything of ``export`` into one opened tracker (not closed here)."""
+    tracker.log(export.records.points)
+    write_figures(tracker, export, html)
+
+
+def write_figures(tracker: Tracker, export: Export, html: Path | None) -> None:
+    """``export``'s summary figures (at its last step), its words and its HTML report (where ``html`` is given):
+    all but the step series, which a live logger has written as the run went (profiler.trackers.joblive)."""
     rec = export.records
-    tracker.log(rec.points)
     last = max((p.step for p in rec.points), default=0)
     tracker.log_summary(rec.summary, last)
     tracker.log_text("stall/verdict", rec.text)

@@ -26,10 +26,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from profiler.core.background import in_background
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler_process.views import ViewRecipe
 from profiler.live.feeds import LiveFeed
-from profiler.trackers.analysis import LiveFold, Point
+from profiler.trackers.analysis import LiveFold, Point, is_cuda
 from profiler.trackers.base import ALLOWED, Target, Tracker, open_tracker, parse_targets
 from profiler.trackers.deliver import Delivery
 
@@ -57,11 +58,6 @@ def _fold(feed: LiveFeed, fold: LiveFold) -> None:
     fold.add_samples(samples)
 
 
-def _is_cuda(meta: Mapping[str, object]) -> bool:
-    device = meta.get("device")
-    return isinstance(device, dict) and device.get("kind") == "cuda"
-
-
 @contextlib.contextmanager
 def follow(
     feed: LiveFeed | None,
@@ -75,15 +71,14 @@ def follow(
     """Log ``feed``'s run to ``deliveries`` while the block runs (``make_feed``: a feed made once it can be, a
     store not yet created)."""
     poll_s = min(poll_s, every_s)
-    fold = LiveFold(gpu_util=feed is not None and _is_cuda(feed.meta()))
-    done = threading.Event()
+    fold = LiveFold(gpu_util=feed is not None and is_cuda(feed.meta()))
     got: list[LiveFeed] = [feed] if feed is not None else []
 
     def tick() -> None:
         if not got:
             try:
                 got.append(make_feed())
-                fold.gpu_util = _is_cuda(got[0].meta())
+                fold.gpu_util = is_cuda(got[0].meta())
             except Exception:  # noqa: BLE001 - the store not created yet: the next tick tries again
                 return
         _fold(got[0], fold)
@@ -92,9 +87,9 @@ def follow(
         points = fold.take()
         if points:
             for d in deliveries:
-                d.submit(functools.partial(_log, points=points))
+                d.submit(functools.partial(log_points, points=points))
 
-    def loop() -> None:
+    def loop(done: threading.Event) -> None:
         last = time.monotonic()
         while not done.wait(poll_s):
             try:
@@ -105,13 +100,10 @@ def follow(
                 last = time.monotonic()
                 send()
 
-    thread = threading.Thread(target=loop, name="stallscope-trackers", daemon=True)
-    thread.start()
     try:
-        yield fold
+        with in_background(loop, name="stallscope-trackers", join_s=poll_s + 1.0):
+            yield fold
     finally:
-        done.set()
-        thread.join(poll_s + 1.0)
         with contextlib.suppress(Exception):
             tick()
         send()
@@ -123,7 +115,7 @@ def follow(
             d.close(max(0.1, deadline - time.monotonic()))
 
 
-def _log(tracker: Tracker, points: list[Point]) -> None:
+def log_points(tracker: Tracker, points: list[Point]) -> None:
     tracker.log(points)
 
 
@@ -144,7 +136,7 @@ def follow_targets(
     return follow(feed, deliveries(parsed, run_name), every_s=every_s)
 
 
-def _mlflow_run(target: Target) -> Target:
+def mlflow_run(target: Target) -> Target:
     """The MLflow target with the run active in this process (where mlflow is imported and one is), or
     ``MLFLOW_RUN_ID``'s; its tracking URI that process's where none is given."""
     if target.kind != "mlflow" or "mlflow" not in sys.modules:  # never imported here just to ask
@@ -187,7 +179,7 @@ class TrackerHook:
 
     def on_start(self, session: SessionView) -> None:
         run_name = str(session.meta.get("run_id") or self.out_dir.name)
-        targets = [_mlflow_run(t) for t in self.targets]
+        targets = [mlflow_run(t) for t in self.targets]
         there = [t for t in targets if t.kind in IN_SAMPLER]
         here = deliveries([t for t in targets if t.kind not in IN_SAMPLER], run_name)
         here += [Delivery(getattr(o, "name", type(o).__name__), functools.partial(_same, o)) for o in self.objects]

@@ -9,6 +9,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from profiler.core.background import in_background
+
 JOIN_S = 10.0  # the close: the trackers' own wait (live.CLOSE_WAIT_S) and the last fold, with room
 
 
@@ -16,18 +18,11 @@ JOIN_S = 10.0  # the close: the trackers' own wait (live.CLOSE_WAIT_S) and the l
 def log_view(
     feed: Any, *, targets: list[dict[str, Any]], every_s: float, run_name: str | None = None
 ) -> Iterator[None]:
-    done = threading.Event()
-
-    def run() -> None:
+    def run(done: threading.Event) -> None:
         from profiler.trackers.live import follow_targets
 
         with follow_targets(feed, targets, every_s=every_s, run_name=run_name):
             done.wait()
 
-    thread = threading.Thread(target=run, name="stallscope-trackers-view", daemon=True)
-    thread.start()
-    try:
+    with in_background(run, name="stallscope-trackers-view", join_s=JOIN_S):
         yield None
-    finally:
-        done.set()
-        thread.join(JOIN_S)
