@@ -341,7 +341,7 @@ def test_a_loop_of_unknown_length_asks_early_then_reads_its_workers_where_it_bre
     import subprocess
     import sys
 
-    from profiler.core.workerreads import WorkerReads, worker_pids
+    from profiler.core.workerreads import WorkerReads
 
     class Proc:
         def __init__(self, pid: int) -> None:
@@ -366,7 +366,23 @@ def test_a_loop_of_unknown_length_asks_early_then_reads_its_workers_where_it_bre
     finally:
         child.kill()
         child.wait()
-    assert worker_pids(object()) == []  # no worker list, no child running this process's command line
+    # no worker list: this process's children that run its own command line (a fork), in a fresh process (a pytest
+    # worker has children of earlier tests: two of them were found here in a fresh-clone CI)
+    code = (
+        "import os, signal, time\n"
+        "from profiler.core.workerreads import worker_pids\n"
+        "before = worker_pids(object())\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "time.sleep(0.2)\n"
+        "print(before, worker_pids(object()) == [pid])\n"
+        "os.kill(pid, signal.SIGKILL)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert got.stdout.split() == ["[]", "True"], (got.stdout, got.stderr)
 
 
 def test_readings_taken_at_the_loops_end_are_labelled_by_the_source_and_cross_the_ring() -> None:
