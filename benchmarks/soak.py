@@ -16,11 +16,13 @@
    sampler lateness (mean, p99, max) per window.
 2. Scale. On the session's store (completed: its report cache written at close) and on a store of as many steps
    whose training process was killed (SIGKILL inside its ``with Session`` block, once every step was stored: the
-   sampler process closed it ``interrupted``, and nothing wrote a summary or a cache): ``stallscope report RUN``,
-   ``report RUN --json``, ``report RUN --html F``, ``report RUN --trace F``, ``--html`` and ``--trace`` together,
-   and ``compare RUN RUN``, each in a fresh interpreter as a user runs it (``python -m profiler``). The killed
-   store is timed twice: its first read (each run on a fresh copy with no cache: the rows read in bulk, and the
-   cache written) and its second read (the cache the first wrote). Wall clock and CPU time (medians of
+   sampler process closed it ``interrupted`` and then wrote its report cache; nothing wrote a summary):
+   ``stallscope report RUN``, ``report RUN --json``, ``report RUN --html F``, ``report RUN --trace F``, ``--html``
+   and ``--trace`` together, and ``compare RUN RUN``, each in a fresh interpreter as a user runs it (``python -m
+   profiler``). The killed store is timed three ways: as its sampler process left it (a fresh copy before each
+   run: the cache it wrote), with no cache (a fresh copy without it before each run, as a store whose sampler
+   process was killed too leaves it: the rows read in bulk, and the cache written), and its second read (the
+   cache that first read wrote). Wall clock and CPU time (medians of
    ``--repeats``, after one untimed run) and the child's peak RSS (``os.wait4``'s ``ru_maxrss``). Targets: < 1 s
    and < 300 MiB each for 100,000 steps (issue #65: cache or not). Also: the trace's event count and size, the
    HTML's size, the interpreter start plus command-line parse, and whether ``report`` imports torch (never) or
@@ -157,14 +159,21 @@ with Session(out, meta={"scenario": "soak"}) as s:
 
 def make_store(out: Path, steps: int, *, kill: bool, work: int) -> dict[str, Any]:
     """A store of ``steps`` fast steps (a compute phase of ``sum(range(work))``); ``kill``: SIGKILLed after the last
-    step was stored. Returns what the store holds (steps, status)."""
+    step was stored (then its sampler process closes the store and writes the report cache: waited for, up to
+    60 s). Returns what the store holds (steps, status)."""
+    from profiler.runs.cache import CACHE_NAME
+
     shutil.rmtree(out, ignore_errors=True)
     print(f"scale: a {'killed' if kill else 'completed'} run of {steps} steps ...", file=sys.stderr, flush=True)
     argv = [str(out), str(steps), "kill" if kill else "done", str(work)]
     proc = subprocess.run([sys.executable, "-c", SCALE_LOOP, *argv], env=_env(), capture_output=True, check=False)
     if proc.returncode != (-9 if kill else 0):
         raise SystemExit(f"the scale run failed (exit {proc.returncode}):\n{proc.stderr.decode()[-2000:]}")
-    return store_facts(out, wait_for="interrupted" if kill else None)
+    facts = store_facts(out, wait_for="interrupted" if kill else None)
+    deadline = time.monotonic() + 60
+    while kill and not (out / CACHE_NAME).is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return facts
 
 
 def store_facts(run_dir: Path, wait_for: str | None = None) -> dict[str, Any]:
@@ -300,7 +309,7 @@ def imports_of_report(run_dir: Path, tmp: Path) -> dict[str, bool]:
 
 
 COMMANDS = ("report", "report --json", "report --html", "report --trace", "report --html --trace", "compare")
-STATES = ("completed", "killed, first read", "killed, second read")
+STATES = ("completed", "killed, as left", "killed, no cache", "killed, second read")
 
 
 def _argv(command: str, run: Path, tmp: Path) -> list[str]:
@@ -313,7 +322,9 @@ def _argv(command: str, run: Path, tmp: Path) -> list[str]:
 
 def scale(run_dir: Path, tmp: Path, repeats: int, killed: Path | None = None) -> dict[str, Any]:
     """The commands on the completed store (its report cache: docs/store.md) and, where ``killed`` is given, on
-    the killed store: its first read (a fresh copy without a cache before each run) and its second read."""
+    the killed store: as its sampler process left it (the cache it wrote as it closed the store), with no cache
+    (a fresh copy without it before each run: a store whose sampler process was killed too, or code before
+    issue #65; the rows read in bulk, and the cache written), and its second read (the cache that read wrote)."""
     from profiler.runs.cache import CACHE_NAME
 
     html, trace = tmp / "report.html", tmp / "trace.json"
@@ -323,12 +334,20 @@ def scale(run_dir: Path, tmp: Path, repeats: int, killed: Path | None = None) ->
     got["html_bytes"] = html.stat().st_size
     if killed is not None:
         copy = tmp / "killed"
+        got["left_cached"] = (killed / CACHE_NAME).is_file()  # written by its sampler process
 
-        def fresh() -> None:  # the killed store as it was left: no cache, no summary
+        def as_left() -> None:
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(killed, copy)
+            if (copy / CACHE_NAME).is_file():
+                os.utime(copy / CACHE_NAME)  # the copy keeps the cache newer than the store, as it was
+
+        def fresh() -> None:  # the killed store with no cache, no summary
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(killed, copy, ignore=shutil.ignore_patterns(f"{CACHE_NAME}*"))
 
-        got["killed, first read"] = {c: timed(_argv(c, copy, tmp), repeats, before=fresh) for c in COMMANDS}
+        got["killed, as left"] = {c: timed(_argv(c, copy, tmp), repeats, before=as_left) for c in COMMANDS}
+        got["killed, no cache"] = {c: timed(_argv(c, copy, tmp), repeats, before=fresh) for c in COMMANDS}
         fresh()
         subprocess.run([sys.executable, "-m", "profiler", *_argv("report", copy, tmp)], env=_env(), check=True,
                        capture_output=True)  # fmt: skip  # the first read, which writes the cache
@@ -418,19 +437,20 @@ def show_scale(sc: dict[str, Any], what: str) -> None:
     facts = f"{sc['completed_store']['steps']} steps"
     if "killed_store" in sc:
         facts += f"; the killed store: {sc['killed_store']['steps']} steps, status {sc['killed_store']['status']}"
+        facts += "" if sc.get("left_cached") else ", its sampler process wrote no cache"
         facts += "" if sc["second_read_cached"] else ", its first read wrote no cache"
     print(f"commands on {what} ({facts}; fresh interpreter each; target < {TARGET_S:g} s, < {TARGET_MIB:g} MiB;")
     print(f"  load average after: {sc['loadavg']}):")
     states = [st for st in STATES if st in sc]
-    print(f"  {'command':22s}" + "".join(f"  {st:>32s}" for st in states))
+    print(f"  {'command':22s}" + "".join(f"  {st:>31s}" for st in states))
     for name in COMMANDS:
         cells = []
         for st in states:
             c = sc[st][name]
             ok = c["seconds"] < TARGET_S and c["peak_rss"] / MIB < TARGET_MIB and c["rc"] == 0
             verdict = "ok" if ok else "MISSED"
-            cells.append(f"{c['seconds']:5.2f} s {c['cpu_seconds']:5.2f} CPU {c['peak_rss'] / MIB:4.0f} MiB {verdict}")
-        print(f"  {name:22s}" + "".join(f"  {cell:>32s}" for cell in cells))
+            cells.append(f"{c['seconds']:5.2f} s {c['cpu_seconds']:4.2f} CPU {c['peak_rss'] / MIB:3.0f} MiB {verdict}")
+        print(f"  {name:22s}" + "".join(f"  {cell:>31s}" for cell in cells))
     print(
         f"  trace: {sc['trace_events']} events, {sc['trace_bytes'] / 1e6:.2f} MB; "
         f"HTML {sc['html_bytes'] / 1e3:.0f} kB; "

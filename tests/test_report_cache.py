@@ -142,7 +142,7 @@ def test_the_cache_is_read_only_when_it_is_the_stores_own(closed_run: Path, tmp_
     assert read_cache(run) is None
 
 
-# -- a run that was killed: no cache at close; the first report writes it ---------------------------------------
+# -- a run that was killed, its cache gone: the first report writes it ----------------------------------------------
 KILLED = """
 import os, signal, sys, time
 from profiler import Session
@@ -164,14 +164,17 @@ with Session(out, sample_hz=20, warmup=2, meta={"scenario": "killed", "batch_siz
 @pytest.fixture(scope="module")
 def killed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Session killed (SIGKILL) inside its block after 600 steps: the sampler process closed the store
-    ``interrupted``, and nothing wrote a summary or a cache."""
+    ``interrupted`` and wrote its cache (tests/test_killed_report.py), removed here: a store as a sampler process
+    killed with it leaves it, with no summary and no cache."""
     run = tmp_path_factory.mktemp("killed") / "run"
     proc = subprocess.run([sys.executable, "-c", KILLED, str(run), "600"], cwd=ROOT, timeout=120, check=False)
     assert proc.returncode == -signal.SIGKILL
     from profiler.core.store import read_head
 
     assert wait_until(lambda: read_head(run)[0].get("status") == "interrupted")
-    assert read_head(run)[1] == 600 and not (run / CACHE_NAME).exists()
+    assert wait_until((run / CACHE_NAME).is_file, timeout=60)  # the sampler process's last act
+    (run / CACHE_NAME).unlink()
+    assert read_head(run)[1] == 600
     return run
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from itertools import repeat
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
@@ -95,16 +94,15 @@ def _spread(cols: RunColumns, measured: NDArray[np.int64], column: dict[str, NDA
     rows = np.searchsorted(s.step, measured)
     step = (s.t_end[rows] - s.t_start[rows]) * 1e3
     wait = s.data_wait_s[rows] * 1e3
-    phase_ms = {name: (sums * 1e3).tolist() for name, sums in column.items()}
-    parts = list(map(math.fsum, zip(*phase_ms.values(), strict=True))) if phase_ms else [0.0] * n
-    other = (step - wait) - np.array(parts)
+    phase_ms = {name: sums * 1e3 for name, sums in column.items()}
+    other = (step - wait) - _parts(list(phase_ms.values()), n)
     sd = _sd(step)  # once for the three figures of the step time
     se = {
         "step": _se_of_mean(step, sd),
         "step_p50": _se_of_quantile(step, 0.5, sd),
         "step_p90": _se_of_quantile(step, 0.9, sd),
         "data_wait": _se_of_mean(wait),
-        **{name: _se_of_mean(np.array(ms)) for name, ms in phase_ms.items()},
+        **{name: _se_of_mean(ms) for name, ms in phase_ms.items()},
         "other": _se_of_mean(other),
     }
     timed = step > 0
@@ -117,16 +115,30 @@ def _spread(cols: RunColumns, measured: NDArray[np.int64], column: dict[str, NDA
     return StepSpread(n, BLOCKS if n >= 2 * BLOCKS else 0, se, _se_of_mean(stall), busy)
 
 
-# spread.se_of_mean and se_of_quantile of an array, to the same bits: the same sums (math.fsum of the same floats)
-# and the same squares (Python's ``x ** 2``, which is libm's pow: numpy's square, x * x, differs in the last bit for
-# about one value in a thousand); x - mean is one IEEE subtraction either way. tests/test_report_cache.py checks
-# summarize_columns against summarize, spread included.
+def _parts(phase_ms: list[NDArray[np.float64]], n: int) -> NDArray[np.float64]:
+    """Each step's top-level phases summed as spread.step_spread sums them (``math.fsum`` of the step's values):
+    for one or two phases that is the values themselves or one IEEE addition (fsum's correctly rounded sum of two
+    floats is their sum), so numpy adds them; three or more are fsum'd step by step."""
+    import numpy as np
+
+    if not phase_ms:
+        return np.zeros(n)
+    if len(phase_ms) <= 2:
+        return phase_ms[0] + phase_ms[1] if len(phase_ms) == 2 else phase_ms[0]
+    return np.array(list(map(math.fsum, zip(*(ms.tolist() for ms in phase_ms), strict=True))))
+
+
+# spread.se_of_mean and se_of_quantile of an array, to the same bits: the same sums (math.fsum of the same floats,
+# which is exact whatever their order) and the same squares (spread squares d * d, one correctly rounded product,
+# as numpy does); x - mean is one IEEE subtraction either way. tests/test_report_cache.py and
+# tests/test_killed_report.py check summarize_columns against summarize, spread included.
 def _sd(xs: NDArray[np.float64]) -> float:
     n = len(xs)
     if n < 2:
         return math.nan
     m = math.fsum(xs.tolist()) / n
-    return math.sqrt(math.fsum(map(pow, (xs - m).tolist(), repeat(2))) / (n - 1))
+    d = xs - m
+    return math.sqrt(math.fsum((d * d).tolist()) / (n - 1))
 
 
 def _blocks(xs: NDArray[np.float64]) -> list[NDArray[np.float64]]:

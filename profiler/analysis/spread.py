@@ -65,7 +65,9 @@ class StepSpread:
 
 def _sd(xs: Sequence[float]) -> float:
     m = mean(xs)
-    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else math.nan
+    # d * d, not d ** 2: the product is correctly rounded, so a store read in bulk squares its columns in numpy to
+    # the same bits (analysis/bulk.py); libm's pow differs from it in the last bit for about one value in 1,000
+    return math.sqrt(math.fsum(d * d for d in [x - m for x in xs]) / (len(xs) - 1)) if len(xs) > 1 else math.nan
 
 
 def _blocks(xs: Sequence[float]) -> list[Sequence[float]]:

@@ -81,6 +81,14 @@ def load_bulk(run_dir: str | Path, *, timeline: bool = False) -> Bulk:
     return Bulk(cols, summary, plots, cached)
 
 
+def cache_orphaned(run_dir: str) -> None:
+    """The report cache of a run whose training process is gone (killed), written by its sampler process once it
+    has closed the store (``interrupted``): :func:`load_bulk`, which writes it, so that the user's first ``report``
+    reads the cache rather than every row. A store that is not settled yet, or a directory that takes no file: no
+    cache (the report reads the rows)."""
+    load_bulk(run_dir)
+
+
 def trace_of_columns(run_dir: str | Path, cols: RunColumns) -> ForTrace:
     """:func:`load_for_trace` of a store already read in bulk: the same rows, from the columns."""
     from profiler.core.store.columns import load_sparse_of

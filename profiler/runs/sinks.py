@@ -6,7 +6,9 @@ installs them (imported from here when first used), before any Session can be ma
   :class:`~profiler.core.sampler_process.client.ProcessRecorder`, or a
   :class:`~profiler.core.recording.ThreadRecorder`), with :func:`profiler.runs.summarize.summarize_run` to build
   its Summary at close, and the Prometheus exporter (:mod:`profiler.export.prometheus`) when asked;
-- ``sim:`` device strings, read by the simulator (:mod:`profiler.sim.specs`), imported only when one is asked for.
+- ``sim:`` device strings, read by the simulator (:mod:`profiler.sim.specs`), imported only when one is asked for;
+- what the sampler process does after closing the store of a training process that is gone (killed): the report
+  cache (:func:`profiler.runs.read.cache_orphaned`, named in the recorder's ``on_orphaned`` recipe).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from profiler.core.hooks import Recorder, SessionHook, SinkOptions, Sinks
 from profiler.core.recording import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
-from profiler.core.sources.base import made_here
+from profiler.core.sources.base import Recipe, made_here
 from profiler.runs.summarize import summarize_run
 
 
@@ -49,6 +51,8 @@ def default_sinks(options: SinkOptions) -> Sinks:
             sources=options.sources,
             store_errors=options.store_errors,
             summarize=summarize_run,
+            # a killed run's report cache, built by its sampler process as it closes the store (docs/store.md)
+            on_orphaned=Recipe("profiler.runs.read:cache_orphaned"),
         )
     else:
         recording = ThreadRecorder(

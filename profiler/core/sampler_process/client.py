@@ -54,7 +54,7 @@ from profiler.core.sampler_process.wire import (
     Samples,
     heard,
 )
-from profiler.core.sources.base import Source, SourceRecipe, split_recipes
+from profiler.core.sources.base import Recipe, Source, SourceRecipe, split_recipes
 from profiler.core.sources.memory import Taken
 from profiler.core.stepevents import Assembler, EventSink
 from profiler.core.store import (
@@ -122,9 +122,12 @@ class ProcessRecorder:
         warn: Callable[[str], None] = log_warning,
         ring_size: int = DEFAULT_SIZE,
         summarize: Summarizer | None = None,
+        on_orphaned: Recipe | None = None,
     ) -> None:
         """``summarize``: what builds the Summary at close (``profiler.runs.summarize.summarize_run``, passed in by the
-        layers above: the core imports no analysis); None: no Summary."""
+        layers above: the core imports no analysis); None: no Summary. ``on_orphaned``: what the sampler process
+        calls with the run directory after closing the store of a training process that is gone (killed): the
+        report cache, built there, where no one waits for it."""
         self.out_dir = Path(out_dir)
         self._meta = meta
         self._sample_hz = sample_hz
@@ -133,6 +136,7 @@ class ProcessRecorder:
         self._warn = warn
         self._ring_size = ring_size
         self._summarizer = summarize
+        self._on_orphaned = on_orphaned
         self.t0 = 0.0
         self.sampler: Sampler | None = None  # the in-process sources' sampler (None without any)
         self._ticked: TickReads | None = None  # those read at the training thread's hand-overs
@@ -234,6 +238,7 @@ class ProcessRecorder:
             "run_dir": str(self.out_dir), "sample_hz": self._sample_hz, "t0": t0, "warmup": self._warmup(),
             "store_errors": self._store_errors,
             "recipes": [r.to_json() for r in self._recipes],
+            "on_orphaned": self._on_orphaned.to_json() if self._on_orphaned is not None else None,
             "views": [v.to_json() for v in self._views], "meta": self._meta if self._views else {},
             # its warnings go to stderr as this process's would: at the stallscope logger's level, or none
             "log_level": max(log.getEffectiveLevel(), logging.root.manager.disable + 1),

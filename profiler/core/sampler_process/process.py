@@ -20,13 +20,15 @@ Invariants:
 - The training process killed (SIGKILL included), or its Session dropped unclosed: seen within ``DRAIN_S`` (its
   parent pid changes, or the stdin pipe it holds closes); the ring is drained (every segment it grew by: they
   come over a socket whose queue outlives the sender) and the store closed ``interrupted``, saying so, with the
-  count of steps taken from the ring's header (meta ``steps_taken``).
+  count of steps taken from the ring's header (meta ``steps_taken``); then, with nobody waiting for it, the
+  ``on_orphaned`` recipe of its orders (the report cache, from the layers above) is called with the run directory.
 - A store that stops writing: the failure goes to the ring's header, where the training process reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -88,7 +90,7 @@ def run(orders: dict[str, Any]) -> int:
     watch.start()
     shown = open_views(views, feed) if feed is not None else None
     _ready()
-    closing = _follow(drain, parent)
+    closing, orphaned = _follow(drain, parent)
     if feed is not None and shown is not None:  # the views' last figures carry the run's status; then they close
         feed.set_status(closing.status)
         close_views(shown)
@@ -103,7 +105,22 @@ def run(orders: dict[str, Any]) -> int:
         _hand_over_rows(store)
     segments.left(reader.seg)
     ring.close()
+    if orphaned and store.failure is None:
+        after_orphaned(orders.get("on_orphaned"), run_dir)
     return 0
+
+
+def after_orphaned(recipe: dict[str, Any] | None, run_dir: Path) -> None:
+    """The training process is gone and the store closed: call ``recipe`` (``package.module:function``, from the
+    layers above: the report cache) with the run directory. Nobody waits for this process any more, so the
+    user's first ``report`` of a killed run reads the cache instead of every row (docs/store.md)."""
+    if not recipe:
+        return
+    module, _, name = str(recipe["factory"]).partition(":")
+    try:
+        getattr(importlib.import_module(module), name)(str(run_dir), **recipe.get("kwargs", {}))
+    except Exception as exc:  # noqa: BLE001 - the store is closed and whole: a report reads its rows instead
+        logging.getLogger("stallscope").warning("the report cache of %s was not written: %s", run_dir, exc)
 
 
 def _hand_over_rows(store: RunStore) -> None:
@@ -144,15 +161,16 @@ def _gone(parent: int) -> bool:
     return bool(select.select([0], [], [], 0)[0]) and not os.read(0, 1)
 
 
-def _follow(drain: Drain, parent: int) -> Close:
-    """Drain until the close item comes, or the training process is gone (then one last drain)."""
+def _follow(drain: Drain, parent: int) -> tuple[Close, bool]:
+    """Drain until the close item comes, or the training process is gone (then one last drain); (the close,
+    whether the training process is gone without one)."""
     while True:
         gone = _gone(parent)
         closing = drain.once()
         if closing is not None:
-            return closing
+            return closing, False
         if gone:
-            return Close("interrupted", orphaned_error(parent), {})
+            return Close("interrupted", orphaned_error(parent), {}), True
         time.sleep(DRAIN_S)
 
 

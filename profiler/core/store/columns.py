@@ -254,29 +254,30 @@ def _phases(con: sqlite3.Connection) -> PhaseColumns:
 
     names = tuple(n for (n,) in con.execute("SELECT DISTINCT name FROM phases"))
     i, _name, depth, a, b, da, db, rq = _cols(con, "phases")
-    dtype = [("r", "i8"), ("i", "i8"), ("d", "i8"), ("a", "f8"), ("b", "f8")]
-    query = f"SELECT rowid, {i}, {depth}, {a}, {b} FROM phases WHERE name = ?"
-    # one query a name (a few): the name's index comes with its rows, not a string per row
-    parts = [np.fromiter(con.execute(query, (name,)), dtype) for name in names]
-    rows = np.concatenate(parts) if parts else np.zeros(0, dtype)
-    code = np.repeat(np.arange(len(names), dtype=np.int64), [len(p) for p in parts])
-    # as load_run: by step, then start, ties in storage order
-    order = np.lexsort((rows["r"], rows["a"], rows["i"]))
-    rows, code = rows[order], code[order]
+    # one query in storage order, each name's index made in SQL (not a string per row); the depth, nonzero only
+    # on nested phases, read apart with the columns that are NULL on most rows
+    code = f"CASE name {' '.join(f'WHEN ? THEN {k}' for k in range(len(names)))} END" if names else "0"
+    query = f"SELECT rowid, {i}, {code}, {a}, {b} FROM phases ORDER BY rowid"
+    dtype = [("r", "i8"), ("i", "i8"), ("c", "i8"), ("a", "f8"), ("b", "f8")]
+    rows = np.fromiter(con.execute(query, names), dtype)
+    # as load_run: by step, then start, ties in storage order (lexsort is stable)
+    rows = rows[np.lexsort((rows["a"], rows["i"]))]
     extra = [np.full(len(rows), np.nan) for _ in range(3)]  # dev_start, dev_end, runq_s: NULL on a CPU's steps
+    depths = np.zeros(len(rows), np.int64)
     more = np.fromiter(
         con.execute(
-            f"SELECT rowid, IFNULL({da}, {_NULL}), IFNULL({db}, {_NULL}), IFNULL({rq}, {_NULL}) FROM phases "
-            f"WHERE {da} IS NOT NULL OR {db} IS NOT NULL OR {rq} IS NOT NULL"
+            f"SELECT rowid, {depth}, IFNULL({da}, {_NULL}), IFNULL({db}, {_NULL}), IFNULL({rq}, {_NULL}) FROM phases "
+            f"WHERE {depth} != 0 OR {da} IS NOT NULL OR {db} IS NOT NULL OR {rq} IS NOT NULL"
         ),
-        [("r", "i8"), ("da", "f8"), ("db", "f8"), ("rq", "f8")],
+        [("r", "i8"), ("d", "i8"), ("da", "f8"), ("db", "f8"), ("rq", "f8")],
     )
     if len(more):
         by_rowid = np.argsort(rows["r"])
         at = by_rowid[np.searchsorted(rows["r"], more["r"], sorter=by_rowid)]
+        depths[at] = more["d"]
         for col, key in zip(extra, ("da", "db", "rq"), strict=True):
             col[at] = _nulls(more[key])
-    return PhaseColumns(rows["i"], code, names, rows["d"], rows["a"], rows["b"], *extra)
+    return PhaseColumns(rows["i"], rows["c"], names, depths, rows["a"], rows["b"], *extra)
 
 
 def _nulls(x: Floats) -> Floats:
