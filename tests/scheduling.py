@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
 SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
 KINDS = "units.json"
+UNIT_SECONDS = ROOT / "tests" / "data" / "unit_seconds.json"
 
 
 @functools.cache
@@ -70,20 +71,34 @@ def light_seconds(item: pytest.Item) -> float:
     return float(marker.kwargs.get("seconds", 0.0)) if marker is not None else 0.0
 
 
+@functools.cache
+def recorded_seconds() -> dict[str, float]:
+    """The units' seconds as a CI run measured them (UNIT_SECONDS, written by benchmarks/unit_seconds.py): only the
+    slow ones are there, and a unit not there is taken as short. Without the file, none (the order by test count);
+    tests/test_unit_order.py fails then."""
+    if not UNIT_SECONDS.is_file():
+        return {}
+    return {str(k): float(v) for k, v in json.loads(UNIT_SECONDS.read_text(encoding="utf-8"))["seconds"].items()}
+
+
 def run_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The collection's order: the units with the most tests first, each unit's tests in collection order, then
-    the light units, longest first, and the alone units last. (The scheduler below picks the alone and light units
-    by their kind, whatever their place, in this order; it is also what a plain ``-n`` follows.)"""
+    """The collection's order: the units a CI run measured longest first (UNIT_SECONDS), then the others with the
+    most tests first, each unit's tests in collection order, then the light units, longest first, and the alone
+    units last. (The scheduler below picks the alone and light units by their kind, whatever their place, in this
+    order; it is also what a plain ``-n`` follows.) Longest first because the alone units wait for every other
+    running test to end: by test count, the 65-151 s single tests came last among the others, so the alone test
+    could wait for one started last while the other workers had only light tests (docs/testing.md)."""
     size = collections.Counter(work_unit(item.nodeid) for item in items)
+    recorded = recorded_seconds()
     seconds: collections.Counter[str] = collections.Counter()
     for item in items:
         seconds[work_unit(item.nodeid)] += light_seconds(item)
     kinds = unit_kinds(items)
     alone, light = set(kinds["alone"]), set(kinds["light"])
 
-    def key(item: pytest.Item) -> tuple[bool, bool, float, int]:
+    def key(item: pytest.Item) -> tuple[bool, bool, float, float, int]:
         unit = work_unit(item.nodeid)
-        return unit in alone, unit in light, -seconds[unit], -size[unit]
+        return unit in alone, unit in light, -seconds[unit], -recorded.get(unit, 0.0), -size[unit]
 
     return sorted(items, key=key)
 
