@@ -72,7 +72,11 @@ def test_failing_command_exit_code_is_reported(tmp_path: Path) -> None:
 
 def test_without_pyspy_the_sampler_only_run_completes(tmp_path: Path) -> None:
     script = tmp_path / "busy.py"
-    script.write_text("import time\nend = time.time() + 1.5\nwhile time.time() < end:\n    pass\n")
+    own = tmp_path / "own.txt"  # the script's own CPU share over its busy loop: process_time / wall
+    script.write_text(
+        "import time\nt0, c0 = time.time(), time.process_time()\nend = t0 + 1.5\nwhile time.time() < end:\n"
+        f"    pass\nopen({str(own)!r}, 'w').write(str(100 * (time.process_time() - c0) / (time.time() - t0)))\n"
+    )
     env_before = os.environ.get("STALLSCOPE_PYSPY")
     os.environ["STALLSCOPE_PYSPY"] = "/bin/false"  # a py-spy that fails at once
     try:
@@ -89,8 +93,11 @@ def test_without_pyspy_the_sampler_only_run_completes(tmp_path: Path) -> None:
     summary = json.loads(res.stdout)
     assert summary["status"] == "complete" and summary["stack_estimate"] is None
     assert summary["sampler"]["samples"] >= 5
-    # the busy loop, seen by psutil: ~100% of a core when idle, >= ~35% beside four other busy processes on 2 cores
-    assert summary["host"]["proc_main_cpu_pct_mean"] > 20, summary["host"]
+    # the busy loop, seen by psutil: ~100% of a core when idle, >= ~35% beside four other busy processes on 2 cores,
+    # 6.5% at load 15 (a fresh-clone CI): against the script's own share of a core in the same run, which the
+    # sampler's mean also holds the interpreter's start and exit in (a share of the 1.5 s loop's, lower or higher)
+    script_pct = float(own.read_text())
+    assert summary["host"]["proc_main_cpu_pct_mean"] > 0.5 * script_pct, (script_pct, summary["host"])
 
 
 def test_attach_to_a_running_script(tmp_path: Path) -> None:
