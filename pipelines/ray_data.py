@@ -19,9 +19,11 @@ first blocks). Both fall in the run's first step, a warm-up step unless ``--warm
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -41,6 +43,11 @@ CONNECT_TIMEOUT_S = 5.0
 # Ray refuses an object store under 75 MiB; batches in flight are workers' outputs plus the read-ahead
 MIN_STORE_BYTES = 80 * 2**20
 STORE_HEADROOM = 4
+USER_MODULES = "stallscope_user_scenario_"  # the prefix of a scenario file's module (scenarios._load_file)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its task names
+NO_CPU_WAIT_S = 10.0  # a busy instance's CPUs may free up (the last epoch's tasks ending): polled this long
+# the worker exits that are a loss (killed, crashed, out of memory), not Ray's own idle-worker reaping
+LOST_EXITS = ("SYSTEM_ERROR", "NODE_OUT_OF_MEMORY")
 # datasets whose items the pipeline cannot stack into (x, y) arrays (a list of per-image targets)
 UNSTACKABLE = {"detection": "its items carry per-image target lists that Ray Data cannot stack into arrays"}
 
@@ -78,9 +85,10 @@ class LoadItems:
         return {"x": x, "y": y}
 
 
-def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S, via: str = "RAY_ADDRESS") -> None:
     """RayUnavailable (one line) unless ``host:port`` takes a TCP connection within ``timeout_s``: Ray's own
-    client retries an unreachable address for minutes, printing a warning every few seconds."""
+    client retries an unreachable address for minutes, printing a warning every few seconds. ``via``: where the
+    address came from (the variable or the flag), named in the line."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or "://" in address:
         return  # "auto", "ray://...": left to Ray
@@ -88,8 +96,72 @@ def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as exc:
         raise RayUnavailable(
-            f"cannot reach the Ray instance at RAY_ADDRESS={address} within {timeout_s:g} s: {exc.strerror or exc}"
+            f"cannot reach the Ray instance at {via}={address} within {timeout_s:g} s: {exc.strerror or exc}"
         ) from None
+
+
+def first_line(exc: BaseException) -> str:
+    text = ANSI.sub("", str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def wait_for_cpu(instance: str, wait_s: float | None = None) -> None:
+    """RayUnavailable (one line) unless the instance has a CPU free within ``wait_s``: with none, Ray Data's
+    ``map_batches`` tasks wait for one forever and the run hangs without a word."""
+    import ray
+
+    wait_s = NO_CPU_WAIT_S if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    while True:
+        free = float(ray.available_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+        if free >= 1.0 or time.monotonic() >= deadline:
+            break
+        time.sleep(0.25)
+    if free < 1.0:
+        total = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+        raise RayUnavailable(
+            f"the Ray instance has no CPU free for Ray Data's tasks ({instance or 'this run'}): {total:g} CPU(s), "
+            f"all held by other tasks or actors for {wait_s:g} s; free one, or point --ray-address at another"
+        )
+
+
+def lost_workers() -> set[str] | None:
+    """The instance's worker processes that ended by a loss (``LOST_EXITS``), as "pid N: detail"; None where
+    the GCS's worker table cannot be read (it is Ray's internal API: any failure is no figure, never an error)."""
+    try:
+        from ray._private.state import state
+        from ray.core.generated import common_pb2, gcs_pb2
+
+        common: Any = common_pb2  # generated protobuf modules: no types for mypy
+        table = state._connect_and_get_accessor().get_worker_table()
+        lost = {common.WorkerExitType.Value(name) for name in LOST_EXITS}
+        gcs: Any = gcs_pb2
+        out = set()
+        for raw in table:
+            w = gcs.WorkerTableData.FromString(raw)
+            if not w.is_alive and w.worker_type == common.WORKER and w.exit_type in lost:
+                detail = w.exit_detail.splitlines()[0] if w.exit_detail else "ended"
+                out.add(f"pid {w.pid}: {detail[:120]}")
+        return out
+    except Exception:  # noqa: BLE001 - Ray's internal table: a figure it does not give is absent
+        return None
+
+
+def by_value(dataset: Any) -> None:
+    """Ship the modules Ray's workers cannot import by name to them by value: a scenario file loaded by path is a
+    module only this process has (``scenarios._load_file`` names it ``USER_MODULES...``), and a worker unpickling
+    a reference to it fails its task again and again. The dataset may be wrapped (the runner's timing): every such
+    module is shipped, not only the dataset's own."""
+    from ray import cloudpickle
+
+    names = {type(dataset).__module__} | {n for n in list(sys.modules) if n.startswith(USER_MODULES)}
+    for name in names:
+        module = sys.modules.get(name)
+        if module is None or getattr(module, "__file__", None) is None:
+            continue  # built in: every worker has it
+        # sys.path alone, as a worker searches it (importlib.util.find_spec answers from sys.modules first)
+        if importlib.machinery.PathFinder.find_spec(name.partition(".")[0]) is None:
+            cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 def store_bytes(item_bytes: int, spec: LoaderSpec) -> int:
@@ -121,6 +193,7 @@ class RayBatches:
         self.last: Any = None  # the latest epoch's DataIterator, whose stats() are Ray's own figures
         self.first_wait_s: float | None = None
         self.iterations: list[Any] = []  # the DatasetStats each epoch's iteration updated (Ray's own timers)
+        self.lost_before: set[str] | None = None  # the instance's lost workers when the run began (lost_workers)
 
     def start(self) -> None:
         """Connect to the instance at ``RAY_ADDRESS`` or the running one, else start a local one for this run."""
@@ -129,6 +202,7 @@ class RayBatches:
         quiet_ray_data()
         if ray.is_initialized():
             self.config["ray_instance"] = "already running (shared)"
+            self.lost_before = lost_workers()
             return
         address = os.environ.get("RAY_ADDRESS") or None
         if address is not None:
@@ -152,11 +226,12 @@ class RayBatches:
                 )
                 self.owns_instance = True
                 self.config["ray_instance"] = f"local, started for this run ({store / 2**20:.0f} MiB object store)"
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except Exception as exc:  # Ray raises a bare Exception when a local node times out starting
+            ray.shutdown()  # what a failed start left (a GCS server, a raylet) must not outlive the run
             where = f"at {address}" if address else "locally"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RayUnavailable(f"cannot start or reach a Ray instance {where}: {first}") from exc
+            raise RayUnavailable(f"cannot start or reach a Ray instance {where}: {first_line(exc)}") from exc
         self.config["ray_cpus"] = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+        self.lost_before = lost_workers()
         quiet_ray_data()
 
     def indices(self) -> np.ndarray:
@@ -173,9 +248,11 @@ class RayBatches:
             self.start()
             self.config["ray_start_ms"] = round((time.perf_counter() - t_start) * 1000, 3)
         spec, t0 = self.spec, time.perf_counter()
+        wait_for_cpu(self.config.get("ray_instance", ""))
         # one block per batch: a single block would be one task over the whole epoch, nothing streamed
         order = self.indices()
         blocks = [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)] or [order]
+        by_value(self.dataset)
         ds = ray.data.from_numpy(blocks).rename_columns({"data": "id"})
         ds = ds.map_batches(LoadItems(self.dataset, self.epoch), batch_size=spec.batch_size, zero_copy_batch=True)
         self.epoch += 1
@@ -195,6 +272,7 @@ class RayBatches:
         finally:
             # at the epoch's end or when the loop closes it early: Ray's figures are in config before the run ends
             self.config["ray_stats"] = self.stats()
+            self.note_lost()
 
     def stats(self) -> dict[str, Any] | None:
         """Ray Data's own figures for the latest epoch (``pipelines.ray_stats``), None before any epoch ran."""
@@ -203,6 +281,28 @@ class RayBatches:
         base = getattr(self.last, "_base_dataset", None)
         summary = base.get_stats_summary() if base is not None else None
         return read_stats(summary, self.iterations[-1] if self.iterations else None)
+
+    def note_lost(self) -> None:
+        """The Ray workers lost (killed, crashed) since the run began, in ``config``: Ray re-runs their tasks, so
+        the run goes on, and the figures hold the re-runs."""
+        now = lost_workers()
+        if now is None or self.lost_before is None:
+            return
+        lost = sorted(now - self.lost_before)
+        if lost:
+            self.config["ray_workers_lost"] = len(lost)
+            self.config["ray_workers_lost_detail"] = lost[:5]
+
+    def failure(self, exc: BaseException) -> str | None:
+        """The ``BuiltLoader.worker_failure`` of a ray loader: one line for Ray's own errors and the pipeline's."""
+        if isinstance(exc, RayUnavailable):
+            return str(exc)
+        if type(exc).__module__.startswith("ray."):
+            # a task's error wraps its cause, whose first line says what happened (the wrapper's names the task)
+            cause = getattr(exc, "cause", None)
+            what = cause if isinstance(cause, BaseException) else exc
+            return f"Ray Data failed: {type(what).__name__}: {first_line(what)}"
+        return None
 
     def close(self) -> None:
         if self.owns_instance:
@@ -234,4 +334,9 @@ class RayPipeline:
             "stages": ["map_batches(load+augment)", "iter_torch_batches"],
         }
         batches = RayBatches(dataset, spec, config)
-        return BuiltLoader(batches=batches, to_device=lambda b: move(b, torch.device(spec.device)), config=config)
+        return BuiltLoader(
+            batches=batches,
+            to_device=lambda b: move(b, torch.device(spec.device)),
+            config=config,
+            worker_failure=batches.failure,
+        )

@@ -1,8 +1,9 @@
 """Ray Data's own figures for a ``ray`` pipeline run, as plain data for the run's meta (``loader.ray_stats``).
 
-Two sources, both Ray's: the dataset's stats summary (per operator: remote wall and CPU time, rows out, tasks) and
-the iteration's ``DatasetStats`` timers (the time the user's thread was blocked in ``iter_batches``, the wait for
-the first batch, the time spent in the user's code between batches). The summary's own copy of the iteration
+Two sources, both Ray's: the dataset's stats summary (per operator: remote wall and CPU time, rows out, tasks, and
+the streaming executor's backpressure on it) and the iteration's ``DatasetStats`` timers (the time the user's
+thread was blocked in ``iter_batches``, the wait for the first batch, the time spent in the user's code between
+batches). The summary's own copy of the iteration
 timers stays at zero in Ray 2.60 when iterating through a ``DataIterator``, so the pipeline keeps the stats object
 the iteration itself updates (``capture_iteration``). Reading never raises: a figure Ray does not give is absent.
 """
@@ -41,8 +42,17 @@ def _total(summary: Any, name: str) -> float | None:
     return None if total is None else round(float(total), 6)
 
 
+def _backpressure(metrics: Any, name: str) -> float | None:
+    value = metrics.get(name) if isinstance(metrics, dict) else None
+    return round(float(value), 6) if isinstance(value, (int, float)) else None
+
+
 def operators(summary: Any) -> list[dict[str, Any]]:
-    """Per operator: Ray's remote wall and CPU seconds (summed over tasks), rows out, tasks."""
+    """Per operator of the dataset's own summary (the map stage; its input, in the summary's parents, is left out:
+    it counts the whole epoch's index rows at once): Ray's remote wall and CPU seconds (summed over tasks), rows
+    out, tasks, and the executor's backpressure (wall seconds it could launch no task of the operator; seconds it
+    read none of its outputs)."""
+    metrics = getattr(summary, "extra_metrics", None)
     out = []
     for op in getattr(summary, "operators_stats", None) or []:
         wall = getattr(op, "wall_time", None)
@@ -53,6 +63,8 @@ def operators(summary: Any) -> list[dict[str, Any]]:
                 "cpu_s": _total(op, "cpu_time"),
                 "rows": _total(op, "output_num_rows"),
                 "tasks": int(getattr(wall, "count", 0) or 0),
+                "backpressure_s": _backpressure(metrics, "task_submission_backpressure_time"),
+                "output_backpressure_s": _backpressure(metrics, "task_output_backpressure_time"),
             }
         )
     return out

@@ -1,7 +1,9 @@
 """The stage table against the loader's own time (issue #66 item 2): the timed stages per item are checked against
 the loader time per item measured apart from them (the data wait per item with 0 workers, the workers' busy time
-per sample with workers); where they hold less than 80% of it, no capacity is given and the report says what share
-was timed. Injected stage times and loader times here; fashion-vgg through the CLI in tests/test_fashion_vgg.py."""
+per sample with workers, each batch's hand-off to the training process counted beside the stages:
+tests/test_stages_handoff.py); where they hold less than 80% of it, no capacity is given at any worker count and the
+report says what share was timed. Injected stage times and loader times here; fashion-vgg through the CLI in
+tests/test_fashion_vgg.py."""
 
 from __future__ import annotations
 
@@ -91,22 +93,16 @@ def test_the_loader_time_per_item() -> None:
     assert busy_pct(w) == pytest.approx(60.0)
 
 
-def test_the_workers_wait_for_a_cpu_is_no_untimed_stage() -> None:
-    # 0.3 ms timed of 1 ms a worker's item: where 0.65 ms of it was the workers' wait for a CPU (a host whose cores
-    # are taken), the stages hold 0.3 of the 0.35 ms of work (86%): a capacity; where 0.1 ms was, they hold 0.3 of
-    # 0.9 (33%): none, and the headline names the wait it set apart
-    taken = loader_stages(
+def test_the_workers_wait_for_a_cpu_is_on_both_sides_of_the_check() -> None:
+    # 0.3 ms timed of a worker's 1 ms an item, 0.65 ms of it a wait for a CPU: the stages' wall clocks hold the waits
+    # that fell inside them as the busy time does, so the wait is said, not taken out of one side (that read a
+    # fashion-vgg worker on a host loaded 16 deep 936% covered). 30%: no capacity at 1 worker as at 0
+    st = loader_stages(
         SHORT, None, workers=1, batch_size=4, step_ms=40, data_wait_ms=1, loader_ms_per_item=1.0,
         loader_runq_ms_per_item=0.65,
     )  # fmt: skip
-    assert taken is not None and not taken.uncovered and taken.coverage == pytest.approx(0.3 / 0.35)
-    assert not math.isnan(taken.capacity_samples_per_s) and taken.untimed_ms_per_item == pytest.approx(0.05)
-    free = loader_stages(
-        SHORT, None, workers=1, batch_size=4, step_ms=40, data_wait_ms=1, loader_ms_per_item=1.0,
-        loader_runq_ms_per_item=0.1,
-    )  # fmt: skip
-    # with workers the coverage is said (the caption), not enforced: a capacity is given
-    assert free is not None and not free.uncovered and free.coverage == pytest.approx(0.3 / 0.9)
-    assert not math.isnan(free.capacity_samples_per_s)
-    assert "less the workers' wait for a CPU (0.10" in str(free.loader_basis)
-    assert free.untimed_ms_per_item == pytest.approx(0.6)
+    assert st is not None and st.uncovered and st.coverage == pytest.approx(0.3)
+    assert math.isnan(st.capacity_samples_per_s) and st.bottleneck is None
+    assert "in 1 worker process were timed for 30% of its measured time per item (0.30 of 1.00 ms)" in st.headline
+    assert "0.65 ms an item of it the workers' wait for a CPU" in str(st.loader_basis)
+    assert st.untimed_ms_per_item == pytest.approx(0.7)

@@ -28,6 +28,11 @@ CAPACITY_DERIVED = (
     "derived from the measured stage times: an upper bound, the loader's work outside the stages, moving each "
     "batch between processes, is not in it"
 )
+CAPACITY_HANDOFF = (
+    "derived from the measured stage times and each batch's measured hand-off to the training process: an upper "
+    "bound, what the workers do outside both is not in it"
+)
+HANDOFF = "handoff"  # the workers' counter of each batch's hand-off (pipelines.stages.HANDOFF): no stage
 DALI_METHOD = (
     "DALI gives no per-operator times: the graph's prefixes (the reader; the reader and the decoder; the whole "
     "graph) each run alone before training with the run's threads, in turn, {rounds} rounds of {batches} batches "
@@ -43,8 +48,8 @@ LOADER_TIME_IN_PROCESS = (
     "training's wait for each batch"
 )
 LOADER_TIME_WORKERS = (
-    "the loader's time per item measured as the workers' busy time per sample trained: their wall time less their "
-    "wait for work, from the loader processes' time table"
+    "the loader's time per item measured as the workers' busy time per item they loaded: their wall time less their "
+    "wait for work, from the loader processes' time table, over the items the stages counted in the same window"
 )
 STORE_SATURATED = 0.9  # an emulated store busy this share of the time or more is the loader's limit
 _METRIC = re.compile(r"stage\.([a-z]+)\.(s|n)")
@@ -94,22 +99,28 @@ class LoaderStages:
     loader_basis: str | None = None
     coverage: float | None = None
     coverage_line: str | None = None  # the check in words, for the caption
-    loader_runq_ms_per_item: float | None = None  # of loader_ms_per_item, the workers' wait for a CPU (schedstat)
+    # of loader_ms_per_item, the workers' wait for a CPU (schedstat): said, not taken out, since the stages' and the
+    # hand-off's wall clocks hold the waits that fell inside them as the busy time does
+    loader_runq_ms_per_item: float | None = None
+    # MEASURED with workers: each batch's hand-off to the training process per item (the workers' wall time from a
+    # collate's end to their next stage, less their wait for the next indices, sampled); in the capacity and the
+    # coverage beside the stages. None: not measured (0 workers: the training process hands nothing over)
+    handoff_ms_per_item: float | None = None
 
     @property
     def uncovered(self) -> bool:
         """The timed stages hold less than :data:`COVERED` of the measured loader time (or it was not measured):
         no capacity is given."""
-        in_process = self.loader_basis == LOADER_TIME_IN_PROCESS
-        return in_process and self.loader_ms_per_item is not None and not (self.coverage or 0.0) >= COVERED
+        return self.loader_ms_per_item is not None and not (self.coverage or 0.0) >= COVERED
 
     @property
     def untimed_ms_per_item(self) -> float:
         """The measured loader time per item that no stage holds (NaN where not checked, 0 where fully timed)."""
         if self.loader_ms_per_item is None or self.coverage is None:
             return math.nan
-        work_ms = net_of_runq(self.loader_ms_per_item, self.loader_runq_ms_per_item)
-        return max(0.0, work_ms - math.fsum(st.ms_per_item for st in self.stages))
+        work_ms = self.loader_ms_per_item
+        timed_ms = math.fsum(st.ms_per_item for st in self.stages) + (self.handoff_ms_per_item or 0.0)
+        return max(0.0, work_ms - timed_ms)
 
     @property
     def store_saturated(self) -> bool:
@@ -138,55 +149,89 @@ def loader_stages(
     store_mbps: float | None = None,
     loader_ms_per_item: float | None = None,
     loader_runq_ms_per_item: float | None = None,
+    loader_queue_ms_per_item: float | None = None,
+    loader_samples_per_s: float | None = None,
 ) -> LoaderStages | None:
     """The stages over ``window`` (their first and last readings in it); None without two readings of a stage.
-    ``loader_ms_per_item``, ``loader_runq_ms_per_item``: the check against the loader's own time (:func:`checked`)."""
-    times = per_item(samples, window)
+    ``loader_ms_per_item``, ``loader_runq_ms_per_item``: the check against the loader's own time (:func:`checked`);
+    ``loader_queue_ms_per_item``: the workers' wait for the next indices, taken out of their hand-off's gaps; with
+    ``loader_samples_per_s`` (the rate those were had at) they are put per item the workers loaded (:func:`loaded`)."""
+    scale = loaded(samples, window, loader_samples_per_s) if loader_samples_per_s is not None and workers > 0 else 1.0
+    loader_ms_per_item, loader_runq_ms_per_item, loader_queue_ms_per_item = (
+        None if v is None else v * scale
+        for v in (loader_ms_per_item, loader_runq_ms_per_item, loader_queue_ms_per_item)
+    )
+    times = per_item(samples, window, with_handoff=True)
+    gap_s = times.pop(HANDOFF, None)
     if not times:
         return None
     total, processes = math.fsum(times.values()), max(1, workers)
-    order = ("fetch", "decode", "augment", "collate")
-    check = checked(1e3 * total, loader_ms_per_item, loader_runq_ms_per_item, workers)
-    coverage = check["coverage"]
-    # with workers the coverage is said, not enforced: their busy time holds moving each batch to the training
-    # process and a contended host's waits, which no stage can hold (a CI run's truth case, stages within 10% of the
-    # data set's own timing, read 60-72% there); in the training process the data wait is the loader's time alone
-    short = coverage is not None and not coverage >= COVERED and workers == 0
-    stages = tuple(
-        Stage(name, 1e3 * s, s / total if total > 0 else math.nan,
-              math.nan if short else processes / s if s > 0 else math.inf)
-        for name, s in sorted(times.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
-    )  # fmt: skip
-    capacity = math.nan if short else processes / total if total > 0 else math.inf
+    handoff_ms = handoff_of(gap_s, loader_queue_ms_per_item, workers)
+    work = total + (handoff_ms or 0.0) / 1e3  # the loader's timed seconds per item: the stages, the hand-off
+    check = checked(1e3 * work, loader_ms_per_item, loader_runq_ms_per_item, workers, handoff=handoff_ms is not None)
+    # at any worker count: a capacity that leaves untimed work out is too high by it (with workers, their busy time
+    # holds each batch's hand-off too: without it a CI run's truth case, its stages right, read 60-72% covered)
+    short = check["coverage"] is not None and not check["coverage"] >= COVERED
+    stages = _rows(times, processes, short=short)
+    capacity = math.nan if short else processes / work if work > 0 else math.inf
     demand = demand_of(batch_size, step_ms, data_wait_ms)
     headroom = capacity / demand if demand > 0 else math.nan
     slowest = max(stages, key=lambda st: st.ms_per_item)
     bottleneck = slowest.name if headroom < KEEPS_UP else None
     store = store_per_item(samples, window)
     busy = store["reads_per_s"] * store["bytes"] / (store_mbps * 1e6) if store_mbps is not None and store else None
-    saturated = busy is not None and busy >= STORE_SATURATED
     where = where_ran(workers)
     headline = (
-        _short_headline(slowest, 1e3 * total, loader_ms_per_item, where, loader_runq_ms_per_item)
+        _short_headline(slowest, 1e3 * work, loader_ms_per_item, where, handoff_ms=handoff_ms)
         if short and loader_ms_per_item is not None
-        else _headline(slowest, capacity, demand, headroom, where, saturated=saturated)
+        else _headline(slowest, capacity, demand, headroom, where, saturated=(busy or 0.0) >= STORE_SATURATED)
     ) + _store_words(store, store_mbps, busy)
     return LoaderStages(
-        METHOD,
-        stages,
-        processes,
-        capacity,
-        demand,
-        headroom,
-        bottleneck,
-        headline,
-        store_mbps if store else None,
-        store["wait_s"] * 1e3 if store else None,
-        store["bytes"] if store else None,
-        busy,
-        where=where,
-        **check,
-    )
+        METHOD, stages, processes, capacity, demand, headroom, bottleneck, headline, store_mbps if store else None,
+        store["wait_s"] * 1e3 if store else None, store["bytes"] if store else None, busy,
+        capacity_basis=CAPACITY_HANDOFF if handoff_ms is not None else CAPACITY_DERIVED, where=where,
+        handoff_ms_per_item=handoff_ms, **check,
+    )  # fmt: skip
+
+
+def loaded(samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None, per_s: float) -> float:
+    """``per_s`` over the items the loader processes loaded a second in ``window`` (the stages' counts between their
+    first and last readings): a figure per sample trained times this is per item loaded, over the same items as the
+    stages' times. The training's rate and the workers' part ways over a short window as the prefetched batches fill
+    or drain; 1 where the counts give no rate."""
+    first: dict[str, tuple[float, float]] = {}
+    last: dict[str, tuple[float, float]] = {}
+    for t, _source, metric, value in samples:
+        m = _METRIC.fullmatch(metric)
+        if m is None or m.group(2) != "n" or m.group(1) == HANDOFF or value is None or math.isnan(value):
+            continue
+        if window is None or window[0] <= t <= window[1]:
+            first.setdefault(m.group(1), (t, value))
+            last[m.group(1)] = (t, value)
+    order = ("fetch", "decode", "augment", "collate")  # the first stage an item meets counts it first
+    ranked = sorted((k for k in first if last[k][0] > first[k][0]), key=lambda k: order.index(k) if k in order else 4)
+    rate = (last[k][1] - first[k][1]) / (last[k][0] - first[k][0]) if (k := next(iter(ranked), None)) else math.nan
+    return per_s / rate if rate > 0 and per_s > 0 else 1.0
+
+
+def _rows(times: dict[str, float], processes: int, *, short: bool) -> tuple[Stage, ...]:
+    """The stages in the order they run, each with its share and its capacity alone (NaN where ``short``)."""
+    order = ("fetch", "decode", "augment", "collate")
+    total = math.fsum(times.values())
+    return tuple(
+        Stage(name, 1e3 * s, s / total if total > 0 else math.nan,
+              math.nan if short else processes / s if s > 0 else math.inf)
+        for name, s in sorted(times.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+    )  # fmt: skip
+
+
+def handoff_of(gap_s: float | None, queue_ms: float | None, workers: int) -> float | None:
+    """The hand-off per item, ms: the workers' gaps from a collate's end to their next stage (``gap_s`` a item,
+    MEASURED) less their wait for the next indices in them (``queue_ms``, from the loader time table: sampled), never
+    below 0; None with 0 workers, or where either was not measured."""
+    if workers <= 0 or gap_s is None or queue_ms is None or math.isnan(gap_s) or math.isnan(queue_ms):
+        return None
+    return max(0.0, 1e3 * gap_s - queue_ms)
 
 
 def _store_words(store: dict[str, float], store_mbps: float | None, busy: float | None) -> str:
@@ -210,27 +255,26 @@ class Check(TypedDict):
     loader_runq_ms_per_item: float | None
 
 
-def checked(timed_ms: float, loader_ms: float | None, runq_ms: float | None, workers: int) -> Check:
-    """The timed stages (``timed_ms`` an item) against ``loader_ms``, the loader's time per item MEASURED apart
-    from them (:func:`loader_ms_per_item`): where they hold less than :data:`COVERED` of it (or it is NaN: not
-    measured), no capacity is given. None leaves the check out (a caller with no such measure). ``runq_ms``: the
-    part of it the workers spent waiting for a CPU, named where it is most of what is untimed."""
+def checked(
+    timed_ms: float, loader_ms: float | None, runq_ms: float | None, workers: int, *, handoff: bool = False
+) -> Check:
+    """The timed stages (``timed_ms`` an item, with each batch's hand-off where ``handoff``) against ``loader_ms``,
+    the loader's time per item MEASURED apart from them (:func:`loader_ms_per_item`): where they hold less than
+    :data:`COVERED` of it (or it is NaN: not measured), no capacity is given. None leaves the check out (a caller
+    with no such measure). ``runq_ms``: the part of it the workers spent waiting for a CPU, said (the timed parts'
+    wall clocks hold it too: it is no untimed work, and taking it out of one side only read 936% covered)."""
     if loader_ms is None:
         return {"loader_ms_per_item": None, "loader_basis": None, "coverage": None, "coverage_line": None,
                 "loader_runq_ms_per_item": runq_ms}  # fmt: skip
     basis = LOADER_TIME_WORKERS if workers > 0 else LOADER_TIME_IN_PROCESS
     # the workers' wait for a CPU is no work a stage left out (the cores were taken): the stages are checked against
     # the loader's time less that wait (a stage's own clock holds the wait that fell inside it, so this errs high)
-    work_ms = net_of_runq(loader_ms, runq_ms)
+    work_ms = loader_ms
     if runq_ms is not None and runq_ms > 0:
-        basis = f"{basis}, less the workers' wait for a CPU ({runq_ms:.2f} ms an item)"
+        basis = f"{basis}; {runq_ms:.2f} ms an item of it the workers' wait for a CPU, in the timed parts' clocks too"
     return {"loader_ms_per_item": loader_ms, "loader_basis": basis, "coverage": _coverage(timed_ms, work_ms),
-            "coverage_line": coverage_text(timed_ms, work_ms, basis), "loader_runq_ms_per_item": runq_ms}  # fmt: skip
-
-
-def net_of_runq(loader_ms: float, runq_ms: float | None) -> float:
-    """The loader's time per item less its workers' wait for a CPU, where that was measured (never below 0)."""
-    return max(0.0, loader_ms - runq_ms) if runq_ms is not None and runq_ms > 0 else loader_ms
+            "coverage_line": coverage_text(timed_ms, work_ms, basis, handoff=handoff),
+            "loader_runq_ms_per_item": runq_ms}  # fmt: skip
 
 
 def loader_ms_per_item(
@@ -251,13 +295,15 @@ class PerItem(TypedDict):
 
     loader_ms_per_item: float
     loader_runq_ms_per_item: float | None
+    loader_queue_ms_per_item: float | None
+    loader_samples_per_s: float
 
 
 def per_item_of(
     times: LoaderTime | None, workers: int, batch_size: float, data_wait_ms: float, samples_per_s: float
 ) -> PerItem:
     """The loader's time per item (:func:`loader_ms_per_item`) from the run's loader time figures (the workers'
-    rows; NaN with workers and no row) and step figures."""
+    rows; NaN with workers and no row) and step figures; with workers, their waits for a CPU and for work per item."""
     rows = [p for p in times.processes if p.label != "main"] if times is not None else []
 
     def per_item(pct: float) -> float:
@@ -267,7 +313,9 @@ def per_item_of(
 
     busy = math.fsum(map(busy_pct, rows)) if rows else math.nan
     runq = per_item(math.fsum(p.runq for p in rows)) if rows and workers > 0 else None
-    return {"loader_ms_per_item": per_item(busy), "loader_runq_ms_per_item": runq}
+    queue = per_item(math.fsum(p.queue for p in rows)) if rows and workers > 0 else None
+    return {"loader_ms_per_item": per_item(busy), "loader_runq_ms_per_item": runq, "loader_queue_ms_per_item": queue,
+            "loader_samples_per_s": samples_per_s}  # fmt: skip
 
 
 def dali_stages(meta: JSON, *, step_ms: float, data_wait_ms: float) -> LoaderStages | None:
@@ -280,20 +328,21 @@ def dali_stages(meta: JSON, *, step_ms: float, data_wait_ms: float) -> LoaderSta
 
 
 def _coverage(timed_ms: float, loader_ms: float) -> float:
-    if loader_ms == 0 and timed_ms > 0:  # all of the loader's time was a wait for a CPU: nothing left untimed
+    if loader_ms == 0 and timed_ms > 0:  # a loader busy for no measurable time: nothing left untimed
         return 1.0
     return timed_ms / loader_ms if loader_ms > 0 else math.nan
 
 
-def coverage_text(timed_ms: float, loader_ms: float, basis: str) -> str:
-    """The check of the timed stages against the measured loader time per item, in words (the headline gives the
-    shares where it failed)."""
+def coverage_text(timed_ms: float, loader_ms: float, basis: str, *, handoff: bool = False) -> str:
+    """The check of the timed stages (and the hand-off, where ``handoff``) against the measured loader time per
+    item, in words (the headline gives the shares where it failed)."""
     if math.isnan(loader_ms):
         return "the loader's time per item was not measured, so the stages' coverage cannot be checked"
     share = _coverage(timed_ms, loader_ms)
     if not share >= COVERED:
         return f"{basis}; a capacity needs {COVERED:.0%} or more of it timed"
-    return f"checked: the stages hold {share:.0%} of the loader's {loader_ms:.2f} ms an item ({basis})"
+    held = "the stages and the batches' hand-off hold" if handoff else "the stages hold"
+    return f"checked: {held} {share:.0%} of the loader's {loader_ms:.2f} ms an item ({basis})"
 
 
 def prefix_stages(prefixes: JSON, *, batch_size: float, step_ms: float, data_wait_ms: float) -> LoaderStages | None:
@@ -361,13 +410,18 @@ def store_per_item(
     return {**out, "reads_per_s": reads / (t1 - t0)}
 
 
-def per_item(samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None) -> dict[str, float]:
-    """Seconds per item of each stage between its first and last reading in ``window``."""
+def per_item(
+    samples: Sequence[tuple[float, str, str, float | None]], window: Interval | None, *, with_handoff: bool = False
+) -> dict[str, float]:
+    """Seconds per item of each stage between its first and last reading in ``window`` (and of the workers'
+    hand-off, :data:`HANDOFF`, where ``with_handoff``: it is no stage)."""
     first: dict[tuple[str, str], float] = {}
     last: dict[tuple[str, str], float] = {}
     for t, _source, metric, value in samples:
         m = _METRIC.fullmatch(metric)
         if m is None or value is None or math.isnan(value) or (window and not window[0] <= t <= window[1]):
+            continue
+        if m.group(1) == HANDOFF and not with_handoff:
             continue
         first.setdefault((m.group(1), m.group(2)), value)
         last[(m.group(1), m.group(2))] = value
@@ -385,7 +439,7 @@ def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> lis
     readings: dict[str, dict[float, dict[str, float]]] = {}
     for t, _source, metric, value in samples:
         m = _METRIC.fullmatch(metric)
-        if m is not None and value is not None and not math.isnan(value):
+        if m is not None and value is not None and not math.isnan(value) and m.group(1) != HANDOFF:
             readings.setdefault(m.group(1), {}).setdefault(t, {})[m.group(2)] = value
     out: list[tuple[float, str, float]] = []
     for name, by_t in readings.items():
@@ -396,17 +450,16 @@ def stage_series(samples: Sequence[tuple[float, str, str, float | None]]) -> lis
     return sorted(out)
 
 
-def _short_headline(slowest: Stage, timed_ms: float, loader_ms: float, where: str, runq_ms: float | None) -> str:
+def _short_headline(slowest: Stage, timed_ms: float, loader_ms: float, where: str, *, handoff_ms: float | None) -> str:
     if math.isnan(loader_ms):
         return (
             f"The loader's stages {where}: {timed_ms:.2f} ms an item timed, against no measured loader time: no "
             f"capacity is given; the slowest timed stage is {slowest.name} ({slowest.ms_per_item:.2f} ms an item)"
         )
-    work_ms = net_of_runq(loader_ms, runq_ms)
-    waited = f", less {runq_ms:.2f} ms an item its workers waited for a CPU" if runq_ms and runq_ms > 0 else ""
+    handed = f", {handoff_ms:.2f} ms of it the batches' hand-off to the training process" if handoff_ms else ""
     return (
-        f"The loader's stages {where} were timed for {_coverage(timed_ms, work_ms):.0%} of its measured time per "
-        f"item ({timed_ms:.2f} of {work_ms:.2f} ms{waited}); the rest ({work_ms - timed_ms:.2f} ms) is untimed, so "
+        f"The loader's stages {where} were timed for {_coverage(timed_ms, loader_ms):.0%} of its measured time per "
+        f"item ({timed_ms:.2f} of {loader_ms:.2f} ms{handed}); the rest ({loader_ms - timed_ms:.2f} ms) is untimed, so "
         f"no capacity is given; the slowest timed stage is {slowest.name} ({slowest.ms_per_item:.2f} ms an item)"
     )
 

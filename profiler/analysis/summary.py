@@ -59,6 +59,7 @@ from profiler.analysis.parts import (
     nvml_source,
 )
 from profiler.analysis.phasesums import PhaseTotals, phase_sums, phase_totals
+from profiler.analysis.ray_view import RayView, ray_view
 from profiler.analysis.sampled import MIN_SAMPLES, sampling_notes, stack_estimates
 from profiler.analysis.spread import StepSpread, step_spread
 from profiler.analysis.stages import Headspace, LoaderStages, dali_stages, headspace, loader_stages, per_item_of
@@ -115,6 +116,7 @@ class Summary:
     memory: LoaderMemory | None = None  # the loader processes' USS / PSS, shared memory, copy-on-read growth
     stages: LoaderStages | None = None  # the loader's stages (fetch, decode, augment, collate): capacity vs demand
     headspace: Headspace | None = None  # run --headspace: the loader alone before training against the demand
+    ray: RayView | None = None  # --pipeline ray: Ray Data's own stats beside the loop's data wait (ray_view)
     device_span_fraction: float = math.nan  # the union of the phases' device-event spans / wall (the old "busy")
     gpu: GpuSplit | None = None  # the kernel windows' split of the device's time (analysis.gpu)
     mfu: Mfu | None = None  # model FLOPs utilisation (analysis.mfu)
@@ -172,6 +174,7 @@ class Summary:
             "memory": self.memory.to_dict() if self.memory else None,
             "stages": self.stages.to_dict() if self.stages else None,
             "headspace": self.headspace.to_dict() if self.headspace else None,
+            "ray": self.ray.to_dict() if self.ray else None,
             "device_span_fraction": self.device_span_fraction,
             "gpu": self.gpu.to_dict() if self.gpu else None,
             "mfu": self.mfu.to_dict() if self.mfu else None,
@@ -376,6 +379,12 @@ def _summary(
         contention=figures.contention,
         loader_time=figures.loader_time,
         step_spread=timing.spread,
+        ray=ray_view(
+            meta.get("loader") or meta.get("training_loader"),  # run --pipeline ray, or run -- a Ray script
+            data_wait_ms=timing.breakdown.data_wait,
+            steps=m.n,
+            step_waits_s=[st.data_wait_s for st in rec.steps],
+        ),
         **steps_taken(rec),
         **_loader_parts(figures),
         **_device_parts(rec, m, figures, timing),

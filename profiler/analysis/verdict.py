@@ -88,7 +88,7 @@ def verdict_for(stall_fraction: float) -> str:
 
 
 LOADER_CODES = frozenset(
-    {"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT", "SHM_TOO_SMALL", "LOADER_STAGE"}
+    {"RAISE_WORKERS", "LOADER_TOO_SLOW", "PIN_MEMORY", "LOADER_HOTSPOT", "SHM_TOO_SMALL", "LOADER_STAGE", "RAY_CPUS"}
 )
 
 
@@ -168,6 +168,29 @@ def _loader(s: Figures, wait: float, step: float) -> list[Recommendation]:
             "LOADER_TOO_SLOW",
             f"Data wait is {wait:.1f} ms of a {step:.1f} ms step ({wait / step:.0%}) with num_workers={s.workers}"
             f"{busy}: {advice}." + idle,
+        ),
+        *_ray_cpus(s, wait, step),
+    ]
+
+
+def _ray_cpus(s: Figures, wait: float, step: float) -> list[Recommendation]:
+    """Where the workers cannot keep up and this host's cores are spent: the CPUs the loader needs (its workers'
+    measured CPU per batch over the step it would have with an instant loader), and the what-if that predicts
+    them elsewhere (docs/whatif.md, "Ray Data on N CPUs")."""
+    sys_cpu, lt = s.host.sys_cpu_pct, s.loader_time
+    spent = sys_cpu >= SATURATED_PCT or (lt is not None and lt.bottleneck == "cores")
+    cpu_ms = s.host.children_cpu_pct / 100 * step  # one batch a step
+    target = step - wait
+    if not spent or not cpu_ms > 0 or not target > 0:
+        return []
+    n = math.ceil(cpu_ms / target)
+    return [
+        Recommendation(
+            "RAY_CPUS",
+            f"The loader needs {n} CPU{'s' if n != 1 else ''}: its workers took {cpu_ms:.1f} ms of CPU per batch and "
+            f"the step without the data wait is {target:.1f} ms, while this host's cores are spent; Ray Data tasks on "
+            f"{n} CPUs of other machines would leave them to the trainer: `stallscope whatif RUN_DIR --ray-cpus {n}` "
+            "predicts that.",
         )
     ]
 

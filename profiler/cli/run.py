@@ -41,6 +41,7 @@ from profiler.cli.common import (
     stem,
 )
 from profiler.cli.job import add_job_options, check_job_options, cmd_job
+from profiler.cli.rayaddress import add_ray_address, apply_ray_address
 from profiler.cli.totrackers import add_log_to_option, checked_log_to
 from profiler.drivers.signals import SignalStop
 
@@ -71,6 +72,7 @@ def _add_run(sub: Any) -> None:
     _add_loader_knobs(r)
     r.add_argument("--steps", type=bounded(int, 1, None, "an integer"), help="measured steps (default: the scenario's)")
     add_training_options(r)
+    add_ray_address(r)
     r.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
     r.add_argument(
         "--augment-epochs",
@@ -200,6 +202,7 @@ def check_command(args: argparse.Namespace, command: list[str]) -> None:
             "(`stallscope tune -- CMD` tries them on the script's DataLoader)"
         )
     args.command_argv = command
+    apply_ray_address(args)  # the command's own ray.init() finds it in RAY_ADDRESS
     if args.command in ("tune", "sweep"):
         args.command = COMMAND_HANDLERS[args.command]
         return
@@ -213,6 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_flags(args)  # before the scenario's default data set is made: a bad pair of flags is told at once
     checked_log_to(args)  # a bad target, or a tracker's package missing: told before anything runs
     t = resolve_training(args, [args.pipeline])
+    apply_ray_address(args)
     with exporter_for(args) as exporter:
         if args.nproc is not None:
             return cmd_job(args, t, exporter)

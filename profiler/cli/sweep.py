@@ -40,6 +40,7 @@ from profiler.cli.common import (
     say,
     stem,
 )
+from profiler.cli.rayaddress import add_ray_address, apply_ray_address
 from profiler.core.session import Interrupted
 from profiler.drivers.signals import SignalStop
 from profiler.sweep.defaults import DEFAULT_STEPS, MAX_BATCH_FACTOR, SECONDS_ONLY_STEPS, WORKER_CAP
@@ -115,6 +116,7 @@ def _add_sweep(sub: Any) -> None:
     )
     _limit_options(s, "configuration")
     add_training_options(s)
+    add_ray_address(s)
     s.add_argument("--json", action="store_true", help='print only {"rows", "knee", "slowdowns", ...} on stdout')
 
 
@@ -156,6 +158,7 @@ def _add_tune(sub: Any) -> None:
     t.add_argument("--dry-run", action="store_true", help="print the plan (what each trial runs) and run nothing")
     _limit_options(t, "trial")
     add_training_options(t)
+    add_ray_address(t)
     t.add_argument("--nproc", help=argparse.SUPPRESS)  # refused with a pointer to sweep --nproc (cmd_tune)
     t.add_argument("--json", action="store_true", help='print only {"recommended", "default", "speedup", ...}')
 
@@ -214,6 +217,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from profiler.sweep.run import run_sweep
 
     training = resolve_training(args, args.pipelines, "--pipelines")
+    apply_ray_address(args)
     scenario = training.scenario
     cuda = training.device.kind == "cuda"
     if problem := nproc_problem(args.nproc, seconds=args.seconds, steps=args.steps, cuda=cuda):
@@ -278,6 +282,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from profiler.sweep.run import run_tune, tune_pipelines
 
     training = resolve_training(args, args.pipelines or (), "--pipelines")
+    apply_ray_address(args)
     scenario = training.scenario
     try:
         names, left_out = tune_pipelines(scenario, args.pipelines)

@@ -81,7 +81,26 @@ def add_parsers(sub: Any) -> None:
         help="predict for a host of N cores that nothing else uses (the loader's measured cost per sample kept; "
         "default: this run's host, its usable cores less what other processes took)",
     )
+    _add_ray_options(w)
     w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
+
+
+def _add_ray_options(w: Any) -> None:
+    """``--ray-cpus N,...`` and the ray run whose Ray figures they add (``--ray-run``)."""
+    w.add_argument(
+        "--ray-cpus",
+        type=int_list(1, MAX_WORKERS),
+        metavar="N,N,...",
+        help="also predict the run's loading moved to Ray Data map_batches tasks on N remote CPUs of this host's "
+        "speed (--check: a local Ray instance of N CPUs on this host)",
+    )
+    w.add_argument(
+        "--ray-run",
+        metavar="DIR",
+        help="a run of the same scenario and batch size on --pipeline ray: Ray's own per-batch cost (its map tasks "
+        "beyond the loader, the trainer's hand-off) is taken from it (default: the base's, when it ran on ray; "
+        "else not included, said so)",
+    )
 
 
 def _add_check_options(w: Any) -> None:
@@ -145,6 +164,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         worker_gap=args.worker_gap,
         storage=Storage(cached=args.cached, mbps=args.storage_mbps),
         host_cores=args.host_cores,
+        ray_cpus=args.ray_cpus,
+        ray_run=args.ray_run,
         check=args.check,
         plan=CheckPlan(repeat=args.repeat, steps=args.steps, warmup=args.warmup),
     )

@@ -248,7 +248,7 @@ def _sources(cfg: RunConfig, sim: SimDevice | None) -> list[Source | SourceRecip
     shared = pipeline_stages.counters()
     assert shared is not None  # installed above
     # read in the sampler process, from the counters' memory files
-    return [*base, StageSource.recipe(shared, pipeline_stages.STAGES, pipeline_store.counters())]
+    return [*base, StageSource.recipe(shared, pipeline_stages.COUNTED, pipeline_store.counters())]
 
 
 def _session(scenario: Scenario, cfg: RunConfig, plan: _Plan, sim: SimDevice | None = None) -> Session:

@@ -35,7 +35,19 @@ from profiler.render.figures import (
 )
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import COLUMNS, KEY, cell, headspace_text, rate, reads_line, shm_line, stages_caption
+from profiler.render.loader import (
+    COLUMNS,
+    KEY,
+    RAY_COLUMNS,
+    cell,
+    headspace_text,
+    rate,
+    ray_lines,
+    ray_rows,
+    reads_line,
+    shm_line,
+    stages_caption,
+)
 from profiler.render.svg import PALETTE, Band, Line, Stack, line_chart, stacked_bars
 from profiler.zerocode.analysis import ZeroCodeJob, zero_code_job
 
@@ -234,12 +246,33 @@ def _stages(s: Summary) -> str:
         f"<td>{_e(rate(x.capacity_samples_per_s))}</td></tr>"
         for x in st.stages
     )
+    if st.handoff_ms_per_item is not None:  # the workers' move of each batch to the training process: no stage
+        rows += f'<tr data-stage="handoff"><th>hand-off (batch to training)</th><td>{st.handoff_ms_per_item:.2f}</td>'
+        rows += "<td></td><td></td></tr>"
     head = "<th>stage</th><th>ms / item</th><th>share</th><th>capacity (samples/s)</th>"
     return _section(
         "stages",
         "Loader stages (per item, where they run)",
         f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
         f'<p class="headline">{_e(st.headline)}</p><p class="note">{_e(stages_caption(st, headline=False))}</p>',
+    )
+
+
+def _ray(s: Summary) -> str:
+    """Ray Data's own stats per operator, and its iteration timers beside the loop's data wait (each labelled)."""
+    if s.ray is None:
+        return ""
+    head = "".join(f"<th>{_e(c)}</th>" for c in RAY_COLUMNS)
+    rows = "".join(
+        f'<tr data-operator="{_e(r[0])}"><th>{_e(r[0])}</th>' + "".join(f"<td>{_e(c)}</td>" for c in r[1:]) + "</tr>"
+        for r in ray_rows(s.ray)
+    )
+    headline, *rest = ray_lines(s.ray).split("\n")
+    return _section(
+        "ray",
+        "Ray Data's own stats, per operator (Ray's figures, not stallscope's clock)",
+        f'<table class="grid"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+        f'<p class="headline">{_e(headline)}</p>' + "".join(f'<p class="note">{_e(x)}</p>' for x in rest),
     )
 
 
@@ -510,6 +543,7 @@ def render_html(
         + _sampled(s)
         + _loader_time(s)
         + _stages(s)
+        + _ray(s)
         + _headspace(s)
         + _memory(s)
         + _recommendations(s)

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from profiler.analysis.loader_time import LoaderTime, ProcessTime
 from profiler.analysis.memory import LoaderMemory
+from profiler.analysis.ray_view import RayView
 from profiler.analysis.stages import Headspace, LoaderStages, rate_text, times_text
 
 COLUMNS = (
@@ -142,6 +143,8 @@ def stages_table(st: LoaderStages) -> Table:
         mark = "  <- bottleneck" if stage.name == st.bottleneck else ""
         share = "n/a" if math.isnan(stage.share) else f"{stage.share:.0%}"
         t.add_row(stage.name + mark, f"{stage.ms_per_item:.2f}", share, rate(stage.capacity_samples_per_s))
+    if st.handoff_ms_per_item is not None:  # the workers' move of each batch to the training process: no stage
+        t.add_row("hand-off (batch to training)", f"{st.handoff_ms_per_item:.2f}", "", "")
     if st.uncovered and not math.isnan(st.untimed_ms_per_item):
         t.add_row("untimed (in no stage)", f"{st.untimed_ms_per_item:.2f}", "", "")
     t.caption = stages_caption(st)
@@ -157,3 +160,57 @@ def headspace_text(h: Headspace) -> str:
         f"time without the data wait); delivered beside the training {rate(h.delivered_samples_per_s)} samples/s; "
         f"headspace {times_text(h.headspace)}\nsource: {h.method}"
     )
+
+
+RAY_COLUMNS = ("operator", "wall s", "CPU s", "rows", "tasks", "CPU ms / row", "backpressure s")
+
+
+def _secs(v: float, digits: int = 2) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.{digits}f}"
+
+
+def ray_rows(view: RayView) -> list[tuple[str, ...]]:
+    """The view's operator rows as text cells, in RAY_COLUMNS' order (the text and the HTML report share them);
+    backpressure: the executor's launch backpressure, then its output backpressure after a slash."""
+    return [
+        (
+            op.name,
+            _secs(op.wall_s),
+            _secs(op.cpu_s),
+            _secs(op.rows, 0),
+            str(op.tasks),
+            _secs(op.cpu_ms_per_row),
+            f"{_secs(op.backpressure_s)} / {_secs(op.output_backpressure_s)}",
+        )
+        for op in view.operators
+    ]
+
+
+def ray_lines(view: RayView) -> str:
+    """The iteration's timers (Ray's) beside the loop's own data wait (stallscope's), and the method."""
+    first = "n/a" if math.isnan(view.first_batch_s) else f"{view.first_batch_s * 1e3:.0f} ms"
+    blocked = "n/a" if math.isnan(view.blocked_s) else f"{view.blocked_s:.2f} s"
+    production = "n/a" if math.isnan(view.production_wait_s) else f"{view.production_wait_s:.2f} s"
+    per_batch = "n/a" if math.isnan(view.blocked_ms_per_batch) else f"{view.blocked_ms_per_batch:.1f} ms"
+    wait = "n/a" if math.isnan(view.loop_data_wait_ms) else f"{view.loop_data_wait_ms:.1f} ms"
+    epoch = "n/a" if math.isnan(view.loop_epoch_wait_ms) else f"{view.loop_epoch_wait_ms:.1f} ms"
+    return (
+        f"{view.headline}\n"
+        f"Ray's: the training thread blocked {blocked} in iter_batches over {view.batches} batches ({production} "
+        f"of it on production; the first batch {first}), {per_batch} a batch after the first; MEASURED by "
+        f"stallscope: {epoch} of data wait a step over the same batches, {wait} over the {view.steps} measured "
+        "steps\n"
+        f"backpressure: the executor's wall seconds launching none of the operator's tasks / reading none of its "
+        f"outputs\nsource: {view.method}"
+    )
+
+
+def ray_table(view: RayView) -> Table:
+    t = Table(title="Ray Data's own stats, per operator (Ray's figures, not stallscope's clock)", title_justify="left")
+    for name in RAY_COLUMNS:
+        t.add_column(name, justify="left" if name == "operator" else "right")
+    for row in ray_rows(view):
+        t.add_row(*row)
+    t.caption = ray_lines(view)
+    t.caption_justify = "left"
+    return t

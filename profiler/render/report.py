@@ -17,7 +17,14 @@ from profiler.analysis import Summary
 from profiler.render.figures import breakdown_title, figure_rows, legend, part_label, sampler_text, simulated_line
 from profiler.render.figures import num as _num
 from profiler.render.figures import pct as _pct
-from profiler.render.loader import headspace_text, loader_time_table, memory_table, shm_line, stages_table
+from profiler.render.loader import (
+    headspace_text,
+    loader_time_table,
+    memory_table,
+    ray_table,
+    shm_line,
+    stages_table,
+)
 
 _VERDICT_STYLE = {
     "highly input-bound": "bold red",
@@ -117,6 +124,8 @@ def render_report(s: Summary, console: Console) -> None:
         body.append(loader_time_table(s.loader_time))
     if s.stages is not None:
         body.append(stages_table(s.stages))
+    if s.ray is not None:
+        body.append(ray_table(s.ray))
     if s.headspace is not None:
         body.append(Text(headspace_text(s.headspace)))
     if s.memory is not None and len(s.memory.processes) > 1:

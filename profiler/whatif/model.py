@@ -288,6 +288,8 @@ class Prediction:
     cores_needed: int | None = None
     parts_ms: dict[str, float] | None = None  # loader, device, launch, host link: ms per step
     loader_scale: float = 1.0  # the LoaderGap factor applied to the measured loader cost (1: same place)
+    # a ray target predicted for this host's cores (what --check measures): the same on N remote CPUs
+    remote_samples_per_s: float = math.nan
 
     def to_dict(self) -> dict[str, object]:
         t = self.target
@@ -313,6 +315,16 @@ class Prediction:
             "loader_cost_scale": self.loader_scale,
             "memory_bytes": t.memory_bytes,
             "memory_total_bytes": t.memory_total_bytes,
+            **(self._ray() if t.pipeline == "ray" else {}),
+        }
+
+    def _ray(self) -> dict[str, object]:
+        local = not math.isnan(self.remote_samples_per_s)
+        remote = self.remote_samples_per_s if local else self.samples_per_s
+        return {
+            "ray_cpus": max(1, self.target.workers),
+            "ray_cpus_on": "this host (as --check measures)" if local else "remote",
+            "predicted_remote_throughput_samples_per_s": None if math.isnan(remote) else remote,
         }
 
 
@@ -552,6 +564,8 @@ class WhatIf:
     gap: LoaderGap = NO_GAP
     repeat: int = 1  # check runs per configuration
     storage: Storage = AS_MEASURED
+    ray: dict[str, object] | None = None  # the ray predictions' measured costs (profiler.whatif.ray.RayCost)
+    ray_lines: tuple[str, ...] = ()  # where they come from and what the CPUs share, in words
 
     @property
     def storage_line(self) -> str | None:
@@ -630,6 +644,7 @@ class WhatIf:
             "header": self.header,
             "worker_gap_line": self.gap_line,
             "storage_line": self.storage_line,
+            **({"ray": {**self.ray, "lines": list(self.ray_lines)}} if self.ray is not None else {}),
             "measured": {
                 "pipeline": self.run.pipeline,
                 "device_kind": self.run.device_kind,

@@ -39,6 +39,8 @@ def _err(x: float) -> str:
 
 def _config(p: Prediction) -> str:
     t = p.target
+    if t.pipeline == "ray":
+        return f"ray b{t.batch_size} {max(1, t.workers)} cpus"
     return f"{t.pipeline} b{t.batch_size} w{t.workers}" + (f" {t.storage.label}" if t.storage.label else "")
 
 
@@ -151,6 +153,7 @@ def render_whatif(result: WhatIf, console: Console, confidence: Confidence | Non
     parts: list[Text | Table] = [Text(result.header, style="bold"), Text(result.gap_line)]
     if result.storage_line:
         parts.append(Text(result.storage_line))
+    parts.extend(Text(line) for line in result.ray_lines)
     conf = confidence
 
     def pick(device: str) -> tuple[list[int], list[Interval] | None]:
@@ -163,11 +166,11 @@ def render_whatif(result: WhatIf, console: Console, confidence: Confidence | Non
     parts.append(
         Text(
             "stall: the share of the step the device does not compute; bound: the largest part of the step "
-            "(loader; device; launch: the host's kernel launches and loop overhead; host link: the copy); to feed "
-            "it: the fewest workers (cores) that deliver batch x loader cost (CPU) per sample / step time with an "
-            "instant loader, at the measured workers' scaling; 95% range: the prediction again with the base's "
-            "measured costs as uncertain as its steps (and, checked, its re-measurement) show, and the worker "
-            "gap's as its rounds show where the prediction uses it",
+            "(loader; device; launch: the host's kernel launches and loop overhead; host link: the copy; cores: a "
+            "ray row's CPU on this host's free cores); to feed it: the fewest workers (cores) that deliver batch x "
+            "loader cost (CPU) per sample / step time with an instant loader, at the measured workers' scaling; "
+            "95% range: the prediction again with the base's measured costs as uncertain as its steps (and, "
+            "checked, its re-measurement) show, and the worker gap's as its rounds show where the prediction uses it",
             style="dim",
         )
     )

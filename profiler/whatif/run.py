@@ -29,6 +29,7 @@ from profiler.whatif.model import (
     on_host,
     predict,
 )
+from profiler.whatif.ray import RAY, RayCost, predict_ray, ray_cost, ray_lines
 from profiler.whatif.source import (
     Note,
     Source,
@@ -38,6 +39,7 @@ from profiler.whatif.source import (
     needs_gap,
     notes,
     own_device,
+    ray_of,
     read_run,
     resolve_devices,
     short_label,
@@ -59,6 +61,8 @@ class Request:
     worker_gap: str = "measure"  # or "off": assume a worker's cost is the main process's
     storage: Storage = AS_MEASURED  # where the bytes come from: as measured, cached, or a store of N MB/s
     host_cores: int | None = None  # the cores of the host the predictions are for (None: the run's)
+    ray_cpus: Sequence[int] | None = None  # also predict the pipeline moved to Ray Data on each N CPUs
+    ray_run: str | None = None  # a run on the ray pipeline whose Ray figures the ray predictions add
     check: bool = False
     plan: CheckPlan = field(default_factory=CheckPlan)
 
@@ -86,10 +90,14 @@ class _Model:
     host: Host
     gap: LoaderGap
     storage: Storage
+    ray: RayCost | None = None
+    ray_local: bool = False  # ray targets on this host's cores (what --check measures), not remote CPUs
 
     def predict(self, t: Target, k: float = 1.0) -> Prediction:
         """``t``'s prediction, with the run's measured loader cost and loop overhead scaled by ``k`` (1: as
         measured); the base's own configuration (storage as measured) keeps the measured storage."""
+        if t.pipeline == RAY and self.ray is not None:
+            return self._ray(t, k)
         storage = t.storage if t.storage.label else AS_MEASURED
         cost = storage.cost(self.cost, self.run)
         if k != 1.0:
@@ -97,6 +105,16 @@ class _Model:
         host = replace(self.host, overhead_s=self.host.overhead_s * k) if k != 1.0 else self.host
         at = loader_place(self.run.pipeline, self.run.workers)
         return predict(cost, host, t, self.gap, at, store_s=storage.period(t.batch_size, self.run))
+
+    def _ray(self, t: Target, k: float) -> Prediction:
+        if self.ray is None:
+            raise ValueError("no Ray cost")
+        rc = self.ray.scaled(k) if k != 1.0 else self.ray
+        host = replace(self.host, overhead_s=self.host.overhead_s * k) if k != 1.0 else self.host
+        p = predict_ray(rc, host, t, local=self.ray_local)
+        if not self.ray_local or p.status != "ok":
+            return p
+        return replace(p, remote_samples_per_s=predict_ray(rc, host, t).samples_per_s)
 
 
 def run_whatif(req: Request, note: Note) -> Outcome:
@@ -110,6 +128,8 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         raise WhatIfError(
             f"--host-cores {req.host_cores} predicts for another host, and --check measures on this one: use one"
         )
+    if req.ray_run is not None and not req.ray_cpus:
+        raise WhatIfError("--ray-run gives Ray's cost to the --ray-cpus predictions: add --ray-cpus N")
     src = read_run(req.run_dir)
     devices = given if given is not None else default_devices(src, note)
     m = src.measured
@@ -126,6 +146,12 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         for b in batches
         for w in workers
     ]
+    ray = None
+    if req.ray_cpus or m.pipeline == RAY:
+        ray = _ray_cost(src, m, cost, req, note)
+        targets += _ray_targets(
+            steps, devices, batches, req.ray_cpus or [], targets, bytes_per_sample=m.bytes_per_sample
+        )
     asked = len(targets)
     if req.check:  # the base's own configuration is re-measured beside the others: the speedups' denominator
         devices, targets = _with_base(src, steps, devices, targets, note)
@@ -134,11 +160,13 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         gap = measure_gap(src, note) if req.worker_gap == "measure" else replace(NO_GAP, source="--worker-gap off")
         cost = loader_cost(m, gap)
         gap = on_host(gap, host)
-    model = _Model(m, cost, host, gap, req.storage)
+    model = _Model(m, cost, host, gap, req.storage, ray, ray_local=req.check)
     predictions = [model.predict(t) for t in targets]
     result = WhatIf(
         str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(notes(src)), gap=gap, storage=req.storage
     )
+    if ray is not None:
+        result = replace(result, ray=ray.to_dict(), ray_lines=tuple(ray_lines(ray, host, predictions, req.check)))
     base = _base_index(src, targets)
     if not req.check:
         return Outcome(result, confidence=_confidence(src, model, result, base))
@@ -201,3 +229,37 @@ def _interval(model: _Model, p: Prediction, half: float) -> tuple[float, float]:
         return model.predict(p.target, k).samples_per_s
 
     return interval(at, half + gap_half_width(model.gap, p.loader_scale != 1.0, p.target.workers))
+
+
+def _ray_cost(src: Source, m: MeasuredRun, cost: LoaderCost, req: Request, note: Note) -> RayCost:
+    """The Ray cost of the ray predictions: Ray's figures from the base when it ran on ray, else from
+    ``--ray-run`` (a run of the same scenario and batch size on the ray pipeline), else left out, said so."""
+    if req.ray_run is None and m.pipeline != RAY:
+        why = "no run on the ray pipeline to measure it from: give one with --ray-run DIR"
+        note(f"--ray-cpus: Ray's own per-batch cost is not included ({why})")
+        return ray_cost(m, cost, None, why)
+    other = src if req.ray_run is None else read_run(req.ray_run)
+    if other is not src and (other.meta.get("scenario"), other.measured.batch_size) != (
+        src.meta.get("scenario"),
+        m.batch_size,
+    ):
+        raise WhatIfError(
+            f"--ray-run {req.ray_run}: a run of {other.meta.get('scenario')} at batch {other.measured.batch_size}, "
+            f"the base is {src.meta.get('scenario')} at batch {m.batch_size}: give a ray run of the same"
+        )
+    return ray_cost(m, cost, ray_of(other))
+
+
+def _ray_targets(
+    steps: StepCosts,
+    devices: Sequence[DeviceInfo],
+    batches: Sequence[int],
+    cpus: Sequence[int],
+    targets: Sequence[Target],
+    *,
+    bytes_per_sample: float,
+) -> list[Target]:
+    """A ray target per device, batch size and CPU count, less those already among ``targets`` (a ray base's)."""
+    have = {(t.device, t.pipeline, t.batch_size, t.workers) for t in targets}
+    out = [steps.target(dev, RAY, n, b, bytes_per_sample) for dev in devices for b in batches for n in cpus]
+    return [t for t in out if (t.device, t.pipeline, t.batch_size, t.workers) not in have]

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from profiler.core.devices import DeviceInfo
     from profiler.sim.cost import StepCost
     from profiler.sim.specs import SimConfig
+    from profiler.whatif.ray import RayFigures
     from scenarios import Scenario
 
 # A progress or status line for the user (the CLI prints it on stderr)
@@ -265,10 +266,11 @@ class StepCosts:
 
 def needs_gap(m: MeasuredRun, targets: Sequence[Target]) -> bool:
     """Whether a prediction moves the loading between the main process and workers, or changes how many worker
-    processes (more than one) load together: then the gap and the cores' scaling are measured."""
+    processes (more than one) load together: then the gap and the cores' scaling are measured. A ray target
+    needs neither: Ray's own cost beyond the base's loader is measured from a ray run (profiler.whatif.ray)."""
     src_place = loader_place(m.pipeline, m.workers)
     for t in targets:
-        if not t.fits:
+        if not t.fits or t.pipeline == "ray":
             continue
         place = loader_place(t.pipeline, t.workers)
         if place != src_place or (place == WORKER and t.workers != m.workers and max(t.workers, m.workers) > 1):
@@ -355,3 +357,26 @@ def notes(src: Source) -> list[str]:
     if src.measured.pipeline == "dali":
         out.append("dali's CPU threads are modelled as loader workers of the measured cost per sample")
     return out
+
+
+def ray_of(src: Source) -> RayFigures:
+    """What ``src``, a run on the ray pipeline, measured of Ray (WhatIfError naming what is missing)."""
+    from profiler.whatif.ray import ray_figures
+
+    m = src.measured
+    if m.pipeline != "ray":
+        raise WhatIfError(f"--ray-run {src.run_dir}: a run of the {m.pipeline} pipeline, not ray")
+    stats = (src.meta.get("loader") or {}).get("ray_stats")
+    host_cpu = (math.fsum(_nan0(x) for x in (m.main_cpu_pct, m.workers_cpu_pct)) / 100) * m.step_ms / 1e3
+    if not isinstance(stats, dict) or math.isnan(m.main_cpu_pct):
+        raise WhatIfError(f"{src.run_dir}: a ray run without Ray's own stats or the host's CPU")
+    try:
+        return ray_figures(
+            str(src.run_dir), str(src.meta.get("scenario")), m.batch_size, stats, host_cpu / m.batch_size
+        )
+    except ValueError as exc:
+        raise WhatIfError(f"{src.run_dir}: {exc}") from None
+
+
+def _nan0(x: float) -> float:
+    return 0.0 if math.isnan(x) else x

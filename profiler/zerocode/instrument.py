@@ -122,6 +122,7 @@ class Process:
     dev_off: str | None = None  # why the device clock stopped
     windows: list[dict[str, Any]] = field(default_factory=list)  # its kernel windows' records (kwin)
     windows_off: str | None = None  # why its kernel windows stopped
+    ray_stats: dict[int, dict[str, Any]] = field(default_factory=dict)  # a Ray loader's latest epoch, Ray's timers
 
     @property
     def rank(self) -> int | None:
@@ -144,6 +145,8 @@ class Process:
             self.windows.append(rec)
         elif kind == "kwin_off":
             self.windows_off = str(rec.get("why"))
+        elif kind == "ray_stats":
+            self.ray_stats[int(rec["id"])] = rec
         elif kind == "loader":
             lid = int(rec["id"])
             args, applied = dict(rec["args"]), dict(rec.get("applied") or {})
@@ -386,6 +389,8 @@ class InstrumentReader:
         if src is not None and src.training is not None:
             lo = src.loaders[src.training]
             out["training_loader"] = lo.to_meta()
+            if (ray := src.ray_stats.get(src.training)) is not None:  # the report's Ray view (analysis.ray_view)
+                out["training_loader"]["ray_stats"] = ray
             out["loader_site"] = lo.site
             out.update(_knob_facts(lo.args), pipeline=_pipeline(lo.kind))
             most = max(src.loaders.values(), key=lambda x: x.calls)

@@ -295,8 +295,10 @@ class BlockedSource:
             if "main" not in self._threads:
                 raise RuntimeError("BlockedSource.read() called before a successful open()")
             now = self._clock()
-            # workers come and go rarely (a loader's iter() says when); rescanning costs reads
-            if self._rescan_due or now - self._last_scan >= self._rescan_s:
+            # workers come and go rarely (a loader's iter() says when); rescanning costs reads. A label the host
+            # source found since is watched at once: iter()'s word can reach this source before the host has them
+            # (a 1 s run then had no worker row, and its loader time per item was not measured)
+            if self._rescan_due or now - self._last_scan >= self._rescan_s or self._unwatched():
                 self._last_scan, self._rescan_due = now, False
                 self._rescan()
             return self._take(now)
@@ -304,6 +306,11 @@ class BlockedSource:
     def rescan_soon(self) -> None:
         """Rescan the workers at the next read (:class:`~profiler.core.sources.base.Rescans`)."""
         self._rescan_due = True
+
+    def _unwatched(self) -> bool:
+        """A worker label listed that is neither watched nor gone (a dict copy: no /proc read)."""
+        listed = self._workers_of() if self._workers_of else {}
+        return any(k != "main" and k not in self._threads and k not in self._gone for k in listed)
 
     def close(self) -> None:
         self._stop.set()
