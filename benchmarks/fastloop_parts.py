@@ -40,8 +40,8 @@ from torch import nn
 sys.path.insert(0, os.environ.get("STALLSCOPE_ROOT") or str(Path(__file__).resolve().parents[1]))
 
 from profiler import Session
-from profiler.core import stepclock
 from profiler.core.sources import sched as schedstat
+from profiler.core.steps import clock as stepclock
 
 PARTS = ("fetch", "enter_h2d", "exit_h2d", "enter_compute", "exit_compute")
 

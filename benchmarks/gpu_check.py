@@ -50,7 +50,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_NO_CUDA = 0, 1, 2, 3
 NO_CUDA = "gpu-check: no CUDA device here (torch.cuda.is_available() is False); run it on a machine with an NVIDIA GPU"
 PYTEST_NO_TESTS = 5  # pytest's exit code when nothing was collected
 DEFAULT_TWIN = "h100"
-SAMPLE_HZ = 100.0  # the sampler's maximum (profiler.core.sampler.MAX_HZ): the most NVML samples a short run can get
+# the sampler's maximum (profiler.core.sampling.sampler.MAX_HZ): the most NVML samples a short run can get
+SAMPLE_HZ = 100.0
 MIN_WINDOW_S = 0.5  # measured time a CUDA run is lengthened to when its first run caught no NVML sample
 MAX_STEPS = 2000
 KERNEL_STEPS = 30  # the kernel case's measured steps (the ssd runs: 30 steps, NVML at 100 Hz)

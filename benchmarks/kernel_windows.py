@@ -1,4 +1,4 @@
-"""What kernel windows cost (profiler/core/kernelwin.py; docs/benchmarks.md, "Kernel windows").
+"""What kernel windows cost (profiler/core/kernel_windows/windows.py; docs/benchmarks.md, "Kernel windows").
 
 1. **Outside the windows**, the training process's hot path: the fast loop (a tiny CNN, batches in memory, about
    0.8 ms a step on these 2 cores) through two Sessions in one process, one with kernel windows off and one with a

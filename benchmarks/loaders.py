@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pipelines
 from pipelines import usable_cores
 from pipelines.imagefolder import ImageFolderSource
-from profiler.core.devices import cpu_name, resolve_device
+from profiler.core.steps.device_timers import cpu_name, resolve_device
 from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios.datagen import make
 from scenarios.imagenet import SCENARIO, augment_for

@@ -1,7 +1,7 @@
 """What one kernel window costs the training thread, against the activities it recorded (issue #55; docs/benchmarks.md,
 "Kernel windows: the cost per window").
 
-The run's recorder (profiler.core.kernelwin.TorchKernelRecorder) is timed by part on the training thread:
+The run's recorder (profiler.core.kernel_windows.windows.TorchKernelRecorder) is timed by part on the training thread:
 ``start`` (torch.profiler's start: CUPTI's subscription on a GPU), ``sync`` (on CUDA, the window's last kernels),
 ``stop`` (the profiler's stop: CUPTI's flush and kineto's post-processing, C++ holding the GIL) and ``read``: either
 kineto's events read into activities here, in Python (``read here``: a Session without a sampler process, and the
@@ -12,8 +12,8 @@ CUPTI's would be): a loop of tiny in-place adds makes about 1,000 to 35,000 even
 (``torch.cuda.is_available()``) it runs on the GPU too, with a loop of tiny kernels (a kernel and its launch are two
 activities).
 
-**Off the thread** (CUDA's path in a run: ``off_thread``, :class:`profiler.core.kernelwin.WindowThread`): the
-recorder starts and stops on the windows' own thread while the training thread goes on stepping; what it costs
+**Off the thread** (CUDA's path in a run: ``off_thread``, :class:`profiler.core.kernel_windows.windows.WindowThread`):
+the recorder starts and stops on the windows' own thread while the training thread goes on stepping; what it costs
 the training thread is its wait for the start plus what its steps lost while the stop and the hand-over ran there
 (their time over as many steps at the median of 50 steps before and 50 after; ``lost``). CPU operators are
 recorded only on the thread that started the profiler, where CUPTI records every thread's kernels, so here the
@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from profiler.core.kerneltrace import fill, trace_path  # noqa: E402
-from profiler.core.kernelwin import TorchKernelRecorder, WindowThread  # noqa: E402
+from profiler.core.kernel_windows.trace_file import fill, trace_path  # noqa: E402
+from profiler.core.kernel_windows.windows import TorchKernelRecorder, WindowThread  # noqa: E402
 from profiler.core.rows import KernelWindow  # noqa: E402
 
 SIZES = (1_000, 5_000, 15_000, 35_000)  # target events a window

@@ -12,7 +12,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from profiler.core import devices, hooks
+from profiler.core import hooks
+from profiler.core.steps import device_timers as devices
 
 
 def _wiring() -> ModuleType:
@@ -29,14 +30,14 @@ devices.SIMULATED[:] = [lambda spec: _wiring().simulated_device(spec)]
 
 if TYPE_CHECKING:
     from profiler.analysis import Summary
-    from profiler.core.session import Session
+    from profiler.runs.session import Session
 
 __all__ = ["Session", "Summary"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "Session":
-        from profiler.core.session import Session
+        from profiler.runs.session import Session
 
         return Session
     if name == "Summary":

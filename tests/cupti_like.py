@@ -1,8 +1,8 @@
 """A kernel recorder that costs the training thread what CUPTI's windows cost on a real H200 (2026-11-28).
 
 No machine of this project has a GPU, so kernel windows are tested with this stand-in for
-:class:`profiler.core.kernelwin.TorchKernelRecorder`. Measured there (shared/measured/h200-2026-11-28.md): one
-window cost the training thread 0.4-1.6 s (604 ms on ResNet-50 b64), and the steps inside a window ran about 20%
+:class:`profiler.core.kernel_windows.windows.TorchKernelRecorder`. Measured there (shared/measured/h200-2026-11-28.md):
+one window cost the training thread 0.4-1.6 s (604 ms on ResNet-50 b64), and the steps inside a window ran about 20%
 slower (32.3 against 27.0 ms: traced launches). So, by default:
 
 - ``start()`` blocks the calling thread ``START_S`` (CUPTI's subscription), ``stop()`` ``STOP_S`` (the stop's
@@ -14,8 +14,8 @@ slower (32.3 against 27.0 ms: traced launches). So, by default:
 - ``sync=1``: the stop first waits for the device (``torch.cuda.synchronize()``, whatever ``torch.cuda`` is in this
   process: a modelled device in tests/data/device_train.py), as a real window's close does;
 - ``off=1``: CUDA's path (``off_thread``): the recorder starts and stops on the windows' own thread
-  (profiler.core.kernelwin.WindowThread), its stop a sleep there (the profiler's stop releases the GIL), then
-  ``hold`` seconds holding the GIL (kineto's trace export, C++: one C call that never lets the GIL go); with
+  (profiler.core.kernel_windows.windows.WindowThread), its stop a sleep there (the profiler's stop releases the GIL),
+  then ``hold`` seconds holding the GIL (kineto's trace export, C++: one C call that never lets the GIL go); with
   ``acts``, as many kernels more are launched after the window's boundary (steps the stop overlapped: the
   window must drop them).
 
@@ -72,7 +72,7 @@ def work(seconds: float) -> None:
 
 
 class CuptiLike:
-    """The recorder (profiler.core.kernelwin.KernelRecorder's protocol)."""
+    """The recorder (profiler.core.kernel_windows.windows.KernelRecorder's protocol)."""
 
     source = "cupti"
 

@@ -8,6 +8,7 @@ modules together: it only hides the circle from the interpreter until the call).
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -200,7 +201,7 @@ def _runtime_imports(module: str) -> set[str]:
 
 def test_the_core_imports_nothing_above_it() -> None:
     """profiler.core is the bottom layer (issue #58): what it needs from above (Session's sinks, the Summary's
-    builder, sim: devices) is installed by profiler.runs.sinks. Type annotations may name the Summary."""
+    builder, sim: devices) is installed by profiler.runs.sinks. Typing: the test after the next."""
     upward = sorted(
         (m, t)
         for m in MODULES
@@ -263,7 +264,7 @@ def test_the_top_level_is_a_table_of_contents() -> None:
 
 def test_session_imports_no_sink() -> None:
     """Session drives hooks; the store's ThreadRecorder, the exporter and the live feed plug in from outside."""
-    sinks = ("profiler.core.recording", "profiler.core.store", "profiler.export", "profiler.live")
+    sinks = ("profiler.core.recorders.in_thread", "profiler.core.store", "profiler.export", "profiler.live")
     assert {t for t in _graph()["profiler.core.session"] if t.startswith(sinks)} == set()
 
 
@@ -290,3 +291,59 @@ def test_modules_and_functions_stay_small() -> None:
     ]
     assert big == {}
     assert long == []
+
+
+CORE = ROOT / "profiler" / "core"
+
+
+def _listed_top_level(init_source: str) -> set[str]:
+    """The top-level modules of profiler/core that its __init__.py's docstring lists, each with a reason."""
+    doc = ast.get_docstring(ast.parse(init_source)) or ""
+    return set(re.findall(r"^- ``(\w+\.py)``: \S", doc, re.MULTILINE))
+
+
+def _unlisted_core_modules(files: set[str], init_source: str) -> set[str]:
+    return files - {"__init__.py"} - _listed_top_level(init_source)
+
+
+def test_the_core_is_packages_and_a_few_listed_modules() -> None:
+    """Issue #69: profiler/core/ holds packages, and besides __init__.py at most five modules, each listed with the
+    reason in its __init__.py's docstring; every package says what it holds in a docstring."""
+    init = (CORE / "__init__.py").read_text()
+    files = {p.name for p in CORE.glob("*.py")}
+    assert 0 < len(_listed_top_level(init)) <= 5
+    assert _unlisted_core_modules(files, init) == set()
+    undocumented = [
+        p.name
+        for p in sorted(CORE.iterdir())
+        if p.is_dir() and any(p.glob("*.py"))
+        if not ((p / "__init__.py").exists() and ast.get_docstring(ast.parse((p / "__init__.py").read_text())))
+    ]
+    assert undocumented == []
+
+
+def test_the_core_rule_sees_an_unlisted_module() -> None:
+    init = '"""Core.\n\n- ``session.py``: the entry point.\n"""\n'
+    assert _unlisted_core_modules({"__init__.py", "session.py", "stepclock.py"}, init) == {"stepclock.py"}
+    assert _unlisted_core_modules({"__init__.py", "session.py"}, init) == set()
+
+
+def _upward_names(module: str) -> set[str]:
+    """The modules above the core that ``module`` names in any import, under TYPE_CHECKING included."""
+    return {t for t, _ in _imports(module) if t.startswith("profiler.") and not t.startswith("profiler.core")}
+
+
+def test_the_core_names_nothing_above_it_even_for_typing() -> None:
+    """Issue #69: not even a type annotation under TYPE_CHECKING (the Summary is profiler.core.hooks.RunSummary)."""
+    assert sorted((m, t) for m in MODULES if m.startswith("profiler.core") for t in _upward_names(m)) == []
+
+
+def test_the_typing_rule_sees_an_upward_typing_import() -> None:
+    planted = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from profiler.analysis.summary import Summary\n"
+    TREES["profiler.core.planted"] = ast.parse(planted)
+    MODULES["profiler.core.planted"] = ROOT / "planted.py"
+    try:
+        assert _upward_names("profiler.core.planted") == {"profiler.analysis.summary"}
+        assert _runtime_imports("profiler.core.planted") == set()
+    finally:
+        del TREES["profiler.core.planted"], MODULES["profiler.core.planted"]

@@ -26,7 +26,7 @@ from pipelines.detection import (
     collate_detection,
 )
 from pipelines.imagefolder import BadSample, BadSampleError, DataSourceError, check_file
-from profiler.core.devices import DeviceInfo
+from profiler.core.steps.device_timers import DeviceInfo
 from profiler.core.store import load_run
 from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios.datagen import make

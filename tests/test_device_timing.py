@@ -16,7 +16,7 @@ import pytest
 from conftest import Truth, near, sleep_loader
 
 from profiler import Session
-from profiler.core.devices import CudaEventTimer, DeviceInfo
+from profiler.core.steps.device_timers import CudaEventTimer, DeviceInfo
 from profiler.core.store import load_run
 
 FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
@@ -25,8 +25,8 @@ FAKE_GPU = DeviceInfo("cuda", "cuda:0", "Fake GPU", 0)
 class FakeStream:
     """Device work enqueued inside each phase: ``work[name]`` seconds, ending at the phase's exit mark (the copy of
     h2d, the kernels of compute). Marks are told apart by the phase and by whether the phase's enter or exit made
-    them, not counted: adjacent phases share the event at their boundary (profiler.core.edges.ADJACENT_S), so a
-    step has three marks or four."""
+    them, not counted: adjacent phases share the event at their boundary (profiler.core.steps.boundaries.ADJACENT_S), so
+    a step has three marks or four."""
 
     kind = "cuda-events"
 

@@ -13,7 +13,7 @@ import pytest
 
 import scenarios
 from pipelines import PipelineError
-from profiler.core.devices import resolve_device
+from profiler.core.steps.device_timers import resolve_device
 from profiler.drivers.runner import RunConfig, TrainingError, run_scenario
 from scenarios.datagen import make
 

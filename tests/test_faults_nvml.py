@@ -15,7 +15,7 @@ from fake_nvml import make_fake_nvml
 
 from profiler import Session
 from profiler.cli import main
-from profiler.core.sampler import CALL_TIMEOUT_S
+from profiler.core.sampling.sampler import CALL_TIMEOUT_S
 from profiler.core.sources.host import HostSource
 from profiler.core.sources.nvml import NvmlSource
 from profiler.core.store import integrity_ok, load_run

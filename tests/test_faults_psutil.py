@@ -21,7 +21,7 @@ from conftest import sleep_loader, wait_until
 
 from profiler import Session
 from profiler.cli import main
-from profiler.core.recording import ThreadRecorder
+from profiler.core.recorders.in_thread import ThreadRecorder
 from profiler.core.sources.host import HostSource
 from profiler.core.sources.ranks import RankSource
 from profiler.core.store import integrity_ok, load_run

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, wait_until
 
 from profiler.cli import main
-from profiler.core.recording import ThreadRecorder
+from profiler.core.recorders.in_thread import ThreadRecorder
 from profiler.core.store import integrity_ok, load_run
 from profiler.runs.summarize import summarize_run
 

@@ -132,7 +132,11 @@ def test_the_banned_call_finder_finds_planted_calls() -> None:
 def test_what_the_users_process_imports_installs_nothing_that_can_end_it() -> None:
     modules = in_users_process()
     # the closure reaches the recording core and the start-up module (a finder that found nothing would pass)
-    assert {"profiler.core.session", "profiler.core.kernelwin", "profiler.core.sampler_process.client"} <= modules
+    assert {
+        "profiler.core.session",
+        "profiler.core.kernel_windows.windows",
+        "profiler.core.sampler_process.client",
+    } <= modules
     assert "profiler.drivers.signals" not in modules  # the run driver's handlers: stallscope's own process
     found = {}
     for module in sorted(modules):
@@ -168,7 +172,7 @@ def test_a_windows_trace_is_written_through_torchs_public_export(
     """The run's recorder hands a window over with ``profile.export_chrome_trace`` (torch's public API); the GIL it
     held for that is counted in ``read``."""
     torch = pytest.importorskip("torch")
-    from profiler.core.kernelwin import TorchKernelRecorder
+    from profiler.core.kernel_windows.windows import TorchKernelRecorder
 
     calls: list[str] = []
     export = torch.profiler.profile.export_chrome_trace
@@ -221,7 +225,7 @@ def test_before_cuda_12_6_only_the_first_window_sets_cupti_up(
 ) -> None:
     """CUPTI set up again after its teardown can crash a process that replays CUDA graphs before CUDA 12.6: a
     Session's recorder and the start-up module open no second window there (None: a torch without CUDA)."""
-    from profiler.core.kernelwin import FOR_GOOD, TorchKernelRecorder
+    from profiler.core.kernel_windows.windows import FOR_GOOD, TorchKernelRecorder
     from profiler.zerocode.boot import stallscope_instrument as boot
 
     monkeypatch.setenv("TEARDOWN_CUPTI", "1")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, stallscope
 
-from profiler.core.batches import batch_len as session_batch_len
+from profiler.core.steps.batch_facts import batch_len as session_batch_len
 from profiler.core.store import load_run
 from profiler.zerocode.boot.stallscope_instrument import apply_overrides, batch_len
 from profiler.zerocode.instrument import child_env

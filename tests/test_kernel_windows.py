@@ -1,4 +1,4 @@
-"""Kernel windows (profiler.core.kernelwin) and the GPU's split of each step (profiler.analysis.gpu).
+"""Kernel windows (profiler.core.kernel_windows.windows) and the GPU's split of each step (profiler.analysis.gpu).
 
 The truth: fake kernel activity with known intervals against steps with known spans and data waits. Each case's
 split is worked out by hand (in the comments) and must come out to the nanosecond: host-late launches, input waits
@@ -25,7 +25,7 @@ from conftest import ROOT, stallscope
 
 from profiler import Session
 from profiler.analysis.gpu import GpuStep, gpu_split, window_steps
-from profiler.core.kernelwin import (
+from profiler.core.kernel_windows.windows import (
     KernelWindowError,
     KernelWindows,
     TorchKernelRecorder,
@@ -34,7 +34,7 @@ from profiler.core.kernelwin import (
     parse_plan,
 )
 from profiler.core.rows import KernelWindow, StepRow
-from profiler.core.stepevents import GPU, GWIN, ListLog
+from profiler.core.steps.events import GPU, GWIN, ListLog
 from profiler.core.store import RunStore, load_run
 
 MS = 1e-3

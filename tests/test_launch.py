@@ -19,7 +19,7 @@ import pytest
 import warm
 from conftest import ROOT, stallscope, wait_until
 
-from profiler.core.kernelwin import tail_plan
+from profiler.core.kernel_windows.windows import tail_plan
 from profiler.core.store import StoreError, load_run, run_status
 from profiler.drivers.ddp import DistInfo
 from profiler.export.endpoint import Endpoint, parse_endpoint
@@ -306,7 +306,7 @@ def test_a_rank_whose_training_raises_says_one_line_and_exits_1(
 ) -> None:
     # a rank whose collective fails because its peer died first (gloo: "Connection reset by peer", raised from
     # DDP's backward), before the launcher stops it: a stress pass read that rank's traceback on the job's stderr
-    from profiler.core.devices import resolve_device
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.drivers import runner
     from profiler.drivers.runner import RunConfig
     from profiler.jobs.launch import JobSpec, rank_main
@@ -334,7 +334,7 @@ def test_a_rank_forks_its_loader_workers_whatever_start_method_it_inherited(
     # the elastic agent starts the ranks from a fork server, and a child of a fork server inherits that start
     # method: each epoch's DataLoader workers then came from a fork server of the rank's own, a fresh interpreter
     # that imported torch again (a 2-rank imagenet job of 3 steps: 36 s; forked, 22 s). A rank torchrun starts forks
-    from profiler.core.devices import resolve_device
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.drivers import runner
     from profiler.drivers.runner import RunConfig
     from profiler.jobs.launch import JobSpec, rank_main
@@ -380,7 +380,7 @@ def test_a_signal_masked_by_torchs_metrics_wrapper_still_ends_the_job_interrupte
     import torch.distributed.launcher.api as launcher
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from profiler.core.devices import resolve_device
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.drivers.runner import RunConfig
     from profiler.jobs.launch import JobSpec
 

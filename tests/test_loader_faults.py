@@ -18,7 +18,7 @@ from torch import nn
 from pipelines.augment import AugmentSpec
 from pipelines.imagefolder import ImageFolderDataset
 from profiler.cli import main
-from profiler.core.devices import resolve_device
+from profiler.core.steps.device_timers import resolve_device
 from profiler.core.store import load_run
 from profiler.drivers.runner import LoaderFailure, RunConfig, TrainingError, run_scenario
 from scenarios import DataOptions, Scenario

@@ -58,8 +58,9 @@ def test_the_source_reads_every_second_and_leaves_out_what_it_cannot_read(tmp_pa
     assert set(src.read()) == {"mem.shm.used_mb", "mem.shm.size_mb"}
     now[0] = 1.0
     assert "mem.main.uss_mb" in src.read()
-    # asked for the workers' memory off the schedule (profiler.core.workerreads): theirs alone, not the training
-    # process's (a walk of its page tables holds its memory-map lock) nor the job's total, which needs every one
+    # asked for the workers' memory off the schedule (profiler.core.sampling.worker_memory_asks): theirs alone, not the
+    # training process's (a walk of its page tables holds its memory-map lock) nor the job's total, which needs every
+    # one
     now[0] = 1.5
     src.read_workers_next()
     got = src.read()
@@ -291,7 +292,7 @@ def _asks(reads: object, steps: range, step_s: Callable[[int], float]) -> list[i
 
 
 def test_the_first_epoch_with_workers_asks_for_readings_spaced_in_time_up_to_before_its_end() -> None:
-    from profiler.core.workerreads import ASKS, EARLY_GAP_S, READ_AHEAD_S, WorkerReads
+    from profiler.core.sampling.worker_memory_asks import ASKS, EARLY_GAP_S, READ_AHEAD_S, WorkerReads
 
     reads = WorkerReads(warmup=5)
     reads.begin(_Loader(300), 0, 0.0)
@@ -312,7 +313,7 @@ def test_the_runs_known_length_places_the_asks_where_the_epoch_is_longer_than_th
     # issue #65: 150 steps of a 6,250-step epoch (400,000 items, batch 64) asked at the window's first step only: its
     # marks were a quarter, half and three quarters of the epoch. The run's length (Session(steps=), run --steps)
     # ends the loop first; the asks span it
-    from profiler.core.workerreads import READ_AHEAD_S, WorkerReads
+    from profiler.core.sampling.worker_memory_asks import READ_AHEAD_S, WorkerReads
 
     reads = WorkerReads(warmup=10)
     reads.run_length(150)
@@ -336,12 +337,12 @@ def test_the_runs_known_length_places_the_asks_where_the_epoch_is_longer_than_th
 
 def test_a_loop_of_unknown_length_asks_early_then_reads_its_workers_where_it_breaks_out() -> None:
     # a Session without steps= over an iterable without a length: asks early on, and the reading at the loop's end
-    # (profiler.core.stepclock: a break, an exception, close()) while the iterator still holds its workers, once
+    # (profiler.core.steps.clock: a break, an exception, close()) while the iterator still holds its workers, once
     import os
     import subprocess
     import sys
 
-    from profiler.core.workerreads import WorkerReads
+    from profiler.core.sampling.worker_memory_asks import WorkerReads
 
     class Proc:
         def __init__(self, pid: int) -> None:
@@ -370,7 +371,7 @@ def test_a_loop_of_unknown_length_asks_early_then_reads_its_workers_where_it_bre
     # worker has children of earlier tests: two of them were found here in a fresh-clone CI)
     code = (
         "import os, signal, time\n"
-        "from profiler.core.workerreads import worker_pids\n"
+        "from profiler.core.sampling.worker_memory_asks import worker_pids\n"
         "before = worker_pids(object())\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"

@@ -23,7 +23,7 @@ from profiler import Session
 from profiler.analysis import summarize
 from profiler.analysis.memory import MIN_READINGS
 from profiler.analysis.timeline import build_timeline
-from profiler.core.recording import default_sources
+from profiler.core.recorders.in_thread import default_sources
 from profiler.core.sources.memory import MemorySource
 from profiler.core.sources.pin import PIN_TARGET, PinSource, pin_threads
 from profiler.core.store.reader import load_run
@@ -155,7 +155,7 @@ def run_short(out: str) -> None:
 def test_a_short_run_reads_its_workers_while_they_live_and_names_their_copy_on_read(tmp_path: Path) -> None:
     # issue #56: two workers over a list of Python objects ran 150 steps in 2.8 s, and each process had one memory
     # reading (uss_start_mb == uss_end_mb): the workers were gone before the next. The Session now asks for readings
-    # through the first epoch while they live (profiler/core/workerreads.py)
+    # through the first epoch while they live (profiler/core/sampling/worker_memory_asks.py)
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {MODULE} as t; t.run_short(sys.argv[1])"
     res = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True, timeout=300
@@ -206,7 +206,8 @@ def run_break(out: str) -> None:
 
 def test_a_loop_that_breaks_out_reads_its_workers_before_they_are_stopped(tmp_path: Path) -> None:
     # the loop's end drops the loader's iterator, which stops its workers at once (before Session.close): the training
-    # process reads them there first (profiler.core.workerreads.WorkerReads.at_end), whatever the loop's length
+    # process reads them there first (profiler.core.sampling.worker_memory_asks.WorkerReads.at_end), whatever the loop's
+    # length
     code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {MODULE} as t; t.run_break(sys.argv[1])"
     res = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True, timeout=300
@@ -270,7 +271,8 @@ scenario = Scenario(name=f"records-{{KIND}}", dataset=Records, model=lambda: nn.
 
 # issue #65: two workers over 400,000 dicts ran 150 steps of 64 in 2.2 s, and every process had one memory reading
 # (readings 1, uss_start_mb == uss_end_mb, no finding): the asks were placed at a quarter, half and three quarters of
-# the epoch (6,250 steps), which the run never reached. The run's length now places them (profiler/core/workerreads.py)
+# the epoch (6,250 steps), which the run never reached. The run's length now places them
+# (profiler/core/sampling/worker_memory_asks.py)
 @pytest.mark.parametrize("kind", ["dicts", "numpy"])
 def test_a_150_step_run_names_the_copy_on_read_of_dicts_and_not_of_numpy_records(tmp_path: Path, kind: str) -> None:
     from conftest import stallscope

@@ -22,7 +22,7 @@ import pipelines
 from pipelines import LoaderSpec
 from pipelines.prefetch import THREAD_NAME, PrefetchPipeline, _CudaCopier
 from profiler import Session
-from profiler.core.devices import DeviceInfo
+from profiler.core.steps.device_timers import DeviceInfo
 from profiler.core.store import load_run
 from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios import Scenario

@@ -23,7 +23,7 @@ import warm
 from conftest import ROOT, Truth, sleep_loader, stallscope, wait_until
 
 from profiler import Session
-from profiler.core.stepclock import HANDOFF_S
+from profiler.core.steps.clock import HANDOFF_S
 from profiler.core.store import PhaseRow, StepRow, load_run
 from profiler.export.endpoint import Endpoint, parse_endpoint
 from profiler.export.metrics import job_metrics, run_metrics

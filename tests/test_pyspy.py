@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 
-from profiler.core.pyspy import FIFO_PRIORITY, PROMOTE_AFTER_S, OnTime, PySpyRecorder, attach_problem, find_pyspy
+from profiler.core.sampling.pyspy import (
+    FIFO_PRIORITY,
+    PROMOTE_AFTER_S,
+    OnTime,
+    PySpyRecorder,
+    attach_problem,
+    find_pyspy,
+)
 
 
 @pytest.mark.parametrize(

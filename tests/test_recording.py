@@ -15,7 +15,7 @@ from conftest import sleep_loader
 
 from profiler import Session
 from profiler.analysis import summarize
-from profiler.core.recording import ThreadRecorder
+from profiler.core.recorders.in_thread import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.store import DB_NAME, load_run
 from profiler.core.store import reader as store_reader
@@ -137,8 +137,8 @@ def test_a_signal_while_the_session_starts_still_closes_the_run(
     # Ctrl-C can land between the store's creation and the end of Session.start(), before `with session:`
     # is entered: the run must still be closed, reported and summarised as interrupted
     import scenarios
-    from profiler.core.devices import resolve_device
     from profiler.core.session import Interrupted
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.drivers.runner import RunConfig, RunStopped, run_scenario
 
     started = ProcessRecorder.start

@@ -134,7 +134,7 @@ def test_a_pyspy_at_normal_priority_is_said_and_a_real_time_one_is_not() -> None
 
 
 def test_a_run_recorded_with_nonblocking_reads_says_its_data_wait_reads_low() -> None:
-    from profiler.core.pyspy import PySpyRecorder
+    from profiler.core.sampling.pyspy import PySpyRecorder
 
     text = speedscope({((1,), "1"): [NEXT] * 30 + [FORWARD] * 10})
     old = ["py-spy", "record", "--pid", "1", "--idle", "--threads", "--nonblocking", "--rate", "100"]

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import wait_until
 
-from profiler.core.sampler import Sampler
+from profiler.core.sampling.sampler import Sampler
 from profiler.core.sources.base import SourceEnded, SourceLost
 
 

@@ -27,8 +27,8 @@ from profiler.core.sampler_process import client as client_module
 from profiler.core.sampler_process.client import WATCH_S, ProcessRecorder
 from profiler.core.sampler_process.ring import Announced, Ring, RingReader, RingWriter, send_segment
 from profiler.core.sampler_process.wire import RunEvent
-from profiler.core.stepclock import HANDOFF_STEPS
-from profiler.core.stepevents import BATCH, ENTER, EXIT, FETCH
+from profiler.core.steps.clock import HANDOFF_STEPS
+from profiler.core.steps.events import BATCH, ENTER, EXIT, FETCH
 from profiler.core.store import integrity_ok, load_run, pid_alive, read_head
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -227,8 +227,8 @@ def test_no_stallscope_thread_in_the_training_process_wakes_more_than_once_a_sec
         seconds = time.monotonic() - t0
         after = {name: _wakeups(tid) for name, tid in ours.items() if tid is not None}
         rounds = rec.watch_rounds - rounds0
-    # the watch alone: the pin-memory source is read on the training thread at its hand-overs (core.tickreads), with
-    # no sampler thread of its own (issue #65)
+    # the watch alone: the pin-memory source is read on the training thread at its hand-overs
+    # (core.sampling.on_training_thread), with no sampler thread of its own (issue #65)
     assert set(ours) == {"stallscope-watch"}, ours
     assert seconds > 2.5
     assert rounds <= math.floor(seconds / WATCH_S) + 1, (rounds, seconds)
@@ -249,7 +249,7 @@ def test_a_run_with_its_live_view_and_endpoint_keeps_them_out_of_the_training_pr
     while it trains; the training process's stallscope threads are the watch and the shared-memory watch, each
     waking about once a second (the pin source is read on the training thread at its hand-overs)."""
     from profiler.cli.common import RunViews
-    from profiler.core.devices import resolve_device
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.drivers.runner import RunConfig, run_scenario
     from profiler.export.endpoint import parse_endpoint
     from profiler.export.prometheus import PrometheusExporter

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import scenarios
-from profiler.core.devices import resolve_device
+from profiler.core.steps.device_timers import resolve_device
 from profiler.drivers.runner import RunConfig, run_scenario
 from scenarios import cifar, mnist
 from scenarios.base import Scenario

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import scenarios
-from profiler.core.devices import resolve_device
+from profiler.core.steps.device_timers import resolve_device
 from profiler.core.store import load_run
 from profiler.drivers import runner
 from profiler.drivers.runner import LoaderFailure, RunConfig, TrainingError, run_scenario

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import warm
 
-from profiler.core.devices import DeviceError, DeviceInfo, resolve_device
+from profiler.core.steps.device_timers import DeviceError, DeviceInfo, resolve_device
 from profiler.sim.cost import StepCost
 from profiler.sim.device import CONTEXT_BYTES, SimDevice, SimOutOfMemory
 from profiler.sim.specs import AcceleratorSpec, SimConfig

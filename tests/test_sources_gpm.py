@@ -13,7 +13,7 @@ from typing import Any
 
 from conftest import ROOT, stallscope
 
-from profiler.core.sampler import Sampler
+from profiler.core.sampling.sampler import Sampler
 from profiler.core.sources.gpm import GPM_METRICS
 from profiler.core.sources.nvml import NvmlSource
 from tests.fake_nvml import make_fake_nvml

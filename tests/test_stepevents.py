@@ -1,4 +1,4 @@
-"""Step events (profiler.core.stepevents): the rows an Assembler makes of them, their trip through the ring, and the
+"""Step events (profiler.core.steps.events): the rows an Assembler makes of them, their trip through the ring, and the
 rows of one run made in both processes."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from profiler import Session
-from profiler.core.batches import BatchLen, batch_len
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler_process.ring import Ring, RingReader, RingWriter
-from profiler.core.stepevents import (
+from profiler.core.steps.batch_facts import BatchLen, batch_len
+from profiler.core.steps.events import (
     BATCH,
     DEV,
     END,

@@ -110,8 +110,8 @@ def with_gpu(rec: RunRecord, events: bool) -> RunRecord:
 
 
 def sim_device() -> dict[str, Any]:
-    """The device object a ``--device sim:h100`` run records (profiler.core.devices.DeviceInfo.to_dict), written out so
-    that a recalibrated spec table does not move the golden file."""
+    """The device object a ``--device sim:h100`` run records (profiler.core.steps.device_timers.DeviceInfo.to_dict),
+    written out so that a recalibrated spec table does not move the golden file."""
     return {
         "kind": "sim",
         "torch_device": "cpu",

@@ -24,7 +24,7 @@ from conftest import ROOT, stallscope, wait_until
 from rich.console import Console
 from test_cli import assert_one_line_error
 
-from profiler.core.devices import resolve_device
+from profiler.core.steps.device_timers import resolve_device
 from profiler.core.store import StepRow, load_run
 from profiler.drivers.runner import RunConfig
 from profiler.sweep.analysis import (

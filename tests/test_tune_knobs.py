@@ -220,8 +220,8 @@ def test_a_pinned_copy_to_a_simulated_device_takes_the_pinned_rate(
     pageable one (half that), and each step's measured copy phase holds at least the simulated copy (a loaded
     host wakes the sleep late: beside a stress run a 0.6 ms copy's phase read up to 16 ms, so only the bound is
     checked on the host's clock)."""
-    from profiler.core.devices import resolve_device
-    from profiler.core.kernelwin import tail_plan
+    from profiler.core.kernel_windows.windows import tail_plan
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.core.store import load_run
     from profiler.drivers.runner import RunConfig, run_scenario
     from profiler.sim.device import SimDevice
@@ -266,7 +266,7 @@ def test_on_a_simulated_gpu_the_workers_needed_come_from_the_devices_own_step(tm
     loader's time by it would ask for several times the workers. The device's own busy time a step (the simulated
     device's events) is the rate that says how many feed it: 160 x 1.25 / 40, 5 workers."""
     import scenarios
-    from profiler.core.devices import DeviceInfo
+    from profiler.core.steps.device_timers import DeviceInfo
     from profiler.drivers.runner import RunConfig, run_scenario
     from profiler.sim.cost import measure_step
     from profiler.sim.device import SimDevice

@@ -304,7 +304,7 @@ def test_run_command_holds_the_scripts_window_apart(
 ) -> None:
     for k, v in RECORDER.items():
         monkeypatch.setenv(k, v)
-    # off the thread: the start-up module's window thread (its own copy of core.kernelwin's)
+    # off the thread: the start-up module's window thread (its own copy of core.kernel_windows.windows's)
     calls = _off_thread(monkeypatch, tmp_path) if off_thread else None
     out, own_file = tmp_path / "run", tmp_path / "own.json"
     # 150 steps. The figures are checked over the measured steps against the loop's own clock, and where the loop

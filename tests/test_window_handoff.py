@@ -1,6 +1,6 @@
-"""A kernel window handed over as kineto's own trace file (profiler/core/kerneltrace.py): what the sampler process
-reads from it is what the training process would have read from kineto's events, and a real torch 2.11 trace from
-an H200 reads as `stallscope kernels` reads it."""
+"""A kernel window handed over as kineto's own trace file (profiler/core/kernel_windows/trace_file.py): what the sampler
+process reads from it is what the training process would have read from kineto's events, and a real torch 2.11 trace
+from an H200 reads as `stallscope kernels` reads it."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from conftest import ROOT
 
 from profiler import Session
-from profiler.core.kerneltrace import activities, fill, trace_path
-from profiler.core.kernelwin import TorchKernelRecorder, clock_map
+from profiler.core.kernel_windows.trace_file import activities, fill, trace_path
+from profiler.core.kernel_windows.windows import TorchKernelRecorder, clock_map
 from profiler.core.rows import KernelWindow
 from profiler.core.store import load_run
 from profiler.kernels import analysis

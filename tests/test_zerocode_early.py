@@ -122,7 +122,7 @@ def test_ctrl_c_early_reports_the_steps_that_ran_and_exits_130(tmp_path: Path) -
 
 
 def test_pyspys_problem_line_quotes_its_message_without_the_backtrace(tmp_path: Path) -> None:
-    from profiler.core.pyspy import attach_problem, exit_problem
+    from profiler.core.sampling.pyspy import attach_problem, exit_problem
 
     log = tmp_path / "pyspy.log"
     err = (

@@ -34,8 +34,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "
 # bound is 4.4 sd; the estimate's window (the second step's first loader sample to the last loader-or-compute
 # sample) and the script's (its second step's next() to its loop's end) differ by a few samples at each end.
 # Measured errors (estimate - truth over the whole loop, before the first step was left out), py-spy real-time
-# (core.pyspy.OnTime): beside two busy processes rank 0 -1.35, -1.44, -0.55 pp and rank 1 -0.43, +0.45, -1.83 pp;
-# beside three, rank 0 -2.1 to +4.2, rank 1 -1.2 to +2.6 pp; at normal priority rank 1 read +4.3 to +7 pp high
+# (core.sampling.pyspy.OnTime): beside two busy processes rank 0 -1.35, -1.44, -0.55 pp and rank 1 -0.43, +0.45, -1.83
+# pp; beside three, rank 0 -2.1 to +4.2, rank 1 -1.2 to +2.6 pp; at normal priority rank 1 read +4.3 to +7 pp high
 # beside two. Three runs read rank 0 +8.6 to +8.9 pp high: py-spy's samples made up in the first step (its span
 # now leaves that step out: docs/zero-code.md).
 TOLERANCE = 0.07

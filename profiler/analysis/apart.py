@@ -1,7 +1,7 @@
 """The steps a kernel window held, recorded apart: the profiler's own pause is never the program's time.
 
-Pure. A kernel window (:mod:`profiler.core.kernelwin`) costs the training thread its opening and closing (CUPTI's
-start, the profiler's stop and the read of its activities: 0.4-1.6 s on an H200), and the steps inside it run
+Pure. A kernel window (:mod:`profiler.core.kernel_windows.windows`) costs the training thread its opening and closing
+(CUPTI's start, the profiler's stop and the read of its activities: 0.4-1.6 s on an H200), and the steps inside it run
 slower (launches traced). So every step that overlaps a window's span is **held**: left out of the run's
 throughput, step time, phases, stall, verdict and advice, and shown apart (:class:`WindowsApart`). The span runs
 from the moment its opening began (at a step's batch arrival: that step holds the start's cost) to the moment its

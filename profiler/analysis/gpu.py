@@ -1,4 +1,5 @@
-"""The GPU's own view of the run's steps: what the kernel windows (profiler.core.kernelwin) recorded, split by why.
+"""The GPU's own view of the run's steps: what the kernel windows (profiler.core.kernel_windows.windows) recorded, split
+by why.
 
 Pure. For each measured step that lies wholly inside a kernel window, its span (from the loop asking for its batch
 to the loop asking for the next) is split into:

@@ -21,8 +21,9 @@ GROWTH_MIN_SHARE = 0.05  # ... and this share of where it started ...
 GROWTH_MIN_R2 = 0.8  # ... and steadily (a straight line explains this share of its variance)
 MIN_READINGS = 4
 # a process's reading this soon after the window's last step counts as the window's: the reading a loop's end takes of
-# its workers before dropping their iterator stops them (profiler.core.workerreads), made after its last step ended
-# (15 ms for two workers here), and the close's last round where the workers outlive the loop (persistent_workers)
+# its workers before dropping their iterator stops them (profiler.core.sampling.worker_memory_asks), made after its last
+# step ended (15 ms for two workers here), and the close's last round where the workers outlive the loop
+# (persistent_workers)
 END_GRACE_S = 1.0
 # the source of that loop's end reading (profiler.core.sources.memory.LOOP_END): a worker's reading within END_GRACE_S
 # after it was made while its loader stopped it, its memory being freed (one then read 0 MiB of USS); left out

@@ -49,7 +49,7 @@ from profiler.core.store import RunRecord
 
 WINDOW_S = 5.0
 MIN_SAMPLES = 30  # below this an estimate is reported but not used for a verdict
-MAX_PYSPY_RATE = 1000  # the highest --pyspy-rate stallscope accepts (core.pyspy.MAX_RATE)
+MAX_PYSPY_RATE = 1000  # the highest --pyspy-rate stallscope accepts (core.sampling.pyspy.MAX_RATE)
 
 
 def _share(s: Share) -> Estimate:
@@ -259,7 +259,7 @@ def sampling_notes(meta: Mapping[str, object]) -> list[str]:
 
 
 def _priority_note(scheduling: str | None) -> tuple[str, ...]:
-    if scheduling is None or scheduling.startswith("SCHED_FIFO"):  # core.pyspy.OnTime's words
+    if scheduling is None or scheduling.startswith("SCHED_FIFO"):  # core.sampling.pyspy.OnTime's words
         return ()
     return (
         f"py-spy ran at {scheduling}: on a host with no idle core its samples lean toward the main thread's "

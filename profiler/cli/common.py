@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from profiler.core.sampler import MAX_HZ
 from profiler.core.sampler_process.views import ViewRecipe
+from profiler.core.sampling.sampler import MAX_HZ
 from profiler.sweep.defaults import MAX_BATCH_FACTOR
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
-    from profiler.core.devices import DeviceInfo
+    from profiler.core.steps.device_timers import DeviceInfo
     from profiler.drivers.precision import Precision
     from profiler.drivers.runner import RunConfig
     from profiler.export.endpoint import Endpoint
@@ -44,7 +44,7 @@ MAX_WORKERS = 256
 MAX_PREFETCH = 64  # --prefetch-factor's ceiling: batches a worker holds ahead, each a batch of host memory
 MAX_NPROC = 64
 DEFAULT_SCENARIO = "fashion-vgg"
-DEFAULT_PYSPY_RATE = 10  # profiler.core.pyspy.DEFAULT_RATE, without importing it for --help
+DEFAULT_PYSPY_RATE = 10  # profiler.core.sampling.pyspy.DEFAULT_RATE, without importing it for --help
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -128,7 +128,7 @@ def bounded(kind: Callable[[str], Number], lo: float, hi: float | None, what: st
 
 def kernel_windows_arg(text: str) -> str:
     """``--kernel-windows``: checked here, kept as text (the Session parses it again)."""
-    from profiler.core.kernelwin import RECORDER_ENV, KernelWindowError, own_factory, parse_plan
+    from profiler.core.kernel_windows.windows import RECORDER_ENV, KernelWindowError, own_factory, parse_plan
 
     try:
         if parse_plan(text) is not None and (own := os.environ.get(RECORDER_ENV)):
@@ -337,7 +337,7 @@ def resolve_training(
     run directory is made, so a pipeline that does not apply is one line and no run."""
     import pipelines
     import scenarios
-    from profiler.core.devices import resolve_device
+    from profiler.core.steps.device_timers import resolve_device
 
     args.scenario = DEFAULT_SCENARIO if args.scenario is None else args.scenario  # "" is an unknown name
     try:  # the checks that import nothing first: a bad name is one line at once, not after torch's import

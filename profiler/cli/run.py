@@ -356,7 +356,7 @@ def _external(args: argparse.Namespace, *, command: list[str] | None, pid: int |
 def _profile_external(
     args: argparse.Namespace, command: list[str] | None, pid: int | None, name: str, exporter: PrometheusExporter | None
 ) -> int:
-    from profiler.core.pyspy import DEFAULT_RATE
+    from profiler.core.sampling.pyspy import DEFAULT_RATE
     from profiler.live.feeds import StoreFeed
     from profiler.zerocode.profile import profile_external
 

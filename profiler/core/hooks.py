@@ -3,7 +3,7 @@ a live feed, a sweep's early stop, any future sink) implements :class:`SessionHo
 
 Invariants: Session calls ``on_step`` on the training thread once per step, in batches (its tick), so a hook's
 ``on_step`` only appends or queues (the store's is a queue put). A hook that makes rows elsewhere says so: its
-``step_events()`` returns where the Session puts its step events (:class:`profiler.core.stepevents.EventSink`;
+``step_events()`` returns where the Session puts its step events (:class:`profiler.core.steps.events.EventSink`;
 the sampler process's ring) and ``wants_rows = False`` spares it ``on_step``; where no hook takes rows, the
 training process makes none; a hook that must stop the training (a store that can no
 longer write, under ``store_errors="raise"``) says so through :meth:`Recorder.halt`, never by raising from
@@ -22,14 +22,23 @@ from typing import TYPE_CHECKING, Protocol
 
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sources.base import Source, SourceRecipe
-from profiler.core.stepevents import EventSink
+from profiler.core.steps.events import EventSink
 from profiler.core.store.writer import StoreWriteError
 
 if TYPE_CHECKING:
-    from profiler.analysis.summary import Summary
-    from profiler.core.sampler import Sampler
     from profiler.core.sampler_process.views import ViewRecipe
+    from profiler.core.sampling.sampler import Sampler
     from profiler.core.sources.memory import Taken
+
+
+class RunSummary(Protocol):
+    """What the core knows of a run's Summary (``profiler.analysis.summary.Summary``, built above the core by the
+    summarizer a recorder is given): only that it is the ``summary.json`` object. The core hands it on untouched;
+    ``profiler.runs.session.Session`` gives it its full type."""
+
+    def to_dict(self) -> dict[str, object]:
+        """The summary.json object."""
+        ...
 
 
 class SessionView(Protocol):
@@ -77,7 +86,7 @@ class Recorder(SessionHook, Protocol):
     def sampler(self) -> Sampler | None: ...
 
     @property
-    def summary(self) -> Summary | None: ...
+    def summary(self) -> RunSummary | None: ...
 
     @property
     def failure(self) -> StoreWriteError | None:
@@ -94,8 +103,9 @@ class Recorder(SessionHook, Protocol):
         """A loader has just started its workers: sources that follow the process tree look at their next read."""
 
     def read_memory_soon(self, taken: Taken | None = None) -> None:
-        """Read the loader workers' memory at the next round, off its schedule (profiler.core.workerreads); with
-        ``taken``, store the readings the training process took of them now, at its loop's end."""
+        """Read the loader workers' memory at the next round, off its schedule
+        (profiler.core.sampling.worker_memory_asks); with ``taken``, store the readings the training process took of
+        them now, at its loop's end."""
 
     def start_pyspy(self, pid: int, *, rate: int, attach_timeout_s: float, unavailable: str) -> str | None:
         """Record ``pid`` and its subprocesses with py-spy until close; None when it attached (or was asked to),

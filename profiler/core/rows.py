@@ -41,8 +41,9 @@ class PhaseRow:
     runq_s: float | None = None  # schema v2; None: not measured, or a v1 store
 
 
-# meta: the first step run after the measured ones for a tail kernel window (profiler.core.kernelwin.tail_plan);
-# from it on every step is held apart from the run's figures (profiler.analysis.apart)
+# meta: the first step run after the measured ones for a tail kernel window
+# (profiler.core.kernel_windows.windows.tail_plan); from it on every step is held apart from the run's figures
+# (profiler.analysis.apart)
 TAIL_KEY = "kernel_window_tail_from"
 
 
@@ -50,7 +51,7 @@ TAIL_KEY = "kernel_window_tail_from"
 class KernelWindow:
     """One kernel window: its span and cost (s) and its activities ``(stream, kind, start, end, launch)``, run
     seconds (launch NaN: not known). ``recorded_end``: where the steps it recorded ended, when its stop ran on
-    after them (profiler.core.kernelwin.WindowThread; NaN: at ``t_end``, schema v4)."""
+    after them (profiler.core.kernel_windows.windows.WindowThread; NaN: at ``t_end``, schema v4)."""
 
     window: int
     t_start: float
@@ -75,7 +76,8 @@ class RunRecord:
     samples: list[tuple[float, str, str, float | None]]
     events: list[tuple[float, str, str | None, str]]
     stacks_text: str | None = None  # py-spy's collapsed stacks (RUN_DIR/pyspy.txt), when recorded
-    windows: tuple[KernelWindow, ...] = ()  # schema v3: the kernel windows (profiler.core.kernelwin), in order
+    # schema v3: the kernel windows (profiler.core.kernel_windows.windows), in order
+    windows: tuple[KernelWindow, ...] = ()
 
 
 def held_steps(spans: Iterable[tuple[float, float]], steps: Sequence[StepRow], tail_from: object = None) -> set[int]:

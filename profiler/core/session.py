@@ -1,5 +1,5 @@
 """Session: a profiled run of a training loop. It times each step's phases (its hot path is
-:class:`~profiler.core.stepclock.StepClock`) and hands the steps to its hooks (the run store's recorder, the
+:class:`~profiler.core.steps.clock.StepClock`) and hands the steps to its hooks (the run store's recorder, the
 Prometheus exporter, ...: :mod:`profiler.core.hooks`); it imports none of them.
 
 A step starts the moment the loop asks the loader for its batch and ends when it asks for the next one.
@@ -7,7 +7,7 @@ A step starts the moment the loop asks the loader for its batch and ends when it
 the step (``h2d``, ``compute``, or any user name). Whatever the step spent outside these is "other".
 
 Invariants:
-- The hot path makes no row and hands its step events on in batches (:mod:`profiler.core.stepclock`); on CUDA it
+- The hot path makes no row and hands its step events on in batches (:mod:`profiler.core.steps.clock`); on CUDA it
   never synchronizes per step.
 - Exiting the ``with`` block records a status: ``complete``; ``interrupted`` for KeyboardInterrupt or a
   signal the CLI turned into :class:`Interrupted`; ``failed`` (with where) for any other exception, which
@@ -30,23 +30,23 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
-from profiler.core.batches import loader_facts
-from profiler.core.devices import DeviceInfo, DeviceTimer, make_timer, resolve_device
-from profiler.core.devmarks import DeviceMarks
 from profiler.core.hooks import HookSet, Recorder, ServingHook, SessionHook, SinkOptions, make_sinks
-from profiler.core.kernelwin import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
+from profiler.core.kernel_windows.windows import KernelRecorder, KernelWindows, WindowPlan, make_recorder, parse_plan
 from profiler.core.rows import TAIL_KEY, PhaseRow, StepRow, held_steps
-from profiler.core.rowshere import RECENT, RowsHere, RowSink
 from profiler.core.sources import sched as schedstat
 from profiler.core.sources.base import Source, SourceRecipe
-from profiler.core.stepclock import HANDOFF_STEPS, Phase, StepClock
-from profiler.core.stepevents import EventSink
+from profiler.core.steps.batch_facts import loader_facts
+from profiler.core.steps.clock import HANDOFF_STEPS, Phase, StepClock
+from profiler.core.steps.device_marks import DeviceMarks
+from profiler.core.steps.device_timers import DeviceInfo, DeviceTimer, make_timer, resolve_device
+from profiler.core.steps.events import EventSink
+from profiler.core.steps.local_rows import RECENT, RowsHere, RowSink
 
 if TYPE_CHECKING:
-    from profiler.analysis.summary import Summary
-    from profiler.core.sampler import Sampler
+    from profiler.core.hooks import RunSummary
+    from profiler.core.sampling.sampler import Sampler
 
 _T = TypeVar("_T")  # what a wrapped iterable yields
 # the run facts a user may give in meta= that the report and the recommendations read (None until given)
@@ -102,7 +102,7 @@ class Session:
         every ``log_every_s`` seconds, off the training thread (docs/integrations.md); ``hooks``:
         more sinks, started after the run's own; ``max_lag``: steps whose device events may be pending; ``sources``
         and ``sampling``: docs/architecture.md, "Two processes"; ``kernel_windows``: when the device's own activity is
-        recorded (``off``, ``auto``, ``AFTER:STEPS[:EVERY]``: :mod:`profiler.core.kernelwin`), by
+        recorded (``off``, ``auto``, ``AFTER:STEPS[:EVERY]``: :mod:`profiler.core.kernel_windows.windows`), by
         ``kernel_recorder`` (default: CUPTI on CUDA, the simulated device's own, none on CPU); ``steps``: the
         measured steps the loop will run after the warm-up, where known: ``auto`` then records one window after
         them, for which the loop runs :attr:`tail_steps` steps more (docs/metrics.md, "Kernel windows' cost")."""
@@ -170,7 +170,7 @@ class Session:
         """The Prometheus endpoint of ``prometheus=`` (its ``url``), else None."""
         return self._exporter
 
-    def start(self) -> Session:
+    def start(self) -> Self:
         """Start the hooks in order (an exporter binds first: a port in use records nothing); a hook that fails
         to start ends those started before it, and its error propagates."""
         if self._started:
@@ -227,12 +227,13 @@ class Session:
         self._row_sinks = tuple(rows)
         if self._stream is not None:
             self._st.send_to(self._stream)
-            if self._kw is not None:  # the sampler process reads the windows' activities (core.kerneltrace)
+            # the sampler process reads the windows' activities (core.kernel_windows.trace_file)
+            if self._kw is not None:
                 self._kw.handoff = self.out_dir
         if self._stream is None or rows or self._rows_asked:
             self._want_rows()
 
-    def __enter__(self) -> Session:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -256,7 +257,7 @@ class Session:
         if self._started:
             self._hooks.event(kind, message)
 
-    def close(self, status: str = "complete", error: str | None = None) -> Summary | None:
+    def close(self, status: str = "complete", error: str | None = None) -> RunSummary | None:
         """End the run: close the open step, drain device events, then the hooks in reverse order (the
         ThreadRecorder: sampler, py-spy, store, summary.json); returns the run's Summary (None if it could not be
         built; the store still holds the run)."""
@@ -270,7 +271,7 @@ class Session:
         self._hooks.close(status, error)
         return self.summary()
 
-    def summary(self) -> Summary | None:
+    def summary(self) -> RunSummary | None:
         """The run's Summary, built once when the session closed from the rows read back from its store (None
         while it runs). When the store stopped writing mid-run (disk full, the directory removed: training went
         on, as it should), it is the Summary of the steps the store committed before it stopped."""
@@ -297,7 +298,7 @@ class Session:
         """The hook that keeps the run (the ThreadRecorder: store, sampler, py-spy)."""
         return self._recorder
 
-    # -- the steps (the hot path: profiler.core.stepclock) ----------------------------------------------
+    # -- the steps (the hot path: profiler.core.steps.clock) ----------------------------------------------
     def _now(self) -> float:
         return self._clock() - self._t0
 

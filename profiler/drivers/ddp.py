@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.nn.parallel import DistributedDataParallel
 
-    from profiler.core.session import Session
+    from profiler.runs.session import Session
     from profiler.sim.device import SimDevice
 
 BACKENDS = ("gloo", "nccl")

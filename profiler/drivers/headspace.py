@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from pipelines import BuiltLoader
-from profiler.core.batches import batch_len
+from profiler.core.steps.batch_facts import batch_len
 
 SECONDS = 3.0  # the timed window: at most this long ...
 MAX_BATCHES = 40  # ... or this many batches, whichever comes first

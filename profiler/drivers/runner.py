@@ -25,19 +25,20 @@ from pipelines import store as pipeline_store
 from pipelines.imagefolder import BadSampleError, DataSourceError
 from pipelines.naive import tensor_bytes
 from profiler.analysis.memory import SHM_FIX, ShmNeed, shm_exhausted, shm_headline, shm_need
-from profiler.core.devices import DeviceInfo
-from profiler.core.recording import log_warning
+from profiler.core.recorders.in_thread import log_warning
 from profiler.core.sampler_process.client import default_local_sources, default_recipe
 from profiler.core.sampler_process.views import SamplerViews
-from profiler.core.session import Interrupted, Session
+from profiler.core.session import Interrupted
 from profiler.core.sources.base import Source, SourceRecipe
 from profiler.core.sources.memory import SHM
 from profiler.core.sources.stages import StageSource
+from profiler.core.steps.device_timers import DeviceInfo
 from profiler.drivers.ddp import DistInfo, SyncTimer, sim_sync, wrap_ddp
 from profiler.drivers.headspace import loader_alone
 from profiler.drivers.precision import Precision
 from profiler.drivers.shmwatch import ShmWatch, segment_mb
 from profiler.live.feeds import Monitor, SessionFeed
+from profiler.runs.session import Session
 from profiler.sim.cost import CostModelError
 from scenarios import DataOptions, Scenario
 
@@ -116,7 +117,7 @@ class RunConfig:
     page_cache: str | None = None  # "warm": the data set's files read once before the run; "cold": evicted
     dali_stages: bool = False  # dali: time the graph's prefixes alone before training (pipelines.dali.time_stages)
     headspace: bool = False  # iterate a second loader alone before training (profiler.drivers.headspace)
-    kernel_windows: str = "auto"  # when the device's own activity is recorded (profiler.core.kernelwin)
+    kernel_windows: str = "auto"  # when the device's own activity is recorded (profiler.core.kernel_windows.windows)
     log_to: tuple[str, ...] = ()  # experiment trackers logged to while the run records (profiler.trackers.live)
     log_every_s: float = 10.0
     # the arithmetic of a real device's training (profiler.drivers.precision)

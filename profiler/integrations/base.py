@@ -23,8 +23,9 @@ from typing import Any
 
 from profiler.analysis import Summary
 from profiler.analysis.meta import opt_int
-from profiler.core.session import LABELS, Session
+from profiler.core.session import LABELS
 from profiler.export.endpoint import Endpoint, parse_endpoint
+from profiler.runs.session import Session
 
 log = logging.getLogger("stallscope")
 

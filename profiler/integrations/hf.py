@@ -21,8 +21,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from profiler.core.batches import batch_len, loader_facts
-from profiler.core.session import Session
+from profiler.core.steps.batch_facts import batch_len, loader_facts
 from profiler.integrations import missing
 from profiler.integrations.base import (
     dist_meta,
@@ -33,6 +32,7 @@ from profiler.integrations.base import (
     torch_device,
 )
 from profiler.integrations.loggers import StepPoints, run_figures
+from profiler.runs.session import Session
 
 try:
     import transformers

@@ -23,8 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Protocol, cast
 
-from profiler.core.batches import batch_len
-from profiler.core.session import Session
+from profiler.core.steps.batch_facts import batch_len
 from profiler.integrations import missing
 from profiler.integrations.base import (
     dist_meta,
@@ -35,6 +34,7 @@ from profiler.integrations.base import (
     torch_device,
 )
 from profiler.integrations.loggers import StepPoints, run_figures, with_separator
+from profiler.runs.session import Session
 
 
 def _import_lightning() -> ModuleType:

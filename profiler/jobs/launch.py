@@ -31,7 +31,7 @@ from profiler.drivers.runner import RunConfig
 from profiler.drivers.signals import SignalStop
 
 if TYPE_CHECKING:
-    from profiler.core.recording import ThreadRecorder
+    from profiler.core.recorders.in_thread import ThreadRecorder
 
 
 JOB_FILE = "job.json"
@@ -99,7 +99,7 @@ def run_job(job: JobSpec) -> JobResult:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from profiler.core.recording import ThreadRecorder
+    from profiler.core.recorders.in_thread import ThreadRecorder
     from profiler.core.sources.ranks import RankSource
     from profiler.runs.summarize import summarize_run
 
@@ -365,8 +365,8 @@ def rank_main(job: JobSpec) -> dict[str, Any] | None:
     import torch.distributed as dist
 
     import scenarios
-    from profiler.core.devices import resolve_device
     from profiler.core.session import Interrupted
+    from profiler.core.steps.device_timers import resolve_device
     from profiler.drivers.runner import TrainingError, run_scenario
 
     # node_rank: the node's --node-rank (its directory's name), not c10d's order of arrival (GROUP_RANK)

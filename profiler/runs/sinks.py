@@ -4,8 +4,8 @@ installs them (imported from here when first used), before any Session can be ma
 
 - the sinks of ``Session(out_dir, ...)`` (:func:`default_sinks`): its recorder (the sampler process's
   :class:`~profiler.core.sampler_process.client.ProcessRecorder`, or a
-  :class:`~profiler.core.recording.ThreadRecorder`), with :func:`profiler.runs.summarize.summarize_run` to build
-  its Summary at close, and the Prometheus exporter (:mod:`profiler.export.prometheus`) when asked;
+  :class:`~profiler.core.recorders.in_thread.ThreadRecorder`), with :func:`profiler.runs.summarize.summarize_run` to
+  build its Summary at close, and the Prometheus exporter (:mod:`profiler.export.prometheus`) when asked;
 - ``sim:`` device strings, read by the simulator (:mod:`profiler.sim.specs`), imported only when one is asked for;
 - what the sampler process does after closing the store of a training process that is gone (killed): the report
   cache (:func:`profiler.runs.read.cache_orphaned`, named in the recorder's ``on_orphaned`` recipe).
@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from profiler.core.hooks import Recorder, SessionHook, SinkOptions, Sinks
-from profiler.core.recording import ThreadRecorder
+from profiler.core.recorders.in_thread import ThreadRecorder
 from profiler.core.sampler_process.client import ProcessRecorder
 from profiler.core.sources.base import Recipe, made_here
 from profiler.runs.summarize import summarize_run

@@ -23,10 +23,11 @@ from typing import Any
 
 from pipelines import PipelineError, applicable, require, usable_cores
 from profiler.analysis.apart import measured_steps
-from profiler.core.session import Interrupted, Session
+from profiler.core.session import Interrupted
 from profiler.core.store import StepRow, StoreWriteError
 from profiler.drivers.runner import RunConfig, RunStopped, TrainingError, run_scenario
 from profiler.live.feeds import Monitor
+from profiler.runs.session import Session
 from profiler.sweep.analysis import (
     MIN_STEPS,
     REL_CI,

@@ -16,7 +16,7 @@ from profiler.whatif.source import Note, Source, read_summary, short_label
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
-    from profiler.core.devices import DeviceInfo
+    from profiler.core.steps.device_timers import DeviceInfo
 
 
 @dataclass(frozen=True, slots=True)

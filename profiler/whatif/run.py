@@ -46,7 +46,7 @@ from profiler.whatif.source import (
 )
 
 if TYPE_CHECKING:
-    from profiler.core.devices import DeviceInfo
+    from profiler.core.steps.device_timers import DeviceInfo
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from profiler.whatif.model import NO_GAP, WORKER, LoaderGap, MeasuredRun, Target
 
 if TYPE_CHECKING:
     from profiler.analysis.summary import Summary
-    from profiler.core.devices import DeviceInfo
+    from profiler.core.steps.device_timers import DeviceInfo
     from profiler.sim.cost import StepCost
     from profiler.sim.specs import SimConfig
     from profiler.whatif.ray import RayFigures
@@ -156,7 +156,7 @@ def _scenario(meta: dict[str, Any], run_dir: str) -> Scenario:
 
 def resolve_devices(names: Sequence[str]) -> list[DeviceInfo]:
     """The simulated devices named (WhatIfError naming a bad one, or one that is not simulated)."""
-    from profiler.core.devices import DeviceError, resolve_device
+    from profiler.core.steps.device_timers import DeviceError, resolve_device
 
     devices = []
     for name in names:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiler.core.kerneltrace import KEEP, activities, recorded
+from profiler.core.kernel_windows.trace_file import KEEP, activities, recorded
 from profiler.core.rows import KernelWindow, PhaseRow, StepRow
 from profiler.zerocode.boot.stallscope_instrument import DIR_ENV, OVERRIDES_ENV, STOP_ENV
 
@@ -253,7 +253,8 @@ class StepBuilder:
 
 def handed_over(rec: dict[str, Any]) -> list[tuple[int, int, float, float, float]]:
     """A window the start-up module handed over as kineto's trace: its activities on the script's perf_counter
-    (launch -1: not known); the trace is removed once read, but for the first window's (profiler/core/kerneltrace)."""
+    (launch -1: not known); the trace is removed once read, but for the first window's
+    (profiler/core/kernel_windows/trace_file)."""
     path = Path(str(rec["trace"]))
     wall_ref, clock_ref = int(rec["wall_ref"]), float(rec["clock_ref"])
     try:

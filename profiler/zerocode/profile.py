@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from profiler.analysis.meta import AUTO_INSTRUMENTED
-from profiler.core.pyspy import DEFAULT_RATE
-from profiler.core.recording import ThreadRecorder, default_sources, log_warning
+from profiler.core.recorders.in_thread import ThreadRecorder, default_sources, log_warning
+from profiler.core.sampling.pyspy import DEFAULT_RATE
 from profiler.core.session import Interrupted
 from profiler.core.sources.ranks import RankMeta, RankSource
 from profiler.core.store import pid_alive
 from profiler.live.feeds import Monitor, StoreFeed
+from profiler.runs.session import full_summary
 from profiler.runs.summarize import summarize_run
 from profiler.zerocode.instrument import LOCK_CALLS, InstrumentReader, TrialStop, child_env
 
@@ -129,7 +130,9 @@ def profile_external(
             left = end_group(child)
         # a command that ended early keeps the steps that ran, however few (a trial needs its loader told apart)
         tick.last(early=trial is None and (status == "interrupted" or bool(exit_code)))
-        summary = rec.close(status, error, command_exit_code=exit_code, **({"left_behind": left} if trial else {}))
+        summary = full_summary(
+            rec.close(status, error, command_exit_code=exit_code, **({"left_behind": left} if trial else {}))
+        )
     return replace(_result(rec, reader, summary, exit_code, status=status, error=error, left=left), ran_s=ran_s)
 
 

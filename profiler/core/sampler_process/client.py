@@ -35,9 +35,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from profiler.core.recording import Summarizer, checked_store_errors, log_warning, running_meta, store_failed_line
+from profiler.core.recorders.in_thread import (
+    Summarizer,
+    checked_store_errors,
+    log_warning,
+    running_meta,
+    store_failed_line,
+)
 from profiler.core.rows import PhaseRow, RunRecord, StepRow
-from profiler.core.sampler import Sampler
 from profiler.core.sampler_process.drain import Drain
 from profiler.core.sampler_process.ring import DEFAULT_SIZE, Ring, RingReader, RingWriter, send_segment
 from profiler.core.sampler_process.views import ViewRecipe
@@ -54,9 +59,11 @@ from profiler.core.sampler_process.wire import (
     Samples,
     heard,
 )
+from profiler.core.sampling.on_training_thread import TickReads
+from profiler.core.sampling.sampler import Sampler
 from profiler.core.sources.base import Recipe, Source, SourceRecipe, split_recipes
 from profiler.core.sources.memory import Taken
-from profiler.core.stepevents import Assembler, EventSink
+from profiler.core.steps.events import Assembler, EventSink
 from profiler.core.store import (
     DB_NAME,
     RunStore,
@@ -69,11 +76,9 @@ from profiler.core.store import (
 )
 from profiler.core.store.reader import open_read, read_meta
 from profiler.core.store.writer import MARK_KEY, init_store
-from profiler.core.tickreads import TickReads
 
 if TYPE_CHECKING:
-    from profiler.analysis.summary import Summary
-    from profiler.core.hooks import SessionView
+    from profiler.core.hooks import RunSummary, SessionView
 
 log = logging.getLogger("stallscope")
 
@@ -83,12 +88,12 @@ CLOSE_TIMEOUT_S = 60.0  # a sampler process that has stored nothing for this lon
 _ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the profiler package
 
 
-DEFAULT_SOURCES = "profiler.core.recording:default_sources"
+DEFAULT_SOURCES = "profiler.core.recorders.in_thread:default_sources"
 
 
 def default_recipe(pid: int | None = None, *, nvml: bool = True) -> SourceRecipe:
-    """The sources every run samples (:func:`profiler.core.recording.default_sources` of ``pid``'s tree), made in
-    the sampler process (``nvml=False``: not NVML)."""
+    """The sources every run samples (:func:`profiler.core.recorders.in_thread.default_sources` of ``pid``'s tree), made
+    in the sampler process (``nvml=False``: not NVML)."""
     return SourceRecipe(DEFAULT_SOURCES, pid=os.getpid() if pid is None else pid, nvml=nvml)
 
 
@@ -156,7 +161,7 @@ class ProcessRecorder:
         self._ready = False
         self._final: str | None = None  # a stopped store's rows, pickled by the sampler process (its file may be gone)
         self._said = b""  # a part line of what the sampler process said
-        self._summary: Summary | None = None
+        self._summary: RunSummary | None = None
         self._closed = False
         self._views: list[ViewRecipe] = []
         self._fallbacks: list[Callable[[], object]] = []
@@ -210,7 +215,8 @@ class ProcessRecorder:
                 self._take_over(problem)
             self._views_here()
         writer = self._writer
-        # the pin source's kind is read at the training thread's hand-overs, with no thread of its own (core.tickreads)
+        # the pin source's kind is read at the training thread's hand-overs, with no thread of its own
+        # (core.sampling.on_training_thread)
         ticked = [s for s in self._local if getattr(s, "at_ticks", False)]
         self._ticked = TickReads(
             ticked,
@@ -383,7 +389,7 @@ class ProcessRecorder:
             return []
 
     @property
-    def summary(self) -> Summary | None:
+    def summary(self) -> RunSummary | None:
         return self._summary
 
     @property
@@ -461,7 +467,7 @@ class ProcessRecorder:
             self._warn(store_failed_line(failure))
 
     # -- close ---------------------------------------------------------------------------------------------
-    def close(self, status: str, error: str | None = None) -> Summary | None:
+    def close(self, status: str, error: str | None = None) -> RunSummary | None:
         """End the run: the in-process sampler's last reading, the close item, the sampler process's exit (else
         the take-over), then the Summary from the store."""
         if self._closed or self._writer is None:
@@ -519,7 +525,7 @@ class ProcessRecorder:
                 drain.store.put_meta(status=status, error=error, ended_at=time.time(), steps_taken=self._ring.taken())
                 drain.store.close()
 
-    def _summarize(self, *, write: bool) -> Summary | None:
+    def _summarize(self, *, write: bool) -> RunSummary | None:
         if self._summarizer is None:
             return None
         return self._summarizer(self._record, self.out_dir, write, self._warn)

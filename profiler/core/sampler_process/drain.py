@@ -1,7 +1,7 @@
 """Moving the ring's records into the run store: the sampler process does it every ``DRAIN_S``; the training
 process does it once a second after taking the store over from a sampler process that died.
 
-The ring carries step events (:mod:`profiler.core.stepevents`); the drain's :class:`Assembler` makes the rows.
+The ring carries step events (:mod:`profiler.core.steps.events`); the drain's :class:`Assembler` makes the rows.
 
 Invariant: each drain ends with a ring mark (:meth:`RunStore.put_mark`): ``[position, resume, step]``, the
 position read up to, and where the oldest step not yet in the store began (its first event's position and its
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from profiler.core.kerneltrace import fill
+from profiler.core.kernel_windows.trace_file import fill
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.sampler_process.ring import RingReader
 from profiler.core.sampler_process.views import SamplerFeed
 from profiler.core.sampler_process.wire import Close, Item, Meta, PySpy, ReadMemory, Rescan, RunEvent, Samples
 from profiler.core.sources.memory import Taken
-from profiler.core.stepevents import Assembler
+from profiler.core.steps.events import Assembler
 from profiler.core.store import RunStore
 
 DRAIN_S = 0.1  # the sampler process moves the ring's records to the store this often

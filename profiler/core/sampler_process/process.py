@@ -4,8 +4,9 @@ steps (docs/architecture.md, "Two processes").
 
 It reads its orders as one JSON line on stdin, maps the ring the training process made, builds its sources
 from their recipes, and then, until the close item arrives or the training process is gone:
-- samples every source on absolute deadlines, and runs py-spy when asked (:class:`~profiler.core.watchers.Watchers`:
-  the :class:`~profiler.core.sampler.Sampler`, its threads here);
+- samples every source on absolute deadlines, and runs py-spy when asked
+  (:class:`~profiler.core.sampling.sampler_and_pyspy.Watchers`: the :class:`~profiler.core.sampling.sampler.Sampler`,
+  its threads here);
 - every ``DRAIN_S`` moves the ring's records into the run store it writes (the training process holds the
   run directory's lock; this process is its one writer), marking the ring position each commit reaches;
 - serves the run's views (the live view, the Prometheus endpoint: :mod:`profiler.core.sampler_process.views`)
@@ -41,16 +42,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiler.core.recording import checked_store_errors, log_warning, store_failed_line
-from profiler.core.sampler import SourceHealth
+from profiler.core.recorders.in_thread import checked_store_errors, log_warning, store_failed_line
 from profiler.core.sampler_process.drain import DRAIN_S, Drain
 from profiler.core.sampler_process.ring import Announced, Ring, RingReader
 from profiler.core.sampler_process.views import SamplerFeed, close_views, open_views
 from profiler.core.sampler_process.wire import Close, Final, Line, Log, Ready, line
+from profiler.core.sampling.sampler import SourceHealth
+from profiler.core.sampling.sampler_and_pyspy import Watchers
 from profiler.core.sources.base import Source, SourceRecipe
-from profiler.core.stepevents import Assembler
+from profiler.core.steps.events import Assembler
 from profiler.core.store import RunStore, StoreWriteError
-from profiler.core.watchers import Watchers
 
 _CHANNEL = 1  # the pipe the training process reads: "ready", then its warnings (JSON lines)
 NICE = 5  # below the training process: it gets a core first; at +5 this process still gets ~1/4 of a busy one

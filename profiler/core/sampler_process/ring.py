@@ -1,7 +1,7 @@
 """The shared-memory ring between the training process (one producer side) and its sampler process (the consumer).
 
 An anonymous memory file (``memfd``) mapped by both processes: a header, then a byte ring of records. The
-training thread appends each step event (:mod:`profiler.core.stepevents`: a clock reading at a step or phase
+training thread appends each step event (:mod:`profiler.core.steps.events`: a clock reading at a step or phase
 boundary) to an array of doubles, one C call; every ``HANDOFF_STEPS`` steps or ``HANDOFF_S`` (the Session's tick),
 and once a second from the watch thread, the array's bytes go into the ring as one record: no pickling, no system
 call, no wake-up of any other thread; the sampler process makes the rows. Rare items (run facts, events, readings
@@ -59,7 +59,7 @@ from profiler.core.sampler_process.wire import (
     decode,
     encode,
 )
-from profiler.core.stepevents import Event
+from profiler.core.steps.events import Event
 
 MAGIC = 0x53535247  # "SSRG"
 VERSION = 3  # 3: segments (NEXT), the steps taken

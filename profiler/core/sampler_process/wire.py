@@ -3,7 +3,7 @@
 lines the sampler process writes to its stdout.
 
 - **Ring records** (:mod:`profiler.core.sampler_process.ring`): ``EVENTS`` (the step events: ``EVENT_DOUBLES``
-  doubles an event, :mod:`profiler.core.stepevents`), ``NAME`` (a phase name's id, announced before its first
+  doubles an event, :mod:`profiler.core.steps.events`), ``NAME`` (a phase name's id, announced before its first
   event), ``BLOB`` (one item, as a JSON object), ``PAD`` (the rest of the ring before it wraps), ``NEXT`` (the
   ring goes on in a new segment: its number, size and start, the memory file sent over the segments' socket).
 - **Items** (in the ring, in order with the steps): the run's facts (:class:`Meta`), a run event
@@ -24,7 +24,7 @@ from typing import Any
 
 # -- the ring's records --------------------------------------------------------------------------------------------
 PAD, NAME, BLOB, EVENTS, NEXT = 0, 2, 3, 5, 6  # record kinds (1 and 4 are not used)
-EVENT_DOUBLES = 5  # code, name id, t, x, y (profiler.core.stepevents)
+EVENT_DOUBLES = 5  # code, name id, t, x, y (profiler.core.steps.events)
 EVENTS_PER_RECORD = 8192  # 320 KiB: a flush of more goes as several records
 
 

@@ -29,7 +29,7 @@ class SourceEnded(SourceLost):
 
 @runtime_checkable
 class Source(Protocol):
-    """A metric source sampled by :class:`profiler.core.sampler.Sampler`."""
+    """A metric source sampled by :class:`profiler.core.sampling.sampler.Sampler`."""
 
     name: str
 

@@ -59,7 +59,7 @@ LOOP_END = "memory-loop-end"
 
 def take(pids: list[int], read: Callable[[int], _FullInfo] = full_info) -> Taken:
     """Each of ``pids``'s USS, PSS and shared MiB (one that cannot be read is left out): the reading the training
-    process takes of its loader's workers where its loop ends (profiler.core.workerreads)."""
+    process takes of its loader's workers where its loop ends (profiler.core.sampling.worker_memory_asks)."""
     out: Taken = {}
     for pid in pids:
         try:
@@ -158,10 +158,10 @@ class MemorySource:
 
     def read_workers_next(self) -> None:
         """The next read takes the loader workers' smaps (not the training process's), off the schedule: the
-        training process asks while its workers live (profiler.core.workerreads). Not the training process's own:
-        a walk of its page tables holds its memory-map lock, and a reader preempted mid-walk on a busy host (this
-        process runs niced) held the training thread's next mapping of a batch (a model-bound run's loader then
-        stalled 8% against 0 in 2 of 7 runs beside two busy processes)."""
+        training process asks while its workers live (profiler.core.sampling.worker_memory_asks). Not the training
+        process's own: a walk of its page tables holds its memory-map lock, and a reader preempted mid-walk on a busy
+        host (this process runs niced) held the training thread's next mapping of a batch (a model-bound run's loader
+        then stalled 8% against 0 in 2 of 7 runs beside two busy processes)."""
         self._workers_next = True
 
     def labelled(self, taken: Taken) -> dict[str, float]:

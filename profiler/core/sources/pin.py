@@ -52,8 +52,8 @@ class PinSource:
     name = "pin"
     # read in the training process: once a second is enough for a CPU share over the period and a byte count
     max_hz = 1.0
-    # on the training thread at the Session's hand-overs (core.tickreads), not on a sampler thread: a thread of its
-    # own woke the GIL-bound loop for a read of microseconds (issue #65)
+    # on the training thread at the Session's hand-overs (core.sampling.on_training_thread), not on a sampler thread: a
+    # thread of its own woke the GIL-bound loop for a read of microseconds (issue #65)
     at_ticks = True
 
     def __init__(

@@ -306,8 +306,8 @@ def _pct(dt: float | None, delta_ns: int | None) -> float:
 # every step where that costs under RUNQ_BUDGET of the step, and on one step in k of shorter ones (k up to
 # RUNQ_MAX_EVERY, from the last batch of steps' mean time): those reads cost RUNQ_COST_S a step in a fast loop.
 # A read step of two phases reads four times (its start, its batch, each phase's exit; each phase's entry and the
-# next step's start take the reading just before them: core/edges.py). Each read is one pread of 0.9 us hot, but
-# right after the loader's next() or the model's compute it ran cold: 11-41 us a read, 45-200 us a read step in the
+# next step's start take the reading just before them: core/steps/boundaries.py). Each read is one pread of 0.9 us hot,
+# but right after the loader's next() or the model's compute it ran cold: 11-41 us a read, 45-200 us a read step in the
 # fast loop of benchmarks/fastloop_parts.py (3.6-4.2 ms steps, 2026-11-29, this 2-core host beside other load:
 # quiet, the low end). 45 us (issue #44's figure, from a quiet host) read 1 step in 7 at 3.6 ms there, ~35 us a
 # step. Every step is timed by the clock all the same; the run-queue figures are those of the steps read

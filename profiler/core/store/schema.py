@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS samples (
     value REAL                    -- NULL: the metric could not be read at this instant
 );
 CREATE INDEX IF NOT EXISTS samples_metric ON samples(metric, t);
-CREATE TABLE IF NOT EXISTS kernel_windows (  -- v3: profiler.core.kernelwin
+CREATE TABLE IF NOT EXISTS kernel_windows (  -- v3: profiler.core.kernel_windows.windows
     window INTEGER PRIMARY KEY,
     t_start REAL NOT NULL,        -- s since run start: its opening began (the recorder's start)
     t_end REAL NOT NULL,          -- s since run start: its closing ended (activities read and handed on)

@@ -59,8 +59,10 @@ FLUSH_EVERY = 64
 KNOBS = ("num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "batch_size")
 WINDOWS_ENV = "STALLSCOPE_KERNEL_WINDOWS"  # "AFTER:STEPS[:EVERY]" in a loader's next() calls, or "off"
 WINDOWS_DEFAULT = (10, 20, 2000)
-START_WAIT_S = 30.0  # as profiler.core.kernelwin.START_WAIT_S: the script waits this long for a window's start
-RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"  # as profiler.core.kernelwin.RECORDER_ENV (this module cannot import it)
+# as profiler.core.kernel_windows.windows.START_WAIT_S: the script waits this long for a window's start
+START_WAIT_S = 30.0
+# as profiler.core.kernel_windows.windows.RECORDER_ENV (this module cannot import it)
+RECORDER_ENV = "STALLSCOPE_KERNEL_RECORDER"
 _LIBRARIES = tuple(
     os.sep + p + os.sep for p in ("torch", os.path.join("nvidia", "dali"), "torchdata", os.path.join("ray", "data"))
 )
@@ -111,7 +113,7 @@ class Writer:
 
 
 def batch_len(batch: Any) -> int | None:
-    """Samples in a batch, by profiler.core.batches.batch_len's rule (copied: this module imports nothing of
+    """Samples in a batch, by profiler.core.steps.batch_facts.batch_len's rule (copied: this module imports nothing of
     stallscope; tests/test_instrument.py checks the two agree): the leading dim of the first tensor-like."""
     for _ in range(4):
         shape = getattr(batch, "shape", None)
@@ -306,8 +308,8 @@ class DeviceClock:
 
 
 class KernelWindows:
-    """Kernel windows in the script's process (as a Session's: profiler/core/kernelwin.py, which this module,
-    running in the script's environment, cannot import): on CUDA, once the script has initialised it, from the
+    """Kernel windows in the script's process (as a Session's: profiler/core/kernel_windows/windows.py, which this
+    module, running in the script's environment, cannot import): on CUDA, once the script has initialised it, from the
     AFTER-th ``next()`` of a loader for STEPS calls, then every EVERY calls, ``torch.profiler`` with CUDA activity
     records the device's kernels, copies and sets and their launches; each window is one ``kwin`` record naming
     the trace kineto wrote for it (``trace``, with the clock readings that put its times on ``time.perf_counter``:
@@ -316,8 +318,8 @@ class KernelWindows:
     ``kwin_off`` record.
 
     CUPTI records every thread of the process, so the profiler starts and stops on a thread of the windows' own
-    (as profiler.core.kernelwin.WindowThread): the script's thread waits for the start, and at the window's last
-    call marks the boundary (a CUDA event; ``r`` in the record: the calls after it are not the window's) and goes
+    (as profiler.core.kernel_windows.windows.WindowThread): the script's thread waits for the start, and at the window's
+    last call marks the boundary (a CUDA event; ``r`` in the record: the calls after it are not the window's) and goes
     on while the stop and kineto's trace export run there; the record's ``t1`` is their end. A recorder of one's own
     runs there too where it says ``off_thread``, else on the script's thread."""
 
@@ -358,14 +360,15 @@ class KernelWindows:
         self.writer.put({"k": "kwin_off", "why": f"{type(exc).__name__}: {exc}"[:300]})
 
     def _open(self, calls: int) -> None:
-        own = os.environ.get(RECORDER_ENV)  # "module:factory": a recorder of one's own (profiler.core.kernelwin)
+        # "module:factory": a recorder of one's own (profiler.core.kernel_windows.windows)
+        own = os.environ.get(RECORDER_ENV)
         torch = sys.modules.get("torch")
         cuda = getattr(torch, "cuda", None)
         if not self.stopping.is_set() or (not own and (torch is None or cuda is None or not cuda.is_initialized())):
             self.next_call = calls + 1  # a stop still running, or not yet on CUDA: try at the next call
             return
         if self.window and not own and (why := reinit_risk(torch)) is not None:
-            self.next_call = 1 << 62  # no window again (profiler.core.kernelwin.reinit_risk)
+            self.next_call = 1 << 62  # no window again (profiler.core.kernel_windows.windows.reinit_risk)
             self.writer.put({"k": "kwin_off", "why": why})
             return
         t0 = time.perf_counter()
@@ -455,7 +458,7 @@ class KernelWindows:
             offset = ((time.time_ns() - wall_open) / 1e9 - (time.perf_counter() - t_started)) / 2
             # kineto writes the window's trace in C++ through torch's public export (the GIL held: the script's
             # thread waits that long, counted in the window's cost); stallscope's process reads it
-            # (profiler/core/kerneltrace.py), not this process (8 us an event)
+            # (profiler/core/kernel_windows/trace_file.py), not this process (8 us an event)
             trace = os.path.join(self.writer.directory, f"kwin-{os.getpid()}-{window}.json")
             t_export = time.perf_counter()
             prof.export_chrome_trace(trace)
@@ -475,9 +478,10 @@ class KernelWindows:
 
 
 def reinit_risk(torch: Any) -> str | None:
-    """profiler.core.kernelwin.reinit_risk, copied (this module imports nothing of stallscope): why a second window
-    must not set CUPTI up again after its teardown (CUDA before 12.6 with CUDA graphs can crash), else None; also
-    where the teardown is off (``TEARDOWN_CUPTI`` not 1: torch.compile's graphs), which would leave CUPTI attached."""
+    """profiler.core.kernel_windows.windows.reinit_risk, copied (this module imports nothing of stallscope): why a
+    second window must not set CUPTI up again after its teardown (CUDA before 12.6 with CUDA graphs can crash), else
+    None; also where the teardown is off (``TEARDOWN_CUPTI`` not 1: torch.compile's graphs), which would leave CUPTI
+    attached."""
     if os.environ.get("TEARDOWN_CUPTI") != "1":
         return "TEARDOWN_CUPTI is not 1 (torch.compile's CUDA graphs set it 0): only the first window runs"
     text = str(getattr(getattr(torch, "version", None), "cuda", None))

@@ -3,7 +3,7 @@ process, with the launch time of each kernel, copy and set.
 
 A :class:`KernelWindows` opens a window at a step boundary the Session's tick stops at (the Session makes its
 next tick due at the window's first and last step: outside the windows the hot path does nothing more), and at
-the window's end puts the window's span and cost (``GWIN``, :mod:`profiler.core.stepevents`), so it reaches the
+the window's end puts the window's span and cost (``GWIN``, :mod:`profiler.core.steps.events`), so it reaches the
 store through the same ring as the steps.
 
 Off the training thread: CUPTI records the whole process, whichever thread started it, so a recorder that says so
@@ -17,9 +17,9 @@ no call into torch goes around its Python API, which could take the training dow
 window's span, whose steps are held apart, ends when that thread has finished; the activities launched after the
 boundary are dropped (:func:`recorded`). benchmarks/window_cost.py measures what each path costs the training
 thread. Its activities go before it as ``GPU`` events, or, where a sampler
-process reads them (``handoff``), as kineto's own trace file (:mod:`profiler.core.kerneltrace`). The steps it held
-are left out of the run's figures (:mod:`profiler.analysis.apart`). The analysis (:mod:`profiler.analysis.gpu`) splits
-each window step's device time into kernels running and idle because of input, the host, synchronisation and
+process reads them (``handoff``), as kineto's own trace file (:mod:`profiler.core.kernel_windows.trace_file`). The steps
+it held are left out of the run's figures (:mod:`profiler.analysis.apart`). The analysis (:mod:`profiler.analysis.gpu`)
+splits each window step's device time into kernels running and idle because of input, the host, synchronisation and
 short gaps.
 
 Recorders (:class:`KernelRecorder`):
@@ -51,8 +51,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from profiler.core.kerneltrace import recorded, trace_path, write_clock
-from profiler.core.stepevents import GPU, GREC, GWIN, NAN, Event
+from profiler.core.kernel_windows.trace_file import recorded, trace_path, write_clock
+from profiler.core.steps.events import GPU, GREC, GWIN, NAN, Event
 
 KINDS = ("kernel", "memcpy", "memset", "collective")  # an activity's kind code is its index here
 _SYNC = re.compile(r"^(Stream Wait Event|Stream Sync|Context Sync|Event Sync|Device Sync)")
@@ -319,7 +319,7 @@ class KernelWindows:
             self.next_index = index + 1
             return
         try:
-            if path is not None:  # read off this thread (profiler.core.kerneltrace)
+            if path is not None:  # read off this thread (profiler.core.kernel_windows.trace_file)
                 acts: list[Activity] = []
                 self.recorder.stop_to(path)  # type: ignore[attr-defined]
             else:
@@ -480,7 +480,7 @@ class TorchKernelRecorder:
     def stop_to(self, path: Path, boundary: object = None) -> None:
         """End the window and hand its activities over as kineto's own trace at ``path``, written by torch's public
         ``export_chrome_trace`` (kineto's C++, the GIL held while it writes: ``read`` counts it), with the clock pairs
-        beside it, for another process to read (core.kerneltrace)."""
+        beside it, for another process to read (core.kernel_windows.trace_file)."""
         prof = self._end(boundary)
         if prof is None:
             return

@@ -1,5 +1,5 @@
 """ThreadRecorder: one run's record from start to close in this process — run store, its watchers (the sampler and
-py-spy: :mod:`profiler.core.watchers`), run status.
+py-spy: :mod:`profiler.core.sampling.sampler_and_pyspy`), run status.
 
 Both ways of profiling record through it: a :class:`~profiler.core.session.Session` as its recorder hook, and
 :func:`profiler.zerocode.profile.profile_external` directly. docs/store.md, "A run's life", gives the order.
@@ -8,8 +8,8 @@ Invariants:
   built is logged, not raised: the store is the record.
 - A run store that stops writing never stops the training from here (unless ``store_errors="raise"``: then
   the CLI's runner stops the run); close writes no ``summary.json`` that would claim more than the store holds.
-- py-spy is started in one place (:meth:`profiler.core.watchers.Watchers.start_pyspy`); one that cannot attach is
-  a warning.
+- py-spy is started in one place (:meth:`profiler.core.sampling.sampler_and_pyspy.Watchers.start_pyspy`); one that
+  cannot attach is a warning.
 """
 
 from __future__ import annotations
@@ -22,20 +22,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler.core.rows import KernelWindow, PhaseRow, RunRecord, StepRow
-from profiler.core.sampler import Sampler
+from profiler.core.sampling.sampler import Sampler
+from profiler.core.sampling.sampler_and_pyspy import Watchers
 from profiler.core.sources.base import Source
 from profiler.core.store import RunStore, StoreWriteError
-from profiler.core.watchers import Watchers
 
 if TYPE_CHECKING:
-    from profiler.analysis.summary import Summary
-    from profiler.core.hooks import SessionView
+    from profiler.core.hooks import RunSummary, SessionView
     from profiler.core.sampler_process.views import ViewRecipe
     from profiler.core.sources.memory import Taken
 
 log = logging.getLogger("stallscope")
 # (the run's rows, its directory, whether to write summary.json, warn) -> its Summary, None where it failed
-Summarizer = Callable[[Callable[[], RunRecord], Path, bool, Callable[[str], None]], "Summary | None"]
+Summarizer = Callable[[Callable[[], RunRecord], Path, bool, Callable[[str], None]], "RunSummary | None"]
 
 
 def log_warning(message: str) -> None:
@@ -93,8 +92,8 @@ def default_sources(pid: int | None = None, *, nvml: bool = True) -> list[Source
 
 
 class ThreadRecorder:
-    """The run store and the watchers (:class:`~profiler.core.watchers.Watchers`: sampler, py-spy) of one run
-    directory, in this process; ``close()`` returns its Summary."""
+    """The run store and the watchers (:class:`~profiler.core.sampling.sampler_and_pyspy.Watchers`: sampler, py-spy) of
+    one run directory, in this process; ``close()`` returns its Summary."""
 
     def __init__(
         self,
@@ -120,7 +119,7 @@ class ThreadRecorder:
         self.t0 = 0.0
         self.store: RunStore | None = None
         self._watch: Watchers | None = None
-        self._summary: Summary | None = None
+        self._summary: RunSummary | None = None
         self._summarizer = summarize
         self._closed = False
 
@@ -162,7 +161,7 @@ class ThreadRecorder:
             store.put_step(row, phases)
 
     def on_window(self, window: KernelWindow) -> None:
-        """A kernel window the Session recorded (profiler.core.kernelwin)."""
+        """A kernel window the Session recorded (profiler.core.kernel_windows.windows)."""
         store = self.store
         if store is not None:
             store.put_window(window)
@@ -224,7 +223,7 @@ class ThreadRecorder:
         if self._watch is not None:
             self._watch.sampler.stop()
 
-    def close(self, status: str, error: str | None = None, **final_meta: Any) -> Summary | None:
+    def close(self, status: str, error: str | None = None, **final_meta: Any) -> RunSummary | None:
         """End the run (see the module docstring); the Summary, or None when it could not be built."""
         if self._closed or self.store is None:
             return self._summary
@@ -244,6 +243,6 @@ class ThreadRecorder:
         return self._watch.pyspy_problem if self._watch is not None else None
 
     @property
-    def summary(self) -> Summary | None:
+    def summary(self) -> RunSummary | None:
         """The Summary built at close (None before close)."""
         return self._summary

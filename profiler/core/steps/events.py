@@ -22,9 +22,9 @@ Events (``t``: the Session's clock; run-queue readings ``x`` in seconds, NaN whe
 - ``ENTER a t x y`` / ``EXIT a t x y``: phase ``a`` (a name id) starts / ends; ``y``: its device mark.
 - ``SPAN a t x``: phase ``a`` ran from ``t`` to ``x`` (timed elsewhere), nested in the innermost open phase.
 - ``DEV - t x``: device mark ``x`` completed at run time ``t``.
-- ``GPU a t x y``: in a kernel window (:mod:`profiler.core.kernelwin`), the device ran an activity from ``t`` to
-  ``x`` launched at ``y`` (NaN: not known); ``a`` = stream x 4 + kind (0 kernel, 1 copy, 2 set, 3 collective:
-  ``profiler.core.kernelwin.KINDS``).
+- ``GPU a t x y``: in a kernel window (:mod:`profiler.core.kernel_windows.windows`), the device ran an activity from
+  ``t`` to ``x`` launched at ``y`` (NaN: not known); ``a`` = stream x 4 + kind (0 kernel, 1 copy, 2 set, 3 collective:
+  ``profiler.core.kernel_windows.windows.KINDS``).
 - ``GWIN a t x y``: kernel window ``a`` held the training thread from ``t`` (its opening began) to ``x`` (its
   closing ended; the ``GPU`` events since the last ``GWIN`` are its activities); ``y``: seconds the training
   thread spent opening and closing it. The steps that overlap that span are recorded apart

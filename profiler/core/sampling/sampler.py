@@ -428,7 +428,8 @@ class Sampler:
                 src.read_all_next()
 
     def read_workers_soon(self) -> None:
-        """The memory source reads the loader workers' memory at its next read (profiler.core.workerreads)."""
+        """The memory source reads the loader workers' memory at its next read
+        (profiler.core.sampling.worker_memory_asks)."""
         for src in list(self._active):
             if callable(ask := getattr(src, "read_workers_next", None)):
                 ask()

@@ -1,8 +1,8 @@
 """DeviceMarks: the device's view of a run's step boundaries, read without waiting for the device.
 
-Where the Session has a device timer (:class:`~profiler.core.devices.DeviceTimer`: CUDA events, the simulated
-device's), each boundary of a step whose edges are read records a mark on the device's stream, numbered in order.
-Invariants:
+Where the Session has a device timer (:class:`~profiler.core.steps.device_timers.DeviceTimer`: CUDA events, the
+simulated device's), each boundary of a step whose edges are read records a mark on the device's stream, numbered in
+order. Invariants:
 - The open step's marks go in flight when it ends; their times are put (``DEV`` events: the mark's time, its id)
   once the device has passed a step's last mark (a step's marks complete in order on its stream), oldest first.
 - At most ``max_lag`` ended steps are in flight: past that, the oldest is waited for (the loop is held at most that
@@ -16,8 +16,8 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from profiler.core.devices import DeviceTimer
-from profiler.core.stepevents import DEV, Event
+from profiler.core.steps.device_timers import DeviceTimer
+from profiler.core.steps.events import DEV, Event
 
 
 class DeviceMarks:

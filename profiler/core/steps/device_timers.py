@@ -3,7 +3,7 @@
 Two timers stand behind one interface: on CPU there is no device clock, phases are timed by the host
 ``perf_counter`` alone and ``mark()`` returns None; on CUDA ``mark()`` records an event in the current
 stream. Events are resolved later, without a per-step synchronize, by the steps' device marks in flight
-(:class:`profiler.core.devmarks.DeviceMarks`), which only ask ``done``/``wait``/``time_of``.
+(:class:`profiler.core.steps.device_marks.DeviceMarks`), which only ask ``done``/``wait``/``time_of``.
 
 Device times are put on the host timeline through one reference event recorded and synchronised when the
 timer starts: ``t = t_ref + ref.elapsed_time(ev)``, ``t_ref`` the middle of the clock reads around it, the

@@ -6,15 +6,15 @@ the step (``h2d``, ``compute``, or any user name). Whatever the step spent outsi
 
 Invariants:
 - The hot path (``next()`` wrapper, phase enter/exit) makes no row: a ``perf_counter`` read and one step event
-  (:mod:`profiler.core.stepevents`) put with one C call; on one step in k (RUNQ_BUDGET) one ``pread`` of the
-  training thread's run-queue counter at each boundary; on CUDA an event record (:mod:`profiler.core.edges`).
+  (:mod:`profiler.core.steps.events`) put with one C call; on one step in k (RUNQ_BUDGET) one ``pread`` of the
+  training thread's run-queue counter at each boundary; on CUDA an event record (:mod:`profiler.core.steps.boundaries`).
 - Every HANDOFF_STEPS steps or HANDOFF_S (a tick) the events are handed on: to the sampler process's ring, and
   made into rows here only for a hook that takes rows or for ``Session.recent`` once asked for
-  (:mod:`profiler.core.rowshere`). ``benchmarks/overhead.py`` measures the cost: under 1% of a 1.7 ms step.
+  (:mod:`profiler.core.steps.local_rows`). ``benchmarks/overhead.py`` measures the cost: under 1% of a 1.7 ms step.
 - On CUDA, a step's device marks wait in a FIFO until their events have completed; their times are put as events
   (``DEV``) by polling ``Event.query()`` at later ticks, never by a per-step synchronize. Lag is bounded by
   ``max_lag`` steps: past that, the oldest step is waited for. ``close()`` drains the FIFO
-  (:mod:`profiler.core.devmarks`).
+  (:mod:`profiler.core.steps.device_marks`).
 - A recorder that must stop the training (a store that stopped writing, with ``store_errors="raise"``) gives the
   error that the next step raises out of ``wrap()`` or ``open_step()``; the open step ends first.
 - Run-queue wait (``runq_s``) is that of the thread that iterates the first ``wrap()``; phases entered on
@@ -26,14 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TypeVar
 
-from profiler.core.batches import BatchLen
-from profiler.core.devmarks import DeviceMarks
-from profiler.core.edges import StepEdges
 from profiler.core.hooks import Recorder
-from profiler.core.kernelwin import KernelWindows
-from profiler.core.rowshere import RowsHere
+from profiler.core.kernel_windows.windows import KernelWindows
+from profiler.core.sampling.worker_memory_asks import WorkerReads
 from profiler.core.sources import sched as schedstat
-from profiler.core.stepevents import (
+from profiler.core.steps.batch_facts import BatchLen
+from profiler.core.steps.boundaries import StepEdges
+from profiler.core.steps.device_marks import DeviceMarks
+from profiler.core.steps.events import (
     BATCH,
     END,
     ENTER,
@@ -50,7 +50,7 @@ from profiler.core.stepevents import (
     ListLog,
     Tee,
 )
-from profiler.core.workerreads import WorkerReads
+from profiler.core.steps.local_rows import RowsHere
 
 _T = TypeVar("_T")  # what a wrapped iterable yields
 # The step events are handed on (to the sampler process's ring: one record) every HANDOFF_STEPS steps or HANDOFF_S
@@ -140,7 +140,8 @@ class StepClock:
         ``annotate``: where run facts found here go (the training thread's schedstat); ``halts``: a recorder's halt
         stops the training (``store_errors="raise"``); ``handoff_steps``: the steps between hand-overs."""
         self.clock, self._recorder, self._annotate = clock, recorder, annotate
-        # what the recorder reads on this thread at a hand-over (the pin source: core.tickreads), where it has any
+        # what the recorder reads on this thread at a hand-over (the pin source: core.sampling.on_training_thread),
+        # where it has any
         self._at_tick: Callable[[], None] | None = getattr(recorder, "at_tick", None)
         self._halts, self._handoff_steps = halts, handoff_steps
         # where the step events go: a hook's stream (the sampler process's ring), a log here for rows made in this

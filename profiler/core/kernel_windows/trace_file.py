@@ -29,7 +29,7 @@ FOLDER = "kernel-windows"
 KEEP = 1  # the first window's trace stays in the run directory
 _ACTIVITY = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
 _LAUNCH = ("cuda_runtime", "cuda_driver")
-_MAX_STREAM = 1 << 20  # as profiler.core.kernelwin.MAX_STREAMS
+_MAX_STREAM = 1 << 20  # as profiler.core.kernel_windows.windows.MAX_STREAMS
 
 
 def trace_path(run_dir: Path, window: int) -> Path:
@@ -41,7 +41,8 @@ def clock_path(trace: Path) -> Path:
 
 
 def write_clock(trace: Path, ref_ns: int, offset_s: float, cpu: bool) -> None:
-    """Beside the trace: how its wall-clock ns map onto the Session's clock (profiler.core.kernelwin.clock_map)."""
+    """Beside the trace: how its wall-clock ns map onto the Session's clock
+    (profiler.core.kernel_windows.windows.clock_map)."""
     clock_path(trace).write_text(json.dumps({"ref_ns": ref_ns, "offset_s": offset_s, "cpu": cpu}))
 
 
@@ -66,7 +67,8 @@ def fill(window: KernelWindow, run_dir: Path, t0: float) -> KernelWindow:
     return replace(window, activities=acts)
 
 
-Act = tuple[int, int, float, float, float]  # (stream, kind, start, end, launch): profiler.core.kernelwin.Activity
+# (stream, kind, start, end, launch): profiler.core.kernel_windows.windows.Activity
+Act = tuple[int, int, float, float, float]
 
 
 def recorded(acts: list[Act], end: float) -> list[Act]:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from profiler.core.rows import PhaseRow, StepRow
-from profiler.core.stepevents import Assembler, ListLog
+from profiler.core.steps.events import Assembler, ListLog
 
 RECENT = 1024  # resolved steps kept for live views and a sweep's early stop
 

@@ -16,9 +16,9 @@ import os
 import threading
 from collections.abc import Callable
 
-from profiler.core.devmarks import DeviceMarks
 from profiler.core.sources import sched as schedstat
-from profiler.core.stepevents import NAN, NO_MARK
+from profiler.core.steps.device_marks import DeviceMarks
+from profiler.core.steps.events import NAN, NO_MARK
 
 # A phase entered within this long of the boundary before it (the step's next() returning, or the phase before it
 # exiting) takes that boundary's schedstat reading and device mark as its own start. What the gap holds (a few

@@ -3,7 +3,7 @@ when asked, py-spy on the training process and its workers.
 
 Each process that samples a run builds one directly: the sampler process
 (:mod:`profiler.core.sampler_process.process`, beside the store it writes) and the training process's
-:class:`~profiler.core.recording.ThreadRecorder` (where no sampler process runs). Invariants:
+:class:`~profiler.core.recorders.in_thread.ThreadRecorder` (where no sampler process runs). Invariants:
 - The sampler writes its rows and events to the store as they come; :meth:`close` takes one last round (a short
   run still has every source's figures), stops py-spy, and puts the sampler's health in the meta.
 - py-spy is started in one place (:meth:`start_pyspy`); one that cannot attach, or that ends mid-run, is a warning
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from profiler.core.pyspy import OUTPUT, PySpyRecorder, target_gone
-from profiler.core.sampler import Sampler
+from profiler.core.sampling.pyspy import OUTPUT, PySpyRecorder, target_gone
+from profiler.core.sampling.sampler import Sampler
 from profiler.core.sources.base import Source
 from profiler.core.sources.memory import LOOP_END, Taken
 from profiler.core.store import STACKS_NAMES, RunStore, no_world_write
