@@ -467,18 +467,43 @@ def predict(
     binding = max(parts, key=lambda k: parts[k])
     if binding == "loader" and store_s > 0 and store_s >= loader:
         binding = "storage"  # the store's serial reads set the loader's pace
+    return steady(
+        t,
+        period,
+        dev,
+        parts,
+        binding=binding,
+        workers_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_load / fed) if fed > 0 else None,
+        cores_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_cpu / fed) if fed > 0 else None,
+        loader_scale=scale,
+    )
+
+
+def steady(
+    t: Target,
+    period: float,
+    dev: float,
+    parts: dict[str, float],
+    *,
+    binding: str,
+    workers_needed: int | None,
+    cores_needed: int | None,
+    loader_scale: float = 1.0,
+) -> Prediction:
+    """The steady state of ``t`` at one step every ``period`` seconds, the device busy ``dev`` of it: the figures
+    every model derives the same way from its period and its parts (seconds a step)."""
     return Prediction(
         t,
         "ok",
-        samples_per_s=b / period,
+        samples_per_s=t.batch_size / period,
         step_ms=period * 1e3,
         stall_fraction=min(1.0, max(0.0, 1.0 - dev / period)),
         device_utilisation=min(1.0, t.device_s / period),
         binding=binding,
-        workers_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_load / fed) if fed > 0 else None,
-        cores_needed=_needed(gap if t.pipeline != DALI else NO_GAP, batch_cpu / fed) if fed > 0 else None,
+        workers_needed=workers_needed,
+        cores_needed=cores_needed,
         parts_ms={k: v * 1e3 for k, v in parts.items()},
-        loader_scale=scale,
+        loader_scale=loader_scale,
     )
 
 

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from profiler.whatif.model import Host, LoaderCost, MeasuredRun, Prediction, Target
+from profiler.whatif.model import Host, LoaderCost, MeasuredRun, Prediction, Target, steady
 
 RAY = "ray"
 
@@ -154,18 +154,7 @@ def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> P
         period = max(period, parts["cores"])
     binding = max(parts, key=lambda k: parts[k])
     cpus = max(1, math.ceil(batch_cpu / fed - 1e-9)) if fed > 0 else None
-    return Prediction(
-        t,
-        "ok",
-        samples_per_s=b / period,
-        step_ms=period * 1e3,
-        stall_fraction=min(1.0, max(0.0, 1.0 - dev / period)),
-        device_utilisation=min(1.0, t.device_s / period),
-        binding=binding,
-        workers_needed=cpus,
-        cores_needed=cpus,
-        parts_ms={k: v * 1e3 for k, v in parts.items()},
-    )
+    return steady(t, period, dev, parts, binding=binding, workers_needed=cpus, cores_needed=cpus)
 
 
 def ray_lines(rc: RayCost, host: Host, predictions: Sequence[Prediction], check: bool) -> list[str]:
