@@ -122,3 +122,31 @@ def test_stale_heartbeat_reads_as_interrupted() -> None:
     assert run_status(meta, now=1005.0) == "running"
     assert run_status(meta, now=1011.0) == "interrupted"
     assert run_status({"status": "complete"}) == "complete"
+
+
+def test_a_read_of_a_store_being_written_sees_one_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that lands between a bulk read's queries (the writer is another process) is in none of them: the
+    phases' main query and the query of their rare columns once disagreed, an IndexError in a live run's report in a
+    fresh-clone CI. Here the commit is made exactly there, by another connection, before the rare columns' query."""
+    from profiler.core.store import columns
+
+    store = RunStore(tmp_path)
+    store.put_step(StepRow(0, 0.0, 0.1, 0.02, 8, False), [PhaseRow(0, "compute", 0, 0.03, 0.09)])
+    store.close()
+    db = tmp_path / "run.sqlite"
+
+    class Between(sqlite3.Connection):
+        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+            if "FROM phases WHERE" in sql:  # the rare columns' query: another writer commits just before it
+                other = sqlite3.connect(db)
+                other.execute(
+                    "INSERT INTO phases (step, name, depth, t_start, t_end) VALUES (1, 'compute', 1, 0.2, 0.3)"
+                )
+                other.commit()
+                other.close()
+            return super().execute(sql, *args)
+
+    monkeypatch.setattr(columns, "open_read", lambda path: sqlite3.connect(path, factory=Between))
+    cols = columns.load_columns(tmp_path)
+    assert len(cols.phases.step) == 1 and cols.phases.depth.tolist() == [0]  # the snapshot before the commit
+    assert len(columns.load_columns(tmp_path).phases.step) == 2  # and the next read sees it

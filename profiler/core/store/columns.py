@@ -214,6 +214,10 @@ def load_columns(run: str | os.PathLike[str]) -> RunColumns:
     db = resolve_db(run)
     con = open_read(db)
     try:
+        # one read transaction: every query below sees the same snapshot of a store another process is writing
+        # (WAL). Without it a phase committed between two queries was in the second and not the first (an
+        # IndexError on a live run's report, a fresh-clone CI beside two busy processes)
+        con.execute("BEGIN")
         meta = read_meta(con, db)
         steps = _steps(con)
         phases = _phases(con)

@@ -67,6 +67,7 @@ def load_run(run: str | os.PathLike[str], *, phases_of: PhaseRanges | None = Non
     db = resolve_db(run)
     con = open_read(db)
     try:
+        con.execute("BEGIN")  # one snapshot for every query of a store being written (as load_columns)
         meta = read_meta(con, db)
         rec = read_rows(con, meta, phases_of=phases_of)
     except sqlite3.DatabaseError as exc:
