@@ -507,8 +507,12 @@ def _pinned_loop(tmp: Path, cpu: int, steps: int = 12, burn_s: float = 0.051) ->
     """Run a loop whose compute burns ``burn_s`` of CPU, pinned to ``cpu``; the figures, and the truth in s. Steps
     of 50 ms or more: every one's schedstat is read (RUNQ_BUDGET), as the truth is every step's.
 
-    The truth is ``wall - thread CPU`` timed just inside the phase (``inner``) and just outside it
-    (``outer``): stallscope reads its counter between the two, so its figure must lie between them. Two
+    The truth is ``wall - thread CPU`` timed just inside the phase (``inner``) and outside it (``outer``):
+    stallscope reads its counter between the two, so its figure must lie between them. ``outer`` starts where the
+    last step's ended, not at the phase's ``with``: a phase entered right after the step's boundary takes the
+    boundary's reading, made inside ``next()`` (core/steps/boundaries.py, ADJACENT_S), so a wait for the core
+    between the batch's delivery and the ``with`` is the phase's too (a CI run beside two busy processes once
+    measured 1.4 ms more than a bound that began at the ``with``). Two
     things are in ``wall - CPU`` without being run-queue wait, and are kept out: time the hypervisor stole
     from the core (``steal``, from /proc/stat) and waits for the GIL. For the second, the session's own
     threads start before the pinning, so they run on other cores, and the switch interval is long, so the
@@ -521,8 +525,8 @@ def _pinned_loop(tmp: Path, cpu: int, steps: int = 12, burn_s: float = 0.051) ->
         sys.setswitchinterval(1.0)
         steal0 = _steal_s(cpu)
         try:
+            w0, c0 = time.perf_counter(), time.thread_time()
             for i, _ in enumerate(s.wrap([[0] * 4] * (steps + 2))):
-                w0, c0 = time.perf_counter(), time.thread_time()
                 with s.phase("compute"):
                     w, c = _burn_cpu(burn_s)
                 w1, c1 = time.perf_counter(), time.thread_time()
@@ -530,6 +534,7 @@ def _pinned_loop(tmp: Path, cpu: int, steps: int = 12, burn_s: float = 0.051) ->
                     truth["inner"] += w - c
                     truth["outer"] += (w1 - w0) - (c1 - c0)
                     truth["wall"] += w
+                w0, c0 = w1, c1
         finally:
             truth["steal"] = _steal_s(cpu) - steal0
             sys.setswitchinterval(interval)

@@ -313,14 +313,17 @@ SCENARIO = str(ROOT / "tests" / "data" / "scenarios" / "gil_loader.py")
 
 
 # alone (tests/scheduling.py): its truth is how two threads of one process share the GIL and this host's cores.
-# Beside three other tests as well (stress run 55, pass 1) prefetch's host read 49% against 51% of input: the
-# scheduler, not the model, decided. The items' cost is sized from the split's measured spread (gil_loader.py)
+# While the simulated launch released the GIL for a microsecond, the loader thread won that race or lost it by the
+# scheduler's timing, and prefetch's split went either way (host 46-69% against input 50-28%, 6 runs on a quiet host,
+# 2026-11-29). Since the launch's C++ dispatch runs with the GIL released (profiler/sim/device.py), 7 runs (3 beside
+# two busy processes) read prefetch host 95.6-97.8% against input 0.1-0.2%, and naive input 58-60% against host 36-39%.
 @pytest.mark.alone
 def test_the_simulated_device_tells_the_hosts_wait_from_inputs(tmp_path: Path) -> None:
-    # launch=gil: the simulated device's launches hold the GIL and release it around each, as torch's op bindings
-    # do. naive, 0 workers: the training thread loads each batch, then launches: the device waits for input.
-    # prefetch, 0 workers: a thread beside it loads in Python, takes the GIL at each release, and the launches
-    # crawl: the device waits for the host. The same split names each.
+    # launch=gil: the simulated device's launches hold the GIL for their Python part and release it for their C++
+    # dispatch, as torch's op bindings do. naive, 0 workers: the training thread loads each batch, then launches:
+    # the device waits for input. prefetch, 0 workers: a thread beside it loads in Python, takes the GIL during a
+    # dispatch and keeps it for the switch interval, and the launches crawl: the device waits for the host. The
+    # same split names each.
     got = {}
     for pipeline in ("naive", "prefetch"):
         res = stallscope(
@@ -334,7 +337,7 @@ def test_the_simulated_device_tells_the_hosts_wait_from_inputs(tmp_path: Path) -
         assert d["sources"]["device_busy_fraction"].startswith("SIMULATED")
     naive, prefetch = got["naive"]["gpu"]["fractions"], got["prefetch"]["gpu"]["fractions"]
     assert naive["input"] > naive["host"] and got["naive"]["verdict"].endswith("input-bound"), naive
-    assert prefetch["host"] > max(0.25, prefetch["input"]), prefetch
+    assert prefetch["host"] > max(0.5, prefetch["input"]) and prefetch["input"] < 0.1, prefetch
     assert got["prefetch"]["verdict"] == "host-bound: the GPU waits for the host"
     # the launches themselves: longer beside the loader thread than alone, on the same host in the same test (beside
     # two busy processes: 47-56 ms a step against 23-27)

@@ -9,8 +9,8 @@ CUDA's. The observation methods (``busy_s``, ``copied_bytes``, ``memory_bytes``)
 
 from __future__ import annotations
 
+import hashlib
 import math
-import select
 import threading
 import time
 from collections import deque
@@ -20,6 +20,21 @@ from dataclasses import dataclass
 from profiler.sim.cost import StepCost
 from profiler.sim.roofline import host_s, kernel_times, lead_s
 from profiler.sim.specs import FRAMEWORK_S, LAUNCH_S, SimConfig
+
+# ``launch=gil``: the share of a kernel's launch interval spent in the op binding's Python part, the GIL held; the
+# rest is its C++ dispatch (argument checks, the dispatcher, autograd's records, the driver call), the GIL released
+GIL_HELD_SHARE = 0.5
+_BLOCK = bytes(4096)  # hashlib releases the GIL for inputs of 2 KiB and more; 4 KiB hash in about 3 us here
+
+
+def _dispatch(until_cpu_s: float) -> None:
+    """Spend the calling thread's CPU up to ``until_cpu_s`` (its ``thread_time``) with the GIL released, and take it
+    back: an op's C++ dispatch. A thread that takes the GIL meanwhile keeps it until this one's wait for it reaches
+    the switch interval."""
+    cpu, sha = time.thread_time, hashlib.sha256
+    while cpu() < until_cpu_s:
+        sha(_BLOCK)
+
 
 # Kernel launches CUDA queues before a launch blocks the host (the driver's pushbuffer: about 1,024 entries).
 QUEUE_LIMIT = 1024
@@ -220,24 +235,28 @@ class SimDevice:
 
     def _step_launched(self, now: float) -> None:
         """``launch=gil``: the host launches the kernels one by one, spending the launch interval of the training
-        thread's CPU on each with the GIL held (a Python loop, as eager PyTorch's dispatch is: on a loaded host a launch
-        takes longer, as a real one does), then releasing it (a zero-timeout ``select``: about a
-        microsecond; ``time.sleep(0)`` would sleep out the kernel's 50 us timer slack), as torch's op
-        bindings do around each dispatch; each kernel starts once launched and once the one before it has ended.
-        A thread beside it that holds the GIL takes it at each release and keeps it up to the switch interval
-        (5 ms): the launches slow down, and the device idles."""
-        times, clock, launch_s, release = self._times, self.clock, self.launch_interval_s(), select.select
+        thread's CPU on each, as eager PyTorch does: the binding's Python part with the GIL held (``GIL_HELD_SHARE``
+        of it, a Python loop), then its C++ dispatch with the GIL released (the rest, spent hashing a buffer, which
+        releases it), and the GIL taken back to return. On a loaded host a launch takes longer, as a real one does.
+        Each kernel starts once launched and once the one before it has ended. A thread beside it that holds the
+        GIL (a loader in Python) takes it during the dispatch and keeps it until the training thread's wait for it
+        reaches the switch interval (5 ms): the launches crawl, and the device idles. (A release of a microsecond,
+        as this model once had, was a race the loader won or lost by the scheduler's timing: the split between
+        host and input varied from 46% to 91% host from run to run.)"""
+        times, clock, launch_s = self._times, self.clock, self.launch_interval_s()
         work, cpu = self._work_s, time.thread_time
+        held_s = launch_s * GIL_HELD_SHARE
         with self._lock:
             at = max(now, self._compute_tail, self._copy_ready)
         first = at
         log: list[tuple[int, int, float, float, float]] | None = [] if self._log is not None else None
         for i, each in enumerate(times):
-            target = cpu() + launch_s
+            start_cpu = cpu()
+            target = start_cpu + held_s
             while cpu() < target:
                 pass
+            _dispatch(start_cpu + launch_s)
             launched = clock()
-            release([], [], [], 0)  # torch's op bindings release the GIL around each dispatch: a thread may take it
             start = max(at, launched)
             first = start if i == 0 else first
             at = start + each

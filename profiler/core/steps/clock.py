@@ -262,9 +262,12 @@ class StepClock:
         """Step ``index`` has its batch (``n`` items) at ``t1``: it is open."""
         self.waiting_since = None
         x1 = rq.run_delay_s() if read and rq is not None else NAN
+        # the clock right after the reading: a wait for the core after it (in put, in _opened) is then in the gap
+        # a phase entered next must be within to share the reading (edges.ADJACENT_S), not hidden from that check
+        t_read = self.clock() if read else t1
         self.put((BATCH, 0, t1, x1, -1.0 if n is None else n))
         if self._opened(index, t1, read, rq):  # a phase entered right after takes this reading (edges.ADJACENT_S)
-            self.edges.last = (self.clock() if read else t1, x1, NO_MARK)
+            self.edges.last = (t_read, x1, NO_MARK)
 
     def _opened(self, index: int, t: float, read: bool, rq: schedstat.ThreadSched | None) -> bool:
         """Step ``index`` is open from ``t`` (its event put; ``wrap`` and ``open_step``): the hot path's state, and

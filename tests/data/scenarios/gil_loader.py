@@ -9,12 +9,10 @@ and a model of many tiny kernels, for a simulated device whose launches hold the
 
 naive, 0 workers: the training thread loads each batch (input: W), then launches (host: L): input-bound, W = 1.5L.
 prefetch, 0 workers: a thread in the training process loads while the training thread launches, and the two share
-one GIL: the launches take longer (the GIL's turns: the loop in the item holds it up to the 5 ms switch interval)
-while the next batch loads, and what is left of the loader's W after that is input. How the turns fall is the
-scheduler's: the split varies from run to run far more than naive's (measured 2026-11-28, 15 runs, 12 of them beside
-two busy processes: prefetch host 49-91% against input 48-5%, naive input 58-60% against host 36-39%). Items of
-4 ms (W = 2L, the model's balance point) put prefetch's host under its input in 3 runs of 3 beside two busy
-processes that day, and 2 ms ones naive's input level with its host: 3 ms keeps both sides in every run measured.
+one GIL: the loader takes it while a launch's C++ dispatch runs without it, and keeps it until the training thread
+has waited the switch interval (5 ms), so the launches crawl while the next batch loads and the device waits for
+the host (measured 2026-11-29, 7 runs, 3 of them beside two busy processes: prefetch host 95.6-97.8% against input
+0.1-0.2%, naive input 58-60% against host 36-39%). The item's cost keeps naive's input above its host: W = 1.5L.
 """
 
 import time
