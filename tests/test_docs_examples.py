@@ -19,7 +19,8 @@ The convention (the docs follow it; ``test_docs_follow_the_convention`` enforces
   ``stdout=all``   the lines shown under each command are its whole stdout.
   ``ci-args="..."`` flags for the run here, so that long examples run small: a flag already in the command
                    gets the value given here, wherever it is (also after ``--``), any other flag is added
-                   (before a ``--``). ``{imagenet-like}`` stands for a small generated image folder.
+                   (before a ``--``). ``{imagenet-like}`` stands for a small generated image folder,
+                   ``{voc-like}`` for a small generated detection set (ssd's default data is 256 images).
   ``skip="reason"`` not run, for the few commands that cannot run here (counted and listed at the end).
   ``needs=no-cuda`` skipped on a machine with CUDA (the example shows what happens without it).
   ``timeout=S``    seconds (default 300).
@@ -56,7 +57,8 @@ pytestmark = pytest.mark.docs
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 KEYS = {"exit", "stderr", "stdout", "ci-args", "skip", "needs", "timeout", "write"}
-PLACEHOLDERS = {"{imagenet-like}"}
+# placeholder -> (datagen kind, images, classes): a few batches' worth, made once per session
+PLACEHOLDERS = {"{imagenet-like}": ("imagenet-like", 48, 4), "{voc-like}": ("voc-like", 32, 20)}
 SHELL_TAGS = {"sh", "bash", "shell", "zsh", "shell-session", "shellsession", "powershell", "ps"}
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -351,12 +353,13 @@ class Workspace:
         return d
 
     def placeholder_paths(self, command: str) -> dict[str, str]:
-        if "{imagenet-like}" in command and "{imagenet-like}" not in self.placeholders:
-            from scenarios.datagen import make
+        for ph, (kind, count, classes) in PLACEHOLDERS.items():
+            if ph in command and ph not in self.placeholders:
+                from scenarios.datagen import make
 
-            target = self.root / "data" / "imagenet-like-48"
-            make("imagenet-like", target, 48, classes=4, seed=0, jobs=1, progress=None)
-            self.placeholders["{imagenet-like}"] = str(target)
+                target = self.root / "data" / f"{kind}-{count}"
+                make(kind, target, count, classes=classes, seed=0, jobs=1, progress=None)
+                self.placeholders[ph] = str(target)
         return self.placeholders
 
     def run(self, cmd: Command) -> tuple[str, subprocess.CompletedProcess[str]]:

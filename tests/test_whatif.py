@@ -421,12 +421,13 @@ class _PlaceCost:
         return torch.zeros(4), i
 
 
-# light (tests/scheduling.py): its items sleep; 0.06-0.13 of a core in four CI runs, 20 s and 12 s
+# light (tests/scheduling.py): its items sleep; 0.06-0.13 of a core in four CI runs; 13 s and 8 s quiet since the
+# workers loading together are not timed (21.8 s and 12.2 s before)
 @pytest.mark.parametrize(
     ("main_ms", "worker_ms"),
     [
-        pytest.param(40.0, 80.0, marks=pytest.mark.light(seconds=20)),
-        pytest.param(40.0, 40.0, marks=pytest.mark.light(seconds=12)),
+        pytest.param(40.0, 80.0, marks=pytest.mark.light(seconds=13)),
+        pytest.param(40.0, 40.0, marks=pytest.mark.light(seconds=8)),
     ],
 )
 def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: float) -> None:
@@ -435,7 +436,9 @@ def test_the_calibration_measures_a_known_worker_gap(main_ms: float, worker_ms: 
     # read 0.79 for an injected 1.0; the median of 5 rounds drops a round that a burst hit
     from profiler.whatif.loadergap import measure_gap
 
-    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=12, rounds=5, max_rounds=5, threads=1)
+    # cores=1: the workers loading together (the cores' scaling: checked below) are not timed, a third or more of
+    # each round
+    gap = measure_gap(_PlaceCost(main_ms, worker_ms), 4, samples=12, rounds=5, max_rounds=5, threads=1, cores=1)
     assert gap.factor == pytest.approx(worker_ms / main_ms, rel=0.2), gap
     assert gap.main_s == pytest.approx(main_ms / 1e3, rel=0.5)
     assert gap.samples == 5 * 12

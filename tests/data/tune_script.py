@@ -3,8 +3,9 @@
 Its items either wait (``--items wait``: a sleep of ``--item-ms``, a stand-in for storage or the network: more
 workers than cores help) or compute (``--items compute``: a fixed amount of CPU work, about ``--item-ms`` on an
 idle core, so that past the cores more workers only compete); its step does a fixed amount of CPU work, about
-``--step-ms``. Work is counted in loop iterations, not timed: a busy host stretches it rather than cutting it
-short. Its DataLoader is built on one line the test names.
+``--step-ms``, then sleeps ``--step-sleep-ms`` (a device that is not saturated: a busy host does not stretch it).
+Work is counted in loop iterations, not timed: a busy host stretches it rather than cutting it short. Its
+DataLoader is built on one line the test names.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--items", choices=("wait", "compute"), default="wait")
     ap.add_argument("--item-ms", type=float, default=10.0)
     ap.add_argument("--step-ms", type=float, default=5.0)
+    ap.add_argument("--step-sleep-ms", type=float, default=0.0)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--steps", type=int, default=100_000)
@@ -53,6 +55,8 @@ def main() -> None:
     loader = DataLoader(Items(args.items, args.item_ms), batch_size=args.batch_size, num_workers=args.workers)
     for step, _batch in enumerate(loader):
         work(args.step_ms)
+        if args.step_sleep_ms > 0:
+            time.sleep(args.step_sleep_ms / 1e3)
         if step + 1 >= args.steps:
             break
     print(f"trained {step + 1} steps")
