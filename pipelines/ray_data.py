@@ -1,10 +1,11 @@
 """The ``ray`` pipeline: the scenario's items prepared by Ray Data ``map_batches`` tasks, fed by ``iter_torch_batches``.
 
-Every epoch is one Ray Dataset over the epoch's item indices: ``map_batches`` loads and augments a batch of
-indices in a Ray worker (the dataset's own ``__getitem__``, so the scenario's ``AugmentSpec`` is realised exactly as
-``naive`` realises it), and ``iter_torch_batches`` streams the stacked ``(x, y)`` batches to the loop with its own
-read-ahead (``prefetch_batches``). The order of batches is the order of the indices (``preserve_order``), so the
-same seed gives the same batches as the reference and shuffling off gives the dataset's order.
+Every epoch is one Ray Dataset over the epoch's batch numbers (a lazy ``ray.data.range``, ``epoch_dataset``):
+``map_batches`` loads and augments batch ``k``'s items, ``k * batch_size`` onwards in the epoch's item order, in a
+Ray worker (the dataset's own ``__getitem__``, so the scenario's ``AugmentSpec`` is realised exactly as ``naive``
+realises it), and ``iter_torch_batches`` streams the stacked ``(x, y)`` batches to the loop with its own read-ahead
+(``prefetch_batches``). The order of batches is the order of the indices (``preserve_order``), so the same seed
+gives the same batches as the reference and shuffling off gives the dataset's order.
 
 Invariants: a Ray instance the pipeline started (``ray.init`` with ``max(1, workers)`` CPUs and an object store
 sized for the batches in flight) is shut down by ``close``, and a connection it made to ``RAY_ADDRESS`` is closed
@@ -45,6 +46,11 @@ MIN_STORE_BYTES = 80 * 2**20
 STORE_HEADROOM = 4
 USER_MODULES = "stallscope_user_scenario_"  # the prefix of a scenario file's module (scenarios._load_file)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its task names
+# an epoch's batches per Ray task past TASKS_MIN tasks (read_tasks), and a block's target size as a fraction of a
+# batch's bytes (epoch_dataset)
+BATCHES_PER_TASK = 16
+TASKS_MIN = 64
+BLOCK_FRACTION = 0.9
 NO_CPU_WAIT_S = 10.0  # a busy instance's CPUs may free up (the last epoch's tasks ending): polled this long
 # the worker exits that are a loss (killed, crashed, out of memory), not Ray's own idle-worker reaping
 LOST_EXITS = ("SYSTEM_ERROR", "NODE_OUT_OF_MEMORY")
@@ -73,15 +79,19 @@ def _items(dataset: Any, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class LoadItems:
-    """The ``map_batches`` stage: a batch of item indices to the stacked, augmented ``x`` and labels ``y``."""
+    """The ``map_batches`` stage: batch numbers of the epoch (``id``) to the stacked, augmented ``x`` and labels
+    ``y`` of their items, batch ``k`` being ``order[k * batch_size : (k + 1) * batch_size]``. The epoch's order
+    travels inside the stage, put in Ray's object store once per epoch with the dataset (Ray Data's map operator)."""
 
-    def __init__(self, dataset: Any, epoch: int) -> None:
-        self.dataset, self.epoch = dataset, epoch
+    def __init__(self, dataset: Any, epoch: int, order: np.ndarray, batch_size: int) -> None:
+        self.dataset, self.epoch, self.order, self.batch_size = dataset, epoch, order, batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)  # the epoch the loop asked for, in this worker's copy
-        x, y = _items(self.dataset, batch["id"])
+        b = self.batch_size
+        indices = np.concatenate([self.order[k * b : (k + 1) * b] for k in batch["id"].tolist()])
+        x, y = _items(self.dataset, indices)
         return {"x": x, "y": y}
 
 
@@ -182,6 +192,35 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
+def read_tasks(count: int) -> int:
+    """The Ray tasks an epoch of ``count`` batches is read and loaded by: one a batch up to ``TASKS_MIN``, else
+    ``BATCHES_PER_TASK`` batches a task (at least ``TASKS_MIN``, so that a cluster's CPUs still share an epoch)."""
+    return min(count, max(TASKS_MIN, -(-count // BATCHES_PER_TASK)))
+
+
+def epoch_dataset(count: int, batch_bytes: int, load: LoadItems) -> Any:
+    """The epoch's Ray Dataset: the batch numbers ``0..count-1``, read lazily (``ray.data.range``) by the tasks that
+    load them (Read fused with the map), ``load`` called on one batch number at a time.
+
+    Each batch is an output block of its own, so batches stream to the loop as they are made: Ray Data merges a
+    task's outputs into blocks of ``target_max_block_size`` (128 MiB) and slices those over 1.5 times it, so the
+    dataset's copy of the context gets ``BLOCK_FRACTION`` of a batch's bytes (over it after one batch, not 1.5 times
+    it). Blocks are not one a batch, as with ``ray.data.from_numpy`` before: Ray Data puts every block (or read
+    task) in its object store before the first batch, one at a time, 2-5 ms each on two cores; from_numpy ran a
+    Ray task for each besides (20 s of a 39 s run of mlp-mnist at batch 16: 3,750 blocks, every epoch)."""
+    import ray.data
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    kept = ctx.target_max_block_size
+    ctx.target_max_block_size = max(1, int(batch_bytes * BLOCK_FRACTION))
+    try:  # the dataset copies the current context when it is made: this one's, not the process's
+        ds = ray.data.range(count, override_num_blocks=read_tasks(count))
+        return ds.map_batches(load, batch_size=1, zero_copy_batch=True)
+    finally:
+        ctx.target_max_block_size = kept
+
+
 class RayBatches:
     """An epoch per ``iter()``: a Ray Dataset of the epoch's indices, ``map_batches``-ed, streamed as torch batches."""
 
@@ -194,6 +233,7 @@ class RayBatches:
         self.first_wait_s: float | None = None
         self.iterations: list[Any] = []  # the DatasetStats each epoch's iteration updated (Ray's own timers)
         self.lost_before: set[str] | None = None  # the instance's lost workers when the run began (lost_workers)
+        self.item_bytes: int | None = None  # one item's bytes in a batch (batch_bytes)
 
     def start(self) -> None:
         """Connect to the instance at ``RAY_ADDRESS`` or the running one, else start a local one for this run."""
@@ -234,6 +274,12 @@ class RayBatches:
         self.lost_before = lost_workers()
         quiet_ray_data()
 
+    def batch_bytes(self) -> int:
+        """A full batch's bytes as Ray holds it (the stacked ``x`` and int64 ``y``), read from item 0 once."""
+        if self.item_bytes is None:
+            self.item_bytes = int(np.asarray(self.dataset[0][0]).nbytes) + 8
+        return self.item_bytes * self.spec.batch_size
+
     def indices(self) -> np.ndarray:
         n = len(self.dataset)
         order = torch.randperm(n, generator=self.generator) if self.spec.shuffle else torch.arange(n)
@@ -241,20 +287,17 @@ class RayBatches:
         return order.numpy().astype(np.int64)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        import ray.data
-
         if not self.config.get("ray_instance"):
             t_start = time.perf_counter()
             self.start()
             self.config["ray_start_ms"] = round((time.perf_counter() - t_start) * 1000, 3)
         spec, t0 = self.spec, time.perf_counter()
         wait_for_cpu(self.config.get("ray_instance", ""))
-        # one block per batch: a single block would be one task over the whole epoch, nothing streamed
         order = self.indices()
-        blocks = [order[i : i + spec.batch_size] for i in range(0, len(order), spec.batch_size)] or [order]
+        count = max(1, -(-len(order) // spec.batch_size))
         by_value(self.dataset)
-        ds = ray.data.from_numpy(blocks).rename_columns({"data": "id"})
-        ds = ds.map_batches(LoadItems(self.dataset, self.epoch), batch_size=spec.batch_size, zero_copy_batch=True)
+        load = LoadItems(self.dataset, self.epoch, order, spec.batch_size)
+        ds = epoch_dataset(count, self.batch_bytes(), load)
         self.epoch += 1
         self.last = it = ds.iterator()
         self.iterations = []

@@ -2,7 +2,8 @@
 
 - **Work units.** A documented command may read what the commands above it in its doc made, so a doc's commands
   are one unit, run in order on one worker; so are the tests of a file that share a module- or session-scoped
-  fixture (a fixture runs once per worker that runs one of its tests). Every other test is a unit of its own.
+  fixture (a fixture runs once per worker that runs one of its tests), and the files that name one group
+  (``pytestmark = pytest.mark.xdist_group("NAME")``). Every other test is a unit of its own.
 - **alone** (``@pytest.mark.alone``): a test whose truth is which configuration is best on this host's cores runs
   with no other test beside it, except light ones. Each test passes a turnstile and holds the cores' lock shared;
   an alone test holds the turnstile (no test starts) and takes the lock exclusively (the running ones end first).
@@ -36,6 +37,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC_COMMAND = re.compile(r"test_docs_examples\.py::test_documented_command\[(.+):\d+\]$")
 SHARED_FIXTURE = re.compile(r"@pytest\.fixture\(scope=\"(module|session)\"")
+# a file's ``pytestmark = pytest.mark.xdist_group("NAME")``: its tests join every other such file's of that NAME in one
+# unit (the Ray files: three local Ray instances starting at once on the 2 cores slowed each other; xdist's own mark
+# does nothing under pytest 9, below)
+GROUP = re.compile(r"^pytestmark = pytest\.mark\.xdist_group\(\"([\w-]+)\"\)", re.MULTILINE)
 KINDS = "units.json"
 UNIT_SECONDS = ROOT / "tests" / "data" / "unit_seconds.json"
 
@@ -54,7 +59,17 @@ def work_unit(nodeid: str) -> str:
     if m:
         return m.group(1)
     path = nodeid.split("::", 1)[0]
+    if (group := file_group(path)) is not None:
+        return f"group:{group}"
     return path if shares_a_fixture(path) else nodeid
+
+
+@functools.cache
+def file_group(path: str) -> str | None:
+    """The group NAME a test file at ``path`` puts all its tests in (``GROUP``); None for most files."""
+    file = ROOT / path
+    m = GROUP.search(file.read_text(encoding="utf-8")) if file.is_file() else None
+    return m.group(1) if m else None
 
 
 def unit_kinds(items: list[pytest.Item]) -> dict[str, list[str]]:

@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -286,18 +285,19 @@ def _ray_processes(root: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_run_whose_ray_worker_is_killed_keeps_its_record_and_leaves_no_ray_behind(tmp_path: Path) -> None:
+def test_a_run_whose_ray_worker_is_killed_keeps_its_record_and_leaves_no_ray_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("ray", reason=NO_RAY)
     root = tempfile.mkdtemp(prefix="rr", dir="/tmp")  # short: Ray's socket paths live under it
     scenario = tmp_path / "raykill.py"
     scenario.write_text(SCENARIO.format(flag=str(tmp_path / "killed")))
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local instance, started for the run
-    res = subprocess.run(
-        [sys.executable, "-m", "profiler", "run", str(scenario), "--pipeline", "ray", "--device", "cpu", "--no-live",
-         "--out", str(out)],
-        env={**env, "RAY_TMPDIR": root}, capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a local instance, started for the run
+    monkeypatch.setenv("RAY_TMPDIR", root)  # in the environment of every process Ray starts (_ray_processes)
+    res = stallscope("run", str(scenario), "--pipeline", "ray", "--device", "cpu", "--no-live", "--out", str(out),
+                     timeout=400)  # fmt: skip
+    monkeypatch.delenv("RAY_TMPDIR")
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "killed").exists()  # the kill did happen
     summary = json.loads((out / "summary.json").read_text())

@@ -47,8 +47,9 @@ def ray_figures(
     ops = [o for o in stats.get("operators") or [] if isinstance(o, dict)]  # type: ignore[attr-defined]
     if not ops:
         raise ValueError("its ray_stats has no operators")
-    # each operator's CPU per row it produced: an epoch's read (FromNumpy) produces every row at once, its map only
-    # the rows the run took, so the operators' sums are not over the same rows
+    # each operator's CPU per row it produced: operators need not have made the same rows (the run takes part of an
+    # epoch; a read Ray reports apart from the map, as ray.data.from_numpy's was, made them all at once), so each is
+    # put per row before they are summed. The pipeline's lazy read is fused with its map: one operator today
     per_row = [float(o.get("cpu_s") or 0.0) / float(o["rows"]) for o in ops if (o.get("rows") or 0) > 0]
     batches = stats.get("batches")
     blocked, production = stats.get("user_thread_blocked_s"), stats.get("blocked_on_production_s")
