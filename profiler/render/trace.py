@@ -54,7 +54,7 @@ class _Slice:
     name: str
     cat: str
     level: int  # 0 step, 1 data wait and top-level phases, 2+ nested phases: parents sort first
-    args: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, object] = field(default_factory=dict)
 
 
 def _ns(t: float) -> int:
@@ -160,7 +160,7 @@ def _host_slices(steps: list[StepRow], phases: list[PhaseRow]) -> list[_Slice]:
         if not isfinite(p.t_start + p.t_end):
             continue
         a = _ns(p.t_start)
-        args: dict[str, Any] = {"step": p.step, "phase": p.name, "depth": p.depth}
+        args: dict[str, object] = {"step": p.step, "phase": p.name, "depth": p.depth}
         if p.dev_start is not None and p.dev_end is not None and _finite(p.dev_start, p.dev_end):
             args["device_us"] = _us(_ns(p.dev_end) - _ns(p.dev_start))
         out.append(_Slice(a, max(a, _ns(p.t_end)), p.name.rsplit("/", 1)[-1], "phase", 1 + p.depth, args))
@@ -199,7 +199,8 @@ def _trim(s: _Slice, start: int, end: int) -> None:
     end = max(start, end)
     cut = (s.end - s.start) - (end - start)
     if cut > 0:
-        s.args["trimmed_us"] = s.args.get("trimmed_us", 0.0) + _us(cut)
+        before = s.args.get("trimmed_us")
+        s.args["trimmed_us"] = (before if isinstance(before, float) else 0.0) + _us(cut)
     s.start, s.end = start, end
 
 
@@ -223,7 +224,7 @@ def _device_lanes(phases: list[PhaseRow], *, simulated: bool = False) -> list[li
         if not _finite(p.dev_start, p.dev_end, p.t_start, p.t_end):
             continue
         a = _ns(p.dev_start)
-        args: dict[str, Any] = {
+        args: dict[str, object] = {
             "step": p.step,
             "phase": p.name,
             "depth": p.depth,
@@ -372,13 +373,13 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def _pid(meta: dict[str, Any]) -> int:
+def _pid(meta: dict[str, object]) -> int:
     pid = meta.get("pid")
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 1
 
 
 # (sort key: ts in ns, phase rank, -duration, nesting level; the event)
-_Keyed = tuple[tuple[int, int, int, int], dict[str, Any]]
+_Keyed = tuple[tuple[int, int, int, int], dict[str, object]]
 
 
 def trace_events(
@@ -390,7 +391,7 @@ def trace_events(
     meta = record.meta
     pid = _pid(meta)
     recorded = meta.get("device")
-    device: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    device: dict[str, object] = recorded if isinstance(recorded, dict) else {}
     simulated = device.get("kind") == "sim"
     if summarised is None:
         detail, steps = _detail(record.steps, record.phases), len(record.steps)
@@ -422,7 +423,7 @@ def trace_events(
 def _x_event(s: _Slice, pid: int, tid: int) -> _Keyed:
     start, dur = s.start, s.end - s.start
     ts, d = start / 1000, dur / 1000  # _us's value where the nearest double already reads back exactly (~99%)
-    ev: dict[str, Any] = {
+    ev: dict[str, object] = {
         "name": s.name,
         "cat": s.cat,
         "ph": "X",
@@ -466,8 +467,8 @@ def _instant_events(record: RunRecord, pid: int) -> list[_Keyed]:
 
 
 def _name_events(
-    meta: dict[str, Any], device: dict[str, Any], pid: int, origin: int, lanes: int
-) -> list[dict[str, Any]]:
+    meta: dict[str, object], device: dict[str, object], pid: int, origin: int, lanes: int
+) -> list[dict[str, object]]:
     """The process's and the tracks' names and order ("M" events), labelled simulated on a simulated device."""
     simulated = device.get("kind") == "sim"
     scenario = meta.get("scenario") or meta.get("run_id") or "run"
@@ -497,7 +498,7 @@ def _kernel_tracks(record: RunRecord) -> list[tuple[int, str, list[_Slice]]]:
     for w in record.windows:
         for stream, kind, a, b, launch in w.activities:
             if _finite(a, b) and b >= a:
-                args = {"launch_us": _us(_ns(launch))} if math.isfinite(launch) else {}
+                args: dict[str, object] = {"launch_us": _us(_ns(launch))} if math.isfinite(launch) else {}
                 streams.setdefault(stream, []).append(_Slice(_ns(a), _ns(b), KINDS[kind], "gpu", 0, args))
     out = [(TID_KERNELS, f"kernel windows ({how})", spans)]
     for k, stream in enumerate(sorted(streams)):
@@ -505,18 +506,18 @@ def _kernel_tracks(record: RunRecord) -> list[tuple[int, str, list[_Slice]]]:
     return out
 
 
-def _track_names(pid: int, tid: int, origin: int, name: str) -> list[dict[str, Any]]:
+def _track_names(pid: int, tid: int, origin: int, name: str) -> list[dict[str, object]]:
     return [
         _meta_event("thread_name", pid, tid, origin, {"name": name}),
         _meta_event("thread_sort_index", pid, tid, origin, {"sort_index": tid}),
     ]
 
 
-def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, Any]) -> dict[str, Any]:
+def _meta_event(kind: str, pid: int, tid: int, origin: int, args: dict[str, object]) -> dict[str, object]:
     return {"name": kind, "ph": "M", "ts": _us(origin), "pid": pid, "tid": tid, "args": args}
 
 
-def _metadata(record: RunRecord, pid: int, device_lanes: int, steps: int) -> dict[str, Any]:
+def _metadata(record: RunRecord, pid: int, device_lanes: int, steps: int) -> dict[str, object]:
     meta = record.meta
     totals = {
         metric: value
@@ -548,7 +549,7 @@ def _metadata(record: RunRecord, pid: int, device_lanes: int, steps: int) -> dic
             "ts/dur in microseconds since the run started (host perf_counter); device slices are SIMULATED device "
             "times (sim-events, the model of docs/sim.md) on the same timeline; gpu counters are simulated NVML"
         )
-    safe: dict[str, Any] = _json_safe(out)
+    safe: dict[str, object] = _json_safe(out)
     return safe
 
 
@@ -596,7 +597,7 @@ def job_trace_events(job: JobInput) -> dict[str, Any]:
         float(rec.meta["started_at"]) for _, _, rec in parts if isinstance(rec.meta.get("started_at"), (int, float))
     ]
     t0 = min(starts, default=0.0)
-    events: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []  # read back from trace_events' documents: their fields are known there
     for sort_index, (pid, label, rec) in enumerate(parts):
         started = rec.meta.get("started_at")
         shift_ns = _ns(float(started) - t0) if isinstance(started, (int, float)) else 0
