@@ -19,7 +19,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn, optim
 
 PRECISIONS = ("default", "fp32", "tf32", "bf16", "fp16")
 AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
@@ -43,7 +47,7 @@ class Precision:
         """Nothing to do in the step: PyTorch's defaults, contiguous memory."""
         return self.name in ("default", "fp32", "tf32") and not self.channels_last
 
-    def check(self, device_kind: str, torch: Any = None) -> None:
+    def check(self, device_kind: str, torch: ModuleType | None = None) -> None:
         """PrecisionError where ``device_kind`` ("cpu", "cuda", "sim") cannot run this precision."""
         if self.name not in PRECISIONS:
             raise PrecisionError(f"--precision {self.name!r}: allowed {', '.join(PRECISIONS)}")
@@ -93,7 +97,7 @@ class Precision:
             facts["channels_last_note"] = CHANNELS_LAST_ON_SIM
         return facts
 
-    def apply(self, torch: Any, device_kind: str) -> dict[str, object]:
+    def apply(self, torch: ModuleType, device_kind: str) -> dict[str, object]:
         """Set the TF32 switches it asks for; what the run computes in, for the store's meta (``precision``)."""
         if device_kind == "cuda" and self.name in ("fp32", "tf32"):
             torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = self.name == "tf32"
@@ -108,24 +112,26 @@ class Precision:
             facts["matmul_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
         return facts
 
-    def step(self, torch: Any, device_type: str, train: Callable[..., Any]) -> Callable[[Any, Any, Any, Any], Any]:
+    def step(
+        self, torch: ModuleType, device_type: str, train: Callable[..., object]
+    ) -> Callable[[nn.Module, optim.Optimizer, Tensor, Tensor], object]:
         """A training step in this precision around ``train(model, opt, x, y, cast=, backward=, opt_step=)``
         (which runs the forward and the loss under ``cast``, then ``backward(loss)`` and ``opt_step(opt)``)."""
         dtype = getattr(torch, AUTOCAST[self.name]) if self.name in AUTOCAST else None
         scaler = torch.amp.GradScaler(device_type) if self.name == "fp16" else None
         memory = torch.channels_last if self.channels_last else None
 
-        def backward(loss: Any) -> None:
+        def backward(loss: Tensor) -> None:
             (scaler.scale(loss) if scaler is not None else loss).backward()
 
-        def opt_step(opt: Any) -> None:
+        def opt_step(opt: optim.Optimizer) -> None:
             if scaler is None:
                 opt.step()
                 return
             scaler.step(opt)
             scaler.update()
 
-        def run(model: Any, opt: Any, x: Any, y: Any) -> Any:
+        def run(model: nn.Module, opt: optim.Optimizer, x: Tensor, y: Tensor) -> object:
             if memory is not None and getattr(x, "dim", lambda: 0)() == 4:
                 x = x.contiguous(memory_format=memory)
             cast = torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()

@@ -323,7 +323,7 @@ class _Loop:
         self.model: nn.Module | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.loss: torch.Tensor | None = None
-        self._step: Callable[[Any, Any, Any, Any], None] = self._train_step
+        self._step: Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], object] = self._train_step
         self.copy = "pageable"  # on a simulated device: how the pipeline copies (its CUDA behaviour)
         self.batch_bytes: int | None = None
         self.shm_free_mb = self.shm_size_mb = math.nan  # /dev/shm at set-up, before the workers started
@@ -607,8 +607,8 @@ class _Loop:
         self,
         model: nn.Module,
         opt: torch.optim.Optimizer,
-        x: Any,
-        y: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
         *,
         cast: AbstractContextManager[object] = _PLAIN,
         backward: Callable[[torch.Tensor], None] = _backward,
