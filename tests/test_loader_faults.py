@@ -218,3 +218,20 @@ def test_torchs_death_notice_while_a_lost_connection_waits_for_the_worker_is_not
     dying.exitcode = None
     with pytest.raises(RuntimeError, match="something else"):  # not a worker's death: not swallowed
         loader.worker_failure(ConnectionResetError(104, "Connection reset by peer"))
+
+
+def test_a_later_error_raised_while_closing_keeps_the_loader_failure_as_the_cause() -> None:
+    """torch's SIGCHLD handler can raise a killed worker's death in any call after the watch stopped the workers: the
+    failure the run said stays the cause (a fresh-clone CI found the late RuntimeError there instead)."""
+    from profiler.drivers.runner import LoaderFailure, said_failure
+
+    said = LoaderFailure("the loader failed at step 4 of 21: no batch came for 2 s")
+    try:
+        try:
+            raise said
+        except LoaderFailure:
+            raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.") from None
+    except RuntimeError as late:
+        assert said_failure(late) is said
+    plain = RuntimeError("no loader involved")
+    assert said_failure(plain) is plain

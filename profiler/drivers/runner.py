@@ -158,11 +158,26 @@ def run_scenario(scenario: Scenario, cfg: RunConfig, monitor: Monitor | None = N
         raise RunStopped(exc.signame, session) from exc
     except Exception as exc:
         if session.status == "failed":
-            raise TrainingError(session.error or str(exc), Path(cfg.out), _bad_input(exc), session) from exc
+            # the failure said (a LoaderFailure) stays the cause when closing raised again on top of it: torch's
+            # SIGCHLD handler can raise a killed worker's death in any later call (a CI run's cause read that)
+            cause = said_failure(exc)
+            raise TrainingError(session.error or str(exc), Path(cfg.out), _bad_input(cause), session) from cause
         raise
     finally:
         loop.close()
     return session
+
+
+def said_failure(exc: BaseException) -> BaseException:
+    """The LoaderFailure ``exc`` was raised while handling (its ``__context__`` chain), else ``exc``."""
+    seen: BaseException | None = exc
+    for _ in range(32):  # a chain's links, at most (Python breaks cycles; a bound all the same)
+        if seen is None:
+            break
+        if isinstance(seen, LoaderFailure):
+            return seen
+        seen = seen.__context__
+    return exc
 
 
 def _hand_views(session: Session, monitor: Monitor | None, shown: contextlib.ExitStack) -> bool:
