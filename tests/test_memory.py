@@ -364,6 +364,12 @@ def test_a_loop_of_unknown_length_asks_early_then_reads_its_workers_where_it_bre
         uss, pss, shared = taken[child.pid]
         assert 0 < uss <= pss + shared and pss > 0, taken  # MiB of a live Python process
         assert reads.at_end(Iterator([child.pid])) is None  # once
+        # a loader that keeps its iterator (persistent workers): they outlive the break, so no reading is taken on
+        # the training thread; an empty one, which the clock sends as an ask to the sampler process
+        kept = WorkerReads(warmup=2)
+        kept.begin(type("NoLen", (), {"num_workers": 2})(), 0, 0.0)
+        assert kept.at_end(Iterator([child.pid]), kept=True) == {}
+        assert kept.at_end(Iterator([child.pid]), kept=True) is None  # once
     finally:
         child.kill()
         child.wait()

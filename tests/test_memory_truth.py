@@ -191,11 +191,15 @@ class Forever(torch.utils.data.Sampler[int]):
         return iter(range(self.n))
 
 
-def run_break(out: str) -> None:
+def run_break(out: str, persistent: str = "0") -> None:
     """A Session without ``steps=`` over a loader of unknown length that breaks out after 150 steps, as a user's loop
-    does: run in a fresh interpreter by the test below, with the test's own reading of each worker at its last batch."""
+    does: run in a fresh interpreter by the test below, with the test's own reading of each worker at its last batch.
+    ``persistent`` ("1"): the loader keeps its workers (``persistent_workers``), and lives past the Session's close,
+    as a loader built once for many epochs does."""
     data = Pages(200 * 8)
-    loader = torch.utils.data.DataLoader(data, batch_size=8, num_workers=WORKERS, sampler=Forever(len(data)))
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=8, num_workers=WORKERS, sampler=Forever(len(data)), persistent_workers=persistent == "1"
+    )
     with Session(out, warmup=5, meta={"workers": WORKERS}) as s:
         for i, _batch in enumerate(s.wrap(loader)):
             if i == 149:  # the last batch the loop takes: the workers still live; the break then drops them
@@ -204,14 +208,17 @@ def run_break(out: str) -> None:
     (Path(out) / "truth.json").write_text(json.dumps({"last": last}))
 
 
-def test_a_loop_that_breaks_out_reads_its_workers_before_they_are_stopped(tmp_path: Path) -> None:
-    # the loop's end drops the loader's iterator, which stops its workers at once (before Session.close): the training
-    # process reads them there first (profiler.core.sampling.worker_memory_asks.WorkerReads.at_end), whatever the loop's
-    # length
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {MODULE} as t; t.run_break(sys.argv[1])"
+# the loop's end drops the loader's iterator, which stops its workers at once (before Session.close): the training
+# process reads them there first (profiler.core.sampling.worker_memory_asks.WorkerReads.at_end), whatever the loop's
+# length. A loader with persistent workers keeps them past the break: there the break asks the sampler process to
+# read them, and the training thread reads nothing (19-32 ms of its CPU at each break: docs/benchmarks.md)
+@pytest.mark.parametrize("persistent", ["0", "1"])
+def test_a_loop_that_breaks_out_reads_its_workers_before_they_are_stopped(tmp_path: Path, persistent: str) -> None:
+    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import {MODULE} as t; t.run_break(*sys.argv[1:])"
     res = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path)], check=False, capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, "-c", code, str(tmp_path), persistent],
+        check=False, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     last = json.loads((tmp_path / "truth.json").read_text())["last"]
     rows = {p["label"]: p for p in json.loads((tmp_path / "summary.json").read_text())["memory"]["processes"]}

@@ -16,8 +16,10 @@ step since the first ask, at each hand-over. The late reading was missing in #65
 half and three quarters of the epoch, and 150 steps of a 6,250-step epoch reached none of them. And a loop that
 breaks out of its ``wrap()`` (a ``break``, an exception, ``close()``, as ``run`` does after its last step) drops the
 loader's iterator, which stops its workers at once: there the training process reads them itself, once, before
-letting go (:meth:`WorkerReads.at_end`: ~7.5 ms of its CPU a worker here, after the last step), and the sampler
-process stores that reading under the workers' labels. An exhausted epoch stops its workers inside the loader's last
+letting go (:meth:`WorkerReads.at_end`: ~7.5 ms of its CPU a worker here, after the last step, 19-32 ms for two on
+a loaded host), and the sampler process stores that reading under the workers' labels. A loader that keeps its
+iterator (``persistent_workers``) keeps its workers past the break: there the break sends an ask instead, and the
+training thread reads nothing. An exhausted epoch stops its workers inside the loader's last
 ``next()``, before any code of ours runs: there only the asks read them.
 
 Growth needs four readings in the window (profiler/analysis/memory.py); the fifth is the one to spare where an ask
@@ -129,13 +131,18 @@ class WorkerReads:
         left = ASKS - self._asked
         return t >= last or (left > 1 and t >= min(soon, self._last_t + (last - self._last_t) / left))
 
-    def at_end(self, iterator: object) -> Taken | None:
+    def at_end(self, iterator: object, kept: bool = False) -> Taken | None:
         """A loop broke out of its ``wrap()`` (a break, an exception, ``close()``; not the loader's own end, where its
         workers are already gone) while ``iterator``, the loader's, still holds its workers, which dropping it stops:
-        their memory read now, here, the first time (see the module); else None."""
+        their memory read now, here, the first time (see the module); else None. ``kept``: the loader keeps the
+        iterator (``persistent_workers``), so the workers outlive the break: an empty reading, which the caller
+        sends as an ask, and the sampler process reads them at its next round, off the training thread (a read here
+        cost the training thread 19-32 ms of CPU at each break: docs/benchmarks.md, the fast loop)."""
         if not self._end_read:
             return None
         self._end_read = False
+        if kept:
+            return {}
         return take(worker_pids(iterator)) or None
 
 

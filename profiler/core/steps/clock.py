@@ -235,7 +235,8 @@ class StepClock:
             if self.step >= 0 and not self.closed:
                 self.end(clock(), edges.now())
                 self.flush()
-                if (taken := self.wreads.at_end(it)) is not None:  # the workers' memory before dropping it stops them
+                # the workers' memory before dropping the iterator stops them (a loader that keeps it: an ask)
+                if (taken := self.wreads.at_end(it, kept=getattr(iterable, "_iterator", None) is it)) is not None:
                     self._recorder.read_memory_soon(taken)
 
     def _iterate(self, iterable: Iterable[_T]) -> Iterator[_T]:
