@@ -65,6 +65,18 @@ def test_on_this_host_every_cpu_second_of_a_batch_shares_the_free_cores() -> Non
     assert predict_ray(_cost(), roomy, _target(n=4), local=True).step_ms == pytest.approx(4.5)
 
 
+def test_on_this_host_a_task_holds_its_ray_cpu_for_its_wall_time() -> None:
+    # the ray run's tasks held their CPUs 1.5 s a CPU second (waiting for a core beside the trainer): on this host a
+    # batch's 12 ms of task CPU holds one Ray CPU 18 ms, the loader's period at 1 CPU; 8 cores free, so not "cores"
+    roomy = dataclasses.replace(HOST, usable_cores=8, other_cores=0.0)
+    slow = dataclasses.replace(_cost(outside=0.0), wall_per_cpu=1.5)
+    here = predict_ray(slow, roomy, _target(n=1), local=True)
+    assert here.step_ms == pytest.approx(18.0) and here.binding == "loader"
+    assert predict_ray(slow, roomy, _target(n=2), local=True).step_ms == pytest.approx(9.0)
+    # N remote CPUs: a task for its CPU time, as before
+    assert predict_ray(slow, roomy, _target(n=1)).step_ms == pytest.approx(12.0)
+
+
 def test_ray_figures_are_rays_own_per_row_and_per_batch() -> None:
     stats = {
         "operators": [
@@ -77,6 +89,11 @@ def test_ray_figures_are_rays_own_per_row_and_per_batch() -> None:
     }
     f = ray_figures("R", "mlp-mnist", 8, stats, 0.004)
     assert f.task_cpu_s_per_sample == pytest.approx(0.003) and f.handoff_s_per_batch == pytest.approx(0.008)
+    assert f.wall_per_cpu == 1.0  # an operator without Ray's wall time: none taken
+    timed = {**stats, "operators": [{"operator": "MapBatches(LoadItems)", "wall_s": 2.0, "cpu_s": 1.2, "rows": 400.0}]}
+    g = ray_figures("R", "mlp-mnist", 8, timed, 0.004)
+    assert g.task_wall_s_per_sample == pytest.approx(0.005) and g.wall_per_cpu == pytest.approx(2.0 / 1.2)
+    assert ray_cost(_run(), LoaderCost(0.003, 0.002, "made up"), g).wall_per_cpu == pytest.approx(2.0 / 1.2)
     with pytest.raises(ValueError, match="no operators"):
         ray_figures("R", "x", 8, {"operators": []}, 0.0)
     with pytest.raises(ValueError, match="iteration timers"):

@@ -38,6 +38,16 @@ class RayFigures:
     task_cpu_s_per_sample: float  # each operator's cpu_s over the rows it produced, summed (Ray's own figures)
     handoff_s_per_batch: float  # (user thread blocked - blocked on production) / batches (Ray's own timers)
     host_cpu_s_per_sample: float  # the training process and its children (Ray's processes) per sample (sampler)
+    task_wall_s_per_sample: float = math.nan  # each operator's wall_s over its rows, summed (Ray's own; NaN: none)
+
+    @property
+    def wall_per_cpu(self) -> float:
+        """How much longer a task held its Ray CPU than it computed (its wall seconds over its CPU seconds, at least
+        1; 1 where Ray gave no wall time): a task waiting for a core, for its input blocks, for the GIL still holds
+        its CPU slot, and the next task waits for it."""
+        if math.isnan(self.task_wall_s_per_sample) or self.task_cpu_s_per_sample <= 0:
+            return 1.0
+        return max(1.0, self.task_wall_s_per_sample / self.task_cpu_s_per_sample)
 
 
 def ray_figures(
@@ -58,7 +68,13 @@ def ray_figures(
     if not isinstance(blocked, int | float) or not isinstance(production, int | float):
         raise ValueError("its ray_stats has no iteration timers")
     handoff = max(0.0, float(blocked) - float(production)) / batches
-    return RayFigures(run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s)
+    walls = [o.get("wall_s") for o in ops]
+    wall = (
+        math.fsum(float(w) / float(o["rows"]) for w, o in zip(walls, ops, strict=True))  # type: ignore[arg-type]
+        if all(isinstance(w, int | float) for w in walls)
+        else math.nan
+    )
+    return RayFigures(run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s, wall)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +87,7 @@ class RayCost:
     handoff_batch: int
     outside_s: float  # host CPU per sample outside the map tasks in a ray run (NaN: not measured)
     source: str  # the ray run the overhead came from, or why it is not included
+    wall_per_cpu: float = 1.0  # the ray run's tasks' wall seconds over their CPU seconds (RayFigures.wall_per_cpu)
 
     @property
     def measured(self) -> bool:
@@ -112,6 +129,7 @@ class RayCost:
             "handoff_seconds_per_batch": self.handoff_s if self.measured else None,
             "handoff_batch_size": self.handoff_batch,
             "host_cpu_outside_tasks_seconds_per_sample": num(self.outside_s),
+            "task_wall_per_cpu": self.wall_per_cpu,
             "overhead_included": self.measured,
             "source": self.source,
         }
@@ -130,7 +148,9 @@ def ray_cost(run: MeasuredRun, cost: LoaderCost, figures: RayFigures | None, why
         overhead = max(0.0, figures.task_cpu_s_per_sample - cost.cpu_s)
     outside = max(0.0, figures.host_cpu_s_per_sample - figures.task_cpu_s_per_sample)
     where = "the base run itself" if run.pipeline == RAY else f"ray run {figures.run_dir}"
-    return RayCost(loader, overhead, figures.handoff_s_per_batch, figures.batch_size, outside, where)
+    return RayCost(
+        loader, overhead, figures.handoff_s_per_batch, figures.batch_size, outside, where, figures.wall_per_cpu
+    )
 
 
 def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> Prediction:
@@ -141,7 +161,9 @@ def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> P
     b, n = t.batch_size, max(1, t.workers)
     batch_cpu = b * rc.task_s
     handoff = rc.handoff_s * b / rc.handoff_batch if rc.handoff_batch else 0.0
-    loader = batch_cpu / n
+    # a task holds its Ray CPU for its wall time: on this host (local) as long as the ray run's tasks held theirs
+    # per CPU second (they waited for this host's cores beside the trainer); a remote CPU for its CPU time
+    loader = batch_cpu * (rc.wall_per_cpu if local else 1.0) / n
     launch = host.overhead_s + t.launch_s + handoff
     dev = max(t.device_s, t.launch_s)
     fed = t.h2d_s + max(launch, dev)
@@ -179,7 +201,8 @@ def ray_lines(rc: RayCost, host: Host, predictions: Sequence[Prediction], check:
     out.append(
         f"--check runs --pipeline ray on a local Ray instance of N CPUs on THIS host: its tasks share the base run's "
         f"{host.free_cores:.2g} free of {host.usable_cores} cores with the trainer, so the ray rows are PREDICTED for "
-        "this host (bound 'cores': every CPU second of a batch over the free cores) and each row's prediction "
+        "this host (bound 'cores': every CPU second of a batch over the free cores; a task holds its Ray CPU "
+        f"x{rc.wall_per_cpu:.3g} its CPU time, as the ray run's tasks did, MEASURED by Ray) and each row's prediction "
         "for N remote CPUs is predicted_remote_throughput_samples_per_s in the JSON"
     )
     if cannot:
