@@ -68,12 +68,9 @@ def ray_figures(
     if not isinstance(blocked, int | float) or not isinstance(production, int | float):
         raise ValueError("its ray_stats has no iteration timers")
     handoff = max(0.0, float(blocked) - float(production)) / batches
-    walls = [o.get("wall_s") for o in ops]
-    wall = (
-        math.fsum(float(w) / float(o["rows"]) for w, o in zip(walls, ops, strict=True))  # type: ignore[arg-type]
-        if all(isinstance(w, int | float) for w in walls)
-        else math.nan
-    )
+    # each operator's wall seconds per row it produced, as its CPU (every operator has rows by now); NaN without
+    timed = all(isinstance(o.get("wall_s"), int | float) for o in ops)
+    wall = math.fsum(float(o["wall_s"]) / float(o["rows"]) for o in ops) if timed else math.nan
     return RayFigures(run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s, wall)
 
 
