@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -156,13 +155,8 @@ def _loaded_per_s(run: Path, trained_per_s: float) -> float:
     rec = load_run(run)
     measured = [s for s in rec.steps if not s.warmup]
     lo, hi = measured[0].t_start, measured[-1].t_end
-    # a reading with no value (NaN) is not a count, as the summary's own rate skips it (analysis/stages.loaded). A
-    # loaded fresh-clone CI read 26.5 ms an item from the summary against 4.3 from here: this is the one difference
-    # found between the two computations, not confirmed as the cause (six runs beside two busy processes agreed)
-    counts = [
-        (t, v) for t, _src, m, v in rec.samples
-        if m == "stage.fetch.n" and v is not None and not math.isnan(v) and lo <= t <= hi
-    ]  # fmt: skip
+    # a reading with no value is None: the sampler writes a NaN as None (and SQLite would store one as NULL)
+    counts = [(t, v) for t, _src, m, v in rec.samples if m == "stage.fetch.n" and v is not None and lo <= t <= hi]
     if len(counts) < 2 or not counts[-1][0] > counts[0][0] or not counts[-1][1] > counts[0][1]:
         return trained_per_s
     (t0, n0), (t1, n1) = counts[0], counts[-1]

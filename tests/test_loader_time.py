@@ -16,7 +16,7 @@ from rich.console import Console
 
 from profiler.analysis.loader_time import loader_time
 from profiler.analysis.parts import HostFigures
-from profiler.core.sources.blocked import ThreadProbe, calls, fd_kind, of_kinds, split
+from profiler.core.sources.blocked import BlockedSource, ThreadProbe, calls, fd_kind, of_kinds, split
 from profiler.render.loader import loader_time_table
 
 X86 = calls("x86_64")
@@ -131,6 +131,32 @@ def test_one_period_is_exact_cpu_and_run_queue_and_counts_its_polls() -> None:
     assert got["loader.w0.off_pct"] == pytest.approx(60.0)
     assert got["loader.w0.polls_sleep"] == 2.0 and got["loader.w0.polls_queue"] == 1.0
     assert got["loader.w0.polls_network"] == 0.0
+
+
+def test_a_wait_for_a_cpu_credited_late_is_carried_and_no_period_holds_more_than_its_length(tmp_path: Path) -> None:
+    """The kernel adds a wait for a CPU to schedstat only when the thread gets one: here a 150 ms wait that spans
+    two 100 ms periods lands whole in the second. Each period holds at most its own length (before, the second
+    read 160% on a CPU and waiting, the first's 100% off the CPU counted that wait too), and the total is kept."""
+    root = fake_proc(tmp_path, state="R", syscall="running")
+    stat = tmp_path / str(PID) / "task" / str(PID) / "schedstat"
+    (tmp_path / str(PID) / "stat").write_text(f"{PID} (w) R " + "0 " * 30)
+    now = [0.0]
+    src = BlockedSource(PID, root=str(root), clock=lambda: now[0], poll_hz=1e-3, rescan_s=1e9)
+    stat.write_text("0 0 1\n")
+    assert src.open() is None
+    periods = []
+    # (cpu ms, runq ms) so far at each reading, 100 ms apart: the 150 ms wait is credited in the second period
+    for cpu_ms, runq_ms in ((0, 0), (10, 150), (20, 150), (30, 150)):
+        now[0] += 0.1
+        stat.write_text(f"{cpu_ms * 1_000_000} {runq_ms * 1_000_000} 1\n")
+        got = src.read()
+        periods.append((got["loader.main.cpu_pct"], got["loader.main.runq_pct"], got["loader.main.off_pct"]))
+    src.close()
+    assert all(cpu + runq <= 100.0 + 1e-9 and off >= 0.0 for cpu, runq, off in periods), periods
+    assert all(sum(p) == pytest.approx(100.0) for p in periods), periods
+    assert periods[1] == pytest.approx((10.0, 90.0, 0.0)) and periods[2] == pytest.approx((10.0, 60.0, 30.0))
+    # every ns kept: 30 ms on a CPU and 150 ms waiting over the four periods' 400 ms
+    assert sum(p[0] for p in periods) == pytest.approx(30.0) and sum(p[1] for p in periods) == pytest.approx(150.0)
 
 
 def _host(rows: dict[str, tuple[float, float, dict[str, float]]]) -> HostFigures:

@@ -216,14 +216,18 @@ def _run(tmp: Path, device: DeviceInfo, workers: int, scenario_file: Path) -> di
     items.clear()
     s = run_scenario(scenario, cfg).summary()
     assert s is not None
-    # the part of the input stall in which the training thread was runnable but had no CPU (schedstat, the same
-    # run): the host's contention, not the loader's delay, and not what a device model reproduces
+    # the loader's stall: the device's wait for a batch (the copy's share of the input stall left out), less the part
+    # of it in which the training thread was runnable but had no CPU (schedstat, the same run): the host's
+    # contention, not the loader's delay, and not what a device model reproduces. The copy is not the loader's: on
+    # the CPU the prefetch pipeline hands the batch over as is, and in 13 runs beside two busy processes that 0.1 ms
+    # phase read 15-21 ms in one step in 3 of them, the training thread off the CPU in a phase that does nothing
+    # (1.2-2.0% loader stall from it alone), where their data waits held at most 1.2 ms a run off the CPU
     runq = s.contention.runq_ms_per_step if s.contention is not None and s.contention.available else {}
-    host_wait = (runq.get("data_wait", 0.0) + runq.get("h2d", 0.0)) / s.step_time_ms.mean
+    waited = s.stall_ms_per_step.data_wait - runq.get("data_wait", 0.0)
     return {
         "throughput": s.throughput_samples_per_s,
         "stall": s.stall_fraction,
-        "loader_stall": max(0.0, s.stall_fraction - host_wait),
+        "loader_stall": max(0.0, waited / s.step_time_ms.mean),
         "compute_s": s.breakdown_ms_per_step.compute / 1e3,
         # with 0 workers the items (filled in this process): what one loading thread delivers at their own pace
         "loader_rate": len(items) / sum(items) if items and not workers else math.nan,
@@ -281,9 +285,11 @@ def test_known_cost_scenario_and_its_sim_twin_agree(tmp_path: Path, workers: int
 
     bound_by = unstalled if workers else of_the_loaders_pace
     assert bound_by(sim) == pytest.approx(bound_by(cpu), rel=0.05), (cpu, sim)
-    # the stall the loader caused: beside busy processes a model-bound CPU run read 5.3% stall against its twin's
-    # 0, and all of its 3.4 ms of data wait a step was its training thread waiting for a CPU (the CPU run's model
-    # holds the GIL and the cores; the twin's does not run)
+    # the stall the loader caused (its data wait, less the training thread's wait for a CPU in it): beside busy
+    # processes a model-bound CPU run read 5.3% stall against its twin's 0, and all of its 3.4 ms of data wait a
+    # step was its training thread waiting for a CPU (the CPU run's model holds the GIL and the cores; the twin's
+    # does not run); two loaded CIs read 5.7% and 6.7% with the copy's phase counted in (see _run; how it split
+    # between the two phases was not kept)
     assert sim["loader_stall"] == pytest.approx(cpu["loader_stall"], abs=0.05), (cpu, sim)
     assert sim["compute_s"] == pytest.approx(cpu["compute_s"], rel=0.05), (cpu, sim)  # the simulated device time
     assert not math.isnan(sim["stall"])

@@ -372,9 +372,10 @@ class BlockedSource:
                     raise SourceEnded(f"process {self.pid} exited (its main thread's schedstat is gone)")
                 self._drop(label)
                 continue
-            prev, t.prev = t.prev, times
+            prev = t.prev
+            t.prev = times if prev is None or dt is None or dt <= 0 else within(prev, times, dt)
             blocked, t.blocked = t.blocked, Counter()
-            out.update(split(label, prev, times, dt, blocked))
+            out.update(split(label, prev, t.prev, dt, blocked))
             prev_io, t.prev_io = t.prev_io, t.io()
             out.update(io_rates(label, prev_io, t.prev_io, dt))
         return out
@@ -390,6 +391,18 @@ def io_rates(
         f"loader.{label}.read_mbps": max(0, now[0] - prev[0]) / dt / 1e6,
         f"loader.{label}.storage_mbps": max(0, now[1] - prev[1]) / dt / 1e6,
     }
+
+
+def within(prev: tuple[int, int], now: tuple[int, int], dt: float) -> tuple[int, int]:
+    """The (cpu, runq) ns counters as far as a period of ``dt`` s can hold them: at most ``dt`` of the two together,
+    the rest carried into the next period. The kernel adds a wait for a CPU to schedstat only when the thread gets
+    one (and a running thread's CPU time at the next tick), so a wait that spans periods lands whole in the period
+    it ended in, which then read over 100% on a CPU and waiting (1,482 of 32,966 periods in one suite's stores, up
+    to 395%), where the periods before had counted that wait off the CPU: the parts summed to more than 100%."""
+    room = int(dt * 1e9)
+    cpu = min(now[0] - prev[0], room)
+    runq = min(now[1] - prev[1], room - max(cpu, 0))
+    return prev[0] + cpu, prev[1] + runq
 
 
 def split(
