@@ -16,6 +16,14 @@ The first batch's wait is kept apart in ``config``: ``ray_start_ms`` (connecting
 ``first_batch_ms`` (from building the epoch's dataset to its first batch: the plan, the executor's start and the
 first blocks). Both fall in the run's first step, a warm-up step unless ``--warmup 0``. Ray Data's own figures
 (per operator, and the user thread's blocked time) are read at each epoch's end into ``ray_stats``.
+
+The run's start-up lasts until every Ray CPU it has has run a map task (:class:`StartUp`): Ray starts a CPU's worker
+process only when Ray Data first runs a task on it, so with two CPUs the second one's start (0.5-1.5 s on this host)
+falls on a step after the first batch, not in its wait. Each batch of an epoch begun in the start-up carries the
+pids of the workers that made it (``PID``, dropped before the loop sees the batch); the start-up ends at the batch
+that brings the last CPU's first, or at a bound (``STARTUP_BATCHES``, ``STARTUP_S``), said so. Its steps are named
+in ``config`` (``startup_steps`` and the rest, :meth:`StartUp.to_config`) and held out of the measured steps by the
+analysis (``profiler.analysis.apart``), never dropped: the store keeps them.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import logging
+import math
 import os
 import re
 import socket
@@ -56,6 +65,11 @@ NO_CPU_WAIT_S = 10.0  # a busy instance's CPUs may free up (the last epoch's tas
 LOST_EXITS = ("SYSTEM_ERROR", "NODE_OUT_OF_MEMORY")
 # datasets whose items the pipeline cannot stack into (x, y) arrays (a list of per-image targets)
 UNSTACKABLE = {"detection": "its items carry per-image target lists that Ray Data cannot stack into arrays"}
+PID = "pid"  # the column a start-up epoch's batches carry: the pid of the Ray worker that made each row
+# the start-up's bound: it ends after this many batches or seconds from the first epoch's start even when not every
+# Ray CPU has run a task (a cluster whose CPUs other jobs hold, an epoch of fewer tasks than CPUs), and says so
+STARTUP_BATCHES = 64
+STARTUP_S = 60.0
 
 
 def unusable(data: str | None) -> str | None:
@@ -83,8 +97,9 @@ class LoadItems:
     ``y`` of their items, batch ``k`` being ``order[k * batch_size : (k + 1) * batch_size]``. The epoch's order
     travels inside the stage, put in Ray's object store once per epoch with the dataset (Ray Data's map operator)."""
 
-    def __init__(self, dataset: Any, epoch: int, order: np.ndarray, batch_size: int) -> None:
+    def __init__(self, dataset: Any, epoch: int, order: np.ndarray, batch_size: int, tag: bool = False) -> None:
         self.dataset, self.epoch, self.order, self.batch_size = dataset, epoch, order, batch_size
+        self.tag = tag  # each row also gets its worker's pid (PID): the start-up counts the workers that delivered
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if hasattr(self.dataset, "set_epoch"):
@@ -92,7 +107,67 @@ class LoadItems:
         b = self.batch_size
         indices = np.concatenate([self.order[k * b : (k + 1) * b] for k in batch["id"].tolist()])
         x, y = _items(self.dataset, indices)
+        if self.tag:
+            return {"x": x, "y": y, PID: np.full(len(y), os.getpid(), dtype=np.int64)}
         return {"x": x, "y": y}
+
+
+def batch_pids(batch: dict[str, Any]) -> list[int]:
+    """The distinct worker pids a batch's rows came from (none where it carries no ``PID``)."""
+    pids = batch.get(PID)
+    if pids is None:
+        return []
+    return sorted({int(p) for p in np.unique(np.asarray(pids)).tolist()})
+
+
+class StartUp:
+    """The run's start-up: from the first epoch's start until every one of ``cpus`` Ray CPUs has run a map task,
+    seen as ``cpus`` distinct worker pids in the batches delivered (``feed``), or until ``max_batches`` batches or
+    ``max_s`` seconds passed (bounded: said so, and the steady state starts there all the same). Pure: the pids and
+    the times are given."""
+
+    def __init__(self, cpus: int, max_batches: int = STARTUP_BATCHES, max_s: float = STARTUP_S) -> None:
+        self.cpus, self.max_batches, self.max_s = max(1, cpus), max_batches, max_s
+        self.pids: set[int] = set()
+        self.batches = 0  # batches delivered in the start-up so far (the run's first steps)
+        self.end_s = math.nan  # from the first epoch's start to the batch that ended it
+        self.bounded: str | None = None  # why it ended short of every CPU, in words
+
+    @property
+    def open(self) -> bool:
+        return math.isnan(self.end_s)
+
+    def feed(self, pids: list[int], t_s: float) -> bool:
+        """One more batch, from workers ``pids``, ``t_s`` seconds after the first epoch's start; True when it ended
+        the start-up (it is the start-up's last batch)."""
+        if not self.open:
+            return False
+        self.batches += 1
+        self.pids.update(pids)
+        if len(self.pids) >= self.cpus:
+            self.end_s = t_s
+        elif self.batches >= self.max_batches or t_s >= self.max_s:
+            self.end_s = t_s
+            self.bounded = (
+                f"{len(self.pids)} of {self.cpus} Ray CPUs had run a task after {self.batches} batches "
+                f"({t_s:.1f} s; bound: {self.max_batches} batches or {self.max_s:g} s): the steady state starts "
+                "there all the same"
+            )
+        return not self.open
+
+    def to_config(self) -> dict[str, Any]:
+        """What the loader's config says of it (``meta.loader``). ``startup_steps``: the run's first steps that were
+        start-up, held out of the measured ones; absent while it is open (a run that ended first holds none)."""
+        out: dict[str, Any] = {"startup_cpus": self.cpus, "startup_workers": len(self.pids)}
+        if self.open:
+            out["startup_end"] = (
+                f"the run ended first: {len(self.pids)} of {self.cpus} Ray CPUs had run a task in its "
+                f"{self.batches} batch(es), so its steps hold Ray's start-up"
+            )
+            return out
+        out |= {"startup_steps": self.batches, "startup_ms": round(self.end_s * 1000, 3)}
+        out["startup_end"] = self.bounded or f"every Ray CPU ({self.cpus}) had run a task"
+        return out
 
 
 def reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S, via: str = "RAY_ADDRESS") -> None:
@@ -192,6 +267,17 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
+def run_cpus(config: dict[str, Any]) -> int:
+    """The Ray CPUs the run has: those its instance was started or found with (``ray_cpus``), else the shared
+    instance's (a test's), at least 1."""
+    cpus = config.get("ray_cpus")
+    if not isinstance(cpus, int | float):
+        import ray
+
+        cpus = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+    return max(1, int(cpus))
+
+
 def read_tasks(count: int) -> int:
     """The Ray tasks an epoch of ``count`` batches is read and loaded by: one a batch up to ``TASKS_MIN``, else
     ``BATCHES_PER_TASK`` batches a task (at least ``TASKS_MIN``, so that a cluster's CPUs still share an epoch)."""
@@ -234,6 +320,8 @@ class RayBatches:
         self.iterations: list[Any] = []  # the DatasetStats each epoch's iteration updated (Ray's own timers)
         self.lost_before: set[str] | None = None  # the instance's lost workers when the run began (lost_workers)
         self.item_bytes: int | None = None  # one item's bytes in a batch (batch_bytes)
+        self.startup: StartUp | None = None  # made at the first epoch, which it starts with (t_startup)
+        self.t_startup = 0.0
 
     def start(self) -> None:
         """Connect to the instance at ``RAY_ADDRESS`` or the running one, else start a local one for this run."""
@@ -296,7 +384,11 @@ class RayBatches:
         order = self.indices()
         count = max(1, -(-len(order) // spec.batch_size))
         by_value(self.dataset)
-        load = LoadItems(self.dataset, self.epoch, order, spec.batch_size)
+        if self.startup is None:
+            self.startup, self.t_startup = StartUp(min(run_cpus(self.config), read_tasks(count))), t0
+        startup = self.startup
+        tag = startup.open
+        load = LoadItems(self.dataset, self.epoch, order, spec.batch_size, tag=tag)
         ds = epoch_dataset(count, self.batch_bytes(), load)
         self.epoch += 1
         self.last = it = ds.iterator()
@@ -311,10 +403,14 @@ class RayBatches:
                 if self.first_wait_s is None:
                     self.first_wait_s = time.perf_counter() - t0
                     self.config["first_batch_ms"] = round(self.first_wait_s * 1000, 3)
+                if tag and startup.open and startup.feed(batch_pids(batch), time.perf_counter() - self.t_startup):
+                    self.config.update(startup.to_config())
                 yield batch["x"], batch["y"]
         finally:
             # at the epoch's end or when the loop closes it early: Ray's figures are in config before the run ends
             self.config["ray_stats"] = self.stats()
+            if startup.open:
+                self.config.update(startup.to_config())
             self.note_lost()
 
     def stats(self) -> dict[str, Any] | None:

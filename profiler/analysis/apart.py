@@ -9,6 +9,10 @@ closing ended (at another step's batch arrival, or at the run's close, after its
 where it starts before the span ends and ends after it begins. Steps from ``meta["kernel_window_tail_from"]`` on
 are the tail window's (run after the measured steps, where the run's length is known) and are held whether or not
 the window opened.
+
+The loader's start-up is held out the same way, and shown by its loader's view: the run's first
+``meta["loader"]["startup_steps"]`` steps (the ray pipeline's, until every Ray CPU had run a task; a Ray CPU's
+worker starts when its first task does, on a step after the first batch), whether or not they were warm-up.
 """
 
 from __future__ import annotations
@@ -20,11 +24,37 @@ from dataclasses import dataclass
 
 from profiler.core.rows import TAIL_KEY, KernelWindow, RunRecord, StepRow, held_steps
 
+# meta.loader's key: the run's first steps that were the loader's start-up (the ray pipeline's, until every Ray CPU
+# had run a task: pipelines.ray_data.StartUp), held out of the measured steps as warm-up is
+STARTUP_KEY = "startup_steps"
+
+
+def startup_steps(meta: dict[str, object]) -> int:
+    """How many of the run's first steps the loader named its start-up (0: none)."""
+    loader = meta.get("loader")
+    n = loader.get(STARTUP_KEY) if isinstance(loader, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
+
 
 def measured_steps(rec: RunRecord) -> list[StepRow]:
-    """The run's measured steps: neither warm-up nor held by a kernel window."""
+    """The run's measured steps: neither warm-up, nor the loader's start-up (where a step is left after it: see
+    :func:`startup_held`), nor held by a kernel window."""
     held = held_steps(spans(rec.windows), rec.steps, rec.meta.get(TAIL_KEY))
-    return [s for s in rec.steps if not s.warmup and s.step not in held]
+    steps = [s for s in rec.steps if not s.warmup and s.step not in held]
+    first = startup_steps(rec.meta)
+    after = [s for s in steps if s.step >= first]
+    return after or steps
+
+
+def startup_held(rec: RunRecord) -> bool:
+    """Whether the loader's start-up is held out of the measured steps: it is named and a measured step is left
+    after it (a start-up that lasted past them all is not: the figures then include it, and the loader's view says
+    so)."""
+    first = startup_steps(rec.meta)
+    if not first:
+        return False
+    held = held_steps(spans(rec.windows), rec.steps, rec.meta.get(TAIL_KEY))
+    return any(not s.warmup and s.step >= first and s.step not in held for s in rec.steps)
 
 
 def spans(windows: Iterable[KernelWindow]) -> list[tuple[float, float]]:

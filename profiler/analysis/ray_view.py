@@ -5,10 +5,11 @@ The ``ray`` pipeline stores Ray's figures for its latest epoch in the loader's c
 its tasks and the streaming executor's backpressure on it; for the iteration the seconds the training thread was
 blocked in ``iter_batches``, the first batch's share of them and the batches delivered. This module reads that
 record and puts Ray's steady-state blocked time per batch beside the data wait stallscope measured per step on its
-own clock. Every figure here except ``loop_data_wait_ms`` is Ray's, and says so when rendered; nothing is
-re-measured. Ray counts every batch of the epoch, the run's warm-up steps' included, so the loop's wait is compared
-over the same batches (the run's last ``batches`` steps), not over the measured steps alone. Pure: no I/O, no Ray
-import.
+own clock. Every figure here except ``loop_data_wait_ms``, ``loop_epoch_wait_ms`` and the run's start-up (the
+pipeline's own, ``startup_*``: its first steps, until every Ray CPU had run a task) is Ray's, and says so when
+rendered; nothing is re-measured. Ray counts every batch of the epoch, the run's warm-up steps' included, so the
+loop's wait is compared over the same batches (the run's last ``batches`` steps), not over the measured steps alone.
+Pure: no I/O, no Ray import.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from typing import TypedDict
 
 from profiler.analysis.meta import JSON
 from profiler.analysis.stats import json_safe
@@ -68,6 +70,15 @@ class RayView:
     loop_epoch_wait_ms: float
     headline: str
     workers_lost: int = 0  # Ray's worker processes lost mid-run (killed, crashed): Ray re-ran their tasks
+    # MEASURED by the pipeline (its clock and the batches' worker pids, pipelines.ray_data.StartUp): the run's first
+    # ``startup_steps`` steps, until every one of ``startup_cpus`` Ray CPUs had run a task (``startup_workers``
+    # distinct workers delivered), ``startup_ms`` from the first epoch's start; held out of the measured steps
+    # (profiler.analysis.apart). 0 steps: none held (``startup_end`` says why)
+    startup_steps: int = 0
+    startup_ms: float = math.nan
+    startup_cpus: int = 0
+    startup_workers: int = 0
+    startup_end: str = ""
     method: str = METHOD
 
     @property
@@ -87,7 +98,10 @@ class RayView:
 
     def to_dict(self) -> JSON:
         out: JSON = asdict(self)
-        out["source"] = f"{LABEL} own: every figure but loop_data_wait_ms and loop_epoch_wait_ms (stallscope's clock)"
+        out["source"] = (
+            f"{LABEL} own: every figure but loop_data_wait_ms and loop_epoch_wait_ms (stallscope's clock) and the "
+            "startup_ figures (the pipeline's clock and its batches' worker pids)"
+        )
         out["blocked_ms_per_batch"] = self.blocked_ms_per_batch
         out["apart"] = self.apart
         out["operators"] = [
@@ -124,10 +138,18 @@ def epoch_wait_ms(step_waits_s: Sequence[float], batches: int) -> float:
     return 1e3 * math.fsum(step_waits_s[len(step_waits_s) - batches + 1 :]) / (batches - 1)
 
 
-def ray_view(loader: object, *, data_wait_ms: float, steps: int, step_waits_s: Sequence[float] = ()) -> RayView | None:
+def ray_view(
+    loader: object,
+    *,
+    data_wait_ms: float,
+    steps: int,
+    step_waits_s: Sequence[float] = (),
+    startup_held: bool = True,
+) -> RayView | None:
     """The view from the loader's config (``meta.loader``) of a run; None where it holds no ``ray_stats``.
     ``data_wait_ms``: the loop's measured data wait per step over ``steps`` measured steps; ``step_waits_s``:
-    every recorded step's data wait, in order, warm-up included (:func:`epoch_wait_ms`)."""
+    every recorded step's data wait, in order, warm-up included (:func:`epoch_wait_ms`); ``startup_held``: whether
+    the analysis held the start-up out of the measured steps (``profiler.analysis.apart.startup_held``)."""
     if not isinstance(loader, dict) or not isinstance(stats := loader.get("ray_stats"), dict):
         return None
     ops = tuple(op for raw in stats.get("operators") or [] if (op := _operator(raw)) is not None)
@@ -145,8 +167,47 @@ def ray_view(loader: object, *, data_wait_ms: float, steps: int, step_waits_s: S
         loop_epoch_wait_ms=epoch_wait_ms(step_waits_s, batches),
         headline="",
         workers_lost=lost if isinstance(lost := loader.get("ray_workers_lost"), int) else 0,
+        **_startup(loader, startup_held),
     )
     return replace(view, headline=headline(view))
+
+
+class _StartUp(TypedDict):
+    startup_steps: int
+    startup_ms: float
+    startup_cpus: int
+    startup_workers: int
+    startup_end: str
+
+
+def _startup(loader: dict[str, object], held: bool) -> _StartUp:
+    """The start-up's figures as the pipeline stored them (absent: none); ``held``: held out of the measured steps."""
+
+    def count(key: str) -> int:
+        v = loader.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+    end = loader.get("startup_end")
+    end = end if isinstance(end, str) else ""
+    if count("startup_steps") and not held:
+        end += "; it lasted past the measured steps, so it is not held out: the figures include it"
+    return {
+        "startup_steps": count("startup_steps") if held else 0,
+        "startup_ms": _num(loader.get("startup_ms")),
+        "startup_cpus": count("startup_cpus"),
+        "startup_workers": count("startup_workers"),
+        "startup_end": end,
+    }
+
+
+def startup_line(view: RayView) -> str:
+    """The start-up in words ("" where the run recorded none)."""
+    if view.startup_steps > 0:
+        return (
+            f"Ray's start-up: steps 0-{view.startup_steps - 1} ({view.startup_ms / 1e3:.2f} s from the first epoch's "
+            f"start; {view.startup_end}), held out of the measured steps with the warm-up"
+        )
+    return f"Ray's start-up: none held out ({view.startup_end})" if view.startup_end else ""
 
 
 def _ms(v: float) -> str:
@@ -176,4 +237,4 @@ def headline(view: RayView) -> str:
     )
     if busiest is not None:
         out += f"; most CPU ({LABEL}): {busiest.name}, {busiest.cpu_ms_per_row:.2f} ms a row"
-    return out
+    return out + (f"; {line}" if (line := startup_line(view)) else "")

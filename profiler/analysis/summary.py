@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypedDict
 
-from profiler.analysis.apart import WindowsApart, measured_steps, windows_apart
+from profiler.analysis.apart import WindowsApart, measured_steps, startup_held, windows_apart
 from profiler.analysis.attribution import unattributed_workers
 from profiler.analysis.contention import Contention, contention_of
 from profiler.analysis.gpu import (
@@ -384,6 +384,7 @@ def _summary(
             data_wait_ms=timing.breakdown.data_wait,
             steps=m.n,
             step_waits_s=[st.data_wait_s for st in rec.steps],
+            startup_held=startup_held(rec),
         ),
         **steps_taken(rec),
         **_loader_parts(figures),
@@ -454,7 +455,8 @@ class _LoaderFigures(TypedDict):
 
 
 def _measured(rec: RunRecord, notes: list[str], totals: PhaseTotals | None = None) -> _Measured:
-    """The steps every timed figure is over: neither warm-up nor held by a kernel window (analysis.apart)."""
+    """The steps every timed figure is over: neither warm-up, the loader's start-up nor held by a kernel window
+    (analysis.apart)."""
     measured = measured_steps(rec)
     if not measured and rec.steps:
         notes.append(f"all {len(rec.steps)} recorded steps were warm-up steps: figures are from no measured step")

@@ -41,6 +41,12 @@ def simulated_line(s: Summary) -> str | None:
     )
 
 
+def _startup_words(s: Summary) -> str:
+    """The loader's start-up steps held out beyond the warm-up (analysis.apart), in words ("" where none)."""
+    more = (s.ray.startup_steps if s.ray is not None else 0) - s.warmup_steps
+    return f" and {more} more of Ray's start-up" if more > 0 else ""
+
+
 def breakdown_title(s: Summary) -> str:
     sim = "; compute runs on the SIMULATED device" if s.device.simulated else ""
     return f"Per-step breakdown (measured steps, mean{sim})"
@@ -61,7 +67,7 @@ def figure_rows(s: Summary) -> list[tuple[str, str]]:
                 "prep rate" if s.loader_only else "throughput",
                 num(s.throughput_samples_per_s, "{:.1f}", " samples/s")
                 + f"  ({s.samples_measured} samples in {num(s.measured_s, '{:.1f}', ' s')}, "
-                f"{s.steps} steps after {s.warmup_steps} warm-up)",
+                f"{s.steps} steps after {s.warmup_steps} warm-up{_startup_words(s)})",
             )
         )
         rows.append(
