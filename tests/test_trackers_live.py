@@ -55,6 +55,10 @@ def run_until(s: Session, truth: Truth, done: Callable[[], bool], deadline_s: fl
 def _points(tb: Path, tag: str) -> list[Any]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # the sampler process makes the directory with its first point: a loaded CI's look came before it, and
+    # tensorboard's reader raised NotFoundError where it means "no point yet"
+    if not tb.is_dir():
+        return []
     acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
     acc.Reload()
     return list(acc.Scalars(tag)) if tag in acc.Tags()["scalars"] else []
