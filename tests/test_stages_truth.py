@@ -105,10 +105,15 @@ def test_stage_times_bottleneck_and_capacity_match_the_data_sets_own_timing(
     # throughput over that bound is held to the workers' own share of time in their stages over the measured
     # window, by the data set's clock in the same run. Measured: within 0.016 of it in 12 runs on a quiet host, 0.031
     # in 12 beside two busy loops, and 0.028 in 8 beside four busy loops with the four cases at once (the share
-    # 0.93-0.99 throughout)
-    bound = 2e3 / math.fsum(s["ms_per_item"] for s in st["stages"])
+    # 0.93-0.99 throughout). The bound is over the stages the data set times (fetch, decode, augment: its share's
+    # "inside"), not the collate, which runs outside ``__getitem__`` and so counts outside on the share's side: a
+    # loaded fresh-clone CI read the collate at 1.43 ms an item (beside 2.14 + 1.95 + 8.60 ms of stages, each within
+    # 0.03 ms of the data set's own), and with it in the bound 0.952 against a share of 0.843; without it, 0.855.
+    # Without it, the four cases read within 0.000-0.033 of the share in 3 runs beside two busy loops (with it, the
+    # augment case 0.059-0.076 off in the same runs), and within 0.018 in 2 quiet runs
+    bound = 2e3 / math.fsum(s["ms_per_item"] for s in st["stages"] if s["name"] in spent)
     ratio = summary["throughput_samples_per_s"] / bound
-    story = f"throughput {summary['throughput_samples_per_s']:.1f} / the stages' bound {bound:.1f}"
+    story = f"throughput {summary['throughput_samples_per_s']:.1f} / the data set's stages' bound {bound:.1f}"
     assert abs(ratio - share) <= RATIO_TOLERANCE, (f"{story} = {ratio:.3f}, in the stages {share:.3f}", st)
     assert st["demand_samples_per_s"] > 2 * st["capacity_samples_per_s"]  # a 4 ms model would take far more
     assert os.path.exists(tmp_path / "run" / "run.sqlite")
