@@ -117,7 +117,7 @@ def batch_pids(batch: dict[str, Any]) -> list[int]:
     pids = batch.get(PID)
     if pids is None:
         return []
-    return sorted({int(p) for p in np.unique(np.asarray(pids)).tolist()})
+    return [int(p) for p in np.unique(np.asarray(pids))]  # sorted and distinct
 
 
 class StartUp:
@@ -155,10 +155,10 @@ class StartUp:
             )
         return not self.open
 
-    def to_config(self) -> dict[str, Any]:
+    def to_config(self) -> dict[str, int | float | str]:
         """What the loader's config says of it (``meta.loader``). ``startup_steps``: the run's first steps that were
         start-up, held out of the measured ones; absent while it is open (a run that ended first holds none)."""
-        out: dict[str, Any] = {"startup_cpus": self.cpus, "startup_workers": len(self.pids)}
+        out: dict[str, int | float | str] = {"startup_cpus": self.cpus, "startup_workers": len(self.pids)}
         if self.open:
             out["startup_end"] = (
                 f"the run ended first: {len(self.pids)} of {self.cpus} Ray CPUs had run a task in its "
@@ -403,7 +403,7 @@ class RayBatches:
                 if self.first_wait_s is None:
                     self.first_wait_s = time.perf_counter() - t0
                     self.config["first_batch_ms"] = round(self.first_wait_s * 1000, 3)
-                if tag and startup.open and startup.feed(batch_pids(batch), time.perf_counter() - self.t_startup):
+                if tag and startup.feed(batch_pids(batch), time.perf_counter() - self.t_startup):
                     self.config.update(startup.to_config())
                 yield batch["x"], batch["y"]
         finally:
