@@ -71,7 +71,7 @@ class Session:
     __slots__ = (
         "__weakref__", "_clock", "_error", "_exporter", "_hooks", "_kw", "_kw_plan", "_kw_recorder", "_max_lag",
         "_meta", "_recent", "_recorder", "_row_sinks", "_rows_asked", "_st", "_started", "_status", "_steps",
-        "_stream", "_t0", "_timer", "device", "out_dir", "sample_hz", "warmup",
+        "_stream", "_t0", "_timer", "device", "out_dir", "phase", "sample_hz", "warmup",
     )  # fmt: skip
 
     def __init__(
@@ -127,6 +127,9 @@ class Session:
             clock, self._recorder, self.annotate,
             warmup=warmup, halts=store_errors == "raise", handoff_steps=min(HANDOFF_STEPS, max_lag + 1),
         )  # fmt: skip
+        # ``with s.phase(name):`` times a named part of the current step (a context manager, one per name). It is
+        # the phase table's own lookup, C for a name seen before: no Python frame a step (clock.PhaseTable)
+        self.phase: Callable[[str], Phase] = self._st.phases.__getitem__
         if steps is not None:  # the loop's end, where the workers' last memory reading is asked before it
             self._st.wreads.run_length(steps)
         # where the step events go (set at start): a hook's stream (the sampler process's ring), rows made here
@@ -175,7 +178,7 @@ class Session:
         to start ends those started before it, and its error propagates."""
         if self._started:
             return self
-        self._started = True
+        self._started = self._st.phases.started = True
         self._t0 = self._clock()
         if self._timer is None:
             self._timer = make_timer(self.device, self._now)
@@ -311,10 +314,6 @@ class Session:
             raise RuntimeError("Session.wrap() needs a started session: use `with Session(...) as s:`")
         self.note_loader(iterable)
         return self._st.wrap(iterable, samples)
-
-    def phase(self, name: str) -> Phase:
-        """Context manager timing a named part of the current step."""
-        return self._st.phase(name, self._started)
 
     @property
     def in_step(self) -> bool:

@@ -115,15 +115,35 @@ class Phase:
             c.unattributed += 1
 
 
+class PhaseTable(dict[str, Phase]):
+    """The phases by name, made on first use. ``Session.phase`` is this dict's own ``__getitem__``: a loop that
+    writes ``with s.phase("compute"):`` every step finds a known phase in C, with no Python frame (two method calls
+    before, each a few us on a step whose caches the model's compute has emptied: docs/benchmarks.md, the fast
+    loop); a name not seen yet goes through :meth:`__missing__`. Until the Session starts (``started``) a phase is
+    not kept: it counts as outside any step."""
+
+    __slots__ = ("_clock", "started")
+
+    def __init__(self, clock: StepClock) -> None:
+        super().__init__()
+        self._clock, self.started = clock, False
+
+    def __missing__(self, name: str) -> Phase:
+        if not self.started:  # nothing to charge it to yet: it counts as outside any step
+            return Phase(self._clock, name, -1)
+        p = self[name] = Phase(self._clock, name, self._clock.name_id(name))
+        return p
+
+
 class StepClock:
     """The open step, the phase stack and where the step events go. The Session that owns it sets ``marks``,
     ``windows`` and ``read_edges`` at its start, and where the events go (:meth:`send_to`, :meth:`keep_rows`)."""
 
     # slotted: the hot path's attributes sit at fixed offsets (a step's few reads and writes touch little memory)
     __slots__ = (
-        "_annotate", "_at_tick", "_halts", "_handoff_steps", "_last_tick", "_phases", "_recorder", "_sink",
-        "_tick_step", "_tick_t", "clock", "closed", "edges", "here", "marks", "names", "next_index", "put",
-        "read_edges", "stack", "step", "taken", "unattributed", "waiting_since", "windows", "wreads",
+        "_annotate", "_at_tick", "_halts", "_handoff_steps", "_last_tick", "_recorder", "_sink",
+        "_tick_step", "_tick_t", "clock", "closed", "edges", "here", "marks", "names", "next_index", "phases",
+        "put", "read_edges", "stack", "step", "taken", "unattributed", "waiting_since", "windows", "wreads",
     )  # fmt: skip
 
     def __init__(
@@ -153,7 +173,7 @@ class StepClock:
         self.taken: memoryview = memoryview(bytearray(8)).cast("q")
         self.here: RowsHere | None = None  # the rows made in this process, once a hook or `recent` wants them
         self.names: dict[int, str] = {}  # the phase names' ids in the stream
-        self._phases: dict[str, Phase] = {}
+        self.phases = PhaseTable(self)
         self.stack: list[str] = []
         self.step, self.next_index, self.unattributed = -1, 0, 0  # the open step (-1: none), the next one's index
         self.waiting_since: float | None = None  # a clock reading while wrap()'s next() is in progress
@@ -350,15 +370,12 @@ class StepClock:
             self.end(self.clock() if t_end is None else t_end, x)
             self.flush()
 
-    def phase(self, name: str, started: bool) -> Phase:
-        p = self._phases.get(name)
-        if p is None:
-            if not started:  # nothing to charge it to yet: it counts as outside any step
-                return Phase(self, name, -1)
-            p = self._phases[name] = Phase(self, name, self._name_id(name))
-        return p
+    def phase(self, name: str) -> Phase:
+        """The phase named ``name`` (``phases[name]``, which a Session hands out as its ``phase``)."""
+        return self.phases[name]
 
-    def _name_id(self, name: str) -> int:
+    def name_id(self, name: str) -> int:
+        """A phase name's id in the step events (announced to the sink the first time)."""
         ident = self._sink.name_id(name)
         self.names[ident] = name
         return ident
@@ -367,7 +384,7 @@ class StepClock:
         if self.step < 0:
             self.unattributed += 1
             return
-        self.put((SPAN, self._name_id(name), t_start, t_end, NAN))
+        self.put((SPAN, self.name_id(name), t_start, t_end, NAN))
 
     def close(self) -> list[str]:
         """The run ends: the open step ends now, the kernel windows close, every device mark and event is handed on.
