@@ -73,6 +73,10 @@ class Session:
         "_meta", "_recent", "_recorder", "_row_sinks", "_rows_asked", "_st", "_started", "_status", "_steps",
         "_stream", "_t0", "_timer", "device", "out_dir", "phase", "sample_hz", "warmup",
     )  # fmt: skip
+    # ``with s.phase(name):`` times a named part of the current step (a context manager, one per name). It is the
+    # phase table's own lookup, C for a name seen before: no Python frame a step (core.steps.clock.PhaseTable)
+    phase: Callable[[str], Phase]
+    _kw: KernelWindows | None  # the kernel windows' schedule, from the start where the device has a recorder
 
     def __init__(
         self,
@@ -118,18 +122,15 @@ class Session:
         self._hooks = HookSet([*sinks.hooks, sinks.recorder, *hooks])  # an exporter binds first
         self._exporter, self._timer = sinks.exporter, timer
         self._kw_plan = kernel_windows if not isinstance(kernel_windows, str) else parse_plan(kernel_windows)
-        self._kw_recorder = kernel_recorder
-        self._kw: KernelWindows | None = None
+        self._kw_recorder, self._kw = kernel_recorder, None
         self._steps, self._started, self._t0 = steps, False, 0.0
-        self._status: str | None = None
+        self._status: str | None = None  # the run's end, once known, and its error
         self._error: str | None = None
         self._st = StepClock(
             clock, self._recorder, self.annotate,
             warmup=warmup, halts=store_errors == "raise", handoff_steps=min(HANDOFF_STEPS, max_lag + 1),
         )  # fmt: skip
-        # ``with s.phase(name):`` times a named part of the current step (a context manager, one per name). It is
-        # the phase table's own lookup, C for a name seen before: no Python frame a step (clock.PhaseTable)
-        self.phase: Callable[[str], Phase] = self._st.phases.__getitem__
+        self.phase = self._st.phases.__getitem__
         if steps is not None:  # the loop's end, where the workers' last memory reading is asked before it
             self._st.wreads.run_length(steps)
         # where the step events go (set at start): a hook's stream (the sampler process's ring), rows made here
