@@ -9,23 +9,32 @@ What it takes, each measured (docs/whatif.md, "Ray Data on N CPUs"):
   beyond the base's loader (its block building and object-store put), the trainer's per-batch hand-off (Ray's
   "user thread blocked" time less its "blocked on production": fetching and converting a finished batch), and the
   host CPU per sample the whole ray run took outside its map tasks (the trainer's loop, Ray's driver threads,
-  raylet): without such a run Ray's cost is left out, and said so.
+  raylet): without such a run Ray's cost is left out, and said so;
+- from the same run's host sampler, its task workers' loop threads (where a Ray worker runs its tasks): their CPU
+  per sample beyond Ray's count of the tasks' (a task's start, the block's put), their wait for a core per CPU
+  second, and their idle between tasks per batch where the run's loop waited for data (:class:`TaskWorkers`).
 
 Remote CPUs (the default) take the tasks off this host: the loader's period is their CPU per batch over N, the
 trainer's step gains the hand-off, and what stays here (the host CPU outside the tasks) shares the base run's free
 cores. ``local`` (what ``--check`` measures: a Ray instance of N CPUs on this host) puts the tasks' CPU on those
-cores too.
+cores too, and a Ray CPU holds a batch for its CPU seconds stretched as the ray run's workers' were (at another
+CPU count by the change in the cores' fair share: ESTIMATED). Not modelled: how often Ray Data leaves a CPU without
+a task with several local CPUs (two on a 2-core host idled 9-16 ms a batch each, one 0-2 ms; docs/whatif.md).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from profiler.whatif.model import Host, LoaderCost, MeasuredRun, Prediction, Target, steady
 
 RAY = "ray"
+# a ray run's measured step this many times their median is an event (a task's start under load, 0.8-1.0 s at step 5
+# of mlp-mnist's runs on a loaded 2-core host), not the steady state: said so beside the predictions
+LONG_STEP = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +48,8 @@ class RayFigures:
     handoff_s_per_batch: float  # (user thread blocked - blocked on production) / batches (Ray's own timers)
     host_cpu_s_per_sample: float  # the training process and its children (Ray's processes) per sample (sampler)
     task_wall_s_per_sample: float = math.nan  # each operator's wall_s over its rows, summed (Ray's own; NaN: none)
+    workers: TaskWorkers | None = None  # the task workers' loop threads on this host (host sampler; None: not read)
+    long_step: str = ""  # the run's longest measured step, in words, where it is an event (long_step); else ""
 
     @property
     def wall_per_cpu(self) -> float:
@@ -50,8 +61,83 @@ class RayFigures:
         return max(1.0, self.task_wall_s_per_sample / self.task_cpu_s_per_sample)
 
 
+@dataclass(frozen=True, slots=True)
+class TaskWorkers:
+    """What the ray run's task workers did per batch on this host: the loop threads (where a Ray worker runs its
+    tasks) of its ``cpus`` worker processes with the most CPU, from the host sampler (schedstat: on a CPU, waiting
+    for one; the rest of the wall time off a CPU). Per batch of the run, summed over those workers."""
+
+    cpus: int  # the ray run's Ray CPUs
+    cpu_s: float  # on a CPU: the tasks (Ray's cpu_s) and their framing (a task's start, its blocks' put)
+    runq_s: float  # waiting for a core: the host's cores shared with the trainer, Ray's processes, the rest
+    idle_s: float  # off a CPU and not waiting for one: between tasks (NaN: the run's loop did not wait for data)
+    rest_cores: float  # what the rest of the host ran meanwhile, in cores (the host's CPU less these workers')
+    usable_cores: int
+
+    @property
+    def stretch(self) -> float:
+        """How much longer the loop threads held a batch than they computed it: (on a CPU + waiting) / on a CPU."""
+        return 1.0 + self.runq_s / self.cpu_s if self.cpu_s > 0 else 1.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ray_cpus": self.cpus,
+            "cpu_seconds_per_batch": self.cpu_s,
+            "runq_seconds_per_batch": self.runq_s,
+            "idle_seconds_per_batch": None if math.isnan(self.idle_s) else self.idle_s,
+            "rest_of_host_cores": self.rest_cores,
+            "usable_cores": self.usable_cores,
+        }
+
+
+def task_workers(
+    processes: Sequence[tuple[float, float]],
+    cpus: int,
+    step_s: float,
+    *,
+    host_cores: float,
+    usable_cores: int,
+    waited: bool,
+) -> TaskWorkers | None:
+    """The ray run's task workers from its loader processes' loop threads (``processes``: each worker process's
+    (% on a CPU, % waiting for one) of wall time), ``cpus`` Ray CPUs, a step every ``step_s``; ``host_cores``: the
+    cores the whole host ran meanwhile; ``waited``: its loop waited for data (the idle is the loader's own then, not
+    the loop's slowness). None with fewer processes than CPUs."""
+    top = sorted(processes, key=lambda p: -p[0])[:cpus]
+    if cpus < 1 or len(top) < cpus or step_s <= 0:
+        return None
+    # each of the N workers makes 1/N of the batches and holds each for N steps: per batch, their shares add up
+    on, runq = (math.fsum(p[i] for p in top) / 100 * step_s for i in (0, 1))
+    idle = math.fsum(max(0.0, 100 - p[0] - p[1]) for p in top) / 100 * step_s if waited else math.nan
+    rest = max(0.0, host_cores - math.fsum(p[0] for p in top) / 100)
+    return TaskWorkers(cpus, on, runq, idle, rest, usable_cores)
+
+
+def long_step(step_ms: Sequence[float]) -> str:
+    """A sentence naming a run's longest measured step where it is ``LONG_STEP`` times their median or more, else
+    "": every per-batch figure of the run (its CPU over its mean step) carries that step's work."""
+    if len(step_ms) < 3:
+        return ""
+    med = statistics.median(step_ms)
+    i = max(range(len(step_ms)), key=step_ms.__getitem__)
+    if not med > 0 or step_ms[i] < LONG_STEP * med:
+        return ""
+    return (
+        f"the ray run's measured step {i + 1} of {len(step_ms)} took {step_ms[i]:.0f} ms, {step_ms[i] / med:.0f}x "
+        f"their median ({step_ms[i] / math.fsum(step_ms):.0%} of their time): its per-batch figures carry that "
+        "step's work (the ray rows are lower for it); a longer --ray-run dilutes it"
+    )
+
+
 def ray_figures(
-    run_dir: str, scenario: str, batch_size: int, stats: dict[str, object], host_cpu_s: float
+    run_dir: str,
+    scenario: str,
+    batch_size: int,
+    stats: dict[str, object],
+    host_cpu_s: float,
+    *,
+    workers: TaskWorkers | None = None,
+    step_ms: Sequence[float] = (),
 ) -> RayFigures:
     """``stats``: a ray run's ``ray_stats`` (pipelines.ray_stats.read_stats); ValueError naming what is missing."""
     ops = [o for o in stats.get("operators") or [] if isinstance(o, dict)]  # type: ignore[attr-defined]
@@ -71,7 +157,9 @@ def ray_figures(
     # each operator's wall seconds per row it produced, as its CPU (every operator has rows by now); NaN without
     timed = all(isinstance(o.get("wall_s"), int | float) for o in ops)
     wall = math.fsum(float(o["wall_s"]) / float(o["rows"]) for o in ops) if timed else math.nan
-    return RayFigures(run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s, wall)
+    return RayFigures(
+        run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s, wall, workers, long_step(step_ms)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +173,25 @@ class RayCost:
     outside_s: float  # host CPU per sample outside the map tasks in a ray run (NaN: not measured)
     source: str  # the ray run the overhead came from, or why it is not included
     wall_per_cpu: float = 1.0  # the ray run's tasks' wall seconds over their CPU seconds (RayFigures.wall_per_cpu)
+    # the ray run's task workers on this host (None: not read): what holds a Ray CPU besides the tasks' own CPU
+    workers: TaskWorkers | None = None
+    framing_s: float = 0.0  # per sample: a worker's CPU beyond Ray's cpu_s of its tasks (a task's start, the put)
+    idle_s: float = 0.0  # per batch: a worker off a CPU between its tasks while the loop waited for data
+    long_step: str = ""  # the ray run's event step, in words (RayFigures.long_step)
+
+    def stretch(self, n: int) -> float:
+        """How long a local Ray CPU holds a batch per CPU second of it with ``n`` CPUs on this host: the ray run's
+        task workers' own (on a CPU + waiting for one, over on a CPU) at its CPU count, and at another count that
+        times the change in the cores' fair share, ESTIMATED: ``n`` busy workers beside what the rest of the host
+        ran in the ray run (the trainer, Ray's processes, other processes), over the usable cores."""
+        w = self.workers
+        if w is None:
+            return self.wall_per_cpu
+
+        def share(k: int) -> float:
+            return max(1.0, (k + w.rest_cores) / max(1, w.usable_cores))
+
+        return w.stretch * share(n) / share(w.cpus)
 
     @property
     def measured(self) -> bool:
@@ -103,6 +210,8 @@ class RayCost:
             overhead_s=self.overhead_s * k,
             handoff_s=self.handoff_s * k,
             outside_s=self.outside_s * k,
+            framing_s=self.framing_s * k,
+            idle_s=self.idle_s * k,
         )
 
     def line(self) -> str:
@@ -114,6 +223,13 @@ class RayCost:
             f"{head} + Ray's map-task overhead {self.overhead_s * 1e3:.3g} ms/sample, the trainer's hand-off "
             f"{self.handoff_s * 1e3:.3g} ms/batch of {self.handoff_batch} and {self.outside_s * 1e3:.3g} ms/sample of "
             f"host CPU outside the tasks (MEASURED from {self.source}: Ray's own stats and the host sampler)"
+            + (
+                f"; a Ray CPU also holds a batch for its worker's {self.framing_s * 1e3:.3g} ms/sample of CPU beyond "
+                f"the tasks' and {self.idle_s * 1e3:.3g} ms/batch between tasks (MEASURED: the ray run's task "
+                "workers, host sampler)"
+                if self.workers is not None
+                else ""
+            )
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -127,6 +243,9 @@ class RayCost:
             "handoff_batch_size": self.handoff_batch,
             "host_cpu_outside_tasks_seconds_per_sample": num(self.outside_s),
             "task_wall_per_cpu": self.wall_per_cpu,
+            "worker_framing_seconds_per_sample": self.framing_s if self.workers is not None else None,
+            "worker_idle_seconds_per_batch": self.idle_s if self.workers is not None else None,
+            "task_workers": self.workers.to_dict() if self.workers is not None else None,
             "overhead_included": self.measured,
             "source": self.source,
         }
@@ -145,8 +264,23 @@ def ray_cost(run: MeasuredRun, cost: LoaderCost, figures: RayFigures | None, why
         overhead = max(0.0, figures.task_cpu_s_per_sample - cost.cpu_s)
     outside = max(0.0, figures.host_cpu_s_per_sample - figures.task_cpu_s_per_sample)
     where = "the base run itself" if run.pipeline == RAY else f"ray run {figures.run_dir}"
+    w = figures.workers
+    framing = idle = 0.0
+    if w is not None:
+        framing = max(0.0, w.cpu_s / figures.batch_size - figures.task_cpu_s_per_sample)
+        idle = 0.0 if math.isnan(w.idle_s) else w.idle_s
     return RayCost(
-        loader, overhead, figures.handoff_s_per_batch, figures.batch_size, outside, where, figures.wall_per_cpu
+        loader,
+        overhead,
+        figures.handoff_s_per_batch,
+        figures.batch_size,
+        outside,
+        where,
+        figures.wall_per_cpu,
+        w,
+        framing,
+        idle,
+        figures.long_step,
     )
 
 
@@ -158,9 +292,11 @@ def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> P
     b, n = t.batch_size, max(1, t.workers)
     batch_cpu = b * rc.task_s
     handoff = rc.handoff_s * b / rc.handoff_batch if rc.handoff_batch else 0.0
-    # a task holds its Ray CPU for its wall time: on this host (local) as long as the ray run's tasks held theirs
-    # per CPU second (they waited for this host's cores beside the trainer); a remote CPU for its CPU time
-    loader = batch_cpu * (rc.wall_per_cpu if local else 1.0) / n
+    # a Ray CPU holds a batch for its tasks' CPU, its worker's framing and its idle between tasks; on this host
+    # (local) its CPU seconds stretch as the ray run's workers' did waiting for this host's cores (without the
+    # workers' readings, as its tasks' wall time over their CPU); a remote CPU holds it for its CPU time
+    held = batch_cpu + b * rc.framing_s
+    loader = (held * (rc.stretch(n) if local else 1.0) + rc.idle_s) / n
     launch = host.overhead_s + t.launch_s + handoff
     dev = max(t.device_s, t.launch_s)
     fed = t.h2d_s + max(launch, dev)
@@ -173,13 +309,15 @@ def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> P
         parts["cores"] = here / host.free_cores
         period = max(period, parts["cores"])
     binding = max(parts, key=lambda k: parts[k])
-    cpus = max(1, math.ceil(batch_cpu / fed - 1e-9)) if fed > 0 else None
+    cpus = max(1, math.ceil((held + rc.idle_s) / fed - 1e-9)) if fed > 0 else None
     return steady(t, period, dev, parts, binding=binding, workers_needed=cpus, cores_needed=cpus)
 
 
 def ray_lines(rc: RayCost, host: Host, predictions: Sequence[Prediction], check: bool) -> list[str]:
     """What the ray predictions are made of and what their CPUs share, in words (the header's lines)."""
     out = [f"Ray Data on N CPUs (--ray-cpus), PREDICTED from {rc.line()}"]
+    if rc.long_step:
+        out.append(rc.long_step)
     if not check:
         out.append(
             "the N CPUs are remote, of this host's speed: the tasks do not share this host's cores with the trainer "
@@ -198,9 +336,16 @@ def ray_lines(rc: RayCost, host: Host, predictions: Sequence[Prediction], check:
     out.append(
         f"--check runs --pipeline ray on a local Ray instance of N CPUs on THIS host: its tasks share the base run's "
         f"{host.free_cores:.2g} free of {host.usable_cores} cores with the trainer, so the ray rows are PREDICTED for "
-        "this host (bound 'cores': every CPU second of a batch over the free cores; a task holds its Ray CPU "
-        f"x{rc.wall_per_cpu:.3g} its CPU time, as the ray run's tasks did, MEASURED by Ray) and each row's prediction "
-        "for N remote CPUs is predicted_remote_throughput_samples_per_s in the JSON"
+        "this host (bound 'cores': every CPU second of a batch over the free cores; "
+        + (
+            f"a Ray CPU holds a batch x{rc.workers.stretch:.3g} its CPU time, as the ray run's "
+            f"{rc.workers.cpus} task worker(s) did waiting for a core, MEASURED by the host sampler, and at other "
+            "CPU counts that times the change in the cores' fair share, ESTIMATED"
+            if rc.workers is not None
+            else f"a task holds its Ray CPU x{rc.wall_per_cpu:.3g} its CPU time, as the ray run's tasks did, "
+            "MEASURED by Ray"
+        )
+        + ") and each row's prediction for N remote CPUs is predicted_remote_throughput_samples_per_s in the JSON"
     )
     if cannot:
         out.append(

@@ -361,7 +361,8 @@ def notes(src: Source) -> list[str]:
 
 def ray_of(src: Source) -> RayFigures:
     """What ``src``, a run on the ray pipeline, measured of Ray (WhatIfError naming what is missing)."""
-    from profiler.whatif.ray import ray_figures
+    from profiler.analysis.verdict import HIGH
+    from profiler.whatif.ray import ray_figures, task_workers
 
     m = src.measured
     if m.pipeline != "ray":
@@ -370,9 +371,29 @@ def ray_of(src: Source) -> RayFigures:
     host_cpu = (math.fsum(_nan0(x) for x in (m.main_cpu_pct, m.workers_cpu_pct)) / 100) * m.step_ms / 1e3
     if not isinstance(stats, dict) or math.isnan(m.main_cpu_pct):
         raise WhatIfError(f"{src.run_dir}: a ray run without Ray's own stats or the host's CPU")
+    lt, s = src.summary.loader_time, src.summary
+    # the workers' loop threads, where Ray runs a task; their idle is the loader's own where the loop waited for data
+    workers = (
+        task_workers(
+            [(p.cpu, p.runq) for p in lt.processes if p.label != "main"],
+            max(1, m.workers),
+            m.step_ms / 1e3,
+            host_cores=s.host.sys_cpu_pct / 100 * m.usable_cores,
+            usable_cores=m.usable_cores,
+            waited=s.stall_fraction >= HIGH,
+        )
+        if lt is not None and not math.isnan(s.host.sys_cpu_pct)
+        else None
+    )
     try:
         return ray_figures(
-            str(src.run_dir), str(src.meta.get("scenario")), m.batch_size, stats, host_cpu / m.batch_size
+            str(src.run_dir),
+            str(src.meta.get("scenario")),
+            m.batch_size,
+            stats,
+            host_cpu / m.batch_size,
+            workers=workers,
+            step_ms=src.step_ms,
         )
     except ValueError as exc:
         raise WhatIfError(f"{src.run_dir}: {exc}") from None
