@@ -177,6 +177,9 @@ def _run(tmp: Path, name: str, *args: str) -> dict:
     return json.loads(res.stdout)
 
 
+# light (tests/scheduling.py): its four runs' items sleep (store_costs.py); 3.4-3.6 CPU-seconds (the warm server's
+# start left out) against 16.1 s in a fresh-clone CI run: 0.21-0.22 of a core (0.12-0.13 over 24-28 s here, load 4-5)
+@pytest.mark.light(seconds=16)
 def test_more_workers_are_advised_only_where_running_them_helps(tmp_path: Path) -> None:
     """The advice checked by running it: 100 kB an item from a store of 4 MB/s serving one read at a time, 2
     workers: the store is saturated, no advice adds workers, and 4 workers indeed deliver no more. The same items

@@ -1,11 +1,10 @@
 """`stallscope sweep`: the early-stop rule, the knee and the explained slowdowns, checked against scenario files
-of known cost (tests/data/scenarios/knee.py: a sleep-timed model, so a busy CPU does not move it; slowdown.py:
-per-item CPU work of known CPU time in the Dataset, which a busy CPU only makes slower), the failed-configuration
+of known cost (tests/data/scenarios/slowdown.py: per-item CPU work of known CPU time in the Dataset, which a busy CPU
+only makes slower; the knee of knee.py, a sleep-timed model, is tests/test_sweep_knee.py), the failed-configuration
 rows, --json, Ctrl-C mid-sweep and bad input."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -21,15 +20,11 @@ from typing import Any
 import pytest
 import warm
 from conftest import ROOT, stallscope, wait_until
-from rich.console import Console
 from test_cli import assert_one_line_error
+from test_sweep_knee import sweep_of
 
-from profiler.core.steps.device_timers import resolve_device
 from profiler.core.store import StepRow, load_run
-from profiler.drivers.runner import RunConfig
 from profiler.sweep.analysis import (
-    MIN_STEPS,
-    Config,
     SweepRow,
     analyse_sweep,
     explain_slowdown,
@@ -39,8 +34,8 @@ from profiler.sweep.analysis import (
     own_step_ms,
     relative_ci,
 )
-from profiler.sweep.render import render_sweep, sweep_svg
-from profiler.sweep.run import Harness, Limits, StopRule, run_sweep
+from profiler.sweep.render import sweep_svg
+from profiler.sweep.run import Limits, StopRule
 
 SCENARIOS = ROOT / "tests" / "data" / "scenarios"
 
@@ -234,82 +229,6 @@ def test_own_step_times_are_the_steps_less_their_cpu_wait(tmp_path: Path) -> Non
 # -- real sweeps over scenarios of known cost ---------------------------------------------------------------
 
 
-def _sweep(
-    tmp: Path, scenario: str, batches: list[int], workers: list[int], limits: Limits | None = None
-) -> tuple[Any, Path]:
-    import scenarios
-
-    out = tmp / "sweep"
-    base = RunConfig(out, resolve_device("cpu"))
-    h = Harness(scenario=scenarios.get(str(SCENARIOS / scenario)), base=base, limits=limits or Limits())
-    out.mkdir()
-    result, stopped = run_sweep(h, [Config("naive", b, w) for w in workers for b in batches], out)
-    assert stopped is None
-    return result, out
-
-
-@pytest.fixture(scope="module")
-def knee_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    return _sweep(tmp_path_factory.mktemp("knee"), "knee.py", [8, 16, 32, 64, 128], [0])
-
-
-def test_sweep_finds_the_injected_knee(knee_sweep: tuple[Any, Path]) -> None:
-    result, _ = knee_sweep
-    thr = {r.batch_size: r.throughput_samples_per_s for r in result.rows if r.ok}
-    # injected: 40, 80, 77.7, 38.8 samples/s (sleeps; the loop's own cost only lowers them a little)
-    assert thr[16] == pytest.approx(80, rel=0.2) and thr[8] == pytest.approx(thr[16] / 2, rel=0.15)
-    assert result.knee is not None and result.knee.batch_size == 16, result.knee
-    for r in result.rows:
-        if r.ok:
-            assert r.stop_reason == _rule_on_its_own_steps(r), r
-            # the row's interval is the one of its own recorded steps, all of them: the rule judged the steps
-            # before the last (a step is recorded when the next one starts), so one late last step on a busy
-            # machine widens the row's interval past the rule's (a stress pass: 30% on a row that stopped stable),
-            # and the row says so rather than the rule's narrower figure
-            d = [s.t_end - s.t_start for s in load_run(Path(r.run_dir)).steps if not s.warmup]
-            assert r.step_time_rel_ci == pytest.approx(relative_ci(d), rel=1e-9), r
-    # sleep-timed steps are steady: on a quiet host every configuration stops early, long before the cap of 30.
-    # Beside two busy processes one row in a stress pass ran to the cap: its steps had not settled, and the check
-    # above holds the rule to what the row's own steps say.
-    assert any(r.stop_reason == "stable" and r.steps < 30 for r in result.rows if r.ok), result.rows
-
-
-def _rule_on_its_own_steps(row: Any) -> str:
-    """Why the early-stop rule ends a row, recomputed from the row's own recorded steps: "stable" where a window of
-    its measured steps before the last (a step is recorded when the next starts, give or take one) meets
-    ``is_stable``, else "steps" (the cap)."""
-    d = [s.t_end - s.t_start for s in load_run(Path(row.run_dir)).steps if not s.warmup]
-    stable = [p for p in range(MIN_STEPS, len(d)) if is_stable(d[:p])]
-    if not stable:
-        return "steps"
-    # the rule fires at its first stable window: the row ends there (the step it judged after, and the last)
-    return "stable" if stable[0] >= len(d) - 2 else f"stable only at {stable[0]} of {len(d)} steps"
-
-
-def test_sweep_explains_the_injected_compute_slowdown(knee_sweep: tuple[Any, Path]) -> None:
-    result, _ = knee_sweep
-    assert [(s.batch_size, s.smaller_batch_size, s.cause) for s in result.slowdowns] == [(64, 32, "compute")]
-    assert result.slowdowns[0].drop == pytest.approx(0.5, abs=0.12)
-    assert "compute per sample grew" in result.slowdowns[0].text
-
-
-def test_a_failed_configuration_is_a_row_and_every_run_is_kept(knee_sweep: tuple[Any, Path]) -> None:
-    result, out = knee_sweep
-    oom = result.rows[-1]
-    assert (oom.batch_size, oom.status) == (128, "failed") and "OutOfMemoryError" in (oom.error or "")
-    for r in result.rows:
-        assert (out / r.name / "run.sqlite").exists()
-    assert load_run(out / "naive-b16-w0").meta["batch_size"] == 16
-    on_disk = json.loads((out / "sweep.json").read_text())
-    assert on_disk == json.loads(json.dumps(result.to_dict()))
-
-    buf = io.StringIO()
-    render_sweep(result, Console(file=buf, width=200, color_system=None), out)
-    text = buf.getvalue()
-    assert "Knee: knee (naive, 0 workers): batch 16" in text and "Slowdown [compute] batch 64" in text
-    assert "naive-b128-w0 failed: OutOfMemoryError" in text
-
-
 def _recorded_throughput(run_dir: Path) -> float:
     """Samples per second over a run's measured steps, from its store: their samples over their span."""
     steps = [st for st in load_run(run_dir).steps if not st.warmup]
@@ -328,7 +247,7 @@ def test_sweep_explains_the_injected_loader_slowdown(tmp_path: Path) -> None:
     text = (SCENARIOS / "slowdown.py").read_text()
     assert "\nSPILL_S = 0.010\n" in text
     scenario.write_text(text.replace("\nSPILL_S = 0.010\n", "\nSPILL_S = 0.020\n"))
-    result, _ = _sweep(tmp_path, str(scenario), [4, 8, 16], [0], Limits(steps=60))
+    result, _ = sweep_of(tmp_path, str(scenario), [4, 8, 16], [0], Limits(steps=60))
     rows = [(r.batch_size, round(r.throughput_samples_per_s, 1), round(r.step_time_rel_ci, 3)) for r in result.rows]
     found = [(s.batch_size, s.smaller_batch_size, s.cause) for s in result.slowdowns]
     assert found == [(16, 8, "loader")], (rows, result.notes)

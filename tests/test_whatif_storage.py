@@ -107,7 +107,8 @@ def measured(tmp_path: Path) -> Path:
         # alone (tests/scheduling.py): the prediction holds the host's load of the run measured just before, and the
         # check must run beside the same load. Beside two busy processes only, five tries read within 2.1% (185.7
         # predicted against 183.1 measured at the worst); beside three other tests as well, three stress passes of
-        # runs 46-48 read 15.2-19% (a test starting beside the checks took the cores from them, not from the run)
+        # runs 46-48 read 15.2-19% (a test starting beside the checks took the cores from them, not from the run).
+        # On 2026-11-29 beside two busy processes: +10.4% and +11.1% (the assert below says why)
         pytest.param(["--cached"], "cached", marks=pytest.mark.alone),
         # light (tests/scheduling.py): reads throttled to 6 MB/s; 0.18-0.20 of a core in four CI runs, 15 s
         pytest.param(["--storage-mbps", "6"], "store 6 MB/s", marks=pytest.mark.light(seconds=15)),
@@ -129,8 +130,21 @@ def test_whatif_storage_is_within_15_percent_of_its_check_run(measured: Path, fl
     )
     line = "Storage: cached" if label == "cached" else "Storage: a store of 6 MB/s"
     assert row["storage"] == label and d["storage_line"].startswith(line)
-    print(label, row["predicted_throughput_samples_per_s"], row["measured_throughput_samples_per_s"])
-    assert abs(row["relative_error"]) <= BOUND, row
+    low, high = row["predicted_throughput_samples_per_s_low"], row["predicted_throughput_samples_per_s_high"]
+    print(label, row["predicted_throughput_samples_per_s"], (low, high), row["measured_throughput_samples_per_s"])
+    assert low <= row["predicted_throughput_samples_per_s"] <= high, row
+    if label == "cached":
+        # the issue's rule for an absolute figure (#65, docs/whatif.md "How sure a prediction is"): within 15% or
+        # inside the prediction's stated 95% interval. The base is store-bound (40 samples/s), the check is not
+        # (~185), and beside busy processes only the faster configuration's workers wait on a lock and for a CPU at each
+        # hand-off: in the checks' loader time the workers were blocked on a lock up to 9% and runnable 3-5% of their
+        # time, against 0% and 2-3% quiet, where the base's workers showed no lock wait (0%). Net of those waits the
+        # checks' items took 10.5-11.6 ms against 10.8-10.9 predicted; with them, the prediction read 2-11% over its
+        # check in 5 tries beside two busy processes (intervals 143-241 and 148-229 in two), 15.6% in a loaded CI,
+        # and -19% to +19% in 12 tries as other work came and went, every check inside the interval (docs/testing.md)
+        assert abs(row["relative_error"]) <= BOUND or row["measured_inside_interval"], row
+    else:  # the store sets both the prediction and the check (its workers could do 75 samples/s against its 60)
+        assert abs(row["relative_error"]) <= BOUND, row
     check = json.loads((Path(row["check_run"]) / "summary.json").read_text())
     # the check ran what was predicted: no store when cached, the new store's rate otherwise
     assert (check["stages"]["store_mbps"] if check["stages"] else None) == (6 if "6" in label else None)
