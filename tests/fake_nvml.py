@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 from types import ModuleType, SimpleNamespace
 from typing import Any, NoReturn
@@ -188,6 +189,7 @@ def make_fake_nvml(script: dict[str, Any]) -> ModuleType:  # noqa: PLR0915 - one
             _fail("NotSupported")
         n = cursors[(index, fn)]
         if hang_after is not None and n >= hang_after:
+            state.setdefault("hung_at", time.perf_counter())  # when the first read hung (perf_counter)
             hanging.set()
             release.wait(timeout=60)
         if lost_after is not None and n >= lost_after:
