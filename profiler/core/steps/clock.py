@@ -370,10 +370,6 @@ class StepClock:
             self.end(self.clock() if t_end is None else t_end, x)
             self.flush()
 
-    def phase(self, name: str) -> Phase:
-        """The phase named ``name`` (``phases[name]``, which a Session hands out as its ``phase``)."""
-        return self.phases[name]
-
     def name_id(self, name: str) -> int:
         """A phase name's id in the step events (announced to the sink the first time)."""
         ident = self._sink.name_id(name)
