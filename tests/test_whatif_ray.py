@@ -127,10 +127,10 @@ def test_the_check_lines_name_the_cpu_counts_this_host_cannot_stand_in_for() -> 
         dataclasses.replace(predict_ray(_cost(), HOST, _target(n=n), local=True), remote_samples_per_s=500.0)
         for n in (1, 2)
     ]
-    lines = ray_lines(_cost(), HOST, preds, check=True)
+    lines = ray_lines([_cost()], HOST, preds, check=True)
     assert "PREDICTED for this host" in lines[1]
     assert lines[-1].startswith("this host cannot stand in for a cluster of N = 1 (1.2 cores), 2 (2.2 cores)")
-    assert "remote" in ray_lines(_cost(), HOST, preds, check=False)[-1]
+    assert "remote" in ray_lines([_cost()], HOST, preds, check=False)[-1]
 
 
 def test_the_advice_gives_the_cpus_the_loader_needs_where_the_cores_are_spent() -> None:
@@ -178,7 +178,7 @@ def test_whatif_ray_cpus_end_to_end(instance: str, tmp_path: Path, monkeypatch: 
     from profiler.whatif.source import storage_wait
 
     # 30 measured steps: at 10-12 ms a step the ray run's 6 were shorter than the sampler's 100 ms period, and one run
-    # in five here had no host CPU reading in them ("a ray run without Ray's own stats or the host's CPU")
+    # in five here had no host CPU reading in them ("a ray run without a host CPU reading in its measured steps")
     common = ["--device", "sim:v100", "--batch-size", "64", "--steps", "30", "--warmup", "2", "--no-live", "--json"]
     _cli("run", "mlp-mnist", "--workers", "0", "--out", str(tmp_path / "base"), *common)
     with monkeypatch.context() as m:
@@ -205,6 +205,10 @@ def test_whatif_ray_cpus_end_to_end(instance: str, tmp_path: Path, monkeypatch: 
     rows = {(r["pipeline"], r["workers"]): r for r in doc["predictions"]}
     one, four = rows[("ray", 1)], rows[("ray", 4)]
     assert one["ray_cpus"] == 1 and one["ray_cpus_on"] == "remote" and four["ray_cpus"] == 4
+    # both rows take the one ray run's figures (1 CPU); 4 CPUs is not its count, and the lines say so
+    assert one["ray_figures_from"] == four["ray_figures_from"] == f"ray run {tmp_path / 'ray'}"
+    assert one["ray_figures_cpus"] == four["ray_figures_cpus"] == 1
+    assert any(line.startswith("at 4 CPUs no ray run of that count was given") for line in rc["lines"])
     # remote CPUs: the tasks' period is a batch's task seconds over N, whatever this host's free cores
     assert one["parts_ms_per_step"]["loader"] == pytest.approx(64 * task * 1e3, rel=1e-6)
     assert four["parts_ms_per_step"]["loader"] == pytest.approx(16 * task * 1e3, rel=1e-6)

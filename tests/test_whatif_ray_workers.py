@@ -10,8 +10,18 @@ from types import SimpleNamespace
 import pytest
 
 from profiler.analysis.loader_time import ProcessTime
-from profiler.whatif.model import Host, LoaderCost, MeasuredRun, Target
-from profiler.whatif.ray import RayCost, long_step, predict_ray, ray_cost, ray_figures, ray_lines, task_workers
+from profiler.whatif.confidence import spread_of
+from profiler.whatif.model import Host, LoaderCost, MeasuredRun, Target, WhatIfError
+from profiler.whatif.ray import (
+    RayCost,
+    long_step,
+    predict_ray,
+    ray_cost,
+    ray_cost_at,
+    ray_figures,
+    ray_lines,
+    task_workers,
+)
 from profiler.whatif.source import ray_of
 
 B = 10
@@ -93,7 +103,7 @@ def test_without_the_workers_readings_a_task_holds_its_cpu_for_its_wall_time() -
     assert rc.stretch(2) == pytest.approx(1.2)  # Ray's wall_s over its cpu_s, as before
     assert predict_ray(rc, ROOMY, _target(1), local=True).parts_ms["loader"] == pytest.approx(12.0)
     assert "between tasks" not in rc.line() and rc.to_dict()["task_workers"] is None
-    lines = ray_lines(rc, ROOMY, [], check=True)
+    lines = ray_lines([rc], ROOMY, [], check=True)
     assert "MEASURED by Ray" in lines[1]
 
 
@@ -129,6 +139,17 @@ def test_a_ray_runs_task_workers_are_read_from_its_loader_processes() -> None:
     assert ahead is not None and math.isnan(ahead.idle_s)
     assert ray_of(_source(0.5, math.nan)).workers is None  # type: ignore[arg-type]
     assert f.long_step.startswith("the ray run's measured step 30 of 30 took 900 ms, 45x their median (61% of")
+    assert f.cpus == 1
+    # a ray run too short for a host reading inside its measured steps: said so, with what to change
+    short = _source(0.5)
+    short.measured = dataclasses.replace(short.measured, main_cpu_pct=math.nan)
+    short.step_ms = (14.0, 13.0, 15.0)
+    with pytest.raises(
+        WhatIfError,
+        match=r"^R: a ray run without a host CPU reading in its measured steps \(3 steps, "
+        r"0\.04 s, shorter than the sampler's period\): give a ray run of more --steps$",
+    ):
+        ray_of(short)  # type: ignore[arg-type]
 
 
 def test_an_event_step_in_the_ray_run_is_named_beside_the_predictions() -> None:
@@ -140,4 +161,58 @@ def test_an_event_step_in_the_ray_run_is_named_beside_the_predictions() -> None:
     assert long_step([20.0, 20.0, 20.0, 199.0]) == "" and long_step([20.0, 900.0]) == ""
     f = ray_figures("R", "s", B, STATS, 0.0015, step_ms=[20.0, 20.0, 20.0, 200.0])
     rc = ray_cost(_run(), LoaderCost(0.001, 0.001, "made up"), f)
-    assert ray_lines(rc, ROOMY, [], check=False)[1] == f.long_step
+    assert ray_lines([rc], ROOMY, [], check=False)[1] == f.long_step
+
+
+def _at(cpus: int, idle_ms: float) -> RayCost:
+    """The Ray cost of a ray run of ``cpus`` Ray CPUs whose task workers idled ``idle_ms`` a batch between tasks."""
+    w = task_workers([(60.0, 15.0)] * cpus, cpus, 0.020, host_cores=1.5, usable_cores=2, waited=True)
+    assert w is not None
+    f = ray_figures(f"R{cpus}", "s", B, STATS, 0.0015, workers=dataclasses.replace(w, idle_s=idle_ms / 1e3), cpus=cpus)
+    return ray_cost(_run(), LoaderCost(0.001, 0.001, "made up"), f)
+
+
+def test_each_cpu_count_takes_the_ray_run_of_that_count_else_the_nearest() -> None:
+    # two local Ray CPUs idle between tasks where one does not (docs/whatif.md): a run of one cannot show it
+    one, two, three = _at(1, 0.5), _at(2, 25.0), _at(3, 30.0)
+    assert (one.cpus, two.cpus, three.cpus) == (1, 2, 3)
+    assert ray_cost_at([one, two], 1) is one and ray_cost_at([one, two], 2) is two
+    assert ray_cost_at([one, two], 8) is two  # the nearest count
+    assert ray_cost_at([one, three], 2) is one  # a tie: the fewer CPUs
+    # at its own count a run's hold on a Ray CPU is its own: the period is (held x its stretch + its idle) / N
+    p = predict_ray(two, ROOMY, _target(2), local=True)
+    held = B * (two.task_s + two.framing_s)
+    assert p.parts_ms is not None
+    assert p.parts_ms["loader"] == pytest.approx((held * two.workers.stretch + 0.025) / 2 * 1e3)  # type: ignore[union-attr]
+    # the lines name each run's count, and the counts that had none
+    preds = [predict_ray(ray_cost_at([one, two], n), ROOMY, _target(n)) for n in (1, 2, 4)]
+    lines = ray_lines([one, two], ROOMY, preds, check=False)
+    assert lines[1].startswith("  at 1 CPU: ") and lines[2].startswith("  at 2 CPUs: ")
+    assert any(line.startswith("at 4 CPUs no ray run of that count was given") for line in lines)
+    assert not any("no ray run of that count" in line for line in ray_lines([one, two], ROOMY, preds[:2], False))
+
+
+def test_two_ray_runs_of_one_cpu_count_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from profiler.whatif import run as whatif_run
+
+    def fake(run_dir: str, cpus: int) -> SimpleNamespace:
+        steps = [10.0 + (i % 3) * cpus for i in range(30)]  # the run's measured steps, ms
+        return SimpleNamespace(
+            run_dir=run_dir, meta={"scenario": "s"}, measured=SimpleNamespace(batch_size=B, workers=cpus), step_ms=steps
+        )
+
+    runs = {"A": fake("A", 2), "B": fake("B", 2), "C": fake("C", 1)}
+    monkeypatch.setattr(whatif_run, "read_run", runs.__getitem__)
+    monkeypatch.setattr(
+        whatif_run, "ray_of", lambda src: ray_figures(src.run_dir, "s", B, STATS, 0.0015, cpus=src.measured.workers)
+    )
+    base = fake("base", 0)
+    req = whatif_run.Request("base", ray_cpus=[1, 2], ray_runs=("A", "B"))
+    with pytest.raises(WhatIfError, match=r"--ray-run: A and B both ran on 2 Ray CPUs: give one ray run per CPU count"):
+        whatif_run._ray_costs(base, _run(), LoaderCost(0.001, 0.001, "made up"), req, print)  # type: ignore[arg-type]
+    req = dataclasses.replace(req, ray_runs=("A", "C"))
+    got = whatif_run._ray_costs(base, _run(), LoaderCost(0.001, 0.001, "made up"), req, print)  # type: ignore[arg-type]
+    assert [rc.cpus for rc in got] == [1, 2] and [rc.source for rc in got] == ["ray run C", "ray run A"]
+    # each carries its own run's spread, as the base's is figured (a ray row's interval adds it)
+    assert [rc.half_width for rc in got] == [spread_of(runs[k].step_ms).half_width for k in "CA"]
+    assert 0 < got[0].half_width < got[1].half_width

@@ -85,6 +85,16 @@ def add_parsers(sub: Any) -> None:
     w.add_argument("--json", action="store_true", help='print only {"predictions": [...], ...} on stdout')
 
 
+def dir_list(text: str) -> tuple[str, ...]:
+    """``--ray-run``'s comma-separated run directories (each read, and its errors named, by the what-if)."""
+    items = tuple(t.strip() for t in text.split(","))
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item: allowed a comma-separated list of run directories"
+        )
+    return items
+
+
 def _add_ray_options(w: Any) -> None:
     """``--ray-cpus N,...`` and the ray run whose Ray figures they add (``--ray-run``)."""
     w.add_argument(
@@ -96,10 +106,12 @@ def _add_ray_options(w: Any) -> None:
     )
     w.add_argument(
         "--ray-run",
-        metavar="DIR",
-        help="a run of the same scenario and batch size on --pipeline ray: Ray's own per-batch cost (its map tasks "
-        "beyond the loader, the trainer's hand-off) is taken from it (default: the base's, when it ran on ray; "
-        "else not included, said so)",
+        type=dir_list,
+        metavar="DIR[,DIR...]",
+        help="runs of the same scenario and batch size on --pipeline ray, one per Ray CPU count (--workers): Ray's "
+        "own per-batch cost (its map tasks beyond the loader, the trainer's hand-off, its workers' hold on a CPU) is "
+        "taken from the run of N CPUs for a prediction at N, else from the nearest count (default: the base's, when "
+        "it ran on ray; else not included, said so)",
     )
 
 
@@ -165,7 +177,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         storage=Storage(cached=args.cached, mbps=args.storage_mbps),
         host_cores=args.host_cores,
         ray_cpus=args.ray_cpus,
-        ray_run=args.ray_run,
+        ray_runs=args.ray_run or (),
         check=args.check,
         plan=CheckPlan(repeat=args.repeat, steps=args.steps, warmup=args.warmup),
     )

@@ -290,6 +290,8 @@ class Prediction:
     loader_scale: float = 1.0  # the LoaderGap factor applied to the measured loader cost (1: same place)
     # a ray target predicted for this host's cores (what --check measures): the same on N remote CPUs
     remote_samples_per_s: float = math.nan
+    ray_source: str = ""  # a ray target's: the ray run its Ray figures came from (or why none), and its Ray CPUs
+    ray_run_cpus: int = 0
 
     def to_dict(self) -> dict[str, object]:
         t = self.target
@@ -325,6 +327,8 @@ class Prediction:
             "ray_cpus": max(1, self.target.workers),
             "ray_cpus_on": "this host (as --check measures)" if local else "remote",
             "predicted_remote_throughput_samples_per_s": None if math.isnan(remote) else remote,
+            "ray_figures_from": self.ray_source or None,
+            "ray_figures_cpus": self.ray_run_cpus or None,
         }
 
 

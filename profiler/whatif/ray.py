@@ -18,8 +18,9 @@ Remote CPUs (the default) take the tasks off this host: the loader's period is t
 trainer's step gains the hand-off, and what stays here (the host CPU outside the tasks) shares the base run's free
 cores. ``local`` (what ``--check`` measures: a Ray instance of N CPUs on this host) puts the tasks' CPU on those
 cores too, and a Ray CPU holds a batch for its CPU seconds stretched as the ray run's workers' were (at another
-CPU count by the change in the cores' fair share: ESTIMATED). Not modelled: how often Ray Data leaves a CPU without
-a task with several local CPUs (two on a 2-core host idled 9-16 ms a batch each, one 0-2 ms; docs/whatif.md).
+CPU count by the change in the cores' fair share: ESTIMATED). How often Ray Data leaves a CPU without a task with
+several local CPUs (two on a 2-core host idled 9-16 ms a batch each, one 0-2 ms; docs/whatif.md) only a ray run of
+that many CPUs shows: each count takes the ray run of its own count where one was given (:func:`ray_cost_at`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class RayFigures:
     task_wall_s_per_sample: float = math.nan  # each operator's wall_s over its rows, summed (Ray's own; NaN: none)
     workers: TaskWorkers | None = None  # the task workers' loop threads on this host (host sampler; None: not read)
     long_step: str = ""  # the run's longest measured step, in words, where it is an event (long_step); else ""
+    cpus: int = 0  # the run's Ray CPUs (its --workers)
 
     @property
     def wall_per_cpu(self) -> float:
@@ -138,6 +140,7 @@ def ray_figures(
     *,
     workers: TaskWorkers | None = None,
     step_ms: Sequence[float] = (),
+    cpus: int = 0,
 ) -> RayFigures:
     """``stats``: a ray run's ``ray_stats`` (pipelines.ray_stats.read_stats); ValueError naming what is missing."""
     ops = [o for o in stats.get("operators") or [] if isinstance(o, dict)]  # type: ignore[attr-defined]
@@ -158,7 +161,7 @@ def ray_figures(
     timed = all(isinstance(o.get("wall_s"), int | float) for o in ops)
     wall = math.fsum(float(o["wall_s"]) / float(o["rows"]) for o in ops) if timed else math.nan
     return RayFigures(
-        run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s, wall, workers, long_step(step_ms)
+        run_dir, scenario, batch_size, math.fsum(per_row), handoff, host_cpu_s, wall, workers, long_step(step_ms), cpus
     )
 
 
@@ -178,6 +181,10 @@ class RayCost:
     framing_s: float = 0.0  # per sample: a worker's CPU beyond Ray's cpu_s of its tasks (a task's start, the put)
     idle_s: float = 0.0  # per batch: a worker off a CPU between its tasks while the loop waited for data
     long_step: str = ""  # the ray run's event step, in words (RayFigures.long_step)
+    cpus: int = 0  # the ray run's Ray CPUs (0: no ray run)
+    # the ray run's own 95% relative half-width of its mean step (its steps' spread, as the base's: 0 for the base
+    # itself, whose spread every row's interval has already): a ray row's interval adds it
+    half_width: float = 0.0
 
     def stretch(self, n: int) -> float:
         """How long a local Ray CPU holds a batch per CPU second of it with ``n`` CPUs on this host: the ray run's
@@ -246,6 +253,8 @@ class RayCost:
             "worker_framing_seconds_per_sample": self.framing_s if self.workers is not None else None,
             "worker_idle_seconds_per_batch": self.idle_s if self.workers is not None else None,
             "task_workers": self.workers.to_dict() if self.workers is not None else None,
+            "ray_run_cpus": self.cpus or None,
+            "ray_run_half_width": None if math.isinf(self.half_width) else self.half_width,
             "overhead_included": self.measured,
             "source": self.source,
         }
@@ -281,7 +290,19 @@ def ray_cost(run: MeasuredRun, cost: LoaderCost, figures: RayFigures | None, why
         framing,
         idle,
         figures.long_step,
+        figures.cpus,
     )
+
+
+def ray_cost_at(costs: Sequence[RayCost], n: int) -> RayCost:
+    """The Ray cost a prediction at ``n`` Ray CPUs takes: that of the ray run of ``n`` CPUs where one was given, else
+    of the nearest count (the fewer on a tie). A run's idle between tasks and its workers' wait for a core are what
+    it measured at its own count: at another count the wait is scaled by the cores' fair share (ESTIMATED), and the
+    idle, which a run of fewer CPUs cannot show (two local CPUs idled 17-31 ms a batch where one idled 0-2 ms:
+    docs/whatif.md), is carried over as measured."""
+    if not costs:
+        raise ValueError("no Ray cost")
+    return min(costs, key=lambda c: (abs(c.cpus - n), c.cpus))
 
 
 def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> Prediction:
@@ -313,11 +334,34 @@ def predict_ray(rc: RayCost, host: Host, t: Target, *, local: bool = False) -> P
     return steady(t, period, dev, parts, binding=binding, workers_needed=cpus, cores_needed=cpus)
 
 
-def ray_lines(rc: RayCost, host: Host, predictions: Sequence[Prediction], check: bool) -> list[str]:
-    """What the ray predictions are made of and what their CPUs share, in words (the header's lines)."""
-    out = [f"Ray Data on N CPUs (--ray-cpus), PREDICTED from {rc.line()}"]
-    if rc.long_step:
-        out.append(rc.long_step)
+def ray_lines(costs: Sequence[RayCost], host: Host, predictions: Sequence[Prediction], check: bool) -> list[str]:
+    """What the ray predictions are made of and what their CPUs share, in words (the header's lines); ``costs``: one
+    per ray run given (:func:`ray_cost_at` picks a prediction's)."""
+    head = "Ray Data on N CPUs (--ray-cpus), PREDICTED from"
+    if len(costs) == 1:
+        out = [f"{head} {costs[0].line()}"]
+    else:
+        out = [f"{head} the ray run of N CPUs (else of the nearest count):"]
+        out += [f"  at {rc.cpus} CPU{'s' if rc.cpus != 1 else ''}: {rc.line()}" for rc in costs]
+    out += [rc.long_step for rc in costs if rc.long_step]
+    if spreads := [rc for rc in costs if rc.measured and rc.half_width > 0]:
+        out.append(
+            "a ray row's interval adds its ray run's own spread ("
+            + ", ".join(
+                f"{rc.cpus} CPU{'s' if rc.cpus != 1 else ''}: "
+                + ("too few steps" if math.isinf(rc.half_width) else f"+/-{rc.half_width:.1%} at 95%")
+                for rc in spreads
+            )
+            + ", from its steps as the base's): the prediction rests on both runs"
+        )
+    asked = sorted({max(1, p.target.workers) for p in predictions if p.target.pipeline == RAY})
+    have = {rc.cpus for rc in costs if rc.measured and rc.cpus}
+    if have and (others := [n for n in asked if n not in have]):
+        out.append(
+            f"at {', '.join(map(str, others))} CPUs no ray run of that count was given: Ray's figures are the "
+            "nearest count's, and its workers' idle between tasks is carried over as measured there (a run of "
+            "fewer CPUs cannot show how often Ray Data leaves a CPU without a task), ESTIMATED"
+        )
     if not check:
         out.append(
             "the N CPUs are remote, of this host's speed: the tasks do not share this host's cores with the trainer "
@@ -325,32 +369,45 @@ def ray_lines(rc: RayCost, host: Host, predictions: Sequence[Prediction], check:
             "CPU outside the tasks) shares this host's free cores"
         )
         return out
-    outside = 0.0 if math.isnan(rc.outside_s) else rc.outside_s
-    cannot = []
-    for p in predictions:
-        if p.target.pipeline != RAY or p.status != "ok" or math.isnan(p.remote_samples_per_s):
-            continue
-        trainer = outside * p.remote_samples_per_s  # the cores the trainer and Ray's own processes take
-        if max(1, p.target.workers) + trainer > host.free_cores:
-            cannot.append(f"{max(1, p.target.workers)} ({max(1, p.target.workers) + trainer:.2g} cores)")
-    out.append(
-        f"--check runs --pipeline ray on a local Ray instance of N CPUs on THIS host: its tasks share the base run's "
-        f"{host.free_cores:.2g} free of {host.usable_cores} cores with the trainer, so the ray rows are PREDICTED for "
-        "this host (bound 'cores': every CPU second of a batch over the free cores; "
-        + (
-            f"a Ray CPU holds a batch x{rc.workers.stretch:.3g} its CPU time, as the ray run's "
-            f"{rc.workers.cpus} task worker(s) did waiting for a core, MEASURED by the host sampler, and at other "
-            "CPU counts that times the change in the cores' fair share, ESTIMATED"
-            if rc.workers is not None
-            else f"a task holds its Ray CPU x{rc.wall_per_cpu:.3g} its CPU time, as the ray run's tasks did, "
-            "MEASURED by Ray"
-        )
-        + ") and each row's prediction for N remote CPUs is predicted_remote_throughput_samples_per_s in the JSON"
-    )
-    if cannot:
+    out.append(_local_line(costs, host))
+    if cannot := _cannot_stand_in(costs, host, predictions):
         out.append(
             "this host cannot stand in for a cluster of N = "
             + ", ".join(cannot)
             + " CPUs with the trainer beside them: those checks measure this host, not N remote CPUs"
         )
     return out
+
+
+def _local_line(costs: Sequence[RayCost], host: Host) -> str:
+    """What a local Ray CPU holds a batch for, as --check measures it on this host."""
+    holds = [
+        f"a Ray CPU holds a batch x{rc.workers.stretch:.3g} its CPU time, as the ray run's {rc.workers.cpus} task "
+        "worker(s) did waiting for a core, MEASURED by the host sampler"
+        if rc.workers is not None
+        else f"a task holds its Ray CPU x{rc.wall_per_cpu:.3g} its CPU time, as the ray run's tasks did, "
+        "MEASURED by Ray"
+        for rc in costs
+    ]
+    scaled = any(rc.workers is not None for rc in costs)
+    return (
+        f"--check runs --pipeline ray on a local Ray instance of N CPUs on THIS host: its tasks share the base run's "
+        f"{host.free_cores:.2g} free of {host.usable_cores} cores with the trainer, so the ray rows are PREDICTED for "
+        f"this host (bound 'cores': every CPU second of a batch over the free cores; {'; '.join(holds)}"
+        + (", and at other CPU counts that times the change in the cores' fair share, ESTIMATED" if scaled else "")
+        + ") and each row's prediction for N remote CPUs is predicted_remote_throughput_samples_per_s in the JSON"
+    )
+
+
+def _cannot_stand_in(costs: Sequence[RayCost], host: Host, predictions: Sequence[Prediction]) -> list[str]:
+    """The checked CPU counts whose tasks and trainer need more than the base's free cores, in words."""
+    cannot = []
+    for p in predictions:
+        if p.target.pipeline != RAY or p.status != "ok" or math.isnan(p.remote_samples_per_s):
+            continue
+        n = max(1, p.target.workers)
+        outside = ray_cost_at(costs, n).outside_s
+        trainer = (0.0 if math.isnan(outside) else outside) * p.remote_samples_per_s  # the trainer, Ray's processes
+        if n + trainer > host.free_cores:
+            cannot.append(f"{n} ({n + trainer:.2g} cores)")
+    return cannot

@@ -29,7 +29,7 @@ from profiler.whatif.model import (
     on_host,
     predict,
 )
-from profiler.whatif.ray import RAY, RayCost, predict_ray, ray_cost, ray_lines
+from profiler.whatif.ray import RAY, RayCost, predict_ray, ray_cost, ray_cost_at, ray_lines
 from profiler.whatif.source import (
     Note,
     Source,
@@ -62,7 +62,7 @@ class Request:
     storage: Storage = AS_MEASURED  # where the bytes come from: as measured, cached, or a store of N MB/s
     host_cores: int | None = None  # the cores of the host the predictions are for (None: the run's)
     ray_cpus: Sequence[int] | None = None  # also predict the pipeline moved to Ray Data on each N CPUs
-    ray_run: str | None = None  # a run on the ray pipeline whose Ray figures the ray predictions add
+    ray_runs: Sequence[str] = ()  # runs on the ray pipeline (one per Ray CPU count) whose Ray figures they add
     check: bool = False
     plan: CheckPlan = field(default_factory=CheckPlan)
 
@@ -90,13 +90,13 @@ class _Model:
     host: Host
     gap: LoaderGap
     storage: Storage
-    ray: RayCost | None = None
+    ray: tuple[RayCost, ...] = ()  # one per ray run (ray_cost_at picks a target's)
     ray_local: bool = False  # ray targets on this host's cores (what --check measures), not remote CPUs
 
     def predict(self, t: Target, k: float = 1.0) -> Prediction:
         """``t``'s prediction, with the run's measured loader cost and loop overhead scaled by ``k`` (1: as
         measured); the base's own configuration (storage as measured) keeps the measured storage."""
-        if t.pipeline == RAY and self.ray is not None:
+        if t.pipeline == RAY and self.ray:
             return self._ray(t, k)
         storage = t.storage if t.storage.label else AS_MEASURED
         cost = storage.cost(self.cost, self.run)
@@ -107,11 +107,10 @@ class _Model:
         return predict(cost, host, t, self.gap, at, store_s=storage.period(t.batch_size, self.run))
 
     def _ray(self, t: Target, k: float) -> Prediction:
-        if self.ray is None:
-            raise ValueError("no Ray cost")
-        rc = self.ray.scaled(k) if k != 1.0 else self.ray
+        rc = ray_cost_at(self.ray, max(1, t.workers))
+        rc = rc.scaled(k) if k != 1.0 else rc
         host = replace(self.host, overhead_s=self.host.overhead_s * k) if k != 1.0 else self.host
-        p = predict_ray(rc, host, t, local=self.ray_local)
+        p = replace(predict_ray(rc, host, t, local=self.ray_local), ray_source=rc.source, ray_run_cpus=rc.cpus)
         if not self.ray_local or p.status != "ok":
             return p
         return replace(p, remote_samples_per_s=predict_ray(rc, host, t).samples_per_s)
@@ -128,7 +127,7 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         raise WhatIfError(
             f"--host-cores {req.host_cores} predicts for another host, and --check measures on this one: use one"
         )
-    if req.ray_run is not None and not req.ray_cpus:
+    if req.ray_runs and not req.ray_cpus:
         raise WhatIfError("--ray-run gives Ray's cost to the --ray-cpus predictions: add --ray-cpus N")
     src = read_run(req.run_dir)
     devices = given if given is not None else default_devices(src, note)
@@ -146,9 +145,9 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         for b in batches
         for w in workers
     ]
-    ray = None
+    ray: tuple[RayCost, ...] = ()
     if req.ray_cpus or m.pipeline == RAY:
-        ray = _ray_cost(src, m, cost, req, note)
+        ray = _ray_costs(src, m, cost, req, note)
         targets += _ray_targets(
             steps, devices, batches, req.ray_cpus or [], targets, bytes_per_sample=m.bytes_per_sample
         )
@@ -165,8 +164,8 @@ def run_whatif(req: Request, note: Note) -> Outcome:
     result = WhatIf(
         str(src.run_dir), m, cost, host, tuple(predictions), notes=tuple(notes(src)), gap=gap, storage=req.storage
     )
-    if ray is not None:
-        result = replace(result, ray=ray.to_dict(), ray_lines=tuple(ray_lines(ray, host, predictions, req.check)))
+    if ray:
+        result = replace(result, ray=_ray_dict(ray), ray_lines=tuple(ray_lines(ray, host, predictions, req.check)))
     base = _base_index(src, targets)
     if not req.check:
         return Outcome(result, confidence=_confidence(src, model, result, base))
@@ -221,9 +220,12 @@ def _confidence(src: Source, model: _Model, result: WhatIf, base: int | None) ->
 
 
 def _interval(model: _Model, p: Prediction, half: float) -> tuple[float, float]:
-    """``p``'s interval: the base's half-width, plus the worker gap's where ``p`` uses it."""
+    """``p``'s interval: the base's half-width, plus the worker gap's where ``p`` uses it, plus its ray run's where
+    it takes a ray run's figures."""
     if p.status != "ok":
         return (math.nan, math.nan)
+    if p.target.pipeline == RAY and model.ray:
+        half += ray_cost_at(model.ray, max(1, p.target.workers)).half_width
 
     def at(k: float) -> float:
         return model.predict(p.target, k).samples_per_s
@@ -231,23 +233,44 @@ def _interval(model: _Model, p: Prediction, half: float) -> tuple[float, float]:
     return interval(at, half + gap_half_width(model.gap, p.loader_scale != 1.0, p.target.workers))
 
 
-def _ray_cost(src: Source, m: MeasuredRun, cost: LoaderCost, req: Request, note: Note) -> RayCost:
-    """The Ray cost of the ray predictions: Ray's figures from the base when it ran on ray, else from
-    ``--ray-run`` (a run of the same scenario and batch size on the ray pipeline), else left out, said so."""
-    if req.ray_run is None and m.pipeline != RAY:
+def _ray_costs(src: Source, m: MeasuredRun, cost: LoaderCost, req: Request, note: Note) -> tuple[RayCost, ...]:
+    """The Ray costs of the ray predictions, one per ray run by its Ray CPUs: Ray's figures from ``--ray-run`` (runs
+    of the same scenario and batch size on the ray pipeline, one per CPU count), else from the base when it ran on
+    ray, else left out, said so."""
+    if not req.ray_runs and m.pipeline != RAY:
         why = "no run on the ray pipeline to measure it from: give one with --ray-run DIR"
         note(f"--ray-cpus: Ray's own per-batch cost is not included ({why})")
-        return ray_cost(m, cost, None, why)
-    other = src if req.ray_run is None else read_run(req.ray_run)
-    if other is not src and (other.meta.get("scenario"), other.measured.batch_size) != (
-        src.meta.get("scenario"),
-        m.batch_size,
-    ):
-        raise WhatIfError(
-            f"--ray-run {req.ray_run}: a run of {other.meta.get('scenario')} at batch {other.measured.batch_size}, "
-            f"the base is {src.meta.get('scenario')} at batch {m.batch_size}: give a ray run of the same"
-        )
-    return ray_cost(m, cost, ray_of(other))
+        return (ray_cost(m, cost, None, why),)
+    others = [read_run(d) for d in req.ray_runs] or [src]
+    seen: dict[int, str] = {}
+    for other in others:
+        if other is not src and (other.meta.get("scenario"), other.measured.batch_size) != (
+            src.meta.get("scenario"),
+            m.batch_size,
+        ):
+            raise WhatIfError(
+                f"--ray-run {other.run_dir}: a run of {other.meta.get('scenario')} at batch "
+                f"{other.measured.batch_size}, the base is {src.meta.get('scenario')} at batch {m.batch_size}: give a "
+                "ray run of the same"
+            )
+        n = max(1, other.measured.workers)
+        if n in seen:
+            raise WhatIfError(
+                f"--ray-run: {seen[n]} and {other.run_dir} both ran on {n} Ray CPU{'s' if n != 1 else ''}: give "
+                "one ray run per CPU count"
+            )
+        seen[n] = str(other.run_dir)
+    costs = (
+        replace(ray_cost(m, cost, ray_of(o)), half_width=0.0 if o is src else spread_of(o.step_ms).half_width)
+        for o in others
+    )
+    return tuple(sorted(costs, key=lambda rc: rc.cpus))
+
+
+def _ray_dict(costs: tuple[RayCost, ...]) -> dict[str, object]:
+    """The JSON's ``ray``: the fewest CPUs' run's figures, and with several ray runs each's under ``by_ray_run``."""
+    out = costs[0].to_dict()
+    return {**out, "by_ray_run": [rc.to_dict() for rc in costs]} if len(costs) > 1 else out
 
 
 def _ray_targets(

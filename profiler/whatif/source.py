@@ -369,8 +369,13 @@ def ray_of(src: Source) -> RayFigures:
         raise WhatIfError(f"--ray-run {src.run_dir}: a run of the {m.pipeline} pipeline, not ray")
     stats = (src.meta.get("loader") or {}).get("ray_stats")
     host_cpu = (math.fsum(_nan0(x) for x in (m.main_cpu_pct, m.workers_cpu_pct)) / 100) * m.step_ms / 1e3
-    if not isinstance(stats, dict) or math.isnan(m.main_cpu_pct):
-        raise WhatIfError(f"{src.run_dir}: a ray run without Ray's own stats or the host's CPU")
+    if not isinstance(stats, dict):
+        raise WhatIfError(f"{src.run_dir}: a ray run without Ray's own stats")
+    if math.isnan(m.main_cpu_pct):
+        raise WhatIfError(
+            f"{src.run_dir}: a ray run without a host CPU reading in its measured steps ({len(src.step_ms)} steps, "
+            f"{math.fsum(src.step_ms) / 1e3:.2f} s, shorter than the sampler's period): give a ray run of more --steps"
+        )
     lt, s = src.summary.loader_time, src.summary
     # the workers' loop threads, where Ray runs a task; their idle is the loader's own where the loop waited for data
     workers = (
@@ -394,6 +399,7 @@ def ray_of(src: Source) -> RayFigures:
             host_cpu / m.batch_size,
             workers=workers,
             step_ms=src.step_ms,
+            cpus=max(1, m.workers),
         )
     except ValueError as exc:
         raise WhatIfError(f"{src.run_dir}: {exc}") from None
