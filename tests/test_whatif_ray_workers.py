@@ -216,3 +216,19 @@ def test_two_ray_runs_of_one_cpu_count_are_refused(monkeypatch: pytest.MonkeyPat
     # each carries its own run's spread, as the base's is figured (a ray row's interval adds it)
     assert [rc.half_width for rc in got] == [spread_of(runs[k].step_ms).half_width for k in "CA"]
     assert 0 < got[0].half_width < got[1].half_width
+
+
+def test_a_ray_row_names_the_ray_run_its_figures_came_from_and_none_without_one() -> None:
+    from profiler.whatif import run as whatif_run
+    from profiler.whatif.model import AS_MEASURED, NO_GAP
+
+    cost = LoaderCost(0.001, 0.001, "made up")
+
+    def row(rc: RayCost) -> dict[str, object]:
+        model = whatif_run._Model(_run(), cost, ROOMY, NO_GAP, AS_MEASURED, (rc,))
+        return model.predict(_target(1)).to_dict()
+
+    measured = row(_at(1, 0.5))
+    assert (measured["ray_figures_from"], measured["ray_figures_cpus"]) == ("ray run R1", 1)
+    bare = row(ray_cost(_run(), cost, None, "no run on the ray pipeline to measure it from"))
+    assert bare["ray_figures_from"] is None and bare["ray_figures_cpus"] is None

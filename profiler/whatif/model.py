@@ -290,7 +290,7 @@ class Prediction:
     loader_scale: float = 1.0  # the LoaderGap factor applied to the measured loader cost (1: same place)
     # a ray target predicted for this host's cores (what --check measures): the same on N remote CPUs
     remote_samples_per_s: float = math.nan
-    ray_source: str = ""  # a ray target's: the ray run its Ray figures came from (or why none), and its Ray CPUs
+    ray_source: str = ""  # a ray target's: the ray run its Ray figures came from ("": none), and its Ray CPUs
     ray_run_cpus: int = 0
 
     def to_dict(self) -> dict[str, object]:

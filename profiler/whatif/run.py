@@ -110,7 +110,8 @@ class _Model:
         rc = ray_cost_at(self.ray, max(1, t.workers))
         rc = rc.scaled(k) if k != 1.0 else rc
         host = replace(self.host, overhead_s=self.host.overhead_s * k) if k != 1.0 else self.host
-        p = replace(predict_ray(rc, host, t, local=self.ray_local), ray_source=rc.source, ray_run_cpus=rc.cpus)
+        src = rc.source if rc.measured else ""  # no ray run: the lines say why, the row names none
+        p = replace(predict_ray(rc, host, t, local=self.ray_local), ray_source=src, ray_run_cpus=rc.cpus)
         if not self.ray_local or p.status != "ok":
             return p
         return replace(p, remote_samples_per_s=predict_ray(rc, host, t).samples_per_s)
