@@ -15,16 +15,15 @@ import json
 import os
 import statistics
 import subprocess
-import threading
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 import wandb_file
 import warm
-from conftest import ROOT, Truth, sleep_loader, stallscope, wait_until
+from conftest import ROOT, stallscope, wait_until
 
-from profiler import Session
 from profiler.cli import main
 from profiler.core.rows import PhaseRow, StepRow
 from profiler.core.store import load_run
@@ -171,17 +170,38 @@ def test_run_nproc_log_to_tensorboard_and_mlflow(tmp_path: Path) -> None:
     assert {"stallscope/stallscope-report.html", "stallscope/stall_verdict.md"} <= arts
 
 
-def rank_loop(out: Path, rank: int, compute_s: float, steps: int, job_id: str) -> None:
-    meta = {"scenario": "fake", "rank": rank, "world_size": 2, "local_rank": rank, "node_rank": 0, "job_id": job_id}
-    truth = Truth()
-    with Session(out, sample_hz=5, device="cpu", warmup=2, sources=[], meta={"batch_size": 8, **meta}) as s:
-        for _ in s.wrap(sleep_loader(steps + 2, 0.002, 8, truth)):
-            with s.phase("compute"):
-                truth.sleep("compute", compute_s)
+RANK_LOOP = """
+import sys
+from pathlib import Path
+from conftest import Truth, sleep_loader
+from profiler import Session
+
+out, rank, compute_s, steps, job_id = (
+    Path(sys.argv[1]),
+    int(sys.argv[2]),
+    float(sys.argv[3]),
+    int(sys.argv[4]),
+    sys.argv[5],
+)
+meta = {"scenario": "fake", "rank": rank, "world_size": 2, "local_rank": rank, "node_rank": 0, "job_id": job_id}
+truth = Truth()
+with Session(out, sample_hz=5, device="cpu", warmup=2, sources=[], meta={"batch_size": 8, **meta}) as s:
+    for _ in s.wrap(sleep_loader(steps + 2, 0.002, 8, truth)):
+        with s.phase("compute"):
+            truth.sleep("compute", compute_s)
+"""
+
+
+def rank_process(out: Path, rank: int, compute_s: float, steps: int, job_id: str) -> subprocess.Popen[bytes]:
+    """A rank of its own process, as a launch makes them: the logger's work in the launching process (a tracker's
+    open, its imports) cannot hold a rank's steps up, as it would a rank thread's through the GIL."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    args = [str(out), str(rank), str(compute_s), str(steps), job_id]
+    return subprocess.Popen([sys.executable, "-c", RANK_LOOP, *args], env=env)
 
 
 def test_a_job_logged_to_wandb_from_the_launching_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two ranks (rank 1's compute 30 ms longer a step, rank 0 free to run ahead) followed by the launching
+    """Two rank processes (rank 1's compute 30 ms longer a step, rank 0 free to run ahead) followed by the launching
     process's logger into an offline W&B run it makes: the ranks' rows hold the same steps, stall/ is rank 1's,
     and the summary is read_export's (tests/wandb_file.py reads the run file: wandb has no reader of its own)."""
     import wandb
@@ -196,15 +216,10 @@ def test_a_job_logged_to_wandb_from_the_launching_process(tmp_path: Path, monkey
     job = tmp_path / "job"
     job.mkdir()
     (job / "job.json").write_text(json.dumps({"job_id": "job-w", "nproc_per_node": 2, "nnodes": 1, "node_rank": 0}))
-    ranks = [
-        threading.Thread(target=rank_loop, args=(job / f"rank-{r}", r, 0.002 + 0.03 * r, 60, "job-w")) for r in (0, 1)
-    ]
     try:
         with follow_job(job, parse_targets("wandb"), ranks=2, every_s=0.3):
-            for t in ranks:
-                t.start()
-            for t in ranks:
-                t.join()
+            ranks = [rank_process(job / f"rank-{r}", r, 0.002 + 0.03 * r, 60, "job-w") for r in (0, 1)]
+            assert [p.wait(timeout=60) for p in ranks] == [0, 0]
     finally:
         wandb.teardown()
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
