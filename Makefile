@@ -118,6 +118,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/window_cost.py
 	$(BIN)/python benchmarks/sim_calibration.py
 	$(BIN)/python benchmarks/tune_vs_grid.py
+	$(BIN)/python benchmarks/host_speed.py --seconds 60 --window 10
 
 # On a machine with an NVIDIA GPU: the gpu-marked tests, then every scenario x pipeline on cuda and on its
 # simulated twin (benchmarks/gpu_check.py). Exit 0 all passed, 1 any failed, 3 no CUDA device here.
