@@ -60,22 +60,18 @@ def check_all(
     devices: Sequence[DeviceInfo],
     plan: CheckPlan,
     note: Note,
-    *,
-    once: int | None = None,
 ) -> tuple[list[Checked], bool]:
     """Each prediction beside ``plan.repeat`` runs of its configuration, the repetitions interleaved (every
     configuration once, then again) so that a burst of load on the host does not fall on one configuration's
-    runs alone, and the prediction at index ``once`` (the base's configuration, added for the speedups) run once;
-    and whether a check failed unexpectedly (not an OOM the prediction foresaw). CheckStopped when a signal
-    stopped a run."""
+    runs alone (the base's own configuration too, where it was added: each speedup's denominator is a median of
+    as many runs as its numerator); and whether a check failed unexpectedly (not an OOM the prediction foresaw).
+    CheckStopped when a signal stopped a run."""
     by_label = {short_label(d.sim): d for d in devices}
     results: list[list[_Run]] = [[] for _ in predictions]
-    total = len(predictions) * plan.repeat - (plan.repeat - 1 if once is not None else 0)
+    total = len(predictions) * plan.repeat
     n = 0
     for rep in range(1, plan.repeat + 1):
         for i, p in enumerate(predictions):
-            if rep > 1 and i == once:
-                continue
             out = src.run_dir / "whatif" / check_label(p, plan.steps, plan.warmup, rep)
             n += 1
             note(f"check [{n}/{total}] {p.target.label} -> {out}")

@@ -152,7 +152,6 @@ def run_whatif(req: Request, note: Note) -> Outcome:
         targets += _ray_targets(
             steps, devices, batches, req.ray_cpus or [], targets, bytes_per_sample=m.bytes_per_sample
         )
-    asked = len(targets)
     if req.check:  # the base's own configuration is re-measured beside the others: the speedups' denominator
         devices, targets = _with_base(src, steps, devices, targets, note)
     gap = NO_GAP
@@ -170,8 +169,7 @@ def run_whatif(req: Request, note: Note) -> Outcome:
     base = _base_index(src, targets)
     if not req.check:
         return Outcome(result, confidence=_confidence(src, model, result, base))
-    added = base if base is not None and base >= asked else None  # not asked for: measured once, not --repeat times
-    checked, failed = check_all(src, predictions, devices, plan, note, once=added)
+    checked, failed = check_all(src, predictions, devices, plan, note)
     result = replace(result, checked=tuple(checked), repeat=plan.repeat)
     return Outcome(result, failed, _confidence(src, model, result, base))
 
@@ -205,7 +203,7 @@ def _with_base(
         return devices, targets
     dev = resolve_devices([own])[0]
     base = steps.target(dev, m.pipeline, m.workers, m.batch_size, m.bytes_per_sample)
-    note(f"--check: the base's own configuration ({base.label}) is re-measured once beside the others")
+    note(f"--check: the base's own configuration ({base.label}) is re-measured beside the others")
     have = {short_label(d.sim) for d in devices}
     return ([*devices, dev] if base.device not in have else devices), [*targets, base]
 
