@@ -22,6 +22,14 @@ from profiler.core.store import integrity_ok, load_run
 from profiler.runs.summarize import summarize_run
 
 KILLED = "(killed by SIGKILL); its stack samples are lost"
+BUSY_UNTIL_KILLED = """import os, sys, time
+end = time.time() + 60
+while time.time() < end and not os.path.exists(sys.argv[1]):
+    sum(range(1000))
+end = time.time() + 2
+while time.time() < end:
+    sum(range(1000))
+"""
 
 
 def _pyspy_under(pid: int) -> psutil.Process | None:
@@ -40,7 +48,10 @@ def _kill_pyspy_of(pid: int, after_s: float) -> None:
     os.kill(spy.pid, signal.SIGKILL)
 
 
-def _run_and_kill_pyspy(args: list[str]) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _run_and_kill_pyspy(
+    args: list[str], killed: Path | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run ``stallscope ARGS``, SIGKILL its py-spy past the attach window, then (``killed``) touch that file."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "profiler", *args],
         stdout=subprocess.PIPE,
@@ -51,6 +62,8 @@ def _run_and_kill_pyspy(args: list[str]) -> tuple[subprocess.CompletedProcess[st
     )
     try:
         _kill_pyspy_of(proc.pid, after_s=3.3)  # zero-code gives py-spy 3 s to attach
+        if killed is not None:
+            killed.touch()
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -75,11 +88,14 @@ def _one_line_about_pyspy(stderr: str) -> str:
 
 
 def test_pyspy_killed_mid_zero_code_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # busy until py-spy was killed, then 2 s more: the kill falls mid-run however late a loaded host starts py-spy
+    # (a script of a fixed 5 s was killed at 4.75 s beside two busy processes, its host samples ending at 5.06 s)
+    killed = tmp_path / "killed"
     script = tmp_path / "busy.py"
-    script.write_text("import time\nend = time.time() + 5\nwhile time.time() < end:\n    sum(range(1000))\n")
+    script.write_text(BUSY_UNTIL_KILLED)
     out = tmp_path / "run"
     res, summary = _run_and_kill_pyspy(
-        ["run", "--json", "--no-live", "--out", str(out), "--", sys.executable, str(script)]
+        ["run", "--json", "--no-live", "--out", str(out), "--", sys.executable, str(script), str(killed)], killed
     )
     assert res.returncode == 0, res.stderr
     line = _one_line_about_pyspy(res.stderr)
