@@ -22,6 +22,7 @@ from conftest import ROOT, Truth, sleep_loader, wait_until
 from profiler import Session
 from profiler.analysis.summary import Summary
 from profiler.cli import main
+from profiler.core.store import load_run
 
 WAIT_S, H2D_S, COMPUTE_S, STEPS, WARMUP, BATCH = 0.004, 0.001, 0.002, 10, 2, 4
 
@@ -30,7 +31,9 @@ WAIT_S, H2D_S, COMPUTE_S, STEPS, WARMUP, BATCH = 0.004, 0.001, 0.002, 10, 2, 4
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Summary, Truth]:
     out = tmp_path_factory.mktemp("trackers") / "run"
     truth = Truth()
-    with Session(out, warmup=WARMUP, sampling="thread", meta={"batch_size": BATCH}) as s:
+    # the default sampler process: a sampler thread in this process held the GIL for ms at a time (ci26: a mean wait
+    # 0.43 ms over the loader's own next(), where runs alone read 0.003-0.011 ms)
+    with Session(out, warmup=WARMUP, meta={"batch_size": BATCH}) as s:
         for _ in s.wrap(sleep_loader(STEPS + WARMUP, WAIT_S, BATCH, truth)):
             with s.phase("h2d"):
                 truth.sleep("h2d", H2D_S)
@@ -41,8 +44,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Summary, Truth]
     return out, summary, truth
 
 
-def check_series(series: dict[str, list[tuple[int, float]]], summary: Summary, truth: Truth) -> None:
-    """The step series against the Summary (within float32 rounding) and the injected sleeps."""
+def check_series(series: dict[str, list[tuple[int, float]]], summary: Summary, truth: Truth, out: Path) -> None:
+    """The step series against the Summary (within float32 rounding) and the injected sleeps (less the run-queue
+    wait each measured wait had outside the truth's own window: a preemption beside busy processes is the
+    measurement's time, not the loader's, as in tests/test_session_ground_truth.py)."""
     waits = [v for _, v in series["stall/data_wait_ms"]]
     assert len(waits) == STEPS
     assert [s for s, _ in series["stall/step_ms"]] == list(range(WARMUP, WARMUP + STEPS))
@@ -51,7 +56,8 @@ def check_series(series: dict[str, list[tuple[int, float]]], summary: Summary, t
     assert statistics.fmean(steps_ms) == pytest.approx(summary.step_time_ms.mean, rel=1e-5)
     # each step's recorded wait holds the loader's injected sleep (the whole next(), as timed by the truth)
     assert min(waits) >= WAIT_S * 1e3 * 0.999
-    assert statistics.fmean(waits) == pytest.approx(truth.mean_ms("data_wait", skip=WARMUP), abs=0.3)
+    outside = truth.outside_ms("data_wait", [st.data_wait_runq_s for st in load_run(out).steps], skip=WARMUP)
+    assert statistics.fmean(waits) - outside == pytest.approx(truth.mean_ms("data_wait", skip=WARMUP), abs=0.3)
     tput = [v for _, v in series["stall/throughput_samples_per_s"]]
     assert tput == pytest.approx([BATCH / (ms / 1e3) for ms in steps_ms], rel=1e-5)
 
@@ -75,7 +81,7 @@ def test_tensorboard_event_file_read_back(run: tuple[Path, Summary, Truth], tmp_
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     acc.Reload()
     series = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-    check_series(series, summary, truth)
+    check_series(series, summary, truth, out)
     check_run_figures({k: v[-1][1] for k, v in series.items() if k.startswith("stall/run/")}, summary)
     assert not any(k.startswith(("system", "stall/held/")) for k in series)  # no window held a step here
     assert "stall/verdict/text_summary" in acc.Tags()["tensors"]
@@ -108,7 +114,7 @@ def test_mlflow_sqlite_store_read_back(
     run_id = made.info.run_id
     names = ["stall/step_ms", "stall/data_wait_ms", "stall/throughput_samples_per_s"]
     series = {n: [(m.step, m.value) for m in client.get_metric_history(run_id, n)] for n in names}
-    check_series(series, summary, truth)
+    check_series(series, summary, truth, out)
     check_run_figures(made.data.metrics, summary)
     arts = {a.path for a in client.list_artifacts(run_id, "stallscope")}
     assert {"stallscope/stallscope-report.html", "stallscope/stall_verdict.md"} <= arts
@@ -140,7 +146,7 @@ def test_wandb_offline_run_read_back(
         name: [(int(r["stall/step"]), float(r[name])) for r in rows if name in r]
         for name in ("stall/step_ms", "stall/data_wait_ms", "stall/throughput_samples_per_s")
     }
-    check_series(series, summary, truth)
+    check_series(series, summary, truth, out)
     assert [r["_step"] for r in rows] == list(range(len(rows)))  # logged without step=: W&B's own count
     got = wandb_file.summary(run_file)
     check_run_figures({k: v for k, v in got.items() if k.startswith("stall/run/")}, summary)
