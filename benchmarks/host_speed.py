@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+from pairing import spread  # benchmarks/ is this script's sys.path[0]
 
 
 def piece(a: torch.Tensor) -> None:
@@ -53,12 +54,10 @@ def windows(pieces: list[tuple[float, float]], width_s: float) -> list[float]:
     return [statistics.fmean(v) for k, v in sorted(by.items()) if k < last]  # the last window is cut short
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    mean = statistics.fmean(values)
-    cv = statistics.stdev(values) / mean if len(values) > 1 else 0.0
-    return {"n": len(values), "median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values),
-            "max": max(values), "cv": cv, "max_over_min": max(values) / min(values)}  # fmt: skip
+def variation(values: list[float]) -> dict[str, float]:
+    """:func:`pairing.spread` with the count, the coefficient of variation and max over min."""
+    cv = statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
+    return {"n": len(values), **spread(values), "cv": cv, "max_over_min": max(values) / min(values)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pieces = timed_pieces(args.seconds)
     got = {
-        "pieces_ms": spread([d * 1e3 for _, d in pieces]),
-        "window_1s_ms": spread([w * 1e3 for w in windows(pieces, 1.0)]),
-        f"window_{args.window:g}s_ms": spread([w * 1e3 for w in windows(pieces, args.window)]),
+        "pieces_ms": variation([d * 1e3 for _, d in pieces]),
+        "window_1s_ms": variation([w * 1e3 for w in windows(pieces, 1.0)]),
+        f"window_{args.window:g}s_ms": variation([w * 1e3 for w in windows(pieces, args.window)]),
     }
     for name, s in got.items():
         print(f"{name:>16}: n {s['n']:>5}  median {s['median']:.2f}  quartiles {s['q1']:.2f}-{s['q3']:.2f}  range "

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from pairing import spread  # benchmarks/ is this script's sys.path[0]
 from torch import nn
 
 # the project's package: this checkout's, or the tree a fast-loop child is told to measure (fast_loop)
@@ -216,12 +217,6 @@ def fast_child(steps: int, workers: int, session_first: bool, batch: int) -> dic
             seconds[name] += steps * batch / rate
             cpu[name] += c / 2
     return {**{name: 2 * steps * batch / t for name, t in seconds.items()}, **{f"{k}_cpu": v for k, v in cpu.items()}}
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """Median, quartiles and range of a round's ratios."""
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values)}
 
 
 def fast_loop(pairs: int, steps: int, workers: int, before: Path | None, batch: int) -> dict[str, object]:

@@ -3,6 +3,7 @@ that drift on a shared machine cancels; the caller reports the median of the rat
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 
@@ -18,3 +19,9 @@ def paired_ratios(
         ratios.append(got[True] / got[False])
         show(i, got[False], got[True])
     return ratios
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, quartiles and range of a benchmark's values (rounds' ratios, windows' means)."""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "min": min(values), "max": max(values)}

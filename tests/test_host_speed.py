@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import sys
 from types import ModuleType
 
 import pytest
@@ -12,6 +13,8 @@ from conftest import ROOT
 
 
 def host_speed() -> ModuleType:
+    if str(ROOT / "benchmarks") not in sys.path:  # its shared helpers (pairing.py), as when run as a script
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("host_speed", ROOT / "benchmarks" / "host_speed.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -25,7 +28,7 @@ def test_windows_are_the_mean_piece_of_each_whole_window() -> None:
     pieces = [(i * 0.01, 0.01) for i in range(200)] + [(2.0 + i * 0.02, 0.02) for i in range(125)]
     assert hs.windows(pieces, 1.0) == pytest.approx([0.01, 0.01, 0.02, 0.02])  # 4.x s: the fifth is cut short
     assert hs.windows(pieces, 2.0) == pytest.approx([0.01, 0.02])
-    got = hs.spread([1.0, 2.0, 3.0, 4.0])
+    got = hs.variation([1.0, 2.0, 3.0, 4.0])
     assert (got["median"], got["min"], got["max"], got["max_over_min"]) == (2.5, 1.0, 4.0, 4.0)
     assert got["cv"] == pytest.approx(statistics.stdev([1, 2, 3, 4]) / 2.5)
 
