@@ -12,10 +12,11 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from pipelines import BuiltLoader, LoaderSpec, Pipeline, PipelineError
@@ -408,7 +409,7 @@ class _Loop:
                 os.getpid(), rate=cfg.pyspy_rate, attach_timeout_s=0.5, unavailable="no loader attribution: {problem}"
             )
 
-    def _set_precision(self, torch: Any) -> None:
+    def _set_precision(self, torch: ModuleType) -> None:
         """--precision / --channels-last: the switches set, the model's memory format, the step that casts; what
         ran goes to the store's meta (``precision``)."""
         p, kind = self.cfg.precision, self.cfg.device.kind
@@ -698,8 +699,10 @@ def _bad_input(exc: BaseException) -> str | None:
     return None
 
 
-def _epoch_samples(dataset: Any) -> int | None:
+def _epoch_samples(dataset: object) -> int | None:
+    if not isinstance(dataset, Sized):  # an iterable-style data set has no length
+        return None
     try:
         return len(dataset)
-    except TypeError:  # an iterable-style dataset has no length
+    except TypeError:  # torch's IterableDataset defines __len__ only to raise
         return None
